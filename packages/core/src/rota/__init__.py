@@ -1,0 +1,29 @@
+"""rota: co-operative GPU time-slicing for RL and post-training jobs.
+
+Jobs in one *group* take turns on its devices. A job holds the group for a *turn*;
+between turns rota may *park* its device state in host memory so another job can
+run, and *restores* it before the job's next turn::
+
+    import rota
+    gpu = rota.connect()                  # group/tenant/orchestrator from ROTA_* env
+    rota_fsdp.track(gpu, model, optimizer)  # an adapter: what to park
+    for batch in data:
+        rollouts = env.collect()          # no GPU needed: others may run
+        with gpu.turn():                  # acquire ... release
+            loss = train_step(model, optimizer, rollouts)
+
+With nothing configured, ``connect`` starts (or finds) an embedded orchestrator on
+this host. Plugins (adapters, etcd orchestrator, schedulers) are distributions in the
+``rota`` entry-point group and implement the hooks in :mod:`rota.hookspecs`.
+"""
+
+from rota._client import Gpu, connect
+from rota._plugins import plugin_manager
+from rota._types import Grant, ParkMode, ParkPlan, ParkResult, Placement, ReleaseInfo, TurnRequest
+from rota.errors import RotaError
+from rota.hookspecs import hookimpl
+
+__all__ = [
+    "Gpu", "Grant", "ParkMode", "ParkPlan", "ParkResult", "Placement", "ReleaseInfo", "RotaError",
+    "TurnRequest", "connect", "hookimpl", "plugin_manager",
+]

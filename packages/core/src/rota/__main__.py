@@ -1,0 +1,5 @@
+"""``python -m rota`` is the ``rota`` command."""
+
+from rota.cli.main import main
+
+main()

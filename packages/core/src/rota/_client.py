@@ -1,0 +1,351 @@
+"""The tenant-side client: ``rota.connect()`` returns a :class:`Gpu`.
+
+A :class:`Gpu` is one rank of one job in one group. It acquires and releases turns
+through the plugin hooks (the built-in :mod:`rota._lease_client` speaks gRPC to the
+orchestrator), keeps a session open so the orchestrator sees it alive, and runs the
+snapshot hooks: restore when a turn starts after a park, park when the
+orchestrator asks (only ever between turns).
+
+Environment (each value is checked; a bad one raises :class:`rota.errors.ConfigError`):
+    ROTA_GROUP         group to share (default ``default``)
+    ROTA_TENANT        job id, the same on every rank (default ``<host>-<pid>``)
+    ROTA_ORCHESTRATOR  ``host:port`` or ``unix:PATH`` (comma-separated replicas allowed);
+                       unset = start or find the embedded orchestrator on this host
+    ROTA_WORLD_SIZE, ROTA_RANK   ranks of a multi-process job (else torch.distributed)
+    ROTA_PRIORITY      integer, higher first under the priority policy (default 0)
+    ROTA_WEIGHT        positive share under the fair-share policy (default 1)
+    ROTA_HEARTBEAT_S   seconds between heartbeats (default 1)
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import grpc
+import pluggy
+
+from rota._ids import check_id
+from rota._plugins import plugin_manager
+from rota._types import Grant, ParkPlan, ParkResult, ReleaseInfo, TurnRequest
+from rota.errors import ConfigError, InvalidArgument, RotaError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TurnStats:
+    """What this client saw: per-turn waits and the cost of its parks and restores."""
+
+    turns: int = 0
+    waits_ms: list[float] = field(default_factory=list)
+    parks: list[ParkResult] = field(default_factory=list)
+    restores: list[ParkResult] = field(default_factory=list)
+    events: list[tuple[str, float, float]] = field(default_factory=list)  # (kind, start, end), monotonic
+
+
+class Gpu:
+    """One rank of a job sharing a group of devices. Create it with :func:`rota.connect`."""
+
+    def __init__(self, group: str, tenant: str, endpoint: str, *, rank: int = 0, world_size: int = 1,
+                 priority: int = 0, weight: float = 1.0, heartbeat_s: float = 1.0,
+                 pm: pluggy.PluginManager | None = None) -> None:
+        self.group = check_id("group", group, job_id=tenant, group_id=group)
+        self.tenant = check_id("tenant", tenant, job_id=tenant, group_id=group)
+        if not 0 <= rank < world_size:
+            raise ConfigError(f"rank {rank} is outside world size {world_size} (job={tenant!r}, group={group!r})")
+        self.endpoint, self.rank, self.world_size = endpoint, rank, world_size
+        self.priority, self.weight, self.heartbeat_s = priority, weight, heartbeat_s
+        self.pm = pm or plugin_manager()
+        self.grant: Grant | None = None
+        self.stats = TurnStats()
+        self.parked = False
+        self._yield_requested = threading.Event()
+        self._state_lock = threading.Lock()  # serialises park, restore and turn start
+        self._turn_started = 0.0
+        self._channel = _channel(endpoint)
+        from rota._generated import rota_v1_pb2_grpc
+
+        self.stub = rota_v1_pb2_grpc.RotaServiceStub(self._channel)
+        self._outbox: queue.Queue = queue.Queue()
+        self._closed = threading.Event()
+        self._session = threading.Thread(target=self._run_session, name=f"rota-session-{tenant}", daemon=True)
+        self._session.start()
+        atexit.register(self.close)
+        self.pm.hook.rota_tenant_started(tenant=self)
+
+    # ------------------------------------------------------------------ turns
+
+    def acquire(self) -> Grant:
+        """Block until this job holds the group; restore parked state; return the grant."""
+        if self.grant is not None:
+            return self.grant
+        req = TurnRequest(self.tenant, self.group, self.priority, self.weight, self.world_size, self.rank,
+                          self.footprint_bytes())
+        t0 = time.monotonic()
+        grant = self.pm.hook.rota_acquire(request=req, tenant=self)
+        t1 = time.monotonic()
+        self.stats.events.append(("wait", t0, t1))
+        with self._state_lock:
+            if self.parked:
+                result = self._run_snapshot_hooks(self.pm.hook.rota_restore, ParkPlan(token=grant.token))
+                self.stats.restores.append(result)
+                self.stats.events.append(("restore", t1, time.monotonic()))
+                self.parked = False
+            self.grant = grant
+            self._yield_requested.clear()
+            self._turn_started = time.monotonic()
+        self.stats.turns += 1
+        self.stats.waits_ms.append(grant.waited_ms)
+        self.pm.hook.rota_turn_started(tenant=self, grant=grant)
+        return grant
+
+    def release(self) -> ReleaseInfo:
+        """End this rank's turn. Returns at once; parking (if any) happens later."""
+        if self.grant is None:
+            raise InvalidArgument(f"job {self.tenant!r} rank {self.rank} does not hold group {self.group!r}; "
+                                  "call acquire() first", job_id=self.tenant, group_id=self.group)
+        grant, self.grant = self.grant, None
+        end = time.monotonic()
+        self.stats.events.append(("turn", self._turn_started, end))
+        info = self.pm.hook.rota_release(grant=grant, tenant=self)
+        self.pm.hook.rota_turn_ended(tenant=self, grant=grant, seconds=end - self._turn_started)
+        return info
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[Grant]:
+        """``with gpu.turn():`` — hold the group for the block, release after it."""
+        grant = self.acquire()
+        try:
+            yield grant
+        finally:
+            self.release()
+
+    @property
+    def should_yield(self) -> bool:
+        """True when the policy asked this holder to release at its next step boundary."""
+        return self._yield_requested.is_set()
+
+    def footprint(self) -> dict[str, int]:
+        """Device bytes per tag, summed over every adapter tracking this tenant."""
+        total: dict[str, int] = {}
+        for part in self.pm.hook.rota_footprint(tenant=self):
+            for tag, n in (part or {}).items():
+                total[tag] = total.get(tag, 0) + int(n)
+        return total
+
+    def footprint_bytes(self) -> int:
+        return sum(self.footprint().values())
+
+    def park(self, plan: ParkPlan | None = None) -> ParkResult:
+        """Park this tenant's tracked state now (normally the orchestrator asks for it)."""
+        with self._state_lock:
+            return self._park_locked(plan or ParkPlan())
+
+    def close(self) -> None:
+        """Leave: release a held turn, end the session (the orchestrator forgets this job)."""
+        if self._closed.is_set():
+            return
+        if self.grant is not None:
+            with contextlib.suppress(RotaError, grpc.RpcError):
+                self.release()
+        self._closed.set()
+        self._outbox.put(None)
+        self._session.join(timeout=5)
+        self._channel.close()
+
+    def __enter__(self) -> Gpu:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Gpu(group={self.group!r}, tenant={self.tenant!r}, rank={self.rank}/{self.world_size})"
+
+    # ------------------------------------------------------------- internals
+
+    def _park_locked(self, plan: ParkPlan) -> ParkResult:
+        if self.grant is not None:
+            raise InvalidArgument(f"job {self.tenant!r} holds group {self.group!r}: a holder is never parked")
+        if self.parked:
+            return ParkResult()
+        t0 = time.monotonic()
+        result = self._run_snapshot_hooks(self.pm.hook.rota_park, plan)
+        self.stats.parks.append(result)
+        self.stats.events.append(("park", t0, time.monotonic()))
+        self.parked = True
+        return result
+
+    def _run_snapshot_hooks(self, hook: pluggy.HookCaller, plan: ParkPlan) -> ParkResult:
+        t0 = time.perf_counter()
+        total = ParkResult()
+        for part in hook(tenant=self, plan=plan):
+            if part is None:
+                continue
+            total.bytes_moved += part.bytes_moved
+            for tag, n in part.by_tag.items():
+                total.by_tag[tag] = total.by_tag.get(tag, 0) + n
+        total.seconds = time.perf_counter() - t0
+        return total
+
+    def _run_session(self) -> None:
+        """Keep one Attach stream open, reconnecting until closed."""
+        from rota._generated import rota_v1_pb2 as pb
+
+        while not self._closed.is_set():
+            hello = pb.TenantMessage(hello=pb.Hello(job_id=self.tenant, group_id=self.group, rank=self.rank,
+                                                    world_size=self.world_size, pid=os.getpid(),
+                                                    footprint_bytes=self._safe_footprint()))
+            try:
+                for cmd in self.stub.Attach(self._session_messages(hello)):
+                    self._handle(cmd)
+                if self._closed.is_set():
+                    return
+            except grpc.RpcError as exc:
+                if self._closed.is_set():
+                    return
+                log.warning("rota session of %s lost (%s); reconnecting", self.tenant, exc.code())
+            time.sleep(0.2)
+
+    def _session_messages(self, hello: object) -> Iterator[object]:
+        from rota._generated import rota_v1_pb2 as pb
+
+        yield hello
+        while True:
+            try:
+                msg = self._outbox.get(timeout=self.heartbeat_s)
+            except queue.Empty:
+                msg = pb.TenantMessage(heartbeat=pb.Heartbeat(footprint_bytes=self._safe_footprint()))
+            if msg is None:
+                return
+            yield msg
+
+    def _handle(self, cmd: object) -> None:
+        from rota._generated import rota_v1_pb2 as pb
+
+        kind = cmd.WhichOneof("command")
+        if kind == "yield_soon":
+            self._yield_requested.set()
+            return
+        if kind != "park":
+            return
+        try:
+            with self._state_lock:
+                result = self._park_locked(ParkPlan(token=cmd.park.token))
+            reply = pb.CommandResult(command_id=cmd.command_id, ok=True, bytes=result.bytes_moved,
+                                     seconds=result.seconds)
+        except Exception as exc:  # report every failure to the orchestrator, which faults the job
+            log.exception("park of %s failed", self.tenant)
+            reply = pb.CommandResult(command_id=cmd.command_id, ok=False, error=f"{type(exc).__name__}: {exc}")
+        self._outbox.put(pb.TenantMessage(result=reply))
+
+    def _safe_footprint(self) -> int:
+        try:
+            return self.footprint_bytes()
+        except Exception:  # an adapter mid-change must not kill the heartbeat
+            return 0
+
+
+def _channel(endpoint: str) -> grpc.Channel:
+    """A channel to one endpoint, or to several replicas (comma-separated) with failover."""
+    endpoints = [e.strip() for e in endpoint.split(",") if e.strip()]
+    options = [("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 10_000)]
+    if len(endpoints) > 1 and not any(e.startswith("unix:") for e in endpoints):
+        return grpc.insecure_channel("ipv4:" + ",".join(endpoints), options=options)
+    return grpc.insecure_channel(endpoints[0], options=options)
+
+
+def check_endpoint(value: str, source: str) -> str:
+    """Validate an orchestrator address given by ``source`` (a flag or env var name)."""
+    for part in value.split(","):
+        part = part.strip()
+        if part.startswith("unix:") and len(part) > 5:
+            continue
+        host, _, port = part.rpartition(":")
+        if host and port.isdigit() and 0 < int(port) < 65536:
+            continue
+        raise ConfigError(f"{source}={value!r}: {part!r} is not host:port or unix:PATH "
+                          "(e.g. 127.0.0.1:50051)")
+    return value
+
+
+def _env_int(name: str, default: int, *, minimum: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer; set it to an integer >= {minimum} or unset it") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r} is below {minimum}; set it to an integer >= {minimum} or unset it")
+    return value
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number; set a positive number or unset it") from None
+    if not value > 0:
+        raise ConfigError(f"{name}={raw!r} must be > 0; set a positive number or unset it")
+    return value
+
+
+def _ranks() -> tuple[int, int]:
+    if os.environ.get("ROTA_WORLD_SIZE"):
+        world = _env_int("ROTA_WORLD_SIZE", 1, minimum=1)
+        rank = _env_int("ROTA_RANK", 0, minimum=0)
+        if rank >= world:
+            raise ConfigError(f"ROTA_RANK={rank} must be below ROTA_WORLD_SIZE={world}")
+        return rank, world
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def connect(group: str | None = None, tenant: str | None = None, endpoint: str | None = None, *,
+            priority: int | None = None, weight: float | None = None) -> Gpu:
+    """Join a group as a tenant; defaults come from ``ROTA_*`` (see module docs).
+
+    With no orchestrator configured, starts (or finds) the embedded one on this host.
+    """
+    group = group or os.environ.get("ROTA_GROUP") or "default"
+    rank, world = _ranks()
+    tenant = tenant or os.environ.get("ROTA_TENANT")
+    if not tenant:
+        if world > 1:
+            raise ConfigError(f"a job of {world} ranks needs one job id on every rank: set ROTA_TENANT "
+                              "(or pass tenant=) to the same value on all ranks")
+        tenant = f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
+    if endpoint is None:
+        endpoint = os.environ.get("ROTA_ORCHESTRATOR") or ""
+        source = "ROTA_ORCHESTRATOR"
+    else:
+        source = "endpoint"
+    if endpoint:
+        check_endpoint(endpoint, source)
+    else:
+        from rota._local import ensure_local_orchestrator
+
+        endpoint = ensure_local_orchestrator()
+    prio = priority if priority is not None else _env_int("ROTA_PRIORITY", 0, minimum=-(2**31))
+    share = weight if weight is not None else _env_float("ROTA_WEIGHT", 1.0)
+    if share <= 0:
+        raise ConfigError(f"weight {share!r} must be > 0")
+    return Gpu(group, tenant, endpoint, rank=rank, world_size=world, priority=prio, weight=share,
+               heartbeat_s=_env_float("ROTA_HEARTBEAT_S", 1.0))

@@ -1,0 +1,375 @@
+"""The orchestrator engine: drives group state machines over an async store.
+
+:class:`Orchestrator` owns the rules of *when* things happen — blocking acquires,
+parking residents before a grant, tenant sessions and their liveness, maximum turn
+length — while :mod:`rota._state` owns *what* a transition does and a
+:class:`GroupStore` owns where state lives. The embedded orchestrator uses
+:class:`MemoryStore`; ``rota_etcd`` supplies a store whose ``commit`` is an etcd
+transaction conditioned on its leadership, so a deposed leader cannot grant.
+
+Lock order: ``self._lock`` (one asyncio lock for every group's state) is never
+held while waiting on a tenant: park commands are sent and awaited outside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rota._ids import check_id, check_pair
+from rota._state import GroupState
+from rota._types import Grant, ReleaseInfo, TurnRequest
+from rota.errors import Faulted, InvalidArgument, NotFound, RotaError, Unavailable
+from rota.policies import Fifo, Policy
+
+log = logging.getLogger(__name__)
+
+
+class GroupStore(Protocol):
+    """Where group state lives. Implementations: :class:`MemoryStore`, rota_etcd's."""
+
+    async def load_all(self) -> dict[str, GroupState]:
+        """Every stored group (called once when the orchestrator starts)."""
+
+    async def commit(self, state: GroupState) -> None:
+        """Persist ``state``; raise :class:`rota.errors.Unavailable` if it cannot be
+        made durable (then the transition must not take effect)."""
+
+
+class MemoryStore:
+    """State in this process only: the embedded single-host orchestrator."""
+
+    async def load_all(self) -> dict[str, GroupState]:
+        return {}
+
+    async def commit(self, state: GroupState) -> None:
+        return None
+
+
+@dataclass
+class OrchestratorConfig:
+    """Knobs of one orchestrator; every value is validated by :meth:`check`."""
+
+    groups: tuple[str, ...] = ()  # fixed groups; empty = create on first use
+    policy: Policy = field(default_factory=Fifo)
+    ttl_s: float = 10.0  # a session silent this long is dead
+    park_timeout_s: float = 120.0  # a park not acknowledged by then faults the tenant
+    v1_max_turn_s: float = 0.0  # turn limit for clients without a session (0 = none)
+    capacity_bytes: int = 0  # device bytes per group for residency checks (0 = unknown)
+    idle_exit_s: float = 0.0  # exit after this long with no tenants (0 = never)
+
+    def check(self) -> None:
+        for name in ("ttl_s", "park_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name}={getattr(self, name)!r} must be > 0 seconds")
+        for name in ("v1_max_turn_s", "idle_exit_s", "capacity_bytes"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(f"{name}={getattr(self, name)!r} must be >= 0 (0 disables it)")
+        for g in self.groups:
+            check_id("group_id", g, group_id=g)
+
+
+@dataclass(eq=False)
+class Session:
+    """A tenant process attached through ``rota.v1.RotaService/Attach``."""
+
+    job_id: str
+    group_id: str
+    rank: int
+    pid: int
+    outbox: asyncio.Queue
+    last_seen: float
+    alive: bool = True
+
+
+class Orchestrator:
+    """Grants groups to jobs, one holder at a time, parking residents as needed."""
+
+    def __init__(self, config: OrchestratorConfig | None = None, store: GroupStore | None = None,
+                 *, name: str = "embedded") -> None:
+        self.config = config or OrchestratorConfig()
+        self.config.check()
+        self.store: GroupStore = store or MemoryStore()
+        self.name = name
+        self.groups: dict[str, GroupState] = {}
+        self._lock = asyncio.Lock()
+        self._grants: dict[tuple[str, str], asyncio.Future] = {}
+        self._sessions: dict[tuple[str, str], list[Session]] = {}
+        self._attached_once: set[tuple[str, str]] = set()  # jobs that speak rota.v1
+        self._pending: dict[str, asyncio.Future] = {}
+        self._drivers: dict[str, asyncio.Task] = {}
+        self._yield_sent: set[tuple[str, int]] = set()
+        self._tasks: list[asyncio.Task] = []
+        self._idle_since = time.monotonic()
+        self.stopped = asyncio.Event()
+
+    # ------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        self.groups = await self.store.load_all()
+        now = time.monotonic()
+        for g in self.groups.values():  # jobs from a previous life get one TTL to re-attach
+            for job in {g.holder, *[w.job_id for w in g.queue], *g.residents} - {""}:
+                self._attached_once.add((g.group_id, job))
+                self._sessions.setdefault((g.group_id, job), [])
+            self._kick(g.group_id)
+        for group_id in self.config.groups:
+            await self._group(group_id, create=True)
+        self._started = now
+        self._tasks.append(asyncio.create_task(self._watchdog()))
+
+    async def stop(self) -> None:
+        for t in self._tasks + list(self._drivers.values()):
+            t.cancel()
+        for fut in self._grants.values():
+            if not fut.done():
+                fut.set_exception(Unavailable("orchestrator is shutting down; retry against its successor"))
+        self.stopped.set()
+
+    # ------------------------------------------------------------------ API
+
+    async def acquire(self, req: TurnRequest) -> Grant:
+        """Block until ``req.job_id`` holds ``req.group_id``."""
+        check_pair(req.job_id, req.group_id)
+        _check_request(req)
+        key = (req.group_id, req.job_id)
+        async with self._lock:
+            g = await self._group(req.group_id)
+            if g.tenants.get(req.job_id) and g.tenants[req.job_id].state == "faulted":
+                g.tenants[req.job_id].state = "idle"  # FAULTED is retryable: this acquire retries it
+            grant = g.enqueue(req, time.monotonic())
+            if grant is not None:
+                return self._with_limits(grant)
+            await self.store.commit(g)
+            fut = self._grants.get(key)
+            if fut is None or fut.done():
+                fut = self._grants[key] = asyncio.get_running_loop().create_future()
+            self._kick(req.group_id)
+        try:
+            return self._with_limits(await asyncio.shield(fut))
+        except asyncio.CancelledError:
+            if not self._live_sessions(key):  # a v1alpha1 caller gave up: leave the queue
+                async with self._lock:
+                    g = self.groups.get(req.group_id)
+                    if g is not None and g.holder != req.job_id:
+                        g.remove(req.job_id, time.monotonic(), lost=False)
+                        await self.store.commit(g)
+            raise
+
+    async def release(self, job_id: str, group_id: str, token: int = 0, rank: int = 0) -> ReleaseInfo:
+        """One rank of the holder releases; the group moves on when all ranks have."""
+        check_pair(job_id, group_id)
+        async with self._lock:
+            g = await self._group(group_id)
+            info = g.release(job_id, token, rank, time.monotonic())
+            await self.store.commit(g)
+            self._yield_sent.discard((group_id, g.token))
+            self._kick(group_id)
+        return info
+
+    async def evict(self, job_id: str, group_id: str, *, reason: str, lost: bool = False) -> tuple[bool, bool]:
+        """Take a job out of a group (scheduler saw it end, or it died)."""
+        check_pair(job_id, group_id)
+        async with self._lock:
+            g = await self._group(group_id)
+            result = g.remove(job_id, time.monotonic(), lost=lost)
+            await self.store.commit(g)
+            fut = self._grants.pop((group_id, job_id), None)
+            if fut is not None and not fut.done():
+                fut.set_exception(Unavailable(f"job {job_id!r} was removed from group {group_id!r}: {reason}",
+                                              job_id=job_id, group_id=group_id))
+            self._kick(group_id)
+        if any(result):
+            log.info("evicted job %s from group %s: %s", job_id, group_id, reason)
+        return result
+
+    async def status(self, group_id: str = "") -> list[GroupState]:
+        async with self._lock:
+            if group_id:
+                check_id("group_id", group_id, group_id=group_id)
+                return [await self._group(group_id, create=False)]
+            return [self.groups[k] for k in sorted(self.groups)]
+
+    # ------------------------------------------------------------- sessions
+
+    async def attach(self, job_id: str, group_id: str, rank: int, pid: int, footprint_bytes: int) -> Session:
+        check_pair(job_id, group_id)
+        async with self._lock:
+            g = await self._group(group_id)
+            if footprint_bytes:
+                g.tenant(job_id).footprint_bytes = footprint_bytes
+        s = Session(job_id, group_id, rank, pid, asyncio.Queue(), time.monotonic())
+        key = (group_id, job_id)
+        self._sessions.setdefault(key, []).append(s)
+        self._attached_once.add(key)
+        return s
+
+    def heartbeat(self, s: Session, footprint_bytes: int) -> None:
+        s.last_seen = time.monotonic()
+        if footprint_bytes:
+            g = self.groups.get(s.group_id)
+            if g is not None:
+                g.tenant(s.job_id).footprint_bytes = footprint_bytes
+
+    def command_result(self, command_id: str, ok: bool, error: str, nbytes: int, seconds: float) -> None:
+        fut = self._pending.pop(command_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result((ok, error, nbytes, seconds))
+
+    async def detach(self, s: Session, why: str) -> None:
+        """A session ended. A job with no session left is dead: it loses everything."""
+        s.alive = False
+        key = (s.group_id, s.job_id)
+        sessions = self._sessions.get(key, [])
+        if s in sessions:
+            sessions.remove(s)
+        if not self._live_sessions(key):
+            self._sessions.pop(key, None)
+            self._attached_once.discard(key)
+            await self.evict(s.job_id, s.group_id, reason=f"tenant session ended ({why})", lost=True)
+
+    def _live_sessions(self, key: tuple[str, str]) -> list[Session]:
+        return [s for s in self._sessions.get(key, []) if s.alive]
+
+    # ------------------------------------------------------------ internals
+
+    async def _group(self, group_id: str, *, create: bool | None = None) -> GroupState:
+        g = self.groups.get(group_id)
+        if g is not None:
+            return g
+        if create is None:
+            create = not self.config.groups
+        if not create:
+            known = ", ".join(sorted(self.groups)) or "none"
+            raise NotFound(f"group {group_id!r} does not exist (known: {known}); this orchestrator "
+                           "serves a fixed list of groups (--groups)", group_id=group_id)
+        g = GroupState(group_id, created=time.monotonic())
+        await self.store.commit(g)
+        self.groups[group_id] = g
+        return g
+
+    def _with_limits(self, grant: Grant) -> Grant:
+        from dataclasses import replace
+
+        return replace(grant, ttl_ms=int(self.config.ttl_s * 1000),
+                       max_turn_ms=int(self.config.policy.max_turn_s * 1000))
+
+    def _kick(self, group_id: str) -> None:
+        task = self._drivers.get(group_id)
+        if task is None or task.done():
+            self._drivers[group_id] = asyncio.create_task(self._drive(group_id))
+
+    async def _drive(self, group_id: str) -> None:
+        """Grant the group to waiters, one after another, parking residents first."""
+        while True:
+            async with self._lock:
+                g = self.groups.get(group_id)
+                if g is None or not g.ready_for_grant():
+                    return
+                chosen = self.config.policy.choose(g.queue, g.tenants, time.monotonic())
+                evict = g.begin_switch(chosen, self.config.capacity_bytes)
+                evict = [j for j in evict if self._live_sessions((group_id, j))]
+            results = await asyncio.gather(*(self._park(group_id, j, g.token) for j in evict))
+            async with self._lock:
+                for job, (ok, error, nbytes, seconds) in zip(evict, results, strict=True):
+                    if ok:
+                        g.mark_parked(job, nbytes, seconds)
+                    else:
+                        log.error("park of job %s in group %s failed: %s; job FAULTED", job, group_id, error)
+                        g.remove(job, time.monotonic(), lost=True)
+                        g.tenant(job).state = "faulted"
+                if g.switching_to != chosen.job_id or g.queued(chosen.job_id) is None:
+                    g.abort_switch()
+                    continue
+                grant = g.complete_grant(time.monotonic())
+                try:
+                    await self.store.commit(g)
+                except RotaError as exc:  # not durable: undo nothing visible, fail the waiter
+                    log.error("could not commit grant of %s to %s: %s", grant.job_id, group_id, exc)
+                    fut = self._grants.pop((group_id, grant.job_id), None)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(exc)
+                    return
+                fut = self._grants.pop((group_id, grant.job_id), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(grant)
+
+    async def _park(self, group_id: str, job_id: str, token: int) -> tuple[bool, str, int, float]:
+        """Ask every rank of a resident job to park; wait for all acknowledgements."""
+        sessions = self._live_sessions((group_id, job_id))
+        futs = []
+        loop = asyncio.get_running_loop()
+        for s in sessions:
+            cid = uuid.uuid4().hex
+            fut = self._pending[cid] = loop.create_future()
+            futs.append(fut)
+            s.outbox.put_nowait(("park", cid, token))
+        try:
+            done = await asyncio.wait_for(asyncio.gather(*futs), self.config.park_timeout_s)
+        except asyncio.TimeoutError:
+            return False, f"no park acknowledgement within {self.config.park_timeout_s:g} s", 0, 0.0
+        errors = [e for ok, e, _, _ in done if not ok]
+        if errors:
+            return False, "; ".join(errors), 0, 0.0
+        return True, "", sum(d[2] for d in done), max((d[3] for d in done), default=0.0)
+
+    async def _watchdog(self) -> None:
+        period = min(0.25, self.config.ttl_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self._check_liveness()
+            except Exception:  # the watchdog must outlive any one bad check
+                log.exception("watchdog check failed")
+
+    async def _check_liveness(self) -> None:
+        now = time.monotonic()
+        for key, sessions in list(self._sessions.items()):
+            for s in list(sessions):
+                if now - s.last_seen > self.config.ttl_s:
+                    log.warning("job %s rank %d in group %s: no heartbeat for %.1f s (TTL %.1f s)",
+                                s.job_id, s.rank, s.group_id, now - s.last_seen, self.config.ttl_s)
+                    s.outbox.put_nowait(("close", "", 0))
+                    await self.detach(s, "heartbeat TTL expired")
+            if not sessions and key in self._attached_once:  # restarted: never re-attached
+                if now - getattr(self, "_started", now) > self.config.ttl_s:
+                    self._attached_once.discard(key)
+                    self._sessions.pop(key, None)
+                    await self.evict(key[1], key[0], reason="did not re-attach within TTL", lost=True)
+        for g in list(self.groups.values()):
+            if not g.holder:
+                continue
+            held = now - g.holder_since
+            key = (g.group_id, g.holder)
+            limit = self.config.policy.max_turn_s
+            if limit and held > limit and g.queue and (g.group_id, g.token) not in self._yield_sent:
+                self._yield_sent.add((g.group_id, g.token))
+                for s in self._live_sessions(key):
+                    s.outbox.put_nowait(("yield", uuid.uuid4().hex, g.token))
+            v1_limit = self.config.v1_max_turn_s
+            if v1_limit and held > v1_limit and key not in self._attached_once:
+                await self.evict(g.holder, g.group_id, reason=f"turn exceeded --v1-max-turn {v1_limit:g} s")
+        busy = any(g.holder or g.queue for g in self.groups.values()) or any(self._sessions.values())
+        if busy:
+            self._idle_since = now
+        elif self.config.idle_exit_s and now - self._idle_since > self.config.idle_exit_s:
+            log.info("idle for %.0f s: exiting", self.config.idle_exit_s)
+            self.stopped.set()
+
+
+def _check_request(req: TurnRequest) -> None:
+    where = f"(job={req.job_id!r}, group={req.group_id!r})"
+    if req.world_size < 0 or (req.world_size and not 0 <= req.rank < req.world_size):
+        raise InvalidArgument(f"rank {req.rank} / world_size {req.world_size} is impossible {where}; "
+                              "need 0 <= rank < world_size")
+    if req.weight < 0:
+        raise InvalidArgument(f"weight {req.weight!r} is negative {where}; use a positive share")
+    if req.footprint_bytes < 0:
+        raise InvalidArgument(f"footprint_bytes {req.footprint_bytes} is negative {where}")
+
+
+__all__ = ["Faulted", "GroupStore", "MemoryStore", "Orchestrator", "OrchestratorConfig", "Session"]

@@ -1,0 +1,220 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TurnRequest(_message.Message):
+    __slots__ = ("job_id", "group_id", "priority", "weight", "world_size", "rank", "footprint_bytes")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    group_id: str
+    priority: int
+    weight: float
+    world_size: int
+    rank: int
+    footprint_bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., footprint_bytes: _Optional[int] = ...) -> None: ...
+
+class Grant(_message.Message):
+    __slots__ = ("token", "waited_ms", "context_restored", "ttl_ms", "max_turn_ms")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    WAITED_MS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_RESTORED_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURN_MS_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    waited_ms: int
+    context_restored: bool
+    ttl_ms: int
+    max_turn_ms: int
+    def __init__(self, token: _Optional[int] = ..., waited_ms: _Optional[int] = ..., context_restored: bool = ..., ttl_ms: _Optional[int] = ..., max_turn_ms: _Optional[int] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("job_id", "group_id", "token", "rank")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    group_id: str
+    token: int
+    rank: int
+    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., token: _Optional[int] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class ReleaseReply(_message.Message):
+    __slots__ = ("pending_waiters", "snapshot_deferred", "group_released")
+    PENDING_WAITERS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_DEFERRED_FIELD_NUMBER: _ClassVar[int]
+    GROUP_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    pending_waiters: int
+    snapshot_deferred: bool
+    group_released: bool
+    def __init__(self, pending_waiters: _Optional[int] = ..., snapshot_deferred: bool = ..., group_released: bool = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("job_id", "group_id", "rank", "world_size", "pid", "footprint_bytes")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    group_id: str
+    rank: int
+    world_size: int
+    pid: int
+    footprint_bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., footprint_bytes: _Optional[int] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("footprint_bytes",)
+    FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    footprint_bytes: int
+    def __init__(self, footprint_bytes: _Optional[int] = ...) -> None: ...
+
+class CommandResult(_message.Message):
+    __slots__ = ("command_id", "ok", "error", "bytes", "seconds")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    command_id: str
+    ok: bool
+    error: str
+    bytes: int
+    seconds: float
+    def __init__(self, command_id: _Optional[str] = ..., ok: bool = ..., error: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class TenantMessage(_message.Message):
+    __slots__ = ("hello", "heartbeat", "result")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    heartbeat: Heartbeat
+    result: CommandResult
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
+
+class ParkCommand(_message.Message):
+    __slots__ = ("tags", "mode", "token")
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    mode: str
+    token: int
+    def __init__(self, tags: _Optional[_Iterable[str]] = ..., mode: _Optional[str] = ..., token: _Optional[int] = ...) -> None: ...
+
+class YieldSoon(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class TenantCommand(_message.Message):
+    __slots__ = ("command_id", "park", "yield_soon")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    PARK_FIELD_NUMBER: _ClassVar[int]
+    YIELD_SOON_FIELD_NUMBER: _ClassVar[int]
+    command_id: str
+    park: ParkCommand
+    yield_soon: YieldSoon
+    def __init__(self, command_id: _Optional[str] = ..., park: _Optional[_Union[ParkCommand, _Mapping]] = ..., yield_soon: _Optional[_Union[YieldSoon, _Mapping]] = ...) -> None: ...
+
+class EvictRequest(_message.Message):
+    __slots__ = ("job_id", "group_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    group_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class EvictReply(_message.Message):
+    __slots__ = ("was_holder", "was_queued")
+    WAS_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    WAS_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    was_holder: bool
+    was_queued: bool
+    def __init__(self, was_holder: bool = ..., was_queued: bool = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ("group_id",)
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    def __init__(self, group_id: _Optional[str] = ...) -> None: ...
+
+class TenantInfo(_message.Message):
+    __slots__ = ("job_id", "state", "turns", "gpu_seconds", "wait_p50_ms", "wait_p99_ms", "park_p50_ms", "park_p99_ms", "parked_bytes", "footprint_bytes", "priority", "weight")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_P50_MS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    PARK_P50_MS_FIELD_NUMBER: _ClassVar[int]
+    PARK_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    PARKED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    state: str
+    turns: int
+    gpu_seconds: float
+    wait_p50_ms: float
+    wait_p99_ms: float
+    park_p50_ms: float
+    park_p99_ms: float
+    parked_bytes: int
+    footprint_bytes: int
+    priority: int
+    weight: float
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., turns: _Optional[int] = ..., gpu_seconds: _Optional[float] = ..., wait_p50_ms: _Optional[float] = ..., wait_p99_ms: _Optional[float] = ..., park_p50_ms: _Optional[float] = ..., park_p99_ms: _Optional[float] = ..., parked_bytes: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ...) -> None: ...
+
+class GroupInfo(_message.Message):
+    __slots__ = ("group_id", "state", "holder", "token", "queue", "loaded_job", "resident_jobs", "switches", "busy_seconds", "age_seconds", "tenants", "policy")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    LOADED_JOB_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_JOBS_FIELD_NUMBER: _ClassVar[int]
+    SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    state: str
+    holder: str
+    token: int
+    queue: _containers.RepeatedScalarFieldContainer[str]
+    loaded_job: str
+    resident_jobs: _containers.RepeatedScalarFieldContainer[str]
+    switches: int
+    busy_seconds: float
+    age_seconds: float
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantInfo]
+    policy: str
+    def __init__(self, group_id: _Optional[str] = ..., state: _Optional[str] = ..., holder: _Optional[str] = ..., token: _Optional[int] = ..., queue: _Optional[_Iterable[str]] = ..., loaded_job: _Optional[str] = ..., resident_jobs: _Optional[_Iterable[str]] = ..., switches: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., age_seconds: _Optional[float] = ..., tenants: _Optional[_Iterable[_Union[TenantInfo, _Mapping]]] = ..., policy: _Optional[str] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("groups", "orchestrator")
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    ORCHESTRATOR_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupInfo]
+    orchestrator: str
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupInfo, _Mapping]]] = ..., orchestrator: _Optional[str] = ...) -> None: ...

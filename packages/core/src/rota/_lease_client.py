@@ -1,0 +1,63 @@
+"""Built-in lease plugin: acquire and release over gRPC (``rota.v1.RotaService``).
+
+Registered by default (see :data:`rota._plugins.DEFAULT_PLUGINS`) and marked
+``trylast`` so any plugin that answers ``rota_acquire`` first takes precedence.
+Transient failures (orchestrator restarting, leader changing) are retried with the
+same job id, so a blocked acquire keeps its place in the queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from rota._generated import rota_v1_pb2 as pb
+from rota._types import Grant, ReleaseInfo, TurnRequest
+from rota.errors import TransientError, from_rpc_error
+from rota.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from rota._client import Gpu
+
+log = logging.getLogger(__name__)
+
+RETRY_FOR_S = 60.0  # how long transient errors are retried before they reach the caller
+
+
+def call_with_retry(fn: Callable[[], Any], *, job_id: str, group_id: str, what: str) -> Any:
+    """Call ``fn``; on a transient gRPC error retry with backoff for RETRY_FOR_S."""
+    deadline = time.monotonic() + RETRY_FOR_S
+    delay = 0.05
+    while True:
+        try:
+            return fn()
+        except grpc.RpcError as exc:
+            err = from_rpc_error(exc, job_id=job_id, group_id=group_id)
+            if not isinstance(err, TransientError) or time.monotonic() > deadline:
+                raise err from None
+            log.info("%s of %s in %s: %s; retrying in %.2f s", what, job_id, group_id, err, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+@hookimpl(trylast=True)
+def rota_acquire(request: TurnRequest, tenant: Gpu) -> Grant:
+    msg = pb.TurnRequest(job_id=request.job_id, group_id=request.group_id, priority=request.priority,
+                         weight=request.weight, world_size=request.world_size, rank=request.rank,
+                         footprint_bytes=request.footprint_bytes)
+    reply = call_with_retry(lambda: tenant.stub.Acquire(msg, wait_for_ready=True), job_id=request.job_id,
+                            group_id=request.group_id, what="acquire")
+    return Grant(request.job_id, request.group_id, reply.token, reply.waited_ms, reply.context_restored,
+                 reply.ttl_ms, reply.max_turn_ms)
+
+
+@hookimpl(trylast=True)
+def rota_release(grant: Grant, tenant: Gpu) -> ReleaseInfo:
+    msg = pb.ReleaseRequest(job_id=grant.job_id, group_id=grant.group_id, token=grant.token, rank=tenant.rank)
+    reply = call_with_retry(lambda: tenant.stub.Release(msg), job_id=grant.job_id, group_id=grant.group_id,
+                            what="release")
+    return ReleaseInfo(reply.pending_waiters, reply.snapshot_deferred, reply.group_released)

@@ -1,0 +1,199 @@
+"""gRPC front of an :class:`~rota._engine.Orchestrator`: v1alpha1 and rota.v1 servicers.
+
+The servicers only translate messages and map :class:`rota.errors.RotaError` to the
+status codes of shared/WIRE.md; every rule lives in the engine. Used by the
+embedded orchestrator (``rota orchestrator serve``) and by ``rota_etcd``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from rota._engine import Orchestrator
+from rota._generated import rota_v1_pb2 as pb
+from rota._generated import rota_v1_pb2_grpc as pb_grpc
+from rota._generated import timeslice_orchestrator_pb2 as v1a
+from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
+from rota._state import GroupState
+from rota._types import TurnRequest
+from rota._units import percentile
+from rota.errors import InvalidArgument, RotaError
+
+log = logging.getLogger(__name__)
+
+
+def _mapped(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Abort the RPC with the RotaError's status code and message."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await fn(self, request, context)
+        except RotaError as exc:
+            await context.abort(exc.code, str(exc))
+
+    return wrapper
+
+
+class TimeSliceService(v1a_grpc.TimeSliceOrchestratorServiceServicer):
+    """timeslice_orchestrator.v1alpha1, exactly as existing clients expect it."""
+
+    def __init__(self, engine: Orchestrator) -> None:
+        self.engine = engine
+
+    @_mapped
+    async def Acquire(self, request: v1a.AcquireRequest, context: Any) -> v1a.AcquireResponse:
+        grant = await self.engine.acquire(TurnRequest(request.job_id, request.group_id))
+        return v1a.AcquireResponse(success=True, waited_ms=grant.waited_ms,
+                                   context_restored=grant.context_restored)
+
+    @_mapped
+    async def Yield(self, request: v1a.YieldRequest, context: Any) -> v1a.YieldResponse:
+        info = await self.engine.release(request.job_id, request.group_id)
+        return v1a.YieldResponse(success=True, pending_waiters=info.pending_waiters,
+                                 snapshot_deferred=info.snapshot_deferred)
+
+    @_mapped
+    async def ListGroups(self, request: v1a.ListGroupsRequest, context: Any) -> v1a.ListGroupsResponse:
+        return v1a.ListGroupsResponse(group_ids=[g.group_id for g in await self.engine.status()])
+
+    @_mapped
+    async def GetGroupStatus(self, request: v1a.GetGroupStatusRequest, context: Any) -> v1a.GetGroupStatusResponse:
+        if not request.group_id:
+            raise InvalidArgument("group_id is empty; name the group to describe")
+        (g,) = await self.engine.status(request.group_id)
+        ts = Timestamp()
+        ts.GetCurrentTime()
+        active = g.holder or (g.residents[-1] if g.residents else "")
+        status = v1a.GroupStatus(
+            group_id=g.group_id, group_state=v1a.GroupStatus.State.Value("STATE_" + g.status_name()),
+            state_timestamp=ts, locking_job=g.holder, active_job=active,
+            waiter_queue_depth=len(g.queue), loaded_job=g.loaded_job)
+        return v1a.GetGroupStatusResponse(group=status)
+
+
+class RotaService(pb_grpc.RotaServiceServicer):
+    """rota.v1: fencing tokens, sessions, multi-rank jobs, eviction, status."""
+
+    def __init__(self, engine: Orchestrator) -> None:
+        self.engine = engine
+
+    @_mapped
+    async def Acquire(self, request: pb.TurnRequest, context: Any) -> pb.Grant:
+        req = TurnRequest(request.job_id, request.group_id, request.priority, request.weight or 1.0,
+                          request.world_size or 1, request.rank, request.footprint_bytes)
+        g = await self.engine.acquire(req)
+        return pb.Grant(token=g.token, waited_ms=g.waited_ms, context_restored=g.context_restored,
+                        ttl_ms=g.ttl_ms, max_turn_ms=g.max_turn_ms)
+
+    @_mapped
+    async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseReply:
+        info = await self.engine.release(request.job_id, request.group_id, request.token, request.rank)
+        return pb.ReleaseReply(pending_waiters=info.pending_waiters, snapshot_deferred=info.snapshot_deferred,
+                               group_released=info.group_released)
+
+    @_mapped
+    async def Evict(self, request: pb.EvictRequest, context: Any) -> pb.EvictReply:
+        was_holder, was_queued = await self.engine.evict(request.job_id, request.group_id,
+                                                         reason=request.reason or "evicted by request")
+        return pb.EvictReply(was_holder=was_holder, was_queued=was_queued)
+
+    @_mapped
+    async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusReply:
+        groups = await self.engine.status(request.group_id)
+        policy = getattr(self.engine.config.policy, "name", "custom")
+        return pb.StatusReply(groups=[group_info(g, policy) for g in groups], orchestrator=self.engine.name)
+
+    async def Attach(self, request_iterator: AsyncIterator[pb.TenantMessage],
+                     context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TenantCommand]:
+        """Session stream: hello first, then heartbeats and command results."""
+        try:
+            first = await request_iterator.__anext__()
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("message") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Attach message must be hello")
+        h = first.hello
+        try:
+            session = await self.engine.attach(h.job_id, h.group_id, h.rank, h.pid, h.footprint_bytes)
+        except RotaError as exc:
+            await context.abort(exc.code, str(exc))
+        reader = asyncio.create_task(self._read(session, request_iterator))
+        why = "stream closed"
+        try:
+            while True:
+                getter = asyncio.create_task(session.outbox.get())
+                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    why = "tenant closed its session"
+                    break
+                kind, cid, token = getter.result()
+                if kind == "close":
+                    why = "heartbeat TTL expired"
+                    break
+                if kind == "park":
+                    yield pb.TenantCommand(command_id=cid, park=pb.ParkCommand(token=token, mode="offload"))
+                elif kind == "yield":
+                    yield pb.TenantCommand(command_id=cid, yield_soon=pb.YieldSoon(reason="maximum turn length"))
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            await self.engine.detach(session, why)
+
+    async def _read(self, session: Any, it: AsyncIterator[pb.TenantMessage]) -> None:
+        async for msg in it:
+            kind = msg.WhichOneof("message")
+            if kind == "heartbeat":
+                self.engine.heartbeat(session, msg.heartbeat.footprint_bytes)
+            elif kind == "result":
+                r = msg.result
+                self.engine.heartbeat(session, 0)
+                self.engine.command_result(r.command_id, r.ok, r.error, r.bytes, r.seconds)
+
+
+def group_info(g: GroupState, policy: str = "") -> pb.GroupInfo:
+    """rota.v1 GroupInfo for one group state (used by Status and by rota_etcd)."""
+    import time
+
+    tenants = []
+    for rec in g.tenants.values():
+        waits, parks = list(rec.waits_ms), list(rec.parks_ms)
+        tenants.append(pb.TenantInfo(
+            job_id=rec.job_id, state=rec.state, turns=rec.turns, gpu_seconds=rec.gpu_seconds,
+            wait_p50_ms=percentile(waits, 50), wait_p99_ms=percentile(waits, 99), park_p50_ms=percentile(parks, 50),
+            park_p99_ms=percentile(parks, 99), parked_bytes=rec.parked_bytes, footprint_bytes=rec.footprint_bytes,
+            priority=rec.priority, weight=rec.weight))
+    return pb.GroupInfo(group_id=g.group_id, state=g.status_name(), holder=g.holder, token=g.token,
+                        queue=[w.job_id for w in g.queue], loaded_job=g.loaded_job, resident_jobs=g.residents,
+                        switches=g.switches, busy_seconds=g.busy_seconds,
+                        age_seconds=max(0.0, time.monotonic() - g.created) if g.created else 0.0,
+                        tenants=tenants, policy=policy)
+
+
+async def serve(engine: Orchestrator, listen: str, *, extra: Callable[[grpc.aio.Server], None] | None = None
+                ) -> grpc.aio.Server:
+    """Start a gRPC server for ``engine`` on ``listen`` (``host:port`` or ``unix:PATH``)."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    v1a_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(TimeSliceService(engine), server)
+    pb_grpc.add_RotaServiceServicer_to_server(RotaService(engine), server)
+    if extra is not None:
+        extra(server)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as exc:
+        raise InvalidArgument(f"cannot listen on {listen!r}: {exc}; is another orchestrator running there?") from exc
+    if port == 0 and not listen.startswith("unix:"):
+        raise InvalidArgument(f"cannot listen on {listen!r}: address in use or invalid; choose another --listen")
+    await engine.start()
+    await server.start()
+    return server

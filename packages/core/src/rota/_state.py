@@ -1,0 +1,251 @@
+"""The group state machine: one holder, a queue, residents, tokens — and nothing else.
+
+Pure data and pure transitions, no I/O and no clocks of its own (every call takes
+``now``), so the same rules serve the embedded orchestrator (state in memory) and
+``rota_etcd`` (state loaded from etcd, transformed here, written back in one
+transaction). The hypothesis test in ``tests/core/test_state_machine.py`` drives
+it with random acquire/release/crash/timeout sequences.
+
+Invariants, enforced here and nowhere else:
+* at most one holder per group; a grant happens only when there is none;
+* ``token`` only grows: each grant takes ``token + 1``;
+* a release must name the holder and, if it carries a token, the current one;
+* a job that died is removed from holder, queue and residents, its state ``lost``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from rota._types import Grant, ReleaseInfo, TurnRequest
+from rota.errors import NotHolder, StaleToken
+
+_SAMPLES = 512  # recent waits/parks kept per tenant for percentiles
+
+
+@dataclass
+class Waiter:
+    """A job queued for a group."""
+
+    job_id: str
+    seq: int
+    arrived: float
+    priority: int = 0
+    weight: float = 1.0
+    world_size: int = 1
+    footprint_bytes: int = 0
+
+
+@dataclass
+class TenantRecord:
+    """Per-job accounting within a group (survives the job's turns)."""
+
+    job_id: str
+    state: str = "idle"  # idle | waiting | holding | resident | parked | lost
+    priority: int = 0
+    weight: float = 1.0
+    world_size: int = 1
+    footprint_bytes: int = 0
+    turns: int = 0
+    gpu_seconds: float = 0.0
+    parked_bytes: int = 0
+    waits_ms: deque = field(default_factory=lambda: deque(maxlen=_SAMPLES))
+    parks_ms: deque = field(default_factory=lambda: deque(maxlen=_SAMPLES))
+
+
+@dataclass
+class GroupState:
+    """Everything known about one group."""
+
+    group_id: str
+    created: float = 0.0
+    token: int = 0
+    holder: str = ""
+    holder_since: float = 0.0
+    released_ranks: set[int] = field(default_factory=set)
+    queue: list[Waiter] = field(default_factory=list)
+    residents: list[str] = field(default_factory=list)
+    loaded_job: str = ""
+    switching_to: str = ""
+    seq: int = 0
+    switches: int = 0
+    busy_seconds: float = 0.0
+    tenants: dict[str, TenantRecord] = field(default_factory=dict)
+
+    # ------------------------------------------------------------- queries
+
+    def queued(self, job_id: str) -> Waiter | None:
+        return next((w for w in self.queue if w.job_id == job_id), None)
+
+    def tenant(self, job_id: str) -> TenantRecord:
+        rec = self.tenants.get(job_id)
+        if rec is None:
+            rec = self.tenants[job_id] = TenantRecord(job_id)
+        return rec
+
+    def current_grant(self) -> Grant:
+        return Grant(job_id=self.holder, group_id=self.group_id, token=self.token)
+
+    def status_name(self) -> str:
+        """The v1alpha1 GroupStatus.State name for this group."""
+        if self.switching_to:
+            return "SWITCHING"
+        if self.holder:
+            return "LOCKED"
+        return "IDLE_YIELDED" if self.residents else "IDLE"
+
+    # ---------------------------------------------------------- transitions
+
+    def enqueue(self, req: TurnRequest, now: float) -> Grant | None:
+        """Queue ``req.job_id`` (once per job, whatever its ranks). Returns the
+        current grant at once if the job already holds the group."""
+        if self.holder == req.job_id:
+            return self.current_grant()
+        rec = self.tenant(req.job_id)
+        rec.priority, rec.weight = req.priority, req.weight
+        rec.world_size = max(1, req.world_size)
+        if req.footprint_bytes:
+            rec.footprint_bytes = req.footprint_bytes
+        if self.queued(req.job_id) is None:
+            self.seq += 1
+            self.queue.append(Waiter(req.job_id, self.seq, now, req.priority, req.weight,
+                                     rec.world_size, req.footprint_bytes))
+            if rec.state not in ("resident", "parked"):
+                rec.state = "waiting"
+        return None
+
+    def ready_for_grant(self) -> bool:
+        return not self.holder and not self.switching_to and bool(self.queue)
+
+    def begin_switch(self, chosen: Waiter, capacity_bytes: int) -> list[str]:
+        """Start handing the group to ``chosen``; return residents that must be parked.
+
+        With ``capacity_bytes`` > 0, residents that fit beside ``chosen`` stay
+        (residency-aware switching); otherwise every other resident with a known
+        footprint is parked. Residents whose footprint is 0 hold nothing to park.
+        """
+        assert self.ready_for_grant() and chosen in self.queue
+        self.switching_to = chosen.job_id
+        others = [j for j in self.residents if j != chosen.job_id]
+        need = self.tenant(chosen.job_id).footprint_bytes
+        evict: list[str] = []
+        if capacity_bytes > 0:
+            total = need + sum(self.tenant(j).footprint_bytes for j in others)
+            for job in others:  # park oldest residents first until everything fits
+                if total <= capacity_bytes:
+                    break
+                evict.append(job)
+                total -= self.tenant(job).footprint_bytes
+        else:
+            evict = [j for j in others if self.tenant(j).footprint_bytes > 0]
+        return evict
+
+    def mark_parked(self, job_id: str, bytes_moved: int, seconds: float) -> None:
+        """A resident's park finished: it no longer occupies the device."""
+        if job_id in self.residents:
+            self.residents.remove(job_id)
+        rec = self.tenant(job_id)
+        if rec.state != "lost":
+            rec.state = "parked"
+        rec.parked_bytes = bytes_moved
+        rec.parks_ms.append(seconds * 1000.0)
+
+    def complete_grant(self, now: float) -> Grant:
+        """Finish the switch begun by :meth:`begin_switch`: the chosen job holds the group."""
+        job = self.switching_to
+        waiter = self.queued(job)
+        assert job and waiter is not None and not self.holder
+        self.queue.remove(waiter)
+        self.switching_to = ""
+        rec = self.tenant(job)
+        restored = rec.state == "parked"
+        if self.loaded_job and self.loaded_job != job:
+            self.switches += 1
+        self.token += 1
+        self.holder, self.holder_since = job, now
+        self.released_ranks = set()
+        if job not in self.residents:
+            self.residents.append(job)
+        self.loaded_job = job
+        rec.state, rec.turns = "holding", rec.turns + 1
+        rec.world_size = waiter.world_size
+        waited_ms = max(0, int((now - waiter.arrived) * 1000))
+        rec.waits_ms.append(float(waited_ms))
+        return Grant(job, self.group_id, self.token, waited_ms=waited_ms, context_restored=restored)
+
+    def abort_switch(self) -> None:
+        """The switch could not finish (the chosen job vanished): back to idle."""
+        self.switching_to = ""
+
+    def release(self, job_id: str, token: int, rank: int, now: float) -> ReleaseInfo:
+        """One rank of the holder gives the turn back; the last rank frees the group."""
+        if self.holder != job_id:
+            holder = f"held by {self.holder!r}" if self.holder else "not held"
+            raise NotHolder(f"job {job_id!r} does not hold group {self.group_id!r} ({holder}); "
+                            "acquire before releasing", job_id=job_id, group_id=self.group_id)
+        if token and token != self.token:
+            raise StaleToken(f"job {job_id!r} released group {self.group_id!r} with token {token}, "
+                             f"but the current grant has token {self.token}; that turn already ended",
+                             job_id=job_id, group_id=self.group_id)
+        rec = self.tenant(job_id)
+        self.released_ranks.add(rank)
+        if len(self.released_ranks) < rec.world_size:
+            return ReleaseInfo(len(self.queue), not self.queue, group_released=False)
+        self._end_turn(now)
+        rec.state = "resident"
+        return ReleaseInfo(len(self.queue), not self.queue, group_released=True)
+
+    def _end_turn(self, now: float) -> None:
+        held = max(0.0, now - self.holder_since)
+        self.busy_seconds += held
+        self.tenant(self.holder).gpu_seconds += held
+        self.holder, self.released_ranks = "", set()
+
+    def remove(self, job_id: str, now: float, *, lost: bool) -> tuple[bool, bool]:
+        """Take a job out entirely (it died, or a scheduler evicted it).
+
+        Returns (was_holder, was_queued). A dead job's state is ``lost``: it is
+        never restored or handed to anyone.
+        """
+        was_holder = self.holder == job_id
+        if was_holder:
+            self._end_turn(now)
+        waiter = self.queued(job_id)
+        if waiter is not None:
+            self.queue.remove(waiter)
+        if self.switching_to == job_id:
+            self.switching_to = ""
+        if job_id in self.residents:
+            self.residents.remove(job_id)
+        if self.loaded_job == job_id:
+            self.loaded_job = ""
+        if job_id in self.tenants:
+            self.tenants[job_id].state = "lost" if lost else "idle"
+        return was_holder, waiter is not None
+
+    # -------------------------------------------------------- serialisation
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form (for etcd and ``rota status --json``)."""
+        d = dataclasses.asdict(self)
+        d["released_ranks"] = sorted(self.released_ranks)
+        for rec in d["tenants"].values():
+            rec["waits_ms"], rec["parks_ms"] = list(rec["waits_ms"]), list(rec["parks_ms"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GroupState:
+        d = dict(d)
+        d["released_ranks"] = set(d.get("released_ranks", ()))
+        d["queue"] = [Waiter(**w) for w in d.get("queue", ())]
+        tenants = {}
+        for job, rec in d.get("tenants", {}).items():
+            rec = dict(rec)
+            rec["waits_ms"] = deque(rec.get("waits_ms", ()), maxlen=_SAMPLES)
+            rec["parks_ms"] = deque(rec.get("parks_ms", ()), maxlen=_SAMPLES)
+            tenants[job] = TenantRecord(**rec)
+        d["tenants"] = tenants
+        return cls(**d)

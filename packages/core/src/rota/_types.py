@@ -1,0 +1,88 @@
+"""Value types that cross rota's public API: grants, release results, park plans."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Proof that a job holds a group, returned by ``acquire``.
+
+    ``token`` is the fencing token: it grows with every grant of the group and a
+    release or park carrying an older one is refused.
+    """
+
+    job_id: str
+    group_id: str
+    token: int
+    waited_ms: int = 0
+    context_restored: bool = False
+    ttl_ms: int = 0
+    max_turn_ms: int = 0
+
+
+@dataclass(frozen=True)
+class ReleaseInfo:
+    """What ``release`` did: who still waits and whether parking was deferred."""
+
+    pending_waiters: int
+    snapshot_deferred: bool
+    group_released: bool = True
+
+
+class ParkMode(str, enum.Enum):
+    """How parked state is kept: copied to host (OFFLOAD) or dropped (DISCARD)."""
+
+    OFFLOAD = "offload"
+    DISCARD = "discard"
+
+
+@dataclass(frozen=True)
+class ParkPlan:
+    """Which tags to park or restore, and how. Empty ``tags`` means every tag.
+
+    ``discard`` names tags that may be dropped instead of copied (e.g. gradients
+    that are zeroed before the next step anyway).
+    """
+
+    tags: frozenset[str] = frozenset()
+    mode: ParkMode = ParkMode.OFFLOAD
+    discard: frozenset[str] = frozenset()
+    token: int = 0
+
+    def wants(self, tag: str) -> bool:
+        """True if ``tag`` is covered by this plan."""
+        return not self.tags or tag in self.tags
+
+
+@dataclass
+class ParkResult:
+    """Bytes an adapter moved for one park or restore, and how long it took."""
+
+    bytes_moved: int = 0
+    seconds: float = 0.0
+    by_tag: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """Everything the orchestrator needs to queue a job for a group."""
+
+    job_id: str
+    group_id: str
+    priority: int = 0
+    weight: float = 1.0
+    world_size: int = 1
+    rank: int = 0
+    footprint_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a scheduler plugin placed a tenant (a Slurm GRES string, a K8s claim...)."""
+
+    scheduler: str
+    group_id: str
+    details: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""The ``rota`` command line: thin click commands over library functions."""

@@ -1,0 +1,42 @@
+"""``rota``: the top-level click group. Plugins add subcommands through ``rota_cli``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from rota._plugins import plugin_manager
+from rota.cli.orchestrator import orchestrator
+from rota.cli.plugins import plugins
+from rota.cli.status import status
+from rota.errors import RotaError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning",
+              envvar="ROTA_LOG_LEVEL", show_default=True, help="Logging verbosity (env ROTA_LOG_LEVEL).")
+def cli(log_level: str) -> None:
+    """rota: co-operative GPU time-slicing for RL and post-training jobs.
+
+    Jobs ("tenants") in the same group take turns on its GPUs: a job yields when it
+    does not need the device, rota parks its state in host memory and restores the
+    next job. Start with `rota demo`; `rota status` shows who holds what.
+    """
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+cli.add_command(status)
+cli.add_command(plugins)
+cli.add_command(orchestrator)
+
+
+def main() -> None:
+    """Entry point of the ``rota`` executable."""
+    plugin_manager().hook.rota_cli(cli=cli)
+    try:
+        cli.main(standalone_mode=True)
+    except RotaError as exc:  # library errors reach users as one clear line
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)

@@ -1,0 +1,109 @@
+"""``rota status``: holder, queue, residents and per-tenant accounting of groups."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from rota._generated import rota_v1_pb2 as pb
+from rota._generated import rota_v1_pb2_grpc as pb_grpc
+from rota._ids import check_id
+from rota._local import is_serving, local_endpoint
+from rota._units import format_bytes
+from rota.cli.options import Endpoint
+from rota.errors import RotaError, from_rpc_error
+
+
+def fetch_status(endpoint: str, group: str = "", timeout: float = 10.0) -> pb.StatusReply:
+    """Ask the orchestrator at ``endpoint`` for the status of one or all groups."""
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            return pb_grpc.RotaServiceStub(channel).Status(pb.StatusRequest(group_id=group), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, group_id=group) from None
+
+
+def prometheus_text(reply: pb.StatusReply) -> str:
+    """Prometheus exposition text for a status reply (turns, waits, parks, busy time)."""
+    lines = []
+
+    def metric(name: str, kind: str, helptext: str, rows: list[tuple[dict[str, str], float]]) -> None:
+        lines.append(f"# HELP rota_{name} {helptext}")
+        lines.append(f"# TYPE rota_{name} {kind}")
+        for labels, value in rows:
+            lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+            lines.append(f"rota_{name}{{{lab}}} {value}")
+
+    groups = list(reply.groups)
+    metric("group_busy_seconds_total", "counter", "Seconds some tenant held the group.",
+           [({"group": g.group_id}, g.busy_seconds) for g in groups])
+    metric("group_switches_total", "counter", "Turns handed to a different tenant.",
+           [({"group": g.group_id}, g.switches) for g in groups])
+    metric("group_waiters", "gauge", "Jobs waiting for the group.",
+           [({"group": g.group_id}, len(g.queue)) for g in groups])
+    rows = [(g, t) for g in groups for t in g.tenants]
+    metric("tenant_turns_total", "counter", "Turns granted to the tenant.",
+           [({"group": g.group_id, "job": t.job_id}, t.turns) for g, t in rows])
+    metric("tenant_gpu_seconds_total", "counter", "Seconds the tenant held the group.",
+           [({"group": g.group_id, "job": t.job_id}, t.gpu_seconds) for g, t in rows])
+    metric("tenant_wait_p99_ms", "gauge", "99th percentile of recent queue waits.",
+           [({"group": g.group_id, "job": t.job_id}, t.wait_p99_ms) for g, t in rows])
+    metric("tenant_park_p99_ms", "gauge", "99th percentile of recent parks.",
+           [({"group": g.group_id, "job": t.job_id}, t.park_p99_ms) for g, t in rows])
+    metric("tenant_parked_bytes", "gauge", "Bytes of the tenant's last park.",
+           [({"group": g.group_id, "job": t.job_id}, t.parked_bytes) for g, t in rows])
+    return "\n".join(lines) + "\n"
+
+
+def render_table(reply: pb.StatusReply) -> str:
+    """Human-readable table: one block per group, one line per tenant."""
+    out = []
+    for g in reply.groups:
+        busy = g.busy_seconds / g.age_seconds if g.age_seconds else 0.0
+        out.append(f"group {g.group_id}  [{g.state}]  holder={g.holder or '-'}  token={g.token}  "
+                   f"queue={','.join(g.queue) or '-'}  loaded={g.loaded_job or '-'}  switches={g.switches}  "
+                   f"busy={busy:.0%}  policy={g.policy}")
+        if g.tenants:
+            out.append(f"  {'tenant':<24} {'state':<9} {'turns':>6} {'gpu s':>9} {'wait p50':>9} {'wait p99':>9} "
+                       f"{'park p50':>9} {'parked':>10}")
+        for t in g.tenants:
+            out.append(f"  {t.job_id:<24} {t.state:<9} {t.turns:>6} {t.gpu_seconds:>9.2f} "
+                       f"{t.wait_p50_ms:>7.1f}ms {t.wait_p99_ms:>7.1f}ms {t.park_p50_ms:>7.1f}ms "
+                       f"{format_bytes(t.parked_bytes):>10}")
+    return "\n".join(out) if out else "no groups yet"
+
+
+@click.command()
+@click.argument("group", required=False, default="")
+@click.option("--orchestrator", "endpoint", type=Endpoint(), envvar="ROTA_ORCHESTRATOR",
+              help="Orchestrator address (env ROTA_ORCHESTRATOR). Default: this host's embedded one.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--prometheus", is_flag=True, help="Print Prometheus text-format metrics.")
+def status(group: str, endpoint: str | None, as_json: bool, prometheus: bool) -> None:
+    """Show holder, queue, loaded job and per-tenant GPU time and waits of GROUP (or all)."""
+    if group:
+        try:
+            check_id("group", group, group_id=group)
+        except RotaError as exc:
+            raise click.BadParameter(str(exc), param_hint="GROUP") from None
+    if not endpoint:
+        endpoint = local_endpoint()
+        if not is_serving(endpoint):
+            raise click.ClickException(f"no orchestrator is running at {endpoint} (the embedded one starts with "
+                                       "the first tenant); pass --orchestrator HOST:PORT or set ROTA_ORCHESTRATOR")
+    if endpoint.startswith("unix:") and not os.path.exists(endpoint[5:]):
+        raise click.ClickException(f"no orchestrator socket at {endpoint[5:]}")
+    try:
+        reply = fetch_status(endpoint, group)
+    except RotaError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
+    elif prometheus:
+        click.echo(prometheus_text(reply), nl=False)
+    else:
+        click.echo(render_table(reply))

@@ -1,0 +1,106 @@
+"""rota's error tree, and its one mapping to and from gRPC status codes.
+
+Every error names the job and group it concerns and says what to do next. Errors are
+*permanent* (fix the input or the setup) or *transient* (retry after ``delay`` seconds);
+callers branch on that, not on message text. ``to_status``/``from_rpc_error`` are the
+only places that translate between these classes and gRPC, on both sides of the wire.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+__all__ = [
+    "ConfigError",
+    "Faulted",
+    "InvalidArgument",
+    "NotFound",
+    "NotHolder",
+    "PermanentError",
+    "RotaError",
+    "StaleToken",
+    "TransientError",
+    "Unavailable",
+    "from_rpc_error",
+]
+
+
+class RotaError(Exception):
+    """Base of every error rota raises to users."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str, *, job_id: str = "", group_id: str = "") -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.group_id = group_id
+
+
+class PermanentError(RotaError):
+    """Retrying the same call will fail the same way."""
+
+
+class TransientError(RotaError):
+    """The call may succeed if retried after ``delay`` seconds."""
+
+    def __init__(self, message: str, *, delay: float = 1.0, **kw: str) -> None:
+        super().__init__(message, **kw)
+        self.delay = delay
+
+
+class InvalidArgument(PermanentError):
+    """An id, flag, env var or field is malformed."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class ConfigError(InvalidArgument):
+    """A ROTA_* environment variable or config file value is bad."""
+
+
+class NotFound(PermanentError):
+    """The group does not exist and the orchestrator does not create groups."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class NotHolder(PermanentError):
+    """Release or park by a job that does not hold the group."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class StaleToken(PermanentError):
+    """A fencing token older than the group's current grant."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unavailable(TransientError):
+    """The orchestrator (or its store) cannot answer now; never a grant."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class Faulted(TransientError):
+    """The job's state is faulted (a park or restore failed); retry re-runs it."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+_BY_CODE: dict[grpc.StatusCode, type[RotaError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.PERMISSION_DENIED: NotHolder,
+    grpc.StatusCode.FAILED_PRECONDITION: StaleToken,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
+}
+
+
+def from_rpc_error(err: grpc.RpcError, *, job_id: str = "", group_id: str = "") -> RotaError:
+    """Turn a gRPC error from an orchestrator or agent into the matching RotaError."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    detail = err.details() if hasattr(err, "details") else str(err)
+    cls = _BY_CODE.get(code, RotaError)
+    return cls(detail or str(code), job_id=job_id, group_id=group_id)
