@@ -1,0 +1,96 @@
+"""Property test of the group state machine under random acquire/release/crash/timeout.
+
+Never more than one holder, tokens only grow, FIFO is respected, every waiter is
+eventually served once holders keep releasing.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rota._state import GroupState
+from rota._types import TurnRequest
+from rota.errors import NotHolder, StaleToken
+from rota.policies import Fifo
+
+JOBS = [f"j{i}" for i in range(5)]
+ops = st.lists(st.tuples(st.sampled_from(["acquire", "release", "crash", "timeout", "stale"]),
+                         st.sampled_from(JOBS)), min_size=1, max_size=80)
+
+
+def _grant_if_ready(g: GroupState, now: float, order: list[str]) -> None:
+    if g.ready_for_grant():
+        chosen = Fifo().choose(g.queue, g.tenants, now)
+        assert chosen.seq == min(w.seq for w in g.queue)  # FIFO by arrival
+        for job in g.begin_switch(chosen, 0):
+            g.mark_parked(job, 0, 0.0)
+        before = g.token
+        grant = g.complete_grant(now)
+        assert grant.token == before + 1
+        order.append(grant.job_id)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_random_sequences_keep_invariants(sequence):
+    g = GroupState("g")
+    now, arrivals, granted = 0.0, [], []
+    last_token = 0
+    for op, job in sequence:
+        now += 1.0
+        if op == "acquire":
+            if g.holder != job and g.queued(job) is None:
+                arrivals.append(job)
+            g.enqueue(TurnRequest(job, "g"), now)
+        elif op == "release":
+            try:
+                g.release(job, g.token, 0, now)
+                assert True if False else job not in [g.holder]
+            except NotHolder:
+                assert g.holder != job
+        elif op == "stale" and g.holder and g.token > 1:
+            try:
+                g.release(g.holder, g.token - 1, 0, now)
+                raise AssertionError("stale token accepted")
+            except StaleToken:
+                pass
+        elif op in ("crash", "timeout"):
+            g.remove(job, now, lost=op == "crash")
+            if job in arrivals:
+                arrivals = [a for a in arrivals if a != job]
+        _grant_if_ready(g, now, granted)
+        assert g.token >= last_token
+        last_token = g.token
+        assert len({g.holder} - {""}) <= 1
+        assert g.holder not in [w.job_id for w in g.queue]
+        assert len({w.job_id for w in g.queue}) == len(g.queue)
+    # drain: holders keep releasing, so every remaining waiter is served in arrival order
+    waiting = [w.job_id for w in sorted(g.queue, key=lambda w: w.seq)]
+    served = []
+    for _ in range(len(JOBS) + 1):
+        if g.holder:
+            g.release(g.holder, g.token, 0, now)
+        _grant_if_ready(g, now, served)
+    assert served[: len(waiting)] == waiting
+    assert not g.queue
+
+
+def test_round_trip_through_dict():
+    g = GroupState("g")
+    g.enqueue(TurnRequest("a", "g", world_size=2), 1.0)
+    g.begin_switch(g.queue[0], 0)
+    g.complete_grant(2.0)
+    g.enqueue(TurnRequest("b", "g"), 3.0)
+    assert GroupState.from_dict(g.to_dict()).to_dict() == g.to_dict()
+
+
+def test_all_ranks_release_before_group_is_free():
+    g = GroupState("g")
+    g.enqueue(TurnRequest("a", "g", world_size=2), 1.0)
+    g.begin_switch(g.queue[0], 0)
+    g.complete_grant(1.0)
+    assert not g.release("a", g.token, 0, 2.0).group_released
+    assert g.holder == "a"
+    assert g.release("a", g.token, 1, 2.0).group_released
+    assert g.holder == ""
