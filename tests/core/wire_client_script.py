@@ -10,9 +10,9 @@ import threading
 import time
 
 sys.path.insert(0, sys.argv[1])
-import grpc  # noqa: E402
-import timeslice_orchestrator_pb2 as pb2  # noqa: E402
-import timeslice_orchestrator_pb2_grpc as grpc_mod  # noqa: E402
+import grpc
+import timeslice_orchestrator_pb2 as pb2
+import timeslice_orchestrator_pb2_grpc as grpc_mod
 
 assert "rota" not in sys.modules
 

@@ -40,6 +40,10 @@ def running_orchestrator(config: OrchestratorConfig | None = None, *, listen: st
         await engine.stopped.wait()
         await engine.stop()
         await server.stop(grace=0.5)
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:
+            t.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
 
     def run() -> None:
         try:

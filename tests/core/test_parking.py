@@ -1,0 +1,143 @@
+"""Snapshot hooks around turns: lazy parking, park before another tenant's grant,
+restore at the next turn, residency-aware switching, and a failing park faults the job.
+
+The state parked here is a Python list standing in for device tensors (the adapters'
+own tests park real torch tensors); what is tested is when rota calls the hooks.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import rota
+from rota._engine import OrchestratorConfig
+from rota.testing import running_orchestrator
+
+
+class ListState:
+    """A tenant's 'device state': parked means moved into ``host``."""
+
+    def __init__(self, gpu: rota.Gpu, nbytes: int = 1000, fail: bool = False) -> None:
+        self.gpu, self.nbytes, self.fail = gpu, nbytes, fail
+        self.device: list[int] | None = list(range(10))
+        self.host: list[int] | None = None
+        self.calls: list[str] = []
+        gpu.pm.register(self, name=f"state-{gpu.tenant}-{id(self)}")
+
+    @rota.hookimpl
+    def rota_park(self, tenant, plan):
+        if tenant is not self.gpu:
+            return None
+        self.calls.append("park")
+        if self.fail:
+            raise RuntimeError("device said no")
+        self.host, self.device = self.device, None
+        return rota.ParkResult(bytes_moved=self.nbytes)
+
+    @rota.hookimpl
+    def rota_restore(self, tenant, plan):
+        if tenant is not self.gpu:
+            return None
+        self.calls.append("restore")
+        self.device, self.host = self.host, None
+        return rota.ParkResult(bytes_moved=self.nbytes)
+
+    @rota.hookimpl
+    def rota_footprint(self, tenant):
+        return {"weights": self.nbytes} if tenant is self.gpu and self.device is not None else None
+
+    def close(self) -> None:
+        self.gpu.pm.unregister(self)
+
+
+@pytest.fixture
+def two_tenants(orchestrator):
+    endpoint, engine = orchestrator
+    a = rota.connect(group="g", tenant="a", endpoint=endpoint)
+    b = rota.connect(group="g", tenant="b", endpoint=endpoint)
+    sa, sb = ListState(a), ListState(b)
+    yield engine, a, b, sa, sb
+    for x in (sa, sb):
+        x.close()
+    for gpu in (a, b):
+        gpu.close()
+
+
+def test_release_with_nobody_waiting_parks_nothing(two_tenants):
+    engine, a, _, sa, _ = two_tenants
+    a.acquire()
+    info = a.release()
+    assert info.snapshot_deferred and info.pending_waiters == 0
+    assert sa.calls == [] and sa.device is not None
+    assert engine.groups["g"].status_name() == "IDLE_YIELDED"
+
+
+def test_resident_is_parked_before_next_grant_and_restored_on_its_turn(two_tenants):
+    engine, a, b, sa, sb = two_tenants
+    a.acquire()
+    a.release()  # deferred: a stays resident
+    grant_b = b.acquire()  # a must be parked first
+    assert sa.calls == ["park"] and sa.device is None and sa.host is not None
+    assert not grant_b.context_restored
+    b.release()
+    grant_a = a.acquire()
+    assert grant_a.context_restored and sa.calls == ["park", "restore"] and sa.device == list(range(10))
+    assert sb.calls == ["park"]
+    a.release()
+    tenants = engine.groups["g"].tenants
+    assert tenants["a"].parked_bytes == 1000 and tenants["b"].state == "parked"
+
+
+def test_residents_that_fit_are_not_parked():
+    with running_orchestrator(OrchestratorConfig(capacity_bytes=5000)) as (endpoint, _):
+        a = rota.connect(group="g", tenant="a", endpoint=endpoint)
+        b = rota.connect(group="g", tenant="b", endpoint=endpoint)
+        sa, sb = ListState(a), ListState(b)
+        a.acquire()
+        a.release()
+        b.acquire()
+        b.release()
+        assert sa.calls == [] and sb.calls == []
+        for x in (sa, sb, a, b):
+            x.close()
+
+
+def test_failing_park_faults_the_job_and_group_moves_on(orchestrator):
+    endpoint, engine = orchestrator
+    a = rota.connect(group="g", tenant="a", endpoint=endpoint)
+    b = rota.connect(group="g", tenant="b", endpoint=endpoint)
+    sa = ListState(a, fail=True)
+    a.acquire()
+    a.release()
+    assert b.acquire().job_id == "b"  # granted despite a's failed park
+    assert engine.groups["g"].tenants["a"].state == "faulted"
+    sa.close()
+    a.close()
+    b.close()
+
+
+def test_waiting_resident_is_parked_while_it_waits(two_tenants):
+    """a releases and immediately queues again behind b: a is parked for b's turn."""
+    engine, a, b, sa, _ = two_tenants
+    a.acquire()
+    b_granted = threading.Event()
+    t = threading.Thread(target=lambda: (b.acquire(), b_granted.set()))
+    t.start()
+    _wait(lambda: engine.groups["g"].queued("b") is not None)
+    a.release()
+    t.join(20)
+    assert b_granted.is_set() and sa.calls == ["park"]
+    b.release()
+    assert a.acquire().context_restored
+    a.release()
+
+
+def _wait(cond, timeout=20.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
