@@ -1,0 +1,28 @@
+"""rota on Slurm: ``sbatch --timeslice=GROUP`` and GPU shards shared by time-sliced jobs.
+
+An admin installs three things (see the package README, section "Slurm")::
+
+    rota slurm install-spank --plugstack /etc/slurm/plugstack.conf --orchestrator orch:50051
+    rota slurm conf --gpus 8 --tenants-per-gpu 4      # GRES lines for gres.conf/slurm.conf
+    systemctl restart slurmctld slurmd
+
+then users submit tenants that share a GPU and take turns on it::
+
+    sbatch --timeslice=g0 --gres=shard:1 train.sh     # inside: gpu = rota.connect()
+
+The SPANK plugin (C, built by ``install-spank`` against the cluster's ``slurm/spank.h``)
+validates the options at submit time, sets ROTA_GROUP, ROTA_TENANT (the job id),
+ROTA_ORCHESTRATOR, ROTA_RANK and ROTA_WORLD_SIZE in the job, and when the job ends or
+is cancelled calls ``rota slurm epilog``, which evicts it from its group.
+"""
+
+from rota_slurm._conf import GresLayout, gres_conf, node_line, slurm_conf_lines
+from rota_slurm._orchestrator import EvictResult, evict, group_status
+from rota_slurm._place import place, sbatch_args
+from rota_slurm._spank import PlugstackLine, build, write_plugstack
+from rota_slurm._status import Conflict, conflicts
+
+__all__ = [
+    "Conflict", "EvictResult", "GresLayout", "PlugstackLine", "build", "conflicts", "evict", "gres_conf",
+    "group_status", "node_line", "place", "sbatch_args", "slurm_conf_lines", "write_plugstack",
+]

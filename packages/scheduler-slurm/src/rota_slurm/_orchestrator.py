@@ -1,0 +1,71 @@
+"""The two orchestrator calls a scheduler plugin makes: Evict a finished job, read status.
+
+Only this module opens gRPC channels in rota_slurm. ``evict`` is what the SPANK
+plugin's job epilog (through ``rota slurm epilog``) and a site Epilog= script call when
+a job ends, is cancelled or times out, so its turn is released and it leaves the queue
+without waiting for the orchestrator's TTL.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from rota._generated import rota_v1_pb2 as pb
+from rota._generated import rota_v1_pb2_grpc as pb_grpc
+from rota.errors import NotFound, RotaError, TransientError, from_rpc_error
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvictResult:
+    """Whether the evicted job held the group or waited in its queue."""
+
+    was_holder: bool
+    was_queued: bool
+
+
+def evict(endpoint: str, job_id: str, group_id: str, *, reason: str, timeout: float = 15.0) -> EvictResult:
+    """Remove ``job_id`` from ``group_id`` at ``endpoint``; retry transient errors until ``timeout``.
+
+    A group the orchestrator does not know (the job never acquired) is not an error.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.1
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = pb_grpc.RotaServiceStub(channel)
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                reply = stub.Evict(pb.EvictRequest(job_id=job_id, group_id=group_id, reason=reason),
+                                   timeout=max(left, 0.5), wait_for_ready=True)
+                return EvictResult(reply.was_holder, reply.was_queued)
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc, job_id=job_id, group_id=group_id)
+                if isinstance(err, NotFound):
+                    return EvictResult(False, False)
+                if not isinstance(err, TransientError) or time.monotonic() + delay > deadline:
+                    raise err from None
+                log.info("evict of %s from %s: %s; retrying", job_id, group_id, err)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+
+def group_status(endpoint: str, group_id: str = "", timeout: float = 10.0) -> list[pb.GroupInfo]:
+    """Holder, queue and tenants of one group (or all groups) at ``endpoint``."""
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            reply = pb_grpc.RotaServiceStub(channel).Status(pb.StatusRequest(group_id=group_id), timeout=timeout)
+        except grpc.RpcError as exc:
+            err = from_rpc_error(exc, group_id=group_id)
+            if isinstance(err, NotFound):
+                return []
+            raise err from None
+    return list(reply.groups)
+
+
+__all__ = ["EvictResult", "RotaError", "evict", "group_status"]

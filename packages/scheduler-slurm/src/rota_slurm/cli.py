@@ -1,0 +1,192 @@
+"""``rota slurm ...``: install the SPANK plugin, render GRES config, submit, status, epilog.
+
+Each command is a thin layer over a library function in this package; user mistakes
+become one-line click errors. Added to ``rota`` by :func:`rota_slurm.plugin.rota_cli`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from rota.cli.options import Endpoint
+from rota.errors import RotaError
+from rota_slurm import _orchestrator, _place, _slurm, _spank, _status
+from rota_slurm._conf import GresLayout, gres_conf, slurm_conf_lines
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LIB_DIR = "/usr/local/lib/rota"
+
+
+@click.group("slurm")
+def slurm() -> None:
+    """rota on Slurm: `sbatch --timeslice=GROUP`, GRES shards, group status."""
+
+
+@slurm.command("install-spank")
+@click.option("--plugstack", type=click.Path(dir_okay=False, path_type=Path),
+              help="Add (or replace) rota's line in this plugstack.conf. Default: print the line.")
+@click.option("--orchestrator", type=Endpoint(), default="", envvar="ROTA_ORCHESTRATOR",
+              help="Orchestrator address jobs get as ROTA_ORCHESTRATOR (env ROTA_ORCHESTRATOR).")
+@click.option("--dest", type=click.Path(path_type=Path), default=DEFAULT_LIB_DIR, show_default=True,
+              help="Directory (or .so path) for the compiled plugin; must be readable on every node.")
+@click.option("--rota", "rota_exe", default="", help="rota executable the job epilog runs (default: this one).")
+@click.option("--include-dir", multiple=True, help="Extra -I directory holding slurm/spank.h.")
+@click.option("--optional", is_flag=True, help="Mark the plugin optional: jobs still run if it fails to load.")
+def install_spank(plugstack: Path | None, orchestrator: str, dest: Path, rota_exe: str,
+                  include_dir: tuple[str, ...], optional: bool) -> None:
+    """Compile the SPANK plugin against slurm/spank.h and print or write its plugstack.conf line."""
+    try:
+        so = _spank.build(dest, include_dirs=include_dir)
+    except RotaError as exc:
+        raise click.ClickException(str(exc)) from None
+    line = _spank.PlugstackLine(so, orchestrator=orchestrator, rota=rota_exe or _spank.default_rota_executable(),
+                                required=not optional)
+    if plugstack is None:
+        click.echo(line.render())
+        return
+    _spank.write_plugstack(plugstack, line)
+    click.echo(f"built {so}; wrote to {plugstack}: {line.render()}", err=True)
+    click.echo("slurm.conf needs PlugStackConfig pointing there (default /etc/slurm/plugstack.conf); "
+               "restart slurmd on every node (scontrol reconfigure is not enough for slurmd).", err=True)
+
+
+@slurm.command("conf")
+@click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs per node.")
+@click.option("--tenants-per-gpu", type=click.IntRange(min=1), required=True,
+              help="Time-sliced tenants one GPU may hold (its shard count).")
+@click.option("--node", default="NODE", show_default=True, help="Node name for the NodeName= line.")
+@click.option("--device-prefix", default="/dev/nvidia", show_default=True, help="GPU device files are PREFIX0...")
+def conf(gpus: int, tenants_per_gpu: int, node: str, device_prefix: str) -> None:
+    """Print the gres.conf and slurm.conf lines for GPUs shared by time-sliced tenants."""
+    layout = GresLayout(gpus=gpus, shards_per_gpu=tenants_per_gpu, device_glob=device_prefix)
+    click.echo("# --- gres.conf ---")
+    click.echo(gres_conf(layout), nl=False)
+    click.echo("# --- slurm.conf ---")
+    click.echo(slurm_conf_lines(layout, node), nl=False)
+    click.echo(f"# tenants then ask for: sbatch --timeslice=GROUP --gres=shard:1 (up to {layout.shards} per node)")
+
+
+@slurm.command("submit", context_settings={"ignore_unknown_options": True})
+@click.option("--group", required=True, help="Time-slice group the tenants share.")
+@click.option("--tenants", type=click.IntRange(min=1), default=1, show_default=True, help="How many jobs to submit.")
+@click.option("--node", default="", help="Pin every tenant to this node (one group = one GPU set).")
+@click.option("--shards", type=click.IntRange(min=1), default=1, show_default=True, help="Shards per tenant.")
+@click.option("--priority", type=int, default=0, help="--timeslice-priority of every tenant.")
+@click.option("--force", is_flag=True, help="Submit even if a whole-GPU job shares a GPU with shard tenants.")
+@click.option("--dry-run", is_flag=True, help="Print the sbatch commands, do not run them.")
+@click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED, required=True)
+def submit(group: str, tenants: int, node: str, shards: int, priority: int, force: bool, dry_run: bool,
+           sbatch_args: tuple[str, ...]) -> None:
+    """Submit TENANTS jobs that share one GPU via --gres=shard and --timeslice=GROUP.
+
+    Everything after `--` goes to sbatch (e.g. `-- -o out-%j.txt train.sh`). One job id
+    per line is printed.
+    """
+    try:
+        args = _place.sbatch_args(group, shards=shards, node=node, priority=priority)
+    except RotaError as exc:
+        raise click.BadParameter(str(exc), param_hint="--group") from None
+    if not dry_run and not force:
+        try:
+            problems = _status.conflicts(_slurm.backend().jobs())
+        except RotaError as exc:
+            raise click.ClickException(str(exc)) from None
+        if node:
+            problems = [p for p in problems if p.node == node]
+        if problems:
+            raise click.ClickException("refusing to submit (use --force to override): "
+                                       + "; ".join(p.message() for p in problems))
+    for _ in range(tenants):
+        cmd = ["sbatch", "--parsable", *args, *sbatch_args]
+        if dry_run:
+            click.echo(" ".join(cmd))
+            continue
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise click.ClickException(f"sbatch failed: {exc}") from None
+        if res.returncode != 0:
+            raise click.ClickException(f"sbatch failed: {res.stderr.strip()}")
+        click.echo(res.stdout.strip().split(";")[0])
+
+
+@slurm.command("status")
+@click.option("--orchestrator", "endpoint", type=Endpoint(), envvar="ROTA_ORCHESTRATOR", required=True,
+              help="Orchestrator address (env ROTA_ORCHESTRATOR).")
+@click.option("--group", default="", help="Only this group.")
+@click.option("--backend", type=click.Choice(["cli", "pyslurm", "auto"]), default=None,
+              help="How to read Slurm's jobs (default cli; env ROTA_SLURM_BACKEND).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(endpoint: str, group: str, backend: str | None, as_json: bool) -> None:
+    """Slurm jobs joined with their time-slice group: who holds, who waits, job state."""
+    try:
+        jobs = _slurm.backend(backend or "").jobs()
+        groups = _orchestrator.group_status(endpoint, group)
+    except RotaError as exc:
+        raise click.ClickException(str(exc)) from None
+    rows = _status.join(jobs, groups)
+    if group:
+        rows = [r for r in rows if r.group == group]
+    problems = _status.conflicts(jobs)
+    if as_json:
+        click.echo(json.dumps({"jobs": [asdict(r) for r in rows], "conflicts": [asdict(c) for c in problems]},
+                              indent=2))
+    else:
+        click.echo(_status.render(rows, problems))
+    for p in problems:
+        log.warning("%s", p.message())
+
+
+@slurm.command("check")
+@click.option("--backend", type=click.Choice(["cli", "pyslurm", "auto"]), default=None)
+def check(backend: str | None) -> None:
+    """Exit 1 if a whole-GPU job shares a GPU with shard tenants (a Slurm 22.05 placement)."""
+    try:
+        problems = _status.conflicts(_slurm.backend(backend or "").jobs())
+    except RotaError as exc:
+        raise click.ClickException(str(exc)) from None
+    for p in problems:
+        click.echo(f"CONFLICT: {p.message()}")
+    if problems:
+        sys.exit(1)
+    click.echo("ok: no whole-GPU job shares a GPU with time-sliced tenants")
+
+
+@slurm.command("epilog")
+@click.option("--job", default=lambda: os.environ.get("SLURM_JOB_ID", ""),
+              help="Slurm job id (default $SLURM_JOB_ID).")
+@click.option("--group", default=lambda: os.environ.get("SPANK_ROTA_GROUP", ""),
+              help="Time-slice group (default $SPANK_ROTA_GROUP, set by the SPANK plugin).")
+@click.option("--orchestrator", "endpoint", default=lambda: os.environ.get(
+    "SPANK_ROTA_ORCHESTRATOR", os.environ.get("ROTA_ORCHESTRATOR", "")),
+              help="Orchestrator (default $SPANK_ROTA_ORCHESTRATOR, then $ROTA_ORCHESTRATOR).")
+@click.option("--timeout", type=float, default=15.0, show_default=True, help="Give up after this many seconds.")
+def epilog(job: str, group: str, endpoint: str, timeout: float) -> None:
+    """Release JOB's turn and drop it from GROUP's queue (the job ended or was cancelled).
+
+    Run by the SPANK plugin at the end of every --timeslice job; usable as (part of) a
+    Slurm Epilog= script too. A job without a group is a no-op.
+    """
+    if not group:
+        return
+    if not job or not endpoint:
+        raise click.ClickException(f"epilog needs a job id and an orchestrator (job={job!r}, "
+                                   f"orchestrator={endpoint!r})")
+    node = os.environ.get("SLURMD_NODENAME", "")
+    group = group.replace("%n", node)
+    try:
+        result = _orchestrator.evict(endpoint, job, group, reason=f"slurm job {job} ended", timeout=timeout)
+    except RotaError as exc:
+        raise click.ClickException(f"evict of job {job} from group {group} failed: {exc}") from None
+    log.info("job %s left group %s (was holder: %s, was queued: %s)", job, group, result.was_holder,
+             result.was_queued)
+    click.echo(f"job {job} left group {group} (holder={result.was_holder}, queued={result.was_queued})")

@@ -1,0 +1,28 @@
+"""rota_slurm's hook implementations (entry point ``rota: slurm``).
+
+Adds ``rota slurm ...`` to the CLI and answers ``rota_place`` for scheduler ``"slurm"``
+with the sbatch arguments of a time-sliced tenant (``--timeslice=G --gres=shard:1``).
+"""
+
+from __future__ import annotations
+
+import click
+
+from rota import hookimpl
+from rota._types import Placement, TurnRequest
+
+
+@hookimpl
+def rota_cli(cli: click.Group) -> None:
+    from rota_slurm.cli import slurm
+
+    cli.add_command(slurm)
+
+
+@hookimpl
+def rota_place(request: TurnRequest, scheduler: str) -> Placement | None:
+    if scheduler != "slurm":
+        return None
+    from rota_slurm._place import place
+
+    return place(request)

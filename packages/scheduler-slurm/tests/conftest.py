@@ -1,0 +1,85 @@
+"""Fixtures: one real Slurm cluster (two nodes on this host) and one rota orchestrator.
+
+Both are session-scoped: the daemons take a couple of seconds to start and every test
+uses its own group ids. The orchestrator runs as ``rota orchestrator serve`` in a
+subprocess with a long TTL (60 s), so a test that sees a group freed within its
+timeout knows the SPANK epilog (Evict) did it, not the TTL.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rota.testing import free_port
+from rota_slurm._orchestrator import group_status
+from rota_slurm.testing import SlurmCluster, missing_binaries
+
+ROTA = str(Path(sys.executable).parent / "rota")
+ORCHESTRATOR_LOG: list[Path] = []  # the session orchestrator's log file
+
+
+@pytest.fixture(scope="session")
+def orchestrator() -> Iterator[str]:
+    """Endpoint of a served orchestrator; its log is at ``orchestrator.log`` in the tmp dir."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    logdir = Path(tempfile.mkdtemp(prefix="rota-orch-"))
+    with open(logdir / "orchestrator.log", "wb") as out:
+        proc = subprocess.Popen([ROTA, "--log-level", "info", "orchestrator", "serve", "--listen", endpoint,
+                                 "--ttl", "60"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                group_status(endpoint, timeout=1)
+                break
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("orchestrator did not start:\n"
+                                       + (logdir / "orchestrator.log").read_text()) from None
+                time.sleep(0.1)
+        ORCHESTRATOR_LOG.append(logdir / "orchestrator.log")
+        yield endpoint
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+        shutil.rmtree(logdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm(orchestrator: str) -> Iterator[SlurmCluster]:
+    """A running two-node Slurm cluster whose SPANK plugin points jobs at ``orchestrator``."""
+    missing = missing_binaries()
+    if missing:
+        pytest.skip(f"Slurm test cluster needs {', '.join(missing)} (scripts/services.sh install)")
+    if os.geteuid() != 0:
+        pytest.skip("Slurm test cluster needs root")
+    root = Path(tempfile.mkdtemp(prefix="rota-slurm-"))
+    cluster = SlurmCluster(root, nodes=("n1", "n2"), gpus_per_node=2, shards_per_gpu=4, cpus_per_node=4,
+                           orchestrator=orchestrator)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def outdir(slurm: SlurmCluster, request: pytest.FixtureRequest) -> Path:
+    """A directory for this test's job output files."""
+    d = slurm.root / "out" / request.node.name
+    d.mkdir(parents=True, exist_ok=True)
+    return d

@@ -1,0 +1,79 @@
+"""The SPANK plugin on a real cluster: options validated at submit, ROTA_* env in jobs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from rota_slurm.testing import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+PRINT_ENV = f"{sys.executable} -c 'import json,os; print(json.dumps({{k: v for k, v in os.environ.items() " \
+            "if k.startswith((\"ROTA_\", \"SLURM_JOB_ID\", \"CUDA_VISIBLE\"))}))'"
+
+
+def _env_of(out: Path) -> dict[str, str]:
+    return json.loads(out.read_text().strip().splitlines()[-1])
+
+
+def test_sbatch_sets_rota_env(slurm: SlurmCluster, orchestrator: str, outdir: Path) -> None:
+    job = slurm.sbatch("--timeslice=envg", "--timeslice-priority=7", "--gres=shard:1", "-w", "n1",
+                       "-o", str(outdir / "%j.out"), "--wrap", PRINT_ENV)
+    slurm.wait_jobs([job], timeout=60)
+    env = _env_of(outdir / f"{job}.out")
+    assert env["ROTA_GROUP"] == "envg"
+    assert env["ROTA_TENANT"] == job == env["SLURM_JOB_ID"]
+    assert env["ROTA_ORCHESTRATOR"] == orchestrator
+    assert env["ROTA_PRIORITY"] == "7"
+    assert (env["ROTA_RANK"], env["ROTA_WORLD_SIZE"]) == ("0", "1")
+    assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1")
+
+
+def test_job_without_timeslice_gets_no_rota_env(slurm: SlurmCluster, outdir: Path) -> None:
+    job = slurm.sbatch("-o", str(outdir / "%j.out"), "--wrap", PRINT_ENV)
+    slurm.wait_jobs([job], timeout=60)
+    assert not any(k.startswith("ROTA_") for k in _env_of(outdir / f"{job}.out"))
+
+
+def test_srun_ranks_share_tenant(slurm: SlurmCluster) -> None:
+    res = slurm.run("srun", "--timeslice=rankg", "-n", "3", "-w", "n1", "--label", sys.executable, "-c",
+                    "import os; print(os.environ['ROTA_TENANT'], os.environ['ROTA_RANK'], "
+                    "os.environ['ROTA_WORLD_SIZE'], os.environ['ROTA_GROUP'])", timeout=90)
+    rows = sorted(line.split(":", 1)[1].split() for line in res.stdout.splitlines() if ":" in line)
+    assert len(rows) == 3
+    assert len({r[0] for r in rows}) == 1  # one tenant (the job id) for every rank
+    assert [r[1] for r in rows] == ["0", "1", "2"]
+    assert {r[2] for r in rows} == {"3"} and {r[3] for r in rows} == {"rankg"}
+
+
+def test_group_per_node_placeholder(slurm: SlurmCluster, outdir: Path) -> None:
+    jobs = {n: slurm.sbatch("--timeslice=node-%n", "-w", n, "-o", str(outdir / "%j.out"), "--wrap", PRINT_ENV)
+            for n in ("n1", "n2")}
+    slurm.wait_jobs(list(jobs.values()), timeout=60)
+    assert {n: _env_of(outdir / f"{j}.out")["ROTA_GROUP"] for n, j in jobs.items()} == \
+        {"n1": "node-n1", "n2": "node-n2"}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--timeslice="], "--timeslice= is empty"),
+    (["--timeslice=bad/group"], "--timeslice=bad/group may only contain"),
+    (["--timeslice=-lead"], "--timeslice=-lead must start with a letter or digit"),
+    (["--timeslice=" + "x" * 129], "--timeslice=" + "x" * 129 + " is longer than 128"),
+    (["--timeslice=g", "--timeslice-priority=high"], "--timeslice-priority=high is not an integer"),
+    (["--timeslice=g", "--timeslice-priority="], "--timeslice-priority= is not an integer"),
+])
+def test_bad_values_fail_at_submit(slurm: SlurmCluster, args: list[str], message: str) -> None:
+    before = slurm.run("squeue", "-h", "-o", "%i").stdout.split()
+    res = slurm.run("sbatch", *args, "--wrap", "true", check=False)
+    assert res.returncode != 0
+    assert f"rota: {message}" in res.stderr
+    assert slurm.run("squeue", "-h", "-o", "%i").stdout.split() == before  # nothing was queued
+
+
+def test_help_lists_options(slurm: SlurmCluster) -> None:
+    out = slurm.run("sbatch", "--help").stdout
+    assert "--timeslice=GROUP" in out and "--timeslice-priority=N" in out
