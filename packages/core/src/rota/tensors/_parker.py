@@ -341,9 +341,15 @@ class TensorParker:
         return ParkResult(bytes_moved=moved, seconds=seconds, by_tag=by_tag)
 
 
-def overlap(park: Sequence[TensorParker] | TensorParker = (),
+ParkSpec = TensorParker | tuple[TensorParker, Iterable[str] | None, Iterable[str]]
+
+
+def overlap(park: Sequence[ParkSpec] | TensorParker = (),
             restore: Sequence[TensorParker] | TensorParker = ()) -> tuple[ParkResult, ParkResult]:
     """Park ``park`` while restoring ``restore``, each parker on its own stream.
+
+    ``park`` items are parkers (park every tag) or ``(parker, tags, discard)`` tuples
+    with the arguments of :meth:`TensorParker.park`.
 
     PCIe is full duplex: device-to-host copies of the outgoing tenant and host-to-device
     copies of the incoming one run at the same time. All copies are issued before any
@@ -351,7 +357,9 @@ def overlap(park: Sequence[TensorParker] | TensorParker = (),
     memory is freed only after its copies finish). Returns (park result, restore
     result); both carry the wall time of the whole switch.
     """
-    parks = [park] if isinstance(park, TensorParker) else list(park)
+    specs = [park] if isinstance(park, TensorParker) else list(park)
+    specs = [(p, None, ()) if isinstance(p, TensorParker) else p for p in specs]
+    parks = [p for p, _, _ in specs]
     restores = [restore] if isinstance(restore, TensorParker) else list(restore)
     everyone = parks + restores
     if len({id(p) for p in everyone}) != len(everyone):
@@ -360,7 +368,7 @@ def overlap(park: Sequence[TensorParker] | TensorParker = (),
     for p in everyone:
         p._lock.acquire()
     try:
-        jobs_out = [p._begin_park(None, ()) for p in parks]
+        jobs_out = [p._begin_park(tags, discard) for p, tags, discard in specs]
         jobs_in = [p._begin_restore() for p in restores]
         out = [p._finish(j) for p, j in zip(parks, jobs_out, strict=True)]
         into = [p._finish(j) for p, j in zip(restores, jobs_in, strict=True)]
