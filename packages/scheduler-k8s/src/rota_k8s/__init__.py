@@ -1,0 +1,56 @@
+"""rota on Kubernetes: deploy the orchestrator and agents, place tenants on shared GPUs.
+
+Install ``rota-scheduler-k8s`` and ``rota k8s`` (or ``kubectl rota``) appears::
+
+    rota k8s render --image registry.example/rota:0.1.0 | kubectl apply -f -
+    rota k8s tenant --group grp0 --image registry.example/ppo:1 -- python train.py | kubectl apply -f -
+    kubectl rota status --orchestrator 127.0.0.1:50051
+
+Tenants of one group reference one DRA ``ResourceClaim`` (``resource.k8s.io/v1``,
+device class ``gpu.nvidia.com``) and take turns on its GPU through the orchestrator;
+the controller beside the orchestrator releases the turn of pods that die.
+
+The library side: :func:`render` and :func:`tenant` build the objects as dicts,
+:func:`load_values` validates deployment values, :class:`Controller` is the pod
+watcher, :func:`validate_objects` checks objects against the official schemas.
+"""
+
+from __future__ import annotations
+
+from rota_k8s._validate import ManifestError, validate_objects
+from rota_k8s._values import Values, ValuesError, load_values
+from rota_k8s.controller import Controller, Eviction, PodTracker, dead_reason
+from rota_k8s.manifests import (
+    CLAIM_API_VERSION,
+    DEVICE_CLASS,
+    GROUP_LABEL,
+    JOB_LABEL,
+    TenantSpec,
+    claim_name,
+    render,
+    resource_claim,
+    tenant,
+    to_yaml,
+)
+
+__all__ = [
+    "CLAIM_API_VERSION",
+    "DEVICE_CLASS",
+    "GROUP_LABEL",
+    "JOB_LABEL",
+    "Controller",
+    "Eviction",
+    "ManifestError",
+    "PodTracker",
+    "TenantSpec",
+    "Values",
+    "ValuesError",
+    "claim_name",
+    "dead_reason",
+    "load_values",
+    "render",
+    "resource_claim",
+    "tenant",
+    "to_yaml",
+    "validate_objects",
+]

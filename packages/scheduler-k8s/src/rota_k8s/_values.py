@@ -1,0 +1,292 @@
+"""Values of a rota deployment on Kubernetes, and their validation.
+
+``rota k8s render`` takes values from one YAML file (``--values``) and/or flags
+(flags win) and turns them into :class:`Values`. Every value is checked here, all
+problems are collected, and one :class:`ValuesError` names each bad key, so nothing
+is printed for ``kubectl apply`` until the whole set is valid. Unknown keys in the
+file are errors too: a typo must not silently fall back to a default.
+
+The YAML shape (every key optional)::
+
+    namespace: rota-system
+    image: rota:0.1.0
+    imagePullPolicy: IfNotPresent
+    logLevel: info
+    etcd:
+      endpoints: []          # non-empty: use this etcd, render no StatefulSet
+      replicas: 3
+      image: registry.k8s.io/etcd:3.5.21-0
+      storage: 1Gi
+      storageClassName: ""
+    orchestrator:
+      replicas: 2
+      policy: fifo           # fifo | priority | fair
+      ttl: 10                # seconds without heartbeat before a tenant loses its turn
+      parkTimeout: 120       # seconds a park may take before the job is FAULTED
+      maxTurn: 0             # seconds a holder may keep a group while others wait (0 = no limit)
+    agent:
+      port: 9001
+      nodeSelector: {nvidia.com/gpu.present: "true"}
+      runtimeClassName: ""   # e.g. nvidia, where the GPU runtime needs it
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rota.errors import ConfigError
+
+__all__ = ["AgentValues", "EtcdValues", "OrchestratorValues", "Values", "ValuesError", "load_values"]
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:@+-]*[A-Za-z0-9_]$", re.I)
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?$")
+POLICIES = ("fifo", "priority", "fair")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ValuesError(ConfigError):
+    """One or more deployment values are bad; ``problems`` lists ``(key, message)``."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
+        super().__init__(f"invalid values ({len(problems)} problem{'s' if len(problems) != 1 else ''}), "
+                         f"nothing rendered:\n{lines}")
+
+
+@dataclass(frozen=True)
+class EtcdValues:
+    """The etcd that keeps the orchestrator's state: ours (StatefulSet) or an existing one."""
+
+    endpoints: tuple[str, ...] = ()
+    replicas: int = 3
+    image: str = "registry.k8s.io/etcd:3.5.21-0"
+    storage: str = "1Gi"
+    storageClassName: str = ""
+
+
+@dataclass(frozen=True)
+class OrchestratorValues:
+    """The orchestrator Deployment: replicas (leader-elected through etcd) and timing."""
+
+    replicas: int = 2
+    policy: str = "fifo"
+    ttl: float = 10.0
+    parkTimeout: float = 120.0
+    maxTurn: float = 0.0
+
+
+@dataclass(frozen=True)
+class AgentValues:
+    """The per-GPU-node snapshot agent DaemonSet."""
+
+    port: int = 9001
+    nodeSelector: dict[str, str] = field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
+    runtimeClassName: str = ""
+
+
+@dataclass(frozen=True)
+class Values:
+    """Everything ``rota k8s render`` needs. Build with :func:`load_values` (validates)."""
+
+    namespace: str = "rota-system"
+    image: str = "rota:0.1.0"
+    imagePullPolicy: str = "IfNotPresent"
+    logLevel: str = "info"
+    etcd: EtcdValues = field(default_factory=EtcdValues)
+    orchestrator: OrchestratorValues = field(default_factory=OrchestratorValues)
+    agent: AgentValues = field(default_factory=AgentValues)
+
+    @property
+    def external_etcd(self) -> bool:
+        """True when the user points at an existing etcd (no StatefulSet is rendered)."""
+        return bool(self.etcd.endpoints)
+
+    def etcd_urls(self) -> list[str]:
+        """Client URLs the orchestrator is given (ours, through the headless Service, or theirs)."""
+        if self.etcd.endpoints:
+            return list(self.etcd.endpoints)
+        return [f"http://rota-etcd-{i}.rota-etcd.{self.namespace}.svc:2379" for i in range(self.etcd.replicas)]
+
+    def orchestrator_address(self) -> str:
+        """In-cluster address of the orchestrator Service, for tenants and the controller."""
+        return f"rota-orchestrator.{self.namespace}.svc:50051"
+
+
+_SECTIONS: dict[str, type] = {"etcd": EtcdValues, "orchestrator": OrchestratorValues, "agent": AgentValues}
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "nodeSelector":
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_values(file: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Values:
+    """Read ``file`` (YAML), apply ``overrides`` (same nested shape, from flags), validate.
+
+    :raises ValuesError: naming every bad or unknown key, or the file if it is not YAML.
+    """
+    data: dict[str, Any] = {}
+    if file is not None:
+        try:
+            loaded = yaml.safe_load(Path(file).read_text())
+        except OSError as exc:
+            raise ValuesError([("--values", f"cannot read {file}: {exc.strerror or exc}")]) from None
+        except yaml.YAMLError as exc:
+            raise ValuesError([("--values", f"{file} is not valid YAML: {exc}")]) from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ValuesError([("--values", f"{file} must hold a mapping at the top, not {type(loaded).__name__}")])
+        data = loaded
+    data = _merge(data, overrides or {})
+    return _build(data)
+
+
+def _build(data: dict[str, Any]) -> Values:
+    problems: list[tuple[str, str]] = []
+    top_known = {f for f in Values.__dataclass_fields__}
+    for key in sorted(set(data) - top_known):
+        problems.append((str(key), f"unknown key; known keys are {', '.join(sorted(top_known))}"))
+    sections: dict[str, Any] = {}
+    for name, cls in _SECTIONS.items():
+        raw = data.get(name, {}) or {}
+        if not isinstance(raw, dict):
+            problems.append((name, f"must be a mapping, not {type(raw).__name__}"))
+            raw = {}
+        known = set(cls.__dataclass_fields__)
+        for key in sorted(set(raw) - known):
+            problems.append((f"{name}.{key}", f"unknown key; known keys are {', '.join(sorted(known))}"))
+        sections[name] = {k: v for k, v in raw.items() if k in known}
+    top = {k: v for k, v in data.items() if k in top_known and k not in _SECTIONS}
+
+    values = Values()
+    values = replace(values, **{k: _typed(problems, k, v, getattr(values, k)) for k, v in top.items()})
+    for name, cls in _SECTIONS.items():
+        default = cls()
+        typed = {k: _typed(problems, f"{name}.{k}", v, getattr(default, k)) for k, v in sections[name].items()}
+        values = replace(values, **{name: replace(default, **typed)})
+    problems.extend(_check(values))
+    if problems:
+        raise ValuesError(problems)
+    return values
+
+
+def _typed(problems: list[tuple[str, str]], key: str, value: Any, default: Any) -> Any:
+    """Coerce ``value`` to the type of ``default``; record a problem and keep the default if it can't be."""
+    try:
+        if isinstance(default, bool):
+            if isinstance(value, bool):
+                return value
+            raise TypeError
+        if isinstance(default, int):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise TypeError
+            return int(value)
+        if isinstance(default, float):
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        if isinstance(default, str):
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise TypeError
+            return str(value)
+        if isinstance(default, tuple):
+            if isinstance(value, str):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise TypeError
+            return tuple(value)
+        if isinstance(default, dict):
+            if not isinstance(value, dict):
+                raise TypeError
+            return {str(k): str(v) for k, v in value.items()}
+    except (TypeError, ValueError):
+        problems.append((key, f"{value!r} is not a {type(default).__name__}"))
+        return default
+    return value
+
+
+def _check(v: Values) -> list[tuple[str, str]]:
+    p: list[tuple[str, str]] = []
+    if not _DNS_LABEL.match(v.namespace):
+        p.append(("namespace", f"{v.namespace!r} is not a DNS-1123 label (lowercase letters, digits, '-', "
+                  "at most 63, starting and ending with a letter or digit)"))
+    for key, image in (("image", v.image), ("etcd.image", v.etcd.image)):
+        if not image or not _IMAGE.match(image) or " " in image:
+            p.append((key, f"{image!r} is not a container image reference (e.g. registry.example/rota:0.1.0)"))
+    if v.imagePullPolicy not in PULL_POLICIES:
+        p.append(("imagePullPolicy", f"{v.imagePullPolicy!r}; choose one of {', '.join(PULL_POLICIES)}"))
+    if v.logLevel not in LOG_LEVELS:
+        p.append(("logLevel", f"{v.logLevel!r}; choose one of {', '.join(LOG_LEVELS)}"))
+    for url in v.etcd.endpoints:
+        if not _URL.match(url):
+            p.append(("etcd.endpoints", f"{url!r} is not an etcd client URL (e.g. http://etcd.example:2379)"))
+    if not v.etcd.endpoints:
+        if v.etcd.replicas < 1 or v.etcd.replicas % 2 == 0 or v.etcd.replicas > 9:
+            p.append(("etcd.replicas", f"{v.etcd.replicas} must be odd and between 1 and 9 "
+                      "(an even member count adds no fault tolerance)"))
+        if not _QUANTITY.match(v.etcd.storage):
+            p.append(("etcd.storage", f"{v.etcd.storage!r} is not a Kubernetes quantity (e.g. 1Gi)"))
+        if v.etcd.storageClassName and not _DNS_SUBDOMAIN.match(v.etcd.storageClassName):
+            p.append(("etcd.storageClassName", f"{v.etcd.storageClassName!r} is not a DNS-1123 subdomain"))
+    o = v.orchestrator
+    if not 1 <= o.replicas <= 9:
+        p.append(("orchestrator.replicas", f"{o.replicas} must be between 1 and 9"))
+    if o.policy not in POLICIES:
+        p.append(("orchestrator.policy", f"{o.policy!r}; choose one of {', '.join(POLICIES)}"))
+    if not 0 < o.ttl <= 3600:
+        p.append(("orchestrator.ttl", f"{o.ttl} seconds must be > 0 and <= 3600"))
+    if not 0 < o.parkTimeout <= 3600:
+        p.append(("orchestrator.parkTimeout", f"{o.parkTimeout} seconds must be > 0 and <= 3600"))
+    if not 0 <= o.maxTurn <= 86400:
+        p.append(("orchestrator.maxTurn", f"{o.maxTurn} seconds must be >= 0 (0 = no limit) and <= 86400"))
+    a = v.agent
+    if not 1024 <= a.port <= 65535:
+        p.append(("agent.port", f"{a.port} must be between 1024 and 65535"))
+    for k, val in a.nodeSelector.items():
+        name = k.rsplit("/", 1)[-1]
+        prefix = k.rsplit("/", 1)[0] if "/" in k else ""
+        if not _LABEL_NAME.match(name) or (prefix and not _DNS_SUBDOMAIN.match(prefix)):
+            p.append(("agent.nodeSelector", f"{k!r} is not a label key"))
+        if not _LABEL_VALUE.match(val):
+            p.append(("agent.nodeSelector", f"{k}={val!r}: value is not a label value"))
+    if a.runtimeClassName and not _DNS_SUBDOMAIN.match(a.runtimeClassName):
+        p.append(("agent.runtimeClassName", f"{a.runtimeClassName!r} is not a DNS-1123 subdomain"))
+    return p
+
+
+def label_value_problem(kind: str, value: str) -> str | None:
+    """Why ``value`` cannot be a Kubernetes label value, or None if it can."""
+    if not value or not _LABEL_VALUE.match(value):
+        return (f"{kind} {value!r} cannot be a Kubernetes label value: use 1-63 letters, digits, '-', '_', '.', "
+                "starting and ending with a letter or digit")
+    return None
+
+
+def dns_label(text: str, *, prefix: str = "rota-") -> str:
+    """A DNS-1123 label derived from ``text`` (lowercased, other characters to '-', hashed if changed)."""
+    import hashlib
+
+    base = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    name = f"{prefix}{base}"
+    if base != text or len(name) > 63:
+        digest = hashlib.sha256(text.encode()).hexdigest()[:6]
+        name = f"{name[:56].rstrip('-')}-{digest}"
+    return name

@@ -1,0 +1,242 @@
+"""``rota k8s`` and ``kubectl rota``: render manifests, tenants, run the controller, status.
+
+A thin click layer over :mod:`rota_k8s.manifests`, :mod:`rota_k8s._values` and
+:mod:`rota_k8s.controller`. The same group is the ``kubectl-rota`` executable
+(kubectl's plugin convention: an executable named ``kubectl-NAME`` on PATH makes
+``kubectl NAME`` work). Nothing is printed until every value and every rendered
+object has been validated.
+
+Environment: ROTA_ORCHESTRATOR (orchestrator address for ``status``, ``controller``
+and tenants), ROTA_GROUP (default ``--group``), ROTA_LOG_LEVEL (``kubectl rota`` only).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rota._plugins import plugin_manager
+from rota._types import TurnRequest
+from rota.cli.options import Endpoint
+from rota.errors import RotaError
+from rota_k8s._validate import ManifestError, supported_versions, validate_objects
+from rota_k8s._values import ValuesError, load_values
+from rota_k8s.manifests import TenantSpec, render, tenant, to_yaml
+
+log = logging.getLogger(__name__)
+
+
+def _key_values(option: str, items: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=option)
+        out[key] = value
+    return out
+
+
+def _emit(objs: list[dict[str, Any]], out_dir: str | None, versions: tuple[str, ...], validate: bool) -> None:
+    if validate:
+        try:
+            checked = validate_objects(objs, versions or None)
+        except ManifestError as exc:  # a bug in rota or a value the schema refuses: print nothing
+            raise click.ClickException(str(exc)) from None
+        log.info("validated %d objects against Kubernetes %s", len(objs), ", ".join(checked))
+    if out_dir is None:
+        click.echo(to_yaml(objs), nl=False)
+        return
+    path = Path(out_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    for i, obj in enumerate(objs):
+        name = f"{i:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+        (path / name).write_text(to_yaml([obj]))
+    click.echo(f"wrote {len(objs)} objects to {path}/ (kubectl apply -f {path}/)", err=True)
+
+
+_versions_option = click.option(
+    "--kube-version", "versions", multiple=True, metavar="1.34",
+    help="Validate against this Kubernetes minor version (repeatable). Default: every one from 1.34 on "
+    "that kubernetes-validate knows.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def k8s() -> None:
+    """rota on Kubernetes: manifests, tenant workloads, the pod controller, status."""
+
+
+@k8s.command("render")
+@click.option("-f", "--values", "values_file", type=click.Path(dir_okay=False),
+              help="YAML values file (see README 'Kubernetes'); flags override it.")
+@click.option("--namespace", help="Namespace of rota's own objects [rota-system].")
+@click.option("--image", help="rota image for orchestrator, controller and agent [rota:0.1.0].")
+@click.option("--image-pull-policy", help="Always, IfNotPresent or Never [IfNotPresent].")
+@click.option("--etcd", "etcd_endpoints", help="Comma-separated URLs of an existing etcd: no etcd StatefulSet "
+              "is rendered.")
+@click.option("--etcd-replicas", type=int, help="Members of the rendered etcd StatefulSet (odd) [3].")
+@click.option("--orchestrator-replicas", type=int, help="Orchestrator replicas (leader-elected) [2].")
+@click.option("--policy", help="fifo, priority or fair [fifo].")
+@click.option("--ttl", type=float, help="Seconds without heartbeat before a tenant loses its turn [10].")
+@click.option("--park-timeout", type=float, help="Seconds a park may take before the job is FAULTED [120].")
+@click.option("--max-turn", type=float, help="Seconds a holder may keep a group while others wait; 0 = no limit.")
+@click.option("--node-selector", multiple=True, metavar="KEY=VALUE",
+              help="Nodes that get an agent (repeatable; replaces the default nvidia.com/gpu.present=true).")
+@click.option("--agent-port", type=int, help="Agent gRPC port, also its hostPort [9001].")
+@click.option("-o", "--output-dir", type=click.Path(file_okay=False), help="Write one file per object here.")
+@_versions_option
+@click.option("--validate/--no-validate", default=True, show_default=True,
+              help="Check every object against the official Kubernetes schemas before printing.")
+def render_cmd(values_file: str | None, namespace: str | None, image: str | None, image_pull_policy: str | None,
+               etcd_endpoints: str | None, etcd_replicas: int | None, orchestrator_replicas: int | None,
+               policy: str | None, ttl: float | None, park_timeout: float | None, max_turn: float | None,
+               node_selector: tuple[str, ...], agent_port: int | None, output_dir: str | None,
+               versions: tuple[str, ...], validate: bool) -> None:
+    """Print everything a cluster needs, for `| kubectl apply -f -`.
+
+    Namespace, RBAC, etcd (3 members) or a pointer to yours, the orchestrator
+    Deployment (2 replicas) with the pod controller, the agent DaemonSet on GPU
+    nodes, Services and PodDisruptionBudgets.
+    """
+    overrides: dict[str, Any] = {}
+    flat = {"namespace": namespace, "image": image, "imagePullPolicy": image_pull_policy}
+    overrides.update({k: v for k, v in flat.items() if v is not None})
+    sections = {
+        "etcd": {"endpoints": etcd_endpoints, "replicas": etcd_replicas},
+        "orchestrator": {"replicas": orchestrator_replicas, "policy": policy, "ttl": ttl,
+                         "parkTimeout": park_timeout, "maxTurn": max_turn},
+        "agent": {"port": agent_port, "nodeSelector": _key_values("--node-selector", node_selector) or None},
+    }
+    for name, section in sections.items():
+        given = {k: v for k, v in section.items() if v is not None}
+        if given:
+            overrides[name] = given
+    try:
+        values = load_values(values_file, overrides)
+    except ValuesError as exc:
+        raise click.UsageError(str(exc)) from None
+    _emit(render(values), output_dir, versions, validate)
+
+
+@k8s.command("tenant", context_settings={"ignore_unknown_options": False})
+@click.option("--group", required=True, envvar="ROTA_GROUP", help="Group whose GPU the tenant shares (env ROTA_GROUP).")
+@click.option("--image", required=True, help="Container image of the tenant.")
+@click.option("--job-id", help="Tenant id (label timeslice.io/job-id) [GROUP-<random>].")
+@click.option("--namespace", default="default", show_default=True, help="Namespace of the tenant and claim.")
+@click.option("--kind", type=click.Choice(["job", "pod"]), default="job", show_default=True,
+              help="An Indexed Job (one pod per rank) or a bare Pod.")
+@click.option("--ranks", type=int, default=1, show_default=True, help="Processes (pods) of the job.")
+@click.option("--orchestrator", type=Endpoint(), default="rota-orchestrator.rota-system.svc:50051",
+              show_default=True, help="Orchestrator address as seen from the tenant pod.")
+@click.option("--agent-port", type=int, default=9001, show_default=True, help="Agent hostPort on each node.")
+@click.option("--claim", default="", help="Use this existing ResourceClaim instead of the group's own.")
+@click.option("--with-claim/--no-claim", default=True, show_default=True,
+              help="Also print the group's ResourceClaim (applying it again is a no-op).")
+@click.option("--priority", type=int, default=0, help="ROTA_PRIORITY (priority policy).")
+@click.option("--weight", type=float, default=1.0, help="ROTA_WEIGHT (fair-share policy).")
+@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Extra environment (repeatable).")
+@_versions_option
+@click.option("--validate/--no-validate", default=True, show_default=True,
+              help="Check the objects against the official Kubernetes schemas before printing.")
+@click.argument("command", nargs=-1, required=True)
+def tenant_cmd(group: str, image: str, job_id: str | None, namespace: str, kind: str, ranks: int,
+               orchestrator: str, agent_port: int, claim: str, with_claim: bool, priority: int, weight: float,
+               env: tuple[str, ...], versions: tuple[str, ...], validate: bool, command: tuple[str, ...]) -> None:
+    """Print a tenant workload of GROUP running COMMAND (give it after `--`).
+
+    Every tenant of a group references the group's one DRA ResourceClaim
+    (resource.k8s.io/v1, device class gpu.nvidia.com), so they share its GPU and
+    take turns through rota. The pods get ROTA_* env; the tenant id comes from the
+    pod's timeslice.io/job-id label through the downward API.
+    """
+    job_id = job_id or f"{group}-{secrets.token_hex(3)}"
+    placement = plugin_manager().hook.rota_place(
+        request=TurnRequest(job_id=job_id, group_id=group, priority=priority, weight=weight, world_size=ranks),
+        scheduler="k8s")
+    spec = TenantSpec(group_id=group, job_id=job_id, image=image, command=command, namespace=namespace,
+                      kind="Job" if kind == "job" else "Pod", world_size=ranks, orchestrator=orchestrator,
+                      agent_port=agent_port,
+                      claim=claim or (placement.details.get("resourceClaimName", "") if placement else ""),
+                      priority=priority, weight=weight, env=_key_values("--env", env))
+    try:
+        objs = tenant(spec, with_claim=with_claim and not claim)  # a claim named by --claim exists already
+    except RotaError as exc:
+        raise click.UsageError(str(exc)) from None
+    _emit(objs, None, versions, validate)
+
+
+@k8s.command("controller")
+@click.option("--orchestrator", "endpoint", type=Endpoint(), required=True, envvar="ROTA_ORCHESTRATOR",
+              help="Orchestrator to send Evict to (env ROTA_ORCHESTRATOR).")
+@click.option("--namespace", default="", help="Watch tenant pods of this namespace only. Default: all.")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Use this kubeconfig instead of the "
+              "in-cluster service account.")
+@click.option("--context", help="kubeconfig context.")
+@click.option("--watch-timeout", type=click.IntRange(1, 3600), default=60, show_default=True,
+              help="Seconds per watch request before it is renewed (pending evictions retry then too).")
+def controller_cmd(endpoint: str, namespace: str, kubeconfig: str | None, context: str | None,
+                   watch_timeout: int) -> None:
+    """Watch tenant pods; release the turn of jobs whose pods are deleted, evicted or lost."""
+    from rota_k8s.controller import Controller, core_api_from_environment, grpc_evictor
+
+    try:
+        api = core_api_from_environment(kubeconfig, context)
+    except Exception as exc:
+        raise click.ClickException(f"no Kubernetes configuration: {exc}") from None
+    ctl = Controller(api, grpc_evictor(endpoint), namespace=namespace, watch_timeout=watch_timeout)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: ctl.stop())
+    click.echo(f"rota k8s controller: watching pods labelled timeslice.io/group in "
+               f"{namespace or 'all namespaces'}, evicting through {endpoint}", err=True)
+    ctl.run()
+
+
+@k8s.command("status")
+@click.argument("group", required=False, default="")
+@click.option("--orchestrator", "endpoint", type=Endpoint(), envvar="ROTA_ORCHESTRATOR",
+              help="Orchestrator address (env ROTA_ORCHESTRATOR), e.g. 127.0.0.1:50051 after "
+              "`kubectl -n rota-system port-forward svc/rota-orchestrator 50051`.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status_cmd(group: str, endpoint: str | None, as_json: bool) -> None:
+    """Holder, queue and per-tenant accounting of GROUP (or every group)."""
+    from google.protobuf.json_format import MessageToDict
+
+    from rota.cli.status import fetch_status, render_table
+
+    if not endpoint:
+        raise click.UsageError("say where the orchestrator is: run `kubectl -n rota-system port-forward "
+                               "svc/rota-orchestrator 50051` and pass --orchestrator 127.0.0.1:50051 "
+                               "(or set ROTA_ORCHESTRATOR)")
+    try:
+        reply = fetch_status(endpoint, group)
+    except RotaError as exc:
+        raise click.ClickException(f"{endpoint}: {exc}") from None
+    if as_json:
+        click.echo(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
+    else:
+        click.echo(render_table(reply))
+
+
+@k8s.command("versions")
+def versions_cmd() -> None:
+    """Kubernetes versions the rendered manifests are validated against."""
+    click.echo(" ".join(supported_versions()))
+
+
+def kubectl_main() -> None:
+    """Entry point of ``kubectl-rota`` (so ``kubectl rota status|render|tenant`` work)."""
+    level = os.environ.get("ROTA_LOG_LEVEL", "warning").upper()
+    logging.basicConfig(level=level if level in ("DEBUG", "INFO", "WARNING", "ERROR") else "WARNING",
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        k8s.main(prog_name="kubectl rota", standalone_mode=True)
+    except RotaError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)

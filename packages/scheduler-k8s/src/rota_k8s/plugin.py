@@ -1,0 +1,42 @@
+"""rota's ``k8s`` plugin: placement on Kubernetes and the ``rota k8s`` commands.
+
+Registered through the ``rota`` entry-point group, so installing rota-scheduler-k8s
+is enough for ``rota k8s ...`` to exist and for ``rota_place(scheduler="k8s")`` to
+answer with the group's shared DRA ResourceClaim.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rota import hookimpl
+from rota._types import Placement, TurnRequest
+from rota_k8s.manifests import CLAIM_API_VERSION, CLAIM_REQUEST, DEVICE_CLASS, GROUP_LABEL, JOB_LABEL, claim_name
+
+if TYPE_CHECKING:
+    import click
+
+SCHEDULER = "k8s"
+
+
+@hookimpl
+def rota_place(request: TurnRequest, scheduler: str) -> Placement | None:
+    """Place a tenant of ``request.group_id`` on the node of the group's shared ResourceClaim."""
+    if scheduler != SCHEDULER:
+        return None
+    return Placement(scheduler=SCHEDULER, group_id=request.group_id, details={
+        "resourceClaimName": claim_name(request.group_id),
+        "resourceClaimApiVersion": CLAIM_API_VERSION,
+        "deviceClassName": DEVICE_CLASS,
+        "request": CLAIM_REQUEST,
+        GROUP_LABEL: request.group_id,
+        JOB_LABEL: request.job_id,
+    })
+
+
+@hookimpl
+def rota_cli(cli: click.Group) -> None:
+    """Add ``rota k8s`` (render, tenant, controller, status)."""
+    from rota_k8s.cli import k8s
+
+    cli.add_command(k8s)
