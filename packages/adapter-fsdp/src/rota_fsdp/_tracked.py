@@ -44,6 +44,7 @@ from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument, TransientError
 from rota.tensors import TensorParker
 from rota.tensors._parker import local_tensor
+from rota.tensors._pool import align
 
 log = logging.getLogger(__name__)
 
@@ -258,17 +259,20 @@ class Tracked:
         """Bytes the pool needs at steady state: weights, grads, and optimizer state.
 
         Optimizer state appears on the first step; for Adam-family optimizers with no
-        state yet it is estimated as two copies of the trainable parameters.
+        state yet it is estimated as two copies of the trainable parameters plus a step
+        counter each (other optimizers grow the pool once, at the first park after a step).
         """
-        fp = self.parker.footprint()
-        total = fp.get("weights", 0) + fp.get("optimizer", 0)
-        trainable = sum(local_tensor(p).untyped_storage().nbytes() for p in self.model.parameters()
-                        if p.requires_grad)
+        fp = dict.fromkeys(TAGS, 0)  # slot sizes as the pool carves them (aligned)
+        for s, tag, _ in self.parker._storages().values():
+            fp[tag] += align(s.nbytes())
+        total = fp["weights"] + fp["optimizer"]
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        trainable = sum(align(local_tensor(p).untyped_storage().nbytes()) for p in params)
         if "grads" in self.tags and "grads" not in self.discard:
             total += max(fp.get("grads", 0), trainable)
         if ("optimizer" in self.tags and self.optimizer is not None and not self.optimizer.state
                 and type(self.optimizer).__name__ in _ADAM_LIKE):
-            total += 2 * trainable
+            total += 2 * trainable + len(params) * align(8)  # exp_avg, exp_avg_sq, and a step scalar each
         return total
 
     # -------------------------------------------------------------- checkpoint
@@ -377,7 +381,7 @@ def track(gpu: Gpu, model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     device = _norm_device(device)
     for name, t in named:
         where = local_tensor(t).device
-        if where != device and not local_tensor(t).is_meta:
+        if where != device:
             raise DeviceMismatch(f"cannot track {type(model).__name__} for tenant {gpu.tenant!r}: {name!r} is on "
                                  f"{where} but the tenant's device is {device}; move the model with "
                                  f".to({str(device)!r}) or pass device=", job_id=gpu.tenant, group_id=gpu.group)
