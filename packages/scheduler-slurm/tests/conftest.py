@@ -24,7 +24,6 @@ from rota_slurm._orchestrator import group_status
 from rota_slurm.testing import SlurmCluster, missing_binaries
 
 ROTA = str(Path(sys.executable).parent / "rota")
-ORCHESTRATOR_LOG: list[Path] = []  # the session orchestrator's log file
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +45,7 @@ def orchestrator() -> Iterator[str]:
                     raise RuntimeError("orchestrator did not start:\n"
                                        + (logdir / "orchestrator.log").read_text()) from None
                 time.sleep(0.1)
-        ORCHESTRATOR_LOG.append(logdir / "orchestrator.log")
+        _LOGS["orchestrator"] = logdir / "orchestrator.log"
         yield endpoint
     finally:
         proc.terminate()
@@ -56,6 +55,15 @@ def orchestrator() -> Iterator[str]:
             proc.kill()
             proc.wait(timeout=5)
         shutil.rmtree(logdir, ignore_errors=True)
+
+
+_LOGS: dict[str, Path] = {}
+
+
+@pytest.fixture
+def orchestrator_log(orchestrator: str) -> Path:
+    """The log file of the session's orchestrator (evictions are logged at info)."""
+    return _LOGS["orchestrator"]
 
 
 @pytest.fixture(scope="session")

@@ -176,10 +176,11 @@ class SlurmCluster:
         write_plugstack(self.root / "etc" / "plugstack.conf",
                         PlugstackLine(so, orchestrator=self.orchestrator, rota=default_rota_executable()))
         r = self.root
+        ports = [first_node_port] + [_free_port() for _ in self.nodes[1:]]
         nodes = "\n".join(
             node_line(n, layout, cpus=self.cpus_per_node, memory_mb=2000,
-                      extra=f"NodeHostname={host} NodeAddr=127.0.0.1 Port={first_node_port if i == 0 else _free_port()}")
-            for i, n in enumerate(self.nodes))
+                      extra=f"NodeHostname={host} NodeAddr=127.0.0.1 Port={port}")
+            for n, port in zip(self.nodes, ports, strict=True))
         self.conf.write_text(f"""\
 ClusterName=rota
 SlurmctldHost={host}
@@ -234,7 +235,7 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
             time.sleep(0.05)
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
-        out = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115 - closed with the child
+        out = open(self.root / "log" / f"{name}.out", "ab")  # closed below; the child keeps its copy
         try:
             self._procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                                  stdin=subprocess.DEVNULL)

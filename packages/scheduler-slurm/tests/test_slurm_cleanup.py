@@ -1,0 +1,72 @@
+"""No held group outlives its Slurm job: scancel, or a job that ends holding its turn.
+
+The orchestrator runs with a 60 s TTL, longer than these tests wait, so the group can
+only have been freed by the session ending (rota client) or by the SPANK plugin's job
+epilog calling Evict (v1alpha1 client, which has no session).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rota_slurm._orchestrator import group_status
+from rota_slurm.testing import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+HOLDER = Path(__file__).with_name("holder.py")
+TENANT = Path(__file__).with_name("tenant_train.py")
+
+
+def _wait_for(predicate, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _holder(orchestrator: str, group: str) -> str:
+    groups = group_status(orchestrator, group)
+    return groups[0].holder if groups else ""
+
+
+def _run_case(slurm: SlurmCluster, orchestrator: str, outdir: Path, group: str, kind: str, *, cancel: bool) -> str:
+    marker = outdir / "held"
+    holder = slurm.sbatch(f"--timeslice={group}", "--gres=shard:1", "-w", "n1", "-o", str(outdir / "holder.out"),
+                          "--wrap", f"{sys.executable} {HOLDER} {kind} {marker}" + ("" if cancel else " --exit"))
+    _wait_for(lambda: marker.exists() and _holder(orchestrator, group) == holder, f"job {holder} to hold {group}")
+    waiter = slurm.sbatch(f"--timeslice={group}", "--gres=shard:1", "-w", "n1", "-o", str(outdir / "waiter.out"),
+                          "--wrap", f"{sys.executable} {TENANT} 5 {outdir / 'waiter.json'}")
+    if cancel:
+        _wait_for(lambda: waiter in group_status(orchestrator, group)[0].queue, f"job {waiter} to queue")
+        slurm.run("scancel", holder)
+    slurm.wait_jobs([holder, waiter], timeout=180)
+    assert slurm.job_state(waiter) == "COMPLETED", (outdir / "waiter.out").read_text()
+    assert slurm.job_state(holder) == ("CANCELLED" if cancel else "COMPLETED")
+    (g,) = group_status(orchestrator, group)
+    assert g.holder == "" and list(g.queue) == []
+    turns = {t.job_id: t.turns for t in g.tenants}
+    assert turns[holder] == 1 and turns[waiter] == 6
+    return holder
+
+
+def test_scancel_of_rota_holder_frees_group(slurm: SlurmCluster, orchestrator: str, outdir: Path) -> None:
+    _run_case(slurm, orchestrator, outdir, "cancel-rota", "rota", cancel=True)
+
+
+def test_scancel_of_v1alpha1_holder_is_evicted_by_epilog(slurm: SlurmCluster, orchestrator: str,
+                                                          orchestrator_log: Path, outdir: Path) -> None:
+    holder = _run_case(slurm, orchestrator, outdir, "cancel-v1a", "v1alpha1", cancel=True)
+    log = orchestrator_log.read_text()
+    assert f"evicted job {holder} from group cancel-v1a: slurm job {holder} ended" in log
+
+
+def test_job_ending_while_holding_is_evicted_by_epilog(slurm: SlurmCluster, orchestrator: str,
+                                                        orchestrator_log: Path, outdir: Path) -> None:
+    holder = _run_case(slurm, orchestrator, outdir, "exit-v1a", "v1alpha1", cancel=False)
+    assert f"evicted job {holder} from group exit-v1a: slurm job {holder} ended" in orchestrator_log.read_text()
