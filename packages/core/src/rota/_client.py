@@ -37,7 +37,7 @@ import pluggy
 from rota._ids import check_id
 from rota._plugins import plugin_manager
 from rota._types import Grant, ParkPlan, ParkResult, ReleaseInfo, TurnRequest
-from rota.errors import ConfigError, InvalidArgument, RotaError
+from rota.errors import ConfigError, InvalidArgument, NotLeader, RotaError, from_rpc_error
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ class Gpu:
         self._yield_requested = threading.Event()
         self._state_lock = threading.Lock()  # serialises park, restore and turn start
         self._turn_started = 0.0
+        self._follow_lock = threading.Lock()
+        self._target = endpoint
         self._channel = _channel(endpoint)
         from rota._generated import rota_v1_pb2_grpc
 
@@ -146,6 +148,24 @@ class Gpu:
     def footprint_bytes(self) -> int:
         return sum(self.footprint().values())
 
+    def follow_leader(self, leader: str) -> None:
+        """Talk to the replica at ``leader`` first (an orchestrator said it leads).
+
+        The other replicas stay in the channel behind it, so if the leader dies the
+        channel fails over to one of them, which names the next leader in turn.
+        """
+        endpoints = [e.strip() for e in self.endpoint.split(",") if e.strip()]
+        target = ",".join([leader, *[e for e in endpoints if e != leader]])
+        with self._follow_lock:
+            if not leader or target == self._target:
+                return
+            from rota._generated import rota_v1_pb2_grpc
+
+            log.info("job %s: orchestrator leader is %s; following it", self.tenant, leader)
+            old, self._channel, self._target = self._channel, _channel(target), target
+            self.stub = rota_v1_pb2_grpc.RotaServiceStub(self._channel)
+        old.close()  # its calls were all going to a replica that does not lead
+
     def park(self, plan: ParkPlan | None = None) -> ParkResult:
         """Park this tenant's tracked state now (normally the orchestrator asks for it)."""
         with self._state_lock:
@@ -214,7 +234,11 @@ class Gpu:
             except grpc.RpcError as exc:
                 if self._closed.is_set():
                     return
-                log.warning("rota session of %s lost (%s); reconnecting", self.tenant, exc.code())
+                err = from_rpc_error(exc, job_id=self.tenant, group_id=self.group)
+                if isinstance(err, NotLeader):
+                    self.follow_leader(err.leader)
+                else:
+                    log.warning("rota session of %s lost (%s); reconnecting", self.tenant, exc.code())
             time.sleep(0.2)
 
     def _session_messages(self, hello: object) -> Iterator[object]:

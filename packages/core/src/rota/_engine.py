@@ -30,7 +30,13 @@ log = logging.getLogger(__name__)
 
 
 class GroupStore(Protocol):
-    """Where group state lives. Implementations: :class:`MemoryStore`, rota_etcd's."""
+    """Where group state lives. Implementations: :class:`MemoryStore`, rota_etcd's.
+
+    A store may also offer ``make_orchestrator(config, *, listen)`` returning an object
+    with this module's :class:`Orchestrator` interface (``start``, ``stop``,
+    ``stopped``, ``acquire``...): ``rota orchestrator serve`` then serves that instead
+    of a plain engine (rota_etcd returns an HA replica that elects a leader).
+    """
 
     async def load_all(self) -> dict[str, GroupState]:
         """Every stored group (called once when the orchestrator starts)."""
@@ -114,6 +120,8 @@ class Orchestrator:
         now = time.monotonic()
         for g in self.groups.values():  # jobs from a previous life get one TTL to re-attach
             for job in {g.holder, *[w.job_id for w in g.queue], *g.residents} - {""}:
+                if not g.tenant(job).attached:  # v1alpha1-only: no session to wait for
+                    continue
                 self._attached_once.add((g.group_id, job))
                 self._sessions.setdefault((g.group_id, job), [])
             self._kick(g.group_id)
@@ -200,8 +208,10 @@ class Orchestrator:
         check_pair(job_id, group_id)
         async with self._lock:
             g = await self._group(group_id)
+            rec = g.tenant(job_id)
+            rec.attached = True
             if footprint_bytes:
-                g.tenant(job_id).footprint_bytes = footprint_bytes
+                rec.footprint_bytes = footprint_bytes
         s = Session(job_id, group_id, rank, pid, asyncio.Queue(), time.monotonic())
         key = (group_id, job_id)
         self._sessions.setdefault(key, []).append(s)

@@ -17,7 +17,7 @@ import grpc
 
 from rota._generated import rota_v1_pb2 as pb
 from rota._types import Grant, ReleaseInfo, TurnRequest
-from rota.errors import TransientError, from_rpc_error
+from rota.errors import NotLeader, TransientError, from_rpc_error
 from rota.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -28,8 +28,13 @@ log = logging.getLogger(__name__)
 RETRY_FOR_S = 60.0  # how long transient errors are retried before they reach the caller
 
 
-def call_with_retry(fn: Callable[[], Any], *, job_id: str, group_id: str, what: str) -> Any:
-    """Call ``fn``; on a transient gRPC error retry with backoff for RETRY_FOR_S."""
+def call_with_retry(fn: Callable[[], Any], *, job_id: str, group_id: str, what: str,
+                    follow: Callable[[str], None] | None = None) -> Any:
+    """Call ``fn``; on a transient gRPC error retry with backoff for RETRY_FOR_S.
+
+    A replica that does not lead names the leader; ``follow(leader)`` re-points the
+    client there and the call is retried at once.
+    """
     deadline = time.monotonic() + RETRY_FOR_S
     delay = 0.05
     while True:
@@ -39,6 +44,10 @@ def call_with_retry(fn: Callable[[], Any], *, job_id: str, group_id: str, what: 
             err = from_rpc_error(exc, job_id=job_id, group_id=group_id)
             if not isinstance(err, TransientError) or time.monotonic() > deadline:
                 raise err from None
+            if isinstance(err, NotLeader) and err.leader and follow is not None:
+                follow(err.leader)
+                time.sleep(0.01)
+                continue
             log.info("%s of %s in %s: %s; retrying in %.2f s", what, job_id, group_id, err, delay)
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
@@ -50,7 +59,7 @@ def rota_acquire(request: TurnRequest, tenant: Gpu) -> Grant:
                          weight=request.weight, world_size=request.world_size, rank=request.rank,
                          footprint_bytes=request.footprint_bytes)
     reply = call_with_retry(lambda: tenant.stub.Acquire(msg, wait_for_ready=True), job_id=request.job_id,
-                            group_id=request.group_id, what="acquire")
+                            group_id=request.group_id, what="acquire", follow=tenant.follow_leader)
     return Grant(request.job_id, request.group_id, reply.token, reply.waited_ms, reply.context_restored,
                  reply.ttl_ms, reply.max_turn_ms)
 
@@ -59,5 +68,5 @@ def rota_acquire(request: TurnRequest, tenant: Gpu) -> Grant:
 def rota_release(grant: Grant, tenant: Gpu) -> ReleaseInfo:
     msg = pb.ReleaseRequest(job_id=grant.job_id, group_id=grant.group_id, token=grant.token, rank=tenant.rank)
     reply = call_with_retry(lambda: tenant.stub.Release(msg), job_id=grant.job_id, group_id=grant.group_id,
-                            what="release")
+                            what="release", follow=tenant.follow_leader)
     return ReleaseInfo(reply.pending_waiters, reply.snapshot_deferred, reply.group_released)

@@ -38,7 +38,7 @@ def _mapped(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return await fn(self, request, context)
         except RotaError as exc:
-            await context.abort(exc.code, str(exc))
+            await context.abort(exc.code, str(exc), trailing_metadata=exc.trailers())
 
     return wrapper
 
@@ -125,7 +125,7 @@ class RotaService(pb_grpc.RotaServiceServicer):
         try:
             session = await self.engine.attach(h.job_id, h.group_id, h.rank, h.pid, h.footprint_bytes)
         except RotaError as exc:
-            await context.abort(exc.code, str(exc))
+            await context.abort(exc.code, str(exc), trailing_metadata=exc.trailers())
         reader = asyncio.create_task(self._read(session, request_iterator))
         why = "stream closed"
         try:

@@ -52,6 +52,7 @@ class TenantRecord:
     turns: int = 0
     gpu_seconds: float = 0.0
     parked_bytes: int = 0
+    attached: bool = False  # speaks rota.v1 (had a session): must re-attach after a restart
     waits_ms: deque = field(default_factory=lambda: deque(maxlen=_SAMPLES))
     parks_ms: deque = field(default_factory=lambda: deque(maxlen=_SAMPLES))
 

@@ -16,6 +16,7 @@ __all__ = [
     "InvalidArgument",
     "NotFound",
     "NotHolder",
+    "NotLeader",
     "PermanentError",
     "RotaError",
     "StaleToken",
@@ -34,6 +35,10 @@ class RotaError(Exception):
         super().__init__(message)
         self.job_id = job_id
         self.group_id = group_id
+
+    def trailers(self) -> tuple[tuple[str, str], ...]:
+        """gRPC trailing metadata that carries this error's extra fields (servers send it)."""
+        return ()
 
 
 class PermanentError(RotaError):
@@ -82,6 +87,21 @@ class Unavailable(TransientError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class NotLeader(Unavailable):
+    """This orchestrator replica does not lead; ``leader`` is where to retry ("" = none yet).
+
+    Travels as UNAVAILABLE with the trailing metadata ``rota-leader: HOST:PORT``, so
+    v1alpha1 clients see a plain retryable error and rota clients follow the leader.
+    """
+
+    def __init__(self, message: str, *, leader: str = "", **kw: str) -> None:
+        super().__init__(message, delay=0.2, **kw)
+        self.leader = leader
+
+    def trailers(self) -> tuple[tuple[str, str], ...]:
+        return (("rota-leader", self.leader),) if self.leader else ()
+
+
 class Faulted(TransientError):
     """The job's state is faulted (a park or restore failed); retry re-runs it."""
 
@@ -102,5 +122,9 @@ def from_rpc_error(err: grpc.RpcError, *, job_id: str = "", group_id: str = "") 
     """Turn a gRPC error from an orchestrator or agent into the matching RotaError."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     detail = err.details() if hasattr(err, "details") else str(err)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        trailers = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
+        if "rota-leader" in trailers:
+            return NotLeader(detail, leader=str(trailers["rota-leader"]), job_id=job_id, group_id=group_id)
     cls = _BY_CODE.get(code, RotaError)
     return cls(detail or str(code), job_id=job_id, group_id=group_id)

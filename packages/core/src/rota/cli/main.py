@@ -8,6 +8,7 @@ import sys
 import click
 
 from rota._plugins import plugin_manager
+from rota.cli.demo import demo
 from rota.cli.orchestrator import orchestrator
 from rota.cli.plugins import plugins
 from rota.cli.status import status
@@ -30,11 +31,21 @@ def cli(log_level: str) -> None:
 cli.add_command(status)
 cli.add_command(plugins)
 cli.add_command(orchestrator)
+cli.add_command(demo)
+
+
+def _add_plugin_commands() -> None:
+    """Let each plugin add its commands; a broken plugin costs one line, not the CLI."""
+    for impl in plugin_manager().hook.rota_cli.get_hookimpls():
+        try:
+            impl.function(cli=cli)
+        except Exception as exc:
+            click.echo(f"rota: plugin {impl.plugin_name} could not add its commands: {exc}", err=True)
 
 
 def main() -> None:
     """Entry point of the ``rota`` executable."""
-    plugin_manager().hook.rota_cli(cli=cli)
+    _add_plugin_commands()
     try:
         cli.main(standalone_mode=True)
     except RotaError as exc:  # library errors reach users as one clear line

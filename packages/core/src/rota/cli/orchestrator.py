@@ -57,16 +57,17 @@ def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float
         raise click.BadParameter(f"unknown policy {policy!r}; choose one of "
                                  f"{', '.join(sorted(available_policies(pm)))}", param_hint="--policy")
     store = None
-    if etcd:
-        store = pm.hook.rota_store(url=etcd)
-        if store is None:
-            raise click.UsageError("--etcd needs the etcd store plugin: pip install rota-orchestrator-etcd")
     try:
+        if etcd:
+            store = pm.hook.rota_store(url=etcd)
+            if store is None:
+                raise click.UsageError("--etcd needs the etcd store plugin: pip install rota-orchestrator-etcd")
         config = OrchestratorConfig(
             groups=tuple(g.strip() for g in groups.split(",") if g.strip()),
             policy=make_policy(pm, policy, max_turn_s=max_turn), ttl_s=ttl, park_timeout_s=park_timeout,
             v1_max_turn_s=v1_max_turn, capacity_bytes=capacity, idle_exit_s=idle_exit)
-        engine = Orchestrator(config, store, name=f"{'etcd' if etcd else 'embedded'}@{listen}")
+        make = getattr(store, "make_orchestrator", None)  # e.g. rota_etcd's HA replica
+        engine = make(config, listen=listen) if make else Orchestrator(config, store, name=f"embedded@{listen}")
     except RotaError as exc:
         raise click.UsageError(str(exc)) from None
     asyncio.run(_run(engine, listen))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
@@ -13,6 +14,7 @@ from rota._generated import rota_v1_pb2 as pb
 from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota._ids import check_id
 from rota._local import is_serving, local_endpoint
+from rota._plugins import plugin_manager
 from rota._units import format_bytes
 from rota.cli.options import Endpoint
 from rota.errors import RotaError, from_rpc_error
@@ -25,6 +27,30 @@ def fetch_status(endpoint: str, group: str = "", timeout: float = 10.0) -> pb.St
             return pb_grpc.RotaServiceStub(channel).Status(pb.StatusRequest(group_id=group), timeout=timeout)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, group_id=group) from None
+
+
+def store_status(url: str, group: str = "") -> pb.StatusReply:
+    """Status of one or all groups read straight from a state store (``--etcd URL``)."""
+    from rota._service import group_info
+
+    store = plugin_manager().hook.rota_store(url=url)
+    if store is None:
+        raise click.ClickException("--etcd needs the etcd store plugin: pip install rota-orchestrator-etcd")
+
+    async def read() -> list:
+        try:
+            return await store.load_all()
+        finally:
+            close = getattr(store, "close", None)
+            if close is not None:
+                await close()
+
+    groups = asyncio.run(read())
+    if group and group not in groups:
+        raise click.ClickException(f"group {group!r} does not exist in {url} (known: "
+                                   f"{', '.join(sorted(groups)) or 'none'})")
+    shown = [groups[group]] if group else [groups[k] for k in sorted(groups)]
+    return pb.StatusReply(groups=[group_info(g) for g in shown], orchestrator=f"store {url}")
 
 
 def prometheus_text(reply: pb.StatusReply) -> str:
@@ -81,15 +107,26 @@ def render_table(reply: pb.StatusReply) -> str:
 @click.argument("group", required=False, default="")
 @click.option("--orchestrator", "endpoint", type=Endpoint(), envvar="ROTA_ORCHESTRATOR",
               help="Orchestrator address (env ROTA_ORCHESTRATOR). Default: this host's embedded one.")
+@click.option("--etcd", default="", envvar="ROTA_ETCD",
+              help="Read the state straight from etcd at these comma-separated URLs, as the orchestrators "
+              "keep it (needs rota-orchestrator-etcd; env ROTA_ETCD). --orchestrator on the command line wins.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--prometheus", is_flag=True, help="Print Prometheus text-format metrics.")
-def status(group: str, endpoint: str | None, as_json: bool, prometheus: bool) -> None:
+@click.pass_context
+def status(ctx: click.Context, group: str, endpoint: str | None, etcd: str, as_json: bool, prometheus: bool) -> None:
     """Show holder, queue, loaded job and per-tenant GPU time and waits of GROUP (or all)."""
     if group:
         try:
             check_id("group", group, group_id=group)
         except RotaError as exc:
             raise click.BadParameter(str(exc), param_hint="GROUP") from None
+    if etcd and ctx.get_parameter_source("endpoint") != click.core.ParameterSource.COMMANDLINE:
+        try:
+            reply = store_status(etcd, group)
+        except RotaError as exc:
+            raise click.ClickException(str(exc)) from None
+        _show(reply, as_json, prometheus)
+        return
     if not endpoint:
         endpoint = local_endpoint()
         if not is_serving(endpoint):
@@ -101,6 +138,10 @@ def status(group: str, endpoint: str | None, as_json: bool, prometheus: bool) ->
         reply = fetch_status(endpoint, group)
     except RotaError as exc:
         raise click.ClickException(str(exc)) from None
+    _show(reply, as_json, prometheus)
+
+
+def _show(reply: pb.StatusReply, as_json: bool, prometheus: bool) -> None:
     if as_json:
         click.echo(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
     elif prometheus:

@@ -1,0 +1,148 @@
+"""The demo's outputs: the comparison table, ``demo.json`` and the timeline PNG."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+from rota._units import format_bytes, percentile
+from rota.demo.runner import JOBS, DemoConfig, ModeResult
+
+_COLOURS = {"turn": "#2ca02c", "wait": "#d9d9d9", "park": "#d62728", "restore": "#1f77b4", "off": "#ff7f0e"}
+_LABELS = {"turn": "on device (turn)", "wait": "waiting for a turn", "park": "park", "restore": "restore",
+           "off": "off device (reward / data)"}
+
+
+def _device_time(res: ModeResult) -> float:
+    return sum(b - a for r in res.reports.values() for k, a, b in r.events if k == "turn")
+
+
+def _job_end(res: ModeResult, job: str) -> float:
+    ends = [r.end - r.start for name, r in res.reports.items() if name.startswith(job + "/")]
+    return max(ends) if ends else 0.0
+
+
+def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]:
+    """The numbers of demo.json."""
+    out: dict[str, Any] = {"device": cfg.device, "config": {
+        "steps": cfg.steps, "groups": cfg.groups, "off_device_s": cfg.off_device_s, "seed": cfg.seed,
+        "model": cfg.size.__dict__, "trainer_state_bytes": cfg.size.trainer_state_bytes}}
+    for mode, res in results.items():
+        out[mode] = {"makespan_s": res.makespan_s, "devices": res.devices,
+                     "device_seconds": res.devices * res.makespan_s,
+                     "busy_fraction": _device_time(res) / (res.devices * res.makespan_s) if res.makespan_s else 0.0}
+    ded, ser, ts = results.get("dedicated"), results.get("serial"), results.get("timesliced")
+    if ts is not None:
+        parks = [p for r in ts.reports.values() for p in r.parks]
+        restores = [p for r in ts.reports.values() for p in r.restores]
+        waits = [w for r in ts.reports.values() for w in r.waits_ms]
+        out["timesliced"].update({
+            "orchestrator_busy_fraction": ts.busy_seconds / (ts.devices * ts.makespan_s) if ts.makespan_s else 0.0,
+            "switches": ts.switches, "parks": len(parks), "restores": len(restores),
+            "park_ms_p50": percentile([s * 1000 for _, s in parks], 50),
+            "park_ms_p99": percentile([s * 1000 for _, s in parks], 99),
+            "restore_ms_p50": percentile([s * 1000 for _, s in restores], 50),
+            "restore_ms_p99": percentile([s * 1000 for _, s in restores], 99),
+            "bytes_moved": sum(b for b, _ in parks) + sum(b for b, _ in restores),
+            "wait_ms_p50": percentile(waits, 50), "wait_ms_p99": percentile(waits, 99),
+            "adapters": sorted({r.adapter for r in ts.reports.values()}),
+        })
+    ratios: dict[str, float] = {}
+    if ts and ser:
+        ratios["timesliced_over_serial_makespan"] = ts.makespan_s / ser.makespan_s
+    if ts and ded:
+        ratios["timesliced_over_dedicated_device_seconds"] = (ts.devices * ts.makespan_s) / (
+            ded.devices * ded.makespan_s)
+    if ser and ded:
+        ratios["serial_over_dedicated_device_seconds"] = (ser.devices * ser.makespan_s) / (ded.devices * ded.makespan_s)
+    out["ratios"] = ratios
+    tenants = []
+    for job, kind in JOBS:
+        row: dict[str, Any] = {"name": job, "kind": kind}
+        if ded:
+            row["dedicated_s"] = _job_end(ded, job)
+        for mode in ("serial", "timesliced"):
+            res = results.get(mode)
+            if res is None:
+                continue
+            if mode == "serial":
+                row["serial_s"] = res.job_spans.get(job, 0.0)
+            else:
+                row["timesliced_s"] = _job_end(res, job)
+        if ts and ded:
+            row["slowdown"] = row["timesliced_s"] / row["dedicated_s"] if row["dedicated_s"] else 0.0
+            pairs = [(ded.reports[n].values, ts.reports[n].values) for n in ded.reports if n.startswith(job + "/")]
+            row["bit_identical"] = all(a == b and len(a) > 0 for a, b in pairs)
+            row["final_loss"] = ts.reports[f"{job}/trainer"].values[-1]
+        tenants.append(row)
+    out["tenants"] = tenants
+    return out
+
+
+def table(summary: dict[str, Any]) -> str:
+    """The terminal table."""
+    lines = [f"{'mode':<12} {'makespan':>9} {'devices':>8} {'device-s':>9} {'vs dedicated':>13} {'busy':>6}"]
+    base = summary.get("dedicated", {}).get("device_seconds")
+    for mode in ("dedicated", "serial", "timesliced"):
+        m = summary.get(mode)
+        if not m:
+            continue
+        rel = f"{m['device_seconds'] / base:.2f}x" if base else "-"
+        lines.append(f"{mode:<12} {m['makespan_s']:>8.1f}s {m['devices']:>8} {m['device_seconds']:>8.1f}s "
+                     f"{rel:>13} {m['busy_fraction']:>6.0%}")
+    r = summary["ratios"]
+    if "timesliced_over_serial_makespan" in r:
+        lines.append(f"time-sliced makespan / serial makespan = {r['timesliced_over_serial_makespan']:.2f} "
+                     f"({1 - r['timesliced_over_serial_makespan']:.0%} shorter)")
+    ts = summary.get("timesliced")
+    if ts:
+        lines.append(f"switches {ts['switches']}, parks {ts['parks']} (p50 {ts['park_ms_p50']:.1f} ms, p99 "
+                     f"{ts['park_ms_p99']:.1f} ms), restores {ts['restores']} (p50 {ts['restore_ms_p50']:.1f} ms, "
+                     f"p99 {ts['restore_ms_p99']:.1f} ms), moved {format_bytes(ts['bytes_moved'])}, "
+                     f"queue wait p50 {ts['wait_ms_p50']:.1f} ms p99 {ts['wait_ms_p99']:.1f} ms, "
+                     f"adapters: {', '.join(ts['adapters'])}")
+    lines.append("")
+    lines.append(f"{'tenant':<8} {'dedicated':>10} {'serial':>8} {'sliced':>8} {'slowdown':>9} {'bit-identical':>14}")
+    for t in summary["tenants"]:
+        def cell(key: str, t: dict[str, Any] = t) -> str:
+            return f"{t[key]:.1f}s" if key in t else "-"
+
+        slow = f"{t['slowdown']:.2f}x" if "slowdown" in t else "-"
+        ident = str(t.get("bit_identical", "-"))
+        lines.append(f"{t['name']:<8} {cell('dedicated_s'):>10} {cell('serial_s'):>8} {cell('timesliced_s'):>8} "
+                     f"{slow:>9} {ident:>14}")
+    return "\n".join(lines)
+
+
+def write_json(summary: dict[str, Any], path: pathlib.Path) -> None:
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def timeline_png(results: dict[str, ModeResult], path: pathlib.Path) -> None:
+    """One panel per mode, one lane per worker: turns, waits, parks, restores, off-device."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    modes = [m for m in ("serial", "timesliced", "dedicated") if m in results]
+    xmax = max(res.makespan_s for res in results.values())
+    fig, axes = plt.subplots(len(modes), 1, figsize=(12, 2.2 + 1.6 * len(modes)), squeeze=False, sharex=True)
+    for ax, mode in zip(axes[:, 0], modes, strict=True):
+        res = results[mode]
+        names = sorted(res.reports)
+        for lane, name in enumerate(names):
+            for kind, a, b in res.reports[name].events:
+                if kind in _COLOURS and b > a:
+                    ax.broken_barh([(a, b - a)], (lane - 0.4, 0.8), facecolors=_COLOURS[kind], linewidth=0)
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.set_xlim(0, xmax * 1.02)
+        ax.set_title(f"{mode}: makespan {res.makespan_s:.1f} s on {res.devices} device(s)", fontsize=10, loc="left")
+    axes[-1, 0].set_xlabel("seconds since start")
+    fig.legend(handles=[Patch(color=c, label=_LABELS[k]) for k, c in _COLOURS.items()], loc="upper center",
+               ncol=5, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,235 @@
+"""One demo worker process: the trainer or the sampler of one job.
+
+Started by :mod:`rota.demo.runner` with the ``spawn`` method. With an orchestrator
+endpoint, every device phase runs inside ``gpu.turn()`` on its group and the model
+is tracked by whatever adapter is installed (``rota_fsdp``); without one, the
+worker runs as if it had a dedicated device. Both paths execute the same math.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from rota.demo.workloads import ModelSize
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs; picklable for ``spawn``."""
+
+    job: str
+    kind: str  # "rl" | "sft"
+    role: str  # "trainer" | "sampler"
+    steps: int
+    seed: int
+    size: ModelSize
+    device: str
+    group: str
+    endpoint: str | None = None  # None: dedicated device, no rota
+    off_device_s: float = 0.1
+    eval_every: int = 4
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}/{self.role}"
+
+
+@dataclass
+class WorkerReport:
+    """What a worker sends back when it finishes."""
+
+    name: str
+    values: list[float] = field(default_factory=list)  # losses (trainer) or rewards/eval losses (sampler)
+    events: list[tuple[str, float, float]] = field(default_factory=list)
+    parks: list[tuple[int, float]] = field(default_factory=list)  # (bytes, seconds)
+    restores: list[tuple[int, float]] = field(default_factory=list)
+    waits_ms: list[float] = field(default_factory=list)
+    start: float = 0.0
+    end: float = 0.0
+    adapter: str = "none"
+    state_bytes: int = 0
+
+
+class _Device:
+    """Device phases: a rota turn when shared, a plain block when dedicated."""
+
+    def __init__(self, spec: WorkerSpec, report: WorkerReport) -> None:
+        self.spec, self.report, self.gpu = spec, report, None
+        if spec.endpoint:
+            import rota
+
+            self.gpu = rota.connect(group=spec.group, tenant=spec.name.replace("/", "-"), endpoint=spec.endpoint)
+
+    def track(self, model: Any, opt: Any) -> None:
+        if self.gpu is None:
+            return
+        try:
+            import rota_fsdp
+        except ImportError:  # no adapter installed: state stays resident, nothing is parked
+            return
+        rota_fsdp.track(self.gpu, model, opt)
+        self.report.adapter = "rota_fsdp"
+
+    @contextlib.contextmanager
+    def phase(self) -> Iterator[None]:
+        if self.gpu is None:
+            t0 = time.monotonic()
+            yield
+            self.report.events.append(("turn", t0, time.monotonic()))
+        else:
+            with self.gpu.turn():
+                yield
+
+    @contextlib.contextmanager
+    def off_device(self) -> Iterator[None]:
+        t0 = time.monotonic()
+        yield
+        self.report.events.append(("off", t0, time.monotonic()))
+
+    def close(self) -> None:
+        if self.gpu is None:
+            return
+        stats = self.gpu.stats
+        self.report.events += stats.events
+        self.report.parks = [(p.bytes_moved, p.seconds) for p in stats.parks]
+        self.report.restores = [(r.bytes_moved, r.seconds) for r in stats.restores]
+        self.report.waits_ms = list(stats.waits_ms)
+        self.gpu.close()
+
+
+def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any) -> None:
+    """Process entry point: build, report ready, wait for go, run, report."""
+    import torch
+
+    torch.set_num_threads(1)
+    if spec.device.startswith("cuda"):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.cuda.set_device(torch.device(spec.device))
+    from rota.demo import workloads as w
+
+    report = WorkerReport(spec.name)
+    trainer = spec.role == "trainer"
+    model, opt = w.build(spec.size, spec.seed, spec.device, optimizer=trainer)
+    report.state_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) * (4 if trainer else 1)
+    dev = _Device(spec, report)
+    if trainer:  # materialise grads and AdamW state before tracking, so every tensor exists
+        _warm_optimizer(model, opt)
+    dev.track(model, opt)
+    results.put(("ready", spec.name, None))
+    go.wait()
+    report.start = time.monotonic()
+    try:
+        run = {("rl", "sampler"): _rl_sampler, ("rl", "trainer"): _rl_trainer,
+               ("sft", "trainer"): _sft_trainer, ("sft", "sampler"): _sft_sampler}[(spec.kind, spec.role)]
+        run(spec, model, opt, dev, inbox, outbox, results, report)
+    finally:
+        report.end = time.monotonic()
+        dev.close()
+    results.put(("done", spec.name, report))
+
+
+def _warm_optimizer(model: Any, opt: Any) -> None:
+    """Create grads and AdamW moments with a zero-lr step so parking sees all state;
+    it changes no weight (lr 0, and weight decay scales by lr)."""
+    import torch
+
+    lrs = [g["lr"] for g in opt.param_groups]
+    for g in opt.param_groups:
+        g["lr"] = 0.0
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for g, lr in zip(opt.param_groups, lrs, strict=True):
+        g["lr"] = lr
+    for state in opt.state.values():  # start from the same moments a fresh optimizer would have
+        for key, value in state.items():
+            if key != "step" and hasattr(value, "zero_"):
+                value.zero_()
+        if "step" in state:
+            state["step"].zero_()
+
+
+def _to_cpu(model: Any) -> dict[str, Any]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def _send(conn: Any, obj: Any) -> None:
+    """Send tensors as bytes: torch's shared-memory pickling dies with the sender."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    conn.send_bytes(buf.getvalue())
+
+
+def _recv(conn: Any) -> Any:
+    import io
+
+    import torch
+
+    return torch.load(io.BytesIO(conn.recv_bytes()), weights_only=True)
+
+
+def _rl_sampler(spec, model, opt, dev, inbox, outbox, results, report) -> None:
+    from rota.demo import workloads as w
+
+    for step in range(spec.steps):
+        weights = _recv(inbox) if step else None  # on-policy: wait for the trainer's update
+        with dev.phase():
+            if weights is not None:
+                model.load_state_dict(weights)
+            tokens = w.generate(model, spec.size, spec.seed, step, spec.device).cpu()
+        with dev.off_device():  # the environment / judge: real wall time, no device
+            time.sleep(spec.off_device_s)
+            rewards = w.reward(tokens, spec.size.vocab)
+        report.values.append(float(rewards.mean()))
+        _send(outbox, (tokens, rewards))
+
+
+def _rl_trainer(spec, model, opt, dev, inbox, outbox, results, report) -> None:
+    from rota.demo import workloads as w
+
+    for step in range(spec.steps):
+        tokens, rewards = _recv(inbox)
+        with dev.phase():
+            loss = w.reinforce_step(model, opt, tokens.to(spec.device), rewards.to(spec.device))
+            weights = _to_cpu(model) if step + 1 < spec.steps else None
+        report.values.append(loss)
+        results.put(("progress", spec.name, (step, loss)))
+        if weights is not None:
+            _send(outbox, weights)  # push the new policy to this job's sampler
+
+
+def _sft_trainer(spec, model, opt, dev, inbox, outbox, results, report) -> None:
+    from rota.demo import workloads as w
+
+    for step in range(spec.steps):
+        with dev.off_device():  # the data loader: host work
+            time.sleep(spec.off_device_s)
+            x, y = w.sft_batch(spec.size, spec.seed, step)
+        with dev.phase():
+            loss = w.sft_step(model, opt, x.to(spec.device), y.to(spec.device))
+            weights = _to_cpu(model) if (step + 1) % spec.eval_every == 0 else None
+        report.values.append(loss)
+        results.put(("progress", spec.name, (step, loss)))
+        if weights is not None:
+            _send(outbox, weights)
+
+
+def _sft_sampler(spec, model, opt, dev, inbox, outbox, results, report) -> None:
+    from rota.demo import workloads as w
+
+    x, y = w.sft_batch(spec.size, spec.seed + 1, 10_000)  # held-out batch
+    for _ in range(spec.steps // spec.eval_every):
+        weights = _recv(inbox)
+        with dev.phase():
+            model.load_state_dict(weights)
+            report.values.append(w.eval_loss(model, x.to(spec.device), y.to(spec.device)))
