@@ -4,8 +4,9 @@ Why the CLIs by default: pyslurm is built per Slurm release (PyPI's 25.11 refuse
 22.05 and there is no 22.x wheel), while ``squeue --json`` works on 22.05 and later.
 :func:`backend` picks pyslurm only when it imports and matches the running Slurm.
 
-Which GPU a job got is not in 22.05's ``squeue --json``; it comes from
-``scontrol -d show job`` (``GRES=gpu:1(IDX:0)``, ``GRES=shard:1(CNT:1/IDX:0)``...).
+Which GPU a job got is in ``gres_detail`` (``gpu:1(IDX:0)``, ``shard:1(IDX:0)``), one
+entry per allocated node. A job's time-slice group is not visible to Slurm's CLIs; it is
+joined from the orchestrator, whose tenants are named by Slurm job id.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class SlurmJob:
     state: str
     nodes: str
     user: str = ""
-    group: str = ""  # the time-slice group (--timeslice), "" when none
+    group: str = ""  # the time-slice group, filled from the orchestrator when known
     gpu_idx: dict[str, set[int]] = field(default_factory=dict)  # node -> whole-GPU indexes
     shard_idx: dict[str, set[int]] = field(default_factory=dict)  # node -> GPU indexes of its shards
 
@@ -68,61 +69,36 @@ def _expand(idx: str) -> set[int]:
     return out
 
 
-def parse_gres_detail(text: str) -> tuple[dict[str, set[int]], dict[str, set[int]]]:
-    """Per-node GPU indexes of whole GPUs and of shards from ``scontrol -d show job`` output."""
+def parse_gres_detail(nodes: list[str], details: list[str]) -> tuple[dict[str, set[int]], dict[str, set[int]]]:
+    """Per-node GPU indexes of whole GPUs and of shards from squeue's ``gres_detail``.
+
+    ``details[i]`` (e.g. ``gpu:1(IDX:0)``, ``shard:2(CNT:2/IDX:1)``) belongs to ``nodes[i]``.
+    """
     gpu: dict[str, set[int]] = {}
     shard: dict[str, set[int]] = {}
-    for m in re.finditer(r"Nodes=(\S+)\s+CPU_IDs=\S+\s+Mem=\S+\s+GRES=(\S+)", text):
-        node, gres = m.group(1), m.group(2)
+    for node, gres in zip(nodes, details, strict=False):
         for kind, _count, idx in _GRES_IDX.findall(gres):
             (gpu if kind == "gpu" else shard).setdefault(node, set()).update(_expand(idx))
     return gpu, shard
 
 
-def _group_of(comment_env: str) -> str:
-    m = re.search(r"(?:^|\s)SPANK_ROTA_GROUP=(\S+)", comment_env)
-    return m.group(1) if m else ""
+def _job_from_json(j: dict) -> SlurmJob:
+    state = j.get("job_state", "")
+    state = state[0] if isinstance(state, list) and state else str(state)
+    job = SlurmJob(job_id=str(j.get("job_id")), name=j.get("name", ""), state=state, nodes=j.get("nodes", ""),
+                   user=j.get("user_name", ""))
+    alloc = (j.get("job_resources") or {}).get("allocated_nodes") or []
+    names = [n.get("nodename", "") for n in alloc] or [job.nodes]
+    job.gpu_idx, job.shard_idx = parse_gres_detail(names, list(j.get("gres_detail") or []))
+    return job
 
 
 class CliBackend:
-    """``squeue --json`` plus ``scontrol -d show job`` for GRES indexes."""
+    """``squeue --json`` (22.05 and later): state, nodes and GRES indexes (``gres_detail``)."""
 
     def jobs(self) -> list[SlurmJob]:
         data = json.loads(_run(["squeue", "--json"]))
-        out = []
-        for j in data.get("jobs", []):
-            state = j.get("job_state", "")
-            state = state[0] if isinstance(state, list) and state else str(state)
-            job = SlurmJob(job_id=str(j.get("job_id")), name=j.get("name", ""), state=state,
-                           nodes=j.get("nodes", ""), user=j.get("user_name", ""))
-            if state in ("RUNNING", "COMPLETING", "SUSPENDED"):
-                try:
-                    detail = _run(["scontrol", "-d", "show", "job", job.job_id])
-                except ConfigError as exc:
-                    log.info("no GRES detail for job %s: %s", job.job_id, exc)
-                    detail = ""
-                job.gpu_idx, job.shard_idx = parse_gres_detail(detail)
-            out.append(job)
-        for job in out:
-            job.group = job_groups().get(job.job_id, "")
-        return out
-
-
-def job_groups() -> dict[str, str]:
-    """Job id -> time-slice group, from the SPANK job-control env Slurm keeps per job."""
-    groups: dict[str, str] = {}
-    try:
-        text = _run(["scontrol", "show", "job", "-o"])
-    except ConfigError:
-        return groups
-    for line in text.splitlines():
-        m = re.search(r"JobId=(\d+)", line)
-        if m is None:
-            continue
-        g = re.search(r"SPANK_ROTA_GROUP=([^\s,]+)", line)
-        if g:
-            groups[m.group(1)] = g.group(1)
-    return groups
+        return [_job_from_json(j) for j in data.get("jobs", [])]
 
 
 class PyslurmBackend:
@@ -138,9 +114,6 @@ class PyslurmBackend:
         for job in pyslurm.Jobs.load().values():
             out.append(SlurmJob(job_id=str(job.id), name=job.name or "", state=str(job.state),
                                 nodes=job.nodes or "", user=job.user_name or ""))
-        groups = job_groups()
-        for job in out:
-            job.group = groups.get(job.job_id, "")
         return out
 
 

@@ -49,9 +49,9 @@ def default_rota_executable() -> str:
 
 
 def build(dest: Path, *, include_dirs: tuple[str, ...] = (), timeout: float = 120.0) -> Path:
-    """Compile the SPANK plugin to ``dest`` (a file path or a directory); return the .so path."""
+    """Compile the SPANK plugin to ``dest`` (a ``.so`` path, or a directory); return the .so path."""
     dest = Path(dest)
-    if dest.is_dir() or str(dest).endswith(os.sep):
+    if dest.suffix != ".so":
         dest = dest / PLUGIN_NAME
     dest.parent.mkdir(parents=True, exist_ok=True)
     cc = find_compiler()

@@ -34,21 +34,24 @@ def slurm() -> None:
 @slurm.command("install-spank")
 @click.option("--plugstack", type=click.Path(dir_okay=False, path_type=Path),
               help="Add (or replace) rota's line in this plugstack.conf. Default: print the line.")
-@click.option("--orchestrator", type=Endpoint(), default="", envvar="ROTA_ORCHESTRATOR",
-              help="Orchestrator address jobs get as ROTA_ORCHESTRATOR (env ROTA_ORCHESTRATOR).")
+@click.option("--orchestrator", type=Endpoint(), default=None, envvar="ROTA_ORCHESTRATOR",
+              help="Orchestrator address jobs get as ROTA_ORCHESTRATOR (env ROTA_ORCHESTRATOR). Without it, "
+              "each node's jobs use that node's embedded orchestrator.")
 @click.option("--dest", type=click.Path(path_type=Path), default=DEFAULT_LIB_DIR, show_default=True,
               help="Directory (or .so path) for the compiled plugin; must be readable on every node.")
 @click.option("--rota", "rota_exe", default="", help="rota executable the job epilog runs (default: this one).")
 @click.option("--include-dir", multiple=True, help="Extra -I directory holding slurm/spank.h.")
 @click.option("--optional", is_flag=True, help="Mark the plugin optional: jobs still run if it fails to load.")
-def install_spank(plugstack: Path | None, orchestrator: str, dest: Path, rota_exe: str,
+def install_spank(plugstack: Path | None, orchestrator: str | None, dest: Path, rota_exe: str,
                   include_dir: tuple[str, ...], optional: bool) -> None:
     """Compile the SPANK plugin against slurm/spank.h and print or write its plugstack.conf line."""
     try:
         so = _spank.build(dest, include_dirs=include_dir)
     except RotaError as exc:
         raise click.ClickException(str(exc)) from None
-    line = _spank.PlugstackLine(so, orchestrator=orchestrator, rota=rota_exe or _spank.default_rota_executable(),
+    if not orchestrator:
+        log.warning("no --orchestrator: jobs on each node share that node's embedded orchestrator only")
+    line = _spank.PlugstackLine(so, orchestrator=orchestrator or "", rota=rota_exe or _spank.default_rota_executable(),
                                 required=not optional)
     if plugstack is None:
         click.echo(line.render())

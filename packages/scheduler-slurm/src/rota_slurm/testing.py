@@ -37,9 +37,14 @@ log = logging.getLogger(__name__)
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "gcc")
 
 
+def _bin(name: str) -> str | None:
+    """Full path of a binary, looking in /usr/sbin too (not always in a CI user's PATH)."""
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/bin:/bin")
+
+
 def missing_binaries() -> list[str]:
     """Binaries a cluster needs that are not installed (empty when it can start)."""
-    return [b for b in BINARIES if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
+    return [b for b in BINARIES if _bin(b) is None]
 
 
 def _free_port() -> int:
@@ -237,8 +242,8 @@ PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE St
     def _spawn(self, name: str, cmd: list[str]) -> None:
         out = open(self.root / "log" / f"{name}.out", "ab")  # closed below; the child keeps its copy
         try:
-            self._procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                                 stdin=subprocess.DEVNULL)
+            self._procs[name] = subprocess.Popen([_bin(cmd[0]) or cmd[0], *cmd[1:]], stdout=out,
+                                                 stderr=subprocess.STDOUT, env=self.env, stdin=subprocess.DEVNULL)
         finally:
             out.close()
         log.info("started %s (pid %d)", name, self._procs[name].pid)
