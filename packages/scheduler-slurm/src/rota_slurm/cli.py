@@ -164,13 +164,18 @@ def check(backend: str | None) -> None:
     click.echo("ok: no whole-GPU job shares a GPU with time-sliced tenants")
 
 
+def _env(*names: str) -> str:
+    """The first of ``names`` that is set and non-empty in the environment."""
+    return next((os.environ[n] for n in names if os.environ.get(n)), "")
+
+
 @slurm.command("epilog")
 @click.option("--job", default=lambda: os.environ.get("SLURM_JOB_ID", ""),
               help="Slurm job id (default $SLURM_JOB_ID).")
-@click.option("--group", default=lambda: os.environ.get("SPANK_ROTA_GROUP", ""),
+@click.option("--group", default=lambda: _env("SPANK_ROTA_GROUP", "SLURM_SPANK_ROTA_GROUP"),
               help="Time-slice group (default $SPANK_ROTA_GROUP, set by the SPANK plugin).")
-@click.option("--orchestrator", "endpoint", default=lambda: os.environ.get(
-    "SPANK_ROTA_ORCHESTRATOR", os.environ.get("ROTA_ORCHESTRATOR", "")),
+@click.option("--orchestrator", "endpoint",
+              default=lambda: _env("SPANK_ROTA_ORCHESTRATOR", "SLURM_SPANK_ROTA_ORCHESTRATOR", "ROTA_ORCHESTRATOR"),
               help="Orchestrator (default $SPANK_ROTA_ORCHESTRATOR, then $ROTA_ORCHESTRATOR).")
 @click.option("--timeout", type=float, default=15.0, show_default=True, help="Give up after this many seconds.")
 def epilog(job: str, group: str, endpoint: str, timeout: float) -> None:
