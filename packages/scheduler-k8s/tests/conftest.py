@@ -1,0 +1,93 @@
+"""Fixtures of rota-scheduler-k8s's tests: a FakeKubeApi, a real orchestrator, a controller."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pytest
+from k8s_fake_api import FakeKubeApi
+
+from rota._generated import rota_v1_pb2 as pb
+from rota._generated import rota_v1_pb2_grpc as pb_grpc
+from rota.testing import running_orchestrator
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Poll ``predicate`` until it is truthy; fail naming ``what`` after ``timeout`` (a hang guard)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def fake_api() -> Iterator[FakeKubeApi]:
+    api = FakeKubeApi().start()
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture
+def orchestrator() -> Iterator[tuple[str, Any]]:
+    with running_orchestrator() as (endpoint, engine):
+        yield endpoint, engine
+
+
+@pytest.fixture
+def core_api(fake_api: FakeKubeApi) -> Any:
+    """The official client's CoreV1Api, pointed at the fake."""
+    from kubernetes import client
+
+    cfg = client.Configuration()
+    cfg.host = fake_api.url
+    return client.CoreV1Api(client.ApiClient(cfg))
+
+
+class Tenant:
+    """A tenant talking to the orchestrator over real gRPC (rota.v1 Acquire, no session)."""
+
+    def __init__(self, endpoint: str, job_id: str, group_id: str) -> None:
+        self.job_id, self.group_id = job_id, group_id
+        self.channel = grpc.insecure_channel(endpoint)
+        self.stub = pb_grpc.RotaServiceStub(self.channel)
+        self.granted = threading.Event()
+        self.error: grpc.RpcError | None = None
+        self.grant: pb.Grant | None = None
+
+    def acquire_in_background(self) -> Tenant:
+        def run() -> None:
+            try:
+                self.grant = self.stub.Acquire(pb.TurnRequest(job_id=self.job_id, group_id=self.group_id),
+                                               timeout=60)
+                self.granted.set()
+            except grpc.RpcError as exc:
+                self.error = exc
+
+        threading.Thread(target=run, daemon=True, name=f"tenant-{self.job_id}").start()
+        return self
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+@pytest.fixture
+def tenants(orchestrator: tuple[str, Any]) -> Iterator[Callable[[str, str], Tenant]]:
+    made: list[Tenant] = []
+
+    def make(job_id: str, group_id: str) -> Tenant:
+        t = Tenant(orchestrator[0], job_id, group_id)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.close()
