@@ -91,3 +91,14 @@ def tenants(orchestrator: tuple[str, Any]) -> Iterator[Callable[[str, str], Tena
     yield make
     for t in made:
         t.close()
+
+
+@pytest.fixture
+def rota_cli() -> Any:
+    """The real ``rota`` click group with plugin commands added, as ``rota`` builds it."""
+    from rota._plugins import plugin_manager
+    from rota.cli.main import cli
+
+    plugin_manager().hook.rota_cli(cli=cli)
+    assert "k8s" in cli.commands, "rota_k8s.plugin did not add `rota k8s`"
+    return cli

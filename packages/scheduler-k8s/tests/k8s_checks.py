@@ -1,0 +1,35 @@
+"""Structural checks shared by the manifest tests (not a test module itself)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client
+
+_api = client.ApiClient()
+
+
+def model_class(obj: dict[str, Any]) -> str:
+    """Name of the official client's model class for this object."""
+    if obj["apiVersion"] == "resource.k8s.io/v1" and obj["kind"] == "ResourceClaim":
+        return "ResourceV1ResourceClaim"  # V1ResourceClaim is the pod-level reference
+    return f"V1{obj['kind']}"
+
+
+def roundtrip(obj: dict[str, Any]) -> dict[str, Any]:
+    """Deserialize into the client's model class and serialize back: unknown fields are lost."""
+    model = _api.deserialize(json.dumps(obj), model_class(obj), "application/json")
+    return _api.sanitize_for_serialization(model)
+
+
+def pod_specs(objs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(object name, pod template metadata, pod spec) of every workload."""
+    out = []
+    for o in objs:
+        if o["kind"] == "Pod":
+            out.append((o["metadata"]["name"], o["metadata"], o["spec"]))
+        elif o["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+            t = o["spec"]["template"]
+            out.append((o["metadata"]["name"], t["metadata"], t["spec"]))
+    return out
