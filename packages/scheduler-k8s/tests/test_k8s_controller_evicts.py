@@ -63,7 +63,7 @@ def hold_and_wait(tenants: Any, engine: Any, fake_api: FakeKubeApi) -> tuple[Any
 def test_deleted_holder_pod_releases_its_turn_to_the_next_waiter(
         fake_api: FakeKubeApi, orchestrator: tuple[str, Any], tenants: Any, controller: Controller) -> None:
     _, engine = orchestrator
-    a, b = hold_and_wait(tenants, engine, fake_api)
+    _a, b = hold_and_wait(tenants, engine, fake_api)
     wait_for(lambda: fake_api.watch_count() >= 1, "the controller to watch")
     assert holder(engine) == "a" and not b.granted.is_set()
 
@@ -90,7 +90,7 @@ def test_waiter_pod_deleted_leaves_the_queue_and_holder_keeps_the_group(
 def test_kubelet_eviction_and_node_loss_release_turns(
         fake_api: FakeKubeApi, orchestrator: tuple[str, Any], tenants: Any, controller: Controller) -> None:
     _, engine = orchestrator
-    a, b = hold_and_wait(tenants, engine, fake_api)
+    _a, b = hold_and_wait(tenants, engine, fake_api)
     fake_api.create_pod("c-0", labels=labels("c"), node="gpu-node-2")
     c = tenants("c", G).acquire_in_background()
     wait_for(lambda: queue(engine) == ["b", "c"], "c to queue behind b")

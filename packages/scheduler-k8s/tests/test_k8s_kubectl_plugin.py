@@ -31,7 +31,7 @@ def test_kubectl_rota_executable_renders() -> None:
 
 
 def test_kubectl_rota_status_shows_holder_and_queue(orchestrator: tuple[str, Any]) -> None:
-    endpoint, engine = orchestrator
+    endpoint, _engine = orchestrator
     with grpc.insecure_channel(endpoint) as ch:
         pb_grpc.RotaServiceStub(ch).Acquire(pb.TurnRequest(job_id="ppo-1", group_id="grp0"), timeout=30)
     result = CliRunner().invoke(k8s, ["status", "--orchestrator", endpoint])
