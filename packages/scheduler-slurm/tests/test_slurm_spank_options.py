@@ -77,3 +77,12 @@ def test_bad_values_fail_at_submit(slurm: SlurmCluster, args: list[str], message
 def test_help_lists_options(slurm: SlurmCluster) -> None:
     out = slurm.run("sbatch", "--help").stdout
     assert "--timeslice=GROUP" in out and "--timeslice-priority=N" in out
+
+
+@pytest.mark.parametrize("command", [["srun", "-N1"], ["salloc", "-N1"]])
+def test_srun_and_salloc_validate_too(slurm: SlurmCluster, command: list[str]) -> None:
+    res = slurm.run(*command, "--timeslice=no spaces", "true", check=False, timeout=60)
+    assert res.returncode != 0
+    assert "rota: --timeslice=no spaces may only contain" in res.stderr
+    ok = slurm.run(*command, "--timeslice=fine", "--timeslice-priority=-3", "true", check=False, timeout=60)
+    assert ok.returncode == 0, ok.stderr
