@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 _api = client.ApiClient()
@@ -33,3 +36,14 @@ def pod_specs(objs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], dic
             t = o["spec"]["template"]
             out.append((o["metadata"]["name"], t["metadata"], t["spec"]))
     return out
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Poll ``predicate`` until it is truthy; fail naming ``what`` after ``timeout`` (a hang guard)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}")

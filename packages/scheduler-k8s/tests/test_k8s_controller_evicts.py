@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import wait_for
+from k8s_checks import wait_for
 from k8s_fake_api import FakeKubeApi
 
 from rota_k8s.controller import Controller, grpc_evictor
