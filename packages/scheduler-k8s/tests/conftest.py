@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import grpc
 import pytest
+from k8s_checks import Tenant
 from k8s_fake_api import FakeKubeApi
 
-from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota.testing import running_orchestrator
 
 
@@ -38,33 +35,6 @@ def core_api(fake_api: FakeKubeApi) -> Any:
     cfg = client.Configuration()
     cfg.host = fake_api.url
     return client.CoreV1Api(client.ApiClient(cfg))
-
-
-class Tenant:
-    """A tenant talking to the orchestrator over real gRPC (rota.v1 Acquire, no session)."""
-
-    def __init__(self, endpoint: str, job_id: str, group_id: str) -> None:
-        self.job_id, self.group_id = job_id, group_id
-        self.channel = grpc.insecure_channel(endpoint)
-        self.stub = pb_grpc.RotaServiceStub(self.channel)
-        self.granted = threading.Event()
-        self.error: grpc.RpcError | None = None
-        self.grant: pb.Grant | None = None
-
-    def acquire_in_background(self) -> Tenant:
-        def run() -> None:
-            try:
-                self.grant = self.stub.Acquire(pb.TurnRequest(job_id=self.job_id, group_id=self.group_id),
-                                               timeout=60)
-                self.granted.set()
-            except grpc.RpcError as exc:
-                self.error = exc
-
-        threading.Thread(target=run, daemon=True, name=f"tenant-{self.job_id}").start()
-        return self
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 @pytest.fixture

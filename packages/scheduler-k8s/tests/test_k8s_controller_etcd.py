@@ -1,0 +1,60 @@
+"""The controller against the HA orchestrator: real etcd, `rota orchestrator serve --etcd` in a process.
+
+Kubernetes is still FakeKubeApi (a SMALL FAKE of the pod list/watch endpoints: no
+API server can run here). Skipped where rota-orchestrator-etcd or the etcd binary
+is missing.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from k8s_checks import Tenant, wait_for
+from k8s_fake_api import FakeKubeApi
+
+from rota._generated import rota_v1_pb2 as pb
+from rota._generated import rota_v1_pb2_grpc as pb_grpc
+from rota_k8s.controller import Controller, grpc_evictor
+from rota_k8s.manifests import GROUP_LABEL, JOB_LABEL
+
+etcd_testing = pytest.importorskip("rota_etcd.testing")
+pytestmark = [pytest.mark.etcd,
+              pytest.mark.skipif(not etcd_testing.etcd_available(), reason="needs the etcd binary")]
+
+
+def group_status(endpoint: str, group: str) -> Any:
+    with grpc.insecure_channel(endpoint) as ch:
+        (g,) = pb_grpc.RotaServiceStub(ch).Status(pb.StatusRequest(group_id=group), timeout=10).groups
+        return g
+
+
+def test_deleted_pod_releases_its_turn_in_the_etcd_backed_orchestrator(
+        tmp_path: Path, fake_api: FakeKubeApi, core_api: Any) -> None:
+    with etcd_testing.EtcdCluster(tmp_path, size=1) as etcd, \
+            etcd_testing.OrchestratorProcess(etcd.url, tmp_path / "orchestrator.log") as orch:
+        endpoint = orch.endpoint
+        ctl = Controller(core_api, grpc_evictor(endpoint), watch_timeout=2, retry_delay=0.2)
+        thread = threading.Thread(target=ctl.run, daemon=True)
+        thread.start()
+        a, b = Tenant(endpoint, "a", "grp0"), Tenant(endpoint, "b", "grp0")
+        try:
+            fake_api.create_pod("a-0", labels={JOB_LABEL: "a", GROUP_LABEL: "grp0"})
+            fake_api.create_pod("b-0", labels={JOB_LABEL: "b", GROUP_LABEL: "grp0"})
+            assert a.acquire_in_background().granted.wait(30), a.error
+            b.acquire_in_background()
+            wait_for(lambda: list(group_status(endpoint, "grp0").queue) == ["b"], "b to queue")
+            wait_for(lambda: ctl.tracker.alive("grp0", "a"), "the controller to see a")
+
+            fake_api.delete_pod("a-0")
+
+            assert b.granted.wait(30), f"{b.error}\n{orch.log_tail()}"
+            assert group_status(endpoint, "grp0").holder == "b"
+        finally:
+            ctl.stop()
+            thread.join(15)
+            a.close()
+            b.close()
