@@ -34,6 +34,8 @@ import time
 
 import torch
 
+from rota.tensors import HostPool
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "B": 1}
@@ -96,15 +98,19 @@ class Bench:
             for dst, src in pairs:
                 dst.copy_(src, non_blocking=True)
 
-    def floor_pairs(self, tensors: list[torch.Tensor], host: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def floor_pairs(self, tensors: list[torch.Tensor], host: HostPool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(host piece, device bytes) for a bare copy of every tensor into the pre-pinned pool."""
         pairs, off = [], 0
         for t in tensors:
             b = t.view(torch.uint8)
-            pairs.append((host[off:off + b.numel()], b))
+            at = 0
+            for piece in host.pieces(off, b.numel()):
+                pairs.append((piece, b[at:at + piece.numel()]))
+                at += piece.numel()
             off += (b.numel() + 511) // 512 * 512
         return pairs
 
-    def time_floor(self, tensors: list[torch.Tensor], host: torch.Tensor) -> tuple[list[float], list[float]]:
+    def time_floor(self, tensors: list[torch.Tensor], host: HostPool) -> tuple[list[float], list[float]]:
         pairs = self.floor_pairs(tensors, host)
         d2h, h2d = [], []
         for _ in range(self.repeats):
@@ -119,8 +125,8 @@ class Bench:
             h2d.append(time.perf_counter() - t0)
         return d2h, h2d
 
-    def time_floor_overlap(self, a: list[torch.Tensor], host_a: torch.Tensor, b: list[torch.Tensor],
-                           host_b: torch.Tensor) -> list[float]:
+    def time_floor_overlap(self, a: list[torch.Tensor], host_a: HostPool, b: list[torch.Tensor],
+                           host_b: HostPool) -> list[float]:
         out_pairs = self.floor_pairs(a, host_a)
         in_pairs = [(d, h) for h, d in self.floor_pairs(b, host_b)]
         self._copies(self.floor_pairs(b, host_b), self.stream)  # host_b holds b: restoring it changes nothing
@@ -153,7 +159,7 @@ def run_size(bench: Bench, nbytes: int, endpoint: str) -> dict[str, object]:
     want_a = bench.checksum(a)
 
     say("floor: bare copies into the same pre-pinned pool")
-    fd2h, fh2d = bench.time_floor(a, tracked_a.parker.pool.buffer)
+    fd2h, fh2d = bench.time_floor(a, tracked_a.parker.pool)
     assert torch.equal(bench.checksum(a), want_a)
 
     say(f"park/restore through rota_fsdp, {bench.repeats} times")
@@ -176,7 +182,7 @@ def run_size(bench: Bench, nbytes: int, endpoint: str) -> dict[str, object]:
     tracked_b = rota_fsdp.track(gpu_b, model_b, tags=("weights",), device=dev, pool_bytes=0)
     setup_b = tracked_b.prepare(real + 512 * bench.n)
     want_b = bench.checksum(b)
-    floor_overlap = bench.time_floor_overlap(a, tracked_a.parker.pool.buffer, b, tracked_b.parker.pool.buffer)
+    floor_overlap = bench.time_floor_overlap(a, tracked_a.parker.pool, b, tracked_b.parker.pool)
     gpu_b.park()
     overlap = []
     out, into = (tracked_a, want_a, a), (tracked_b, want_b, b)

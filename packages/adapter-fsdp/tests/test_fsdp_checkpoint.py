@@ -49,5 +49,6 @@ def test_checkpoint_is_a_copy_not_a_view_of_the_pool(connect):
     sd = tracked.state_dict()
     weight = sd["model"]["0.weight"]
     assert weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()
-    tracked.parker.pool.buffer.zero_()
+    for chunk in tracked.parker.pool.chunks:
+        chunk.zero_()
     assert torch.count_nonzero(weight) > 0

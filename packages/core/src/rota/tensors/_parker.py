@@ -226,9 +226,10 @@ class TensorParker:
                 return t.detach().to("cpu", copy=True)
             if slot.offset < 0:
                 return torch.zeros(t.shape, dtype=t.dtype)
-            item = t.element_size()
+            raw = self.pool.view(slot.offset, slot.nbytes)
             view = torch.empty(0, dtype=t.dtype).set_(
-                self.pool.buffer.untyped_storage(), slot.offset // item + t.storage_offset(), t.size(), t.stride())
+                raw.untyped_storage(), raw.storage_offset() // t.element_size() + t.storage_offset(), t.size(),
+                t.stride())
             return view.clone()
 
     # -------------------------------------------------------------- internals
@@ -240,6 +241,28 @@ class TensorParker:
 
     def _view(self, storage: torch.UntypedStorage) -> torch.Tensor:
         return torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
+
+    def _copy_out(self, sl: _Slot, *, non_blocking: bool) -> None:
+        dev = self._view(sl.storage)
+        parts = self.pool.pieces(sl.offset, sl.nbytes)
+        if len(parts) == 1:
+            parts[0].copy_(dev, non_blocking=non_blocking)
+            return
+        at = 0
+        for part in parts:
+            part.copy_(dev[at:at + part.numel()], non_blocking=non_blocking)
+            at += part.numel()
+
+    def _copy_in(self, sl: _Slot, *, non_blocking: bool) -> None:
+        dev = self._view(sl.storage)
+        parts = self.pool.pieces(sl.offset, sl.nbytes)
+        if len(parts) == 1:
+            dev.copy_(parts[0], non_blocking=non_blocking)
+            return
+        at = 0
+        for part in parts:
+            dev[at:at + part.numel()].copy_(part, non_blocking=non_blocking)
+            at += part.numel()
 
     def _begin_park(self, tags: Iterable[str] | None, discard: Iterable[str]) -> _Job:
         t0 = time.perf_counter()
@@ -275,36 +298,49 @@ class TensorParker:
             with torch.cuda.stream(stream):
                 for sl in slots:
                     if sl.offset >= 0:
-                        self.pool.view(sl.offset, sl.nbytes).copy_(self._view(sl.storage), non_blocking=True)
+                        self._copy_out(sl, non_blocking=True)
                 job.event = stream.record_event()
         else:
             for sl in slots:
                 if sl.offset >= 0:
-                    self.pool.view(sl.offset, sl.nbytes).copy_(self._view(sl.storage))
+                    self._copy_out(sl, non_blocking=False)
         return job
 
     def _begin_restore(self) -> _Job:
+        return self._issue_restore(self._alloc_restore())
+
+    def _alloc_restore(self) -> _Job:
+        """Allocate every parked storage again (on the current stream: the one that will use it).
+
+        Device allocation implicitly synchronises streams, so an overlapped switch
+        allocates *before* it issues any copy (see :func:`overlap`).
+        """
         t0 = time.perf_counter()
         if not self._parked:
             return _Job("noop", [], t0)
         slots = list(self._slots.values())
-        for sl in slots:  # allocate on the current stream: the one that will use the memory
+        for sl in slots:
             sl.storage.resize_(sl.nbytes)
-        job = _Job("restore", slots, t0)
+        return _Job("restore", slots, t0)
+
+    def _issue_restore(self, job: _Job) -> _Job:
+        slots = job.slots
+        if job.kind == "noop":
+            return job
         if self.cuda:
             stream = self._side_stream()
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
                 for sl in slots:
                     if sl.offset >= 0:
-                        self._view(sl.storage).copy_(self.pool.view(sl.offset, sl.nbytes), non_blocking=True)
+                        self._copy_in(sl, non_blocking=True)
                     else:
                         self._view(sl.storage).zero_()
                 job.event = stream.record_event()
         else:
             for sl in slots:
                 if sl.offset >= 0:
-                    self._view(sl.storage).copy_(self.pool.view(sl.offset, sl.nbytes))
+                    self._copy_in(sl, non_blocking=False)
                 else:
                     self._view(sl.storage).zero_()
         return job
@@ -368,10 +404,12 @@ def overlap(park: Sequence[ParkSpec] | TensorParker = (),
     for p in everyone:
         p._lock.acquire()
     try:
+        # Allocate first: a device allocation would otherwise wait for the copies in flight.
+        jobs_in = [p._alloc_restore() for p in restores]
         jobs_out = [p._begin_park(tags, discard) for p, tags, discard in specs]
-        jobs_in = [p._begin_restore() for p in restores]
+        jobs_in = [p._issue_restore(j) for p, j in zip(restores, jobs_in, strict=True)]
+        into = [p._finish(j) for p, j in zip(restores, jobs_in, strict=True)]  # parks free (and sync) last
         out = [p._finish(j) for p, j in zip(parks, jobs_out, strict=True)]
-        into = [p._finish(j) for p, j in zip(restores, jobs_in, strict=True)]
     finally:
         for p in everyone:
             p._lock.release()
