@@ -63,6 +63,7 @@ class Bench:
         self.device, self.dtype, self.n, self.repeats = device, dtype, tensors, repeats
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.stream2 = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.release_cached = True
 
     # ------------------------------------------------------------- tensors
 
@@ -152,7 +153,8 @@ def run_size(bench: Bench, nbytes: int, endpoint: str) -> dict[str, object]:
     real = sum(t.numel() * t.element_size() for t in a)
     model_a = torch.nn.ParameterList([torch.nn.Parameter(t, requires_grad=False) for t in a])
     gpu_a = rota.connect(group="bench-a", tenant="bench-a", endpoint=endpoint)
-    tracked_a = rota_fsdp.track(gpu_a, model_a, tags=("weights",), device=dev, pool_bytes=0)
+    tracked_a = rota_fsdp.track(gpu_a, model_a, tags=("weights",), device=dev, pool_bytes=0,
+                                 release_cached=bench.release_cached)
     say("pinning tenant A's host pool (off the critical path)")
     setup_a = tracked_a.prepare(real + 512 * bench.n)
     say(f"  pool setup {setup_a:.3f} s")
@@ -179,7 +181,8 @@ def run_size(bench: Bench, nbytes: int, endpoint: str) -> dict[str, object]:
     b = bench.make_tensors(nbytes, seed=2)
     model_b = torch.nn.ParameterList([torch.nn.Parameter(t, requires_grad=False) for t in b])
     gpu_b = rota.connect(group="bench-b", tenant="bench-b", endpoint=endpoint)
-    tracked_b = rota_fsdp.track(gpu_b, model_b, tags=("weights",), device=dev, pool_bytes=0)
+    tracked_b = rota_fsdp.track(gpu_b, model_b, tags=("weights",), device=dev, pool_bytes=0,
+                                 release_cached=bench.release_cached)
     setup_b = tracked_b.prepare(real + 512 * bench.n)
     want_b = bench.checksum(b)
     floor_overlap = bench.time_floor_overlap(a, tracked_a.parker.pool, b, tracked_b.parker.pool)
@@ -243,6 +246,8 @@ def main() -> None:
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     ap.add_argument("--tensors", type=int, default=800, help="tensors per tenant (default 800)")
     ap.add_argument("--repeats", type=int, default=3, help="measurements per quantity; medians are reported")
+    ap.add_argument("--keep-cache", action="store_true", help="do not hand freed device memory back to the "
+                    "driver after a park (release_cached=False; faster, but only this process can reuse it)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/switch-<device>.json)")
     ns = ap.parse_args()
     if ns.device == "cuda" and not torch.cuda.is_available():
@@ -257,6 +262,7 @@ def main() -> None:
     from rota.testing import running_orchestrator
 
     bench = Bench(device, DTYPES[ns.dtype], ns.tensors, ns.repeats)
+    bench.release_cached = not ns.keep_cache
     rows = []
     with running_orchestrator() as (endpoint, _engine):
         for s in sizes:
@@ -266,7 +272,7 @@ def main() -> None:
     result = {
         "bench": "switch", "device": str(device), "device_name": name, "torch": torch.__version__,
         "python": platform.python_version(), "host": platform.node(), "dtype": ns.dtype, "tensors": ns.tensors,
-        "repeats": ns.repeats, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "repeats": ns.repeats, "release_cached": bench.release_cached, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "targets": {"park_ratio_max": 1.1, "restore_ratio_max": 1.1, "overlap_gbps_min": 80.0},
         "results": rows,
     }
