@@ -141,3 +141,42 @@ def _wait(cond, timeout=20.0):
     while not cond():
         assert time.monotonic() < deadline
         time.sleep(0.01)
+
+
+def test_resident_that_dies_during_its_park_does_not_stall_the_group(orchestrator, child_env):
+    """The park command goes to a process that then dies: the grant follows its death,
+    not the park timeout."""
+    import subprocess
+    import sys
+
+    endpoint, engine = orchestrator
+    script = (
+        "import sys, time, rota\n"
+        "class Stuck:\n"
+        "    @rota.hookimpl\n"
+        "    def rota_park(self, tenant, plan):\n"
+        "        print('parking', flush=True); time.sleep(3600)\n"
+        "    @rota.hookimpl\n"
+        "    def rota_footprint(self, tenant):\n"
+        "        return {'weights': 1}\n"
+        f"gpu = rota.connect(group='g', tenant='stuck', endpoint={endpoint!r})\n"
+        "gpu.pm.register(Stuck())\n"
+        "gpu.acquire(); gpu.release(); print('released', flush=True)\n"
+        "time.sleep(3600)\n")
+    victim = subprocess.Popen([sys.executable, "-c", script], env=child_env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert victim.stdout.readline().strip() == "released"
+        b = rota.connect(group="g", tenant="b", endpoint=endpoint)
+        got = threading.Event()
+        t = threading.Thread(target=lambda: (b.acquire(), got.set()))
+        t.start()
+        assert victim.stdout.readline().strip() == "parking"
+        assert not got.wait(0.5)  # b waits while the park is under way
+        victim.kill()
+        assert got.wait(engine.config.park_timeout_s * 0.8), "grant waited for the park timeout"
+        assert engine.groups["g"].tenants["stuck"].state == "lost"
+        t.join(5)
+        b.close()
+    finally:
+        victim.kill()
+        victim.wait(10)

@@ -94,3 +94,18 @@ def test_all_ranks_release_before_group_is_free():
     assert g.holder == "a"
     assert g.release("a", g.token, 1, 2.0).group_released
     assert g.holder == ""
+
+
+def test_rank_that_released_waits_for_the_jobs_next_turn():
+    """Rank 0 releases and re-acquires before rank 1 releases: it must not get the
+    old turn back; the job queues for its next turn (behind earlier waiters)."""
+    g = GroupState("g")
+    g.enqueue(TurnRequest("a", "g", world_size=2, rank=0), 1.0)
+    g.begin_switch(g.queue[0], 0)
+    first = g.complete_grant(1.0)
+    g.enqueue(TurnRequest("b", "g"), 1.5)
+    g.release("a", first.token, 0, 2.0)
+    assert g.enqueue(TurnRequest("a", "g", world_size=2, rank=0), 2.1) is None  # queued, not re-granted
+    assert g.enqueue(TurnRequest("a", "g", world_size=2, rank=1), 2.2).token == first.token  # rank 1 still holds
+    assert g.release("a", first.token, 1, 2.3).group_released
+    assert [w.job_id for w in g.queue] == ["b", "a"]

@@ -90,6 +90,7 @@ class Session:
     outbox: asyncio.Queue
     last_seen: float
     alive: bool = True
+    pending: set[str] = field(default_factory=set)  # park commands not yet acknowledged
 
 
 class Orchestrator:
@@ -233,6 +234,10 @@ class Orchestrator:
     async def detach(self, s: Session, why: str) -> None:
         """A session ended. A job with no session left is dead: it loses everything."""
         s.alive = False
+        for cid in s.pending:  # a gone process holds no device memory: its park is moot
+            fut = self._pending.pop(cid, None)
+            if fut is not None and not fut.done():
+                fut.set_result((True, "", 0, 0.0))
         key = (s.group_id, s.job_id)
         sessions = self._sessions.get(key, [])
         if s in sessions:
@@ -317,6 +322,7 @@ class Orchestrator:
             cid = uuid.uuid4().hex
             fut = self._pending[cid] = loop.create_future()
             futs.append(fut)
+            s.pending.add(cid)
             s.outbox.put_nowait(("park", cid, token))
         try:
             done = await asyncio.wait_for(asyncio.gather(*futs), self.config.park_timeout_s)

@@ -102,8 +102,10 @@ class GroupState:
 
     def enqueue(self, req: TurnRequest, now: float) -> Grant | None:
         """Queue ``req.job_id`` (once per job, whatever its ranks). Returns the
-        current grant at once if the job already holds the group."""
-        if self.holder == req.job_id:
+        current grant at once if the job already holds the group and this rank has
+        not yet released this turn; a rank that already released queues the job for
+        its next turn, so all ranks always hold the same turn."""
+        if self.holder == req.job_id and req.rank not in self.released_ranks:
             return self.current_grant()
         rec = self.tenant(req.job_id)
         rec.priority, rec.weight = req.priority, req.weight
@@ -114,7 +116,7 @@ class GroupState:
             self.seq += 1
             self.queue.append(Waiter(req.job_id, self.seq, now, req.priority, req.weight,
                                      rec.world_size, req.footprint_bytes))
-            if rec.state not in ("resident", "parked"):
+            if rec.state not in ("resident", "parked", "holding"):
                 rec.state = "waiting"
         return None
 
