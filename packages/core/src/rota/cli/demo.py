@@ -21,6 +21,12 @@ from rota.errors import RotaError
 @click.option("--state", "state_size", default="",
               help="Size the models so each trainer holds about this much state (e.g. 20GB); overrides "
               "--hidden/--layers. For --device cuda runs that park tens of GB.")
+@click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Sequences per step (more = more device work per turn).")
+@click.option("--seq", type=click.IntRange(min=2), default=16, show_default=True, help="Tokens per sequence.")
+@click.option("--capacity", default="0", show_default=True,
+              help="Device memory per group for residency (e.g. 120GiB): tenants that fit stay resident. "
+              "0 = park at every switch.")
 @click.option("--off-device", type=click.FloatRange(min=0), default=0.1, show_default=True,
               help="Seconds of host work per step (reward judge for RL, data loading for SFT).")
 @click.option("--modes", default="dedicated,serial,timesliced", show_default=True,
@@ -28,8 +34,8 @@ from rota.errors import RotaError
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=".",
               show_default=True, help="Where demo.json and demo-timeline.png go.")
-def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_size: str, off_device: float,
-         modes: str, seed: int, out_dir: pathlib.Path) -> None:
+def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_size: str, batch: int, seq: int,
+         capacity: str, off_device: float, modes: str, seed: int, out_dir: pathlib.Path) -> None:
     """Three real training jobs take turns on shared devices; compare with dedicated and serial.
 
     Two RL jobs (a sampler generates with the current policy, a judge scores off the
@@ -47,12 +53,13 @@ def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_s
         raise click.ClickException(f"rota demo needs torch and matplotlib ({exc}): "
                                    "pip install 'rota-core[demo]' rota-adapter-fsdp") from None
     try:
-        size = ModelSize.for_state_bytes(parse_bytes(state_size, what="--state")) if state_size else ModelSize(
-            hidden=hidden, layers=layers)
+        size = ModelSize.for_state_bytes(parse_bytes(state_size, what="--state"), batch=batch, seq=seq) \
+            if state_size else ModelSize(hidden=hidden, layers=layers, batch=batch, seq=seq)
+        capacity_bytes = parse_bytes(capacity, what="--capacity")
     except RotaError as exc:
-        raise click.BadParameter(str(exc), param_hint="--state") from None
+        raise click.UsageError(str(exc)) from None
     cfg = DemoConfig(steps=steps, groups=groups, device=device, size=size, off_device_s=off_device, seed=seed,
-                     modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
+                     modes=tuple(m.strip() for m in modes.split(",") if m.strip()), capacity_bytes=capacity_bytes)
     try:
         cfg.check()
     except RotaError as exc:

@@ -47,6 +47,8 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
             "bytes_moved": sum(b for b, _ in parks) + sum(b for b, _ in restores),
             "wait_ms_p50": percentile(waits, 50), "wait_ms_p99": percentile(waits, 99),
             "adapters": sorted({r.adapter for r in ts.reports.values()}),
+            "pool_setup_s_max": max((r.pool_setup_s for r in ts.reports.values()), default=0.0),
+            "capacity_bytes": cfg.capacity_bytes,
         })
     ratios: dict[str, float] = {}
     if ts and ser:

@@ -36,6 +36,7 @@ class DemoConfig:
     off_device_s: float = 0.1
     seed: int = 0
     modes: tuple[str, ...] = ("dedicated", "serial", "timesliced")
+    capacity_bytes: int = 0  # per group; 0 = park every other resident at each switch
 
     def check(self) -> None:
         if self.steps < 1:
@@ -171,7 +172,7 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
         out["serial"] = ModeResult("serial", total, devices=cfg.groups, reports=reports, job_spans=spans)
     if "timesliced" in cfg.modes:
         progress(f"time-sliced: all jobs at once, taking turns through rota on {cfg.groups} group(s)")
-        config = OrchestratorConfig(ttl_s=60.0, park_timeout_s=600.0)
+        config = OrchestratorConfig(ttl_s=60.0, park_timeout_s=600.0, capacity_bytes=cfg.capacity_bytes)
         with running_orchestrator(config) as (endpoint, engine):
             span, reports = _run_workers(_specs(cfg, JOBS, endpoint), progress, "time-sliced")
             groups = list(engine.groups.values())

@@ -53,6 +53,7 @@ class WorkerReport:
     end: float = 0.0
     adapter: str = "none"
     state_bytes: int = 0
+    pool_setup_s: float = 0.0
 
 
 class _Device:
@@ -72,7 +73,8 @@ class _Device:
             import rota_fsdp
         except ImportError:  # no adapter installed: state stays resident, nothing is parked
             return
-        rota_fsdp.track(self.gpu, model, opt)
+        tracked = rota_fsdp.track(self.gpu, model, opt)
+        self.report.pool_setup_s = tracked.prepare()  # pin the host pool now, before the clock starts
         self.report.adapter = "rota_fsdp"
 
     @contextlib.contextmanager

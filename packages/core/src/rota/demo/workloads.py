@@ -35,11 +35,12 @@ class ModelSize:
         return self.params * 4 * 4
 
     @classmethod
-    def for_state_bytes(cls, target: int, *, layers: int = 8, vocab: int = 1024) -> ModelSize:
+    def for_state_bytes(cls, target: int, *, layers: int = 8, vocab: int = 1024, batch: int = 64,
+                        seq: int = 16) -> ModelSize:
         """Size whose trainer state (weights, grads, AdamW) is about ``target`` bytes."""
         params = target / 16
         hidden = int(math.sqrt(max(params / layers, 1)))
-        return cls(vocab=vocab, hidden=max(64, hidden // 64 * 64), layers=layers)
+        return cls(vocab=vocab, hidden=max(64, hidden // 64 * 64), layers=layers, batch=batch, seq=seq)
 
 
 class Policy(nn.Module):
@@ -61,7 +62,10 @@ class Policy(nn.Module):
 def build(size: ModelSize, seed: int, device: str, *, optimizer: bool) -> tuple[Policy, torch.optim.Optimizer | None]:
     """The model (and AdamW) every mode starts from for this seed."""
     torch.manual_seed(seed)
-    model = Policy(size).to(device)
+    if device != "cpu":
+        torch.cuda.manual_seed(seed)
+    with torch.device(device):  # initialise on the device: a 20 GB model built on the host takes minutes
+        model = Policy(size)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01) if optimizer else None
     return model, opt
 
