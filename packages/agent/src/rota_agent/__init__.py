@@ -1,0 +1,17 @@
+"""rota_agent: the per-node snapshot agent of rota, and the tenant-side WorkloadChannel client.
+
+* ``rota agent serve`` — serves ``snapshot_agent.v1alpha1.SnapshotAgentService`` and
+  ``grpc.health.v1`` (default ``0.0.0.0:9001``);
+* :func:`register` — in a tenant: let the agent park/restore this job's ``Gpu``;
+* backends: ``app_channel``, ``cuda`` (whole-process checkpoint), ``app_endpoint``
+  (vLLM/SGLang HTTP sleep/wake), ``noop``.
+"""
+
+from __future__ import annotations
+
+from rota_agent._agent import Agent, AgentService, Operation
+from rota_agent._server import running_agent, serve_agent
+from rota_agent.client import WorkloadClient, register, restore_gpu
+
+__all__ = ["Agent", "AgentService", "Operation", "WorkloadClient", "register", "restore_gpu", "running_agent",
+           "serve_agent"]

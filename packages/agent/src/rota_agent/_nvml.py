@@ -1,0 +1,63 @@
+"""Per-accelerator memory through NVML (``pip install rota-agent[gpu]``), else nothing.
+
+The only module that imports ``pynvml``; without it, or without a GPU, the agent's
+Status simply lists no accelerators.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def _nvml() -> object | None:
+    with _lock:
+        if "mod" not in _state:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                _state["mod"] = pynvml
+            except Exception as exc:  # no package, no driver, no GPU: report none
+                log.info("NVML unavailable (%s): Status lists no accelerators", exc)
+                _state["mod"] = None
+        return _state["mod"]
+
+
+def accelerators() -> list[tuple[str, int, int]]:
+    """(uuid, used bytes, total bytes) per GPU of this node."""
+    nv = _nvml()
+    if nv is None:
+        return []
+    out = []
+    try:
+        for i in range(nv.nvmlDeviceGetCount()):  # type: ignore[attr-defined]
+            h = nv.nvmlDeviceGetHandleByIndex(i)  # type: ignore[attr-defined]
+            mem = nv.nvmlDeviceGetMemoryInfo(h)  # type: ignore[attr-defined]
+            uuid = nv.nvmlDeviceGetUUID(h)  # type: ignore[attr-defined]
+            out.append((uuid.decode() if isinstance(uuid, bytes) else str(uuid), int(mem.used), int(mem.total)))
+    except Exception as exc:
+        log.warning("NVML query failed: %s", exc)
+    return out
+
+
+def process_bytes(pids: tuple[int, ...]) -> int | None:
+    """Device bytes used by ``pids`` across all GPUs (None without NVML)."""
+    nv = _nvml()
+    if nv is None:
+        return None
+    total, want = 0, set(pids)
+    try:
+        for i in range(nv.nvmlDeviceGetCount()):  # type: ignore[attr-defined]
+            h = nv.nvmlDeviceGetHandleByIndex(i)  # type: ignore[attr-defined]
+            for p in nv.nvmlDeviceGetComputeRunningProcesses(h):  # type: ignore[attr-defined]
+                if p.pid in want and p.usedGpuMemory:
+                    total += int(p.usedGpuMemory)
+    except Exception as exc:
+        log.warning("NVML per-process query failed: %s", exc)
+        return None
+    return total

@@ -1,0 +1,81 @@
+"""The park-backend interface, and the per-job records every backend works on.
+
+A backend turns one Snapshot or Restore into real work: forwarding a command down the
+job's WorkloadChannel (``app_channel``), checkpointing its processes through the CUDA
+driver (``cuda``), calling an inference server's sleep/wake API (``app_endpoint``) or
+nothing at all (``noop``, for tests). The agent (:mod:`rota_agent._agent`) owns job
+states, operations and deadlines; a backend only validates its config and does the
+move, raising :class:`rota_agent.errors.RotaError` subclasses with clear messages.
+
+``parse`` runs inside the RPC, so a bad config is refused with INVALID_ARGUMENT before
+any operation starts; ``snapshot``/``restore`` run in the operation's task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from rota._generated import snapshot_agent_pb2 as pb
+
+
+@dataclass
+class Moved:
+    """What one backend step moved (None = the backend cannot tell)."""
+
+    storage_bytes: int | None = None
+    device_bytes: int | None = None
+
+
+@dataclass(eq=False)
+class Channel:
+    """One open WorkloadChannel of a job (one rank/process)."""
+
+    pid: int = 0
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    pending: dict[str, asyncio.Future] = field(default_factory=dict)
+    closed: bool = False
+
+    def fail_pending(self, why: str) -> None:
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_result(pb.CommandResult(ok=False, error=why))
+        self.pending.clear()
+
+
+@dataclass(eq=False)
+class Job:
+    """Everything this agent knows about one job."""
+
+    job_id: str
+    group: str = ""
+    state: int = pb.JOB_STATE_IDLE
+    channels: list[Channel] = field(default_factory=list)
+    capabilities: pb.WorkloadCapabilities = field(default_factory=pb.WorkloadCapabilities)
+    default_backend: str = "app_channel"  # used when a request carries no BackendConfig
+    op: Any = None  # the Operation in flight, if any
+    fault: str = ""
+    parked_with: tuple[str, Any] | None = None  # (backend, parsed config) of the last good snapshot
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(sorted({c.pid for c in self.channels if c.pid and not c.closed}))
+
+
+class Backend(Protocol):
+    """One way of moving a job's device state out and back."""
+
+    name: ClassVar[str]
+
+    def parse(self, job: Job | None, job_id: str, config: Any) -> Any:
+        """Validate ``config`` (the oneof's message, or None) for ``job``; return what
+        :meth:`snapshot`/:meth:`restore` need. ``job`` is None when the job is not
+        registered: return a config only if it names an explicit target, else raise
+        :class:`rota_agent.errors.UnknownJob`."""
+
+    async def snapshot(self, job: Job, config: Any) -> Moved:
+        """Move the job's device state out. Raise on failure (the job becomes FAULTED)."""
+
+    async def restore(self, job: Job, config: Any) -> Moved:
+        """Bring it back. Raise on failure (the job becomes FAULTED)."""

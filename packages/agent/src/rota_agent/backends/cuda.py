@@ -1,0 +1,253 @@
+"""``cuda``: whole-process park through the CUDA driver's checkpoint API (driver >= 570).
+
+For tenants with no adapter: the driver locks the process (no new CUDA work), copies
+all of its device memory into the process's own host memory and releases the device
+(``cuCheckpointProcessLock`` → ``cuCheckpointProcessCheckpoint``); restore reverses it
+(``cuCheckpointProcessRestore`` → ``cuCheckpointProcessUnlock``). The process keeps
+running its CPU threads throughout; its CUDA calls block while it is locked.
+
+Known limits, detected up front and refused with UNIMPLEMENTED instead of hanging:
+* only x86-64 Linux (the driver's API exists nowhere else);
+* driver older than 570 (CUDA 12.8) has no checkpoint API;
+* a process that loaded NCCL (its communicators hold IPC/network state the driver
+  cannot checkpoint) — use the ``app_channel`` backend with an adapter instead.
+CUDA IPC and UVM (managed) memory cannot be seen from outside the process: the
+driver then answers NOT_SUPPORTED, or a step may stall; every step therefore runs
+in a worker thread under a deadline, and a missed deadline faults the job with a
+message naming those causes. The driver call itself cannot be interrupted and may
+still finish later.
+
+Multi-process jobs: every pid is locked before any is checkpointed, and a failure
+part-way rolls back what was done (restore + unlock), best effort.
+
+The driver sits behind :class:`CudaDriver`; :class:`LibCudaDriver` is the real one
+(ctypes on ``libcuda.so.1``), tests use ``FakeCudaDriver`` from the test suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ctypes
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
+
+from rota._generated import snapshot_agent_pb2 as pb
+from rota_agent.backends._base import Job, Moved
+from rota_agent.errors import BackendFailed, BadBackendConfig, UnknownJob, Unsupported, WrongState
+
+log = logging.getLogger(__name__)
+
+MIN_DRIVER = 12080  # cuDriverGetVersion() of the first driver with the checkpoint API (r570)
+RUNNING, LOCKED, CHECKPOINTED, FAILED = 0, 1, 2, 3  # CUprocessState
+STATE_NAMES = {RUNNING: "RUNNING", LOCKED: "LOCKED", CHECKPOINTED: "CHECKPOINTED", FAILED: "FAILED"}
+CUDA_ERROR_NOT_SUPPORTED = 801
+
+
+class CudaError(RuntimeError):
+    """A driver call returned an error code."""
+
+    def __init__(self, call: str, code: int, name: str = "") -> None:
+        super().__init__(f"{call} returned {name or 'CUDA error'} ({code})")
+        self.call, self.code, self.name = call, code, name
+
+
+class CudaDriver(Protocol):
+    """The six driver entry points the backend uses (pid-level, no context needed)."""
+
+    def driver_version(self) -> int: ...
+    def get_state(self, pid: int) -> int: ...
+    def lock(self, pid: int, timeout_ms: int) -> None: ...
+    def checkpoint(self, pid: int) -> None: ...
+    def restore(self, pid: int) -> None: ...
+    def unlock(self, pid: int) -> None: ...
+
+
+class _LockArgs(ctypes.Structure):
+    _fields_ = [("timeoutMs", ctypes.c_uint), ("reserved0", ctypes.c_uint), ("reserved1", ctypes.c_uint64 * 7)]
+
+
+class LibCudaDriver:
+    """ctypes binding of the checkpoint API in ``libcuda.so.1``."""
+
+    def __init__(self, path: str = "libcuda.so.1") -> None:
+        try:
+            self.lib = ctypes.CDLL(path)
+        except OSError as exc:
+            raise Unsupported(f"no CUDA driver on this node ({path}: {exc}); the cuda backend needs an NVIDIA "
+                              "driver >= 570") from None
+        for fn in ("cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint", "cuCheckpointProcessRestore",
+                   "cuCheckpointProcessUnlock", "cuCheckpointProcessGetState"):
+            if not hasattr(self.lib, fn):
+                raise Unsupported(f"the CUDA driver has no {fn} (driver {self.driver_version()}); the cuda "
+                                  "backend needs driver >= 570 (CUDA 12.8)")
+        self._call("cuInit", self.lib.cuInit, 0)
+
+    def _call(self, name: str, fn: Any, *args: Any) -> None:
+        rc = fn(*args)
+        if rc != 0:
+            s = ctypes.c_char_p()
+            self.lib.cuGetErrorName(rc, ctypes.byref(s))
+            raise CudaError(name, rc, (s.value or b"").decode())
+
+    def driver_version(self) -> int:
+        v = ctypes.c_int()
+        self._call("cuDriverGetVersion", self.lib.cuDriverGetVersion, ctypes.byref(v))
+        return v.value
+
+    def get_state(self, pid: int) -> int:
+        st = ctypes.c_int()
+        self._call("cuCheckpointProcessGetState", self.lib.cuCheckpointProcessGetState, pid, ctypes.byref(st))
+        return st.value
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        args = _LockArgs(timeoutMs=timeout_ms)
+        self._call("cuCheckpointProcessLock", self.lib.cuCheckpointProcessLock, pid, ctypes.byref(args))
+
+    def checkpoint(self, pid: int) -> None:
+        self._call("cuCheckpointProcessCheckpoint", self.lib.cuCheckpointProcessCheckpoint, pid, None)
+
+    def restore(self, pid: int) -> None:
+        self._call("cuCheckpointProcessRestore", self.lib.cuCheckpointProcessRestore, pid, None)
+
+    def unlock(self, pid: int) -> None:
+        self._call("cuCheckpointProcessUnlock", self.lib.cuCheckpointProcessUnlock, pid, None)
+
+
+class CudaBackend:
+    """Whole-process checkpoint of a job's pids; see the module docs for limits."""
+
+    name: ClassVar[str] = "cuda"
+
+    def __init__(self, driver: Callable[[], CudaDriver] = LibCudaDriver, *, step_timeout_s: float = 120.0,
+                 machine: str | None = None, proc_root: str = "/proc",
+                 device_bytes: Callable[[tuple[int, ...]], int | None] | None = None) -> None:
+        if step_timeout_s <= 0:
+            raise BadBackendConfig(f"cuda step timeout {step_timeout_s!r} must be > 0 seconds")
+        self._make_driver = driver
+        self._driver: CudaDriver | None = None
+        self.step_timeout_s = step_timeout_s
+        self.machine = machine or platform.machine()
+        self.proc_root = proc_root
+        self.device_bytes = device_bytes
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="rota-cuda")
+
+    @property
+    def driver(self) -> CudaDriver:
+        if self._driver is None:
+            drv = self._make_driver()
+            version = drv.driver_version()
+            if version < MIN_DRIVER:
+                raise Unsupported(f"CUDA driver API version {version} has no process checkpoint API; the cuda "
+                                  f"backend needs >= {MIN_DRIVER} (driver 570 or newer): upgrade the driver or use "
+                                  "the app_channel backend")
+            self._driver = drv
+        return self._driver
+
+    # ---------------------------------------------------------- validation
+
+    def parse(self, job: Job | None, job_id: str, config: pb.CudaBackendConfig | None) -> tuple[int, ...]:
+        explicit = tuple(config.explicit_target.pids) if config is not None else ()
+        for pid in explicit:
+            if pid <= 0:
+                raise BadBackendConfig(f"cuda config of job {job_id!r}: pid {pid} is not a process id; give "
+                                       "positive pids in explicit_target.pids (or none to use the job's "
+                                       "registered pids)", job_id=job_id)
+        pids = explicit or (job.pids if job is not None else ())
+        if not pids:
+            if job is None:
+                raise UnknownJob(f"job {job_id!r} is not registered with this agent and the cuda config names no "
+                                 "pids; set backend_config.cuda.explicit_target.pids or register the job's "
+                                 "WorkloadChannel", job_id=job_id)
+            raise BadBackendConfig(f"job {job_id!r} registered no pids (its WorkloadChannel sent no rota-pid); "
+                                   "set backend_config.cuda.explicit_target.pids", job_id=job_id)
+        if self.machine not in ("x86_64", "AMD64"):
+            raise Unsupported(f"whole-process CUDA checkpoint is x86-64 only (this node is {self.machine}); "
+                              "use the app_channel backend with an adapter", job_id=job_id)
+        for pid in pids:
+            maps = os.path.join(self.proc_root, str(pid), "maps")
+            if not os.path.exists(os.path.join(self.proc_root, str(pid))):
+                raise BadBackendConfig(f"cuda config of job {job_id!r}: pid {pid} does not exist on this node "
+                                       "(wrong node, or the process exited)", job_id=job_id)
+            try:
+                with open(maps, encoding="utf-8", errors="replace") as f:
+                    nccl = any("libnccl" in line for line in f)
+            except OSError as exc:
+                raise Unsupported(f"cannot read {maps} ({exc.strerror}): the agent needs the host PID namespace "
+                                  "and CAP_SYS_PTRACE to checkpoint other processes", job_id=job_id) from None
+            if nccl:
+                raise Unsupported(f"pid {pid} of job {job_id!r} has NCCL loaded: NCCL communicators cannot be "
+                                  "checkpointed by the CUDA driver; destroy them before parking or use the "
+                                  "app_channel backend with an adapter", job_id=job_id)
+        _ = self.driver  # driver present and new enough, or a clear error now
+        return pids
+
+    # ------------------------------------------------------------- steps
+
+    async def _step(self, what: str, fn: Callable[..., None], pid: int, *args: Any) -> None:
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        try:
+            await asyncio.wait_for(loop.run_in_executor(self._pool, fn, pid, *args), self.step_timeout_s)
+        except asyncio.TimeoutError:
+            raise BackendFailed(
+                f"{what} of pid {pid} did not finish within {self.step_timeout_s:g} s; common causes are CUDA IPC "
+                "or UVM (managed) memory, which the driver cannot checkpoint, or a kernel that never ends. The "
+                "driver call may still complete in the background") from None
+        except CudaError as exc:
+            hint = (" (the process uses something the driver cannot checkpoint: CUDA IPC, UVM/managed memory "
+                    "or NCCL)" if exc.code == CUDA_ERROR_NOT_SUPPORTED else "")
+            raise BackendFailed(f"{what} of pid {pid} failed: {exc}{hint}") from None
+        log.debug("%s pid %d: %.3f s", what, pid, time.perf_counter() - t0)
+
+    def _state(self, pid: int) -> int:
+        return self.driver.get_state(pid)
+
+    async def snapshot(self, job: Job, pids: tuple[int, ...]) -> Moved:
+        drv = self.driver
+        for pid in pids:
+            st = self._state(pid)
+            if st != RUNNING:
+                raise WrongState(f"pid {pid} of job {job.job_id!r} is {STATE_NAMES.get(st, st)}, not RUNNING; "
+                                 "it was already parked (restore it first)", job_id=job.job_id)
+        nbytes = self.device_bytes(pids) if self.device_bytes else None
+        locked: list[int] = []
+        saved: list[int] = []
+        try:
+            for pid in pids:
+                await self._step("cuCheckpointProcessLock", drv.lock, pid, int(self.step_timeout_s * 1000))
+                locked.append(pid)
+            for pid in pids:
+                await self._step("cuCheckpointProcessCheckpoint", drv.checkpoint, pid)
+                saved.append(pid)
+        except Exception:
+            await self._rollback(job, locked, saved)
+            raise
+        return Moved(storage_bytes=nbytes, device_bytes=nbytes)
+
+    async def _rollback(self, job: Job, locked: list[int], saved: list[int]) -> None:
+        for pid in locked:
+            try:
+                if pid in saved:
+                    await self._step("cuCheckpointProcessRestore (rollback)", self.driver.restore, pid)
+                await self._step("cuCheckpointProcessUnlock (rollback)", self.driver.unlock, pid)
+            except Exception as exc:
+                log.error("job %s: rollback of pid %d failed: %s", job.job_id, pid, exc)
+
+    async def restore(self, job: Job, pids: tuple[int, ...]) -> Moved:
+        drv = self.driver
+        for pid in pids:
+            st = self._state(pid)
+            if st == CHECKPOINTED:
+                await self._step("cuCheckpointProcessRestore", drv.restore, pid)
+                st = LOCKED
+            if st == LOCKED:
+                await self._step("cuCheckpointProcessUnlock", drv.unlock, pid)
+            elif st != RUNNING:
+                raise BackendFailed(f"pid {pid} of job {job.job_id!r} is {STATE_NAMES.get(st, st)}; it cannot be "
+                                    "restored", job_id=job.job_id)
+        return Moved()

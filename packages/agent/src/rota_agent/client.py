@@ -1,0 +1,192 @@
+"""Tenant side of the WorkloadChannel: register a job with its node's agent and obey it.
+
+::
+
+    import rota, rota_agent, rota_fsdp
+    gpu = rota.connect()
+    rota_fsdp.track(gpu, model, optimizer)
+    rota_agent.register(gpu)            # agent from ROTA_AGENT (host:port)
+
+From then on the agent may send ``snapshot`` (→ ``gpu.park()``: the adapters'
+``rota_park`` hooks) and ``restore`` (→ the ``rota_restore`` hooks) between turns; the
+orchestrator uses that to park this job and to restore it *before* granting its next
+turn, overlapped with parking the previous holder. A tenant with no ``Gpu`` (a
+v1alpha1 client, an inference server) passes its own callables to
+:class:`WorkloadClient`.
+
+The channel runs on one daemon thread, reconnecting (and re-registering) until
+:meth:`WorkloadClient.close`. Commands run one at a time on that thread.
+
+Environment:
+    ROTA_AGENT   ``host:port`` (or ``unix:PATH``) of this node's agent, when not passed
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import grpc
+
+from rota._client import check_endpoint
+from rota._generated import snapshot_agent_pb2 as pb
+from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
+from rota._ids import check_id
+from rota._types import ParkMode, ParkPlan, ParkResult
+from rota.errors import ConfigError, RotaError, from_rpc_error
+
+if TYPE_CHECKING:
+    from rota._client import Gpu
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[int, tuple[str, ...]], None]  # (SuspendMode, tags) -> None; raise on failure
+BACKENDS = ("app_channel", "cuda", "noop")
+
+
+class WorkloadClient:
+    """One registration of one process of a job with an agent."""
+
+    def __init__(self, agent: str, job_id: str, group: str, *, on_snapshot: Handler, on_restore: Handler,
+                 modes: Sequence[int] = (pb.SUSPEND_MODE_OFFLOAD,), default_mode: int = pb.SUSPEND_MODE_OFFLOAD,
+                 tags: Sequence[str] = (), backend: str = "app_channel", pid: int | None = None) -> None:
+        self.agent = check_endpoint(agent, "agent")
+        self.job_id = check_id("job_id", job_id, job_id=job_id, group_id=group)
+        self.group = check_id("group", group, job_id=job_id, group_id=group)
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend {backend!r} for job {job_id!r} is not one of {', '.join(BACKENDS)}")
+        self.caps = pb.WorkloadCapabilities(supported_modes=list(modes), default_mode=default_mode, tags=list(tags))
+        self.backend, self.pid = backend, os.getpid() if pid is None else pid
+        self.on_snapshot, self.on_restore = on_snapshot, on_restore
+        self.registered = threading.Event()
+        self.error: RotaError | None = None
+        self.commands: list[tuple[str, bool, float]] = []  # (kind, ok, seconds)
+        self._closed = threading.Event()
+        self._outbox: queue.Queue = queue.Queue()
+        self._channel = grpc.insecure_channel(self.agent)
+        self._stub = pb_grpc.SnapshotAgentServiceStub(self._channel)
+        self._call: grpc.Future | None = None
+        self._thread = threading.Thread(target=self._run, name=f"rota-workload-{job_id}", daemon=True)
+        self._thread.start()
+
+    def wait_registered(self, timeout: float = 30.0) -> WorkloadClient:
+        """Block until the agent lists this job (raises the refusal, or TimeoutError)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.error is not None:
+                raise self.error
+            try:
+                st = self._stub.Status(pb.StatusRequest(), timeout=2.0)
+                if any(j.job_id == self.job_id for j in st.job_statuses):
+                    self.registered.set()
+                    return self
+            except grpc.RpcError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"agent {self.agent} did not list job {self.job_id!r} within {timeout:g} s; is "
+                           "`rota agent serve` running there?")
+
+    def close(self) -> None:
+        self._closed.set()
+        self._outbox.put(None)
+        if self._call is not None:
+            self._call.cancel()
+        self._thread.join(5)
+        self._channel.close()
+
+    def _messages(self) -> Iterator[pb.WorkloadMessage]:
+        yield pb.WorkloadMessage(register=pb.RegisterWorkload(job_id=self.job_id, group=self.group,
+                                                              capabilities=self.caps))
+        while True:
+            msg = self._outbox.get()
+            if msg is None:
+                return
+            yield msg
+
+    def _run(self) -> None:
+        meta = (("rota-pid", str(self.pid)), ("rota-backend", self.backend))
+        while not self._closed.is_set():
+            try:
+                self._outbox = queue.Queue()
+                call = self._call = self._stub.WorkloadChannel(self._messages(), metadata=meta)
+                for cmd in call:
+                    self._outbox.put(pb.WorkloadMessage(result=self._handle(cmd)))
+            except grpc.RpcError as exc:
+                if self._closed.is_set():
+                    return
+                if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
+                    log.error("agent %s refused job %s: %s", self.agent, self.job_id, exc.details())
+                    self.error = from_rpc_error(exc, job_id=self.job_id, group_id=self.group)
+                    return
+                log.warning("workload channel of %s to %s lost (%s); reconnecting", self.job_id, self.agent,
+                            exc.code())
+            time.sleep(0.2)
+
+    def _handle(self, cmd: pb.AgentCommand) -> pb.CommandResult:
+        kind = cmd.WhichOneof("command")
+        t0 = time.perf_counter()
+        try:
+            if kind == "snapshot":
+                self.on_snapshot(cmd.snapshot.mode, tuple(cmd.snapshot.tags))
+            elif kind == "restore":
+                self.on_restore(pb.SUSPEND_MODE_UNSPECIFIED, tuple(cmd.restore.tags))
+            else:
+                raise ValueError(f"unknown command {kind!r}")
+            ok, error = True, ""
+        except Exception as exc:  # every failure goes back to the agent, which faults the job
+            log.exception("job %s: %s command failed", self.job_id, kind)
+            ok, error = False, f"{type(exc).__name__}: {exc}"
+        self.commands.append((str(kind), ok, time.perf_counter() - t0))
+        return pb.CommandResult(command_id=cmd.command_id, ok=ok, error=error)
+
+
+def restore_gpu(gpu: Gpu, plan: ParkPlan | None = None) -> ParkResult:
+    """Run ``gpu``'s restore hooks now (between turns), as ``acquire`` would after a grant.
+
+    Core's :class:`rota.Gpu` restores lazily in ``acquire``; the agent restores ahead of
+    the grant so the restore overlaps the previous holder's park. Uses the client's
+    state lock, so it never races ``acquire`` or ``park``.
+    """
+    with gpu._state_lock:
+        if not gpu.parked:
+            return ParkResult()
+        if gpu.grant is not None:
+            raise RuntimeError(f"job {gpu.tenant!r} holds group {gpu.group!r}; nothing to restore mid-turn")
+        t0 = time.monotonic()
+        result = gpu._run_snapshot_hooks(gpu.pm.hook.rota_restore, plan or ParkPlan())
+        gpu.stats.restores.append(result)
+        gpu.stats.events.append(("restore", t0, time.monotonic()))
+        gpu.parked = False
+        return result
+
+
+def _plan(mode: int, tags: tuple[str, ...]) -> ParkPlan:
+    pm = ParkMode.DISCARD if mode == pb.SUSPEND_MODE_DISCARD else ParkMode.OFFLOAD
+    return ParkPlan(tags=frozenset(tags), mode=pm)
+
+
+def register(gpu: Gpu, agent: str | None = None, *, tags: Sequence[str] = (), backend: str = "app_channel"
+             ) -> WorkloadClient:
+    """Register ``gpu``'s job with the node's agent; its commands run ``gpu``'s park/restore hooks.
+
+    :param agent: ``host:port``; default ``ROTA_AGENT``.
+    :param backend: ``app_channel`` (adapters park regions) or ``cuda`` (the agent
+        checkpoints this whole process; the hooks are not used).
+    """
+    where = "agent"
+    if agent is None:
+        agent, where = os.environ.get("ROTA_AGENT", ""), "ROTA_AGENT"
+    if not agent:
+        raise ConfigError(f"no agent address for job {gpu.tenant!r}: set ROTA_AGENT=host:port (the node's "
+                          "`rota agent serve`) or pass agent=")
+    check_endpoint(agent, where)
+    client = WorkloadClient(agent, gpu.tenant, gpu.group,
+                            on_snapshot=lambda mode, t: gpu.park(_plan(mode, t)),
+                            on_restore=lambda mode, t: restore_gpu(gpu, _plan(mode, t)),
+                            modes=(pb.SUSPEND_MODE_OFFLOAD, pb.SUSPEND_MODE_DISCARD), tags=tags, backend=backend)
+    return client

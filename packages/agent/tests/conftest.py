@@ -1,0 +1,102 @@
+"""Fixtures of rota-agent's tests: an agent and an orchestrator on loopback, tenant processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from rota._engine import OrchestratorConfig
+from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
+from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
+from rota.testing import running_orchestrator
+from rota_agent import Agent, running_agent
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Tenant:
+    """A tenant_proc.py subprocess; every read has a timeout."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "tenant_proc.py"), *args], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.ready = self.read(60)
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def read(self, timeout: float = 30) -> dict:
+        msg = self.lines.get(timeout=timeout)
+        if msg is None:
+            raise EOFError(f"tenant exited with {self.proc.wait(5)}")
+        return msg
+
+    def send(self, cmd: str) -> None:
+        self.proc.stdin.write(cmd + "\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+
+    def ask(self, cmd: str, timeout: float = 30) -> dict:
+        self.send(cmd)
+        return self.read(timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.send("exit")
+                self.proc.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture
+def child_env(tmp_path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
+    env.update(ROTA_RUNTIME_DIR=str(tmp_path / "rt"), PYTHONUNBUFFERED="1", ROTA_LOAD_PLUGINS="")
+    return env
+
+
+@pytest.fixture
+def agent() -> Iterator[tuple[str, Agent]]:
+    with running_agent() as served:
+        yield served
+
+
+@pytest.fixture
+def agent_stub(agent) -> Iterator[sa_grpc.SnapshotAgentServiceStub]:
+    with grpc.insecure_channel(agent[0]) as ch:
+        yield sa_grpc.SnapshotAgentServiceStub(ch)
+
+
+@pytest.fixture
+def cluster(agent):
+    """(orchestrator endpoint, agent endpoint, v1alpha1 stub): an orchestrator that knows the agent."""
+    with running_orchestrator(OrchestratorConfig(ttl_s=3.0, park_timeout_s=20.0, agents=(agent[0],))) as (ep, _):
+        with grpc.insecure_channel(ep) as ch:
+            yield ep, agent[0], v1a_grpc.TimeSliceOrchestratorServiceStub(ch)
+
+
+@pytest.fixture
+def tenants(child_env) -> Iterator:
+    started: list[Tenant] = []
+
+    def start(*args: str) -> Tenant:
+        t = Tenant(list(args), child_env)
+        started.append(t)
+        return t
+
+    yield start
+    for t in started:
+        t.stop()
