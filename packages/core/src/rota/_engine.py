@@ -8,17 +8,30 @@ length — while :mod:`rota._state` owns *what* a transition does and a
 transaction conditioned on its leadership, so a deposed leader cannot grant.
 
 Lock order: ``self._lock`` (one asyncio lock for every group's state) is never
-held while waiting on a tenant: park commands are sent and awaited outside it.
+held while waiting on a tenant or an agent: park commands and agent operations are
+sent and awaited outside it.
+
+Agents (rota-agent, ``snapshot_agent.v1alpha1``): with ``OrchestratorConfig.agents``
+(``--agent`` / ``ROTA_AGENTS``), a switch first asks every agent's ``Status`` which of
+the jobs involved it knows. A job registered with an agent is parked by that agent
+(``Snapshot``, then ``GetOperation`` until done) instead of through its rota session,
+and an incoming job that was parked and is registered with an agent is restored by it
+(``Restore``) *at the same time* as the outgoing jobs are parked, before its grant.
+A failed or timed-out agent operation FAULTs that job and the group moves on.
+
+Environment:
+    ROTA_AGENTS   comma-separated ``host:port`` of node agents (when ``agents`` is unset)
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from rota._ids import check_id, check_pair
 from rota._state import GroupState
@@ -67,8 +80,14 @@ class OrchestratorConfig:
     v1_max_turn_s: float = 0.0  # turn limit for clients without a session (0 = none)
     capacity_bytes: int = 0  # device bytes per group for residency checks (0 = unknown)
     idle_exit_s: float = 0.0  # exit after this long with no tenants (0 = never)
+    agents: tuple[str, ...] = field(default_factory=lambda: _agents_from_env())  # node agents (rota-agent)
 
     def check(self) -> None:
+        for a in self.agents:
+            host, _, port = a.rpartition(":")
+            if not (a.startswith("unix:") and len(a) > 5) and not (host and port.isdigit() and 0 < int(port) < 65536):
+                raise InvalidArgument(f"agent address {a!r} is not host:port or unix:PATH (e.g. 10.0.0.5:9001); "
+                                      "fix --agent / ROTA_AGENTS")
         for name in ("ttl_s", "park_timeout_s"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name}={getattr(self, name)!r} must be > 0 seconds")
@@ -113,6 +132,7 @@ class Orchestrator:
         self._tasks: list[asyncio.Task] = []
         self._idle_since = time.monotonic()
         self.stopped = asyncio.Event()
+        self.agents = AgentLinks(self.config.agents, self.config.park_timeout_s) if self.config.agents else None
 
     # ------------------------------------------------------------- lifecycle
 
@@ -137,6 +157,8 @@ class Orchestrator:
         for fut in self._grants.values():
             if not fut.done():
                 fut.set_exception(Unavailable("orchestrator is shutting down; retry against its successor"))
+        if self.agents is not None:
+            await self.agents.close()
         self.stopped.set()
 
     # ------------------------------------------------------------------ API
@@ -287,16 +309,39 @@ class Orchestrator:
                     return
                 chosen = self.config.policy.choose(g.queue, g.tenants, time.monotonic())
                 evict = g.begin_switch(chosen, self.config.capacity_bytes)
-                evict = [j for j in evict if self._live_sessions((group_id, j))]
-            results = await asyncio.gather(*(self._park(group_id, j, g.token) for j in evict))
+                others = [j for j in g.residents if j != chosen.job_id]
+                incoming_parked = g.tenant(chosen.job_id).state == "parked"
+            located: dict[str, str] = {}
+            if self.agents is not None:  # which jobs an agent parks/restores (outside the lock)
+                located = await self.agents.locate({*others, chosen.job_id})
+                if not self.config.capacity_bytes:  # footprint unknown to us: park every agent-held resident
+                    evict += [j for j in others if j in located and j not in evict]
+            evict = [j for j in evict if j in located or self._live_sessions((group_id, j))]
+            steps = [self._park(group_id, j, g.token, located.get(j, "")) for j in evict]
+            restore_agent = located.get(chosen.job_id, "") if incoming_parked else ""
+            if restore_agent:  # overlapped with the parks: both directions of PCIe at once
+                steps.append(self.agents.run(restore_agent, "restore", chosen.job_id, group_id))  # type: ignore[union-attr]
+            results = await asyncio.gather(*steps)
             async with self._lock:
-                for job, (ok, error, nbytes, seconds) in zip(evict, results, strict=True):
+                for job, (ok, error, nbytes, seconds) in zip(evict, results, strict=False):
                     if ok:
                         g.mark_parked(job, nbytes, seconds)
                     else:
                         log.error("park of job %s in group %s failed: %s; job FAULTED", job, group_id, error)
                         g.remove(job, time.monotonic(), lost=True)
                         g.tenant(job).state = "faulted"
+                if restore_agent and not results[-1][0]:
+                    error = results[-1][1]
+                    log.error("restore of job %s in group %s by agent %s failed: %s; job FAULTED",
+                              chosen.job_id, group_id, restore_agent, error)
+                    g.remove(chosen.job_id, time.monotonic(), lost=True)
+                    g.tenant(chosen.job_id).state = "faulted"
+                    fut = self._grants.pop((group_id, chosen.job_id), None)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(Faulted(f"restore of job {chosen.job_id!r} in group {group_id!r} failed: "
+                                                  f"{error}; acquire again to retry", job_id=chosen.job_id,
+                                                  group_id=group_id))
+                    await self.store.commit(g)
                 if g.switching_to != chosen.job_id or g.queued(chosen.job_id) is None:
                     g.abort_switch()
                     continue
@@ -313,8 +358,18 @@ class Orchestrator:
                 if fut is not None and not fut.done():
                     fut.set_result(grant)
 
-    async def _park(self, group_id: str, job_id: str, token: int) -> tuple[bool, str, int, float]:
-        """Ask every rank of a resident job to park; wait for all acknowledgements."""
+    async def agent_job_states(self, group_id: str) -> list[tuple[str, str, str]]:
+        """(agent, JobState name, job) for every job of ``group_id`` that an agent knows."""
+        if self.agents is None:
+            return []
+        g = self.groups.get(group_id)
+        jobs = set(g.tenants) if g is not None else set()
+        return [t for t in await self.agents.job_states() if t[2] in jobs]
+
+    async def _park(self, group_id: str, job_id: str, token: int, agent: str = "") -> tuple[bool, str, int, float]:
+        """Ask every rank of a resident job to park (or its agent); wait for all acknowledgements."""
+        if agent and self.agents is not None:
+            return await self.agents.run(agent, "snapshot", job_id, group_id)
         sessions = self._live_sessions((group_id, job_id))
         futs = []
         loop = asyncio.get_running_loop()
@@ -377,6 +432,107 @@ class Orchestrator:
             self.stopped.set()
 
 
+def _agents_from_env() -> tuple[str, ...]:
+    return tuple(a.strip() for a in os.environ.get("ROTA_AGENTS", "").split(",") if a.strip())
+
+
+class AgentLinks:
+    """gRPC client of the node agents (``snapshot_agent.v1alpha1.SnapshotAgentService``).
+
+    Channels are opened lazily on the orchestrator's event loop. An agent that does not
+    answer ``Status`` within ``STATUS_TIMEOUT_S`` is skipped (logged): its jobs are then
+    handled as if no agent knew them.
+    """
+
+    STATUS_TIMEOUT_S = 2.0
+    POLL_S = (0.002, 0.05)  # GetOperation polling: first interval, cap (doubles in between)
+
+    def __init__(self, endpoints: tuple[str, ...], timeout_s: float) -> None:
+        self.endpoints, self.timeout_s = endpoints, timeout_s
+        self._stubs: dict[str, object] = {}
+        self._channels: list[object] = []
+
+    def _stub(self, endpoint: str) -> Any:
+        stub = self._stubs.get(endpoint)
+        if stub is None:
+            import grpc
+
+            from rota._generated import snapshot_agent_pb2_grpc
+
+            ch = grpc.aio.insecure_channel(endpoint)
+            self._channels.append(ch)
+            stub = self._stubs[endpoint] = snapshot_agent_pb2_grpc.SnapshotAgentServiceStub(ch)
+        return stub
+
+    async def _status(self, endpoint: str) -> list[tuple[str, int]]:
+        import grpc
+
+        from rota._generated import snapshot_agent_pb2 as spb
+
+        try:
+            st = await self._stub(endpoint).Status(spb.StatusRequest(), timeout=self.STATUS_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            log.warning("agent %s did not answer Status (%s); ignoring it for now", endpoint, exc.code())
+            return []
+        return [(j.job_id, j.state) for j in st.job_statuses]
+
+    async def locate(self, jobs: set[str]) -> dict[str, str]:
+        """job -> agent endpoint, for the ``jobs`` some agent has registered."""
+        found: dict[str, str] = {}
+        answers = await asyncio.gather(*(self._status(e) for e in self.endpoints))
+        for endpoint, states in zip(self.endpoints, answers, strict=True):
+            for job, _ in states:
+                if job in jobs:
+                    found.setdefault(job, endpoint)
+        return found
+
+    async def job_states(self) -> list[tuple[str, str, str]]:
+        from rota._generated import snapshot_agent_pb2 as spb
+
+        answers = await asyncio.gather(*(self._status(e) for e in self.endpoints))
+        out = []
+        for endpoint, states in zip(self.endpoints, answers, strict=True):
+            for job, state in states:
+                out.append((endpoint, spb.JobState.Name(state).removeprefix("JOB_STATE_"), job))
+        return out
+
+    async def run(self, endpoint: str, kind: str, job_id: str, group_id: str) -> tuple[bool, str, int, float]:
+        """Snapshot or Restore ``job_id`` through ``endpoint``; wait for the operation to end."""
+        import grpc
+
+        from rota._generated import snapshot_agent_pb2 as spb
+
+        stub = self._stub(endpoint)
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout_s
+        try:
+            if kind == "snapshot":
+                op_id = (await stub.Snapshot(spb.SnapshotRequest(job_id=job_id, group=group_id),
+                                             timeout=self.timeout_s)).operation_id
+            else:
+                op_id = (await stub.Restore(spb.RestoreRequest(job_id=job_id, group=group_id),
+                                            timeout=self.timeout_s)).operation_id
+            pause = self.POLL_S[0]
+            while True:
+                op = await stub.GetOperation(spb.GetOperationRequest(operation_id=op_id),
+                                             timeout=max(0.1, deadline - time.monotonic()))
+                if op.status == spb.OPERATION_STATUS_COMPLETE:
+                    return True, "", op.storage_bytes, time.monotonic() - t0
+                if op.status == spb.OPERATION_STATUS_FAILED:
+                    return False, f"agent {endpoint}: {op.error or 'operation failed'}", 0, time.monotonic() - t0
+                if time.monotonic() > deadline:
+                    return False, (f"agent {endpoint}: {kind} of job {job_id!r} still pending after "
+                                   f"{self.timeout_s:g} s (--park-timeout)"), 0, time.monotonic() - t0
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, self.POLL_S[1])
+        except grpc.RpcError as exc:
+            return False, f"agent {endpoint}: {kind} of job {job_id!r}: {exc.code().name}: {exc.details()}", 0, 0.0
+
+    async def close(self) -> None:
+        for ch in self._channels:
+            await ch.close()  # type: ignore[attr-defined]
+
+
 def _check_request(req: TurnRequest) -> None:
     where = f"(job={req.job_id!r}, group={req.group_id!r})"
     if req.world_size < 0 or (req.world_size and not 0 <= req.rank < req.world_size):
@@ -388,4 +544,4 @@ def _check_request(req: TurnRequest) -> None:
         raise InvalidArgument(f"footprint_bytes {req.footprint_bytes} is negative {where}")
 
 
-__all__ = ["Faulted", "GroupStore", "MemoryStore", "Orchestrator", "OrchestratorConfig", "Session"]
+__all__ = ["AgentLinks", "Faulted", "GroupStore", "MemoryStore", "Orchestrator", "OrchestratorConfig", "Session"]

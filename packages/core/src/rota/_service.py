@@ -77,7 +77,15 @@ class TimeSliceService(v1a_grpc.TimeSliceOrchestratorServiceServicer):
             group_id=g.group_id, group_state=v1a.GroupStatus.State.Value("STATE_" + g.status_name()),
             state_timestamp=ts, locking_job=g.holder, active_job=active,
             waiter_queue_depth=len(g.queue), loaded_job=g.loaded_job)
-        return v1a.GetGroupStatusResponse(group=status)
+        agent_states = [v1a.SnapshotAgentJobState(agent=agent, job_state=v1a.SnapshotAgentJobState.State.Value(
+            "STATE_" + state), job_id=job) for agent, state, job in await _agent_states(self.engine, g.group_id)]
+        return v1a.GetGroupStatusResponse(group=status, agent_job_states=agent_states)
+
+
+async def _agent_states(engine: Any, group_id: str) -> list[tuple[str, str, str]]:
+    """Agent job states from engines that talk to agents (others report none)."""
+    fn = getattr(engine, "agent_job_states", None)
+    return await fn(group_id) if fn is not None else []
 
 
 class RotaService(pb_grpc.RotaServiceServicer):
