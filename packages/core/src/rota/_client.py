@@ -74,6 +74,7 @@ class Gpu:
         self._turn_started = 0.0
         self._follow_lock = threading.Lock()
         self._target = endpoint
+        self._old_channels: list[grpc.Channel] = []
         self._channel = _channel(endpoint)
         from rota._generated import rota_v1_pb2_grpc
 
@@ -162,9 +163,11 @@ class Gpu:
             from rota._generated import rota_v1_pb2_grpc
 
             log.info("job %s: orchestrator leader is %s; following it", self.tenant, leader)
-            old, self._channel, self._target = self._channel, _channel(target), target
+            # The old channel stays open until close(): another thread may be mid-call on it
+            # (that call gets "not the leader" too and retries on the new stub).
+            self._old_channels.append(self._channel)
+            self._channel, self._target = _channel(target), target
             self.stub = rota_v1_pb2_grpc.RotaServiceStub(self._channel)
-        old.close()  # its calls were all going to a replica that does not lead
 
     def park(self, plan: ParkPlan | None = None) -> ParkResult:
         """Park this tenant's tracked state now (normally the orchestrator asks for it)."""
@@ -181,7 +184,8 @@ class Gpu:
         self._closed.set()
         self._outbox.put(None)
         self._session.join(timeout=5)
-        self._channel.close()
+        for ch in (*self._old_channels, self._channel):
+            ch.close()
 
     def __enter__(self) -> Gpu:
         return self

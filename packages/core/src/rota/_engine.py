@@ -26,12 +26,14 @@ Environment:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from rota._ids import check_id, check_pair
 from rota._state import GroupState
@@ -40,6 +42,26 @@ from rota.errors import Faulted, InvalidArgument, NotFound, RotaError, Unavailab
 from rota.policies import Fifo, Policy
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+def _whole(fn: Callable[..., Awaitable[_T]]) -> Callable[..., Awaitable[_T]]:
+    """Run a transition to its end even if the caller is cancelled part-way.
+
+    A transition changes a group in memory and then awaits ``store.commit``. A gRPC
+    handler cancelled at that await (its client went away) would leave memory, the
+    store and the waiters disagreeing: a holder removed but nobody granted next.
+    Shielded, the transition always finishes; only the caller stops waiting.
+    """
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> _T:
+        task = asyncio.ensure_future(fn(*args, **kwargs))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved if nobody awaits it
+        return await asyncio.shield(task)
+
+    return wrapper
 
 
 class GroupStore(Protocol):
@@ -168,29 +190,46 @@ class Orchestrator:
         check_pair(req.job_id, req.group_id)
         _check_request(req)
         key = (req.group_id, req.job_id)
+        try:
+            grant, fut = await self._enqueue(req)
+            if fut is None:
+                return self._with_limits(grant)
+            return self._with_limits(await asyncio.shield(fut))
+        except asyncio.CancelledError:
+            if not self._live_sessions(key):  # a v1alpha1 caller gave up: leave the queue
+                await self._leave_queue(req.job_id, req.group_id)
+            raise
+
+    @_whole
+    async def _enqueue(self, req: TurnRequest) -> tuple[Grant | None, asyncio.Future | None]:
+        """Queue the job (committed) and return its grant future, or its current grant."""
         async with self._lock:
             g = await self._group(req.group_id)
             if g.tenants.get(req.job_id) and g.tenants[req.job_id].state == "faulted":
                 g.tenants[req.job_id].state = "idle"  # FAULTED is retryable: this acquire retries it
             grant = g.enqueue(req, time.monotonic())
             if grant is not None:
-                return self._with_limits(grant)
+                return grant, None
             await self.store.commit(g)
+            key = (req.group_id, req.job_id)
             fut = self._grants.get(key)
             if fut is None or fut.done():
                 fut = self._grants[key] = asyncio.get_running_loop().create_future()
             self._kick(req.group_id)
-        try:
-            return self._with_limits(await asyncio.shield(fut))
-        except asyncio.CancelledError:
-            if not self._live_sessions(key):  # a v1alpha1 caller gave up: leave the queue
-                async with self._lock:
-                    g = self.groups.get(req.group_id)
-                    if g is not None and g.holder != req.job_id:
-                        g.remove(req.job_id, time.monotonic(), lost=False)
-                        await self.store.commit(g)
-            raise
+        return None, fut
 
+    @_whole
+    async def _leave_queue(self, job_id: str, group_id: str) -> None:
+        async with self._lock:  # after a still-running _enqueue of the same call (the lock is FIFO)
+            fut = self._grants.pop((group_id, job_id), None)
+            if fut is not None and not fut.done():
+                fut.cancel()
+            g = self.groups.get(group_id)
+            if g is not None and g.holder != job_id:
+                g.remove(job_id, time.monotonic(), lost=False)
+                await self.store.commit(g)
+
+    @_whole
     async def release(self, job_id: str, group_id: str, token: int = 0, rank: int = 0) -> ReleaseInfo:
         """One rank of the holder releases; the group moves on when all ranks have."""
         check_pair(job_id, group_id)
@@ -202,6 +241,7 @@ class Orchestrator:
             self._kick(group_id)
         return info
 
+    @_whole
     async def evict(self, job_id: str, group_id: str, *, reason: str, lost: bool = False) -> tuple[bool, bool]:
         """Take a job out of a group (scheduler saw it end, or it died)."""
         check_pair(job_id, group_id)
@@ -253,6 +293,7 @@ class Orchestrator:
         if fut is not None and not fut.done():
             fut.set_result((ok, error, nbytes, seconds))
 
+    @_whole
     async def detach(self, s: Session, why: str) -> None:
         """A session ended. A job with no session left is dead: it loses everything."""
         s.alive = False

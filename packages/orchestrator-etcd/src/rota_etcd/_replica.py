@@ -1,0 +1,279 @@
+"""One orchestrator replica: campaigns for leadership and serves while it leads.
+
+``rota orchestrator serve --etcd URL`` serves a :class:`Replica` where it would
+serve a plain engine (the servicers of :mod:`rota._service` call the same methods).
+Each replica:
+
+* campaigns (:mod:`rota_etcd._election`); while another replica leads it answers
+  Acquire, Yield, Release, Evict and Attach with UNAVAILABLE naming the leader
+  (:class:`rota.errors.NotLeader`; rota clients follow it) and serves status reads
+  from etcd;
+* when it wins a term, loads every group from etcd into a fresh
+  :class:`EtcdOrchestrator` (the core engine, writing through a term-bound store)
+  and serves from it;
+* when the term ends — lease lost, lease not refreshed in time, a commit refused or
+  failed, etcd unreachable — drops that engine with all its memory (blocked
+  Acquires get UNAVAILABLE and are re-sent by their clients with the same job id,
+  keeping their place, which lives in etcd), closes tenant sessions (they re-attach
+  to the next leader) and campaigns again.
+
+Environment:
+    ROTA_ADVERTISE   HOST:PORT that clients are sent to when this replica leads
+                     (default: --listen, with a wildcard host replaced by this host's IP)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+import weakref
+
+from rota._engine import Orchestrator, OrchestratorConfig, Session
+from rota._ids import check_pair
+from rota._state import GroupState
+from rota._types import Grant, ReleaseInfo, TurnRequest
+from rota.errors import NotLeader, RotaError
+from rota_etcd._election import Election
+from rota_etcd._store import EtcdStore, Term, TermStore
+
+log = logging.getLogger(__name__)
+
+
+def advertised_address(listen: str) -> str:
+    """The address clients should use for a replica listening on ``listen``."""
+    explicit = os.environ.get("ROTA_ADVERTISE", "").strip()
+    if explicit:
+        return explicit
+    host, _, port = listen.rpartition(":")
+    if host in ("0.0.0.0", "[::]", "::", ""):
+        try:
+            host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            host = "127.0.0.1"
+    return f"{host}:{port}"
+
+
+class EtcdOrchestrator(Orchestrator):
+    """The core engine for one leadership term, with etcd-backed turn leases.
+
+    Every grant is tied to the turn lease its commit creates (see
+    :mod:`rota_etcd._store`). The lease is refreshed while the holder is alive —
+    its sessions heartbeat within the TTL, or it never opened a session (a
+    v1alpha1-only client, bounded by ``--v1-max-turn``) — and when etcd expires it
+    the turn ends and the job's state is marked lost.
+    """
+
+    store: TermStore
+
+    def __init__(self, config: OrchestratorConfig, store: TermStore, *, name: str) -> None:
+        super().__init__(config, store, name=name)
+        self._turn_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await super().start()
+        self.store.watch_turns(self._turn_expired)
+        self._turn_task = asyncio.create_task(self._keep_turns(), name="rota-etcd-turns")
+
+    async def stop(self) -> None:
+        if self._turn_task is not None:
+            self._turn_task.cancel()
+        await super().stop()
+        await self.store.close()
+
+    async def acquire(self, req: TurnRequest) -> Grant:
+        g = self.groups.get(req.group_id)
+        again = g is not None and g.holder == req.job_id
+        grant = await super().acquire(req)
+        if again:  # answered from memory: prove this term still leads before saying "yes"
+            await self.store.verify(req.group_id)
+        return grant
+
+    def holder_alive(self, g: GroupState) -> bool:
+        key = (g.group_id, g.holder)
+        if key not in self._attached_once:
+            return True  # v1alpha1 client: no heartbeats to judge by
+        now = time.monotonic()
+        return any(s.alive and now - s.last_seen <= self.config.ttl_s for s in self._sessions.get(key, ()))
+
+    async def _keep_turns(self) -> None:
+        while True:
+            for g in list(self.groups.values()):
+                if g.holder:
+                    self.store.keep_turn(g.group_id, self.holder_alive(g))
+            await asyncio.sleep(min(0.25, self.config.ttl_s / 4))
+
+    async def _turn_expired(self, group_id: str, job_id: str, token: int) -> None:
+        g = self.groups.get(group_id)
+        if g is None or g.holder != job_id or g.token != token:
+            return  # our own release or a later turn: nothing to do
+        log.warning("turn %d of job %s in group %s: its etcd lease expired; the turn ends", token, job_id, group_id)
+        with contextlib.suppress(RotaError):
+            await self.evict(job_id, group_id, reason="its turn lease expired in etcd (no keepalive within the TTL)",
+                             lost=True)
+
+
+class Replica:
+    """An orchestrator replica; quacks like :class:`rota._engine.Orchestrator`."""
+
+    def __init__(self, store: EtcdStore, config: OrchestratorConfig, *, listen: str,
+                 advertise: str | None = None) -> None:
+        config.check()
+        self.store, self.config, self.listen = store, config, listen
+        self.address = advertise or advertised_address(listen)
+        self.id = f"{socket.gethostname().split('.')[0]}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.election = Election(store, {"id": self.id, "address": self.address, "host": socket.gethostname(),
+                                         "pid": os.getpid()})
+        self.stopped = asyncio.Event()
+        self.engine: EtcdOrchestrator | None = None
+        self.term: Term | None = None
+        self.terms = 0  # terms won by this replica (tests and status)
+        self._owner: weakref.WeakKeyDictionary[Session, EtcdOrchestrator] = weakref.WeakKeyDictionary()
+        self._task: asyncio.Task | None = None
+
+    @property
+    def name(self) -> str:
+        role = f"leader (term {self.term.revision})" if self.engine is not None and self.term else "follower"
+        return f"etcd {role} {self.address}"
+
+    @property
+    def leader_address(self) -> str:
+        return (self.election.leader or {}).get("address", "")
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Check that etcd answers (a clear error naming the endpoints if not), then
+        campaign in the background; serving starts at once, as a follower."""
+        await self.store.connect()
+        self._task = asyncio.create_task(self._lead(), name="rota-etcd-replica")
+
+    async def stop(self) -> None:
+        self.stopped.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        engine, term = self.engine, self.term
+        if engine is not None and term is not None:
+            await self._step_down(engine, term, "replica stopping")
+            await self.election.resign(term)
+        await self.store.close()
+
+    async def wait_leading(self, timeout: float = 30.0) -> None:
+        """Block until this replica serves as leader (for tests and tools)."""
+        deadline = time.monotonic() + timeout
+        while self.engine is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"replica {self.address} did not become leader within {timeout:g} s")
+            await asyncio.sleep(0.02)
+
+    async def _lead(self) -> None:
+        while not self.stopped.is_set():
+            term = await self.election.campaign(self.stopped)
+            if term is None:
+                return
+            # A turn lease outlives a leader change: TTL + the time a dead leader keeps its term.
+            turn_ttl = self.config.ttl_s + self.store.leader_ttl
+            engine = EtcdOrchestrator(self.config, self.store.begin_term(term, turn_ttl),
+                                      name=f"etcd leader {self.address}")
+            try:
+                await engine.start()
+            except RotaError as exc:
+                log.error("replica %s won term %d but could not load state: %s", self.address, term.revision, exc)
+                await self._step_down(engine, term, str(exc))
+                continue
+            self.engine, self.term = engine, term
+            self.terms += 1
+            log.info("replica %s serves as leader (term %d, %d groups)", self.address, term.revision,
+                     len(engine.groups))
+            why = await self._watch_term(term)
+            await self._step_down(engine, term, why)
+
+    async def _watch_term(self, term: Term) -> str:
+        """Return why the term ended (lease lost or not refreshed in time, commit refused, stop)."""
+        while not self.stopped.is_set():
+            if term.lost.is_set():
+                return term.why
+            if not self.election.still_valid(term):
+                term.end("the leader lease could not be refreshed in time (etcd unreachable?)")
+                return term.why
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(term.lost.wait(), 0.1)
+        return "replica stopping"
+
+    async def _step_down(self, engine: EtcdOrchestrator, term: Term, why: str) -> None:
+        if self.engine is engine:
+            self.engine = None
+            log.warning("replica %s stops leading (term %d): %s", self.address, term.revision, why)
+        term.end(why)
+        if self.store.keeper is not None:
+            self.store.keeper.drop(term.lease)
+        for sessions in list(engine._sessions.values()):
+            for s in sessions:
+                s.outbox.put_nowait(("close", "", 0))  # tenants re-attach to the next leader
+        with contextlib.suppress(Exception):
+            await engine.stop()
+
+    # --------------------------------------------------- the engine's API
+
+    def _leading(self, job_id: str = "", group_id: str = "") -> EtcdOrchestrator:
+        engine = self.engine
+        if engine is not None and self.term is not None and not self.term.lost.is_set():
+            return engine
+        leader = self.leader_address
+        if leader == self.address:
+            leader = ""  # our own stale record: no leader known right now
+        where = f"the leader is at {leader}" if leader else "no leader is elected yet"
+        raise NotLeader(f"orchestrator {self.address} does not lead ({where}); retry there "
+                        f"(job={job_id!r}, group={group_id!r}). rota clients follow the leader by themselves",
+                        leader=leader, job_id=job_id, group_id=group_id)
+
+    async def acquire(self, req: TurnRequest) -> Grant:
+        check_pair(req.job_id, req.group_id)
+        return await self._leading(req.job_id, req.group_id).acquire(req)
+
+    async def release(self, job_id: str, group_id: str, token: int = 0, rank: int = 0) -> ReleaseInfo:
+        check_pair(job_id, group_id)
+        return await self._leading(job_id, group_id).release(job_id, group_id, token, rank)
+
+    async def evict(self, job_id: str, group_id: str, *, reason: str, lost: bool = False) -> tuple[bool, bool]:
+        check_pair(job_id, group_id)
+        return await self._leading(job_id, group_id).evict(job_id, group_id, reason=reason, lost=lost)
+
+    async def status(self, group_id: str = "") -> list[GroupState]:
+        engine = self.engine
+        if engine is not None:
+            return await engine.status(group_id)
+        return await self.store.status(group_id)  # followers read what the leader committed
+
+    async def attach(self, job_id: str, group_id: str, rank: int, pid: int, footprint_bytes: int) -> Session:
+        check_pair(job_id, group_id)
+        engine = self._leading(job_id, group_id)
+        s = await engine.attach(job_id, group_id, rank, pid, footprint_bytes)
+        self._owner[s] = engine
+        log.debug("session of job %s rank %d (pid %d) attached to group %s", job_id, rank, pid, group_id)
+        return s
+
+    def heartbeat(self, s: Session, footprint_bytes: int) -> None:
+        engine = self._owner.get(s)
+        if engine is not None and engine is self.engine:
+            engine.heartbeat(s, footprint_bytes)
+
+    def command_result(self, command_id: str, ok: bool, error: str, nbytes: int, seconds: float) -> None:
+        if self.engine is not None:
+            self.engine.command_result(command_id, ok, error, nbytes, seconds)
+
+    async def detach(self, s: Session, why: str) -> None:
+        engine = self._owner.pop(s, None)
+        log.debug("session of job %s rank %d in group %s ended (%s)", s.job_id, s.rank, s.group_id, why)
+        if engine is not None and engine is self.engine:
+            await engine.detach(s, why)
+        else:
+            s.alive = False  # a session of an ended term: the next leader judges the job
+
+__all__ = ["EtcdOrchestrator", "Replica", "advertised_address"]
