@@ -120,7 +120,8 @@ def test_platform_limits_are_refused_up_front(target, kw, version, words):
 
 def test_nccl_process_is_refused(tmp_path):
     (tmp_path / "4242").mkdir()
-    (tmp_path / "4242" / "maps").write_text("7f00-7f01 r-xp 0 00:00 1 /usr/lib/libnccl.so.2\n")
+    (tmp_path / "4242" / "maps").write_text("7f00-7f01 r-xp 0 00:00 1 /usr/lib/libnccl.so.2\n"
+                                            "7f02-7f03 rw-s 0 00:05 9 /dev/shm/nccl-Ab12Cd\n")
     drv = FakeCudaDriver()
     with _agent(drv, proc_root=str(tmp_path)) as (ep, _), grpc.insecure_channel(ep) as ch:
         with pytest.raises(grpc.RpcError) as info:

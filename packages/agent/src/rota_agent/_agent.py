@@ -146,15 +146,15 @@ class Agent:
         if job is not None and job.op is not None:
             raise Busy(f"job {job_id!r} already has {job.op.kind} operation {job.op.op_id} in flight; poll "
                        "GetOperation until it finishes, then retry", job_id=job_id, group_id=req.group)
+        if kind == "restore" and job is not None and job.state == pb.JOB_STATE_FAULTED:
+            raise WrongState(f"job {job_id!r} is FAULTED ({job.fault}); its parked state cannot be trusted: "
+                             "snapshot it again (retry) or restart the tenant", job_id=job_id, group_id=req.group)
         name, config = self._backend_of(kind, job, job_id, req)
         backend = self.backends[name]
         parsed = backend.parse(job, job_id, config) if not (kind == "restore" and config is _PARKED) \
             else job.parked_with[1]  # type: ignore[union-attr]
         if job is None:  # an explicit target (cuda pids, server endpoints): known from now on
             job = self.jobs[job_id] = Job(job_id, req.group, default_backend=name)
-        if kind == "restore" and job.state == pb.JOB_STATE_FAULTED:
-            raise WrongState(f"job {job_id!r} is FAULTED ({job.fault}); its parked state cannot be trusted: "
-                             "snapshot it again (retry) or restart the tenant", job_id=job_id, group_id=req.group)
         op = Operation(uuid.uuid4().hex, job_id, kind, name, time.monotonic())
         self.ops[op.op_id] = op
         while len(self.ops) > KEEP_OPERATIONS:

@@ -9,8 +9,11 @@ running its CPU threads throughout; its CUDA calls block while it is locked.
 Known limits, detected up front and refused with UNIMPLEMENTED instead of hanging:
 * only x86-64 Linux (the driver's API exists nowhere else);
 * driver older than 570 (CUDA 12.8) has no checkpoint API;
-* a process that loaded NCCL (its communicators hold IPC/network state the driver
-  cannot checkpoint) — use the ``app_channel`` backend with an adapter instead.
+* a process with live NCCL communicators (they hold IPC/network state the driver
+  cannot checkpoint): seen as NCCL shared-memory segments (``/dev/shm/nccl-*``) in its
+  maps or NCCL-named threads — use the ``app_channel`` backend with an adapter, or
+  destroy the communicators first. (Merely having libnccl loaded, as every CUDA
+  torch process does, is not refused.)
 CUDA IPC and UVM (managed) memory cannot be seen from outside the process: the
 driver then answers NOT_SUPPORTED, or a step may stall; every step therefore runs
 in a worker thread under a deadline, and a missed deadline faults the job with a
@@ -118,6 +121,20 @@ class LibCudaDriver:
         self._call("cuCheckpointProcessUnlock", self.lib.cuCheckpointProcessUnlock, pid, None)
 
 
+def _nccl_threads(task_dir: str) -> bool:
+    """True if a thread of the process is named by NCCL (its proxy/progress threads)."""
+    if not os.path.isdir(task_dir):
+        return False
+    for tid in os.listdir(task_dir):
+        try:
+            with open(os.path.join(task_dir, tid, "comm"), encoding="utf-8", errors="replace") as f:
+                if f.read().startswith("NCCL"):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 class CudaBackend:
     """Whole-process checkpoint of a job's pids; see the module docs for limits."""
 
@@ -175,12 +192,13 @@ class CudaBackend:
                                        "(wrong node, or the process exited)", job_id=job_id)
             try:
                 with open(maps, encoding="utf-8", errors="replace") as f:
-                    nccl = any("libnccl" in line for line in f)
+                    nccl = any("/dev/shm/nccl-" in line for line in f)
+                nccl = nccl or _nccl_threads(os.path.join(self.proc_root, str(pid), "task"))
             except OSError as exc:
                 raise Unsupported(f"cannot read {maps} ({exc.strerror}): the agent needs the host PID namespace "
                                   "and CAP_SYS_PTRACE to checkpoint other processes", job_id=job_id) from None
             if nccl:
-                raise Unsupported(f"pid {pid} of job {job_id!r} has NCCL loaded: NCCL communicators cannot be "
+                raise Unsupported(f"pid {pid} of job {job_id!r} has live NCCL communicators, which cannot be "
                                   "checkpointed by the CUDA driver; destroy them before parking or use the "
                                   "app_channel backend with an adapter", job_id=job_id)
         _ = self.driver  # driver present and new enough, or a clear error now
