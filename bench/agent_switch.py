@@ -233,7 +233,8 @@ def floor(device: str, nbytes: int, repeats: int = 3) -> dict:
     if device != "cuda":
         return {}
     n = min(nbytes, 8 * 10**9) // 2 * 2
-    buf = {"d1": torch.empty(n, dtype=torch.uint8, device="cuda"), "d2": torch.empty(n, dtype=torch.uint8, device="cuda"),
+    buf = {"d1": torch.empty(n, dtype=torch.uint8, device="cuda"),
+           "d2": torch.empty(n, dtype=torch.uint8, device="cuda"),
            "h1": torch.empty(n, dtype=torch.uint8, pin_memory=True),
            "h2": torch.empty(n, dtype=torch.uint8, pin_memory=True)}
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
