@@ -7,5 +7,5 @@ python3 -c 'import grpc, google.protobuf as p, torch; print("device has grpcio",
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 pkgs="packages/core packages/adapter-fsdp"
 [ -d packages/agent ] && pkgs="$pkgs packages/agent"
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site $pkgs
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site $pkgs
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
