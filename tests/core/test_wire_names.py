@@ -31,3 +31,16 @@ def test_committed_stubs_are_reproducible():
     r = subprocess.run([sys.executable, f"{ROOT}/scripts/gen_protos.py", "--check"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_orchestrator_serves_grpc_health(orchestrator):
+    """Kubernetes probes (rota k8s render) ask grpc.health.v1 on the orchestrator port."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    endpoint, _ = orchestrator
+    with grpc.insecure_channel(endpoint) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        for name in ("", "timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService", "rota.v1.RotaService"):
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, name

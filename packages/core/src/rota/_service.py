@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rota._engine import Orchestrator
 from rota._generated import rota_v1_pb2 as pb
@@ -188,12 +189,30 @@ def group_info(g: GroupState, policy: str = "") -> pb.GroupInfo:
                         tenants=tenants, policy=policy)
 
 
+SERVICE_NAMES = (
+    "",  # the whole server, what Kubernetes' grpc probes ask for
+    v1a.DESCRIPTOR.services_by_name["TimeSliceOrchestratorService"].full_name,
+    pb.DESCRIPTOR.services_by_name["RotaService"].full_name,
+)
+
+
+async def _health_servicer() -> health.aio.HealthServicer:
+    """grpc.health.v1 for probes: SERVING for the server and each orchestrator service."""
+    servicer = health.aio.HealthServicer()
+    for name in SERVICE_NAMES:
+        await servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return servicer
+
+
 async def serve(engine: Orchestrator, listen: str, *, extra: Callable[[grpc.aio.Server], None] | None = None
                 ) -> grpc.aio.Server:
     """Start a gRPC server for ``engine`` on ``listen`` (``host:port`` or ``unix:PATH``)."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     v1a_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(TimeSliceService(engine), server)
     pb_grpc.add_RotaServiceServicer_to_server(RotaService(engine), server)
+    health_servicer = await _health_servicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    engine.health = health_servicer  # type: ignore[attr-defined]  # HA stores flip it to NOT_SERVING on followers
     if extra is not None:
         extra(server)
     try:
