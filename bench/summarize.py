@@ -23,8 +23,8 @@ def main() -> None:
                         ("switch-cuda-keepcache.json", "adapter, memory kept in torch's cache")):
         d = _load(name)
         for r in (d or {}).get("results", []):
-            print(f"| {label} | {r['size_bytes'] / 1e9:.0f} GB | {r['park_s']:.3f} s = {r['park_ratio']:.2f}× floor "
-                  f"| {r['restore_s']:.3f} s = {r['restore_ratio']:.2f}× floor | {r['overlap_gbps']:.0f} GB/s "
+            print(f"| {label} | {r['size_bytes'] / 1e9:.0f} GB | {r['park_s']:.3f} s = {r['park_ratio']:.2f}x floor "
+                  f"| {r['restore_s']:.3f} s = {r['restore_ratio']:.2f}x floor | {r['overlap_gbps']:.0f} GB/s "
                   f"(bare copy {r['floor_overlap_gbps']:.0f}) | {name} |")
     for name in ("agent-cuda-4GB.json", "agent-cuda-40GB.json"):
         d = _load(name)
@@ -36,8 +36,8 @@ def main() -> None:
         for r in d.get("region_app_channel", []):
             best = min(r["switches"])
             print(f"| agent, region app_channel, release→grant end to end | {r['size_bytes'] / 1e9:.0f} GB | - | - | "
-                  f"best {best:.2f} s = {best / r['floor_switch_s']:.2f}× overlapped floor "
-                  f"(median {r['ratio_vs_floor']:.2f}×) | {name} |")
+                  f"best {best:.2f} s = {best / r['floor_switch_s']:.2f}x overlapped floor "
+                  f"(median {r['ratio_vs_floor']:.2f}x) | {name} |")
     demo = _load("demo-cuda-4GB.json")
     if demo:
         ts = demo["timesliced"]
