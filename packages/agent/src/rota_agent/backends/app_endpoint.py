@@ -80,6 +80,15 @@ class AppEndpointBackend:
         except ValueError:
             return raw.decode(errors="replace")
 
+    def call(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
+        """One HTTP call with this backend's deadline and error wording; the parsed JSON
+        answer (public so rota_vllm / rota_sglang reuse this protocol code)."""
+        return self._http(method, url, body)
+
+    def step(self, plan: EndpointPlan, endpoint: str, *, sleep: bool) -> None:
+        """Sleep (``sleep=True``) or wake one endpoint and check its state, synchronously."""
+        self._one(plan, endpoint, sleep)
+
     def _one(self, plan: EndpointPlan, ep: str, sleep: bool) -> None:
         if plan.app == pb.APP_SGLANG:
             path = "/release_memory_occupation" if sleep else "/resume_memory_occupation"

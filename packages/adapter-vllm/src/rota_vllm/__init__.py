@@ -1,0 +1,41 @@
+"""rota_vllm: vLLM inference engines that take turns on GPUs with trainers, through rota.
+
+Two shapes:
+
+* **In-process** (``vllm.LLM``)::
+
+      import rota, rota_vllm
+      gpu = rota.connect()
+      llm = LLM(model, enable_sleep_mode=True)
+      engine = rota_vllm.track(gpu, llm)            # park = llm.sleep(1|2), restore = wake_up
+      for step in range(n):
+          with gpu.turn():
+              engine.update_weights(trainer_weights)  # RL weight sync (collective_rpc)
+              rollouts = llm.generate(prompts, params)
+
+  The sleep level follows the park plan: OFFLOAD → level 1 (weights to host, KV cache
+  dropped), DISCARD → level 2 (both dropped); ``track(..., mode="discard")`` forces it.
+
+* **Server** (``rota vllm serve -- <vllm args>``): starts
+  ``python -m vllm.entrypoints.openai.api_server --enable-sleep-mode`` with
+  ``VLLM_SERVER_DEV_MODE=1`` on an internal port, joins rota as a tenant (and
+  registers with the node agent when ``ROTA_AGENT`` is set), and serves a proxy in
+  front of it: a request that arrives while the engine is parked waits for the
+  engine's turn and then runs; the turn is given back when requests stop.
+  :class:`VllmServer` pushes new weights into a served engine.
+
+vLLM is an optional extra (``pip install "rota-adapter-vllm[vllm]"``); nothing here
+imports it at import time. :mod:`rota_vllm.serving` is shared with :mod:`rota_sglang`.
+"""
+
+from __future__ import annotations
+
+from rota_vllm._compat import FIX, VLLM_SPEC, check_server, require_vllm
+from rota_vllm._llm import TAGS, TrackedLLM, TrackingError, track
+from rota_vllm._server import VllmServer, engine_command
+from rota_vllm._versions import UnsupportedVersion
+from rota_vllm.serving import EndpointClient, ServeConfig, Served, ServingError, TurnGate, TurnProxy, serve_app
+
+__all__ = ["FIX", "TAGS", "VLLM_SPEC", "EndpointClient", "ServeConfig", "Served", "ServingError", "TrackedLLM",
+           "TrackingError", "TurnGate", "TurnProxy", "UnsupportedVersion", "VllmServer", "check_server",
+           "engine_command", "require_vllm", "serve_app", "track"]

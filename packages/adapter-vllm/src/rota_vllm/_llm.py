@@ -1,0 +1,184 @@
+"""``track(gpu, llm)``: park an in-process vLLM ``LLM`` with its own sleep mode.
+
+Who calls it: an RL or batch-inference script that builds ``vllm.LLM(...,
+enable_sleep_mode=True)`` and shares the GPU through rota::
+
+    gpu = rota.connect()
+    engine = rota_vllm.track(gpu, llm)                 # mode from the park plan
+    with gpu.turn():                                   # wakes the engine if parked
+        engine.update_weights(trainer_state.items())   # optional: RL weight sync
+        outs = llm.generate(prompts, params)
+
+Park (``rota_park``): ``llm.sleep(level=1)`` for an OFFLOAD plan (weights copied to
+host, KV cache dropped), ``level=2`` for DISCARD (both dropped; the weights must be
+pushed again with :meth:`TrackedLLM.update_weights` after the wake, which is what an
+RL loop does anyway). ``dropped`` records what the last park lost.
+
+Restore (``rota_restore``): ``llm.wake_up(tags=...)``; after a level-2 park the
+weights come back first, alone, so a weight push fits before the KV cache returns
+(vLLM's documented order), then the rest.
+
+The ``LLM`` is duck-typed (``sleep``, ``wake_up``, ``collective_rpc``): vLLM itself is
+imported only for the version check, so tests use a small fake.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
+from rota.errors import InvalidArgument
+from rota_vllm._compat import require_vllm
+
+log = logging.getLogger(__name__)
+
+TAGS = ("weights", "kv_cache")
+
+
+class TrackingError(InvalidArgument):
+    """``track`` got an engine it cannot park (no sleep mode, tracked twice...)."""
+
+
+_lock = threading.Lock()
+_tracked: dict[int, TrackedLLM] = {}
+
+
+def _load_weights_on_worker(worker: Any, named: list[tuple[str, Any]]) -> None:
+    """Runs inside each vLLM worker (``collective_rpc``): load ``named`` tensors into its model."""
+    worker.model_runner.model.load_weights(weights=named)
+
+
+class TrackedLLM:
+    """One tracked ``LLM``; its hooks answer only for ``gpu``."""
+
+    def __init__(self, gpu: Gpu, llm: Any, mode: ParkMode | None) -> None:
+        self.gpu, self.llm, self.mode = gpu, llm, mode
+        self.parked_level = 0  # 0 = awake
+        self.dropped: tuple[str, ...] = ()
+        self.weights_stale = False  # after a level-2 park, until update_weights
+        self.history: list[tuple[str, Any]] = []
+        self._name = f"rota-vllm-{gpu.tenant}-{id(llm):x}"
+
+    def level_for(self, plan: ParkPlan) -> int:
+        """The sleep level a park with ``plan`` uses: 2 for DISCARD (or weights in ``plan.discard``)."""
+        mode = self.mode if self.mode is not None else plan.mode
+        return 2 if mode == ParkMode.DISCARD or "weights" in plan.discard else 1
+
+    @hookimpl
+    def rota_park(self, tenant: Gpu, plan: ParkPlan) -> ParkResult | None:
+        if tenant is not self.gpu or self.parked_level:
+            return None
+        level = self.level_for(plan)
+        t0 = time.perf_counter()
+        self.llm.sleep(level=level)
+        self.parked_level = level
+        self.dropped = ("weights", "kv_cache") if level == 2 else ("kv_cache",)
+        self.weights_stale = self.weights_stale or level == 2
+        self.history.append(("sleep", level))
+        log.info("vLLM of %s asleep at level %d (dropped %s)", tenant.tenant, level, ", ".join(self.dropped))
+        return ParkResult(seconds=time.perf_counter() - t0)
+
+    @hookimpl
+    def rota_restore(self, tenant: Gpu, plan: ParkPlan) -> ParkResult | None:
+        if tenant is not self.gpu or not self.parked_level:
+            return None
+        t0 = time.perf_counter()
+        wanted = [t for t in TAGS if plan.wants(t)]
+        if self.parked_level == 2 and len(wanted) == len(TAGS):
+            self.llm.wake_up(tags=["weights"])  # weights first: room for a weight push
+            self.llm.wake_up(tags=["kv_cache"])
+            self.history += [("wake_up", ("weights",)), ("wake_up", ("kv_cache",))]
+        elif len(wanted) == len(TAGS):
+            self.llm.wake_up()
+            self.history.append(("wake_up", None))
+        else:
+            self.llm.wake_up(tags=wanted)
+            self.history.append(("wake_up", tuple(wanted)))
+        self.parked_level = 0
+        return ParkResult(seconds=time.perf_counter() - t0)
+
+    @hookimpl
+    def rota_footprint(self, tenant: Gpu) -> dict[str, int] | None:
+        """1 byte while awake (vLLM preallocates its memory; the exact size is not asked), 0 asleep.
+
+        Nonzero so the orchestrator parks the engine whenever another tenant needs the group.
+        """
+        if tenant is not self.gpu:
+            return None
+        return {"engine": 0 if self.parked_level else 1}
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]],
+                       loader: Callable[[Any, list[tuple[str, Any]]], None] | None = None) -> int:
+        """Push new weights (``(name, tensor)`` pairs, e.g. ``model.state_dict().items()``) into the engine.
+
+        Call it inside a turn (the engine must be awake). Runs ``loader(worker, named)``
+        on every vLLM worker through ``llm.collective_rpc`` (default: the model's own
+        ``load_weights``); returns how many tensors were sent. With a multi-process
+        engine vLLM pickles ``loader``: set ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` or
+        pass a worker-extension method name via ``llm.collective_rpc`` yourself.
+        """
+        if self.parked_level:
+            raise TrackingError(f"the vLLM engine of job {self.gpu.tenant!r} is asleep (level "
+                                f"{self.parked_level}); push weights inside `with gpu.turn():`",
+                                job_id=self.gpu.tenant, group_id=self.gpu.group)
+        named = list(named_tensors)
+        if not named:
+            raise TrackingError("update_weights got no tensors; pass (name, tensor) pairs such as "
+                                "model.state_dict().items()", job_id=self.gpu.tenant)
+        for item in named:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+                raise TrackingError(f"update_weights: {type(item).__name__} {str(item)[:60]!r} is not a "
+                                    "(name, tensor) pair", job_id=self.gpu.tenant)
+        self.llm.collective_rpc(loader or _load_weights_on_worker, args=(named,))
+        self.weights_stale = False
+        self.history.append(("update_weights", len(named)))
+        return len(named)
+
+    def untrack(self) -> None:
+        """Stop parking this engine (wakes it first if parked)."""
+        if self.parked_level:
+            self.rota_restore(self.gpu, ParkPlan())
+        self.gpu.pm.unregister(name=self._name)
+        with _lock:
+            _tracked.pop(id(self.llm), None)
+
+
+def track(gpu: Gpu, llm: Any, *, mode: ParkMode | str | None = None, check_version: bool = True) -> TrackedLLM:
+    """Let rota park ``llm`` (a ``vllm.LLM`` built with ``enable_sleep_mode=True``) between ``gpu``'s turns.
+
+    :param mode: force ``"offload"`` (sleep level 1) or ``"discard"`` (level 2) for every
+        park; default: the park plan's mode (OFFLOAD unless the orchestrator or agent says).
+    :param check_version: check the installed vLLM first (off only for fakes in tests).
+    :raises rota_vllm.UnsupportedVersion: vLLM missing or outside the targeted versions.
+    :raises TrackingError: ``llm`` has no sleep mode, or is already tracked.
+    """
+    if check_version:
+        require_vllm()
+    if mode is not None and not isinstance(mode, ParkMode):
+        try:
+            mode = ParkMode(mode)
+        except ValueError:
+            raise TrackingError(f"mode={mode!r} is not 'offload' (sleep level 1) or 'discard' (level 2)",
+                                job_id=gpu.tenant) from None
+    for attr in ("sleep", "wake_up", "collective_rpc"):
+        if not callable(getattr(llm, attr, None)):
+            raise TrackingError(f"{type(llm).__name__} has no {attr}(); pass a vllm.LLM (vLLM >= 0.10)",
+                                job_id=gpu.tenant, group_id=gpu.group)
+    cfg = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None), "model_config", None)
+    if cfg is not None and getattr(cfg, "enable_sleep_mode", True) is False:
+        raise TrackingError("this LLM was built without sleep mode; create it with "
+                            "LLM(..., enable_sleep_mode=True)", job_id=gpu.tenant, group_id=gpu.group)
+    with _lock:
+        if id(llm) in _tracked:
+            raise TrackingError(f"this LLM is already tracked by job {_tracked[id(llm)].gpu.tenant!r}; call "
+                                "untrack() first", job_id=gpu.tenant)
+        tracked = _tracked[id(llm)] = TrackedLLM(gpu, llm, mode)
+    gpu.pm.register(tracked, name=tracked._name)
+    return tracked
+
+
+__all__ = ["TAGS", "TrackedLLM", "TrackingError", "track"]

@@ -1,0 +1,34 @@
+"""rota plugin of rota-adapter-vllm: ``rota vllm serve``; a version check when loaded.
+
+Registered under the ``rota`` entry-point group. Loading it never imports vLLM: an
+installed vLLM outside :data:`rota_vllm._compat.VLLM_SPEC` is reported once in the
+log with the ``pip install`` that fixes it; ``track`` and ``serve`` refuse it.
+"""
+
+from __future__ import annotations
+
+import click
+
+from rota import hookimpl
+from rota_vllm._compat import check_server, warn_on_load
+from rota_vllm._server import ENGINE_ENV, engine_command
+from rota_vllm.clikit import make_serve
+
+warn_on_load()
+
+
+@click.group()
+def vllm() -> None:
+    """vLLM engines that take turns on a GPU (sleep/wake through rota)."""
+
+
+vllm.add_command(make_serve(
+    "vllm", engine_command, ENGINE_ENV, check_server,
+    "Everything after `--` goes to `python -m vllm.entrypoints.openai.api_server` (with --enable-sleep-mode "
+    "and VLLM_SERVER_DEV_MODE=1 added), e.g.\n\n  rota vllm serve --listen 0.0.0.0:8000 -- Qwen/Qwen3-0.6B "
+    "--dtype bfloat16"))
+
+
+@hookimpl
+def rota_cli(cli: click.Group) -> None:
+    cli.add_command(vllm)
