@@ -1,0 +1,45 @@
+"""rota_megatron: park Megatron-Core trainers (model chunks, DDP buffers, optimizer) between turns.
+
+One call makes a Megatron-Core training job time-sliceable::
+
+    import rota, rota_megatron
+    gpu = rota.connect()
+    model = get_model(...)                               # list of chunks (virtual pipeline)
+    optimizer = get_megatron_optimizer(config, model)    # DistributedOptimizer too
+    tracked = rota_megatron.track(gpu, model, optimizer)
+    for batch in data:
+        with gpu.turn():                                 # restores parked state first
+            train_step(model, optimizer, batch)
+
+Each rank parks its own tensors (its DDP buffers and its optimizer shard); process
+groups stay alive. The moving is done by :mod:`rota.tensors`, the guards and hooks
+are those of :mod:`rota_fsdp` (see :mod:`rota_megatron._tracked` for what is parked).
+Importing checks the installed megatron-core version (:func:`check_megatron`).
+"""
+
+from __future__ import annotations
+
+from rota_megatron._compat import PIP_FIX, SUPPORTED, MegatronVersionError, check_megatron
+
+MEGATRON_VERSION = check_megatron()
+
+from rota_fsdp import TAGS, AlreadyTracked, BackwardInFlight, DeviceMismatch, HoldsTurn, TrackingError  # noqa: E402
+from rota_megatron._tracked import MegatronTracked, ddp_buffers, leaf_optimizers, track  # noqa: E402
+
+__all__ = [
+    "MEGATRON_VERSION",
+    "PIP_FIX",
+    "SUPPORTED",
+    "TAGS",
+    "AlreadyTracked",
+    "BackwardInFlight",
+    "DeviceMismatch",
+    "HoldsTurn",
+    "MegatronTracked",
+    "MegatronVersionError",
+    "TrackingError",
+    "check_megatron",
+    "ddp_buffers",
+    "leaf_optimizers",
+    "track",
+]
