@@ -6,6 +6,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 python3 -c 'import grpc, google.protobuf as p, torch; print("device has grpcio", grpc.__version__, "protobuf", p.__version__, "torch", torch.__version__, "gpus", torch.cuda.device_count())'
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 pkgs="packages/core packages/adapter-fsdp"
+[ -d packages/adapter-megatron ] && pkgs="$pkgs packages/adapter-megatron"  # needs megatron-core's wheel in .whl/
 [ -d packages/agent ] && pkgs="$pkgs packages/agent"
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site $pkgs
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH

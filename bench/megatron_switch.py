@@ -112,7 +112,7 @@ def checksums(chunks: list[torch.nn.Module], opt: Any) -> dict[str, int]:
     out = {}
     for name, t in named:
         t = t.detach().contiguous()
-        ints = t.view(INT_VIEW[t.element_size()]).to(torch.int64)
+        ints = t.view(INT_VIEW[t.element_size()]).reshape(-1).to(torch.int64)
         out[name] = int((ints * torch.arange(1, ints.numel() + 1, device=ints.device).remainder(1009)).sum())
     return out
 
@@ -176,9 +176,10 @@ def main() -> None:
     from rota.testing import free_port
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("nccl" if big else "gloo", rank=0, world_size=1)
     if big:
         torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if big else "gloo", rank=0, world_size=1)
+    if big:
         torch.use_deterministic_algorithms(True, warn_only=True)
         device = torch.device("cuda", 0)
     else:
