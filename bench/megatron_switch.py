@@ -30,6 +30,7 @@ import logging
 import os
 import platform
 import statistics
+import sys
 import time
 import warnings
 from typing import Any
@@ -46,6 +47,26 @@ INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def hide_broken_tensorboard() -> None:
+    """Let megatron-core load where ``torch.utils.tensorboard`` raises something other than ImportError.
+
+    ``megatron.core.timers`` imports tensorboard inside ``except ImportError``. On the
+    H200 machine ``bench/device_env.sh`` puts protobuf 5.29.6 (rota's pinned wheel) in
+    front of a tensorboard generated for protobuf 6.31, whose import raises
+    ``google.protobuf.runtime_version.VersionError`` and took megatron-core down with
+    it (2026-11-29). Marking the module absent turns that into the ImportError
+    Megatron expects; the bench logs nothing to tensorboard.
+    """
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError:
+        pass
+    except Exception as exc:  # any failure here is the environment's (see docstring), not ours
+        log.warning("torch.utils.tensorboard fails to import (%s: %s); hiding it so megatron-core loads",
+                    type(exc).__name__, str(exc)[:160])
+        sys.modules["torch.utils.tensorboard"] = None  # type: ignore[assignment]
 
 
 def build(ns: argparse.Namespace, device: torch.device) -> tuple[list[torch.nn.Module], Any]:
@@ -172,6 +193,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[megatron_switch %(asctime)s] %(message)s")
     warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)) if big else 1)
+    hide_broken_tensorboard()
 
     from rota.testing import free_port
 
