@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from fsdp_testlib import make_model, make_optimizer, train_step
 
 import rota_fsdp
+from rota.tensors import VerifyError
 
 
 def test_checkpoint_from_parked_equals_live_after_restore(connect, tmp_path):
@@ -52,3 +54,6 @@ def test_checkpoint_is_a_copy_not_a_view_of_the_pool(connect):
     for chunk in tracked.parker.pool.chunks:
         chunk.zero_()
     assert torch.count_nonzero(weight) > 0
+    with pytest.raises(VerifyError, match="does not match its fingerprint"):  # the zeroed pool is caught
+        tracked.restore()
+    tracked.parker.verify = "off"  # let teardown restore the (zeroed) copy

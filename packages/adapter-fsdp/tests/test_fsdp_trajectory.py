@@ -53,7 +53,7 @@ def test_a_changed_byte_would_be_seen(connect):
     gpu = connect("trainer")
     model = make_model()
     opt = make_optimizer(model)
-    tracked = rota_fsdp.track(gpu, model, opt)
+    tracked = rota_fsdp.track(gpu, model, opt, verify="off")  # unchecked: the corruption reaches training
     losses = []
     for i in range(5):
         with gpu.turn():

@@ -24,6 +24,15 @@ What is parked, per tag:
 * ``optimizer`` — every tensor in ``optimizer.state``, re-read on each park because
   optimizers create their state lazily on the first step.
 
+Switch guarantees (see :mod:`rota.tensors._guard`): every park reports its residue —
+tracked tags still on the device, and ``untracked:MODULE.ATTR`` for tensors hanging off
+the model's modules on its device that are neither parameters nor buffers (a
+"forgotten" tensor), plus allocator totals on CUDA; the client faults the park when
+the residue passes ``ROTA_RESIDUE_MAX_BYTES``. Restores are verified (``verify=``),
+bounded (``deadline_s=``) and refused without room. A discarded ``weights`` or
+``optimizer`` tag must be re-created by a ``recreate={"weights": fn}`` callback, or the
+restore fails naming it; discarded ``grads`` come back zero-filled.
+
 Invariants enforced here (each a clear error): one device per tenant, a model or
 parameter is tracked once, no park while a backward pass through the model is in
 flight or while the tenant holds its turn, no forward while parked.
@@ -35,7 +44,7 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -139,15 +148,19 @@ class Tracked:
     """
 
     def __init__(self, gpu: Gpu, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                 tags: tuple[str, ...], discard: frozenset[str], device: torch.device, release_cached: bool) -> None:
+                 tags: tuple[str, ...], discard: frozenset[str], device: torch.device, release_cached: bool,
+                 verify: str | None = None, deadline_s: float | None = None,
+                 recreate: dict[str, Callable[[], None]] | None = None) -> None:
         self.gpu, self.model, self.optimizer = gpu, model, optimizer
         self.tags, self.discard, self.device = tags, discard, device
         self.parker = TensorParker(device, release_cached=release_cached,
-                                   name=f"{gpu.tenant}/{type(model).__name__}")
+                                   name=f"{gpu.tenant}/{type(model).__name__}", verify=verify, deadline_s=deadline_s)
+        recreate = recreate or {}
         # Order sets ownership of shared storages: weights, then optimizer, then grads.
         for tag in ("weights", "optimizer", "grads"):
             if tag in tags:
-                self.parker.add(tag, getattr(self, f"_{tag}"))
+                self.parker.add(tag, getattr(self, f"_{tag}"),
+                                on_discard=recreate.get(tag, "zeros" if tag == "grads" else "error"))
         self._backward_depth = 0
         self._plugin = _TenantPlugin(self)
         self._plugin_name = f"rota_fsdp:{gpu.tenant}:{gpu.rank}:{id(self):x}"
@@ -214,7 +227,33 @@ class Tracked:
         """
         tags, drop = self._park_args(plan)
         self._reshard()
-        return self.parker.park(tags, drop)
+        result = self.parker.park(tags, drop)
+        result.residue.update(self.untracked_residue())
+        return result
+
+    def untracked_residue(self) -> dict[str, int]:
+        """``untracked:MODULE.ATTR`` -> device bytes of tensors on the model's modules that rota does not park.
+
+        These are plain tensor attributes (not parameters or buffers) such as a cache
+        a module keeps on ``self``: they stay on the device across a park.
+        """
+        tracked = {k for k in self.parker._storages()} | set(self.parker._slots)
+        out: dict[str, int] = {}
+        seen: set[int] = set()
+        for path, module in self.model.named_modules():
+            for attr, value in vars(module).items():
+                if not isinstance(value, torch.Tensor) or isinstance(value, torch.nn.Parameter):
+                    continue
+                t = local_tensor(value)
+                if t.device != self.device or t.is_meta:
+                    continue
+                storage = t.untyped_storage()
+                key = storage._cdata
+                if key in tracked or key in seen or storage.nbytes() == 0:
+                    continue
+                seen.add(key)
+                out[f"untracked:{path + '.' if path else ''}{attr}"] = storage.nbytes()
+        return out
 
     def _park_args(self, plan: ParkPlan | None) -> tuple[list[str], set[str]]:
         """Check that parking is allowed now; the tags to park and to discard under ``plan``."""
@@ -343,7 +382,8 @@ class Tracked:
 
 def track(gpu: Gpu, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
           tags: Iterable[str] = TAGS, discard: Iterable[str] = (), device: torch.device | str | None = None,
-          pool_bytes: int | None = None, release_cached: bool = True) -> Tracked:
+          pool_bytes: int | None = None, release_cached: bool = True, verify: str | None = None,
+          deadline_s: float | None = None, recreate: dict[str, Callable[[], None]] | None = None) -> Tracked:
     """Make ``model`` (a module, DDP or FSDP2 model) and ``optimizer`` parkable for tenant ``gpu``.
 
     :param gpu: the tenant, from :func:`rota.connect`.
@@ -356,6 +396,12 @@ def track(gpu: Gpu, model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     :param pool_bytes: host pool size; default: an estimate of weights + grads +
         optimizer state. The pool is allocated in the background from here on.
     :param release_cached: on CUDA, hand freed memory back to the driver after a park.
+    :param verify: ``off``, ``sample`` or ``full`` checks of restored state (default ``ROTA_VERIFY`` or sample).
+    :param deadline_s: seconds a park or restore may take before it is rolled back
+        (default ``ROTA_SWITCH_DEADLINE_S``; 0 = none).
+    :param recreate: tag -> callback that rebuilds a *discarded* ``weights`` or
+        ``optimizer`` tag after a restore (e.g. reload weights); without one such a
+        restore fails naming the tag.
     :returns: the :class:`Tracked` handle (``untrack()``, ``state_dict()``, ``footprint()``).
     :raises TrackingError: a bad tag, a device mismatch, or a model tracked twice.
     """
@@ -368,8 +414,14 @@ def track(gpu: Gpu, model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     if not drop <= set(tags):
         raise TrackingError(f"discard {sorted(drop - set(tags))} names tags that are not tracked {tags}",
                             job_id=gpu.tenant, group_id=gpu.group)
-    if "weights" in drop:
-        log.warning("tenant %s: discarding weights means they come back as zeros after every park", gpu.tenant)
+    for tag in sorted(drop & {"weights", "optimizer"}):
+        if tag not in (recreate or {}):
+            log.warning("tenant %s: %s is discarded at park and has no recreate= callback: its restores will fail",
+                        gpu.tenant, tag)
+    bad = set(recreate or {}) - set(TAGS)
+    if bad or any(not callable(f) for f in (recreate or {}).values()):
+        raise TrackingError(f"recreate= must map tags of {TAGS} to callables; got {sorted(recreate or {})}",
+                            job_id=gpu.tenant, group_id=gpu.group)
     named = list(itertools.chain(model.named_parameters(), model.named_buffers()))
     if device is None:
         device = getattr(gpu, "device", None) or _devices.get(gpu)
@@ -403,7 +455,7 @@ def track(gpu: Gpu, model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
                                      f"{type(owner.model).__name__} of tenant {owner.gpu.tenant!r} (a parent or "
                                      "child module?); track each parameter once", job_id=gpu.tenant,
                                      group_id=gpu.group)
-        tracked = Tracked(gpu, model, optimizer, tags, drop, device, release_cached)
+        tracked = Tracked(gpu, model, optimizer, tags, drop, device, release_cached, verify, deadline_s, recreate)
         _models[id(model)] = tracked
         for p in model.parameters():
             _params[id(p)] = (weakref.ref(p), tracked)

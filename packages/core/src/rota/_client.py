@@ -15,6 +15,14 @@ Environment (each value is checked; a bad one raises :class:`rota.errors.ConfigE
     ROTA_PRIORITY      integer, higher first under the priority policy (default 0)
     ROTA_WEIGHT        positive share under the fair-share policy (default 1)
     ROTA_HEARTBEAT_S   seconds between heartbeats (default 1)
+    ROTA_RESIDUE_MAX_BYTES   device bytes a park may leave behind before it is a fault
+                       (default 256 MiB; see :func:`residue_fault`)
+
+Switch guarantees on this side: a park whose adapters report more residue than
+``ROTA_RESIDUE_MAX_BYTES`` is reported to the orchestrator as failed, naming what
+stayed, so the job is FAULTED (its state stays parked and is restored at its next
+turn) and the next tenant still runs. A restore that fails (refused verification, no
+room, deadline) releases the turn it was granted and raises; the state stays parked.
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ class Gpu:
         self.grant: Grant | None = None
         self.stats = TurnStats()
         self.parked = False
+        self.last_park = ParkResult()
         self._yield_requested = threading.Event()
         self._state_lock = threading.Lock()  # serialises park, restore and turn start
         self._turn_started = 0.0
@@ -100,7 +109,16 @@ class Gpu:
         self.stats.events.append(("wait", t0, t1))
         with self._state_lock:
             if self.parked:
-                result = self._run_snapshot_hooks(self.pm.hook.rota_restore, ParkPlan(token=grant.token))
+                try:
+                    result = self._run_snapshot_hooks(self.pm.hook.rota_restore, ParkPlan(token=grant.token))
+                except Exception as exc:  # rolled back by the adapter: give the turn back, stay parked
+                    log.error("restore of job %s rank %d in group %s failed: %s; releasing the turn (state stays "
+                              "parked; acquire again to retry)", self.tenant, self.rank, self.group, exc)
+                    with contextlib.suppress(RotaError, grpc.RpcError):
+                        self.pm.hook.rota_release(grant=grant, tenant=self)
+                    if isinstance(exc, RotaError):
+                        exc.job_id, exc.group_id = exc.job_id or self.tenant, exc.group_id or self.group
+                    raise
                 self.stats.restores.append(result)
                 self.stats.events.append(("restore", t1, time.monotonic()))
                 self.parked = False
@@ -208,6 +226,11 @@ class Gpu:
         self.stats.parks.append(result)
         self.stats.events.append(("park", t0, time.monotonic()))
         self.parked = True
+        self.last_park = result
+        fault = residue_fault(result, _residue_max())
+        if fault:
+            log.error("job %s rank %d in group %s: %s", self.tenant, self.rank, self.group, fault)
+            raise ResidueError(fault, job_id=self.tenant, group_id=self.group)
         return result
 
     def _run_snapshot_hooks(self, hook: pluggy.HookCaller, plan: ParkPlan) -> ParkResult:
@@ -219,6 +242,14 @@ class Gpu:
             total.bytes_moved += part.bytes_moved
             for tag, n in part.by_tag.items():
                 total.by_tag[tag] = total.by_tag.get(tag, 0) + n
+            for key, n in part.residue.items():  # process-wide totals are the same number in every part
+                total.residue[key] = max(total.residue.get(key, 0), n) if key.startswith("process:") else \
+                    total.residue.get(key, 0) + n
+            total.discarded += [t for t in part.discarded if t not in total.discarded]
+            total.recreated += [t for t in part.recreated if t not in total.recreated]
+            total.host_bytes += part.host_bytes
+            total.spilled_bytes += part.spilled_bytes
+            total.verify_seconds += part.verify_seconds
         total.seconds = time.perf_counter() - t0
         return total
 
@@ -282,6 +313,34 @@ class Gpu:
             return self.footprint_bytes()
         except Exception:  # an adapter mid-change must not kill the heartbeat
             return 0
+
+
+class ResidueError(RotaError):
+    """A park left more on the device than ``ROTA_RESIDUE_MAX_BYTES`` allows (the state is parked)."""
+
+
+def residue_fault(result: ParkResult, limit: int) -> str:
+    """A message naming what stayed on the device, or "" when the residue is within ``limit``.
+
+    The residue counted is the larger of what adapters attribute (tracked tags still
+    held, ``untracked:...`` tensors) and the allocator's total (``process:allocated``).
+    """
+    named = {k: v for k, v in result.residue.items() if not k.startswith("process:") and v > 0}
+    left = max(sum(named.values()), result.residue.get("process:allocated", 0))
+    if limit <= 0 or left <= limit:
+        return ""
+    what = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sorted(named.items(), key=lambda kv: -kv[1])[:8])
+    alloc = result.residue.get("process:allocated")
+    if alloc is not None:
+        what += f"{'; ' if what else ''}allocator: {alloc / 2**20:.1f} MiB allocated, " \
+                f"{result.residue.get('process:reserved', 0) / 2**20:.1f} MiB reserved"
+    return (f"park left {left / 2**20:.1f} MiB on the device (limit {limit / 2**20:.1f} MiB, "
+            f"ROTA_RESIDUE_MAX_BYTES): {what or 'unattributed'}; track or free it (e.g. register it as a buffer or "
+            "delete it before the turn ends)")
+
+
+def _residue_max() -> int:
+    return _env_int("ROTA_RESIDUE_MAX_BYTES", 256 << 20, minimum=0)
 
 
 def _channel(endpoint: str) -> grpc.Channel:

@@ -59,11 +59,24 @@ class ParkPlan:
 
 @dataclass
 class ParkResult:
-    """Bytes an adapter moved for one park or restore, and how long it took."""
+    """Bytes an adapter moved for one park or restore, and how long it took.
+
+    ``residue`` (park): device bytes left behind, by tag or category (``untracked:NAME``,
+    ``process:allocated``...). ``discarded`` (park and restore): tags dropped, not
+    restored; ``recreated`` (restore): discarded tags the adapter rebuilt.
+    ``host_bytes``: the host pool behind it; ``spilled_bytes``: the part of it in a
+    spill file instead of pinned memory. ``verify_seconds``: spent on fingerprints.
+    """
 
     bytes_moved: int = 0
     seconds: float = 0.0
     by_tag: dict[str, int] = field(default_factory=dict)
+    residue: dict[str, int] = field(default_factory=dict)
+    discarded: list[str] = field(default_factory=list)
+    recreated: list[str] = field(default_factory=list)
+    host_bytes: int = 0
+    spilled_bytes: int = 0
+    verify_seconds: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,18 @@ Invariants, and why:
   only sees tensors, and setting ``.grad = None`` is the adapter's business.
 * Tensors on another device than the parker's (e.g. Adam's CPU ``step`` counters of a
   CUDA model) are skipped: they already live on the host.
+* **Transactional.** A park frees nothing until every copy is done (and its deadline
+  has not passed): a park that fails or times out leaves the tenant resident. A
+  restore checks first (discarded tags it cannot re-create, sampled fingerprints of
+  the host copy, free device memory for the whole footprint), then allocates, copies
+  and (``verify="full"``) compares device checksums; any failure frees what it
+  allocated and the parker stays parked with its host copy intact. See
+  :mod:`rota.tensors._guard` for the modes and environment variables.
+* **Staged restore.** Regions come back in tag order weights, optimizer, grads, then
+  everything else (caches), so the state a step needs first is on the device first.
+* **Discard is explicit.** A discarded tag is listed in ``ParkResult.discarded`` (or
+  ``recreated`` when its ``on_discard`` callback rebuilt it), never in ``by_tag`` of a
+  restore; a tag added with ``on_discard="error"`` makes the restore fail naming it.
 """
 
 from __future__ import annotations
@@ -40,9 +52,25 @@ from dataclasses import dataclass
 import torch
 
 from rota._types import ParkResult
+from rota.tensors._guard import (
+    Deadline,
+    DiscardedTag,
+    NoRoom,
+    VerifyError,
+    check_non_negative,
+    check_verify,
+    device_checksum,
+    device_free_bytes,
+    env_number,
+    env_verify,
+    host_sample,
+)
 from rota.tensors._pool import HostPool, align
 
 log = logging.getLogger(__name__)
+
+#: Restore order: the state a step needs first comes back first; unknown tags (caches) last.
+STAGE_ORDER = {"weights": 0, "optimizer": 1, "grads": 2}
 
 #: What a tag is fed with: a mapping name -> tensor, a list of tensors, or a callable
 #: returning (name, tensor) pairs that is called again on every park (for tensors that
@@ -60,6 +88,8 @@ class _Slot:
     nbytes: int
     tag: str
     offset: int  # byte offset in the pool; -1 when discarded (nothing copied)
+    name: str = ""  # first tensor seen on this storage (for error messages)
+    fp: object = None  # fingerprint taken at park: int (sample) or device tensor / int pair (full)
 
 
 @dataclass
@@ -70,6 +100,9 @@ class _Job:
     slots: list[_Slot]
     t0: float
     event: object | None = None
+    deadline: Deadline | None = None
+    sums: list[object] | None = None  # full-mode device checksums, one per copied slot
+    verify_s: float = 0.0
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -91,10 +124,17 @@ class TensorParker:
     :param release_cached: on CUDA, return freed memory to the driver after a park
         (``torch.cuda.empty_cache``) so *another process* can use it. Default True.
     :param name: for logs.
+    :param verify: ``off``, ``sample`` or ``full`` (default ``ROTA_VERIFY``, else ``sample``).
+    :param deadline_s: seconds one park or restore may take before it is rolled back
+        (default ``ROTA_SWITCH_DEADLINE_S``; 0 = no deadline).
+    :param free_bytes: how to learn the device's free bytes before a restore (default:
+        CUDA ``mem_get_info`` plus this process's cached blocks; unknown on CPU).
     """
 
     def __init__(self, device: torch.device | str, *, pool: HostPool | None = None,
-                 release_cached: bool = True, name: str = "") -> None:
+                 release_cached: bool = True, name: str = "", verify: str | None = None,
+                 deadline_s: float | None = None,
+                 free_bytes: Callable[[torch.device], int | None] = device_free_bytes) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -108,13 +148,27 @@ class TensorParker:
         self._parked = False
         self._lock = threading.RLock()
         self._stream: object | None = None
+        self.verify = check_verify(verify) if verify is not None else env_verify()
+        check_non_negative("deadline_s", deadline_s)
+        self.deadline_s = deadline_s if deadline_s is not None else env_number("ROTA_SWITCH_DEADLINE_S", 0.0)
+        self.free_bytes = free_bytes
+        self._on_discard: dict[str, str | Callable[[], None]] = {}
+        self.last_residue: dict[str, int] = {}
 
     # ------------------------------------------------------------ registration
 
-    def add(self, tag: str, tensors: NamedTensors) -> None:
-        """Track ``tensors`` under ``tag``. Tags added first own storages shared with later tags."""
+    def add(self, tag: str, tensors: NamedTensors, *, on_discard: str | Callable[[], None] = "zeros") -> None:
+        """Track ``tensors`` under ``tag``. Tags added first own storages shared with later tags.
+
+        ``on_discard`` says what a restore does with the tag after a discard-mode park:
+        ``"zeros"`` (come back zero-filled, e.g. grads), ``"error"`` (the restore fails
+        naming the tag), or a callable run after the restore that re-creates the values.
+        """
         if not tag:
             raise ValueError("a tag must be a non-empty string (e.g. 'weights')")
+        if not callable(on_discard) and on_discard not in ("zeros", "error"):
+            raise ValueError(f"on_discard={on_discard!r} for tag {tag!r}: use 'zeros', 'error' or a callable")
+        self._on_discard[tag] = on_discard
         with self._lock:
             if self._parked:
                 raise RuntimeError(f"parker {self.name!r}: cannot add tensors while parked; restore first")
@@ -194,21 +248,36 @@ class TensorParker:
 
     # ------------------------------------------------------------ park/restore
 
-    def park(self, tags: Iterable[str] | None = None, discard: Iterable[str] = ()) -> ParkResult:
+    def park(self, tags: Iterable[str] | None = None, discard: Iterable[str] = (),
+             deadline_s: float | None = None) -> ParkResult:
         """Copy the storages of ``tags`` (default: all) to the pool, then free them on the device.
 
-        Storages owned by a tag in ``discard`` are freed without copying and come back
-        zero-filled. Parking an already parked parker does nothing.
+        Storages owned by a tag in ``discard`` are freed without copying. Parking an
+        already parked parker does nothing. ``deadline_s`` (default: the parker's)
+        bounds the park; past it nothing is freed and :class:`SwitchTimeout` is raised.
+        ``ParkResult.residue`` holds the device bytes of tracked tags left behind.
         """
         with self._lock:
-            job = self._begin_park(tags, discard)
+            job = self._begin_park(tags, discard, deadline_s)
             return self._finish(job)
 
-    def restore(self) -> ParkResult:
-        """Resize every parked storage back and copy its bytes in (zero-fill discarded ones)."""
+    def restore(self, deadline_s: float | None = None) -> ParkResult:
+        """Check, reserve, then bring every parked storage back (staged: weights first).
+
+        :raises DiscardedTag: a discarded tag added with ``on_discard="error"``.
+        :raises VerifyError: the host copy (sample) or the restored bytes (full) differ
+            from what was parked; the parker stays parked.
+        :raises NoRoom: the device has less free memory than the footprint.
+        :raises SwitchTimeout: past ``deadline_s``; rolled back, still parked.
+        """
         with self._lock:
-            job = self._begin_restore()
+            job = self._begin_restore(deadline_s)
             return self._finish(job)
+
+    def residue(self) -> dict[str, int]:
+        """Device bytes that tracked tags still hold (all zero right after a full park)."""
+        with self._lock:
+            return {tag: n for tag, n in self.device_bytes().items() if n}
 
     def host_tensor(self, t: torch.Tensor) -> torch.Tensor:
         """A fresh CPU copy of tracked tensor ``t``, from the host pool while parked.
@@ -264,11 +333,13 @@ class TensorParker:
             dev[at:at + part.numel()].copy_(part, non_blocking=non_blocking)
             at += part.numel()
 
-    def _begin_park(self, tags: Iterable[str] | None, discard: Iterable[str]) -> _Job:
+    def _begin_park(self, tags: Iterable[str] | None, discard: Iterable[str],
+                    deadline_s: float | None = None) -> _Job:
         t0 = time.perf_counter()
         if self._parked:
             log.debug("parker %s: already parked", self.name)
             return _Job("noop", [], t0)
+        deadline = Deadline(self.deadline_s if deadline_s is None else deadline_s, f"park of {self.name!r}")
         drop = set(discard)
         found = self._storages(tags)
         slots: list[_Slot] = []
@@ -281,82 +352,171 @@ class TensorParker:
                 raise RuntimeError(f"parker {self.name!r}: tensor {name!r} (tag {tag!r}) has a storage that "
                                    "cannot be resized (from numpy or from_blob?); rota cannot park it")
             if tag in drop:
-                slots.append(_Slot(s, n, tag, -1))
+                slots.append(_Slot(s, n, tag, -1, name))
             else:
-                slots.append(_Slot(s, n, tag, need))
+                slots.append(_Slot(s, n, tag, need, name))
                 need += align(n)
+        deadline.check("collecting tensors")
         self.pool.wait()
         if need > self.pool.capacity:
             if self.pool.allocations:
                 log.warning("parker %s: tracked state grew to %.3f GB; growing the host pool (slow if pinned)",
                             self.name, need / 1e9)
             self.pool.reserve(need)
-        job = _Job("park", slots, t0)
+        job = _Job("park", slots, t0, deadline=deadline)
+        copied = [sl for sl in slots if sl.offset >= 0]
         if self.cuda:
             stream = self._side_stream()
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
-                for sl in slots:
-                    if sl.offset >= 0:
-                        self._copy_out(sl, non_blocking=True)
+                for sl in copied:
+                    self._copy_out(sl, non_blocking=True)
+                if self.verify == "full":
+                    job.sums = [device_checksum(self._view(sl.storage)) for sl in copied]
                 job.event = stream.record_event()
         else:
-            for sl in slots:
-                if sl.offset >= 0:
-                    self._copy_out(sl, non_blocking=False)
+            for sl in copied:
+                deadline.check(f"copying {sl.name!r} (tag {sl.tag!r})")
+                self._copy_out(sl, non_blocking=False)
+            if self.verify == "full":
+                job.sums = [device_checksum(self._view(sl.storage)) for sl in copied]
         return job
 
-    def _begin_restore(self) -> _Job:
-        return self._issue_restore(self._alloc_restore())
+    def _begin_restore(self, deadline_s: float | None = None) -> _Job:
+        return self._issue_restore(self._alloc_restore(deadline_s))
 
-    def _alloc_restore(self) -> _Job:
-        """Allocate every parked storage again (on the current stream: the one that will use it).
+    def _alloc_restore(self, deadline_s: float | None = None) -> _Job:
+        """Check, then allocate every parked storage again (on the current stream: the one that will use it).
 
-        Device allocation implicitly synchronises streams, so an overlapped switch
-        allocates *before* it issues any copy (see :func:`overlap`).
+        Nothing is allocated unless every check passes: discarded tags can be
+        re-created, the sampled host windows match (``verify="sample"``), and the
+        device has room for the whole footprint. Device allocation implicitly
+        synchronises streams, so an overlapped switch allocates *before* it issues any
+        copy (see :func:`overlap`).
         """
         t0 = time.perf_counter()
         if not self._parked:
             return _Job("noop", [], t0)
-        slots = list(self._slots.values())
-        for sl in slots:
-            sl.storage.resize_(sl.nbytes)
-        return _Job("restore", slots, t0)
+        deadline = Deadline(self.deadline_s if deadline_s is None else deadline_s, f"restore of {self.name!r}")
+        slots = sorted(self._slots.values(), key=lambda sl: STAGE_ORDER.get(sl.tag, len(STAGE_ORDER)))
+        refuse = sorted({sl.tag for sl in slots if sl.offset < 0 and self._on_discard.get(sl.tag) == "error"})
+        if refuse:
+            raise DiscardedTag(f"parker {self.name!r}: tag(s) {refuse} were discarded at park and cannot be "
+                               "re-created (added with on_discard='error'); reload them or park them in offload "
+                               "mode; the tenant stays parked")
+        verify_s = 0.0
+        if self.verify == "sample":
+            tv = time.perf_counter()
+            for sl in slots:
+                if sl.offset >= 0 and host_sample(self.pool.pieces(sl.offset, sl.nbytes), sl.nbytes) != sl.fp:
+                    raise VerifyError(f"parker {self.name!r}: host copy of {sl.name!r} (tag {sl.tag!r}, "
+                                      f"{sl.nbytes} bytes) does not match its fingerprint taken at park; restore "
+                                      "refused, the tenant stays parked (host memory corrupted or overwritten)")
+            verify_s = time.perf_counter() - tv
+        need = sum(sl.nbytes for sl in slots)
+        free = self.free_bytes(self.device)
+        if free is not None and need > free:
+            raise NoRoom(f"parker {self.name!r}: restore needs {need / 1e9:.3f} GB on {self.device} but only "
+                         f"{free / 1e9:.3f} GB is free; nothing was allocated, the tenant stays parked")
+        deadline.check("checks before allocating")
+        done: list[_Slot] = []
+        try:
+            for sl in slots:
+                sl.storage.resize_(sl.nbytes)
+                done.append(sl)
+        except BaseException:
+            for sl in done:
+                sl.storage.resize_(0)
+            raise
+        return _Job("restore", slots, t0, deadline=deadline, verify_s=verify_s)
 
     def _issue_restore(self, job: _Job) -> _Job:
         slots = job.slots
         if job.kind == "noop":
             return job
-        if self.cuda:
-            stream = self._side_stream()
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
+        try:
+            if self.cuda:
+                stream = self._side_stream()
+                stream.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(stream):
+                    for sl in slots:
+                        if sl.offset >= 0:
+                            self._copy_in(sl, non_blocking=True)
+                        else:
+                            self._view(sl.storage).zero_()
+                    if self.verify == "full":
+                        job.sums = [device_checksum(self._view(sl.storage)) for sl in slots if sl.offset >= 0]
+                    job.event = stream.record_event()
+            else:
                 for sl in slots:
+                    if job.deadline is not None:
+                        job.deadline.check(f"copying {sl.name!r} (tag {sl.tag!r}) back")
                     if sl.offset >= 0:
-                        self._copy_in(sl, non_blocking=True)
+                        self._copy_in(sl, non_blocking=False)
                     else:
                         self._view(sl.storage).zero_()
-                job.event = stream.record_event()
-        else:
-            for sl in slots:
-                if sl.offset >= 0:
-                    self._copy_in(sl, non_blocking=False)
-                else:
-                    self._view(sl.storage).zero_()
+                if self.verify == "full":
+                    job.sums = [device_checksum(self._view(sl.storage)) for sl in slots if sl.offset >= 0]
+        except BaseException:
+            self._rollback_restore(job)
+            raise
         return job
 
+    def _rollback_restore(self, job: _Job) -> None:
+        """Free what a failed restore allocated; the parker stays parked with its host copy."""
+        if self.cuda:  # the frees must come after any copy still in flight on the side stream
+            torch.cuda.current_stream(self.device).wait_stream(self._side_stream())
+        for sl in job.slots:
+            sl.storage.resize_(0)
+        log.warning("parker %s: restore rolled back; still parked", self.name)
+
+    def _wait(self, job: _Job) -> None:
+        """The one host wait of a park or restore, bounded by its deadline."""
+        if job.event is None:
+            return
+        if job.deadline is None or job.deadline.seconds == 0:
+            job.event.synchronize()
+            return
+        pause = 1e-4
+        while not job.event.query():
+            job.deadline.check("waiting for the copies")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+
     def _finish(self, job: _Job) -> ParkResult:
-        if job.event is not None:
-            job.event.synchronize()  # the one host wait of this park or restore
+        if job.kind == "restore":
+            try:
+                self._wait(job)
+                self._check_full(job)
+            except BaseException:
+                self._rollback_restore(job)
+                raise
+        else:
+            self._wait(job)  # a park past its deadline raises here, before anything is freed
         by_tag: dict[str, int] = {}
         moved = 0
+        discarded: list[str] = []
         for sl in job.slots:
             if sl.offset >= 0:
                 by_tag[sl.tag] = by_tag.get(sl.tag, 0) + sl.nbytes
                 moved += sl.nbytes
             else:
                 by_tag.setdefault(sl.tag, 0)
+                if sl.tag not in discarded:
+                    discarded.append(sl.tag)
+        result = ParkResult(bytes_moved=moved, by_tag=by_tag, host_bytes=self.pool.capacity,
+                            spilled_bytes=self.pool.spilled_bytes)
         if job.kind == "park":
+            tv = time.perf_counter()
+            copied = [sl for sl in job.slots if sl.offset >= 0]
+            if self.verify == "sample":
+                for sl in copied:
+                    sl.fp = host_sample(self.pool.pieces(sl.offset, sl.nbytes), sl.nbytes)
+            elif self.verify == "full" and job.sums is not None:
+                sums = torch.stack(job.sums).cpu().tolist() if job.sums else []  # type: ignore[arg-type]
+                for sl, fp in zip(copied, sums, strict=True):
+                    sl.fp = tuple(fp)
+            result.verify_seconds = time.perf_counter() - tv
             for sl in job.slots:  # everything is copied out: now free each distinct storage once
                 sl.storage.resize_(0)
             self._slots = {sl.storage._cdata: sl for sl in job.slots}
@@ -367,14 +527,44 @@ class TensorParker:
             self._parked = True
             if self.cuda and self.release_cached:
                 torch.cuda.empty_cache()
+            result.residue = self.residue()
+            if self.cuda:
+                result.residue["process:allocated"] = int(torch.cuda.memory_allocated(self.device))
+                result.residue["process:reserved"] = int(torch.cuda.memory_reserved(self.device))
+            result.discarded = discarded
+            self.last_residue = dict(result.residue)
         elif job.kind == "restore":
+            result.verify_seconds = job.verify_s
             self._slots = {}
             self._parked = False
+            for tag in discarded:
+                by_tag.pop(tag, None)
+                action = self._on_discard.get(tag, "zeros")
+                if callable(action):
+                    action()
+                    result.recreated.append(tag)
+                else:
+                    result.discarded.append(tag)
         seconds = time.perf_counter() - job.t0
+        result.seconds = seconds
         if job.kind != "noop":
             log.debug("parker %s: %s %d storages, %.3f GB in %.4f s", self.name, job.kind, len(job.slots),
                       moved / 1e9, seconds)
-        return ParkResult(bytes_moved=moved, seconds=seconds, by_tag=by_tag)
+        return result
+
+    def _check_full(self, job: _Job) -> None:
+        """``verify="full"``: compare the device checksums of the restored regions with the park's."""
+        if self.verify != "full" or not job.sums:
+            return
+        tv = time.perf_counter()
+        sums = torch.stack(job.sums).cpu().tolist()  # type: ignore[arg-type]
+        copied = [sl for sl in job.slots if sl.offset >= 0]
+        for sl, fp in zip(copied, sums, strict=True):
+            if sl.fp is not None and tuple(fp) != sl.fp:
+                raise VerifyError(f"parker {self.name!r}: restored bytes of {sl.name!r} (tag {sl.tag!r}, "
+                                  f"{sl.nbytes} bytes) do not match the checksum taken at park; restore refused "
+                                  "and rolled back, the tenant stays parked")
+        job.verify_s += time.perf_counter() - tv
 
 
 ParkSpec = TensorParker | tuple[TensorParker, Iterable[str] | None, Iterable[str]]
@@ -408,8 +598,10 @@ def overlap(park: Sequence[ParkSpec] | TensorParker = (),
         jobs_in = [p._alloc_restore() for p in restores]
         jobs_out = [p._begin_park(tags, discard) for p, tags, discard in specs]
         jobs_in = [p._issue_restore(j) for p, j in zip(restores, jobs_in, strict=True)]
-        into = [p._finish(j) for p, j in zip(restores, jobs_in, strict=True)]  # parks free (and sync) last
-        out = [p._finish(j) for p, j in zip(parks, jobs_out, strict=True)]
+        try:
+            into = [p._finish(j) for p, j in zip(restores, jobs_in, strict=True)]  # parks free (and sync) last
+        finally:  # a refused restore still lets the outgoing park complete (or time out) on its own
+            out = [p._finish(j) for p, j in zip(parks, jobs_out, strict=True)]
     finally:
         for p in everyone:
             p._lock.release()

@@ -7,6 +7,13 @@ carves it into slots on every park. The pool only grows, and only when the bytes
 park exceed its capacity; :attr:`HostPool.allocations` counts every allocation so a
 test can show that switching allocates nothing.
 
+Host-memory budget: every pool of this process counts against one budget
+(``budget_bytes=`` or ``ROTA_HOST_BUDGET_BYTES``; 0 = none). A pool that would grow past
+it either spills the missing part to a file in ``spill_dir`` (``ROTA_SPILL_DIR``; a
+memory-mapped file, so copies go through the page cache at disk speed, counted in
+:attr:`HostPool.spilled_bytes`) or, with no spill directory, raises
+:class:`HostBudgetExceeded` naming the numbers and both fixes.
+
 Used by :class:`rota.tensors.TensorParker`; thread-safe (a background reservation may
 race with the first park, which waits for it).
 """
@@ -15,10 +22,15 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
+import tempfile
 import threading
 import time
+import weakref
 
 import torch
+
+from rota.errors import ConfigError, PermanentError
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +40,39 @@ ALIGN = 512  # slot alignment in bytes: every dtype fits, and DMA likes it
 def align(nbytes: int) -> int:
     """``nbytes`` rounded up to the slot alignment."""
     return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+class HostBudgetExceeded(PermanentError):
+    """Growing a host pool would pass the process's host-memory budget and no spill directory is set."""
+
+
+_pools: weakref.WeakSet[HostPool] = weakref.WeakSet()  # every live pool: the process-wide account
+
+
+def host_bytes_in_use() -> tuple[int, int]:
+    """(pinned or in-memory bytes, spilled bytes) held by every host pool of this process."""
+    pools = list(_pools)
+    return sum(p.capacity - p.spilled_bytes for p in pools), sum(p.spilled_bytes for p in pools)
+
+
+def _env_budget() -> int:
+    raw = os.environ.get("ROTA_HOST_BUDGET_BYTES", "")
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"ROTA_HOST_BUDGET_BYTES={raw!r} is not an integer; set bytes >= 0 (0 = no budget) "
+                          "or unset it") from None
+    if value < 0:
+        raise ConfigError(f"ROTA_HOST_BUDGET_BYTES={raw!r} is negative; set bytes >= 0 (0 = no budget)")
+    return value
+
+
+def _check_spill_dir(path: str, source: str) -> str:
+    if path and not os.path.isdir(path):
+        raise ConfigError(f"{source}={path!r} is not a directory; create it or point {source} at one")
+    return path
 
 
 CHUNK = 1 << 30  # pinning holds the GIL: pin 1 GiB at a time so heartbeats keep flowing
@@ -44,9 +89,14 @@ class HostPool:
     :param pin: pin the buffer (page-locked) so device copies are asynchronous and at
         full bandwidth. Defaults to True when CUDA is available.
     :param chunk_bytes: bytes per chunk.
+    :param budget_bytes: host bytes all pools of this process may hold in memory
+        (default ``ROTA_HOST_BUDGET_BYTES``; 0 = unlimited).
+    :param spill_dir: where chunks past the budget go as memory-mapped files
+        (default ``ROTA_SPILL_DIR``; empty = refuse to grow past the budget).
     """
 
-    def __init__(self, *, pin: bool | None = None, chunk_bytes: int = CHUNK) -> None:
+    def __init__(self, *, pin: bool | None = None, chunk_bytes: int = CHUNK, budget_bytes: int | None = None,
+                 spill_dir: str | None = None) -> None:
         self.pin = torch.cuda.is_available() if pin is None else pin
         self.chunk_bytes = chunk_bytes
         self.chunks: list[torch.Tensor] = []
@@ -55,6 +105,15 @@ class HostPool:
         self.setup_seconds = 0.0  # total time spent allocating (off the switch path)
         self._lock = threading.Lock()
         self._pending: threading.Thread | None = None
+        if budget_bytes is not None and budget_bytes < 0:
+            raise ConfigError(f"budget_bytes={budget_bytes!r} is negative; pass bytes >= 0 (0 = no budget)")
+        self.budget_bytes = _env_budget() if budget_bytes is None else budget_bytes
+        self.spill_dir = _check_spill_dir(os.environ.get("ROTA_SPILL_DIR", "") if spill_dir is None else spill_dir,
+                                          "ROTA_SPILL_DIR" if spill_dir is None else "spill_dir")
+        self.spilled_bytes = 0  # part of the capacity that lives in spill files
+        self._spill_files: list[str] = []
+        self._error: BaseException | None = None
+        _pools.add(self)
 
     @property
     def capacity(self) -> int:
@@ -72,7 +131,7 @@ class HostPool:
     def reserve_async(self, nbytes: int) -> None:
         """Start :meth:`reserve` on a background thread; the next park waits for it."""
         self.wait()
-        thread = threading.Thread(target=self._grow, args=(nbytes,), name="rota-host-pool", daemon=True)
+        thread = threading.Thread(target=self._grow_bg, args=(nbytes,), name="rota-host-pool", daemon=True)
         self._pending = thread
         thread.start()
 
@@ -81,6 +140,9 @@ class HostPool:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
     def pieces(self, offset: int, nbytes: int) -> list[torch.Tensor]:
         """uint8 views covering ``nbytes`` at ``offset``, one per chunk touched, in order."""
@@ -102,6 +164,29 @@ class HostPool:
         parts = self.pieces(offset, nbytes)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    def _grow_bg(self, nbytes: int) -> None:
+        try:
+            self._grow(nbytes)
+        except BaseException as exc:  # raised again by the next wait()/park
+            log.error("host pool: background reservation of %.3f GB failed: %s", nbytes / 1e9, exc)
+            self._error = exc
+
+    def _room(self) -> int | None:
+        """Bytes this pool may still take in memory under the budget (None = unlimited)."""
+        if not self.budget_bytes:
+            return None
+        in_memory, _ = host_bytes_in_use()
+        return max(self.budget_bytes - in_memory, 0)
+
+    def _spill_chunk(self, size: int) -> torch.Tensor:
+        fd, path = tempfile.mkstemp(prefix="rota-spill-", suffix=".bin", dir=self.spill_dir)
+        os.close(fd)
+        self._spill_files.append(path)
+        chunk = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+        os.unlink(path)  # the mapping keeps it alive; nothing is left behind when the process ends
+        self.spilled_bytes += size
+        return chunk
+
     def _grow(self, nbytes: int) -> float:
         with self._lock:
             missing = nbytes - self.capacity
@@ -109,10 +194,23 @@ class HostPool:
                 return 0.0
             t0 = time.perf_counter()
             missing = align(missing)
+            room = self._room()
+            if room is not None and missing > room and not self.spill_dir:
+                in_memory, _ = host_bytes_in_use()
+                raise HostBudgetExceeded(
+                    f"host pool: parking needs {missing / 1e9:.3f} GB more host memory but the budget is "
+                    f"{self.budget_bytes / 1e9:.3f} GB and {in_memory / 1e9:.3f} GB is in use; raise "
+                    "ROTA_HOST_BUDGET_BYTES, or set ROTA_SPILL_DIR to spill parked state to disk")
             while missing > 0:
                 size = min(self.chunk_bytes, missing)
                 self._starts.append(self.capacity)
-                self.chunks.append(torch.empty(size, dtype=torch.uint8, pin_memory=self.pin))
+                room = self._room()
+                if room is not None and size > room:
+                    self.chunks.append(self._spill_chunk(size))
+                    log.warning("host pool: %.3f GB over the host budget spilled to a file in %s (parks and "
+                                "restores of it run at disk speed)", size / 1e9, self.spill_dir)
+                else:
+                    self.chunks.append(torch.empty(size, dtype=torch.uint8, pin_memory=self.pin))
                 missing -= size
                 time.sleep(0)  # let other threads (heartbeats) take the GIL between chunks
             self.allocations += 1
@@ -124,4 +222,4 @@ class HostPool:
 
     def __repr__(self) -> str:
         return (f"HostPool(capacity={self.capacity}, chunks={len(self.chunks)}, pinned={self.pin}, "
-                f"allocations={self.allocations})")
+                f"allocations={self.allocations}, spilled={self.spilled_bytes})")

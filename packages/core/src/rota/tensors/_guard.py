@@ -1,0 +1,169 @@
+"""Switch guarantees of :mod:`rota.tensors`: checked restores, deadlines, room checks, residue.
+
+Who uses it: :class:`rota.tensors.TensorParker` (fingerprints, deadlines, restore
+room check, residue of tracked storages) and torch adapters (``rota_fsdp``) for the
+configuration below and the error types they raise to the client, which turns them
+into a FAULT of the job with the message as its cause.
+
+Verification modes (``verify=`` or ``ROTA_VERIFY``):
+
+* ``off`` — nothing is checked.
+* ``sample`` (default) — at park, after the copies are done, a few 64-byte windows
+  of every region's *host copy* are hashed; at restore the same windows are hashed
+  again before anything is copied back. Cost: a few kilobytes read per region.
+  Catches host buffers that were overwritten, zeroed or handed to somebody else.
+* ``full`` — at park a checksum of every region's *device* bytes (64-bit wrapping
+  sum of its words, plus its tail bytes) is taken on the device before the region
+  is freed; at restore the same checksum is taken on the device after the copy-in
+  and compared before the turn starts. Checks the whole round trip; costs one
+  read of the state on the device per park and per restore.
+
+A restore that fails a check (or runs past its deadline, or finds no room) is rolled
+back: the regions are freed again and the parker stays parked with its host copy
+intact, so the restore can be retried and the host copy still checkpointed.
+
+Environment (each value is validated; errors name the value and the fix):
+    ROTA_VERIFY              off | sample | full (default sample)
+    ROTA_SWITCH_DEADLINE_S   seconds one park or restore may take (default 0 = none)
+    ROTA_RESIDUE_MAX_BYTES   device bytes a parked tenant may leave behind before the
+                             park is a fault (default 268435456 = 256 MiB)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+
+import torch
+
+from rota.errors import ConfigError, PermanentError, TransientError
+
+VERIFY_MODES = ("off", "sample", "full")
+SAMPLES = 16  # windows hashed per region in sample mode
+WINDOW = 64  # bytes per window
+DEFAULT_RESIDUE_MAX = 256 << 20
+
+
+class SwitchError(PermanentError):
+    """A park or restore could not be completed; it was rolled back (see the message)."""
+
+
+class VerifyError(SwitchError):
+    """A restored region's bytes differ from what was parked: the restore was refused."""
+
+
+class DiscardedTag(SwitchError):
+    """A tag parked in discard mode has no way to be re-created: it is not presented as restored."""
+
+
+class ResidueError(SwitchError):
+    """A park left more device memory behind than the configured threshold allows."""
+
+
+class SwitchTimeout(TransientError):
+    """A park or restore ran past its deadline and was rolled back."""
+
+
+class NoRoom(TransientError):
+    """The device lacks free memory for a restore; nothing was allocated."""
+
+
+def check_verify(value: str, source: str = "verify") -> str:
+    """``value`` if it is a verification mode, else a :class:`ConfigError` naming it."""
+    if value not in VERIFY_MODES:
+        raise ConfigError(f"{source}={value!r} is not a verification mode; use one of {', '.join(VERIFY_MODES)}")
+    return value
+
+
+def env_verify() -> str:
+    """``ROTA_VERIFY`` (default ``sample``), validated."""
+    return check_verify(os.environ.get("ROTA_VERIFY") or "sample", "ROTA_VERIFY")
+
+
+def env_number(name: str, default: float, *, integer: bool = False) -> float:
+    """A non-negative number from ``name`` (default when unset), validated."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"{name}={raw!r} is not {kind}; set {kind} >= 0 or unset it") from None
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} is negative; set a value >= 0 (0 disables it) or unset it")
+    return value
+
+
+def check_non_negative(name: str, value: float | None) -> None:
+    """Raise :class:`ConfigError` when ``value`` is negative."""
+    if value is not None and value < 0:
+        raise ConfigError(f"{name}={value!r} is negative; pass a value >= 0 (0 disables it)")
+
+
+class Deadline:
+    """A point in time a switch step must finish by; ``seconds`` of 0 or None means never."""
+
+    def __init__(self, seconds: float | None, what: str) -> None:
+        self.seconds = seconds or 0.0
+        self.what = what
+        self.at = time.monotonic() + self.seconds if self.seconds else float("inf")
+
+    def left(self) -> float:
+        return self.at - time.monotonic()
+
+    def check(self, step: str) -> None:
+        """Raise :class:`SwitchTimeout` when the deadline has passed (``step`` says where)."""
+        if time.monotonic() > self.at:
+            raise SwitchTimeout(f"{self.what}: ran past its {self.seconds:g} s deadline at {step}; rolled back "
+                                "(raise ROTA_SWITCH_DEADLINE_S / deadline_s if the state is just large)")
+
+
+def sample_positions(nbytes: int) -> list[int]:
+    """Byte offsets of the windows hashed in sample mode (first, last and evenly spread)."""
+    if nbytes <= SAMPLES * WINDOW:
+        return [0]
+    step = (nbytes - WINDOW) // (SAMPLES - 1)
+    return [i * step for i in range(SAMPLES)]
+
+
+def host_sample(pieces: list[torch.Tensor], nbytes: int) -> int:
+    """CRC32 of the sampled windows of a region held in host ``pieces`` (uint8 views, in order)."""
+    crc = 0
+    if nbytes <= SAMPLES * WINDOW:
+        for p in pieces:
+            crc = zlib.crc32(p.numpy().tobytes(), crc)
+        return crc
+    starts = [0]
+    for p in pieces[:-1]:
+        starts.append(starts[-1] + p.numel())
+    for pos in sample_positions(nbytes):
+        end = pos + WINDOW
+        for base, p in zip(starts, pieces, strict=True):
+            lo, hi = max(pos, base), min(end, base + p.numel())
+            if lo < hi:
+                crc = zlib.crc32(p[lo - base:hi - base].numpy().tobytes(), crc)
+    return crc
+
+
+def device_checksum(dev: torch.Tensor) -> torch.Tensor:
+    """A 2-element int64 tensor on ``dev``'s device: wrapping sum of its 8-byte words, sum of its tail."""
+    n = dev.numel()
+    whole = n // 8 * 8
+    words = dev[:whole].view(torch.int64).sum() if whole else torch.zeros((), dtype=torch.int64, device=dev.device)
+    tail = dev[whole:].to(torch.int64).sum() if n > whole else torch.zeros((), dtype=torch.int64, device=dev.device)
+    return torch.stack([words, tail])
+
+
+def device_free_bytes(device: torch.device) -> int | None:
+    """Free bytes on ``device`` (CUDA: ``mem_get_info`` plus this process's cached blocks); None if unknown."""
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free + max(cached, 0))
+
+
+__all__ = ["DiscardedTag", "NoRoom", "ResidueError", "SwitchError", "SwitchTimeout", "VerifyError",
+           "check_verify", "env_verify"]

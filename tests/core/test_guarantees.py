@@ -1,0 +1,132 @@
+"""Switch guarantees of rota.tensors in one process: checked restores, deadlines, room, staging, budgets."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from rota.errors import ConfigError
+from rota.tensors import (
+    DiscardedTag,
+    HostBudgetExceeded,
+    HostPool,
+    NoRoom,
+    SwitchTimeout,
+    TensorParker,
+    VerifyError,
+)
+
+
+def _parker(verify: str = "sample", **kw: object) -> tuple[TensorParker, torch.Tensor, torch.Tensor]:
+    parker = TensorParker("cpu", pool=HostPool(pin=False), verify=verify, **kw)
+    w, g = torch.randn(4096), torch.randn(64)
+    parker.add("weights", {"w": w})
+    parker.add("grads", {"g": g})
+    return parker, w, g
+
+
+@pytest.mark.parametrize("verify", ["sample", "full"])
+def test_corrupted_host_copy_is_refused_and_the_parker_stays_parked(verify):
+    parker, w, _ = _parker(verify)
+    want = w.clone()
+    parker.park()
+    slot = next(sl for sl in parker._slots.values() if sl.tag == "weights")
+    parker.pool.view(slot.offset, slot.nbytes).zero_()
+    with pytest.raises(VerifyError, match="'w' \\(tag 'weights'"):
+        parker.restore()
+    assert parker.parked and w.untyped_storage().nbytes() == 0  # rolled back, nothing left allocated
+    parker.pool.view(slot.offset, slot.nbytes).copy_(want.view(torch.uint8))  # host copy repaired
+    parker.restore()
+    assert torch.equal(w, want)
+
+
+def test_verify_off_lets_corruption_through():
+    parker, w, _ = _parker("off")
+    parker.park()
+    parker.pool.chunks[0].zero_()
+    parker.restore()
+    assert torch.count_nonzero(w) == 0
+
+
+def test_bad_verify_mode_names_the_value(monkeypatch):
+    with pytest.raises(ConfigError, match=r"'fast'.*off, sample, full"):
+        TensorParker("cpu", verify="fast")
+    monkeypatch.setenv("ROTA_VERIFY", "always")
+    with pytest.raises(ConfigError, match="ROTA_VERIFY='always'"):
+        TensorParker("cpu")
+
+
+def test_discarded_tags_are_never_presented_as_restored():
+    parker = TensorParker("cpu", pool=HostPool(pin=False))
+    w, g, kv = torch.randn(64), torch.randn(64), torch.randn(64)
+    rebuilt = []
+    parker.add("weights", [w], on_discard="error")
+    parker.add("grads", [g])  # zeros
+    parker.add("kv_cache", [kv], on_discard=lambda: rebuilt.append(kv.fill_(7.0)))
+    parker.park(discard=("grads", "kv_cache"))
+    result = parker.restore()
+    assert result.discarded == ["grads"] and result.recreated == ["kv_cache"]
+    assert "grads" not in result.by_tag and "kv_cache" not in result.by_tag and result.by_tag["weights"] == 256
+    assert torch.count_nonzero(g) == 0 and rebuilt and torch.all(kv == 7.0)
+    parker.park(discard=("weights",))
+    with pytest.raises(DiscardedTag, match="\\['weights'\\]"):
+        parker.restore()
+    assert parker.parked
+
+
+def test_park_past_its_deadline_frees_nothing():
+    parker, w, _ = _parker(deadline_s=0.05)
+    parker.add("weights", lambda: (time.sleep(0.2), [])[1])
+    with pytest.raises(SwitchTimeout, match=r"deadline.*rolled back"):
+        parker.park()
+    assert not parker.parked and w.untyped_storage().nbytes() == 4096 * 4
+
+
+def test_restore_without_room_allocates_nothing():
+    free = [100]
+    parker, w, g = _parker(free_bytes=lambda device: free[0])
+    parker.park()
+    with pytest.raises(NoRoom, match="restore needs"):
+        parker.restore()
+    assert parker.parked and w.untyped_storage().nbytes() == 0 and g.untyped_storage().nbytes() == 0
+    free[0] = 1 << 30
+    parker.restore()
+    assert not parker.parked
+
+
+def test_restore_is_staged_weights_and_optimizer_before_caches(monkeypatch):
+    parker = TensorParker("cpu", pool=HostPool(pin=False))
+    for tag in ("kv_cache", "grads", "optimizer", "weights"):
+        parker.add(tag, [torch.randn(8)])
+    parker.park()
+    order = []
+    real = TensorParker._copy_in
+    monkeypatch.setattr(TensorParker, "_copy_in", lambda self, sl, **kw: (order.append(sl.tag), real(self, sl, **kw)))
+    parker.restore()
+    assert order == ["weights", "optimizer", "grads", "kv_cache"]
+
+
+def test_host_budget_refuses_without_spill_dir_and_spills_with_one(tmp_path):
+    with pytest.raises(HostBudgetExceeded, match=r"ROTA_HOST_BUDGET_BYTES.*ROTA_SPILL_DIR"):
+        HostPool(pin=False, budget_bytes=1024, spill_dir="").reserve(1 << 20)
+    pool = HostPool(pin=False, budget_bytes=1024, spill_dir=str(tmp_path), chunk_bytes=1 << 16)
+    parker = TensorParker("cpu", pool=pool)
+    w = torch.randn(1 << 16)
+    want = w.clone()
+    parker.add("weights", [w])
+    result = parker.park()
+    assert result.spilled_bytes >= w.nbytes and result.host_bytes >= w.nbytes
+    parker.restore()
+    assert torch.equal(w, want)
+
+
+def test_bad_budget_and_spill_dir_name_the_value(monkeypatch, tmp_path):
+    monkeypatch.setenv("ROTA_HOST_BUDGET_BYTES", "lots")
+    with pytest.raises(ConfigError, match="ROTA_HOST_BUDGET_BYTES='lots'"):
+        HostPool(pin=False)
+    monkeypatch.delenv("ROTA_HOST_BUDGET_BYTES")
+    monkeypatch.setenv("ROTA_SPILL_DIR", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match=r"ROTA_SPILL_DIR=.*not a directory"):
+        HostPool(pin=False)
