@@ -59,7 +59,11 @@ def main() -> None:
         by_tag = dict(result.by_tag)
         tensors = [p for c in chunks for p in c.parameters()] + [b.grad_data for b in buffers]
         tensors += [b.param_data for b in buffers if b.param_data is not None]
-        tensors += [t for _, _, t in tracked.parker.named_tensors(["optimizer"])]
+        for leaf in rota_megatron.leaf_optimizers(opt):  # read from the optimizer itself, not from the adapter
+            inner = leaf if isinstance(leaf, torch.optim.Optimizer) else leaf.optimizer
+            mains = [p for g in inner.param_groups for p in g["params"]]
+            tensors += mains + [v for m in mains for v in inner.state[m].values()
+                                if isinstance(v, torch.Tensor) and v.dim() > 0]
         freed.append(all(t.untyped_storage().nbytes() == 0 for t in tensors))
     storages = len(tracked.parker._slots)
     n_tensors = sum(1 for _ in tracked.parker.named_tensors())
