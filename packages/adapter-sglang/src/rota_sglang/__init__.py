@@ -1,1 +1,28 @@
-"""placeholder"""
+"""rota_sglang: SGLang inference engines that take turns on GPUs with trainers, through rota.
+
+* **In-process** (``sglang.Engine(..., enable_memory_saver=True)``)::
+
+      gpu = rota.connect()
+      tracked = rota_sglang.track(gpu, engine)     # park = release_memory_occupation
+      with gpu.turn():                             # resume_memory_occupation
+          tracked.update_weights(model.named_parameters())
+          outs = engine.generate(prompts, params)
+
+* **Server** (``rota sglang serve -- <sglang.launch_server args>``): the engine runs with
+  ``--enable-memory-saver`` on an internal port behind rota's proxy; requests that
+  arrive while it is parked wait for its turn. :class:`SglangServer` pushes weights.
+
+Tags: ``weights``, ``kv_cache``, ``cuda_graph``. SGLang is an optional extra
+(``pip install "rota-adapter-sglang[sglang]"``); the serving machinery is shared with
+:mod:`rota_vllm` (:mod:`rota_vllm.serving`).
+"""
+
+from __future__ import annotations
+
+from rota_sglang._compat import FIX, SGLANG_SPEC, check_server, require_sglang
+from rota_sglang._engine import TAGS, TrackedEngine, TrackingError, track
+from rota_sglang._server import SglangServer, engine_command
+from rota_vllm import UnsupportedVersion
+
+__all__ = ["FIX", "SGLANG_SPEC", "TAGS", "SglangServer", "TrackedEngine", "TrackingError", "UnsupportedVersion",
+           "check_server", "engine_command", "require_sglang", "track"]

@@ -1,1 +1,32 @@
-"""placeholder"""
+"""rota plugin of rota-adapter-sglang: ``rota sglang serve``; a version check when loaded.
+
+Loading it never imports SGLang: an installed SGLang outside
+:data:`rota_sglang._compat.SGLANG_SPEC` is reported once in the log with the fix.
+"""
+
+from __future__ import annotations
+
+import click
+
+from rota import hookimpl
+from rota_sglang._compat import check_server, warn_on_load
+from rota_sglang._server import ENGINE_ENV, engine_command
+from rota_vllm.clikit import make_serve
+
+warn_on_load()
+
+
+@click.group()
+def sglang() -> None:
+    """SGLang engines that take turns on a GPU (release/resume memory occupation through rota)."""
+
+
+sglang.add_command(make_serve(
+    "sglang", engine_command, ENGINE_ENV, check_server,
+    "Everything after `--` goes to `python -m sglang.launch_server` (with --enable-memory-saver added), e.g.\n\n"
+    "  rota sglang serve --listen 0.0.0.0:30000 -- Qwen/Qwen3-0.6B --enable-weights-cpu-backup"))
+
+
+@hookimpl
+def rota_cli(cli: click.Group) -> None:
+    cli.add_command(sglang)

@@ -25,11 +25,14 @@ ENGINE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 _OWNED = ("--host", "--port", "--uds")
 
 
-def engine_command(vllm_args: Sequence[str], engine_port: int, python: str | None = None) -> list[str]:
+def engine_command(vllm_args: Sequence[str], engine_port: int, python: str | None = None, *,
+                   sleep_mode: bool = True) -> list[str]:
     """The engine's command line for ``vllm_args`` (what follows ``--`` in ``rota vllm serve``).
 
     A leading positional model (``vllm serve MODEL`` style) becomes ``--model MODEL``;
-    ``--enable-sleep-mode`` is added when missing; ``--host``/``--port`` are rota's.
+    ``--enable-sleep-mode`` is added when missing unless ``sleep_mode`` is False (vLLM on
+    CPU refuses the flag, "Sleep mode is not supported on current platform", yet still
+    answers the dev-mode sleep routes, as no-ops); ``--host``/``--port`` are rota's.
     """
     args = list(vllm_args)
     for a in args:
@@ -43,7 +46,7 @@ def engine_command(vllm_args: Sequence[str], engine_port: int, python: str | Non
     if not any(a.split("=", 1)[0] in ("--model", "--model-tag") for a in args):
         raise InvalidArgument("no model in the vllm arguments; e.g. `rota vllm serve -- Qwen/Qwen3-0.6B` or "
                               "`-- --model /path/to/model`")
-    if "--enable-sleep-mode" not in args:
+    if sleep_mode and "--enable-sleep-mode" not in args:
         args.append("--enable-sleep-mode")
     return [python or sys.executable, "-m", ENGINE_MODULE, *args, "--host", "127.0.0.1", "--port", str(engine_port)]
 
@@ -54,7 +57,9 @@ class VllmServer(EndpointClient):
     Weight sync after a trainer step, documented way (the engine must be awake, i.e.
     inside the engine tenant's turn, or with the engine's own port while it holds it):
 
-    * from a checkpoint the trainer wrote: ``reload_weights()`` after pointing vLLM at
+    * call it through rota's proxy URL: the call then waits for the engine's turn like
+  any request (the engine is awake while it runs);
+* from a checkpoint the trainer wrote: ``reload_weights()`` after pointing vLLM at
       it, or any worker method through ``collective_rpc(method, args, kwargs)``
       (``POST /collective_rpc``; your worker extension, ``--worker-extension-cls``,
       defines e.g. ``update_weights_from_path``);

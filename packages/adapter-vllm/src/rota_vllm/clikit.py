@@ -16,7 +16,7 @@ import json
 import logging
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -28,7 +28,7 @@ from rota_vllm.serving import EndpointClient, ServeConfig, check_listen, free_po
 
 log = logging.getLogger(__name__)
 
-Builder = Callable[[Sequence[str], int, "str | None"], list[str]]
+Builder = Callable[..., list[str]]  # (engine_args, port, python, *, sleep_mode) -> command
 
 
 def _listen(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -65,14 +65,17 @@ def make_serve(app: str, build: Builder, env: dict[str, str], check: Callable[[E
     @click.option("--engine-port", type=click.IntRange(0, 65535), default=0, show_default=True,
                   help="The engine's internal port on 127.0.0.1 (0 = a free one).")
     @click.option("--python", "python", help="Interpreter that runs the engine (default: this one).")
+    @click.option("--sleep-mode/--no-sleep-mode", default=True, show_default=True,
+                  help="Pass the engine's memory-saving flag (vLLM --enable-sleep-mode, SGLang "
+                       "--enable-memory-saver). Off only where the platform refuses it (vLLM on CPU).")
     @click.option("--dry-run", is_flag=True, help="Print the engine command and environment as JSON; start nothing.")
     @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
     def serve(listen: str, group: str | None, tenant: str | None, orchestrator: str | None, agent: str | None,
               mode: str | None, footprint: int, idle_release: float, ready_timeout: float, engine_port: int,
-              python: str | None, dry_run: bool, engine_args: tuple[str, ...]) -> None:
+              python: str | None, sleep_mode: bool, dry_run: bool, engine_args: tuple[str, ...]) -> None:
         try:
             port = engine_port or free_port()
-            command = build(engine_args, port, python)
+            command = build(engine_args, port, python, sleep_mode=sleep_mode)
         except RotaError as exc:
             raise click.UsageError(str(exc)) from None
         if dry_run:

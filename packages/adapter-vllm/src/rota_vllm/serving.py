@@ -59,7 +59,8 @@ _APPS = {VLLM: pb.APP_VLLM, SGLANG: pb.APP_SGLANG}
 #: Tags each engine understands (vLLM ``wake_up(tags=)``, SGLang memory-saver tags).
 APP_TAGS: dict[str, tuple[str, ...]] = {VLLM: ("weights", "kv_cache"), SGLANG: ("weights", "kv_cache", "cuda_graph")}
 #: Engine routes that move memory: only rota may call them, so the proxy refuses them.
-CONTROL_PATHS = frozenset({"/sleep", "/wake_up", "/release_memory_occupation", "/resume_memory_occupation"})
+CONTROL_PATHS = frozenset({"/sleep", "/wake_up", "/release_kv_cache_memory", "/release_memory_occupation",
+                           "/resume_memory_occupation"})
 #: Routes that never need the GPU: forwarded without taking a turn.
 FREE_PATHS = frozenset({"/health", "/ping", "/metrics", "/version", "/v1/models", "/is_sleeping",
                         "/get_model_info", "/get_server_info", "/health_generate_skip"})

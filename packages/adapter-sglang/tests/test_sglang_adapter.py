@@ -1,0 +1,144 @@
+"""rota_sglang against FakeSglangServer (server mode) and a fake Engine (in-process), with a real orchestrator."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sglang_fakes import FakeSglangServer
+
+import rota_sglang
+from rota.cli.main import _add_plugin_commands, cli
+from rota.errors import InvalidArgument
+from rota_sglang import SglangServer, UnsupportedVersion, check_server, engine_command
+from rota_vllm import ServeConfig, serve_app
+from rota_vllm.serving import free_port
+
+FAKE = str(Path(__file__).with_name("sglang_fakes.py"))
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def _state(engine: str) -> dict:
+    with urllib.request.urlopen(engine + "/fake/calls", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_served_sglang_releases_when_parked_and_requests_wait_for_the_turn(endpoint, connect):
+    port = free_port()
+    s = serve_app(ServeConfig(app="sglang", command=[sys.executable, FAKE, "--port", str(port)], engine_port=port,
+                              listen="127.0.0.1:0", orchestrator=endpoint, group="g", tenant="sgl", agent="",
+                              idle_release_s=0.0, ready_timeout_s=60, check_version=check_server))
+    try:
+        assert _post(s.url + "/generate", {"text": "hi"}) == (200, {"text": " tok1"})
+        trainer = connect("trainer")
+        trainer.acquire()
+        st = _state(s.client.base_url)
+        assert st["released"] == ["cuda_graph", "kv_cache", "weights"]
+        assert "POST /release_memory_occupation {}" in st["calls"]
+
+        result: dict = {}
+        t = threading.Thread(target=lambda: result.update(r=_post(s.url + "/generate", {"text": "x"})))
+        t.start()
+        t.join(0.5)
+        assert t.is_alive(), f"the request did not wait for the turn: {result}"
+        trainer.release()
+        t.join(30)
+        assert result["r"] == (200, {"text": " tok2"})
+        assert _state(s.client.base_url)["released"] == []
+        eng = SglangServer(s.url)  # weight sync through the proxy: runs in the engine's turn
+        assert eng.update_weights_from_disk("/ckpt/step-1")["success"] is True
+        eng.flush_cache()
+    finally:
+        s.close(timeout_s=10)
+
+
+def test_server_version_mismatch_names_the_fix():
+    srv = FakeSglangServer(version="0.3.0").start()
+    try:
+        with pytest.raises(UnsupportedVersion) as info:
+            check_server(SglangServer(srv.url))
+        msg = str(info.value)
+        assert "sglang 0.3.0" in msg and 'pip install "sglang>=0.4.6,<0.6"' in msg
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_update_weights_refusal_carries_the_servers_words():
+    srv = FakeSglangServer().start()
+    try:
+        with pytest.raises(InvalidArgument, match="model_path is empty"):
+            SglangServer(srv.url).update_weights_from_disk("")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+class FakeEngine:
+    """Fake of sglang.Engine's memory-occupation and weight-update methods (records calls)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def release_memory_occupation(self, tags=None):
+        self.calls.append(("release", tags))
+
+    def resume_memory_occupation(self, tags=None):
+        self.calls.append(("resume", tags))
+
+    def update_weights_from_tensor(self, named_tensors):
+        self.calls.append(("update", len(named_tensors)))
+
+
+def test_in_process_engine_is_released_and_resumed_around_turns(connect):
+    gpu = connect("sgl-inproc")
+    eng = FakeEngine()
+    tracked = rota_sglang.track(gpu, eng, check_version=False)
+    gpu.acquire()
+    gpu.release()
+    trainer = connect("trainer")
+    trainer.acquire()
+    assert eng.calls == [("release", None)]
+    assert tracked.dropped == ("weights", "kv_cache", "cuda_graph") and tracked.weights_stale
+    trainer.release()
+    gpu.acquire()
+    assert eng.calls[-1] == ("resume", None)
+    assert tracked.update_weights([("w", 1.0)]) == 1 and not tracked.weights_stale
+    gpu.release()
+    tracked.untrack()
+
+
+def test_bad_inputs_are_refused_with_the_fix(connect):
+    gpu = connect("bad")
+    with pytest.raises(InvalidArgument, match="'activations' is not a sglang memory tag"):
+        rota_sglang.track(gpu, FakeEngine(), tags=["activations"], check_version=False)
+    with pytest.raises(rota_sglang.TrackingError, match="has no release_memory_occupation"):
+        rota_sglang.track(gpu, object(), check_version=False)
+    with pytest.raises(InvalidArgument, match="rota owns the engine's address"):
+        engine_command(["m", "--port", "1"], 5)
+    with pytest.raises(UnsupportedVersion, match=r"sglang is not installed.*pip install"):
+        rota_sglang.require_sglang()
+
+
+def test_cli_serve_dry_run_builds_the_engine_command():
+    _add_plugin_commands()  # through the `rota` entry point: proves the plugin is wired
+    res = CliRunner().invoke(cli, ["sglang", "serve", "--dry-run", "--", "Qwen/Qwen3-0.6B"])
+    assert res.exit_code == 0, res.output
+    cmd = json.loads(res.output)["command"]
+    assert cmd[1:5] == ["-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-0.6B"]
+    assert "--enable-memory-saver" in cmd

