@@ -215,6 +215,10 @@ def main() -> None:
     import rota_megatron
 
     parallel_state.initialize_model_parallel(1, 1)
+    if big:  # Megatron's layers fork the model-parallel CUDA RNG; it must be seeded first
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(0)
     name = torch.cuda.get_device_name(device) if big else platform.processor() or platform.machine()
     log.info("device %s (%s), torch %s, megatron-core %s", device, name, torch.__version__,
              rota_megatron.MEGATRON_VERSION)
