@@ -16,20 +16,21 @@ are bit-identical to an unparked run: parking copies raw storage bytes out and b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from rota import ParkResult
-from rota.tensors import overlap
-from rota_fsdp._tracked import (
-    TAGS,
-    AlreadyTracked,
-    BackwardInFlight,
-    DeviceMismatch,
-    HoldsTurn,
-    Tracked,
-    TrackingError,
-    track,
-)
+if TYPE_CHECKING:  # the public names, for type checkers; at run time they load on first use
+    from rota_fsdp._switch import switch
+    from rota_fsdp._tracked import (
+        TAGS,
+        AlreadyTracked,
+        BackwardInFlight,
+        DeviceMismatch,
+        HoldsTurn,
+        Tracked,
+        TrackingError,
+        track,
+    )
 
 __all__ = [
     "TAGS",
@@ -43,21 +44,13 @@ __all__ = [
     "track",
 ]
 
+_HOME = {name: "rota_fsdp._tracked" for name in __all__} | {"switch": "rota_fsdp._switch"}
 
-def switch(park: Tracked | Sequence[Tracked] = (), restore: Tracked | Sequence[Tracked] = ()
-           ) -> tuple[ParkResult, ParkResult]:
-    """Park ``park`` while restoring ``restore`` in this process, overlapped on two streams.
 
-    For tenants that share one process (benchmarks, the demo's in-process mode);
-    tenants in separate processes overlap on their own. Both sides must be between
-    turns; the device needs room for both while the switch runs. Returns
-    (park result, restore result), each carrying the wall time of the whole switch.
-    """
-    outs = [park] if isinstance(park, Tracked) else list(park)
-    ins = [restore] if isinstance(restore, Tracked) else list(restore)
-    specs = []
-    for t in outs:
-        tags, drop = t._park_args(None)
-        t._reshard()
-        specs.append((t.parker, tags, drop))
-    return overlap(specs, [t.parker for t in ins])
+def __getattr__(name: str) -> Any:
+    """Import torch only when the adapter is used, not when `rota` loads its plugins."""
+    if name not in _HOME:
+        raise AttributeError(f"module 'rota_fsdp' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value

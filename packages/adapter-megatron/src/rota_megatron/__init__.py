@@ -19,12 +19,29 @@ Importing checks the installed megatron-core version (:func:`check_megatron`).
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from rota_megatron._compat import PIP_FIX, SUPPORTED, MegatronVersionError, check_megatron
 
-MEGATRON_VERSION = check_megatron()
+MEGATRON_VERSION = check_megatron()  # reads package metadata only: cheap, and fails early with the fix
 
-from rota_fsdp import TAGS, AlreadyTracked, BackwardInFlight, DeviceMismatch, HoldsTurn, TrackingError  # noqa: E402
-from rota_megatron._tracked import MegatronTracked, ddp_buffers, leaf_optimizers, track  # noqa: E402
+if TYPE_CHECKING:  # at run time these load on first use, so `rota` starts without torch/megatron
+    from rota_fsdp import TAGS, AlreadyTracked, BackwardInFlight, DeviceMismatch, HoldsTurn, TrackingError
+    from rota_megatron._tracked import MegatronTracked, ddp_buffers, leaf_optimizers, track
+
+_HOME = {name: "rota_fsdp" for name in ("TAGS", "AlreadyTracked", "BackwardInFlight", "DeviceMismatch",
+                                         "HoldsTurn", "TrackingError")}
+_HOME |= {name: "rota_megatron._tracked" for name in ("MegatronTracked", "ddp_buffers", "leaf_optimizers",
+                                                      "track")}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'rota_megatron' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "MEGATRON_VERSION",
