@@ -1,0 +1,19 @@
+"""rota_tinker: a Tinker-API-compatible training and sampling service whose tenants take turns on GPUs.
+
+Users keep their ``tinker`` SDK loops (``forward_backward``, ``optim_step``,
+``save_weights_for_sampler``, ``sample``); each API key is a tenant with its own trainer
+and sampler worker processes, and every work unit runs inside a rota turn, so several
+tenants (full-parameter or LoRA) share devices without knowing it::
+
+    from rota_tinker import ServiceConfig, Tenant, TinkerService
+    cfg = ServiceConfig(tenants=(Tenant("alice", "tml-alice-key-1"),), data_dir="/tmp/tinker")
+    with TinkerService(cfg) as svc:      # TINKER_BASE_URL=svc.url
+        ...
+
+``rota tinker serve`` runs it from the command line.
+"""
+
+from rota_tinker._config import DEFAULT_BASE_MODELS, BaseModelSpec, ServiceConfig, Tenant, parse_keys
+from rota_tinker._service import TinkerService
+
+__all__ = ["DEFAULT_BASE_MODELS", "BaseModelSpec", "ServiceConfig", "Tenant", "TinkerService", "parse_keys"]

@@ -1,0 +1,119 @@
+"""Service configuration: tenants (API key -> tenant), base models, devices, limits.
+
+Read by :mod:`rota_tinker._service` (and built by :mod:`rota_tinker.cli` from flags
+and environment variables). Everything is validated here, once, with errors that
+name the bad value and say how to fix it, so the HTTP layer can trust it.
+
+Environment variables (read by the CLI only): ``ROTA_TINKER_LISTEN``,
+``ROTA_TINKER_KEYS`` (``TENANT=tml-KEY,...``), ``ROTA_TINKER_DEVICE``,
+``ROTA_TINKER_DATA_DIR``, plus rota's own ``ROTA_ORCHESTRATOR``/``ROTA_GROUP``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from rota.errors import ConfigError
+
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+KEY_PREFIX = "tml-"  # the SDK refuses any other API key prefix (tinker.lib._auth_token_provider)
+
+
+@dataclass(frozen=True)
+class BaseModelSpec:
+    """A small random-init causal LM (no hub downloads): its shape and the seed of its weights."""
+
+    name: str
+    vocab: int = 128
+    dim: int = 32
+    layers: int = 2
+    heads: int = 2
+    max_len: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for attr in ("vocab", "dim", "layers", "heads", "max_len"):
+            value = getattr(self, attr)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"base model {self.name!r}: {attr}={value!r} must be a positive integer")
+        if self.dim % self.heads:
+            raise ConfigError(f"base model {self.name!r}: dim={self.dim} must be a multiple of heads={self.heads}")
+
+
+DEFAULT_BASE_MODELS: dict[str, BaseModelSpec] = {
+    spec.name: spec
+    for spec in (
+        BaseModelSpec("rota/tiny", vocab=128, dim=32, layers=2, heads=2, seed=0),
+        BaseModelSpec("rota/small", vocab=1024, dim=256, layers=4, heads=4, seed=0),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """One tenant of the service: its name (used in rota tenant ids) and its API key."""
+
+    name: str
+    api_key: str
+
+    def __post_init__(self) -> None:
+        if not _TENANT.match(self.name):
+            raise ConfigError(f"tenant name {self.name!r} is malformed: use 1-63 letters, digits, '_' or '-', "
+                              "starting with a letter or digit")
+        if not self.api_key.startswith(KEY_PREFIX) or len(self.api_key) < len(KEY_PREFIX) + 8:
+            raise ConfigError(f"API key of tenant {self.name!r} must start with {KEY_PREFIX!r} and have at least "
+                              "8 more characters (the tinker SDK refuses other keys)")
+
+
+def parse_keys(text: str) -> list[Tenant]:
+    """``"alice=tml-...,bob=tml-..."`` -> tenants; raises ConfigError naming the bad item."""
+    tenants = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        name, sep, key = item.partition("=")
+        if not sep:
+            raise ConfigError(f"tenant entry {item.split('=')[0]!r}... is not TENANT=KEY; write e.g. alice=tml-...")
+        tenants.append(Tenant(name.strip(), key.strip()))
+    return tenants
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """What :class:`rota_tinker.TinkerService` serves and where its workers run."""
+
+    tenants: tuple[Tenant, ...]
+    data_dir: str
+    device: str = "cpu"
+    group: str = "tinker"
+    endpoint: str | None = None  # rota orchestrator HOST:PORT; None: ROTA_ORCHESTRATOR or the embedded one
+    base_models: dict[str, BaseModelSpec] = field(default_factory=lambda: dict(DEFAULT_BASE_MODELS))
+    long_poll_s: float = 10.0  # retrieve_future waits this long before answering try_again
+    max_body_bytes: int = 64 * 1024 * 1024
+    worker_start_timeout_s: float = 120.0
+    torch_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.tenants:
+            raise ConfigError("no tenants configured: give at least one --tenant NAME=tml-KEY (or ROTA_TINKER_KEYS)")
+        names = [t.name for t in self.tenants]
+        keys = [t.api_key for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"tenant names repeat in {names}; give each tenant one entry")
+        if len(set(keys)) != len(keys):
+            raise ConfigError("two tenants share one API key; every tenant needs its own key")
+        if not re.match(r"^(cpu|cuda(:\d+)?)$", self.device):
+            raise ConfigError(f"device {self.device!r} not understood; use cpu, cuda or cuda:N")
+        if not 0.05 <= self.long_poll_s <= 40:
+            raise ConfigError(f"long_poll_s={self.long_poll_s} must be within [0.05, 40] (the SDK waits 45 s)")
+        if self.torch_threads < 1:
+            raise ConfigError(f"torch_threads={self.torch_threads} must be >= 1")
+        if not self.base_models:
+            raise ConfigError("no base models configured")
+
+    def tenant_for_key(self, key: str) -> Tenant | None:
+        for t in self.tenants:
+            if t.api_key == key:
+                return t
+        return None

@@ -1,0 +1,202 @@
+"""The Tinker wire formats this service reads and writes, checked field by field.
+
+``forward_backward`` bodies arrive as the SDK's protobuf (``application/x-protobuf``,
+optionally ``Content-Encoding: zstd``) and are parsed with the SDK's own bundled
+schema, ``tinker.proto.tinker_public_pb2``. ``ForwardBackwardOutput`` and
+``SampleResponse`` results go back as that protobuf too (the SDK 0.38 refuses JSON for
+them). Everything else is JSON. Called by :mod:`rota_tinker._service`; no torch here.
+
+Every parse error is a :class:`BadRequest` whose message names the field and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tinker.proto import tinker_public_pb2 as pb
+
+LOSS_FNS = ("cross_entropy", "importance_sampling")
+# loss_fn -> (required inputs, optional inputs); all per-token tensors of the target length
+LOSS_INPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "cross_entropy": (("target_tokens",), ("weights",)),
+    "importance_sampling": (("target_tokens", "logprobs", "advantages"), ()),
+}
+_DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
+
+
+class BadRequest(ValueError):
+    """A request the service refuses; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Datum:
+    """One training example: input tokens and per-token loss inputs (numpy arrays)."""
+
+    tokens: np.ndarray  # int64 [T]
+    inputs: dict[str, np.ndarray]  # name -> [T]
+
+
+@dataclass
+class FwdBwd:
+    """A parsed forward_backward request."""
+
+    model_id: str
+    seq_id: int
+    loss_fn: str
+    forward_only: bool
+    data: list[Datum]
+
+
+def decompress(body: bytes, encoding: str) -> bytes:
+    """Undo ``Content-Encoding`` (identity or zstd)."""
+    enc = encoding.strip().lower()
+    if enc in ("", "identity"):
+        return body
+    if enc == "zstd":
+        import zstandard
+
+        try:
+            return zstandard.ZstdDecompressor().decompress(body, max_output_size=256 * 1024 * 1024)
+        except zstandard.ZstdError as e:
+            raise BadRequest(f"body is not valid zstd ({e}); send it uncompressed or compress it with zstd") from e
+    raise BadRequest(f"Content-Encoding {encoding!r} is not supported; use zstd or none", status=415)
+
+
+def _tensor(msg: Any, where: str) -> np.ndarray:
+    if msg.WhichOneof("encoding") != "dense":
+        raise BadRequest(f"{where}: only dense tensors are supported (got {msg.WhichOneof('encoding')}); "
+                         "send a dense TensorData")
+    dtype = _DTYPES.get(msg.dtype)
+    if dtype is None:
+        raise BadRequest(f"{where}: dtype {pb.DType.Name(msg.dtype) if msg.dtype in pb.DType.values() else msg.dtype} "
+                         "not supported; use float32 or int64")
+    if len(msg.dense) % np.dtype(dtype).itemsize:
+        raise BadRequest(f"{where}: {len(msg.dense)} bytes is not a whole number of {np.dtype(dtype).name} values")
+    arr = np.frombuffer(msg.dense, dtype=dtype)
+    shape = list(msg.shape)
+    if shape and int(np.prod(shape)) != arr.size:
+        raise BadRequest(f"{where}: shape {shape} does not match its {arr.size} values")
+    if arr.ndim != 1 and len(shape) > 1:
+        raise BadRequest(f"{where}: shape {shape} must be 1-D (one value per target token)")
+    return arr
+
+
+def parse_forward_backward(body: bytes) -> FwdBwd:
+    """Parse a ``tinker_public_pb2.ForwardBackwardRequest``; raises BadRequest naming the bad field."""
+    msg = pb.ForwardBackwardRequest()
+    try:
+        msg.ParseFromString(body)
+    except Exception as e:  # DecodeError, or a RuntimeWarning-turned-error on garbage
+        raise BadRequest(f"body is not a tinker ForwardBackwardRequest protobuf ({e}); send what the tinker SDK "
+                         "sends (Content-Type: application/x-protobuf)") from e
+    if not msg.model_id:
+        raise BadRequest("model_id is empty; pass the model_id returned by create_model")
+    if msg.loss_fn not in LOSS_FNS:
+        raise BadRequest(f"loss_fn {msg.loss_fn!r} is not supported; use one of {list(LOSS_FNS)}")
+    if not msg.data:
+        raise BadRequest("data is empty; send at least one Datum")
+    required, optional = LOSS_INPUTS[msg.loss_fn]
+    data = []
+    for i, d in enumerate(msg.data):
+        parts = []
+        for j, chunk in enumerate(d.model_input):
+            kind = chunk.WhichOneof("chunk")
+            if kind != "encoded_text":
+                raise BadRequest(f"data[{i}].model_input[{j}] is a {kind} chunk; only encoded_text is supported")
+            if len(chunk.encoded_text.tokens) % 4:
+                raise BadRequest(f"data[{i}].model_input[{j}].tokens is not int32-packed")
+            parts.append(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32))
+        tokens = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+        if tokens.size == 0:
+            raise BadRequest(f"data[{i}].model_input is empty; give at least one token")
+        names = set(d.loss_fn_inputs)
+        missing = [n for n in required if n not in names]
+        extra = sorted(names - set(required) - set(optional))
+        if missing:
+            raise BadRequest(f"data[{i}].loss_fn_inputs lacks {missing} needed by loss_fn {msg.loss_fn!r}")
+        if extra:
+            raise BadRequest(f"data[{i}].loss_fn_inputs has {extra}, not used by loss_fn {msg.loss_fn!r}; "
+                             f"allowed: {list(required + optional)}")
+        inputs = {n: _tensor(d.loss_fn_inputs[n], f"data[{i}].loss_fn_inputs[{n!r}]") for n in sorted(names)}
+        for n, arr in inputs.items():
+            if arr.size != tokens.size:
+                raise BadRequest(f"data[{i}].loss_fn_inputs[{n!r}] has {arr.size} values but model_input has "
+                                 f"{tokens.size} tokens; give one value per input position")
+        data.append(Datum(tokens=tokens, inputs=inputs))
+    return FwdBwd(model_id=msg.model_id, seq_id=msg.seq_id, loss_fn=msg.loss_fn, forward_only=msg.forward_only,
+                  data=data)
+
+
+def forward_backward_output(logprobs: list[np.ndarray], metrics: dict[str, float]) -> bytes:
+    """``ForwardBackwardOutput`` protobuf: one ArrayRecord with a per-datum ``logprobs`` field."""
+    out = pb.ForwardBackwardOutput()
+    out.loss_fn_output_type = "ArrayRecord"
+    for k, v in metrics.items():
+        out.metrics[k] = float(v)
+    rec = out.loss_fn_outputs.add()
+    rec.num_datums = len(logprobs)
+    bt = rec.fields["logprobs"]
+    bt.dtype = pb.DTYPE_FLOAT32
+    arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in logprobs]
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([a.nbytes for a in arrays])
+    bt.offsets = offsets.tobytes()
+    bt.data = b"".join(a.tobytes() for a in arrays)
+    return out.SerializeToString()
+
+
+def sample_response(sequences: list[tuple[np.ndarray, np.ndarray, str]]) -> bytes:
+    """``SampleResponse`` protobuf from ``(tokens, logprobs, stop_reason)`` per sequence."""
+    out = pb.SampleResponse()
+    for tokens, logprobs, stop in sequences:
+        seq = out.sequences.add()
+        seq.stop_reason = pb.STOP_REASON_STOP if stop == "stop" else pb.STOP_REASON_LENGTH
+        seq.tokens = np.asarray(tokens, dtype=np.int32).tobytes()
+        seq.logprobs = np.asarray(logprobs, dtype=np.float32).tobytes()
+    return out.SerializeToString()
+
+
+# ------------------------------------------------------------------ JSON fields
+
+
+def field_of(body: dict[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = True,
+             default: Any = None) -> Any:
+    """``body[name]`` checked against ``kind``; BadRequest naming the field otherwise."""
+    if name not in body or body[name] is None:
+        if required:
+            raise BadRequest(f"field {name!r} is missing; see the tinker SDK's request types")
+        return default
+    value = body[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise BadRequest(f"field {name!r} must be {'/'.join(k.__name__ for k in kinds)}, not a boolean")
+    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kinds):
+        raise BadRequest(f"field {name!r} must be {'/'.join(k.__name__ for k in kinds)}, "
+                         f"got {type(value).__name__} {value!r:.60}")
+    return value
+
+
+def prompt_tokens(prompt: Any) -> np.ndarray:
+    """Tokens of a JSON ``ModelInput`` (``{"chunks": [{"type": "encoded_text", "tokens": [...]}]}``)."""
+    if not isinstance(prompt, dict) or not isinstance(prompt.get("chunks"), list):
+        raise BadRequest("field 'prompt' must be a ModelInput object with a 'chunks' list")
+    tokens: list[int] = []
+    for j, chunk in enumerate(prompt["chunks"]):
+        if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
+            kind = chunk.get("type") if isinstance(chunk, dict) else type(chunk).__name__
+            raise BadRequest(f"prompt.chunks[{j}] is a {kind!r} chunk; only encoded_text is supported")
+        toks = chunk.get("tokens")
+        if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+            raise BadRequest(f"prompt.chunks[{j}].tokens must be a list of integers")
+        tokens.extend(toks)
+    if not tokens:
+        raise BadRequest("prompt has no tokens; give at least one")
+    return np.asarray(tokens, dtype=np.int64)
