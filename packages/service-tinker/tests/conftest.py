@@ -1,0 +1,46 @@
+"""Fixtures of rota-service-tinker's tests: a real orchestrator, the service on loopback, SDK clients.
+
+Everything is real: the rota orchestrator serves gRPC on a loopback port, the service
+serves HTTP on another, workers are spawned processes, and clients are the official
+``tinker`` SDK (``tinker.ServiceClient``), exactly as users would run them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import pytest
+import tinker
+from rota_tinker import ServiceConfig, Tenant, TinkerService
+
+from rota._engine import OrchestratorConfig
+from rota.testing import running_orchestrator
+
+os.environ["TINKER_TELEMETRY"] = "0"  # the SDK's telemetry is accepted by the service, but keep it quiet
+
+KEYS = {name: f"tml-{name}-test-key-0123" for name in ("alice", "bob", "carol", "dave")}
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerService]:
+    """The service for every tenant of KEYS, its workers on one rota group of a fresh orchestrator."""
+    with running_orchestrator(OrchestratorConfig(ttl_s=10.0, park_timeout_s=60.0)) as (endpoint, _engine):
+        config = ServiceConfig(tenants=tuple(Tenant(n, k) for n, k in KEYS.items()),
+                               data_dir=str(tmp_path_factory.mktemp("tinker")), endpoint=endpoint,
+                               group="tinker-test", long_poll_s=2.0)
+        with TinkerService(config) as svc:
+            yield svc
+
+
+@pytest.fixture(scope="module")
+def client(service: TinkerService) -> Callable[[str], tinker.ServiceClient]:
+    """``client(tenant)`` -> a real tinker.ServiceClient with that tenant's key."""
+    made: dict[str, tinker.ServiceClient] = {}
+
+    def _client(tenant: str) -> tinker.ServiceClient:
+        if tenant not in made:
+            made[tenant] = tinker.ServiceClient(base_url=service.url, api_key=KEYS[tenant])
+        return made[tenant]
+
+    return _client
