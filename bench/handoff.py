@@ -4,9 +4,11 @@ Handoff = time from holder A calling release() to the next holder B's acquire()
 returning (both on this host's monotonic clock). Prints p50/p99 and writes JSON.
 
     python bench/handoff.py [--procs 4] [--turns 300] [--orchestrator HOST:PORT] [--out FILE]
+    python bench/handoff.py --etcd [URL]      # through etcd (rota-orchestrator-etcd)
 
 Without --orchestrator it starts an embedded one (`rota orchestrator serve`) on a free
-loopback port for the run.
+loopback port for the run. With --etcd it serves `rota orchestrator serve --etcd URL`
+instead, starting a one-member etcd on loopback when no URL is given.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=300, help="turns per process (default 300)")
     ap.add_argument("--orchestrator", default="", help="use this orchestrator instead of starting one")
     ap.add_argument("--label", default="embedded", help="name of this configuration in the JSON")
-    ap.add_argument("--out", default="bench/results/handoff-cpu.json", help="JSON output path")
+    ap.add_argument("--etcd", nargs="?", const="local", default="",
+                    help="keep state in etcd at URL (default: start a one-member etcd on loopback)")
+    ap.add_argument("--out", default="", help="JSON output path (default bench/results/handoff[-etcd]-cpu.json)")
     ap.add_argument("--_tenant", nargs=5, help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns._tenant:
@@ -54,12 +58,24 @@ def main() -> None:
         return
     if ns.procs < 2 or ns.turns < 1:
         ap.error("--procs must be >= 2 and --turns >= 1")
-    server = None
+    if ns.etcd and ns.label == "embedded":
+        ns.label = "etcd"
+    ns.out = ns.out or f"bench/results/handoff{'-etcd' if ns.etcd else ''}-cpu.json"
+    server = etcd = None
     endpoint = ns.orchestrator
     if not endpoint:
         endpoint = f"127.0.0.1:{free_port()}"
-        server = subprocess.Popen([sys.executable, "-m", "rota", "orchestrator", "serve", "--listen", endpoint],
-                                  stderr=subprocess.DEVNULL)
+        args = [sys.executable, "-m", "rota", "orchestrator", "serve", "--listen", endpoint]
+        if ns.etcd == "local":
+            import tempfile
+
+            from rota_etcd.testing import EtcdCluster
+
+            etcd = EtcdCluster(tempfile.mkdtemp(prefix="rota-handoff-etcd-")).start()
+            args += ["--etcd", etcd.url]
+        elif ns.etcd:
+            args += ["--etcd", ns.etcd]
+        server = subprocess.Popen(args, stderr=subprocess.DEVNULL)
         from rota._local import is_serving
 
         deadline = time.monotonic() + 20
@@ -82,6 +98,8 @@ def main() -> None:
         if server is not None:
             server.terminate()
             server.wait(10)
+        if etcd is not None:
+            etcd.stop()
     rows.sort()
     tokens = [int(r[0]) for r in rows]
     assert tokens == sorted(set(tokens)), "two grants with one token"

@@ -1,8 +1,9 @@
 """A tenant process for rota_etcd's tests: acquire -> work -> release in a loop.
 
-Every turn is logged to --log as two lines, written and flushed before the tenant
+Every turn is logged to --log as three lines, written and flushed before the tenant
 uses or gives back the group, so a checker can line up turns of many processes:
 
+    ask   JOB GROUP ASKED_AT
     grant JOB GROUP TOKEN GRANTED_AT ASKED_AT
     end   JOB GROUP TOKEN ENDED_AT
 
@@ -38,6 +39,7 @@ def main() -> None:
         n = 0
         while ns.turns == 0 or n < ns.turns:
             asked = time.time()
+            log.write(f"ask {ns.job} {ns.group} {asked:.6f}\n")
             try:
                 grant = gpu.acquire()
             except RotaError as exc:  # retried for a minute by the client already

@@ -11,7 +11,7 @@ import time
 
 import grpc
 import pytest
-from etcd_testlib import Background, v1_acquire, v1_stub, v1_yield
+from etcd_testlib import Background, eventually, v1_acquire, v1_stub, v1_yield
 
 import rota
 from rota._generated import timeslice_orchestrator_pb2 as v1a
@@ -184,3 +184,38 @@ def test_rota_status_etcd_needs_a_reachable_etcd_and_names_unknown_groups(etcd, 
     out = subprocess.run([sys.executable, "-m", "rota", "status", "--etcd", dead], capture_output=True, text=True,
                          env=child_env, timeout=60)
     assert out.returncode != 0 and f"cannot reach etcd at {dead}" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_priorities_and_gpu_time_live_in_etcd_and_order_the_queue_after_a_restart(etcd, tmp_path, child_env) -> None:
+    port = free_port()
+    orch = serve(etcd, tmp_path, child_env, "--policy", "priority", port=port, name="prio1")
+    holder = rota.connect(group="p", tenant="holder", endpoint=orch.endpoint)
+    low = rota.connect(group="p", tenant="low", endpoint=orch.endpoint, priority=0)
+    high = rota.connect(group="p", tenant="high", endpoint=orch.endpoint, priority=5)
+    try:
+        holder.acquire()
+        time.sleep(0.2)
+        waiting_low = Background(low.acquire)
+        time.sleep(0.3)
+        waiting_high = Background(high.acquire)  # arrives later, but ranks higher
+        eventually(lambda: status_json(etcd, child_env, "p")["groups"][0]["queue"] == ["low", "high"], 10,
+                   "both waiters queued in etcd")
+        orch.kill(signal.SIGKILL)
+        orch = serve(etcd, tmp_path, child_env, "--policy", "priority", port=port, name="prio2")
+        st = status_json(etcd, child_env, "p")["groups"][0]
+        prios = {t["job_id"]: t.get("priority", 0) for t in st["tenants"]}
+        assert st["queue"] == ["low", "high"] and prios["high"] == 5
+        holder.release()
+        assert waiting_high.result().token == 2
+        assert not waiting_low.done()
+        time.sleep(0.2)
+        high.release()
+        assert waiting_low.result().token == 3
+        low.release()
+        st = status_json(etcd, child_env, "p")["groups"][0]
+        gpu = {t["job_id"]: t["gpu_seconds"] for t in st["tenants"]}
+        assert gpu["holder"] > 0.5 and gpu["high"] > 0.1  # GPU time for fair share, kept across the restart
+    finally:
+        for gpu_ in (holder, low, high):
+            gpu_.close()
+        orch.stop()

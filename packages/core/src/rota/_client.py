@@ -346,7 +346,11 @@ def _residue_max() -> int:
 def _channel(endpoint: str) -> grpc.Channel:
     """A channel to one endpoint, or to several replicas (comma-separated) with failover."""
     endpoints = [e.strip() for e in endpoint.split(",") if e.strip()]
-    options = [("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 10_000)]
+    # Reconnect within a second once an orchestrator is back (gRPC's default backoff grows
+    # to two minutes): a tenant must re-attach within its TTL after a restart or failover.
+    options = [("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 10_000),
+               ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+               ("grpc.max_reconnect_backoff_ms", 1000)]
     if len(endpoints) > 1 and not any(e.startswith("unix:") for e in endpoints):
         return grpc.insecure_channel("ipv4:" + ",".join(endpoints), options=options)
     return grpc.insecure_channel(endpoints[0], options=options)

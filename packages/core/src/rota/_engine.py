@@ -7,7 +7,9 @@ length — while :mod:`rota._state` owns *what* a transition does and a
 :class:`MemoryStore`; ``rota_etcd`` supplies a store whose ``commit`` is an etcd
 transaction conditioned on its leadership, so a deposed leader cannot grant.
 
-Lock order: ``self._lock`` (one asyncio lock for every group's state) is never
+Locks: one asyncio lock per group (``self._lock(group_id)``) guards that group's
+state and its commit, so a slow store (etcd) serializes the transitions of one
+group, never those of all groups. No code holds two of them at once, and none is
 held while waiting on a tenant or an agent: park commands and agent operations are
 sent and awaited outside it.
 
@@ -62,6 +64,12 @@ def _whole(fn: Callable[..., Awaitable[_T]]) -> Callable[..., Awaitable[_T]]:
         return await asyncio.shield(task)
 
     return wrapper
+
+
+def _fail(fut: asyncio.Future, exc: BaseException) -> None:
+    """Fail a grant future whose caller may be gone (then nobody would read the error)."""
+    fut.set_exception(exc)
+    fut.exception()  # marks it retrieved: no "exception was never retrieved" noise
 
 
 class GroupStore(Protocol):
@@ -144,7 +152,7 @@ class Orchestrator:
         self.store: GroupStore = store or MemoryStore()
         self.name = name
         self.groups: dict[str, GroupState] = {}
-        self._lock = asyncio.Lock()
+        self._locks: dict[str, asyncio.Lock] = {}
         self._grants: dict[tuple[str, str], asyncio.Future] = {}
         self._sessions: dict[tuple[str, str], list[Session]] = {}
         self._attached_once: set[tuple[str, str]] = set()  # jobs that speak rota.v1
@@ -178,7 +186,7 @@ class Orchestrator:
             t.cancel()
         for fut in self._grants.values():
             if not fut.done():
-                fut.set_exception(Unavailable("orchestrator is shutting down; retry against its successor"))
+                _fail(fut, Unavailable("orchestrator is shutting down; retry against its successor"))
         if self.agents is not None:
             await self.agents.close()
         self.stopped.set()
@@ -203,7 +211,7 @@ class Orchestrator:
     @_whole
     async def _enqueue(self, req: TurnRequest) -> tuple[Grant | None, asyncio.Future | None]:
         """Queue the job (committed) and return its grant future, or its current grant."""
-        async with self._lock:
+        async with self._lock(req.group_id):
             g = await self._group(req.group_id)
             if g.tenants.get(req.job_id) and g.tenants[req.job_id].state == "faulted":
                 g.tenants[req.job_id].state = "idle"  # FAULTED is retryable: this acquire retries it
@@ -220,7 +228,7 @@ class Orchestrator:
 
     @_whole
     async def _leave_queue(self, job_id: str, group_id: str) -> None:
-        async with self._lock:  # after a still-running _enqueue of the same call (the lock is FIFO)
+        async with self._lock(group_id):  # after a still-running _enqueue of the same call (FIFO)
             fut = self._grants.pop((group_id, job_id), None)
             if fut is not None and not fut.done():
                 fut.cancel()
@@ -233,7 +241,7 @@ class Orchestrator:
     async def release(self, job_id: str, group_id: str, token: int = 0, rank: int = 0) -> ReleaseInfo:
         """One rank of the holder releases; the group moves on when all ranks have."""
         check_pair(job_id, group_id)
-        async with self._lock:
+        async with self._lock(group_id):
             g = await self._group(group_id)
             info = g.release(job_id, token, rank, time.monotonic())
             await self.store.commit(g)
@@ -245,13 +253,13 @@ class Orchestrator:
     async def evict(self, job_id: str, group_id: str, *, reason: str, lost: bool = False) -> tuple[bool, bool]:
         """Take a job out of a group (scheduler saw it end, or it died)."""
         check_pair(job_id, group_id)
-        async with self._lock:
+        async with self._lock(group_id):
             g = await self._group(group_id)
             result = g.remove(job_id, time.monotonic(), lost=lost)
             await self.store.commit(g)
             fut = self._grants.pop((group_id, job_id), None)
             if fut is not None and not fut.done():
-                fut.set_exception(Unavailable(f"job {job_id!r} was removed from group {group_id!r}: {reason}",
+                _fail(fut, Unavailable(f"job {job_id!r} was removed from group {group_id!r}: {reason}",
                                               job_id=job_id, group_id=group_id))
             self._kick(group_id)
         if any(result):
@@ -259,17 +267,17 @@ class Orchestrator:
         return result
 
     async def status(self, group_id: str = "") -> list[GroupState]:
-        async with self._lock:
-            if group_id:
-                check_id("group_id", group_id, group_id=group_id)
-                return [await self._group(group_id, create=False)]
+        if not group_id:
             return [self.groups[k] for k in sorted(self.groups)]
+        check_id("group_id", group_id, group_id=group_id)
+        async with self._lock(group_id):
+            return [await self._group(group_id, create=False)]
 
     # ------------------------------------------------------------- sessions
 
     async def attach(self, job_id: str, group_id: str, rank: int, pid: int, footprint_bytes: int) -> Session:
         check_pair(job_id, group_id)
-        async with self._lock:
+        async with self._lock(group_id):
             g = await self._group(group_id)
             rec = g.tenant(job_id)
             rec.attached = True
@@ -315,6 +323,12 @@ class Orchestrator:
 
     # ------------------------------------------------------------ internals
 
+    def _lock(self, group_id: str) -> asyncio.Lock:
+        lock = self._locks.get(group_id)
+        if lock is None:
+            lock = self._locks[group_id] = asyncio.Lock()
+        return lock
+
     async def _group(self, group_id: str, *, create: bool | None = None) -> GroupState:
         g = self.groups.get(group_id)
         if g is not None:
@@ -344,7 +358,7 @@ class Orchestrator:
     async def _drive(self, group_id: str) -> None:
         """Grant the group to waiters, one after another, parking residents first."""
         while True:
-            async with self._lock:
+            async with self._lock(group_id):
                 g = self.groups.get(group_id)
                 if g is None or not g.ready_for_grant():
                     return
@@ -363,7 +377,7 @@ class Orchestrator:
             if restore_agent:  # overlapped with the parks: both directions of PCIe at once
                 steps.append(self.agents.run(restore_agent, "restore", chosen.job_id, group_id))  # type: ignore[union-attr]
             results = await asyncio.gather(*steps)
-            async with self._lock:
+            async with self._lock(group_id):
                 for job, (ok, error, nbytes, seconds) in zip(evict, results, strict=False):
                     if ok:
                         g.mark_parked(job, nbytes, seconds)
@@ -379,7 +393,7 @@ class Orchestrator:
                     g.tenant(chosen.job_id).state = "faulted"
                     fut = self._grants.pop((group_id, chosen.job_id), None)
                     if fut is not None and not fut.done():
-                        fut.set_exception(Faulted(f"restore of job {chosen.job_id!r} in group {group_id!r} failed: "
+                        _fail(fut, Faulted(f"restore of job {chosen.job_id!r} in group {group_id!r} failed: "
                                                   f"{error}; acquire again to retry", job_id=chosen.job_id,
                                                   group_id=group_id))
                     await self.store.commit(g)
@@ -393,7 +407,7 @@ class Orchestrator:
                     log.error("could not commit grant of %s to %s: %s", grant.job_id, group_id, exc)
                     fut = self._grants.pop((group_id, grant.job_id), None)
                     if fut is not None and not fut.done():
-                        fut.set_exception(exc)
+                        _fail(fut, exc)
                     return
                 fut = self._grants.pop((group_id, grant.job_id), None)
                 if fut is not None and not fut.done():

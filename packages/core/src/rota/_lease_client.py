@@ -17,7 +17,7 @@ import grpc
 
 from rota._generated import rota_v1_pb2 as pb
 from rota._types import Grant, ReleaseInfo, TurnRequest
-from rota.errors import NotLeader, TransientError, from_rpc_error
+from rota.errors import NotHolder, NotLeader, StaleToken, TransientError, from_rpc_error
 from rota.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -67,6 +67,21 @@ def rota_acquire(request: TurnRequest, tenant: Gpu) -> Grant:
 @hookimpl(trylast=True)
 def rota_release(grant: Grant, tenant: Gpu) -> ReleaseInfo:
     msg = pb.ReleaseRequest(job_id=grant.job_id, group_id=grant.group_id, token=grant.token, rank=tenant.rank)
-    reply = call_with_retry(lambda: tenant.stub.Release(msg), job_id=grant.job_id, group_id=grant.group_id,
-                            what="release", follow=tenant.follow_leader)
+    attempts = 0
+
+    def release() -> Any:
+        nonlocal attempts
+        attempts += 1
+        return tenant.stub.Release(msg)
+
+    try:
+        reply = call_with_retry(release, job_id=grant.job_id, group_id=grant.group_id, what="release",
+                                follow=tenant.follow_leader)
+    except (NotHolder, StaleToken) as exc:
+        if attempts == 1:
+            raise
+        # An earlier attempt was committed by an orchestrator that failed before it answered
+        # (or the turn was ended meanwhile): either way this turn is over, as asked.
+        log.info("release of %s in %s: already done by an earlier attempt (%s)", grant.job_id, grant.group_id, exc)
+        return ReleaseInfo(0, False, group_released=True)
     return ReleaseInfo(reply.pending_waiters, reply.snapshot_deferred, reply.group_released)

@@ -137,6 +137,7 @@ class RotaService(pb_grpc.RotaServiceServicer):
             await context.abort(exc.code, str(exc), trailing_metadata=exc.trailers())
         reader = asyncio.create_task(self._read(session, request_iterator))
         why = "stream closed"
+        getter: asyncio.Task | None = None
         try:
             while True:
                 getter = asyncio.create_task(session.outbox.get())
@@ -155,6 +156,8 @@ class RotaService(pb_grpc.RotaServiceServicer):
                     yield pb.TenantCommand(command_id=cid, yield_soon=pb.YieldSoon(reason="maximum turn length"))
         finally:
             reader.cancel()
+            if getter is not None:
+                getter.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             await self.engine.detach(session, why)

@@ -177,9 +177,7 @@ class Replica:
             term = await self.election.campaign(self.stopped)
             if term is None:
                 return
-            # A turn lease outlives a leader change: TTL + the time a dead leader keeps its term.
-            turn_ttl = self.config.ttl_s + self.store.leader_ttl
-            engine = EtcdOrchestrator(self.config, self.store.begin_term(term, turn_ttl),
+            engine = EtcdOrchestrator(self.config, self.store.begin_term(term, self.config.ttl_s),
                                       name=f"etcd leader {self.address}")
             try:
                 await engine.start()
@@ -250,6 +248,11 @@ class Replica:
         if engine is not None:
             return await engine.status(group_id)
         return await self.store.status(group_id)  # followers read what the leader committed
+
+    async def agent_job_states(self, group_id: str) -> list[tuple[str, str, str]]:
+        """Node agents' view of the group's jobs (the leader asks them; followers know none)."""
+        engine = self.engine
+        return await engine.agent_job_states(group_id) if engine is not None else []
 
     async def attach(self, job_id: str, group_id: str, rank: int, pid: int, footprint_bytes: int) -> Session:
         check_pair(job_id, group_id)

@@ -9,10 +9,10 @@ Key layout (``PREFIX`` is ``/rota/`` unless ``ROTA_ETCD_PREFIX`` says otherwise)
                            token, holder, FIFO/priority queue, residents, loaded job,
                            per-tenant GPU seconds and turns); times are wall-clock.
     PREFIX turns/GROUP     the current turn {"job", "token", "granted"}, attached to a
-                           lease that the leader refreshes while the tenant's heartbeats
-                           arrive. When it expires the turn ends. Its TTL is the tenant
-                           TTL plus the leader TTL, so a leader change (during which
-                           nobody refreshes it) does not end a live tenant's turn.
+                           lease of the tenant TTL that the leader refreshes while the
+                           tenant's heartbeats arrive; when it expires the turn ends.
+                           Each new term first gives every holder a fresh lease: while
+                           no orchestrator led, nobody could refresh them.
 
 :class:`EtcdStore` is what the ``rota_store`` hook returns: it reads state for
 ``rota status --etcd`` and builds the HA replica (:mod:`rota_etcd._replica`). While a
@@ -32,6 +32,9 @@ Environment:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -60,6 +63,7 @@ from rota_etcd._etcd import (
 log = logging.getLogger(__name__)
 
 STORED_SAMPLES = 32  # recent waits/parks per tenant kept in etcd (the leader keeps more in memory)
+SPARE_LEASES = 2  # turn leases granted ahead, so a grant costs one etcd round trip, not two
 
 
 def _env_float(name: str, default: float, minimum: float) -> float:
@@ -81,17 +85,26 @@ def _env_float(name: str, default: float, minimum: float) -> float:
 
 
 def encode_state(state: GroupState) -> bytes:
-    d = state.to_dict()
+    # Built field by field, not with GroupState.to_dict(): dataclasses.asdict deep-copies
+    # every tenant's 512 recent samples, which made this the costliest step of a commit.
     shift = time.time() - time.monotonic()
+    d = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
     for name in ("created", "holder_since"):
         if d[name]:
             d[name] = round(d[name] + shift, 4)
-    for w in d["queue"]:
-        w["arrived"] = round(w["arrived"] + shift, 4)
-    for rec in d["tenants"].values():
-        rec["waits_ms"] = [round(x, 2) for x in rec["waits_ms"][-STORED_SAMPLES:]]
-        rec["parks_ms"] = [round(x, 2) for x in rec["parks_ms"][-STORED_SAMPLES:]]
+    d["released_ranks"] = sorted(state.released_ranks)
+    d["queue"] = [dict(vars(w), arrived=round(w.arrived + shift, 4)) for w in state.queue]
+    d["residents"] = list(state.residents)
+    d["tenants"] = {job: _encode_tenant(rec) for job, rec in state.tenants.items()}
     return json.dumps(d, separators=(",", ":")).encode()
+
+
+def _encode_tenant(rec: Any) -> dict[str, Any]:
+    out = dict(vars(rec))
+    for name in ("waits_ms", "parks_ms"):
+        samples = out[name]
+        out[name] = [round(x, 2) for x in itertools.islice(samples, max(0, len(samples) - STORED_SAMPLES), None)]
+    return out
 
 
 def decode_state(raw: bytes) -> GroupState:
@@ -271,19 +284,23 @@ class TermStore:
         self.revision = 0  # etcd revision of the load
         self._watch: Watch | None = None
         self._background: set[asyncio.Task] = set()
+        self._spares: list[int] = []
+        self._refilling = False
 
     # ------------------------------------------------------- GroupStore API
 
     async def load_all(self) -> dict[str, GroupState]:
         snap = await self.parent.read()
-        self.revs, self.turns, self.revision = snap.revs, snap.turns, snap.revision
-        for turn in self.turns.values():  # the previous leader's turn leases: keep them going
-            self.keeper.keep(turn.lease, self.turn_ttl, None)
-        for g in snap.groups.values():
-            turn = self.turns.get(g.group_id)
-            if g.holder and (turn is None or (turn.job, turn.token) != (g.holder, g.token)):
-                # its lease expired while no orchestrator ran: this term gives it one TTL
-                await self._restore_turn(g.group_id, g.holder, g.token)
+        self.revs, self.revision = snap.revs, snap.revision
+        old = snap.turns
+        # Nobody refreshed turn leases while no orchestrator led, however long that was:
+        # an expiry then says nothing about the tenant. Every holder gets a fresh lease,
+        # i.e. one TTL from now to show it lives (as the engine gives it to re-attach).
+        holders = [(g.group_id, g.holder, g.token) for g in snap.groups.values() if g.holder]
+        for i in range(0, len(holders), 64):
+            await self._restore_turns(holders[i:i + 64])
+        for turn in old.values():
+            self._spawn(self.client.lease_revoke(turn.lease))
         return snap.groups
 
     async def commit(self, state: GroupState) -> None:
@@ -296,9 +313,8 @@ class TermStore:
         old = self.turns.get(g)
         new = old
         if state.holder and (old is None or (old.job, old.token) != (state.holder, state.token)):
-            lease, _ = await self.client.lease_grant(self.turn_ttl)
-            new = Turn(state.holder, state.token, lease)
-            ops.append(op_put(tkey, _turn_value(state.holder, state.token), lease))
+            new = Turn(state.holder, state.token, await self._turn_lease())
+            ops.append(op_put(tkey, _turn_value(state.holder, state.token), new.lease))
         elif not state.holder and old is not None:
             new = None
             ops.append(op_delete(tkey))
@@ -361,17 +377,43 @@ class TermStore:
             raise Unavailable(f"group {group_id!r}: this replica no longer leads (term {self.term.revision}); "
                               "retry against the current leader", group_id=group_id)
 
-    async def _restore_turn(self, group_id: str, job: str, token: int) -> None:
-        lease, _ = await self.client.lease_grant(self.turn_ttl)
+    async def _turn_lease(self) -> int:
+        """A fresh turn lease: a spare granted ahead of time if there is one."""
+        lease = self._spares.pop() if self._spares else (await self.client.lease_grant(self.turn_ttl))[0]
+        if not self._refilling:
+            self._refilling = True
+            self._spawn(self._refill())
+        return lease
+
+    async def _refill(self) -> None:
+        try:
+            while len(self._spares) < SPARE_LEASES and not self.term.lost.is_set():
+                lease, _ = await self.client.lease_grant(self.turn_ttl)
+                self.keeper.keep(lease, self.turn_ttl, self._spare_gone)
+                self._spares.append(lease)
+        finally:
+            self._refilling = False
+
+    def _spare_gone(self, lease: int) -> None:
+        if lease in self._spares:
+            self._spares.remove(lease)
+
+    async def _restore_turns(self, holders: list[tuple[str, str, int]]) -> None:
+        """Fresh turn leases for (group, job, token) holders, in one transaction."""
+        leases = await asyncio.gather(*(self._turn_lease() for _ in holders))
         reply = await self.client.txn(
             [cmp_create(self.parent.leader_key, self.term.revision)],
-            [op_put(self.parent.turn_key(group_id), _turn_value(job, token), lease)],
-            what=f"the turn lease of group {group_id!r}", retry=True)
+            [op_put(self.parent.turn_key(g), _turn_value(job, token), lease)
+             for (g, job, token), lease in zip(holders, leases, strict=True)],
+            what="restoring turn leases", retry=True)
         if not reply.succeeded:
             self.term.end("leadership lost while restoring turn leases")
-            raise Unavailable("leadership lost while restoring turn leases", group_id=group_id)
-        self.turns[group_id] = Turn(job, token, lease)
-        self.keeper.keep(lease, self.turn_ttl, None)
+            raise Unavailable("leadership lost while restoring turn leases")
+        for (g, job, token), lease in zip(holders, leases, strict=True):
+            self.turns[g] = Turn(job, token, lease)
+            self.keeper.keep(lease, self.turn_ttl, None)
+        # the turn watch starts after this: the old leases' expiries no longer touch these keys
+        self.revision = max(self.revision, reply.header.revision)
 
     def keep_turn(self, group_id: str, alive: bool) -> None:
         """Refresh the holder's turn lease while ``alive``; stop (let it expire) if not."""
@@ -408,6 +450,11 @@ class TermStore:
             self.keeper.drop(turn.lease)
         for task in list(self._background):
             task.cancel()
+        spares, self._spares = self._spares, []
+        for lease in spares:  # never used: give them back now rather than let them expire
+            self.keeper.drop(lease)
+            with contextlib.suppress(Unavailable):
+                await self.client.lease_revoke(lease)
 
     def _check_term(self, group_id: str) -> None:
         if self.term.lost.is_set():
