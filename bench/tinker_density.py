@@ -51,10 +51,10 @@ def _batch(vocab: int, length: int, n: int, seed: int) -> list:
 def run_point(n: int, args: argparse.Namespace) -> dict:
     """N tenants concurrently; returns per-step latencies and the makespan."""
     import tinker
-    from rota_tinker import DEFAULT_BASE_MODELS, ServiceConfig, Tenant, TinkerService
     from tinker import types
 
     from rota.testing import running_orchestrator
+    from rota_tinker import DEFAULT_BASE_MODELS, ServiceConfig, Tenant, TinkerService
 
     base = DEFAULT_BASE_MODELS[args.base]
     tenants = tuple(Tenant(f"t{i}", f"tml-bench-tenant-{i:04d}") for i in range(n))

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import tinker
-from rota_tinker import ServiceConfig, Tenant, TinkerService
 
 from rota._engine import OrchestratorConfig
 from rota.testing import running_orchestrator
+from rota_tinker import ServiceConfig, Tenant, TinkerService
 
 os.environ["TINKER_TELEMETRY"] = "0"  # the SDK's telemetry is accepted by the service, but keep it quiet
 

@@ -8,8 +8,9 @@ import httpx
 import pytest
 import tinker
 from conftest import KEYS
-from rota_tinker import TinkerService
 from tinker import types
+
+from rota_tinker import TinkerService
 
 JSON = {"Content-Type": "application/json"}
 

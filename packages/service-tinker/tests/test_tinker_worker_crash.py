@@ -9,9 +9,10 @@ from collections.abc import Callable
 
 import pytest
 import tinker
-from rota_tinker import TinkerService
 from tinker import types
 from tinker_testlib import batch
+
+from rota_tinker import TinkerService
 
 
 def step(tc: object) -> float:
