@@ -180,3 +180,29 @@ def test_resident_that_dies_during_its_park_does_not_stall_the_group(orchestrato
     finally:
         victim.kill()
         victim.wait(10)
+
+
+def test_tenant_that_acquires_right_after_connect_is_still_parked(orchestrator, monkeypatch):
+    """The first acquire waits until the session is registered: otherwise the
+    orchestrator would not know whom to ask, and a later grant would skip the park.
+    The session thread is made slow to start, so the race is certain to happen."""
+    import time
+
+    endpoint, _ = orchestrator
+    slow_start = rota.Gpu._run_session
+
+    def delayed(self):
+        time.sleep(0.5)
+        slow_start(self)
+
+    monkeypatch.setattr(rota.Gpu, "_run_session", delayed)
+    a = rota.connect(group="race", tenant="a", endpoint=endpoint)
+    sa = ListState(a)
+    a.acquire()  # immediately, no pause after connect
+    a.release()
+    b = rota.connect(group="race", tenant="b", endpoint=endpoint)
+    b.acquire()
+    assert sa.calls == ["park"], f"resident was not parked ({sa.calls})"
+    b.release()
+    for x in (sa, a, b):
+        x.close()

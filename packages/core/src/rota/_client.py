@@ -49,6 +49,8 @@ from rota.errors import ConfigError, InvalidArgument, NotLeader, RotaError, from
 
 log = logging.getLogger(__name__)
 
+ATTACH_WAIT_S = 30.0  # how long a first acquire waits for the session to be registered
+
 
 @dataclass
 class TurnStats:
@@ -90,6 +92,7 @@ class Gpu:
         self.stub = rota_v1_pb2_grpc.RotaServiceStub(self._channel)
         self._outbox: queue.Queue = queue.Queue()
         self._closed = threading.Event()
+        self._attached = threading.Event()  # set once the orchestrator has registered our session
         self._session = threading.Thread(target=self._run_session, name=f"rota-session-{tenant}", daemon=True)
         self._session.start()
         atexit.register(self.close)
@@ -103,6 +106,8 @@ class Gpu:
             return self.grant
         req = TurnRequest(self.tenant, self.group, self.priority, self.weight, self.world_size, self.rank,
                           self.footprint_bytes())
+        if not self._attached.wait(ATTACH_WAIT_S):  # else the orchestrator could not park us later
+            log.warning("%r: session not attached after %.0f s; acquiring anyway", self, ATTACH_WAIT_S)
         t0 = time.monotonic()
         grant = self.pm.hook.rota_acquire(request=req, tenant=self)
         t1 = time.monotonic()
@@ -293,6 +298,9 @@ class Gpu:
         from rota._generated import rota_v1_pb2 as pb
 
         kind = cmd.WhichOneof("command")
+        if kind is None:  # the orchestrator's "attached" acknowledgement
+            self._attached.set()
+            return
         if kind == "yield_soon":
             self._yield_requested.set()
             return

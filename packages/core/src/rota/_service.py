@@ -135,6 +135,7 @@ class RotaService(pb_grpc.RotaServiceServicer):
             session = await self.engine.attach(h.job_id, h.group_id, h.rank, h.pid, h.footprint_bytes)
         except RotaError as exc:
             await context.abort(exc.code, str(exc), trailing_metadata=exc.trailers())
+        yield pb.TenantCommand(command_id="attached")  # no command: "you are attached", before any grant
         reader = asyncio.create_task(self._read(session, request_iterator))
         why = "stream closed"
         getter: asyncio.Task | None = None
