@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import logging
 import time
 import uuid
@@ -37,6 +36,7 @@ import grpc
 
 from rota._generated import snapshot_agent_pb2 as pb
 from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
+from rota._grpc_server import rpc_errors
 from rota._ids import check_id
 from rota.errors import InvalidArgument, RotaError
 from rota_agent import _nvml
@@ -247,32 +247,21 @@ class Agent:
 _PARKED = object()  # marker: restore with the config the job was parked with
 
 
-def _mapped(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await fn(self, request, context)
-        except RotaError as exc:
-            await context.abort(exc.code, str(exc))
-
-    return wrapper
-
-
 class AgentService(pb_grpc.SnapshotAgentServiceServicer):
     """snapshot_agent.v1alpha1.SnapshotAgentService over an :class:`Agent`."""
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
 
-    @_mapped
+    @rpc_errors
     async def Snapshot(self, request: pb.SnapshotRequest, context: Any) -> pb.SnapshotResponse:
         return pb.SnapshotResponse(operation_id=self.agent.start("snapshot", request).op_id)
 
-    @_mapped
+    @rpc_errors
     async def Restore(self, request: pb.RestoreRequest, context: Any) -> pb.RestoreResponse:
         return pb.RestoreResponse(operation_id=self.agent.start("restore", request).op_id)
 
-    @_mapped
+    @rpc_errors
     async def GetOperation(self, request: pb.GetOperationRequest, context: Any) -> pb.GetOperationResponse:
         op = self.agent.operation(request.operation_id)
         resp = pb.GetOperationResponse(status=op.status, elapsed_ms=op.elapsed_ms())
@@ -284,7 +273,7 @@ class AgentService(pb_grpc.SnapshotAgentServiceServicer):
             resp.error = op.error
         return resp
 
-    @_mapped
+    @rpc_errors
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
         jobs = [pb.JobStatus(job_id=j.job_id, state=j.state) for j in sorted(self.agent.jobs.values(),
                                                                                key=lambda j: j.job_id)]

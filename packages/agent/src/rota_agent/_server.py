@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Iterator
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 
 from rota._generated import snapshot_agent_pb2 as pb
 from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
-from rota.errors import InvalidArgument
-from rota.testing import free_port
+from rota._grpc_server import bind, free_port, health_servicer, serve_in_thread
 from rota_agent._agent import Agent, AgentService
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SnapshotAgentService"].full_name
@@ -29,17 +27,10 @@ async def serve_agent(agent: Agent, listen: str) -> tuple[grpc.aio.Server, healt
     """Start serving ``agent`` on ``listen`` (HOST:PORT or unix:PATH)."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     pb_grpc.add_SnapshotAgentServiceServicer_to_server(AgentService(agent), server)
-    hs = health.aio.HealthServicer()
+    hs = await health_servicer((SERVICE_NAME,))
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    try:
-        port = server.add_insecure_port(listen)
-    except RuntimeError as exc:
-        raise InvalidArgument(f"cannot listen on {listen!r}: {exc}; choose another --listen") from exc
-    if port == 0 and not listen.startswith("unix:"):
-        raise InvalidArgument(f"cannot listen on {listen!r}: address in use or invalid; choose another --listen")
+    bind(server, listen)
     await server.start()
-    for name in ("", SERVICE_NAME):
-        await hs.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, hs
 
 
@@ -57,31 +48,15 @@ def running_agent(agent: Agent | None = None, *, listen: str | None = None) -> I
     """
     listen = listen or f"127.0.0.1:{free_port()}"
     agent = agent or Agent()
-    loop = asyncio.new_event_loop()
-    ready, stop = threading.Event(), asyncio.Event()
-    holder: dict[str, BaseException] = {}
 
-    async def main() -> None:
+    async def start() -> tuple[Agent, object]:
         server, hs = await serve_agent(agent, listen)
-        agent._loop = loop  # type: ignore[attr-defined]
-        ready.set()
-        await stop.wait()
-        await shutdown(agent, server, hs, 0.5)
+        agent._loop = asyncio.get_running_loop()  # type: ignore[attr-defined]
 
-    def run() -> None:
-        try:
-            loop.run_until_complete(main())
-        except BaseException as exc:  # surface start-up failures to the caller
-            holder["error"] = exc
-            ready.set()
+        async def stop() -> None:
+            await shutdown(agent, server, hs, 0.5)
 
-    thread = threading.Thread(target=run, name="rota-agent", daemon=True)
-    thread.start()
-    ready.wait(30)
-    if "error" in holder:
-        raise holder["error"]
-    try:
+        return agent, stop
+
+    with serve_in_thread(start, name="rota-agent"):
         yield listen, agent
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(10)

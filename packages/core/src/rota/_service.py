@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from rota._engine import Orchestrator
 from rota._generated import rota_v1_pb2 as pb
 from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota._generated import timeslice_orchestrator_pb2 as v1a
 from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
+from rota._grpc_server import bind, health_servicer, rpc_errors
 from rota._state import GroupState
 from rota._types import TurnRequest
 from rota._units import percentile
@@ -31,42 +31,29 @@ from rota.errors import InvalidArgument, RotaError
 log = logging.getLogger(__name__)
 
 
-def _mapped(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Abort the RPC with the RotaError's status code and message."""
-
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await fn(self, request, context)
-        except RotaError as exc:
-            await context.abort(exc.code, str(exc), trailing_metadata=exc.trailers())
-
-    return wrapper
-
-
 class TimeSliceService(v1a_grpc.TimeSliceOrchestratorServiceServicer):
     """timeslice_orchestrator.v1alpha1, exactly as existing clients expect it."""
 
     def __init__(self, engine: Orchestrator) -> None:
         self.engine = engine
 
-    @_mapped
+    @rpc_errors
     async def Acquire(self, request: v1a.AcquireRequest, context: Any) -> v1a.AcquireResponse:
         grant = await self.engine.acquire(TurnRequest(request.job_id, request.group_id))
         return v1a.AcquireResponse(success=True, waited_ms=grant.waited_ms,
                                    context_restored=grant.context_restored)
 
-    @_mapped
+    @rpc_errors
     async def Yield(self, request: v1a.YieldRequest, context: Any) -> v1a.YieldResponse:
         info = await self.engine.release(request.job_id, request.group_id)
         return v1a.YieldResponse(success=True, pending_waiters=info.pending_waiters,
                                  snapshot_deferred=info.snapshot_deferred)
 
-    @_mapped
+    @rpc_errors
     async def ListGroups(self, request: v1a.ListGroupsRequest, context: Any) -> v1a.ListGroupsResponse:
         return v1a.ListGroupsResponse(group_ids=[g.group_id for g in await self.engine.status()])
 
-    @_mapped
+    @rpc_errors
     async def GetGroupStatus(self, request: v1a.GetGroupStatusRequest, context: Any) -> v1a.GetGroupStatusResponse:
         if not request.group_id:
             raise InvalidArgument("group_id is empty; name the group to describe")
@@ -95,7 +82,7 @@ class RotaService(pb_grpc.RotaServiceServicer):
     def __init__(self, engine: Orchestrator) -> None:
         self.engine = engine
 
-    @_mapped
+    @rpc_errors
     async def Acquire(self, request: pb.TurnRequest, context: Any) -> pb.Grant:
         req = TurnRequest(request.job_id, request.group_id, request.priority, request.weight or 1.0,
                           request.world_size or 1, request.rank, request.footprint_bytes)
@@ -103,19 +90,19 @@ class RotaService(pb_grpc.RotaServiceServicer):
         return pb.Grant(token=g.token, waited_ms=g.waited_ms, context_restored=g.context_restored,
                         ttl_ms=g.ttl_ms, max_turn_ms=g.max_turn_ms)
 
-    @_mapped
+    @rpc_errors
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseReply:
         info = await self.engine.release(request.job_id, request.group_id, request.token, request.rank)
         return pb.ReleaseReply(pending_waiters=info.pending_waiters, snapshot_deferred=info.snapshot_deferred,
                                group_released=info.group_released)
 
-    @_mapped
+    @rpc_errors
     async def Evict(self, request: pb.EvictRequest, context: Any) -> pb.EvictReply:
         was_holder, was_queued = await self.engine.evict(request.job_id, request.group_id,
                                                          reason=request.reason or "evicted by request")
         return pb.EvictReply(was_holder=was_holder, was_queued=was_queued)
 
-    @_mapped
+    @rpc_errors
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusReply:
         groups = await self.engine.status(request.group_id)
         policy = getattr(self.engine.config.policy, "name", "custom")
@@ -194,18 +181,9 @@ def group_info(g: GroupState, policy: str = "") -> pb.GroupInfo:
 
 
 SERVICE_NAMES = (
-    "",  # the whole server, what Kubernetes' grpc probes ask for
     v1a.DESCRIPTOR.services_by_name["TimeSliceOrchestratorService"].full_name,
     pb.DESCRIPTOR.services_by_name["RotaService"].full_name,
 )
-
-
-async def _health_servicer() -> health.aio.HealthServicer:
-    """grpc.health.v1 for probes: SERVING for the server and each orchestrator service."""
-    servicer = health.aio.HealthServicer()
-    for name in SERVICE_NAMES:
-        await servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return servicer
 
 
 async def serve(engine: Orchestrator, listen: str, *, extra: Callable[[grpc.aio.Server], None] | None = None
@@ -214,17 +192,12 @@ async def serve(engine: Orchestrator, listen: str, *, extra: Callable[[grpc.aio.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     v1a_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(TimeSliceService(engine), server)
     pb_grpc.add_RotaServiceServicer_to_server(RotaService(engine), server)
-    health_servicer = await _health_servicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    engine.health = health_servicer  # type: ignore[attr-defined]  # HA stores flip it to NOT_SERVING on followers
+    health = await health_servicer(SERVICE_NAMES)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    engine.health = health  # type: ignore[attr-defined]  # HA stores flip it to NOT_SERVING on followers
     if extra is not None:
         extra(server)
-    try:
-        port = server.add_insecure_port(listen)
-    except RuntimeError as exc:
-        raise InvalidArgument(f"cannot listen on {listen!r}: {exc}; is another orchestrator running there?") from exc
-    if port == 0 and not listen.startswith("unix:"):
-        raise InvalidArgument(f"cannot listen on {listen!r}: address in use or invalid; choose another --listen")
+    bind(server, listen)
     await engine.start()
     await server.start()
     return server
