@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import rota
-from rota._engine import OrchestratorConfig
-from rota.testing import running_orchestrator
+from rota.testing import quick_config, running_orchestrator, tenants
 
 torch.set_num_threads(1)
 
@@ -26,25 +25,14 @@ except ImportError as exc:  # MegatronVersionError included
 @pytest.fixture
 def endpoint() -> Iterator[str]:
     """A fresh embedded orchestrator served over real gRPC on a loopback port."""
-    with running_orchestrator(OrchestratorConfig(ttl_s=5.0, park_timeout_s=30.0)) as (ep, _engine):
+    with running_orchestrator(quick_config()) as (ep, _engine):
         yield ep
 
 
 @pytest.fixture
 def connect(endpoint: str) -> Iterator[Callable[..., rota.Gpu]]:
-    """``connect(tenant, group="g")`` -> a Gpu on the test orchestrator; closed (and untracked) after the test."""
-    made: list[rota.Gpu] = []
+    """``connect(tenant, group="g")`` -> a Gpu on the test orchestrator; untracked and closed after the test."""
+    from rota_fsdp.testing import untrack_models_of
 
-    def _connect(tenant: str, group: str = "g") -> rota.Gpu:
-        gpu = rota.connect(group=group, tenant=tenant, endpoint=endpoint)
-        made.append(gpu)
-        return gpu
-
-    yield _connect
-    from rota_fsdp import _tracked
-
-    for tracked in list(_tracked._models.values()):
-        if any(tracked.gpu is g for g in made):
-            tracked.untrack()
-    for gpu in made:
-        gpu.close()
+    with tenants(endpoint, before_close=untrack_models_of) as connect:
+        yield connect

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 import rota
-from rota._engine import OrchestratorConfig
-from rota.testing import running_orchestrator
+from rota.testing import quick_config, running_orchestrator, tenants
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -29,23 +28,15 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def endpoint() -> Iterator[str]:
     """A fresh embedded orchestrator served over real gRPC on a loopback port."""
-    with running_orchestrator(OrchestratorConfig(ttl_s=5.0, park_timeout_s=30.0)) as (ep, _engine):
+    with running_orchestrator(quick_config()) as (ep, _engine):
         yield ep
 
 
 @pytest.fixture
 def connect(endpoint: str) -> Iterator[Callable[..., rota.Gpu]]:
     """``connect(tenant, group="g")`` -> a Gpu on the test orchestrator, closed after the test."""
-    made: list[rota.Gpu] = []
-
-    def _connect(tenant: str, group: str = "g") -> rota.Gpu:
-        gpu = rota.connect(group=group, tenant=tenant, endpoint=endpoint)
-        made.append(gpu)
-        return gpu
-
-    yield _connect
-    for gpu in made:
-        gpu.close()
+    with tenants(endpoint) as connect:
+        yield connect
 
 
 @pytest.fixture
