@@ -277,16 +277,26 @@ class Orchestrator:
 
     async def attach(self, job_id: str, group_id: str, rank: int, pid: int, footprint_bytes: int) -> Session:
         check_pair(job_id, group_id)
-        async with self._lock(group_id):
-            g = await self._group(group_id)
-            rec = g.tenant(job_id)
-            rec.attached = True
-            if footprint_bytes:
-                rec.footprint_bytes = footprint_bytes
+        # The session counts from the moment it arrives, even if the group's lock is busy
+        # (a slow commit): a job re-attaching after a restart must not miss its TTL waiting.
         s = Session(job_id, group_id, rank, pid, asyncio.Queue(), time.monotonic())
         key = (group_id, job_id)
         self._sessions.setdefault(key, []).append(s)
         self._attached_once.add(key)
+        try:
+            async with self._lock(group_id):
+                g = await self._group(group_id)
+                rec = g.tenant(job_id)
+                rec.attached = True
+                if footprint_bytes:
+                    rec.footprint_bytes = footprint_bytes
+        except BaseException:
+            s.alive = False
+            self._sessions[key].remove(s)
+            if not self._sessions[key]:
+                del self._sessions[key]
+                self._attached_once.discard(key)
+            raise
         return s
 
     def heartbeat(self, s: Session, footprint_bytes: int) -> None:

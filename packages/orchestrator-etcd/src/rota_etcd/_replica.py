@@ -32,12 +32,13 @@ import socket
 import time
 import uuid
 import weakref
+from collections.abc import Iterator
 
 from rota._engine import Orchestrator, OrchestratorConfig, Session
 from rota._ids import check_pair
 from rota._state import GroupState
 from rota._types import Grant, ReleaseInfo, TurnRequest
-from rota.errors import NotLeader, RotaError
+from rota.errors import NotLeader, RotaError, Unavailable
 from rota_etcd._election import Election
 from rota_etcd._store import EtcdStore, Term, TermStore
 
@@ -131,7 +132,6 @@ class Replica:
         self.stopped = asyncio.Event()
         self.engine: EtcdOrchestrator | None = None
         self.term: Term | None = None
-        self.terms = 0  # terms won by this replica (tests and status)
         self._owner: weakref.WeakKeyDictionary[Session, EtcdOrchestrator] = weakref.WeakKeyDictionary()
         self._task: asyncio.Task | None = None
 
@@ -164,14 +164,6 @@ class Replica:
             await self.election.resign(term)
         await self.store.close()
 
-    async def wait_leading(self, timeout: float = 30.0) -> None:
-        """Block until this replica serves as leader (for tests and tools)."""
-        deadline = time.monotonic() + timeout
-        while self.engine is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"replica {self.address} did not become leader within {timeout:g} s")
-            await asyncio.sleep(0.02)
-
     async def _lead(self) -> None:
         while not self.stopped.is_set():
             term = await self.election.campaign(self.stopped)
@@ -186,7 +178,6 @@ class Replica:
                 await self._step_down(engine, term, str(exc))
                 continue
             self.engine, self.term = engine, term
-            self.terms += 1
             log.info("replica %s serves as leader (term %d, %d groups)", self.address, term.revision,
                      len(engine.groups))
             why = await self._watch_term(term)
@@ -233,15 +224,18 @@ class Replica:
 
     async def acquire(self, req: TurnRequest) -> Grant:
         check_pair(req.job_id, req.group_id)
-        return await self._leading(req.job_id, req.group_id).acquire(req)
+        with _naming(req.job_id, req.group_id):
+            return await self._leading(req.job_id, req.group_id).acquire(req)
 
     async def release(self, job_id: str, group_id: str, token: int = 0, rank: int = 0) -> ReleaseInfo:
         check_pair(job_id, group_id)
-        return await self._leading(job_id, group_id).release(job_id, group_id, token, rank)
+        with _naming(job_id, group_id):
+            return await self._leading(job_id, group_id).release(job_id, group_id, token, rank)
 
     async def evict(self, job_id: str, group_id: str, *, reason: str, lost: bool = False) -> tuple[bool, bool]:
         check_pair(job_id, group_id)
-        return await self._leading(job_id, group_id).evict(job_id, group_id, reason=reason, lost=lost)
+        with _naming(job_id, group_id):
+            return await self._leading(job_id, group_id).evict(job_id, group_id, reason=reason, lost=lost)
 
     async def status(self, group_id: str = "") -> list[GroupState]:
         engine = self.engine
@@ -278,5 +272,17 @@ class Replica:
             await engine.detach(s, why)
         else:
             s.alive = False  # a session of an ended term: the next leader judges the job
+
+@contextlib.contextmanager
+def _naming(job_id: str, group_id: str) -> Iterator[None]:
+    """UNAVAILABLE from the store (etcd) names the group; make it name the job too."""
+    try:
+        yield
+    except Unavailable as exc:
+        if exc.job_id or f"job={job_id!r}" in str(exc):
+            raise
+        raise Unavailable(f"{exc} (job={job_id!r}, group={group_id!r})", delay=exc.delay, job_id=job_id,
+                        group_id=group_id) from None
+
 
 __all__ = ["EtcdOrchestrator", "Replica", "advertised_address"]
