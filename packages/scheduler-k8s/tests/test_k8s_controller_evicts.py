@@ -71,6 +71,8 @@ def test_deleted_holder_pod_releases_its_turn_to_the_next_waiter(
 
     assert b.granted.wait(30), f"b was not granted after a's pod was deleted: {b.error}"
     assert holder(engine) == "b"
+    # the grant may reach b before the controller has recorded the answer to its Evict
+    wait_for(lambda: controller.evicted, "the controller to record the eviction")
     assert [(e.group_id, e.job_id) for e in controller.evicted] == [(G, "a")]
     assert "deleted" in controller.evicted[0].reason
 
@@ -113,6 +115,7 @@ def test_kubelet_eviction_and_node_loss_release_turns(
     fake_api.update_pod("b-0", node_lost)
     assert c.granted.wait(30), c.error
     assert holder(engine) == "c"
+    wait_for(lambda: {"a", "b"} <= {e.job_id for e in controller.evicted}, "the controller to record both evictions")
     reasons = {e.job_id: e.reason for e in controller.evicted}
     assert "Evicted" in reasons["a"] and "node is lost" in reasons["b"]
 
@@ -169,6 +172,7 @@ def test_pod_deleted_during_a_watch_gap_is_evicted_after_relisting(
     assert b.granted.wait(30), b.error
     assert holder(engine) == "b"
     assert sum(1 for _, q in fake_api.requests if "watch" not in q) > lists_before
+    wait_for(lambda: controller.evicted, "the controller to record the eviction")
     assert "watch was down" in controller.evicted[0].reason
 
 
@@ -195,7 +199,8 @@ def test_eviction_is_retried_while_the_orchestrator_is_unreachable(
         wait_for(lambda: ctl.tracker.alive(G, "a"), "the controller to see a")
         fake_api.delete_pod("a-0")
         assert b.granted.wait(30), b.error
-        assert calls[:3] == ["a", "a", "a"] and ctl.pending == {}
+        wait_for(lambda: ctl.pending == {}, "the controller to clear the done eviction")
+        assert calls[:3] == ["a", "a", "a"]
     finally:
         ctl.stop()
         thread.join(15)
