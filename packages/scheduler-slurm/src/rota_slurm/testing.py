@@ -74,9 +74,8 @@ class SlurmCluster:
     @property
     def env(self) -> dict[str, str]:
         """Environment for Slurm clients (sbatch, squeue...) talking to this cluster."""
-        env = dict(os.environ, SLURM_CONF=str(self.conf))
-        for var in ("ROTA_GROUP", "ROTA_TENANT", "ROTA_ORCHESTRATOR", "ROTA_RANK", "ROTA_WORLD_SIZE"):
-            env.pop(var, None)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}  # jobs inherit it
+        env["SLURM_CONF"] = str(self.conf)
         return env
 
     def log_text(self, name: str) -> str:
