@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import pytest
 from etcd_testlib import Background, eventually, v1_stub
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import rota
 from rota._generated import timeslice_orchestrator_pb2 as v1a
@@ -53,6 +54,11 @@ def retried(call: Callable[[], Any], within: float = 20.0) -> Any:
             time.sleep(0.2)
 
 
+def health(endpoint: str, service: str) -> int:
+    with grpc.insecure_channel(endpoint) as ch:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+
 def test_followers_refuse_with_the_leader_address_and_rota_clients_follow(etcd3, tmp_path, child_env, prefix) -> None:
     orchs = replicas(etcd3, tmp_path, child_env)
     try:
@@ -67,6 +73,13 @@ def test_followers_refuse_with_the_leader_address_and_rota_clients_follow(etcd3,
             assert dict(err.trailing_metadata())["rota-leader"] == leader.endpoint
             # reads are answered by followers too, from etcd
             assert list(stub.ListGroups(v1a.ListGroupsRequest(), timeout=5).group_ids) == []
+
+        # grpc.health.v1: the orchestrator services are SERVING on the leader only (a readiness
+        # probe on them routes clients to it); the process ("") is SERVING everywhere (liveness)
+        service = "timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService"
+        assert health(leader.endpoint, service) == health_pb2.HealthCheckResponse.SERVING
+        assert health(follower.endpoint, service) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert health(follower.endpoint, "") == health_pb2.HealthCheckResponse.SERVING
 
         gpu = rota.connect(group="g", tenant="j", endpoint=endpoints([follower, leader]))  # follower listed first
         try:

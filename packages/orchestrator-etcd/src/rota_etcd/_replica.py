@@ -33,6 +33,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 from rota._engine import Orchestrator, OrchestratorConfig, Session
 from rota._ids import check_pair
@@ -134,6 +135,7 @@ class Replica:
         self.term: Term | None = None
         self._owner: weakref.WeakKeyDictionary[Session, EtcdOrchestrator] = weakref.WeakKeyDictionary()
         self._task: asyncio.Task | None = None
+        self.health: Any = None  # grpc.health.v1 servicer, set by rota._service.serve
 
     @property
     def name(self) -> str:
@@ -150,6 +152,7 @@ class Replica:
         """Check that etcd answers (a clear error naming the endpoints if not), then
         campaign in the background; serving starts at once, as a follower."""
         await self.store.connect()
+        await self._set_serving(False)
         self._task = asyncio.create_task(self._lead(), name="rota-etcd-replica")
 
     async def stop(self) -> None:
@@ -178,6 +181,7 @@ class Replica:
                 await self._step_down(engine, term, str(exc))
                 continue
             self.engine, self.term = engine, term
+            await self._set_serving(True)
             log.info("replica %s serves as leader (term %d, %d groups)", self.address, term.revision,
                      len(engine.groups))
             why = await self._watch_term(term)
@@ -198,6 +202,7 @@ class Replica:
     async def _step_down(self, engine: EtcdOrchestrator, term: Term, why: str) -> None:
         if self.engine is engine:
             self.engine = None
+            await self._set_serving(False)
             log.warning("replica %s stops leading (term %d): %s", self.address, term.revision, why)
         term.end(why)
         if self.store.keeper is not None:
@@ -207,6 +212,19 @@ class Replica:
                 s.outbox.put_nowait(("close", "", 0))  # tenants re-attach to the next leader
         with contextlib.suppress(Exception):
             await engine.stop()
+
+    async def _set_serving(self, leading: bool) -> None:
+        """grpc.health.v1: the orchestrator services are SERVING on the leader only (so a
+        readiness probe on them sends clients there); the process itself ("") stays SERVING."""
+        if self.health is None:
+            return
+        from grpc_health.v1 import health_pb2
+
+        from rota._service import SERVICE_NAMES
+
+        status = health_pb2.HealthCheckResponse.SERVING if leading else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in SERVICE_NAMES:
+            await self.health.set(name, status)
 
     # --------------------------------------------------- the engine's API
 

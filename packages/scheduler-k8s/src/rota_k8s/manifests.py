@@ -49,6 +49,8 @@ CLAIM_API_VERSION = "resource.k8s.io/v1"
 DEVICE_CLASS = "gpu.nvidia.com"
 CLAIM_REQUEST = "gpu"
 PART_OF = "rota"
+# grpc.health.v1 service that is SERVING only on the orchestrator replica that leads (rota_etcd)
+ORCHESTRATOR_SERVICE = "timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService"
 Obj = dict[str, Any]
 
 
@@ -68,9 +70,10 @@ def _meta(name: str, component: str, namespace: str | None = None) -> Obj:
     return meta
 
 
-def _grpc_probes(port: int, *, initial: int = 5) -> Obj:
+def _grpc_probes(port: int, *, initial: int = 5, ready_service: str = "") -> Obj:
+    ready = {"port": port, "service": ready_service} if ready_service else {"port": port}
     return {
-        "readinessProbe": {"grpc": {"port": port}, "initialDelaySeconds": initial, "periodSeconds": 5,
+        "readinessProbe": {"grpc": ready, "initialDelaySeconds": initial, "periodSeconds": 5,
                            "failureThreshold": 3},
         "livenessProbe": {"grpc": {"port": port}, "initialDelaySeconds": initial + 10, "periodSeconds": 10,
                           "failureThreshold": 6},
@@ -204,12 +207,13 @@ def _orchestrator(v: Values) -> list[Obj]:
                      "containers": [
                          {
                              # Replicas elect a leader through etcd; only the leader grants, and the
-                             # fencing token proves it. Readiness (grpc health) is SERVING on the
-                             # leader, so the Service sends clients there.
+                             # fencing token proves it. Readiness (grpc health of the orchestrator
+                             # service) is SERVING on the leader only, so the Service sends clients
+                             # there; liveness checks the process ("" is SERVING on every replica).
                              "name": "orchestrator", "image": v.image, "imagePullPolicy": v.imagePullPolicy,
                              "command": serve,
                              "ports": [{"name": "grpc", "containerPort": 50051}],
-                             **_grpc_probes(50051),
+                             **_grpc_probes(50051, ready_service=ORCHESTRATOR_SERVICE),
                              "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
                              "securityContext": dict(_RESTRICTED),
                          },
