@@ -206,3 +206,44 @@ def test_tenant_that_acquires_right_after_connect_is_still_parked(orchestrator, 
     b.release()
     for x in (sa, a, b):
         x.close()
+
+
+def test_status_shows_host_memory_residue_and_fault(orchestrator, monkeypatch):
+    """Heartbeats carry what the last park left: host bytes, residue; a failed park's
+    cause is kept as the tenant's fault, shown by `rota status`."""
+    from rota._generated import rota_v1_pb2 as pb
+    from rota.cli.status import fetch_status, prometheus_text, render_table
+
+    monkeypatch.setenv("ROTA_HEARTBEAT_S", "0.05")
+    endpoint, engine = orchestrator
+    a = rota.connect(group="mem", tenant="a", endpoint=endpoint)
+    b = rota.connect(group="mem", tenant="b", endpoint=endpoint)
+    sa, sb = ListState(a), ListState(b, fail=True)
+    original = sa.rota_park
+
+    def park_with_memory(tenant, plan):
+        result = original(tenant, plan)
+        if result is not None:
+            result.host_bytes, result.residue = 4096, {"untracked:cache": 512}
+        return result
+
+    sa.rota_park = rota.hookimpl(park_with_memory)
+    a.pm.unregister(sa)
+    a.pm.register(sa, name="state-a-mem")
+    a.acquire()
+    a.release()
+    b.acquire()  # parks a
+    _wait(lambda: engine.groups["mem"].tenants["a"].host_bytes == 4096)
+    b.release()
+    a.acquire()  # parks b, whose park fails: b is FAULTED with the cause
+    a.release()
+    reply = fetch_status(endpoint, "mem")
+    tenants = {t.job_id: t for t in reply.groups[0].tenants}
+    assert tenants["a"].host_bytes == 4096
+    assert tenants["b"].state == "faulted" and "device said no" in tenants["b"].fault
+    table = render_table(reply)
+    assert "host mem" in table and "b FAULTED: park failed" in table
+    assert 'rota_tenant_host_bytes{group="mem",job="a"} 4096' in prometheus_text(reply)
+    assert isinstance(reply, pb.StatusReply)
+    for x in (sa, sb, a, b):
+        x.close()

@@ -289,7 +289,7 @@ class Gpu:
             try:
                 msg = self._outbox.get(timeout=self.heartbeat_s)
             except queue.Empty:
-                msg = pb.TenantMessage(heartbeat=pb.Heartbeat(footprint_bytes=self._safe_footprint()))
+                msg = pb.TenantMessage(heartbeat=self._heartbeat())
             if msg is None:
                 return
             yield msg
@@ -315,6 +315,17 @@ class Gpu:
             log.exception("park of %s failed", self.tenant)
             reply = pb.CommandResult(command_id=cmd.command_id, ok=False, error=f"{type(exc).__name__}: {exc}")
         self._outbox.put(pb.TenantMessage(result=reply))
+
+    def _heartbeat(self) -> object:
+        """Footprint, plus host memory and residue as the last park or restore left them."""
+        from rota._generated import rota_v1_pb2 as pb
+
+        moves = [*self.stats.parks[-1:], *self.stats.restores[-1:]]
+        host = max((m.host_bytes for m in moves), default=0)
+        spilled = max((m.spilled_bytes for m in moves), default=0)
+        residue = sum(self.stats.parks[-1].residue.values()) if self.parked and self.stats.parks else 0
+        return pb.Heartbeat(footprint_bytes=self._safe_footprint(), host_bytes=host, spilled_bytes=spilled,
+                            residue_bytes=residue)
 
     def _safe_footprint(self) -> int:
         try:

@@ -140,6 +140,7 @@ class Session:
     last_seen: float
     alive: bool = True
     pending: set[str] = field(default_factory=set)  # park commands not yet acknowledged
+    memory: tuple[int, int, int] = (0, 0, 0)  # host, spilled, residue bytes from the last heartbeat
 
 
 class Orchestrator:
@@ -299,12 +300,19 @@ class Orchestrator:
             raise
         return s
 
-    def heartbeat(self, s: Session, footprint_bytes: int) -> None:
+    def heartbeat(self, s: Session, footprint_bytes: int, memory: tuple[int, int, int] | None = None) -> None:
+        """A session is alive; record its footprint and (host, spilled, residue) bytes."""
         s.last_seen = time.monotonic()
+        g = self.groups.get(s.group_id)
+        if g is None:
+            return
+        rec = g.tenant(s.job_id)
         if footprint_bytes:
-            g = self.groups.get(s.group_id)
-            if g is not None:
-                g.tenant(s.job_id).footprint_bytes = footprint_bytes
+            rec.footprint_bytes = footprint_bytes
+        if memory is not None:
+            s.memory = memory
+            live = self._live_sessions((s.group_id, s.job_id))
+            rec.host_bytes, rec.spilled_bytes, rec.residue_bytes = (sum(x.memory[i] for x in live) for i in range(3))
 
     def command_result(self, command_id: str, ok: bool, error: str, nbytes: int, seconds: float) -> None:
         fut = self._pending.pop(command_id, None)
@@ -394,13 +402,14 @@ class Orchestrator:
                     else:
                         log.error("park of job %s in group %s failed: %s; job FAULTED", job, group_id, error)
                         g.remove(job, time.monotonic(), lost=True)
-                        g.tenant(job).state = "faulted"
+                        g.tenant(job).state, g.tenant(job).fault = "faulted", f"park failed: {error}"
                 if restore_agent and not results[-1][0]:
                     error = results[-1][1]
                     log.error("restore of job %s in group %s by agent %s failed: %s; job FAULTED",
                               chosen.job_id, group_id, restore_agent, error)
                     g.remove(chosen.job_id, time.monotonic(), lost=True)
                     g.tenant(chosen.job_id).state = "faulted"
+                    g.tenant(chosen.job_id).fault = f"restore by agent {restore_agent} failed: {error}"
                     fut = self._grants.pop((group_id, chosen.job_id), None)
                     if fut is not None and not fut.done():
                         _fail(fut, Faulted(f"restore of job {chosen.job_id!r} in group {group_id!r} failed: "

@@ -151,14 +151,25 @@ class RotaService(pb_grpc.RotaServiceServicer):
             await self.engine.detach(session, why)
 
     async def _read(self, session: Any, it: AsyncIterator[pb.TenantMessage]) -> None:
-        async for msg in it:
-            kind = msg.WhichOneof("message")
-            if kind == "heartbeat":
-                self.engine.heartbeat(session, msg.heartbeat.footprint_bytes)
-            elif kind == "result":
-                r = msg.result
-                self.engine.heartbeat(session, 0)
-                self.engine.command_result(r.command_id, r.ok, r.error, r.bytes, r.seconds)
+        """Heartbeats and command results of one session. If this fails the session
+        ends (and its job is treated as dead), so the cause is logged, never swallowed."""
+        try:
+            async for msg in it:
+                kind = msg.WhichOneof("message")
+                if kind == "heartbeat":
+                    hb = msg.heartbeat
+                    self.engine.heartbeat(session, hb.footprint_bytes,
+                                          (hb.host_bytes, hb.spilled_bytes, hb.residue_bytes))
+                elif kind == "result":
+                    r = msg.result
+                    self.engine.heartbeat(session, 0)
+                    self.engine.command_result(r.command_id, r.ok, r.error, r.bytes, r.seconds)
+        except (asyncio.CancelledError, grpc.RpcError, grpc.aio.AioRpcError):
+            raise
+        except Exception:
+            log.exception("session of job %s in group %s: bad message handling; ending the session",
+                          session.job_id, session.group_id)
+            raise
 
 
 def group_info(g: GroupState, policy: str = "") -> pb.GroupInfo:
@@ -172,7 +183,8 @@ def group_info(g: GroupState, policy: str = "") -> pb.GroupInfo:
             job_id=rec.job_id, state=rec.state, turns=rec.turns, gpu_seconds=rec.gpu_seconds,
             wait_p50_ms=percentile(waits, 50), wait_p99_ms=percentile(waits, 99), park_p50_ms=percentile(parks, 50),
             park_p99_ms=percentile(parks, 99), parked_bytes=rec.parked_bytes, footprint_bytes=rec.footprint_bytes,
-            priority=rec.priority, weight=rec.weight))
+            priority=rec.priority, weight=rec.weight, host_bytes=rec.host_bytes, spilled_bytes=rec.spilled_bytes,
+            residue_bytes=rec.residue_bytes, fault=rec.fault))
     return pb.GroupInfo(group_id=g.group_id, state=g.status_name(), holder=g.holder, token=g.token,
                         queue=[w.job_id for w in g.queue], loaded_job=g.loaded_job, resident_jobs=g.residents,
                         switches=g.switches, busy_seconds=g.busy_seconds,

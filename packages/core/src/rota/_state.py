@@ -52,6 +52,10 @@ class TenantRecord:
     turns: int = 0
     gpu_seconds: float = 0.0
     parked_bytes: int = 0
+    host_bytes: int = 0  # host memory behind the parked state, summed over live ranks
+    spilled_bytes: int = 0
+    residue_bytes: int = 0  # device bytes the last park left behind
+    fault: str = ""  # why the job is FAULTED; cleared by its next grant
     attached: bool = False  # speaks rota.v1 (had a session): must re-attach after a restart
     waits_ms: deque = field(default_factory=lambda: deque(maxlen=_SAMPLES))
     parks_ms: deque = field(default_factory=lambda: deque(maxlen=_SAMPLES))
@@ -173,7 +177,7 @@ class GroupState:
         if job not in self.residents:
             self.residents.append(job)
         self.loaded_job = job
-        rec.state, rec.turns = "holding", rec.turns + 1
+        rec.state, rec.turns, rec.fault = "holding", rec.turns + 1, ""
         rec.world_size = waiter.world_size
         waited_ms = max(0, int((now - waiter.arrived) * 1000))
         rec.waits_ms.append(float(waited_ms))

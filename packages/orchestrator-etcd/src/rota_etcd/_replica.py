@@ -274,10 +274,10 @@ class Replica:
         log.debug("session of job %s rank %d (pid %d) attached to group %s", job_id, rank, pid, group_id)
         return s
 
-    def heartbeat(self, s: Session, footprint_bytes: int) -> None:
+    def heartbeat(self, s: Session, footprint_bytes: int, memory: tuple[int, int, int] | None = None) -> None:
         engine = self._owner.get(s)
         if engine is not None and engine is self.engine:
-            engine.heartbeat(s, footprint_bytes)
+            engine.heartbeat(s, footprint_bytes, memory)
 
     def command_result(self, command_id: str, ok: bool, error: str, nbytes: int, seconds: float) -> None:
         if self.engine is not None:

@@ -76,10 +76,16 @@ class Hello(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., footprint_bytes: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("footprint_bytes",)
+    __slots__ = ("footprint_bytes", "host_bytes", "spilled_bytes", "residue_bytes")
     FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPILLED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESIDUE_BYTES_FIELD_NUMBER: _ClassVar[int]
     footprint_bytes: int
-    def __init__(self, footprint_bytes: _Optional[int] = ...) -> None: ...
+    host_bytes: int
+    spilled_bytes: int
+    residue_bytes: int
+    def __init__(self, footprint_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., spilled_bytes: _Optional[int] = ..., residue_bytes: _Optional[int] = ...) -> None: ...
 
 class CommandResult(_message.Message):
     __slots__ = ("command_id", "ok", "error", "bytes", "seconds")
@@ -156,7 +162,7 @@ class StatusRequest(_message.Message):
     def __init__(self, group_id: _Optional[str] = ...) -> None: ...
 
 class TenantInfo(_message.Message):
-    __slots__ = ("job_id", "state", "turns", "gpu_seconds", "wait_p50_ms", "wait_p99_ms", "park_p50_ms", "park_p99_ms", "parked_bytes", "footprint_bytes", "priority", "weight")
+    __slots__ = ("job_id", "state", "turns", "gpu_seconds", "wait_p50_ms", "wait_p99_ms", "park_p50_ms", "park_p99_ms", "parked_bytes", "footprint_bytes", "priority", "weight", "host_bytes", "spilled_bytes", "residue_bytes", "fault")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +175,10 @@ class TenantInfo(_message.Message):
     FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPILLED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESIDUE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FAULT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: str
     turns: int
@@ -181,7 +191,11 @@ class TenantInfo(_message.Message):
     footprint_bytes: int
     priority: int
     weight: float
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., turns: _Optional[int] = ..., gpu_seconds: _Optional[float] = ..., wait_p50_ms: _Optional[float] = ..., wait_p99_ms: _Optional[float] = ..., park_p50_ms: _Optional[float] = ..., park_p99_ms: _Optional[float] = ..., parked_bytes: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ...) -> None: ...
+    host_bytes: int
+    spilled_bytes: int
+    residue_bytes: int
+    fault: str
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., turns: _Optional[int] = ..., gpu_seconds: _Optional[float] = ..., wait_p50_ms: _Optional[float] = ..., wait_p99_ms: _Optional[float] = ..., park_p50_ms: _Optional[float] = ..., park_p99_ms: _Optional[float] = ..., parked_bytes: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., host_bytes: _Optional[int] = ..., spilled_bytes: _Optional[int] = ..., residue_bytes: _Optional[int] = ..., fault: _Optional[str] = ...) -> None: ...
 
 class GroupInfo(_message.Message):
     __slots__ = ("group_id", "state", "holder", "token", "queue", "loaded_job", "resident_jobs", "switches", "busy_seconds", "age_seconds", "tenants", "policy")

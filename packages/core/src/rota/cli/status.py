@@ -82,6 +82,10 @@ def prometheus_text(reply: pb.StatusReply) -> str:
            [({"group": g.group_id, "job": t.job_id}, t.park_p99_ms) for g, t in rows])
     metric("tenant_parked_bytes", "gauge", "Bytes of the tenant's last park.",
            [({"group": g.group_id, "job": t.job_id}, t.parked_bytes) for g, t in rows])
+    metric("tenant_host_bytes", "gauge", "Host memory holding the tenant's parked state.",
+           [({"group": g.group_id, "job": t.job_id}, t.host_bytes) for g, t in rows])
+    metric("tenant_residue_bytes", "gauge", "Device bytes the tenant's last park left behind.",
+           [({"group": g.group_id, "job": t.job_id}, t.residue_bytes) for g, t in rows])
     return "\n".join(lines) + "\n"
 
 
@@ -95,11 +99,14 @@ def render_table(reply: pb.StatusReply) -> str:
                    f"busy={busy:.0%}  policy={g.policy}")
         if g.tenants:
             out.append(f"  {'tenant':<24} {'state':<9} {'turns':>6} {'gpu s':>9} {'wait p50':>9} {'wait p99':>9} "
-                       f"{'park p50':>9} {'parked':>10}")
+                       f"{'park p50':>9} {'parked':>10} {'host mem':>10} {'residue':>10}")
         for t in g.tenants:
             out.append(f"  {t.job_id:<24} {t.state:<9} {t.turns:>6} {t.gpu_seconds:>9.2f} "
                        f"{t.wait_p50_ms:>7.1f}ms {t.wait_p99_ms:>7.1f}ms {t.park_p50_ms:>7.1f}ms "
-                       f"{format_bytes(t.parked_bytes):>10}")
+                       f"{format_bytes(t.parked_bytes):>10} {format_bytes(t.host_bytes):>10} "
+                       f"{format_bytes(t.residue_bytes):>10}")
+            if t.fault:
+                out.append(f"    {t.job_id} FAULTED: {t.fault}")
     return "\n".join(out) if out else "no groups yet"
 
 
