@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from rota.testing import free_port
+from rota.testing import free_port, run_ranks
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "megatron_worker.py")
 
@@ -18,24 +16,9 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "megatron_work
 @pytest.mark.parametrize("mode", ["plain", "distopt", "distopt-bf16"])
 def test_two_ranks_parked_every_step_are_bit_identical(endpoint, tmp_path, mode):
     port = str(free_port())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
     outs = [tmp_path / f"rank{r}.pt" for r in range(2)]
-    logs = [open(tmp_path / f"rank{r}.log", "w") for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, WORKER, mode, str(r), "2", port, endpoint, str(outs[r])],
-                              env=env, stdout=logs[r], stderr=subprocess.STDOUT) for r in range(2)]
-    try:
-        for p in procs:
-            p.wait(timeout=300)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for f in logs:
-            f.close()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, (tmp_path / f"rank{r}.log").read_text()[-3000:]
+    run_ranks(WORKER, lambda r: [mode, str(r), "2", port, endpoint, str(outs[r])], world=2, logdir=tmp_path,
+              timeout=300, env={"CUDA_VISIBLE_DEVICES": ""})
     results = [torch.load(o, weights_only=True) for o in outs]
     for res in results:
         assert all(res["freed"]), res["freed"]

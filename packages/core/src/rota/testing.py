@@ -5,6 +5,7 @@ the embedded orchestrator over real gRPC, in a thread of the test process.
 """
 
 import contextlib
+import pathlib
 from collections.abc import Callable, Iterator
 
 import rota
@@ -12,7 +13,7 @@ from rota._client import Gpu
 from rota._engine import OrchestratorConfig
 from rota._inproc import free_port, running_orchestrator
 
-__all__ = ["free_port", "quick_config", "running_orchestrator", "tenants"]
+__all__ = ["free_port", "quick_config", "run_ranks", "running_orchestrator", "tenants"]
 
 
 @contextlib.contextmanager
@@ -39,3 +40,32 @@ def tenants(endpoint: str, *, before_close: Callable[[list[Gpu]], None] | None =
 def quick_config() -> OrchestratorConfig:
     """Short TTL and park timeout, so a test that goes wrong fails in seconds."""
     return OrchestratorConfig(ttl_s=5.0, park_timeout_s=30.0)
+
+
+def run_ranks(worker: str, args: Callable[[int], list[str]], *, world: int, logdir: pathlib.Path,
+              timeout: float, env: dict[str, str] | None = None) -> None:
+    """Run ``python worker *args(rank)`` for each rank at once, with one thread each and
+    no inherited ROTA_* settings; fail with the rank's log tail if any rank fails or hangs."""
+    import os
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
+    base.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    logs = [logdir / f"rank{r}.log" for r in range(world)]
+    files = [open(path, "w") for path in logs]
+    procs = [subprocess.Popen([sys.executable, worker, *args(r)], env=base, stdout=f, stderr=subprocess.STDOUT)
+             for r, f in enumerate(files)]
+    try:
+        for p in procs:
+            p.wait(timeout=timeout)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in files:
+            f.close()
+    for path, p in zip(logs, procs, strict=True):
+        if p.returncode != 0:
+            raise AssertionError(f"{path.name} exited with {p.returncode}:\n{path.read_text()[-3000:]}")
