@@ -17,6 +17,8 @@ import rota
 from rota._generated import timeslice_orchestrator_pb2 as v1a
 from rota_etcd.testing import OrchestratorProcess, leader_of
 
+LEADER_SERVICE = "rota.v1.RotaService"
+
 
 def replicas(etcd, tmp_path, child_env, n: int = 2) -> list[OrchestratorProcess]:
     return [OrchestratorProcess(etcd.url, tmp_path / f"orch{i}.log", args=["--ttl", "3"], env=child_env).start()
@@ -27,7 +29,15 @@ def leader_and_followers(etcd, prefix: str, orchs: list[OrchestratorProcess]
                          ) -> tuple[OrchestratorProcess, list[OrchestratorProcess]]:
     def find() -> OrchestratorProcess | None:
         rec = leader_of(etcd.url, prefix)
-        return next((o for o in orchs if rec and rec["address"] == o.endpoint and o.running), None)
+        leader = next((o for o in orchs if rec and rec["address"] == o.endpoint and o.running), None)
+        # elected in etcd is not yet serving: it loads state first, and says so through health
+        if leader is None:
+            return None
+        try:
+            serving = health(leader.endpoint, LEADER_SERVICE) == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            serving = False
+        return leader if serving else None
 
     leader = eventually(find, 20, "a leader among the replicas")
     return leader, [o for o in orchs if o is not leader]
