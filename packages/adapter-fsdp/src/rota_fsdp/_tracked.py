@@ -380,6 +380,20 @@ class Tracked:
                 f"tags={self.tags}, discard={sorted(self.discard)}, parked={self.parked})")
 
 
+def check_tags(gpu: Gpu, tags: Iterable[str], discard: Iterable[str]) -> tuple[tuple[str, ...], frozenset[str]]:
+    """Validate ``track``'s tags and discard set (shared with rota_megatron): (tags, discard)."""
+    tags = tuple(dict.fromkeys(tags))
+    unknown = set(tags) - set(TAGS)
+    if unknown or not tags:
+        raise TrackingError(f"tags {sorted(unknown) or '()'} not understood; choose from {TAGS}",
+                            job_id=gpu.tenant, group_id=gpu.group)
+    drop = frozenset(discard)
+    if not drop <= set(tags):
+        raise TrackingError(f"discard {sorted(drop - set(tags))} names tags that are not tracked {tags}",
+                            job_id=gpu.tenant, group_id=gpu.group)
+    return tags, drop
+
+
 def track(gpu: Gpu, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
           tags: Iterable[str] = TAGS, discard: Iterable[str] = (), device: torch.device | str | None = None,
           pool_bytes: int | None = None, release_cached: bool = True, verify: str | None = None,
@@ -405,15 +419,7 @@ def track(gpu: Gpu, model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     :returns: the :class:`Tracked` handle (``untrack()``, ``state_dict()``, ``footprint()``).
     :raises TrackingError: a bad tag, a device mismatch, or a model tracked twice.
     """
-    tags = tuple(dict.fromkeys(tags))
-    unknown = set(tags) - set(TAGS)
-    if unknown or not tags:
-        raise TrackingError(f"tags {sorted(unknown) or '()'} not understood; choose from {TAGS}",
-                            job_id=gpu.tenant, group_id=gpu.group)
-    drop = frozenset(discard)
-    if not drop <= set(tags):
-        raise TrackingError(f"discard {sorted(drop - set(tags))} names tags that are not tracked {tags}",
-                            job_id=gpu.tenant, group_id=gpu.group)
+    tags, drop = check_tags(gpu, tags, discard)
     for tag in sorted(drop & {"weights", "optimizer"}):
         if tag not in (recreate or {}):
             log.warning("tenant %s: %s is discarded at park and has no recreate= callback: its restores will fail",

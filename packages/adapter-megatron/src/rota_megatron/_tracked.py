@@ -46,6 +46,7 @@ from rota import Gpu
 from rota.tensors._parker import local_tensor
 from rota.tensors._pool import align
 from rota_fsdp import TAGS, AlreadyTracked, DeviceMismatch, Tracked, TrackingError
+from rota_fsdp._tracked import check_tags
 
 log = logging.getLogger(__name__)
 
@@ -252,15 +253,7 @@ def track(gpu: Gpu, model_chunks: torch.nn.Module | Sequence[torch.nn.Module], o
         off the tenant's device; ``AlreadyTracked`` for a chunk or parameter tracked twice.
     """
     chunks = _as_chunks(model_chunks, gpu)
-    tags = tuple(dict.fromkeys(tags))
-    unknown = set(tags) - set(TAGS)
-    if unknown or not tags:
-        raise TrackingError(f"tags {sorted(unknown) or '()'} not understood; choose from {TAGS}",
-                            job_id=gpu.tenant, group_id=gpu.group)
-    drop = frozenset(discard)
-    if not drop <= set(tags):
-        raise TrackingError(f"discard {sorted(drop - set(tags))} names tags that are not tracked {tags}",
-                            job_id=gpu.tenant, group_id=gpu.group)
+    tags, drop = check_tags(gpu, tags, discard)
     _check_inputs(optimizer, chunks, gpu)
     named = [(f"chunk{i}.{n}", t) for i, c in enumerate(chunks)
              for n, t in itertools.chain(c.named_parameters(), c.named_buffers())]
