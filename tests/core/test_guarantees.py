@@ -42,6 +42,35 @@ def test_corrupted_host_copy_is_refused_and_the_parker_stays_parked(verify):
     assert torch.equal(w, want)
 
 
+@pytest.mark.parametrize("window", ["first", "middle", "last"])
+def test_sampled_windows_of_every_region_are_checked_across_pool_chunks(window):
+    """Regions small and large, one spanning two pool chunks: a byte changed in any sampled window is named."""
+    from rota.tensors._guard import SAMPLES, WINDOW, sample_index
+
+    parker = TensorParker("cpu", pool=HostPool(pin=False, chunk_bytes=1 << 16), verify="sample")
+    tensors = {"small": torch.randn(25), "big": torch.randn(30_000), "bigger": torch.randn(50_000)}
+    want = {k: v.clone() for k, v in tensors.items()}
+    parker.add("weights", tensors)
+    parker.park()
+    slots = sorted(parker._slots.values(), key=lambda sl: sl.offset)
+    positions, ends = sample_index([sl.offset for sl in slots], [sl.nbytes for sl in slots])
+    assert ends.tolist() == [100, 100 + SAMPLES * WINDOW, 100 + 2 * SAMPLES * WINDOW]  # small regions: whole
+    assert len(parker.pool.chunks) > 1 and any(len(parker.pool.pieces(sl.offset, sl.nbytes)) > 1 for sl in slots)
+    for sl, lo, hi in zip(slots, [0, *ends[:-1].tolist()], ends.tolist(), strict=True):
+        mine = positions[lo:hi]
+        assert int(mine.min()) == sl.offset and int(mine.max()) == sl.offset + sl.nbytes - 1
+    target = next(sl for sl in slots if sl.name == "bigger")
+    offset = {"first": 0, "middle": 7 * (target.nbytes - WINDOW) // (SAMPLES - 1) + 5,
+              "last": target.nbytes - 1}[window]
+    byte = parker.pool.view(target.offset + offset, 1)
+    byte.copy_(byte ^ 0xFF)
+    with pytest.raises(VerifyError, match="'bigger'"):
+        parker.restore()
+    byte.copy_(byte ^ 0xFF)
+    parker.restore()  # untouched again: the same windows now match
+    assert all(torch.equal(tensors[k], want[k]) for k in tensors)
+
+
 def test_verify_off_lets_corruption_through():
     parker, w, _ = _parker("off")
     parker.park()

@@ -63,7 +63,7 @@ from rota.tensors._guard import (
     device_free_bytes,
     env_number,
     env_verify,
-    host_sample,
+    sample_index,
 )
 from rota.tensors._pool import HostPool, align
 
@@ -89,7 +89,17 @@ class _Slot:
     tag: str
     offset: int  # byte offset in the pool; -1 when discarded (nothing copied)
     name: str = ""  # first tensor seen on this storage (for error messages)
-    fp: object = None  # fingerprint taken at park: int (sample) or device tensor / int pair (full)
+    fp: object = None  # full mode: the (words, tail) device checksum taken at park
+
+
+@dataclass
+class _Sample:
+    """``verify="sample"``: the host bytes read at park, at ``positions`` of the pool."""
+
+    slots: list[_Slot]  # copied regions, in the order of their shares of ``positions``
+    positions: torch.Tensor
+    ends: torch.Tensor  # end of each region's share of ``positions``
+    bytes: torch.Tensor
 
 
 @dataclass
@@ -144,6 +154,9 @@ class TensorParker:
         self.name = name
         self._sources: dict[str, list[NamedTensors]] = {}
         self._slots: dict[int, _Slot] = {}
+        self._sample: _Sample | None = None  # sampled host bytes of the current park
+        self._sample_layout: list[tuple[int, int]] = []
+        self._sample_index: tuple[torch.Tensor, torch.Tensor] = (torch.zeros(0), torch.zeros(0))
         self._resident_by_tag: dict[str, int] = {}
         self._parked = False
         self._lock = threading.RLock()
@@ -405,13 +418,9 @@ class TensorParker:
                                "re-created (added with on_discard='error'); reload them or park them in offload "
                                "mode; the tenant stays parked")
         verify_s = 0.0
-        if self.verify == "sample":
+        if self.verify == "sample" and self._sample is not None:
             tv = time.perf_counter()
-            for sl in slots:
-                if sl.offset >= 0 and host_sample(self.pool.pieces(sl.offset, sl.nbytes), sl.nbytes) != sl.fp:
-                    raise VerifyError(f"parker {self.name!r}: host copy of {sl.name!r} (tag {sl.tag!r}, "
-                                      f"{sl.nbytes} bytes) does not match its fingerprint taken at park; restore "
-                                      "refused, the tenant stays parked (host memory corrupted or overwritten)")
+            self._check_sample(self._sample)
             verify_s = time.perf_counter() - tv
         need = sum(sl.nbytes for sl in slots)
         free = self.free_bytes(self.device)
@@ -509,9 +518,9 @@ class TensorParker:
         if job.kind == "park":
             tv = time.perf_counter()
             copied = [sl for sl in job.slots if sl.offset >= 0]
+            self._sample = None
             if self.verify == "sample":
-                for sl in copied:
-                    sl.fp = host_sample(self.pool.pieces(sl.offset, sl.nbytes), sl.nbytes)
+                self._sample = self._take_sample(copied)
             elif self.verify == "full" and job.sums is not None:
                 sums = torch.stack(job.sums).cpu().tolist() if job.sums else []  # type: ignore[arg-type]
                 for sl, fp in zip(copied, sums, strict=True):
@@ -536,6 +545,7 @@ class TensorParker:
         elif job.kind == "restore":
             result.verify_seconds = job.verify_s
             self._slots = {}
+            self._sample = None
             self._parked = False
             for tag in discarded:
                 by_tag.pop(tag, None)
@@ -551,6 +561,26 @@ class TensorParker:
             log.debug("parker %s: %s %d storages, %.3f GB in %.4f s", self.name, job.kind, len(job.slots),
                       moved / 1e9, seconds)
         return result
+
+    def _take_sample(self, copied: list[_Slot]) -> _Sample:
+        """``verify="sample"``: read the sampled windows of every region's host copy (index cached per layout)."""
+        layout = [(sl.offset, sl.nbytes) for sl in copied]
+        if self._sample_layout != layout:
+            self._sample_layout = layout
+            self._sample_index = sample_index([o for o, _ in layout], [n for _, n in layout])
+        positions, ends = self._sample_index
+        return _Sample(copied, positions, ends, self.pool.gather(positions))
+
+    def _check_sample(self, sample: _Sample) -> None:
+        """Compare the sampled windows with the park's; name the first region that differs."""
+        now = self.pool.gather(sample.positions)
+        if torch.equal(now, sample.bytes):
+            return
+        first = int((now != sample.bytes).nonzero()[0, 0])
+        sl = sample.slots[int(torch.searchsorted(sample.ends, first, right=True))]
+        raise VerifyError(f"parker {self.name!r}: host copy of {sl.name!r} (tag {sl.tag!r}, {sl.nbytes} bytes) "
+                          "does not match its fingerprint taken at park; restore refused, the tenant stays parked "
+                          "(host memory corrupted or overwritten)")
 
     def _check_full(self, job: _Job) -> None:
         """``verify="full"``: compare the device checksums of the restored regions with the park's."""

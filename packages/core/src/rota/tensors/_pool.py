@@ -164,6 +164,19 @@ class HostPool:
         parts = self.pieces(offset, nbytes)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    def gather(self, positions: torch.Tensor) -> torch.Tensor:
+        """The bytes at absolute ``positions`` (int64), as one uint8 tensor: one indexed read per chunk."""
+        if len(self.chunks) == 1 or positions.numel() == 0:
+            return self.chunks[0][positions] if self.chunks else torch.zeros(0, dtype=torch.uint8)
+        starts = torch.tensor(self._starts, dtype=torch.int64)
+        which = torch.searchsorted(starts, positions, right=True) - 1
+        out = torch.empty(positions.numel(), dtype=torch.uint8)
+        for i, chunk in enumerate(self.chunks):
+            mask = which == i
+            if bool(mask.any()):
+                out[mask] = chunk[positions[mask] - self._starts[i]]
+        return out
+
     def _grow_bg(self, nbytes: int) -> None:
         try:
             self._grow(nbytes)
