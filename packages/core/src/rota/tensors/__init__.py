@@ -21,8 +21,10 @@ any torch adapter); nothing outside ``rota.tensors`` imports it.
 from __future__ import annotations
 
 from rota.tensors._guard import DiscardedTag, NoRoom, ResidueError, SwitchError, SwitchTimeout, VerifyError
+from rota.tensors._ledger import node_host_bytes
 from rota.tensors._parker import NamedTensors, TensorParker, overlap
 from rota.tensors._pool import HostBudgetExceeded, HostPool, host_bytes_in_use
 
 __all__ = ["DiscardedTag", "HostBudgetExceeded", "HostPool", "NamedTensors", "NoRoom", "ResidueError", "SwitchError",
-           "SwitchTimeout", "TensorParker", "VerifyError", "host_bytes_in_use", "overlap"]
+           "SwitchTimeout", "TensorParker", "VerifyError", "host_bytes_in_use", "node_host_bytes",
+           "overlap"]

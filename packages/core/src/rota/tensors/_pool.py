@@ -7,8 +7,10 @@ carves it into slots on every park. The pool only grows, and only when the bytes
 park exceed its capacity; :attr:`HostPool.allocations` counts every allocation so a
 test can show that switching allocates nothing.
 
-Host-memory budget: every pool of this process counts against one budget
-(``budget_bytes=`` or ``ROTA_HOST_BUDGET_BYTES``; 0 = none). A pool that would grow past
+Host-memory budgets: every pool of this process counts against one budget
+(``budget_bytes=`` or ``ROTA_HOST_BUDGET_BYTES``; 0 = none), and every rota process
+of the node against the node budget (``ROTA_NODE_HOST_BUDGET_BYTES``, kept in the
+node ledger, see :mod:`rota.tensors._ledger`). A pool that would grow past
 it either spills the missing part to a file in ``spill_dir`` (``ROTA_SPILL_DIR``; a
 memory-mapped file, so copies go through the page cache at disk speed, counted in
 :attr:`HostPool.spilled_bytes`) or, with no spill directory, raises
@@ -31,6 +33,7 @@ import weakref
 import torch
 
 from rota.errors import ConfigError, PermanentError
+from rota.tensors._ledger import locked_ledger, node_budget
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +111,7 @@ class HostPool:
         if budget_bytes is not None and budget_bytes < 0:
             raise ConfigError(f"budget_bytes={budget_bytes!r} is negative; pass bytes >= 0 (0 = no budget)")
         self.budget_bytes = _env_budget() if budget_bytes is None else budget_bytes
+        self.node_budget_bytes = node_budget()
         self.spill_dir = _check_spill_dir(os.environ.get("ROTA_SPILL_DIR", "") if spill_dir is None else spill_dir,
                                           "ROTA_SPILL_DIR" if spill_dir is None else "spill_dir")
         self.spilled_bytes = 0  # part of the capacity that lives in spill files
@@ -184,12 +188,60 @@ class HostPool:
             log.error("host pool: background reservation of %.3f GB failed: %s", nbytes / 1e9, exc)
             self._error = exc
 
-    def _room(self) -> int | None:
-        """Bytes this pool may still take in memory under the budget (None = unlimited)."""
-        if not self.budget_bytes:
-            return None
+    def _room(self, others_on_node: int) -> int | None:
+        """Bytes this pool may still take in memory under the process and node budgets (None = unlimited)."""
         in_memory, _ = host_bytes_in_use()
-        return max(self.budget_bytes - in_memory, 0)
+        rooms = []
+        if self.budget_bytes:
+            rooms.append(self.budget_bytes - in_memory)
+        if self.node_budget_bytes:
+            rooms.append(self.node_budget_bytes - others_on_node - in_memory)
+        return max(min(rooms), 0) if rooms else None
+
+    def _plan(self, missing: int) -> int:
+        """Bytes of ``missing`` that go in memory (the rest spills); recorded in the node ledger first.
+
+        Check and record happen under the ledger's lock so two processes cannot both
+        take the last of the node budget; the allocation itself happens after.
+        """
+        if not self.node_budget_bytes:
+            room = self._room(0)
+            self._check_room(missing, room, 0)
+            planned = missing if room is None else min(missing, room)
+            self._record(host_bytes_in_use()[0] + planned)
+            return planned
+        with locked_ledger() as ledger:
+            others = ledger.others()
+            room = self._room(others)
+            self._check_room(missing, room, others)
+            planned = missing if room is None else min(missing, room)
+            ledger.record(host_bytes_in_use()[0] + planned)
+            return planned
+
+    def _check_room(self, missing: int, room: int | None, others_on_node: int) -> None:
+        if room is None or missing <= room or self.spill_dir:
+            return
+        in_memory, _ = host_bytes_in_use()
+        if self.node_budget_bytes and self.node_budget_bytes - others_on_node - in_memory == room:
+            raise HostBudgetExceeded(
+                f"host pool: parking needs {missing / 1e9:.3f} GB more host memory but the node budget "
+                f"(ROTA_NODE_HOST_BUDGET_BYTES) is {self.node_budget_bytes / 1e9:.3f} GB, other rota processes on "
+                f"this node hold {others_on_node / 1e9:.3f} GB and this one {in_memory / 1e9:.3f} GB; wait for a "
+                "tenant to leave, raise the node budget, or set ROTA_SPILL_DIR to spill parked state to disk")
+        raise HostBudgetExceeded(
+            f"host pool: parking needs {missing / 1e9:.3f} GB more host memory but the budget is "
+            f"{self.budget_bytes / 1e9:.3f} GB and {in_memory / 1e9:.3f} GB is in use; raise "
+            "ROTA_HOST_BUDGET_BYTES, or set ROTA_SPILL_DIR to spill parked state to disk")
+
+    def _record(self, nbytes: int) -> None:
+        """Best effort without a node budget: the ledger is for accounting, not enforcement, then."""
+        try:
+            with locked_ledger() as ledger:
+                ledger.record(nbytes)
+        except (ConfigError, OSError) as exc:
+            if self.node_budget_bytes:
+                raise
+            log.debug("host pool: node ledger not updated: %s", exc)
 
     def _spill_chunk(self, size: int) -> torch.Tensor:
         fd, path = tempfile.mkstemp(prefix="rota-spill-", suffix=".bin", dir=self.spill_dir)
@@ -207,25 +259,25 @@ class HostPool:
                 return 0.0
             t0 = time.perf_counter()
             missing = align(missing)
-            room = self._room()
-            if room is not None and missing > room and not self.spill_dir:
-                in_memory, _ = host_bytes_in_use()
-                raise HostBudgetExceeded(
-                    f"host pool: parking needs {missing / 1e9:.3f} GB more host memory but the budget is "
-                    f"{self.budget_bytes / 1e9:.3f} GB and {in_memory / 1e9:.3f} GB is in use; raise "
-                    "ROTA_HOST_BUDGET_BYTES, or set ROTA_SPILL_DIR to spill parked state to disk")
-            while missing > 0:
-                size = min(self.chunk_bytes, missing)
-                self._starts.append(self.capacity)
-                room = self._room()
-                if room is not None and size > room:
-                    self.chunks.append(self._spill_chunk(size))
-                    log.warning("host pool: %.3f GB over the host budget spilled to a file in %s (parks and "
-                                "restores of it run at disk speed)", size / 1e9, self.spill_dir)
-                else:
-                    self.chunks.append(torch.empty(size, dtype=torch.uint8, pin_memory=self.pin))
-                missing -= size
-                time.sleep(0)  # let other threads (heartbeats) take the GIL between chunks
+            in_memory = self._plan(missing)
+            try:
+                while missing > 0:
+                    size = min(self.chunk_bytes, missing)
+                    start = self.capacity
+                    if size > in_memory:
+                        chunk = self._spill_chunk(size)
+                        log.warning("host pool: %.3f GB over the host budget spilled to a file in %s (parks and "
+                                    "restores of it run at disk speed)", size / 1e9, self.spill_dir)
+                    else:
+                        chunk = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
+                        in_memory -= size
+                    self.chunks.append(chunk)
+                    self._starts.append(start)
+                    missing -= size
+                    time.sleep(0)  # let other threads (heartbeats) take the GIL between chunks
+            finally:
+                if in_memory:  # an allocation failed: the ledger holds only what was really allocated
+                    self._record(host_bytes_in_use()[0])
             self.allocations += 1
             seconds = time.perf_counter() - t0
             self.setup_seconds += seconds
