@@ -35,6 +35,7 @@ import time
 import torch
 
 from rota.tensors import HostPool
+from rota.tensors._guard import env_verify
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -272,7 +273,8 @@ def main() -> None:
     result = {
         "bench": "switch", "device": str(device), "device_name": name, "torch": torch.__version__,
         "python": platform.python_version(), "host": platform.node(), "dtype": ns.dtype, "tensors": ns.tensors,
-        "repeats": ns.repeats, "release_cached": bench.release_cached, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "repeats": ns.repeats, "release_cached": bench.release_cached,
+        "verify": env_verify(), "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "targets": {"park_ratio_max": 1.1, "restore_ratio_max": 1.1, "overlap_gbps_min": 80.0},
         "results": rows,
     }
