@@ -43,5 +43,11 @@ def test_bad_flags_name_the_value(child_env):
     out = subprocess.run([ROTA, "orchestrator", "serve", "--agent", "bad:port"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode != 0 and "bad:port" in out.stderr
+    out = subprocess.run([ROTA, "agent", "serve", "--residue-max-bytes", "-1"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0 and "-1" in out.stderr and "--residue-max-bytes" in out.stderr
+    out = subprocess.run([ROTA, "agent", "serve"], env=dict(env, ROTA_RESIDUE_MAX_BYTES="lots"), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0 and "ROTA_RESIDUE_MAX_BYTES='lots'" in out.stderr
     started = time.monotonic()
     assert time.monotonic() >= started

@@ -11,9 +11,40 @@ operation runs) → SAVED (parked) → TRANSITIONING → RUNNING (restored). Any
 missed deadline → FAULTED with the cause kept; FAULTED is retryable by a new Snapshot.
 A job has at most one operation in flight: a second one is ABORTED (``Busy``).
 
-Concurrency: everything runs on the agent's one event loop; there are no locks. A
-closing WorkloadChannel fails its pending commands at once, so a tenant that dies
-mid-park faults its job immediately rather than at the deadline.
+Verified release: after every successful snapshot the agent measures what the job
+still holds on the device (:mod:`rota_agent._residue`: the residue the tenant's
+adapters report over the WorkloadChannel, and NVML per-process bytes of its pids, the
+latter counted for whole-process backends). Over ``residue_max_bytes``
+(``--residue-max-bytes`` / ``ROTA_RESIDUE_MAX_BYTES``, default 256 MiB, 0 = off) the
+operation is FAILED and the job FAULTED with a message naming the pids and bytes
+(NVML) and the tags/tensors (adapters); its state stays parked, so a retried Snapshot
+re-measures and, once within the limit, completes. The report travels in rota-owned
+fields of GetOperationResponse and JobStatus (``GetOperationResponseExt``,
+``JobStatusExt``: v1alpha1 peers ignore them), with the fault cause in JobStatusExt.
+
+Rollback: a step that fails was rolled back by the tenant or backend (outgoing stays
+resident, incoming stays parked); a step that misses the deadline is undone by the
+backend's ``rollback`` once it finishes (``app_channel`` queues the opposite command).
+Either way the job is FAULTED with the cause, and FAULTED is retried by a new Snapshot
+on the same agent.
+
+Concurrency and lock order. All job, channel and operation state is touched only on
+the agent's one event loop, by code that does not await between checking and changing
+it (``start`` is synchronous); so the loop needs no lock and takes none. The locks
+that do exist, in the one order they may nest (outer first):
+
+1. *the event loop* (implicit): never blocks on a thread lock; blocking work (NVML,
+   CUDA driver calls) goes to executor threads and is awaited.
+2. ``_nvml._lock`` (``threading.Lock``): taken in executor threads around the
+   one-time ``nvmlInit``; a leaf: nothing is taken while it is held and it is never
+   taken on the loop.
+3. tenant side, on the WorkloadClient thread of a process (``rota_agent.client``):
+   ``Gpu._state_lock`` (core, by ``gpu.park`` / :func:`~rota_agent.client.restore_gpu`)
+   then the adapters' own locks (e.g. ``TensorParker._lock``) inside the hooks, the
+   same order as core's ``acquire``. The client holds no lock while it talks to the agent.
+
+No asyncio.Lock is used. A closing WorkloadChannel fails its pending commands at
+once, so a tenant that dies mid-park faults its job immediately rather than at the deadline.
 
 Error codes: unknown job / operation → NOT_FOUND; malformed ids or backend config →
 INVALID_ARGUMENT; direct_memory / memory_regions and platform limits → UNIMPLEMENTED;
@@ -39,7 +70,8 @@ from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
 from rota._grpc_server import rpc_errors
 from rota._ids import check_id
 from rota.errors import InvalidArgument, RotaError
-from rota_agent import _nvml
+from rota_agent import _nvml, _residue
+from rota_agent._generated import agent_ext_pb2 as ext
 from rota_agent.backends import Backend, Channel, Job, default_backends
 from rota_agent.errors import (
     BackendFailed,
@@ -54,6 +86,7 @@ from rota_agent.errors import (
 log = logging.getLogger(__name__)
 
 KEEP_OPERATIONS = 4096  # finished operations remembered for GetOperation
+NVML_TIMEOUT_S = 30.0  # one per-process NVML read after a park
 _CONFIG_BACKENDS = {"cuda": "cuda", "app_endpoint": "app_endpoint", "app_channel": "app_channel"}
 
 
@@ -69,6 +102,7 @@ class Operation:
     storage_bytes: int | None = None
     device_bytes: int | None = None
     error: str = ""
+    residue: _residue.Residue | None = None  # snapshot: what stayed on the device
 
     def elapsed_ms(self) -> int:
         end = self.finished or time.monotonic()
@@ -79,10 +113,15 @@ class Agent:
     """Jobs, channels and operations of one node. Not thread-safe: use from its loop."""
 
     def __init__(self, backends: dict[str, Backend] | None = None, *, op_timeout_s: float = 300.0,
-                 name: str = "agent", accelerators: Callable[[], list[tuple[str, int, int]]] = _nvml.accelerators
-                 ) -> None:
+                 name: str = "agent", accelerators: Callable[[], list[tuple[str, int, int]]] = _nvml.accelerators,
+                 residue_max_bytes: int | None = None,
+                 process_bytes: _residue.ProcessReader = _nvml.process_bytes_by_pid) -> None:
+        """``residue_max_bytes``: None reads ``ROTA_RESIDUE_MAX_BYTES``; ``process_bytes``: the NVML
+        per-pid reader (tests inject a fake, as no GPU is there)."""
         if op_timeout_s <= 0:
             raise InvalidArgument(f"op_timeout_s={op_timeout_s!r} must be > 0 seconds")
+        self.residue_max_bytes = _residue.residue_max(residue_max_bytes)
+        self.process_bytes = process_bytes
         self.backends = backends if backends is not None else default_backends()
         self.op_timeout_s = op_timeout_s
         self.name = name
@@ -196,23 +235,37 @@ class Agent:
         try:
             moved = await asyncio.wait_for(step(job, parsed), self.op_timeout_s)
         except asyncio.TimeoutError:
+            undo = getattr(backend, "rollback", None)
+            if undo is not None:
+                undo(job, parsed, op.kind)
             self._fail(job, op, f"{op.kind} of job {job.job_id!r} ({op.backend}) missed its "
-                                f"{self.op_timeout_s:g} s deadline")
+                                f"{self.op_timeout_s:g} s deadline"
+                                + ("; rolled back: the opposite command is queued behind it, so the job ends "
+                                   f"{'resident' if op.kind == 'snapshot' else 'parked'} once the step finishes"
+                                   if undo is not None else ""))
         except asyncio.CancelledError:
             self._fail(job, op, "agent shutting down")
             raise
         except RotaError as exc:
+            reported = getattr(exc, "residue", None)
+            if op.kind == "snapshot" and reported:
+                op.residue = job.residue = _residue.measure(job.job_id, op.backend, reported, None,
+                                                            count_nvml=False, limit=self.residue_max_bytes)
             self._fail(job, op, str(exc))
         except Exception as exc:  # a backend bug must fault the job, not kill the agent
             log.exception("backend %s crashed", op.backend)
             self._fail(job, op, f"{type(exc).__name__}: {exc}")
         else:
             op.storage_bytes, op.device_bytes = moved.storage_bytes, moved.device_bytes
+            if op.kind == "snapshot":
+                job.parked_with = (op.backend, parsed)  # parked, even if too much stayed behind
+                op.residue = job.residue = await self._measure(job, op, backend, moved)
+                if op.residue.fault:
+                    self._fail(job, op, op.residue.fault)
+                    return
             op.status = pb.OPERATION_STATUS_COMPLETE
             job.state = pb.JOB_STATE_SAVED if op.kind == "snapshot" else pb.JOB_STATE_RUNNING
             job.fault = ""
-            if op.kind == "snapshot":
-                job.parked_with = (op.backend, parsed)
             log.info("job %s: %s via %s done in %d ms", job.job_id, op.kind, op.backend, op.elapsed_ms())
         finally:
             op.finished = time.monotonic()
@@ -220,6 +273,21 @@ class Agent:
             if not job.channels and job.state != pb.JOB_STATE_FAULTED and job.default_backend == "app_channel" \
                     and self.jobs.get(job.job_id) is job:
                 del self.jobs[job.job_id]
+
+    async def _measure(self, job: Job, op: Operation, backend: Backend, moved: Any) -> _residue.Residue:
+        """What the parked job still holds: its adapters' report, and NVML for its pids (off the loop)."""
+        pids = moved.pids or job.pids
+        nvml = None
+        if pids:
+            try:
+                nvml = await asyncio.wait_for(
+                    asyncio.get_running_loop().run_in_executor(None, self.process_bytes, pids), NVML_TIMEOUT_S)
+            except Exception as exc:  # a stuck or broken reader leaves the adapters' report to judge by
+                log.warning("job %s: NVML per-process read failed (%s); residue from adapters only", job.job_id,
+                            exc or type(exc).__name__)
+        return _residue.measure(job.job_id, op.backend, moved.residue, nvml,
+                                count_nvml=bool(getattr(backend, "whole_process", False)),
+                                limit=self.residue_max_bytes)
 
     def _fail(self, job: Job, op: Operation, error: str) -> None:
         op.status, op.error = pb.OPERATION_STATUS_FAILED, error
@@ -271,12 +339,13 @@ class AgentService(pb_grpc.SnapshotAgentServiceServicer):
             resp.snapshot_device_bytes = op.device_bytes
         if op.error:
             resp.error = op.error
+        if op.residue is not None:
+            resp = _residue.attach(resp, ext.GetOperationResponseExt(residue=op.residue.to_pb()))
         return resp
 
     @rpc_errors
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
-        jobs = [pb.JobStatus(job_id=j.job_id, state=j.state) for j in sorted(self.agent.jobs.values(),
-                                                                               key=lambda j: j.job_id)]
+        jobs = [_job_status(j) for j in sorted(self.agent.jobs.values(), key=lambda j: j.job_id)]
         loop = asyncio.get_running_loop()
         accel = await loop.run_in_executor(None, self.agent.accelerators)
         return pb.StatusResponse(job_statuses=jobs, accelerator_statuses=[
@@ -329,6 +398,17 @@ class AgentService(pb_grpc.SnapshotAgentServiceServicer):
             fut = ch.pending.pop(msg.result.command_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(msg.result)
+
+
+def _job_status(job: Job) -> pb.JobStatus:
+    """JobStatus, with the rota-owned residue/fault fields when there is something to say."""
+    st = pb.JobStatus(job_id=job.job_id, state=job.state)
+    if job.residue is None and not job.fault:
+        return st
+    more = ext.JobStatusExt(fault=job.fault)
+    if job.residue is not None:
+        more.residue.CopyFrom(job.residue.to_pb())
+    return _residue.attach(st, more)
 
 
 def _meta_pid(raw: str) -> int:

@@ -10,7 +10,7 @@ import logging
 import threading
 
 log = logging.getLogger(__name__)
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards the one-time nvmlInit; a leaf lock (see rota_agent._agent on lock order)
 _state: dict[str, object] = {}
 
 
@@ -45,19 +45,29 @@ def accelerators() -> list[tuple[str, int, int]]:
     return out
 
 
-def process_bytes(pids: tuple[int, ...]) -> int | None:
-    """Device bytes used by ``pids`` across all GPUs (None without NVML)."""
+def process_bytes_by_pid(pids: tuple[int, ...]) -> dict[int, int] | None:
+    """Device bytes each of ``pids`` uses, summed over all GPUs (None without NVML).
+
+    A pid NVML does not list holds nothing (0). The agent's residue check after a park
+    reads this (:mod:`rota_agent._residue`); it is blocking, so call it off the loop.
+    """
     nv = _nvml()
     if nv is None:
         return None
-    total, want = 0, set(pids)
+    out = dict.fromkeys(pids, 0)
     try:
         for i in range(nv.nvmlDeviceGetCount()):  # type: ignore[attr-defined]
             h = nv.nvmlDeviceGetHandleByIndex(i)  # type: ignore[attr-defined]
             for p in nv.nvmlDeviceGetComputeRunningProcesses(h):  # type: ignore[attr-defined]
-                if p.pid in want and p.usedGpuMemory:
-                    total += int(p.usedGpuMemory)
+                if p.pid in out and p.usedGpuMemory:
+                    out[p.pid] += int(p.usedGpuMemory)
     except Exception as exc:
         log.warning("NVML per-process query failed: %s", exc)
         return None
-    return total
+    return out
+
+
+def process_bytes(pids: tuple[int, ...]) -> int | None:
+    """Device bytes used by ``pids`` across all GPUs (None without NVML)."""
+    per = process_bytes_by_pid(pids)
+    return None if per is None else sum(per.values())

@@ -15,7 +15,10 @@ v1alpha1 client, an inference server) passes its own callables to
 :class:`WorkloadClient`.
 
 The channel runs on one daemon thread, reconnecting (and re-registering) until
-:meth:`WorkloadClient.close`. Commands run one at a time on that thread.
+:meth:`WorkloadClient.close`. Commands run one at a time on that thread. A park's
+reply carries the residue the adapters computed (``ParkResult.residue``, also when the
+park failed on it), in rota-owned fields of the CommandResult that the agent checks
+against its ``--residue-max-bytes`` (see :mod:`rota_agent._residue`).
 
 Environment:
     ROTA_AGENT   ``host:port`` (or ``unix:PATH``) of this node's agent, when not passed
@@ -39,13 +42,17 @@ from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
 from rota._ids import check_id
 from rota._types import ParkMode, ParkPlan, ParkResult
 from rota.errors import ConfigError, RotaError, from_rpc_error
+from rota_agent import _residue
+from rota_agent._generated import agent_ext_pb2 as ext
 
 if TYPE_CHECKING:
     from rota._client import Gpu
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[int, tuple[str, ...]], None]  # (SuspendMode, tags) -> None; raise on failure
+# (SuspendMode, tags) -> None, or a ParkResult whose residue goes back to the agent; raise on failure (an
+# exception with a ``park_result`` attribute sends that result's residue too).
+Handler = Callable[[int, tuple[str, ...]], "ParkResult | None"]
 BACKENDS = ("app_channel", "cuda", "noop")
 
 
@@ -130,9 +137,10 @@ class WorkloadClient:
     def _handle(self, cmd: pb.AgentCommand) -> pb.CommandResult:
         kind = cmd.WhichOneof("command")
         t0 = time.perf_counter()
+        result: object = None
         try:
             if kind == "snapshot":
-                self.on_snapshot(cmd.snapshot.mode, tuple(cmd.snapshot.tags))
+                result = self.on_snapshot(cmd.snapshot.mode, tuple(cmd.snapshot.tags))
             elif kind == "restore":
                 self.on_restore(pb.SUSPEND_MODE_UNSPECIFIED, tuple(cmd.restore.tags))
             else:
@@ -141,8 +149,13 @@ class WorkloadClient:
         except Exception as exc:  # every failure goes back to the agent, which faults the job
             log.exception("job %s: %s command failed", self.job_id, kind)
             ok, error = False, f"{type(exc).__name__}: {exc}"
+            result = getattr(exc, "park_result", None)
         self.commands.append((str(kind), ok, time.perf_counter() - t0))
-        return pb.CommandResult(command_id=cmd.command_id, ok=ok, error=error)
+        reply = pb.CommandResult(command_id=cmd.command_id, ok=ok, error=error)
+        residue = getattr(result, "residue", None) if kind == "snapshot" else None
+        if residue:
+            reply = _residue.attach(reply, ext.CommandResultExt(residue=ext.Residue(bytes=residue)))
+        return reply
 
 
 def restore_gpu(gpu: Gpu, plan: ParkPlan | None = None) -> ParkResult:
@@ -163,6 +176,24 @@ def restore_gpu(gpu: Gpu, plan: ParkPlan | None = None) -> ParkResult:
         gpu.stats.events.append(("restore", t0, time.monotonic()))
         gpu.parked = False
         return result
+
+
+def park_gpu(gpu: Gpu, plan: ParkPlan) -> ParkResult:
+    """``gpu.park(plan)``, reporting what stays on the device to the agent.
+
+    Parking an already parked ``gpu`` moves nothing; its result is then the last
+    park's, whose residue is still on the device (so a retried snapshot re-checks it).
+    A park that fails on core's own residue check keeps its result on the exception.
+    """
+    with gpu._state_lock:  # as gpu.park does; held across the check so no turn starts in between
+        if gpu.parked:
+            return gpu.last_park
+        try:
+            return gpu._park_locked(plan)
+        except RotaError as exc:
+            if gpu.parked:  # parked, but refused (ResidueError): the agent needs the residue too
+                exc.park_result = gpu.last_park  # type: ignore[attr-defined]
+            raise
 
 
 def _plan(mode: int, tags: tuple[str, ...]) -> ParkPlan:
@@ -186,7 +217,7 @@ def register(gpu: Gpu, agent: str | None = None, *, tags: Sequence[str] = (), ba
                           "`rota agent serve`) or pass agent=")
     check_endpoint(agent, where)
     client = WorkloadClient(agent, gpu.tenant, gpu.group,
-                            on_snapshot=lambda mode, t: gpu.park(_plan(mode, t)),
+                            on_snapshot=lambda mode, t: park_gpu(gpu, _plan(mode, t)),
                             on_restore=lambda mode, t: restore_gpu(gpu, _plan(mode, t)),
                             modes=(pb.SUSPEND_MODE_OFFLOAD, pb.SUSPEND_MODE_DISCARD), tags=tags, backend=backend)
     return client

@@ -9,6 +9,7 @@ passed on as ``ROTA_AGENTS`` (comma-separated), which the engine reads.
 Environment:
     ROTA_AGENT_LISTEN     default of ``rota agent serve --listen`` (0.0.0.0:9001)
     ROTA_AGENT_OP_TIMEOUT default of ``--op-timeout`` (seconds, > 0)
+    ROTA_RESIDUE_MAX_BYTES default of ``--residue-max-bytes`` (integer >= 0, 0 = off; 256 MiB)
     ROTA_AGENT            default of ``rota agent status --agent``
     ROTA_AGENTS           agents the orchestrator talks to (also set by ``--agent``)
 """
@@ -43,12 +44,21 @@ def agent() -> None:
               envvar="ROTA_AGENT_OP_TIMEOUT", help="Deadline of one Snapshot/Restore; a miss FAULTs the job.")
 @click.option("--step-timeout", type=click.FloatRange(min=0.001), default=120.0, show_default=True,
               help="Deadline of one CUDA driver step or one HTTP call of the app_endpoint backend.")
-def serve_cmd(listen: str, op_timeout: float, step_timeout: float) -> None:
+@click.option("--residue-max-bytes", type=click.IntRange(min=0), default=None,
+              help="Device bytes a parked job may leave behind (NVML per pid for whole-process parks, the adapters' "
+                   "report for app_channel); more FAILs the snapshot and FAULTs the job. 0 = off "
+                   "[default: env ROTA_RESIDUE_MAX_BYTES, else 268435456 = 256 MiB].")
+def serve_cmd(listen: str, op_timeout: float, step_timeout: float, residue_max_bytes: int | None) -> None:
     """Serve SnapshotAgentService and grpc.health.v1 until SIGINT/SIGTERM."""
+    from rota.errors import ConfigError
     from rota_agent._agent import Agent
     from rota_agent.backends import default_backends
 
-    a = Agent(default_backends(step_timeout_s=step_timeout), op_timeout_s=op_timeout, name=listen)
+    try:
+        a = Agent(default_backends(step_timeout_s=step_timeout), op_timeout_s=op_timeout, name=listen,
+                  residue_max_bytes=residue_max_bytes)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
     asyncio.run(_serve(a, listen))
 
 
@@ -79,14 +89,22 @@ def status_cmd(endpoint: str, as_json: bool) -> None:
             st = pb_grpc.SnapshotAgentServiceStub(ch).Status(pb.StatusRequest(), timeout=5)
         except grpc.RpcError as exc:
             raise click.ClickException(f"agent {endpoint}: {exc.code().name}: {exc.details()}") from None
-    jobs = [{"job_id": j.job_id, "state": pb.JobState.Name(j.state)} for j in st.job_statuses]
+    from rota_agent._generated import agent_ext_pb2 as ext
+    from rota_agent._residue import read
+
+    jobs = []
+    for j in st.job_statuses:
+        more = read(j, ext.JobStatusExt)
+        jobs.append({"job_id": j.job_id, "state": pb.JobState.Name(j.state), "fault": more.fault,
+                     "residue_bytes": more.residue.counted_bytes, "residue": dict(more.residue.bytes)})
     accel = [{"id": a.id, "used": a.memory_used_bytes, "total": a.memory_total_bytes}
              for a in st.accelerator_statuses]
     if as_json:
         click.echo(json.dumps({"jobs": jobs, "accelerators": accel}, indent=2))
         return
     for j in jobs:
-        click.echo(f"{j['job_id']:<32} {j['state']}")
+        left = f"  residue {j['residue_bytes'] / 2**20:.1f} MiB" if j["residue"] else ""
+        click.echo(f"{j['job_id']:<32} {j['state']}{left}{'  ' + j['fault'] if j['fault'] else ''}")
     for a_ in accel:
         click.echo(f"{a_['id']:<44} {a_['used'] / 2**30:8.1f} / {a_['total'] / 2**30:.1f} GiB")
 

@@ -22,10 +22,18 @@ from rota._generated import snapshot_agent_pb2 as pb
 
 @dataclass
 class Moved:
-    """What one backend step moved (None = the backend cannot tell)."""
+    """What one backend step moved (None = the backend cannot tell).
+
+    ``residue``: device bytes the tenant's adapters report left behind after a park,
+    by tag or category (``app_channel``); ``pids``: the processes the step moved, when
+    they are not the job's registered ones (``cuda`` explicit targets), for the
+    agent's NVML residue check.
+    """
 
     storage_bytes: int | None = None
     device_bytes: int | None = None
+    residue: dict[str, int] = field(default_factory=dict)
+    pids: tuple[int, ...] = ()
 
 
 @dataclass(eq=False)
@@ -57,6 +65,7 @@ class Job:
     op: Any = None  # the Operation in flight, if any
     fault: str = ""
     parked_with: tuple[str, Any] | None = None  # (backend, parsed config) of the last good snapshot
+    residue: Any = None  # rota_agent._residue.Residue of the last snapshot (measured or reported)
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -67,6 +76,7 @@ class Backend(Protocol):
     """One way of moving a job's device state out and back."""
 
     name: ClassVar[str]
+    whole_process: ClassVar[bool]  # a park releases the whole process's device memory (context too)
 
     def parse(self, job: Job | None, job_id: str, config: Any) -> Any:
         """Validate ``config`` (the oneof's message, or None) for ``job``; return what
@@ -79,3 +89,7 @@ class Backend(Protocol):
 
     async def restore(self, job: Job, config: Any) -> Moved:
         """Bring it back. Raise on failure (the job becomes FAULTED)."""
+
+    # Optional: ``def rollback(self, job: Job, config: Any, kind: str) -> None`` -- called
+    # (on the loop, must not block) when a ``kind`` step missed the agent's deadline, to
+    # undo it once it finishes after all; see AppChannelBackend.rollback.

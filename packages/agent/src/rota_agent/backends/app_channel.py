@@ -5,6 +5,16 @@ the job (one per rank) and waits for each ``CommandResult``. In the tenant,
 :class:`rota_agent.client.WorkloadClient` runs the adapters' ``rota_park`` /
 ``rota_restore`` hooks (e.g. rota_fsdp's pinned-pool copies) and replies. A channel
 that closes while a command is pending (the process died) fails the step at once.
+
+Each park reply may carry the residue the tenant's adapters computed (rota-owned
+``CommandResultExt`` fields, see :mod:`rota_agent._residue`); the ranks' residues are
+summed into :attr:`Moved.residue`, also on a failed park (``BackendFailed.residue``).
+
+Rollback: a tenant whose park or restore *fails* has rolled it back itself (the
+adapters' contract: a failed park frees nothing, a failed restore stays parked). A
+step that misses the agent's deadline is still running in the tenant; :meth:`rollback`
+queues the opposite command behind it (commands run one at a time per process), so
+once it finishes the outgoing job is resident again, or the incoming one parked again.
 """
 
 from __future__ import annotations
@@ -14,7 +24,9 @@ import uuid
 from typing import Any, ClassVar
 
 from rota._generated import snapshot_agent_pb2 as pb
-from rota_agent.backends._base import Job, Moved
+from rota_agent import _residue
+from rota_agent._generated import agent_ext_pb2 as ext
+from rota_agent.backends._base import Channel, Job, Moved
 from rota_agent.errors import BackendFailed, BadBackendConfig, UnknownJob, WrongState
 
 _MODES = {pb.SUSPEND_MODE_UNSPECIFIED, pb.SUSPEND_MODE_OFFLOAD, pb.SUSPEND_MODE_DISCARD}
@@ -47,6 +59,7 @@ def check_tags(tags: Any, caps: pb.WorkloadCapabilities, where: str) -> tuple[st
 
 class AppChannelBackend:
     name: ClassVar[str] = "app_channel"
+    whole_process: ClassVar[bool] = False
 
     def parse(self, job: Job | None, job_id: str, config: pb.AppChannelConfig | None) -> tuple[int, tuple[str, ...]]:
         if job is None:
@@ -58,7 +71,7 @@ class AppChannelBackend:
         tags = check_tags(config.tags, job.capabilities, where)
         return mode, tags
 
-    async def _send(self, job: Job, make: Any, kind: str) -> Moved:
+    async def _send(self, job: Job, make: Any, kind: str, config: tuple[int, tuple[str, ...]]) -> Moved:
         channels = [c for c in job.channels if not c.closed]
         if not channels:
             raise WrongState(f"job {job.job_id!r} has no open WorkloadChannel (its process exited?); "
@@ -76,18 +89,37 @@ class AppChannelBackend:
             for ch in channels:
                 for cid in [k for k, f in ch.pending.items() if f.done() or f in futs]:
                     ch.pending.pop(cid, None)
+        residue = _residue.merge([dict(_residue.read(r, ext.CommandResultExt).residue.bytes) for r in results])
         errors = [r.error or "failed without a message" for r in results if not r.ok]
-        if errors:
-            raise BackendFailed(f"{kind} of job {job.job_id!r} over its WorkloadChannel failed: "
+        if errors:  # ranks that did move are moved back: the job as a whole stays where it was
+            self._undo(job, config, kind, [ch for ch, r in zip(channels, results, strict=True) if r.ok])
+            exc = BackendFailed(f"{kind} of job {job.job_id!r} over its WorkloadChannel failed: "
                                 + "; ".join(errors), job_id=job.job_id)
-        return Moved()
+            exc.residue = residue  # type: ignore[attr-defined]
+            raise exc
+        return Moved(residue=residue)
+
+    def rollback(self, job: Job, config: tuple[int, tuple[str, ...]], kind: str) -> None:
+        """Queue the opposite of a ``kind`` step that missed its deadline; nobody waits for its result."""
+        self._undo(job, config, kind, job.channels)
+
+    @staticmethod
+    def _undo(job: Job, config: tuple[int, tuple[str, ...]], kind: str, channels: list[Channel]) -> None:
+        mode, tags = config
+        for ch in channels:
+            if ch.closed:
+                continue
+            cid = f"rollback-{uuid.uuid4().hex}"
+            ch.outbox.put_nowait(pb.AgentCommand(command_id=cid, restore=pb.RestoreCommand(tags=tags))
+                                 if kind == "snapshot" else
+                                 pb.AgentCommand(command_id=cid, snapshot=pb.SnapshotCommand(mode=mode, tags=tags)))
 
     async def snapshot(self, job: Job, config: tuple[int, tuple[str, ...]]) -> Moved:
         mode, tags = config
         return await self._send(job, lambda cid: pb.AgentCommand(
-            command_id=cid, snapshot=pb.SnapshotCommand(mode=mode, tags=tags)), "snapshot")
+            command_id=cid, snapshot=pb.SnapshotCommand(mode=mode, tags=tags)), "snapshot", config)
 
     async def restore(self, job: Job, config: tuple[int, tuple[str, ...]]) -> Moved:
         _, tags = config
         return await self._send(job, lambda cid: pb.AgentCommand(
-            command_id=cid, restore=pb.RestoreCommand(tags=tags)), "restore")
+            command_id=cid, restore=pb.RestoreCommand(tags=tags)), "restore", config)

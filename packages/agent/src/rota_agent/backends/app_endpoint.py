@@ -37,6 +37,7 @@ class EndpointPlan:
 
 class AppEndpointBackend:
     name: ClassVar[str] = "app_endpoint"
+    whole_process: ClassVar[bool] = False
 
     def __init__(self, timeout_s: float = 300.0) -> None:
         self.timeout_s = timeout_s

@@ -139,6 +139,7 @@ class CudaBackend:
     """Whole-process checkpoint of a job's pids; see the module docs for limits."""
 
     name: ClassVar[str] = "cuda"
+    whole_process: ClassVar[bool] = True
 
     def __init__(self, driver: Callable[[], CudaDriver] = LibCudaDriver, *, step_timeout_s: float = 120.0,
                  machine: str | None = None, proc_root: str = "/proc",
@@ -227,8 +228,10 @@ class CudaBackend:
 
     async def snapshot(self, job: Job, pids: tuple[int, ...]) -> Moved:
         drv = self.driver
-        for pid in pids:
-            st = self._state(pid)
+        states = [self._state(pid) for pid in pids]
+        if all(st == CHECKPOINTED for st in states):  # a retry after a residue fault: parked already
+            return Moved(pids=pids)
+        for pid, st in zip(pids, states, strict=True):
             if st != RUNNING:
                 raise WrongState(f"pid {pid} of job {job.job_id!r} is {STATE_NAMES.get(st, st)}, not RUNNING; "
                                  "it was already parked (restore it first)", job_id=job.job_id)
@@ -245,7 +248,7 @@ class CudaBackend:
         except Exception:
             await self._rollback(job, locked, saved)
             raise
-        return Moved(storage_bytes=nbytes, device_bytes=nbytes)
+        return Moved(storage_bytes=nbytes, device_bytes=nbytes, pids=pids)
 
     async def _rollback(self, job: Job, locked: list[int], saved: list[int]) -> None:
         for pid in locked:

@@ -16,6 +16,7 @@ from rota_agent.errors import BackendFailed, UnknownJob
 
 class NoopBackend:
     name: ClassVar[str] = "noop"
+    whole_process: ClassVar[bool] = False
 
     def __init__(self, delay_s: float = 0.0, fail: str = "") -> None:
         self.delay_s, self.fail = delay_s, fail

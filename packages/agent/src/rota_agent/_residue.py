@@ -1,0 +1,116 @@
+"""Verified release: what a parked job still holds on the device, and whether that is a fault.
+
+The agent (:mod:`rota_agent._agent`) calls :func:`measure` after every successful
+snapshot. Two sources, both kept in the report by key:
+
+* the tenant's adapters (``app_channel``): the residue their park computed
+  (:attr:`rota.ParkResult.residue`: tracked tags still resident, ``untracked:NAME``,
+  ``process:allocated`` / ``process:reserved``), sent back in the CommandResult;
+* NVML per-process used memory of the job's pids (``nvml:pid:PID``), through an
+  injectable reader (:func:`rota_agent._nvml.process_bytes_by_pid`; tests pass a fake).
+
+What is *counted* against the threshold: the adapters' part as core counts it
+(:func:`rota._client.residue_fault`: the larger of the named bytes and the allocator's
+``process:allocated``), and, for whole-process backends (``cuda``, where the driver
+releases the context too), the NVML bytes of the pids. For backends whose process
+stays alive (``app_channel``...), NVML bytes include the CUDA context (hundreds of MiB
+that no park can free), so they are reported but not counted.
+
+Wire: the report travels in rota-owned fields appended to v1alpha1 messages
+(:mod:`rota_agent._generated.agent_ext_pb2`, fields numbered from 1000), which
+v1alpha1 peers ignore; :func:`attach` and :func:`read` do the appending and reading.
+
+Environment:
+    ROTA_RESIDUE_MAX_BYTES  device bytes a park may leave behind before it is a fault
+                            (integer >= 0, 0 = off; default 268435456 = 256 MiB, as in core)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from google.protobuf.message import Message
+
+from rota._client import _env_int, residue_fault
+from rota._types import ParkResult
+from rota.errors import ConfigError
+from rota_agent._generated import agent_ext_pb2 as ext
+
+DEFAULT_RESIDUE_MAX = 256 << 20  # same default as core's (rota.tensors._guard, not imported: it needs torch)
+ENV = "ROTA_RESIDUE_MAX_BYTES"
+NVML_PREFIX = "nvml:pid:"
+
+M = TypeVar("M", bound=Message)
+ProcessReader = Callable[[tuple[int, ...]], "dict[int, int] | None"]  # pid -> device bytes; None = unknown
+
+
+def residue_max(value: int | None = None) -> int:
+    """``value`` (a flag) when given, else ``ROTA_RESIDUE_MAX_BYTES`` (default 256 MiB), validated."""
+    if value is None:
+        return _env_int(ENV, DEFAULT_RESIDUE_MAX, minimum=0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"residue_max_bytes={value!r} is not an integer >= 0; pass bytes (0 disables the check) "
+                          f"or leave it unset to use {ENV}")
+    return value
+
+
+@dataclass
+class Residue:
+    """What one park left on the device, and the verdict."""
+
+    by_key: dict[str, int] = field(default_factory=dict)
+    counted: int = 0
+    limit: int = 0
+    fault: str = ""  # "" = within the limit
+
+    def to_pb(self) -> ext.Residue:
+        return ext.Residue(bytes=self.by_key, counted_bytes=self.counted, limit_bytes=self.limit)
+
+
+def merge(parts: list[Mapping[str, int]]) -> dict[str, int]:
+    """Residue of several processes (ranks) of one job: every key summed, since each rank is its own process."""
+    out: dict[str, int] = {}
+    for part in parts:
+        for k, n in part.items():
+            out[k] = out.get(k, 0) + int(n)
+    return out
+
+
+def measure(job_id: str, backend: str, adapter: Mapping[str, int], nvml: Mapping[int, int] | None,
+            *, count_nvml: bool, limit: int) -> Residue:
+    """Combine the adapters' residue and NVML's per-pid bytes; judge it against ``limit``."""
+    by_key = {k: int(v) for k, v in adapter.items()}
+    pids = {pid: int(n) for pid, n in (nvml or {}).items()}
+    by_key.update({f"{NVML_PREFIX}{pid}": n for pid, n in pids.items()})
+    named = {k: v for k, v in adapter.items() if not k.startswith("process:") and v > 0}
+    adapter_counted = max(sum(named.values()), int(adapter.get("process:allocated", 0)))
+    nvml_counted = sum(pids.values()) if count_nvml else 0
+    res = Residue(by_key, max(adapter_counted, nvml_counted), limit)
+    if limit <= 0 or res.counted <= limit:
+        return res
+    what = []
+    if nvml_counted > limit:
+        what.append("NVML: " + ", ".join(f"pid {pid} holds {n / 2**20:.1f} MiB"
+                                        for pid, n in sorted(pids.items(), key=lambda kv: -kv[1]) if n))
+    adapter_fault = residue_fault(ParkResult(residue=dict(adapter)), limit)
+    if adapter_fault:
+        what.append(f"the tenant's adapters report: {adapter_fault}")
+    res.fault = (f"snapshot of job {job_id!r} via {backend} left {res.counted / 2**20:.1f} MiB on the device "
+                 f"(limit {limit / 2**20:.1f} MiB, --residue-max-bytes / {ENV}): {'; '.join(what)}. The next "
+                 "tenant would not fit: free or track what stayed, then snapshot the job again")
+    return res
+
+
+def attach(msg: M, extra: Message) -> M:
+    """``msg`` with ``extra``'s fields (numbered 1000+) appended; v1alpha1 peers keep them as unknown fields."""
+    return type(msg).FromString(msg.SerializeToString() + extra.SerializeToString())
+
+
+def read(msg: Message, kind: type[M]) -> M:
+    """The rota-owned fields of ``msg``, parsed as ``kind`` (empty when the peer sent none)."""
+    return kind.FromString(msg.SerializeToString())
+
+
+__all__ = ["DEFAULT_RESIDUE_MAX", "Residue", "attach", "measure", "merge", "read", "residue_max"]
