@@ -15,11 +15,13 @@ import tinker
 
 from rota._engine import OrchestratorConfig
 from rota.testing import running_orchestrator
-from rota_tinker import ServiceConfig, Tenant, TinkerService
+from rota_tinker import DEFAULT_BASE_MODELS, BaseModelSpec, ServiceConfig, Tenant, TinkerService
 
 os.environ["TINKER_TELEMETRY"] = "0"  # the SDK's telemetry is accepted by the service, but keep it quiet
 
 KEYS = {name: f"tml-{name}-test-key-0123" for name in ("alice", "bob", "carol", "dave")}
+# A base big enough (about 80 MB) that a private copy of it per worker would stand out of a process's memory.
+WIDE = BaseModelSpec("rota/wide", vocab=16384, dim=512, layers=1, heads=4, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerService]
     with running_orchestrator(OrchestratorConfig(ttl_s=10.0, park_timeout_s=60.0)) as (endpoint, _engine):
         config = ServiceConfig(tenants=tuple(Tenant(n, k) for n, k in KEYS.items()),
                                data_dir=str(tmp_path_factory.mktemp("tinker")), endpoint=endpoint,
-                               group="tinker-test", long_poll_s=2.0)
+                               group="tinker-test", long_poll_s=2.0,
+                               base_models={**DEFAULT_BASE_MODELS, WIDE.name: WIDE})
         with TinkerService(config) as svc:
             yield svc
 

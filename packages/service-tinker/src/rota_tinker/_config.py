@@ -93,6 +93,9 @@ class ServiceConfig:
     max_body_bytes: int = 64 * 1024 * 1024
     worker_start_timeout_s: float = 120.0
     torch_threads: int = 1
+    # LoRA tenants on one base share one resident copy held by a base-holder process
+    # (rota_tinker._base); False gives every LoRA worker its own copy (for comparisons).
+    share_lora_base: bool = True
 
     def __post_init__(self) -> None:
         if not self.tenants:
@@ -111,6 +114,8 @@ class ServiceConfig:
             raise ConfigError(f"torch_threads={self.torch_threads} must be >= 1")
         if not self.base_models:
             raise ConfigError("no base models configured")
+        if not isinstance(self.share_lora_base, bool):
+            raise ConfigError(f"share_lora_base={self.share_lora_base!r} must be True or False")
 
     def tenant_for_key(self, key: str) -> Tenant | None:
         for t in self.tenants:

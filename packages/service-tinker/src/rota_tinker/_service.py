@@ -22,6 +22,10 @@ Rules enforced here:
 * Work units go to the tenant's trainer or sampler worker (:mod:`rota_tinker._worker`)
   and come back as futures; a failed unit (or a dead worker) fails its future with an
   error the SDK raises as ``RequestFailedError``.
+* LoRA models (and samplers of LoRA weights or of a bare base) attach to the one
+  resident base of their (device, base) held by a base-holder process
+  (:mod:`rota_tinker._base`), started on first use and stopped after every tenant
+  worker (the producer of shared memory outlives its consumers).
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class _Weights:
     tenant: str
     base: BaseModelSpec
     file: str
+    lora: bool  # adapter weights (they go on the shared base), or a full model
 
 
 @dataclass
@@ -88,6 +93,7 @@ class _SamplingSession:
     base: BaseModelSpec
     key: str  # weights file, or "base:NAME"
     model_path: str | None
+    shareable: bool  # adapter weights or the bare base: sampled on the shared base
 
 
 class _State:
@@ -108,6 +114,27 @@ class _State:
                 spec = WorkerSpec(tenant=t.name, role=role, group=config.group, endpoint=config.endpoint,
                                   device=config.device, data_dir=config.data_dir, torch_threads=config.torch_threads)
                 self.workers[(t.name, role)] = WorkerHandle(spec, config.worker_start_timeout_s)
+        self.holders: dict[str, WorkerHandle] = {}  # base name -> its holder on config.device
+
+    def holder(self, base: BaseModelSpec) -> WorkerHandle:
+        """The base-holder process of ``base`` on the service's device (made on first use, started by ``ensure``)."""
+        with self.lock:
+            handle = self.holders.get(base.name)
+            if handle is None:
+                spec = WorkerSpec(tenant=f"{base.name}@{self.config.device}", role="base", group=self.config.group,
+                                  endpoint=None, device=self.config.device, data_dir=self.config.data_dir,
+                                  torch_threads=self.config.torch_threads, base=base)
+                handle = self.holders[base.name] = WorkerHandle(spec, self.config.worker_start_timeout_s)
+        return handle
+
+    def shared_base(self, base: BaseModelSpec, shareable: bool) -> str | None:
+        """The address workers fetch ``base`` from, or None (sharing is off, or a full model needs its own copy).
+
+        :raises RuntimeError: the holder could not start (the caller fails its future with it).
+        """
+        if not (shareable and self.config.share_lora_base):
+            return None
+        return str(self.holder(base).ensure()["address"])
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}-{next(self.counter)}-{secrets.token_hex(4)}"
@@ -314,6 +341,12 @@ class _Handler(BaseHTTPRequestHandler):
         state = self.server.state
         model_id = state.new_id(f"{tenant.name}-model")
         fut = state.future(tenant.name, "CreateModel")
+        try:
+            shared = state.shared_base(base, lora is not None)
+        except RuntimeError as e:
+            fut.fail(f"the shared base {base.name!r} is not available: {e}", "server")
+            self._future_reply(fut, model_id)
+            return
 
         def done(result: Any) -> None:
             with state.lock:
@@ -321,7 +354,8 @@ class _Handler(BaseHTTPRequestHandler):
             fut.succeed(json={"model_id": model_id, "type": "create_model"})
 
         state.workers[(tenant.name, "trainer")].submit(
-            fut, "create", {"model_id": model_id, "base": base, "lora": lora}, done, restart=True)
+            fut, "create", {"model_id": model_id, "base": base, "lora": lora, "shared_base": shared}, done,
+            restart=True)
         log.info("tenant %s: create_model %s (%s, %s)", tenant.name, model_id, base.name,
                  f"lora rank {lora['rank']}" if lora else "full-parameter")
         self._future_reply(fut, model_id)
@@ -397,9 +431,10 @@ class _Handler(BaseHTTPRequestHandler):
 
         def done(result: Any) -> None:
             with state.lock:
-                state.weights[tinker_path] = _Weights(tinker_path, tenant.name, m.base, result["file"])
+                state.weights[tinker_path] = _Weights(tinker_path, tenant.name, m.base, result["file"],
+                                                      m.lora is not None)
             if ephemeral:
-                sid = self._new_sampling_session(tenant, m.base, result["file"], tinker_path)
+                sid = self._new_sampling_session(tenant, m.base, result["file"], tinker_path, m.lora is not None)
                 fut.succeed(json={"type": "save_weights_for_sampler", "sampling_session_id": sid})
             else:
                 fut.succeed(json={"type": "save_weights_for_sampler", "path": tinker_path})
@@ -410,11 +445,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------ sampling routes
 
-    def _new_sampling_session(self, tenant: Tenant, base: BaseModelSpec, key: str, model_path: str | None) -> str:
+    def _new_sampling_session(self, tenant: Tenant, base: BaseModelSpec, key: str, model_path: str | None,
+                              shareable: bool) -> str:
         state = self.server.state
         sid = state.new_id(f"{tenant.name}-sampler")
         with state.lock:
-            state.sampling[sid] = _SamplingSession(sid, tenant.name, base, key, model_path)
+            state.sampling[sid] = _SamplingSession(sid, tenant.name, base, key, model_path, shareable)
         return sid
 
     def _weights_for(self, tenant: Tenant, model_path: str) -> _Weights:
@@ -433,10 +469,10 @@ class _Handler(BaseHTTPRequestHandler):
             if base_name is not None and base_name != w.base.name:
                 raise BadRequest(f"base_model {base_name!r} differs from {w.base.name!r} of {model_path!r}; "
                                  "leave base_model out")
-            sid = self._new_sampling_session(tenant, w.base, w.file, model_path)
+            sid = self._new_sampling_session(tenant, w.base, w.file, model_path, w.lora)
         elif base_name is not None:
             base = self._base(base_name)
-            sid = self._new_sampling_session(tenant, base, f"base:{base.name}", None)
+            sid = self._new_sampling_session(tenant, base, f"base:{base.name}", None, True)
         else:
             raise BadRequest("give model_path (weights saved for the sampler) or base_model")
         self._json({"type": "create_sampling_session", "sampling_session_id": sid})
@@ -451,13 +487,13 @@ class _Handler(BaseHTTPRequestHandler):
         if sid is not None:
             field_of(body, "seq_id", int)
             s = self._owned(state.sampling, sid, "sampling session", tenant)
-            base, key = s.base, s.key
+            base, key, shareable = s.base, s.key, s.shareable
         elif body.get("model_path") is not None:
             w = self._weights_for(tenant, field_of(body, "model_path", str))
-            base, key = w.base, w.file
+            base, key, shareable = w.base, w.file, w.lora
         else:
             base = self._base(field_of(body, "base_model", str))
-            key = f"base:{base.name}"
+            key, shareable = f"base:{base.name}", True
         for flag in ("prompt_logprobs", "record_stability_info"):
             if field_of(body, flag, bool, required=False, default=False):
                 raise BadRequest(f"{flag}=true is not supported by this service; leave it false")
@@ -481,9 +517,15 @@ class _Handler(BaseHTTPRequestHandler):
         seed = secrets.randbelow(2**31) if seed is None else seed
         fut = state.future(tenant.name, "Sample")
         seq_ids = [f"{fut.request_id}:{i}" for i in range(num)]
+        try:
+            shared = state.shared_base(base, shareable)
+        except RuntimeError as e:
+            fut.fail(f"the shared base {base.name!r} is not available: {e}", "server")
+            self._future_reply(fut, None, sample_sequence_ids=seq_ids)
+            return
         state.workers[(tenant.name, "sampler")].submit(
             fut, "sample", {"key": key, "base": base, "prompt": prompt, "params": params, "num_samples": num,
-                            "seed": seed},
+                            "seed": seed, "shared_base": shared},
             lambda result: fut.succeed(proto=_wire.sample_response(result)), restart=True)
         self._future_reply(fut, None, sample_sequence_ids=seq_ids)
 
@@ -591,12 +633,31 @@ class TinkerService:
         """The pid of a tenant's trainer or sampler worker (None before its first work unit)."""
         return self.state.workers[(tenant, role)].pid
 
+    def base_holder_info(self, base_name: str, *, checksum: bool = False, timeout_s: float = 120.0) -> dict[str, Any]:
+        """What the holder of ``base_name`` reports (pid, bytes, its shared segment on CPU, optionally a checksum).
+
+        For tests and benchmarks: shows that tenants share one copy and never change it.
+        """
+        with self.state.lock:
+            handle = self.state.holders.get(base_name)
+        if handle is None or handle.pid is None:
+            raise KeyError(f"no base holder for {base_name!r}: no LoRA model of it was created yet")
+        fut = Future(request_id=self.state.new_id("info"), tenant="(service)", kind="BaseInfo")
+        handle.submit(fut, "info", {"checksum": checksum}, lambda result: fut.succeed(json=result))
+        if not fut.done.wait(timeout_s):
+            raise TimeoutError(f"base holder of {base_name!r} did not answer within {timeout_s:.0f} s")
+        if fut.error is not None:
+            raise RuntimeError(fut.error)
+        return {"pid": handle.pid, **(fut.json or {})}
+
     def stop(self) -> None:
-        """Stop serving and stop every worker (each within a timeout)."""
+        """Stop serving, then every tenant worker, then the base holders (producers outlive consumers)."""
         self._httpd.shutdown()
         self._httpd.server_close()
         for w in self.state.workers.values():
             w.close()
+        for h in list(self.state.holders.values()):
+            h.close()
         if self._thread is not None:
             self._thread.join(10)
 

@@ -16,6 +16,11 @@ turns on shared devices. What is parked between turns (by :mod:`rota_fsdp`):
 * sampler models: the weights a sampling session samples from (the adapter only, for
   LoRA).
 
+LoRA models (and base-only samplers) do not load their own base when the service shares
+bases (the default): they :func:`rota_tinker._base.attach` to the resident copy of the
+base-holder process of their (device, base), which is role ``base`` here (no rota
+tenant: the base is resident, never parked, and read-only).
+
 Saving weights for the sampler needs no device: it is written from the tracked host
 copy (``Tracked.state_dict()``), without a turn.
 """
@@ -38,12 +43,13 @@ class WorkerSpec:
     """Everything a worker needs; picklable for ``spawn``."""
 
     tenant: str
-    role: str  # "trainer" | "sampler"
+    role: str  # "trainer" | "sampler" | "base" (a base holder: rota_tinker._base.BaseHolder)
     group: str
     endpoint: str | None
     device: str
     data_dir: str
     torch_threads: int = 1
+    base: Any = None  # the BaseModelSpec a base holder holds (role "base" only)
 
 
 class UserError(Exception):
@@ -59,9 +65,17 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
     import rota
 
     torch.set_num_threads(spec.torch_threads)
-    gpu = rota.connect(group=spec.group, tenant=f"{spec.tenant}.{spec.role}", endpoint=spec.endpoint)
-    worker = (Trainer if spec.role == "trainer" else Sampler)(spec, gpu)
-    conn.send(("ready", os.getpid()))
+    gpu = None
+    if spec.role == "base":
+        from rota_tinker._base import BaseHolder
+
+        worker: Any = BaseHolder(spec)
+        hello = worker.hello()
+    else:
+        gpu = rota.connect(group=spec.group, tenant=f"{spec.tenant}.{spec.role}", endpoint=spec.endpoint)
+        worker = (Trainer if spec.role == "trainer" else Sampler)(spec, gpu)
+        hello = {}
+    conn.send(("ready", os.getpid(), hello))
     while True:
         try:
             msg = conn.recv()
@@ -78,7 +92,16 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
         except Exception as e:
             log.error("%s failed: %s", op, traceback.format_exc())
             conn.send((rid, "err", f"{type(e).__name__}: {e}", "server"))
-    gpu.close()
+    if gpu is not None:
+        gpu.close()
+
+
+def _base_model(base: Any, device: Any, shared_base: str | None) -> Any:
+    """The base model: attached to the holder at ``shared_base`` (read-only, never parked), or a private copy."""
+    from rota_tinker._base import attach
+    from rota_tinker._models import build_base
+
+    return attach(base, device, shared_base) if shared_base else build_base(base, device)
 
 
 class _Base:
@@ -105,14 +128,16 @@ class Trainer(_Base):
         super().__init__(spec, gpu)
         self.models: dict[str, _Trained] = {}
 
-    def op_create(self, model_id: str, base: Any, lora: dict[str, Any] | None) -> dict[str, Any]:
+    def op_create(self, model_id: str, base: Any, lora: dict[str, Any] | None,
+                  shared_base: str | None = None) -> dict[str, Any]:
+        """Build a model; a LoRA model with ``shared_base`` (a holder's address) attaches to the shared base."""
         import torch
 
         import rota_fsdp
-        from rota_tinker._models import add_lora, build_base
+        from rota_tinker._models import add_lora
 
         with self.gpu.turn():
-            model = build_base(base, self.device)
+            model = _base_model(base, self.device, shared_base if lora is not None else None)
             if lora is not None:
                 trainable = add_lora(model, lora["rank"], lora["seed"], lora["targets"])
             else:
@@ -194,33 +219,37 @@ class Sampler(_Base):
         super().__init__(spec, gpu)
         self.models: dict[str, Any] = {}  # weights file (or "base:NAME") -> model
 
-    def _load(self, key: str, base: Any) -> Any:
+    def _load(self, key: str, base: Any, shared_base: str | None) -> Any:
+        """The model of ``key``; ``shared_base`` (LoRA weights or the bare base only): attach to the shared base."""
         import torch
 
         import rota_fsdp
-        from rota_tinker._models import add_lora, build_base
+        from rota_tinker._models import add_lora
 
         if key in self.models:
             return self.models[key]
-        model = build_base(base, self.device)
-        parked = model
+        model = _base_model(base, self.device, shared_base)
+        parked = None if shared_base else model  # a shared base is never parked; only an adapter on it
         if not key.startswith("base:"):
             saved = torch.load(key, map_location=self.device, weights_only=True)
             if saved["lora"] is not None:
                 lora = saved["lora"]
                 parked = add_lora(model, lora["rank"], lora["seed"], lora["targets"])
-            parked.load_state_dict(saved["weights"])
+            elif shared_base:
+                raise UserError(f"{key} holds full-parameter weights; they cannot go on a shared base")
+            (parked or model).load_state_dict(saved["weights"])
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
-        rota_fsdp.track(self.gpu, parked, None, tags=("weights",), device=self.device)
+        if parked is not None:
+            rota_fsdp.track(self.gpu, parked, None, tags=("weights",), device=self.device)
         self.models[key] = model
         return model
 
     def op_sample(self, key: str, base: Any, prompt: Any, params: dict[str, Any], num_samples: int,
-                  seed: int) -> list[Any]:
+                  seed: int, shared_base: str | None = None) -> list[Any]:
         from rota_tinker._models import sample
 
         with self.gpu.turn():
-            model = self._load(key, base)
+            model = self._load(key, base, shared_base)
             return sample(model, prompt, params, num_samples, seed, self.device, base.max_len)

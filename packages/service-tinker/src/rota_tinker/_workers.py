@@ -60,6 +60,7 @@ class WorkerHandle:
         self._pending: dict[str, tuple[Future, OnResult]] = {}
         self._dead: str | None = None
         self._closed = False
+        self.hello: dict[str, Any] = {}  # what the process said when it was ready (a base holder: its address)
 
     @property
     def name(self) -> str:
@@ -86,8 +87,32 @@ class WorkerHandle:
             raise RuntimeError(f"{self.name} worker exited while starting (exit code {proc.exitcode}); "
                                "see its log above") from e
         log.info("%s worker started, pid %s", self.name, hello[1])
-        self._proc, self._conn = proc, parent
+        self._proc, self._conn, self.hello = proc, parent, hello[2]
         threading.Thread(target=self._read, name=f"rota-tinker-read-{self.name}", daemon=True).start()
+
+    def _ensure_locked(self, restart: bool) -> str | None:
+        """Start the process if needed; None when it runs, else why it does not."""
+        if self._dead is not None and restart and not self._closed and self._proc is not None:
+            log.warning("%s: starting a fresh worker after: %s", self.name, self._dead)
+            self._proc, self._conn, self._dead = None, None, None
+        if self._dead is not None:
+            return self._dead
+        if self._proc is None:
+            try:
+                self._start_locked()
+            except Exception as e:
+                self._dead = f"{self.name} worker could not start: {e}"
+                log.error("%s", self._dead)
+                return self._dead
+        return None
+
+    def ensure(self, *, restart: bool = True) -> dict[str, Any]:
+        """Start the process now (or a fresh one after a crash); its hello. RuntimeError if it cannot run."""
+        with self._lock:
+            why = self._ensure_locked(restart)
+            if why is not None:
+                raise RuntimeError(why)
+            return self.hello
 
     def submit(self, future: Future, op: str, args: dict[str, Any], on_result: OnResult, *,
                restart: bool = False) -> None:
@@ -96,20 +121,10 @@ class WorkerHandle:
         ``restart``: if the worker has died, start a fresh one for this unit (its old state stays lost).
         """
         with self._lock:
-            if self._dead is not None and restart and not self._closed and self._proc is not None:
-                log.warning("%s: starting a fresh worker after: %s", self.name, self._dead)
-                self._proc, self._conn, self._dead = None, None, None
-            if self._dead is not None:
-                future.fail(self._dead, "server")
+            why = self._ensure_locked(restart)
+            if why is not None:
+                future.fail(why, "server")
                 return
-            if self._proc is None:
-                try:
-                    self._start_locked()
-                except Exception as e:
-                    self._dead = f"{self.name} worker could not start: {e}"
-                    log.error("%s", self._dead)
-                    future.fail(self._dead, "server")
-                    return
             self._pending[future.request_id] = (future, on_result)
             try:
                 self._conn.send((future.request_id, op, args))

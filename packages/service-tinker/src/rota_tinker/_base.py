@@ -1,0 +1,171 @@
+"""Shared LoRA bases: one resident copy of a base model per (device, base), handed to tenant workers.
+
+Two sides, both in worker processes (the HTTP process never loads torch):
+
+* :class:`BaseHolder` runs in its own process (role ``base`` of :mod:`rota_tinker._worker`),
+  one per (device, base model) that a LoRA tenant uses. It builds the base once, packs
+  every weight into **one flat tensor** (CPU: POSIX shared memory; CUDA: one device
+  allocation), and serves it on a Unix socket: each connecting worker receives the flat
+  tensor through ``torch.multiprocessing``'s reductions (an fd of the shared-memory file
+  on CPU, a CUDA IPC handle on CUDA) plus the layout (name -> offset, shape).
+* :func:`attach` runs in a tenant's trainer or sampler: it fetches the flat tensor once
+  per base and builds the model's modules on ``meta``, then points every base parameter
+  at a view of the shared tensor. Nothing is copied; all tenants read the same bytes.
+
+Invariants: the base is **read-only** for tenants (its parameters have
+``requires_grad=False``, no optimizer sees them, :func:`attach`'s callers never call
+``rota_fsdp.track`` on the base: only adapters and their optimizer state are parked);
+the holder is a plain process, not a rota tenant (its memory is resident like a CUDA
+context and never parked); and it must outlive its consumers (the service stops tenant
+workers before holders; a consumer of a CUDA IPC handle must not outlive the producer).
+:meth:`BaseHolder.op_info` gives a checksum so tests can show the bytes never change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from multiprocessing import current_process
+from multiprocessing.connection import Client, Listener
+from typing import Any
+
+log = logging.getLogger("rota_tinker.base")
+
+ALIGN = 64  # elements: each weight starts 256-byte aligned in the flat tensor, like the caching allocator's blocks
+_attached: dict[tuple[str, str], tuple[Any, dict[str, tuple[int, tuple[int, ...]]]]] = {}
+_attach_lock = threading.Lock()
+
+
+def segment_of(address: int) -> dict[str, Any] | None:
+    """The mapping of ``/proc/self/maps`` holding ``address``: path, inode, start, end (CPU tensors only)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= address < hi:
+                return {"path": parts[5].strip() if len(parts) > 5 else "", "inode": int(parts[4]), "start": lo,
+                        "end": hi}
+    return None
+
+
+class BaseHolder:
+    """The process that owns one base model's weights and shares them (see the module docstring)."""
+
+    def __init__(self, spec: Any) -> None:
+        import torch
+        import torch.multiprocessing  # registers the tensor reductions that Connection.send uses
+
+        from rota_tinker._models import build_base
+
+        self.spec, self.base = spec, spec.base
+        self.device = torch.device(spec.device)
+        model = build_base(self.base, torch.device("cpu"))  # seeded on CPU: the same bytes on every device
+        self.layout: dict[str, tuple[int, tuple[int, ...]]] = {}
+        total = 0
+        for name, t in model.state_dict().items():
+            self.layout[name] = (total, tuple(t.shape))
+            total += -(-t.numel() // ALIGN) * ALIGN
+        self.flat = torch.zeros(total, dtype=torch.float32, device=self.device)
+        if self.device.type == "cpu":
+            self.flat.share_memory_()
+        for name, t in model.state_dict().items():
+            off = self.layout[name][0]
+            self.flat[off:off + t.numel()].copy_(t.reshape(-1))
+        del model
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.checksum = self._checksum()
+        self.listener = Listener(family="AF_UNIX", authkey=current_process().authkey)
+        threading.Thread(target=self._serve, name="rota-tinker-base-share", daemon=True).start()
+        log.info("base %s on %s: %.1f MiB shared at %s", self.base.name, self.device, self.nbytes / 2**20,
+                 self.listener.address)
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel() * self.flat.element_size()
+
+    def hello(self) -> dict[str, Any]:
+        """What the HTTP process learns at start: where to fetch the base, and its size."""
+        return {"address": self.listener.address, "bytes": self.nbytes}
+
+    def _checksum(self) -> str:
+        return hashlib.sha256(self.flat.detach().cpu().numpy().tobytes()).hexdigest()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn = self.listener.accept()
+            except OSError:
+                return
+            try:
+                want = conn.recv()
+                if want != ("base", self.base.name):
+                    conn.send(("err", f"this holder serves base {self.base.name!r}, not {want!r}"))
+                else:
+                    conn.send(("ok", self.flat, self.layout))
+                    conn.recv()  # the consumer's ack: it holds its own reference now
+            except (EOFError, OSError) as e:
+                log.warning("a worker went away while fetching base %s: %s", self.base.name, e)
+            finally:
+                conn.close()
+
+    def op_info(self, checksum: bool = False) -> dict[str, Any]:
+        """Size, device, the shared segment (CPU) and, on request, whether the bytes still match."""
+        out: dict[str, Any] = {"base": self.base.name, "device": str(self.device), "bytes": self.nbytes,
+                               "address": self.listener.address}
+        if self.device.type == "cpu":
+            out["segment"] = segment_of(self.flat.data_ptr())
+        if checksum:
+            out["checksum"] = self._checksum()
+            out["unchanged"] = out["checksum"] == self.checksum
+        return out
+
+
+def attach(base: Any, device: Any, address: str) -> Any:
+    """A model of ``base`` whose weights are views of the holder's shared tensor (fetched once per process)."""
+    import torch
+    import torch.multiprocessing  # registers the tensor reductions that Connection.recv uses
+    from torch import nn
+
+    from rota_tinker._models import TinyLM
+
+    key = (base.name, str(device))
+    with _attach_lock:
+        if key not in _attached:
+            conn = Client(address, family="AF_UNIX", authkey=current_process().authkey)
+            try:
+                conn.send(("base", base.name))
+                reply = conn.recv()
+                if reply[0] != "ok":
+                    raise RuntimeError(f"base holder at {address}: {reply[1]}")
+                conn.send("ack")
+            finally:
+                conn.close()
+            flat, layout = reply[1], reply[2]
+            if flat.device != torch.device(device):
+                raise RuntimeError(f"base {base.name!r} is held on {flat.device}, this worker runs on {device}")
+            _attached[key] = (flat, layout)
+        flat, layout = _attached[key]
+    with torch.device("meta"):
+        model = TinyLM(base)
+    for name, (off, shape) in layout.items():
+        owner, _, leaf = name.rpartition(".")
+        numel = 1
+        for s in shape:
+            numel *= s
+        view = flat[off:off + numel].view(shape)
+        module = model.get_submodule(owner)
+        if leaf in module._buffers:
+            module._buffers[leaf] = view
+        else:
+            module._parameters[leaf] = nn.Parameter(view, requires_grad=False)
+    left = [n for n, t in model.state_dict().items() if t.is_meta]
+    if left:
+        raise RuntimeError(f"base {base.name!r} from {address} lacks {left[:4]}: holder and worker disagree on it")
+    return model
+
+
+def shared_flat(base: Any, device: Any) -> Any:
+    """The flat shared tensor this process attached for ``base`` (tests and reports only)."""
+    return _attached[(base.name, str(device))][0]
