@@ -1,0 +1,41 @@
+"""rota's residue fields ride inside v1alpha1 messages without changing them: a v1alpha1
+peer parses the bytes and sees only its own fields; the committed stubs of
+agent_ext.proto equal a fresh generation with the pinned grpcio-tools."""
+
+from __future__ import annotations
+
+import filecmp
+import pathlib
+
+import pytest
+
+from rota._generated import snapshot_agent_pb2 as sa
+from rota_agent._generated import agent_ext_pb2 as ext
+from rota_agent._residue import attach, read
+
+PKG = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_v1alpha1_peer_sees_only_its_fields_and_rota_reads_the_rest():
+    base = sa.GetOperationResponse(status=sa.OPERATION_STATUS_COMPLETE, elapsed_ms=7, error="x")
+    more = ext.GetOperationResponseExt(residue=ext.Residue(bytes={"untracked:cache": 5}, counted_bytes=5))
+    sent = attach(base, more).SerializeToString()
+    peer = sa.GetOperationResponse.FromString(sent)
+    assert (peer.status, peer.elapsed_ms, peer.error) == (base.status, 7, "x")
+    assert {f.name for f, _ in peer.ListFields()} == {"status", "error", "elapsed_ms"}
+    assert read(peer, ext.GetOperationResponseExt) == more
+    assert read(base, ext.GetOperationResponseExt) == ext.GetOperationResponseExt()  # nothing sent, nothing read
+    assert {f.number for f in ext.JobStatusExt.DESCRIPTOR.fields} == {1000, 1001}
+    assert not {f.number for f in sa.JobStatus.DESCRIPTOR.fields} & {1000, 1001}
+
+
+def test_committed_stubs_are_reproducible(tmp_path):
+    protoc = pytest.importorskip("grpc_tools.protoc")
+    proto = PKG / "proto"
+    assert protoc.main(["protoc", f"-I{proto}", f"--python_out={tmp_path}", f"--pyi_out={tmp_path}",
+                        str(proto / "rota_agent/_generated/agent_ext.proto")]) == 0
+    for name in ("agent_ext_pb2.py", "agent_ext_pb2.pyi"):
+        fresh, committed = tmp_path / "rota_agent/_generated" / name, PKG / "src/rota_agent/_generated" / name
+        assert filecmp.cmp(fresh, committed, shallow=False), (
+            f"{committed} is stale; regenerate: cd packages/agent && python -m grpc_tools.protoc -Iproto "
+            "--python_out=src --pyi_out=src proto/rota_agent/_generated/agent_ext.proto")
