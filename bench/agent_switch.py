@@ -5,7 +5,10 @@ with random data; the agent (in this process, real gRPC) parks it through the CU
 driver's checkpoint API (Snapshot with explicit pids, polled with GetOperation), then
 this process — another process — allocates and fills 95% of the memory that was freed;
 then the agent restores the tenant, which checks its bytes (per-GiB int64 and int32
-sums) against the values it had before. Reports park/restore seconds and GB/s.
+sums) against the values it had before. Reports park/restore seconds and GB/s, and
+the residue after park: the agent's verified-release report (NVML bytes still held by
+the parked pid, ``nvml:pid:PID``, counted against ``--residue-max-bytes``) plus device
+free memory before and after the park, seen from this process.
 
 Part 2, region-level end to end: two tenant processes, each ``rota.connect`` +
 ``rota_fsdp.track`` (S bytes of weights) + ``rota_agent.register``, share a group of an
@@ -14,7 +17,10 @@ to park it and restore the waiter (overlapped) → waiter's grant. Measured from
 holder's release call to the waiter's acquire returning (synchronised), on
 CLOCK_MONOTONIC, which both processes share. Floor: in this process, a bare copy of
 min(S, 8 GB) D2H and H2D at once on two streams between device and pre-pinned
-buffers, scaled to S. ratio = end-to-end / floor.
+buffers, scaled to S. ratio = end-to-end / floor. After each switch the agent's Status
+gives the residue the parked job's adapters reported, by category (tracked tags,
+``untracked:NAME``, ``process:allocated``/``reserved``), and NVML bytes of its pids
+(reported, not counted: they include the CUDA context).
 
     python bench/agent_switch.py --sizes 4GB,40GB --out $OUT     # on a GPU node
     python bench/agent_switch.py --device cpu --sizes 64MB       # region part only, CPU
@@ -157,6 +163,14 @@ class Proc:
 # ------------------------------------------------------------------ measurements
 
 
+def residue_of(msg, kind) -> dict:
+    """The agent's rota-owned residue report inside a GetOperationResponse or JobStatus."""
+    from rota_agent._residue import read
+
+    r = read(msg, kind).residue
+    return {"by_key": dict(r.bytes), "counted_bytes": r.counted_bytes, "limit_bytes": r.limit_bytes}
+
+
 def wait_op(stub, op_id: str, timeout: float = 280):
     from rota._generated import snapshot_agent_pb2 as sa
 
@@ -175,6 +189,7 @@ def whole_process(stub, nbytes: int, repeats: int) -> dict:
     import torch
 
     from rota._generated import snapshot_agent_pb2 as sa
+    from rota_agent._generated import agent_ext_pb2 as ext
 
     t = Proc(["--role", "cuda-tenant", "--bytes", str(nbytes)])
     info = t.read()
@@ -190,9 +205,13 @@ def whole_process(stub, nbytes: int, repeats: int) -> dict:
                                timeout=30).operation_id
             got = wait_op(stub, op)
             park_s = time.perf_counter() - t0
-            if got.status != sa.OPERATION_STATUS_COMPLETE:
-                raise RuntimeError(f"snapshot failed: {got.error}")
             free1, _ = torch.cuda.mem_get_info()
+            residue = residue_of(got, ext.GetOperationResponseExt)
+            residue.update(nvml_pid_bytes=residue["by_key"].get(f"nvml:pid:{pid}"), device_free_before=free0,
+                           device_free_after=free1)
+            if got.status != sa.OPERATION_STATUS_COMPLETE:
+                rows.append({"park_s": park_s, "residue_after_park": residue, "error": got.error})
+                raise RuntimeError(f"snapshot failed: {got.error}; residue {residue}")
             freed = free1 - free0
             probe = int(freed * 0.95) // 8 * 8
             alloc_ok = False
@@ -212,7 +231,8 @@ def whole_process(stub, nbytes: int, repeats: int) -> dict:
             t.send("verify")
             identical = t.read()["identical"]
             rows.append({"park_s": park_s, "restore_s": restore_s, "freed_bytes": freed, "probe_alloc_bytes": probe,
-                         "other_process_allocated": alloc_ok, "bit_identical": identical})
+                         "other_process_allocated": alloc_ok, "bit_identical": identical,
+                         "residue_after_park": residue})
             log.warning("cuda %s GB #%d: park %.2f s restore %.2f s freed %.1f GB alloc %s identical %s",
                         real / 1e9, i, park_s, restore_s, freed / 1e9, alloc_ok, identical)
     finally:
@@ -224,7 +244,8 @@ def whole_process(stub, nbytes: int, repeats: int) -> dict:
             "restore_GBps": real / 1e9 / med(r["restore_s"] for r in rows),
             "freed_fraction": min(r["freed_bytes"] for r in rows) / real,
             "other_process_allocated": all(r["other_process_allocated"] for r in rows),
-            "bit_identical": all(r["bit_identical"] for r in rows)}
+            "bit_identical": all(r["bit_identical"] for r in rows),
+            "residue_nvml_bytes_max": max((r["residue_after_park"]["nvml_pid_bytes"] or 0) for r in rows)}
 
 
 def floor(device: str, nbytes: int, repeats: int = 3) -> dict:
@@ -269,7 +290,24 @@ def floor(device: str, nbytes: int, repeats: int = 3) -> dict:
     return res
 
 
-def region(orch: str, agent: str, device: str, nbytes: int, switches: int, tensors: int) -> dict:
+def parked_residue(stub, job: str, device: str) -> dict:
+    """Residue the agent holds for ``job`` after its last park (adapters by category, NVML per pid)."""
+    from rota._generated import snapshot_agent_pb2 as sa
+    from rota_agent._generated import agent_ext_pb2 as ext
+
+    st = stub.Status(sa.StatusRequest(), timeout=10)
+    out = {"job": job, "state": ""}
+    for j in st.job_statuses:
+        if j.job_id == job:
+            out.update(residue_of(j, ext.JobStatusExt), state=sa.JobState.Name(j.state))
+    if device == "cuda":
+        import torch
+
+        out["device_free_bytes"] = torch.cuda.mem_get_info()[0]
+    return out
+
+
+def region(stub, orch: str, agent: str, device: str, nbytes: int, switches: int, tensors: int) -> dict:
     fl = floor(device, nbytes)
     common = ["--role", "region-tenant", "--orch", orch, "--agent", agent, "--group", f"rg-{nbytes}",
               "--bytes", str(nbytes), "--device", device, "--tensors", str(tensors)]
@@ -282,11 +320,13 @@ def region(orch: str, agent: str, device: str, nbytes: int, switches: int, tenso
         a.read()
         holder, waiter = a, b
         waiter.send("acquire")
-        e2e, ok = [], True
+        e2e, ok, residues = [], True, []
+        jobs = {id(a): f"ra-{nbytes}", id(b): f"rb-{nbytes}"}
         for i in range(switches + 1):
             holder.send("release")
             t_rel = holder.read()["t"]
             got = waiter.read()
+            residues.append(parked_residue(stub, jobs[id(holder)], device))  # the holder was just parked
             if i > 0:  # the first switch only parks (the waiter was never parked): warm-up
                 e2e.append(got["t"] - t_rel)
                 ok &= got["restored"] and got["identical"]
@@ -304,7 +344,8 @@ def region(orch: str, agent: str, device: str, nbytes: int, switches: int, tenso
         b.close()
     med = statistics.median(e2e)
     out = {"size_bytes": real, "switches": e2e, "end_to_end_s": med, "bit_identical_and_restored": ok,
-           "pool_setup_s": [ia["pool_setup_s"], ib["pool_setup_s"]], **fl}
+           "pool_setup_s": [ia["pool_setup_s"], ib["pool_setup_s"]], "residue_after_park": residues,
+           "residue_counted_bytes_max": max((r.get("counted_bytes", 0) for r in residues), default=0), **fl}
     if fl:
         out["floor_switch_s"] = fl["overlap_s"] * real / fl["floor_bytes"]
         out["ratio_vs_floor"] = med / out["floor_switch_s"]
@@ -324,6 +365,8 @@ def main() -> None:
     for a in ("--orch", "--agent", "--job", "--group"):
         ap.add_argument(a, default="")
     ap.add_argument("--bytes", type=int, default=0)
+    ap.add_argument("--residue-max-bytes", type=int, default=None,
+                    help="the agent's limit (default: ROTA_RESIDUE_MAX_BYTES, else 256 MiB; 0 = record only)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="[agent_switch %(asctime)s] %(message)s")
     if args.role == "cuda-tenant":
@@ -337,7 +380,7 @@ def main() -> None:
     from rota._engine import OrchestratorConfig
     from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
     from rota.testing import running_orchestrator
-    from rota_agent import running_agent
+    from rota_agent import Agent, running_agent
 
     parts = set(args.parts.split(","))
     sizes = [parse_size(s) for s in args.sizes.split(",")]
@@ -351,7 +394,9 @@ def main() -> None:
         with open(path, "w") as f:
             json.dump(result, f, indent=2)
 
-    with running_agent() as (agent_ep, _), grpc.insecure_channel(agent_ep) as ch:
+    agent = Agent(residue_max_bytes=args.residue_max_bytes)
+    result["residue_max_bytes"] = agent.residue_max_bytes
+    with running_agent(agent) as (agent_ep, _), grpc.insecure_channel(agent_ep) as ch:
         stub = sa_grpc.SnapshotAgentServiceStub(ch)
         cfg = OrchestratorConfig(ttl_s=30.0, park_timeout_s=280.0, agents=(agent_ep,))
         with running_orchestrator(cfg) as (orch, _):
@@ -364,7 +409,7 @@ def main() -> None:
                             result["whole_process_cuda"].append(whole_process(stub, size, args.repeats))
                         else:
                             result["region_app_channel"].append(
-                                region(orch, agent_ep, args.device, size, args.switches, args.tensors))
+                                region(stub, orch, agent_ep, args.device, size, args.switches, args.tensors))
                     except Exception as exc:
                         log.exception("%s at %d bytes failed", part, size)
                         result["errors"].append(f"{part} {size}: {type(exc).__name__}: {exc}")
