@@ -121,26 +121,30 @@ class Deadline:
 
 
 def sample_index(offsets: list[int], sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pool byte positions read in sample mode, for regions at ``offsets`` of ``sizes`` bytes.
+    """Pool *word* positions (8-byte units) read in sample mode, sorted, and the region of each.
 
     A region of at most ``SAMPLES * WINDOW`` bytes is read whole; a larger one in
-    ``SAMPLES`` windows of ``WINDOW`` bytes: first, last and evenly spread. Built with a
-    few tensor operations over all regions at once (a Python loop per region cost 40%
-    of a 4 GB switch). Returns the positions (int64) and, per region, the end of its
-    share of them (so a mismatch can be traced back to its region).
+    ``SAMPLES`` windows of ``WINDOW`` bytes: first, last and evenly spread. A region's
+    last word may include alignment padding after it, which no copy writes. Built with
+    a few tensor operations over all regions at once (a Python loop per region cost 40%
+    of a 4 GB switch) and sorted, so the pool reads each of its chunks with one
+    ``index_select``. Offsets must be multiples of 8 (pool slots are 512-aligned).
     """
     if not offsets:
         empty = torch.zeros(0, dtype=torch.int64)
         return empty, empty
-    off = torch.tensor(offsets, dtype=torch.int64)
-    size = torch.tensor(sizes, dtype=torch.int64)
-    whole = SAMPLES * WINDOW
-    share = size.clamp(max=whole)
+    off = torch.tensor(offsets, dtype=torch.int64) // 8
+    words = (torch.tensor(sizes, dtype=torch.int64) + 7) // 8
+    per_window, whole = WINDOW // 8, SAMPLES * WINDOW // 8
+    share = words.clamp(max=whole)
     ends = share.cumsum(0)
     region = torch.repeat_interleave(torch.arange(len(offsets)), share)
-    j = torch.arange(int(ends[-1])) - (ends - share)[region]  # position within the region's share
-    windowed = (j // WINDOW) * (size[region] - WINDOW) // (SAMPLES - 1) + j % WINDOW  # last window ends the region
-    return off[region] + torch.where(size[region] > whole, windowed, j), ends
+    j = torch.arange(int(ends[-1])) - (ends - share)[region]  # word within the region's share
+    n = words[region]
+    windowed = (j // per_window) * (n - per_window) // (SAMPLES - 1) + j % per_window  # last window ends the region
+    positions = off[region] + torch.where(n > whole, windowed, j)
+    order = torch.argsort(positions, stable=True)
+    return positions[order], region[order]
 
 
 def device_checksum(dev: torch.Tensor) -> torch.Tensor:

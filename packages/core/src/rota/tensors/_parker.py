@@ -94,12 +94,12 @@ class _Slot:
 
 @dataclass
 class _Sample:
-    """``verify="sample"``: the host bytes read at park, at ``positions`` of the pool."""
+    """``verify="sample"``: the host words read at park, at sorted word ``positions`` of the pool."""
 
-    slots: list[_Slot]  # copied regions, in the order of their shares of ``positions``
+    slots: list[_Slot]  # copied regions; ``regions`` indexes into it
     positions: torch.Tensor
-    ends: torch.Tensor  # end of each region's share of ``positions``
-    bytes: torch.Tensor
+    regions: torch.Tensor  # region of each position
+    words: torch.Tensor
 
 
 @dataclass
@@ -563,21 +563,21 @@ class TensorParker:
         return result
 
     def _take_sample(self, copied: list[_Slot]) -> _Sample:
-        """``verify="sample"``: read the sampled windows of every region's host copy (index cached per layout)."""
+        """``verify="sample"``: read the sampled words of every region's host copy (index cached per layout)."""
         layout = [(sl.offset, sl.nbytes) for sl in copied]
         if self._sample_layout != layout:
             self._sample_layout = layout
             self._sample_index = sample_index([o for o, _ in layout], [n for _, n in layout])
-        positions, ends = self._sample_index
-        return _Sample(copied, positions, ends, self.pool.gather(positions))
+        positions, regions = self._sample_index
+        return _Sample(copied, positions, regions, self.pool.gather_words(positions))
 
     def _check_sample(self, sample: _Sample) -> None:
-        """Compare the sampled windows with the park's; name the first region that differs."""
-        now = self.pool.gather(sample.positions)
-        if torch.equal(now, sample.bytes):
+        """Compare the sampled words with the park's; name the first region that differs."""
+        now = self.pool.gather_words(sample.positions)
+        if torch.equal(now, sample.words):
             return
-        first = int((now != sample.bytes).nonzero()[0, 0])
-        sl = sample.slots[int(torch.searchsorted(sample.ends, first, right=True))]
+        first = int((now != sample.words).nonzero()[0, 0])
+        sl = sample.slots[int(sample.regions[first])]
         raise VerifyError(f"parker {self.name!r}: host copy of {sl.name!r} (tag {sl.tag!r}, {sl.nbytes} bytes) "
                           "does not match its fingerprint taken at park; restore refused, the tenant stays parked "
                           "(host memory corrupted or overwritten)")

@@ -101,6 +101,8 @@ class HostPool:
     def __init__(self, *, pin: bool | None = None, chunk_bytes: int = CHUNK, budget_bytes: int | None = None,
                  spill_dir: str | None = None) -> None:
         self.pin = torch.cuda.is_available() if pin is None else pin
+        if chunk_bytes <= 0 or chunk_bytes % ALIGN:
+            raise ConfigError(f"chunk_bytes={chunk_bytes!r} must be a positive multiple of {ALIGN}")
         self.chunk_bytes = chunk_bytes
         self.chunks: list[torch.Tensor] = []
         self._starts: list[int] = []  # byte offset of each chunk
@@ -168,17 +170,17 @@ class HostPool:
         parts = self.pieces(offset, nbytes)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def gather(self, positions: torch.Tensor) -> torch.Tensor:
-        """The bytes at absolute ``positions`` (int64), as one uint8 tensor: one indexed read per chunk."""
-        if len(self.chunks) == 1 or positions.numel() == 0:
-            return self.chunks[0][positions] if self.chunks else torch.zeros(0, dtype=torch.uint8)
-        starts = torch.tensor(self._starts, dtype=torch.int64)
-        which = torch.searchsorted(starts, positions, right=True) - 1
-        out = torch.empty(positions.numel(), dtype=torch.uint8)
+    def gather_words(self, positions: torch.Tensor) -> torch.Tensor:
+        """The 8-byte words at sorted absolute word ``positions``, as one int64 tensor: one read per chunk."""
+        out = torch.empty(positions.numel(), dtype=torch.int64)
+        if positions.numel() == 0:
+            return out
+        starts = torch.tensor(self._starts, dtype=torch.int64) // 8
+        splits = [*torch.searchsorted(positions, starts).tolist(), positions.numel()]
         for i, chunk in enumerate(self.chunks):
-            mask = which == i
-            if bool(mask.any()):
-                out[mask] = chunk[positions[mask] - self._starts[i]]
+            lo, hi = splits[i], splits[i + 1]
+            if lo < hi:
+                torch.index_select(chunk.view(torch.int64), 0, positions[lo:hi] - int(starts[i]), out=out[lo:hi])
         return out
 
     def _grow_bg(self, nbytes: int) -> None:
