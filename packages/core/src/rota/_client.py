@@ -23,6 +23,9 @@ Switch guarantees on this side: a park whose adapters report more residue than
 stayed, so the job is FAULTED (its state stays parked and is restored at its next
 turn) and the next tenant still runs. A restore that fails (refused verification, no
 room, deadline) releases the turn it was granted and raises; the state stays parked.
+A restore the orchestrator asks for ahead of the grant (prefetch, a ``restore``
+session command) runs the same code in a background thread; if it fails the state
+stays parked and the grant restores it as usual.
 """
 
 from __future__ import annotations
@@ -113,9 +116,9 @@ class Gpu:
         t1 = time.monotonic()
         self.stats.events.append(("wait", t0, t1))
         with self._state_lock:
-            if self.parked:
+            if self.parked:  # not restored ahead of the grant (by a prefetch): restore now
                 try:
-                    result = self._run_snapshot_hooks(self.pm.hook.rota_restore, ParkPlan(token=grant.token))
+                    self._restore_locked(ParkPlan(token=grant.token))
                 except Exception as exc:  # rolled back by the adapter: give the turn back, stay parked
                     log.error("restore of job %s rank %d in group %s failed: %s; releasing the turn (state stays "
                               "parked; acquire again to retry)", self.tenant, self.rank, self.group, exc)
@@ -124,9 +127,6 @@ class Gpu:
                     if isinstance(exc, RotaError):
                         exc.job_id, exc.group_id = exc.job_id or self.tenant, exc.group_id or self.group
                     raise
-                self.stats.restores.append(result)
-                self.stats.events.append(("restore", t1, time.monotonic()))
-                self.parked = False
             self.grant = grant
             self._yield_requested.clear()
             self._turn_started = time.monotonic()
@@ -238,6 +238,33 @@ class Gpu:
             raise ResidueError(fault, job_id=self.tenant, group_id=self.group)
         return result
 
+    def _restore_locked(self, plan: ParkPlan) -> ParkResult:
+        """Run the restore hooks (caller holds ``_state_lock``): at a grant, or ahead of it
+        when the orchestrator prefetches. On failure the adapters rolled back: still parked."""
+        if not self.parked:
+            return ParkResult()
+        t0 = time.monotonic()
+        result = self._run_snapshot_hooks(self.pm.hook.rota_restore, plan)
+        self.stats.restores.append(result)
+        self.stats.events.append(("restore", t0, time.monotonic()))
+        self.parked = False
+        return result
+
+    def _prefetch(self, command_id: str, token: int) -> None:
+        """Restore parked state before the grant (the orchestrator found room beside the
+        holder), then acknowledge. Runs in its own thread so the session keeps reading."""
+        from rota._generated import rota_v1_pb2 as pb
+
+        try:
+            with self._state_lock:
+                result = self._restore_locked(ParkPlan(token=token)) if self.grant is None else ParkResult()
+            reply = pb.CommandResult(command_id=command_id, ok=True, bytes=result.bytes_moved, seconds=result.seconds)
+        except Exception as exc:  # rolled back: the state stays parked and is restored at the grant instead
+            log.warning("prefetch restore of job %s rank %d in group %s failed: %s; it is retried at the grant",
+                        self.tenant, self.rank, self.group, exc)
+            reply = pb.CommandResult(command_id=command_id, ok=False, error=f"{type(exc).__name__}: {exc}")
+        self._outbox.put(pb.TenantMessage(result=reply))
+
     def _run_snapshot_hooks(self, hook: pluggy.HookCaller, plan: ParkPlan) -> ParkResult:
         t0 = time.perf_counter()
         total = ParkResult()
@@ -303,6 +330,10 @@ class Gpu:
             return
         if kind == "yield_soon":
             self._yield_requested.set()
+            return
+        if kind == "restore":  # prefetch: restore while the holder still runs
+            threading.Thread(target=self._prefetch, args=(cmd.command_id, cmd.restore.token),
+                             name=f"rota-prefetch-{self.tenant}", daemon=True).start()
             return
         if kind != "park":
             return

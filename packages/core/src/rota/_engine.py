@@ -21,6 +21,16 @@ and an incoming job that was parked and is registered with an agent is restored 
 (``Restore``) *at the same time* as the outgoing jobs are parked, before its grant.
 A failed or timed-out agent operation FAULTs that job and the group moves on.
 
+Prefetch (``OrchestratorConfig.prefetch``, on by default when ``capacity_bytes`` is
+known): while a holder runs, the job the policy would grant next is restored early if
+it is parked and fits beside every resident (all footprints known), through its agent
+or through its sessions (when the tenant's client can restore on command). It never
+evicts anyone. At most one prefetch per group runs at a time, and the group's driver
+waits for it before it starts a switch, so a grant never races a prefetch's restore
+and never starts a second one. A failed prefetch is handled like a failed restore of
+the same kind: by an agent, the job is FAULTED; by the tenant, it stays parked (and its
+client restores it at its grant, as without prefetch).
+
 Environment:
     ROTA_AGENTS   comma-separated ``host:port`` of node agents (when ``agents`` is unset)
 """
@@ -111,8 +121,20 @@ class OrchestratorConfig:
     capacity_bytes: int = 0  # device bytes per group for residency checks (0 = unknown)
     idle_exit_s: float = 0.0  # exit after this long with no tenants (0 = never)
     agents: tuple[str, ...] = field(default_factory=lambda: _agents_from_env())  # node agents (rota-agent)
+    prefetch: bool | None = None  # restore the next waiter during the current turn (None = on iff capacity known)
+
+    @property
+    def prefetch_on(self) -> bool:
+        """Whether prefetch runs: as set, or by default whenever the device size is known."""
+        return self.capacity_bytes > 0 if self.prefetch is None else bool(self.prefetch)
 
     def check(self) -> None:
+        if self.prefetch is not None and not isinstance(self.prefetch, bool):
+            raise InvalidArgument(f"prefetch={self.prefetch!r} must be True, False or None "
+                                  "(None = on when capacity_bytes > 0)")
+        if self.prefetch and self.capacity_bytes <= 0:
+            raise InvalidArgument(f"prefetch=True needs the device size, but capacity_bytes={self.capacity_bytes!r}; "
+                                  "set --capacity (e.g. 80GiB) or use --no-prefetch")
         for a in self.agents:
             host, _, port = a.rpartition(":")
             if not (a.startswith("unix:") and len(a) > 5) and not (host and port.isdigit() and 0 < int(port) < 65536):
@@ -141,6 +163,7 @@ class Session:
     alive: bool = True
     pending: set[str] = field(default_factory=set)  # park commands not yet acknowledged
     memory: tuple[int, int, int] = (0, 0, 0)  # host, spilled, residue bytes from the last heartbeat
+    can_prefetch: bool = False  # its client restores parked state on a "restore" command (ahead of its grant)
 
 
 class Orchestrator:
@@ -160,6 +183,8 @@ class Orchestrator:
         self._pending: dict[str, asyncio.Future] = {}
         self._drivers: dict[str, asyncio.Task] = {}
         self._yield_sent: set[tuple[str, int]] = set()
+        self._prefetching: dict[str, tuple[str, asyncio.Task]] = {}  # group -> (job, its prefetch)
+        self._prefetch_failed: set[tuple[str, str, int]] = set()  # (group, job, token): not retried this turn
         self._tasks: list[asyncio.Task] = []
         self._idle_since = time.monotonic()
         self.stopped = asyncio.Event()
@@ -183,7 +208,7 @@ class Orchestrator:
         self._tasks.append(asyncio.create_task(self._watchdog()))
 
     async def stop(self) -> None:
-        for t in self._tasks + list(self._drivers.values()):
+        for t in self._tasks + list(self._drivers.values()) + [t for _, t in self._prefetching.values()]:
             t.cancel()
         for fut in self._grants.values():
             if not fut.done():
@@ -257,6 +282,9 @@ class Orchestrator:
         async with self._lock(group_id):
             g = await self._group(group_id)
             result = g.remove(job_id, time.monotonic(), lost=lost)
+            inflight = self._prefetching.get(group_id)
+            if lost and inflight is not None and inflight[0] == job_id:  # a dead process frees its memory itself
+                inflight[1].cancel()
             await self.store.commit(g)
             fut = self._grants.pop((group_id, job_id), None)
             if fut is not None and not fut.done():
@@ -276,11 +304,13 @@ class Orchestrator:
 
     # ------------------------------------------------------------- sessions
 
-    async def attach(self, job_id: str, group_id: str, rank: int, pid: int, footprint_bytes: int) -> Session:
+    async def attach(self, job_id: str, group_id: str, rank: int, pid: int, footprint_bytes: int,
+                     *, can_prefetch: bool = False) -> Session:
+        """Register a tenant session; ``can_prefetch``: its client restores on a "restore" command."""
         check_pair(job_id, group_id)
         # The session counts from the moment it arrives, even if the group's lock is busy
         # (a slow commit): a job re-attaching after a restart must not miss its TTL waiting.
-        s = Session(job_id, group_id, rank, pid, asyncio.Queue(), time.monotonic())
+        s = Session(job_id, group_id, rank, pid, asyncio.Queue(), time.monotonic(), can_prefetch=can_prefetch)
         key = (group_id, job_id)
         self._sessions.setdefault(key, []).append(s)
         self._attached_once.add(key)
@@ -376,9 +406,15 @@ class Orchestrator:
     async def _drive(self, group_id: str) -> None:
         """Grant the group to waiters, one after another, parking residents first."""
         while True:
+            inflight = self._prefetching.get(group_id)
+            if inflight is not None:  # let it finish: its job is then resident (or still parked), never half-way
+                await asyncio.wait({inflight[1]})
+                continue
             async with self._lock(group_id):
                 g = self.groups.get(group_id)
                 if g is None or not g.ready_for_grant():
+                    if g is not None:
+                        self._maybe_prefetch(g)
                     return
                 chosen = self.config.policy.choose(g.queue, g.tenants, time.monotonic())
                 evict = g.begin_switch(chosen, self.config.capacity_bytes)
@@ -419,7 +455,7 @@ class Orchestrator:
                 if g.switching_to != chosen.job_id or g.queued(chosen.job_id) is None:
                     g.abort_switch()
                     continue
-                grant = g.complete_grant(time.monotonic())
+                grant = g.complete_grant(time.monotonic(), prefetch=self.config.prefetch_on)
                 try:
                     await self.store.commit(g)
                 except RotaError as exc:  # not durable: undo nothing visible, fail the waiter
@@ -440,23 +476,104 @@ class Orchestrator:
         jobs = set(g.tenants) if g is not None else set()
         return [t for t in await self.agents.job_states() if t[2] in jobs]
 
+    def _maybe_prefetch(self, g: GroupState) -> None:
+        """Start restoring the job the policy would grant next, if it is parked and fits
+        beside every resident. Called by the group's driver, under the group's lock."""
+        if not self.config.prefetch_on or not g.holder or not g.queue or g.group_id in self._prefetching:
+            return
+        job = self.config.policy.choose(g.queue, g.tenants, time.monotonic()).job_id
+        if (g.group_id, job, g.token) in self._prefetch_failed or not g.prefetch_fits(job, self.config.capacity_bytes):
+            return
+        self._prefetch_failed = {k for k in self._prefetch_failed if k[0] != g.group_id or k[2] == g.token}
+        task = asyncio.create_task(self._prefetch(g.group_id, job))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # logged inside; never "unretrieved"
+        self._prefetching[g.group_id] = (job, task)
+
+    async def _prefetch(self, group_id: str, job_id: str) -> None:
+        """Restore ``job_id`` ahead of its grant (agent or sessions); RPCs run outside the lock."""
+        try:
+            located = await self.agents.locate({job_id}) if self.agents is not None else {}
+            agent = located.get(job_id, "")
+            async with self._lock(group_id):
+                g = self.groups[group_id]
+                sessions = self._live_sessions((group_id, job_id))
+                by_session = bool(sessions) and all(s.can_prefetch for s in sessions)
+                if not (agent or by_session) or not g.prefetch_fits(job_id, self.config.capacity_bytes):
+                    return  # nobody can restore it early, or it no longer fits / waits / is parked
+                token = g.token
+                log.info("prefetch: restoring job %s in group %s while %s holds it (%s)", job_id, group_id,
+                         g.holder or "nobody", f"agent {agent}" if agent else "its client")
+            if agent:
+                ok, error, _, seconds = await self.agents.run(agent, "restore", job_id, group_id)  # type: ignore[union-attr]
+            else:
+                ok, error, _, seconds = await self._session_command(group_id, job_id, "restore", token)
+            async with self._lock(group_id):
+                self._prefetched(self.groups[group_id], job_id, agent, ok, error, seconds)
+                await self.store.commit(self.groups[group_id])
+        except asyncio.CancelledError:
+            log.info("prefetch of job %s in group %s cancelled (the job ended)", job_id, group_id)
+        except Exception:  # a bug here must not stall the group: its driver waits for this task
+            log.exception("prefetch of job %s in group %s failed unexpectedly; it stays parked", job_id, group_id)
+        finally:
+            if self._prefetching.get(group_id, ("", None))[1] is asyncio.current_task():
+                del self._prefetching[group_id]
+
+    def _prefetched(self, g: GroupState, job_id: str, agent: str, ok: bool, error: str, seconds: float) -> None:
+        """Record a prefetch's outcome (under the lock), as a restore of the same kind would."""
+        rec = g.tenant(job_id)
+        if rec.state in ("lost", "faulted"):
+            log.info("prefetch of job %s in group %s ignored: the job is %s", job_id, g.group_id, rec.state)
+            return
+        if ok:
+            if g.queued(job_id) is not None:
+                g.mark_prefetched(job_id)
+            else:  # left the queue while its restore ran, but it is alive and on the device now
+                if job_id not in g.residents:
+                    g.residents.append(job_id)
+                rec.state = "resident"
+            log.info("prefetch: job %s in group %s restored in %.3f s, before its grant", job_id, g.group_id, seconds)
+            return
+        g.prefetch_failures += 1
+        self._prefetch_failed.add((g.group_id, job_id, g.token))
+        if not agent:  # the client rolled its restore back: still parked; it restores itself at its grant
+            log.warning("prefetch of job %s in group %s failed: %s; it stays parked", job_id, g.group_id, error)
+            return
+        log.error("prefetch of job %s in group %s by agent %s failed: %s; job FAULTED", job_id, g.group_id, agent,
+                  error)
+        g.remove(job_id, time.monotonic(), lost=True)
+        rec.state, rec.fault = "faulted", f"restore (prefetch) by agent {agent} failed: {error}"
+        fut = self._grants.pop((g.group_id, job_id), None)
+        if fut is not None and not fut.done():
+            _fail(fut, Faulted(f"restore of job {job_id!r} in group {g.group_id!r} failed: {error}; acquire again "
+                               "to retry", job_id=job_id, group_id=g.group_id))
+
     async def _park(self, group_id: str, job_id: str, token: int, agent: str = "") -> tuple[bool, str, int, float]:
         """Ask every rank of a resident job to park (or its agent); wait for all acknowledgements."""
         if agent and self.agents is not None:
             return await self.agents.run(agent, "snapshot", job_id, group_id)
+        return await self._session_command(group_id, job_id, "park", token)
+
+    async def _session_command(self, group_id: str, job_id: str, kind: str, token: int
+                               ) -> tuple[bool, str, int, float]:
+        """Send ``kind`` ("park" or "restore") to every live rank of a job; wait for all acknowledgements."""
         sessions = self._live_sessions((group_id, job_id))
-        futs = []
+        futs, sent = [], []
         loop = asyncio.get_running_loop()
         for s in sessions:
             cid = uuid.uuid4().hex
             fut = self._pending[cid] = loop.create_future()
             futs.append(fut)
+            sent.append((s, cid))
             s.pending.add(cid)
-            s.outbox.put_nowait(("park", cid, token))
+            s.outbox.put_nowait((kind, cid, token))
         try:
             done = await asyncio.wait_for(asyncio.gather(*futs), self.config.park_timeout_s)
         except asyncio.TimeoutError:
-            return False, f"no park acknowledgement within {self.config.park_timeout_s:g} s", 0, 0.0
+            return False, f"no {kind} acknowledgement within {self.config.park_timeout_s:g} s", 0, 0.0
+        finally:  # answered, timed out or cancelled: nothing waits for these any more
+            for s, cid in sent:
+                s.pending.discard(cid)
+                self._pending.pop(cid, None)
         errors = [e for ok, e, _, _ in done if not ok]
         if errors:
             return False, "; ".join(errors), 0, 0.0

@@ -78,6 +78,11 @@ class GroupState:
     seq: int = 0
     switches: int = 0
     busy_seconds: float = 0.0
+    prefetched: list[str] = field(default_factory=list)  # restored ahead of their grant, not yet granted
+    prefetch_hits: int = 0  # grants that found the job already restored by a prefetch
+    prefetch_misses: int = 0  # grants that still had to restore a parked job
+    prefetch_failures: int = 0  # prefetches whose restore failed (the job stayed parked, or was FAULTED)
+    prefetch_wasted: int = 0  # prefetched jobs parked again before their grant
     tenants: dict[str, TenantRecord] = field(default_factory=dict)
 
     # ------------------------------------------------------------- queries
@@ -124,6 +129,29 @@ class GroupState:
                 rec.state = "waiting"
         return None
 
+    def prefetch_fits(self, job_id: str, capacity_bytes: int) -> bool:
+        """Whether restoring parked ``job_id`` now would fit beside every resident.
+
+        Only with everything known: a device size, the job's footprint and every
+        resident's footprint (a resident reporting 0 might hold anything), so a
+        prefetch never needs to evict anyone, the holder least of all.
+        """
+        rec = self.tenants.get(job_id)
+        if capacity_bytes <= 0 or rec is None or rec.state != "parked" or rec.footprint_bytes <= 0:
+            return False
+        if job_id in self.residents or self.switching_to or self.queued(job_id) is None:
+            return False
+        held = [self.tenant(j).footprint_bytes for j in self.residents]
+        return all(n > 0 for n in held) and rec.footprint_bytes + sum(held) <= capacity_bytes
+
+    def mark_prefetched(self, job_id: str) -> None:
+        """A prefetch restored ``job_id`` ahead of its grant: it occupies the device now."""
+        if job_id not in self.residents:
+            self.residents.append(job_id)
+        if job_id not in self.prefetched:
+            self.prefetched.append(job_id)
+        self.tenant(job_id).state = "resident"
+
     def ready_for_grant(self) -> bool:
         return not self.holder and not self.switching_to and bool(self.queue)
 
@@ -154,14 +182,21 @@ class GroupState:
         """A resident's park finished: it no longer occupies the device."""
         if job_id in self.residents:
             self.residents.remove(job_id)
+        if job_id in self.prefetched:  # restored early, parked again before its turn came
+            self.prefetched.remove(job_id)
+            self.prefetch_wasted += 1
         rec = self.tenant(job_id)
         if rec.state != "lost":
             rec.state = "parked"
         rec.parked_bytes = bytes_moved
         rec.parks_ms.append(seconds * 1000.0)
 
-    def complete_grant(self, now: float) -> Grant:
-        """Finish the switch begun by :meth:`begin_switch`: the chosen job holds the group."""
+    def complete_grant(self, now: float, *, prefetch: bool = False) -> Grant:
+        """Finish the switch begun by :meth:`begin_switch`: the chosen job holds the group.
+
+        With ``prefetch`` (the orchestrator prefetches), count whether the grant found
+        the job restored ahead of time (a hit) or still had to restore it (a miss).
+        """
         job = self.switching_to
         waiter = self.queued(job)
         assert job and waiter is not None and not self.holder
@@ -169,6 +204,11 @@ class GroupState:
         self.switching_to = ""
         rec = self.tenant(job)
         restored = rec.state == "parked"
+        if job in self.prefetched:
+            self.prefetched.remove(job)
+            self.prefetch_hits += 1
+        elif restored and prefetch:
+            self.prefetch_misses += 1
         if self.loaded_job and self.loaded_job != job:
             self.switches += 1
         self.token += 1
@@ -227,6 +267,8 @@ class GroupState:
             self.switching_to = ""
         if job_id in self.residents:
             self.residents.remove(job_id)
+        if job_id in self.prefetched:
+            self.prefetched.remove(job_id)
         if self.loaded_job == job_id:
             self.loaded_job = ""
         if job_id in self.tenants:

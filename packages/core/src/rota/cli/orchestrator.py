@@ -41,12 +41,15 @@ def orchestrator() -> None:
 @click.option("--capacity", type=ByteSize(), default="0", show_default=True,
               help="Device memory per group (e.g. 80GiB). Tenants that fit beside each other are not "
               "parked. 0 = unknown: park every other resident.")
+@click.option("--prefetch/--no-prefetch", default=None,
+              help="Restore the next waiter while the holder still runs, when it fits beside the residents "
+              "(needs --capacity). Default: on when --capacity is set.")
 @click.option("--idle-exit", type=float, default=0.0, show_default=True,
               help="Exit after this many seconds with no tenants (0 = run until stopped).")
 @click.option("--etcd", default="", envvar="ROTA_ETCD",
               help="Keep state in etcd at these comma-separated URLs (needs rota-orchestrator-etcd; env ROTA_ETCD).")
 def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float, park_timeout: float,
-              v1_max_turn: float, capacity: int, idle_exit: float, etcd: str) -> None:
+              v1_max_turn: float, capacity: int, prefetch: bool | None, idle_exit: float, etcd: str) -> None:
     """Serve the v1alpha1 orchestrator API and rota.v1 (fencing, sessions, status).
 
     Without --etcd, state lives in this process (the embedded orchestrator that
@@ -65,7 +68,7 @@ def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float
         config = OrchestratorConfig(
             groups=tuple(g.strip() for g in groups.split(",") if g.strip()),
             policy=make_policy(pm, policy, max_turn_s=max_turn), ttl_s=ttl, park_timeout_s=park_timeout,
-            v1_max_turn_s=v1_max_turn, capacity_bytes=capacity, idle_exit_s=idle_exit)
+            v1_max_turn_s=v1_max_turn, capacity_bytes=capacity, prefetch=prefetch, idle_exit_s=idle_exit)
         make = getattr(store, "make_orchestrator", None)  # e.g. rota_etcd's HA replica
         engine = make(config, listen=listen) if make else Orchestrator(config, store, name=f"embedded@{listen}")
     except RotaError as exc:

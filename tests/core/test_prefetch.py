@@ -1,0 +1,272 @@
+"""Prefetch: the next waiter is restored while the holder still runs, when it fits.
+
+Real parts throughout: an orchestrator and a node agent on loopback, and tenant
+processes (``prefetch_tenant.py``) registered with the agent, whose park/restore
+hooks move a payload. Footprints are in units of ``U`` bytes; the device holds
+``3 * U``. The setup brings a group to "a (2 U) holds, b (1 U) is parked": c (3 U,
+the whole device) held in between, which parked b, and a's grant parked c.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from click.testing import CliRunner
+
+from rota._engine import Orchestrator, OrchestratorConfig
+from rota.errors import InvalidArgument
+from rota.testing import running_orchestrator
+
+pytest.importorskip("rota_agent")
+from rota_agent import running_agent
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+U = 64 << 10  # bytes per footprint unit
+
+
+class Tenant:
+    """A prefetch_tenant.py process; every read has a timeout (a hang fails, never blocks the suite)."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "prefetch_tenant.py"), *args], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.read(60)
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def read(self, timeout: float = 60) -> dict:
+        msg = self.lines.get(timeout=timeout)
+        if msg is None:
+            raise EOFError(f"tenant exited with {self.proc.wait(5)}")
+        return msg
+
+    def send(self, cmd: str) -> None:
+        self.proc.stdin.write(cmd + "\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+
+    def ask(self, cmd: str, timeout: float = 60) -> dict:
+        self.send(cmd)
+        return self.read(timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.send("exit")
+                self.proc.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+        self.proc.wait(10)
+
+
+Cluster = tuple[Orchestrator, Callable[..., Tenant], str]
+
+
+@pytest.fixture
+def cluster(request, tmp_path) -> Iterator[Cluster]:
+    """An agent, an orchestrator that knows it (device of 3 U, or ``request.param``), a tenant
+    factory and the orchestrator's endpoint."""
+    capacity = getattr(request, "param", 3 * U)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
+    env.update(ROTA_RUNTIME_DIR=str(tmp_path / "rt"), PYTHONUNBUFFERED="1", ROTA_LOAD_PLUGINS="")
+    started: list[Tenant] = []
+    with running_agent() as (agent_ep, _):
+        config = OrchestratorConfig(ttl_s=3.0, park_timeout_s=20.0, capacity_bytes=capacity, agents=(agent_ep,))
+        with running_orchestrator(config) as (ep, engine):
+
+            def start(job: str, units: int, *extra: str) -> Tenant:
+                t = Tenant(["--orch", ep, "--agent", agent_ep, "--job", job, "--group", "g",
+                            "--size", str(units * U), *extra], env)
+                started.append(t)
+                return t
+
+            try:
+                yield engine, start, ep
+            finally:
+                for t in started:
+                    t.stop()
+
+
+def _wait(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"gave up waiting for: {what}"
+        time.sleep(0.01)
+
+
+def _a_holds_b_parked(engine: Orchestrator, start: Callable[..., Tenant], *b_extra: str) -> tuple[Tenant, ...]:
+    """b ran and was parked for c (whole device); a's grant parked c; a holds now."""
+    b, c, a = start("b", 1, *b_extra), start("c", 3), start("a", 2)
+    assert b.ask("acquire")["restored"] is False
+    b.ask("release")
+    assert c.ask("acquire")["restored"] is False  # parks b: 1 + 3 > 3
+    c.ask("release")
+    assert a.ask("acquire")["restored"] is False  # parks c: 2 + 3 > 3
+    tenants = engine.groups["g"].tenants
+    assert (tenants["a"].state, tenants["b"].state, tenants["c"].state) == ("holding", "parked", "parked")
+    assert b.ask("check")["agent_commands"] == ["snapshot"]
+    return a, b, c
+
+
+def test_next_waiter_is_restored_while_the_holder_runs(cluster):
+    engine, start, _ = cluster
+    a, b, _ = _a_holds_b_parked(engine, start)
+    g = engine.groups["g"]
+    b.send("acquire")  # queues behind a; b (1 U) fits beside a (2 U): restored now, not at its grant
+    _wait(lambda: g.tenants["b"].state == "resident", "b restored ahead of its grant")
+    assert g.holder == "a" and g.tenants["a"].state == "holding"  # a never stopped holding
+    assert g.residents == ["a", "b"] and g.tenants["c"].state == "parked"
+    assert b.lines.empty(), "b was granted while a still held the group"
+    assert a.ask("check")["agent_commands"] == []  # the holder was not touched
+
+    a.ask("release")
+    got = b.read()
+    assert got["restored"] is False and got["on_device"] is True  # the grant needed no restore
+    check = b.ask("check")
+    assert check["agent_commands"] == ["snapshot", "restore"] and check["restores"] == 1 and check["intact"]
+    assert (g.prefetch_hits, g.prefetch_misses, g.prefetch_failures) == (1, 0, 0)
+    assert g.residents == ["a", "b"], "a was parked although both fit"
+    b.ask("release")
+
+
+@pytest.mark.parametrize("cluster", [2 * U + U // 2], indirect=True)
+def test_no_prefetch_when_the_waiter_does_not_fit(cluster):
+    """A device of 2.5 U: b (1 U) does not fit beside a (2 U), and nobody is evicted for a
+    prefetch. The switch parks a and restores b before b's grant, as without prefetch."""
+    engine, start, _ = cluster
+    b, a = start("b", 1), start("a", 2)
+    b.ask("acquire")
+    b.ask("release")
+    a.ask("acquire")  # parks b
+    g = engine.groups["g"]
+    assert g.tenants["b"].state == "parked"
+    b.send("acquire")
+    _wait(lambda: g.queued("b") is not None, "b queued")
+    assert g.tenants["b"].state == "parked" and g.residents == ["a"]
+    a.ask("release")
+    got = b.read()
+    assert got["restored"] is True and got["on_device"] is True  # restored at its grant
+    assert a.ask("check")["agent_commands"] == ["snapshot"] and a.ask("check")["intact"]
+    assert b.ask("check")["agent_commands"] == ["snapshot", "restore"]
+    assert (g.prefetch_hits, g.prefetch_misses) == (0, 1)
+    b.ask("release")
+
+
+def test_waiter_that_dies_during_its_prefetch_does_not_stall_the_group(cluster, tmp_path):
+    engine, start, _ = cluster
+    gate = str(tmp_path / "never")
+    a, b, c = _a_holds_b_parked(engine, start, "--block-on-restore", gate)
+    g = engine.groups["g"]
+    b.send("acquire")
+    _wait(lambda: os.path.exists(gate + ".started"), "b's prefetch under way")
+    c.send("acquire")
+    _wait(lambda: g.queued("c") is not None, "c queued")
+    b.proc.kill()  # mid-restore
+    _wait(lambda: g.tenants["b"].state == "lost", "b's death noticed")
+    a.ask("release")
+    got = c.read()  # the group moves on to c: no wait for b's restore or the park timeout
+    assert got["restored"] is True and got["on_device"] is True
+    assert g.holder == "c" and "b" not in g.residents and not g.prefetched
+    assert a.ask("check")["agent_commands"] == ["snapshot"]  # parked for c (3 U), after its turn
+    c.ask("release")
+
+
+def test_waiter_evicted_during_its_prefetch(cluster, tmp_path):
+    """A scheduler evicts b while its prefetch runs. b's client retries its acquire (the
+    eviction answers UNAVAILABLE) and queues again; the restore that was under way
+    finishes and counts for that new wait, so b's grant needs no second restore."""
+    engine, start, endpoint = cluster
+    gate = str(tmp_path / "gate")
+    a, b, _ = _a_holds_b_parked(engine, start, "--block-on-restore", gate)
+    g = engine.groups["g"]
+    b.send("acquire")
+    _wait(lambda: os.path.exists(gate + ".started"), "b's prefetch under way")
+    _evict(endpoint, "b")
+    _wait(lambda: g.tenants["b"].state == "waiting", "b queued again by its client")
+    assert g.holder == "a" and "b" not in g.residents
+    open(gate, "w").close()  # let b's restore finish
+    _wait(lambda: g.tenants["b"].state == "resident", "b's finished restore recorded")
+    assert g.holder == "a" and g.prefetched == ["b"]
+    a.ask("release")
+    got = b.read()
+    assert got["restored"] is False and got["on_device"] is True and "error" not in got
+    assert b.ask("check")["agent_commands"] == ["snapshot", "restore"]
+    assert (g.prefetch_hits, g.prefetch_failures) == (1, 0)
+    b.ask("release")
+
+
+def _evict(endpoint: str, job: str) -> None:
+    """What a scheduler plugin does when it sees a job end: rota.v1 Evict over gRPC."""
+    import grpc
+
+    from rota._generated import rota_v1_pb2 as pb
+    from rota._generated import rota_v1_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(endpoint) as ch:
+        pb_grpc.RotaServiceStub(ch).Evict(pb.EvictRequest(job_id=job, group_id="g", reason="job ended"), timeout=10)
+
+
+# ------------------------------------------------------------------ config
+
+
+def test_prefetch_config_is_validated():
+    assert OrchestratorConfig().prefetch_on is False  # device size unknown: never
+    assert OrchestratorConfig(capacity_bytes=U).prefetch_on is True  # default on with a size
+    assert OrchestratorConfig(capacity_bytes=U, prefetch=False).prefetch_on is False
+    with pytest.raises(InvalidArgument, match=r"prefetch=True needs the device size.*--capacity"):
+        OrchestratorConfig(prefetch=True).check()
+    with pytest.raises(InvalidArgument, match=r"prefetch='yes' must be True, False or None"):
+        OrchestratorConfig(capacity_bytes=U, prefetch="yes").check()  # type: ignore[arg-type]
+
+
+def test_prefetch_flag_on_the_cli():
+    from rota.cli.main import cli
+
+    runner = CliRunner()
+    helped = runner.invoke(cli, ["orchestrator", "serve", "--help"])
+    assert helped.exit_code == 0 and "--prefetch / --no-prefetch" in helped.output
+    bad = runner.invoke(cli, ["orchestrator", "serve", "--prefetch", "--listen", "127.0.0.1:1"])
+    assert bad.exit_code == 2 and "prefetch=True needs the device size" in bad.output
+
+
+# ------------------------------------------------------------ tenant side
+
+
+def test_client_restore_ahead_of_grant_is_not_repeated_at_the_grant(orchestrator):
+    """The client's handler of a "restore" session command (prefetch by the tenant itself)
+    runs the same restore as a grant does, in a background thread; the grant that follows
+    finds nothing parked. Called directly: rota.v1 does not carry the command yet."""
+    import rota
+    from tests.core.test_parking import ListState
+
+    endpoint, _ = orchestrator
+    a = rota.connect(group="pf", tenant="a", endpoint=endpoint)
+    b = rota.connect(group="pf", tenant="b", endpoint=endpoint)
+    sa = ListState(a)
+    a.acquire()
+    a.release()
+    b.acquire()  # parks a
+    assert sa.calls == ["park"] and a.parked
+    worker = threading.Thread(target=a._prefetch, args=("cmd-1", 0))
+    worker.start()
+    worker.join(30)
+    assert sa.calls == ["park", "restore"] and not a.parked and sa.device == list(range(10))
+    b.release()
+    a.acquire()
+    assert sa.calls == ["park", "restore"], "restored a second time at the grant"
+    assert [kind for kind, *_ in a.stats.events].count("restore") == 1
+    a.release()
+    for x in (sa, a, b):
+        x.close()
