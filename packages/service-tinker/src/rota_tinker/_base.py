@@ -143,7 +143,8 @@ def attach(base: Any, device: Any, address: str) -> Any:
             finally:
                 conn.close()
             flat, layout = reply[1], reply[2]
-            if flat.device != torch.device(device):
+            want = torch.device(device)
+            if flat.device.type != want.type or (want.index is not None and flat.device.index != want.index):
                 raise RuntimeError(f"base {base.name!r} is held on {flat.device}, this worker runs on {device}")
             _attached[key] = (flat, layout)
         flat, layout = _attached[key]
