@@ -5,7 +5,13 @@
 # .whl/ is git-ignored; fill it here first (pass carry=[".whl"] to the device run):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-#     grpcio==1.71.2 grpcio-health-checking==1.71.2 protobuf==6.31.1 megatron-core==0.16.1
+#     grpcio==1.71.2 grpcio-health-checking==1.71.2 protobuf==6.31.1 megatron-core==0.16.1 nvidia-ml-py \
+#     tinker==0.38.0 httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 h2==4.4.1 hpack==4.2.0 hyperframe==6.1.0 \
+#     anyio==4.16.0 sniffio==1.3.1 idna==3.20 certifi==2026.10.19.post1 distro==1.9.0 pydantic==2.14.4 \
+#     pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 \
+#     orjson==3.13.0 zstandard==0.25.0 rich==15.0.0 Pygments==2.21.0 markdown-it-py==4.3.0 mdurl==0.1.2 \
+#     click==8.5.1 tqdm==4.70.1 pluggy==1.7.0
+# (the tinker SDK and its dependencies serve bench/tinker_density.py; nvidia-ml-py the agent's NVML readings)
 # (protobuf 6.31.1, not 5.x: the device's tensorboard, which megatron-core imports, needs >= 6.31.1)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 python3 -c 'import grpc, google.protobuf as p, torch; print("device has grpcio", grpc.__version__, "protobuf", p.__version__, "torch", torch.__version__, "gpus", torch.cuda.device_count())'
@@ -13,5 +19,6 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 pkgs="packages/core packages/adapter-fsdp"
 [ -d packages/adapter-megatron ] && pkgs="$pkgs packages/adapter-megatron"  # needs megatron-core's wheel in .whl/
 [ -d packages/agent ] && pkgs="$pkgs packages/agent"
+[ -d packages/service-tinker ] && pkgs="$pkgs packages/service-tinker"  # needs the tinker SDK's wheels in .whl/
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site $pkgs
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
