@@ -636,7 +636,11 @@ class AgentLinks:
     """
 
     STATUS_TIMEOUT_S = 2.0
-    POLL_S = (0.002, 0.05)  # GetOperation polling: first interval, cap (doubles in between)
+    # GetOperation polling: every elapsed/POLL_SHARE seconds, within POLL_S. Polling late
+    # adds to the switch: a fixed doubling schedule (2 ms .. 50 ms) added ~30% to a
+    # 0.1 s switch; this keeps the added wait near 1/POLL_SHARE of the operation.
+    POLL_S = (0.001, 0.05)
+    POLL_SHARE = 50
 
     def __init__(self, endpoints: tuple[str, ...], timeout_s: float) -> None:
         self.endpoints, self.timeout_s = endpoints, timeout_s
@@ -703,7 +707,6 @@ class AgentLinks:
             else:
                 op_id = (await stub.Restore(spb.RestoreRequest(job_id=job_id, group=group_id),
                                             timeout=self.timeout_s)).operation_id
-            pause = self.POLL_S[0]
             while True:
                 op = await stub.GetOperation(spb.GetOperationRequest(operation_id=op_id),
                                              timeout=max(0.1, deadline - time.monotonic()))
@@ -714,8 +717,8 @@ class AgentLinks:
                 if time.monotonic() > deadline:
                     return False, (f"agent {endpoint}: {kind} of job {job_id!r} still pending after "
                                    f"{self.timeout_s:g} s (--park-timeout)"), 0, time.monotonic() - t0
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, self.POLL_S[1])
+                elapsed = time.monotonic() - t0
+                await asyncio.sleep(min(max(elapsed / self.POLL_SHARE, self.POLL_S[0]), self.POLL_S[1]))
         except grpc.RpcError as exc:
             return False, f"agent {endpoint}: {kind} of job {job_id!r}: {exc.code().name}: {exc.details()}", 0, 0.0
 
