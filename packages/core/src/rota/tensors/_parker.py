@@ -69,6 +69,7 @@ from rota.tensors._pool import HostPool, align
 
 log = logging.getLogger(__name__)
 
+LARGE_ALLOC = 1 << 20  # the CUDA caching allocator serves storages of at least this size from its large pool
 #: Restore order: the state a step needs first comes back first; unknown tags (caches) last.
 STAGE_ORDER = {"weights": 0, "optimizer": 1, "grads": 2}
 
@@ -428,6 +429,8 @@ class TensorParker:
             raise NoRoom(f"parker {self.name!r}: restore needs {need / 1e9:.3f} GB on {self.device} but only "
                          f"{free / 1e9:.3f} GB is free; nothing was allocated, the tenant stays parked")
         deadline.check("checks before allocating")
+        if self.cuda and self.release_cached:
+            self._reserve_segment(slots)
         done: list[_Slot] = []
         try:
             for sl in slots:
@@ -438,6 +441,25 @@ class TensorParker:
                 sl.storage.resize_(0)
             raise
         return _Job("restore", slots, t0, deadline=deadline, verify_s=verify_s)
+
+    def _reserve_segment(self, slots: list[_Slot]) -> None:
+        """Ask the driver once for the restore's large storages, then hand the block to the caching allocator.
+
+        After a park that returned memory to the driver, every storage of the restore
+        would otherwise be its own ``cudaMalloc`` (hundreds per tenant: about 30% of a
+        4 GB restore). Freed at once, the block stays cached and the allocator carves
+        the storages out of it. Storages under 1 MiB come from the allocator's small
+        pool and are not covered. If the block does not fit, the storages are
+        allocated one by one as before.
+        """
+        large = sum(align(sl.nbytes) for sl in slots if sl.nbytes >= LARGE_ALLOC)
+        if large < 2 * LARGE_ALLOC:
+            return
+        try:
+            block = torch.empty(large, dtype=torch.uint8, device=self.device)
+        except torch.OutOfMemoryError:
+            return
+        del block
 
     def _issue_restore(self, job: _Job) -> _Job:
         slots = job.slots
