@@ -26,10 +26,8 @@ def main() -> None:
             print(f"| {label} | {r['size_bytes'] / 1e9:.0f} GB | {r['park_s']:.3f} s = {r['park_ratio']:.2f}x floor "
                   f"| {r['restore_s']:.3f} s = {r['restore_ratio']:.2f}x floor | {r['overlap_gbps']:.0f} GB/s "
                   f"(bare copy {r['floor_overlap_gbps']:.0f}) | {name} |")
-    for name in ("agent-cuda-4GB.json", "agent-cuda-40GB.json"):
-        d = _load(name)
-        if not d:
-            continue
+    for path in sorted(RESULTS.glob("agent-cuda*.json")):
+        name, d = path.name, json.loads(path.read_text())
         for w in d.get("whole_process_cuda", []):
             print(f"| agent, whole-process (CUDA checkpoint) | {w['size_bytes'] / 1e9:.0f} GB | {w['park_s']:.2f} s "
                   f"({w['park_GBps']:.1f} GB/s) | {w['restore_s']:.2f} s ({w['restore_GBps']:.1f} GB/s) | - | {name} |")
@@ -38,14 +36,29 @@ def main() -> None:
             print(f"| agent, region app_channel, release→grant end to end | {r['size_bytes'] / 1e9:.0f} GB | - | - | "
                   f"best {best:.2f} s = {best / r['floor_switch_s']:.2f}x overlapped floor "
                   f"(median {r['ratio_vs_floor']:.2f}x) | {name} |")
-    demo = _load("demo-cuda-4GB.json")
-    if demo:
+    mega = _load("megatron-cuda.json")
+    if mega:
+        print(f"| Megatron DDP + DistributedOptimizer GPT, every step | {mega['state_bytes'] / 1e9:.1f} GB | "
+              f"{mega['park_s_median']:.3f} s = {mega['park_vs_floor']:.2f}x floor | {mega['restore_s_median']:.3f} s "
+              f"= {mega['restore_vs_floor']:.2f}x floor | - | megatron-cuda.json |")
+    print()
+    for path in sorted(RESULTS.glob("demo-cuda-*.json")):
+        demo, size = json.loads(path.read_text()), path.stem.removeprefix("demo-cuda-")
         ts = demo["timesliced"]
-        print(f"\n`rota demo --device cuda --state 4GB --groups 1` on one H200: time-sliced makespan ÷ serial = "
+        print(f"`rota demo --device cuda --state {size} --groups 1` on one H200: time-sliced makespan ÷ serial = "
               f"{demo['ratios']['timesliced_over_serial_makespan']:.2f}, busy {ts['busy_fraction']:.0%}, "
               f"{ts['switches']} switches, park p50 {ts['park_ms_p50']:.0f} ms / restore p50 "
               f"{ts['restore_ms_p50']:.0f} ms, {ts['bytes_moved'] / 2**30:.0f} GiB moved, bit-identical: "
-              f"{all(t['bit_identical'] for t in demo['tenants'])} (demo-cuda-4GB.json).")
+              f"{all(t['bit_identical'] for t in demo['tenants'])} ({path.name}).")
+    verify = _load("verify-cuda.json")
+    if verify:
+        costs = ", ".join(f"{size}: sample {m['sample']['extra_fraction_of_switch']:.1%}, full "
+                          f"{m['full']['extra_fraction_of_switch']:.1%}" for size, m in verify["verify"].items())
+        print(f"Cost of `--verify` as a fraction of switch time (extra over `off`): {costs} (verify-cuda.json).")
+    tinker = _load("tinker-density-h200.json")
+    if tinker and "density" in tinker:
+        print(f"Tinker service, LoRA tenants on one shared base, one H200: density {tinker['density']} tenants at "
+              f"<= {tinker.get('tolerance', '?')}x the one-tenant step latency (tinker-density-h200.json).")
     for name, label in (("handoff-cpu.json", "embedded"), ("handoff-etcd-cpu.json", "through etcd")):
         d = _load(name)
         if d:
