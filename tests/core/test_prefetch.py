@@ -1,10 +1,11 @@
 """Prefetch: the next waiter is restored while the holder still runs, when it fits.
 
-Real parts throughout: an orchestrator and a node agent on loopback, and tenant
-processes (``prefetch_tenant.py``) registered with the agent, whose park/restore
-hooks move a payload. Footprints are in units of ``U`` bytes; the device holds
-``3 * U``. The setup brings a group to "a (2 U) holds, b (1 U) is parked": c (3 U,
-the whole device) held in between, which parked b, and a's grant parked c.
+Real parts throughout: an orchestrator (and, for agent-held jobs, a node agent) on
+loopback, and tenant processes (``prefetch_tenant.py``) whose park/restore hooks move
+a payload, either through the agent or on their rota.v1 session's commands. Footprints
+are in units of ``U`` bytes; the device holds ``3 * U``. The setup brings a group to
+"a (2 U) holds, b (1 U) is parked": c (3 U, the whole device) held in between, which
+parked b, and a's grant parked c.
 """
 
 from __future__ import annotations
@@ -24,9 +25,6 @@ from click.testing import CliRunner
 from rota._engine import Orchestrator, OrchestratorConfig
 from rota.errors import InvalidArgument
 from rota.testing import running_orchestrator
-
-pytest.importorskip("rota_agent")
-from rota_agent import running_agent
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 U = 64 << 10  # bytes per footprint unit
@@ -78,9 +76,11 @@ Cluster = tuple[Orchestrator, Callable[..., Tenant], str]
 def cluster(request, tmp_path) -> Iterator[Cluster]:
     """An agent, an orchestrator that knows it (device of 3 U, or ``request.param``), a tenant
     factory and the orchestrator's endpoint."""
+    pytest.importorskip("rota_agent")
+    from rota_agent import running_agent
+
     capacity = getattr(request, "param", 3 * U)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
-    env.update(ROTA_RUNTIME_DIR=str(tmp_path / "rt"), PYTHONUNBUFFERED="1", ROTA_LOAD_PLUGINS="")
+    env = _tenant_env(tmp_path)
     started: list[Tenant] = []
     with running_agent() as (agent_ep, _):
         config = OrchestratorConfig(ttl_s=3.0, park_timeout_s=20.0, capacity_bytes=capacity, agents=(agent_ep,))
@@ -97,6 +97,33 @@ def cluster(request, tmp_path) -> Iterator[Cluster]:
             finally:
                 for t in started:
                     t.stop()
+
+
+@pytest.fixture
+def sessions(tmp_path) -> Iterator[Cluster]:
+    """No agent: an orchestrator (device of 3 U) that prefetches through tenants' rota.v1
+    sessions, a tenant factory and the orchestrator's endpoint."""
+    env = _tenant_env(tmp_path)
+    started: list[Tenant] = []
+    config = OrchestratorConfig(ttl_s=3.0, park_timeout_s=20.0, capacity_bytes=3 * U)
+    with running_orchestrator(config) as (ep, engine):
+
+        def start(job: str, units: int, *extra: str) -> Tenant:
+            t = Tenant(["--orch", ep, "--job", job, "--group", "g", "--size", str(units * U), *extra], env)
+            started.append(t)
+            return t
+
+        try:
+            yield engine, start, ep
+        finally:
+            for t in started:
+                t.stop()
+
+
+def _tenant_env(tmp_path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
+    env.update(ROTA_RUNTIME_DIR=str(tmp_path / "rt"), PYTHONUNBUFFERED="1", ROTA_LOAD_PLUGINS="")
+    return env
 
 
 def _wait(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
@@ -218,6 +245,169 @@ def _evict(endpoint: str, job: str) -> None:
         pb_grpc.RotaServiceStub(ch).Evict(pb.EvictRequest(job_id=job, group_id="g", reason="job ended"), timeout=10)
 
 
+# ------------------------------------------------- rota.v1 sessions (no agent)
+
+
+def _session_a_holds_b_parked(engine: Orchestrator, start: Callable[..., Tenant], *b_extra: str
+                              ) -> tuple[Tenant, Tenant]:
+    """As _a_holds_b_parked, with every park a session command to the tenant's client."""
+    b, c, a = start("b", 1, "--tensor", *b_extra), start("c", 3), start("a", 2)
+    assert b.ask("acquire")["restored"] is False
+    b.ask("release")
+    assert c.ask("acquire")["restored"] is False  # parks b: 1 + 3 > 3
+    c.ask("release")
+    assert a.ask("acquire")["restored"] is False  # parks c: 2 + 3 > 3
+    tenants = engine.groups["g"].tenants
+    assert (tenants["a"].state, tenants["b"].state, tenants["c"].state) == ("holding", "parked", "parked")
+    check = b.ask("check")
+    assert check["parked"] and not check["on_device"] and check["intact"] and check["events"][-1] == "park"
+    assert [s.can_prefetch for s in engine._sessions[("g", "b")]] == [True]  # its hello said so
+    return a, b
+
+
+def test_session_tenant_is_restored_ahead_of_its_grant(sessions):
+    """rota.connect() with no agent: the orchestrator sends b's client a restore command
+    while a holds; b's tensors come back before its grant, which restores nothing."""
+    from rota.cli.main import cli
+
+    engine, start, endpoint = sessions
+    a, b = _session_a_holds_b_parked(engine, start)
+    g = engine.groups["g"]
+    b.send("acquire")  # queues behind a; b (1 U) fits beside a (2 U)
+    _wait(lambda: g.tenants["b"].state == "resident", "b restored ahead of its grant")
+    assert g.holder == "a" and g.tenants["a"].state == "holding" and g.residents == ["a", "b"]
+    assert b.lines.empty(), "b was granted while a still held the group"
+    a.ask("release")
+    got = b.read()
+    assert got["restored"] is False and got["on_device"] is True  # the grant needed no restore
+    check = b.ask("check")
+    assert check["client_restores"] == 1 and check["restores"] == 1 and check["intact"]
+    assert check["events"][-2:] == ["park", "restore"], check["events"]  # the restore came before the grant
+    assert (g.prefetch_hits, g.prefetch_misses, g.prefetch_failures, g.prefetch_wasted) == (1, 0, 0, 0)
+    assert a.ask("check")["events"] == ["turn"], "the holder was parked or restored"
+
+    shown = CliRunner().invoke(cli, ["status", "g", "--orchestrator", endpoint, "--json"])
+    assert shown.exit_code == 0, shown.output
+    group = json.loads(shown.output)["groups"][0]
+    assert group["prefetch_hits"] == "1" and "prefetch_failures" not in group  # int64 is a JSON string; 0 omitted
+    table = CliRunner().invoke(cli, ["status", "g", "--orchestrator", endpoint])
+    assert "prefetch  hit=1  miss=0  failure=0  wasted=0" in table.output, table.output
+    metrics = CliRunner().invoke(cli, ["status", "g", "--orchestrator", endpoint, "--prometheus"])
+    assert 'rota_group_prefetches_total{group="g",outcome="hit"} 1' in metrics.output
+    assert 'rota_group_prefetches_total{group="g",outcome="failure"} 0' in metrics.output
+    b.ask("release")
+
+
+def test_session_prefetch_that_fails_leaves_the_state_parked(sessions):
+    """b's restore raises (rolled back): the prefetch is reported failed, b stays parked
+    and queued, is not asked again this turn, and its grant restores it as usual."""
+    engine, start, _ = sessions
+    a, b = _session_a_holds_b_parked(engine, start, "--fail-restores", "1")
+    g = engine.groups["g"]
+    b.send("acquire")
+    _wait(lambda: g.prefetch_failures == 1, "b's prefetch reported failed")
+    assert g.tenants["b"].state == "parked" and g.queued("b") is not None and g.residents == ["a"]
+    assert g.holder == "a" and b.lines.empty() and not g.tenants["b"].fault  # b waits in acquire, still parked
+    a.ask("release")
+    got = b.read()
+    assert got["restored"] is True and got["on_device"] is True and "error" not in got
+    check = b.ask("check")
+    assert check["client_restores"] == 1 and check["restores"] == 1 and check["intact"]
+    assert (g.prefetch_hits, g.prefetch_misses, g.prefetch_failures) == (0, 1, 1)
+    b.ask("release")
+
+
+class OldSession:
+    """A rota.v1 tenant from before prefetch, on the raw stubs: its hello has no
+    can_prefetch. It acknowledges parks and records every command it is sent."""
+
+    def __init__(self, endpoint: str, job: str, footprint: int) -> None:
+        import grpc
+
+        from rota._generated import rota_v1_pb2 as pb
+        from rota._generated import rota_v1_pb2_grpc as pb_grpc
+
+        self.pb, self.job, self.footprint = pb, job, footprint
+        self.channel = grpc.insecure_channel(endpoint)
+        self.stub = pb_grpc.RotaServiceStub(self.channel)
+        self.out: queue.Queue = queue.Queue()
+        self.commands: list[str] = []
+        self.attached = threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        assert self.attached.wait(30), "old session never attached"
+
+    def _messages(self) -> Iterator[object]:
+        pb = self.pb
+        yield pb.TenantMessage(hello=pb.Hello(job_id=self.job, group_id="g", pid=os.getpid(),
+                                              footprint_bytes=self.footprint))
+        while True:
+            try:
+                msg = self.out.get(timeout=0.2)
+            except queue.Empty:
+                msg = pb.TenantMessage(heartbeat=pb.Heartbeat(footprint_bytes=self.footprint))
+            if msg is None:
+                return
+            yield msg
+
+    def _read(self) -> None:
+        import grpc
+
+        try:
+            for cmd in self.stub.Attach(self._messages()):
+                kind = cmd.WhichOneof("command") or "attached"
+                self.commands.append(kind)
+                if kind == "attached":
+                    self.attached.set()
+                elif kind == "park":
+                    self.out.put(self.pb.TenantMessage(result=self.pb.CommandResult(
+                        command_id=cmd.command_id, ok=True, bytes=self.footprint)))
+        except grpc.RpcError:
+            pass
+
+    def acquire(self) -> object:
+        return self.stub.Acquire(self.pb.TurnRequest(job_id=self.job, group_id="g", footprint_bytes=self.footprint),
+                                 timeout=60)
+
+    def release(self, token: int) -> None:
+        self.stub.Release(self.pb.ReleaseRequest(job_id=self.job, group_id="g", token=token), timeout=10)
+
+    def close(self) -> None:
+        self.out.put(None)
+        self.reader.join(10)
+        self.channel.close()
+
+
+def test_old_session_client_is_never_sent_a_restore(sessions):
+    """A client whose hello lacks can_prefetch cannot handle a restore command: the
+    orchestrator never sends one, and restores it at its grant as before prefetch."""
+    engine, start, endpoint = sessions
+    g = engine.groups
+    b = OldSession(endpoint, "b", U)
+    try:
+        c, a = start("c", 3), start("a", 2)
+        b.release(b.acquire().token)
+        c.ask("acquire")  # parks b (a park command on its session)
+        c.ask("release")
+        a.ask("acquire")  # parks c
+        assert [s.can_prefetch for s in engine._sessions[("g", "b")]] == [False]
+        assert g["g"].tenants["b"].state == "parked" and b.commands == ["attached", "park"]
+        got: dict[str, object] = {}
+        waiter = threading.Thread(target=lambda: got.update(grant=b.acquire()))
+        waiter.start()
+        _wait(lambda: g["g"].queued("b") is not None, "b queued")
+        assert g["g"].tenants["b"].state == "parked" and g["g"].residents == ["a"]
+        a.ask("release")
+        waiter.join(60)
+        grant = got["grant"]
+        assert grant.context_restored is True  # restored at its grant, by the switch
+        assert b.commands == ["attached", "park"], b.commands  # no restore command, before or at the grant
+        assert (g["g"].prefetch_hits, g["g"].prefetch_misses, g["g"].prefetch_failures) == (0, 1, 0)
+        b.release(grant.token)
+    finally:
+        b.close()
+
+
 # ------------------------------------------------------------------ config
 
 
@@ -247,7 +437,7 @@ def test_prefetch_flag_on_the_cli():
 def test_client_restore_ahead_of_grant_is_not_repeated_at_the_grant(orchestrator):
     """The client's handler of a "restore" session command (prefetch by the tenant itself)
     runs the same restore as a grant does, in a background thread; the grant that follows
-    finds nothing parked. Called directly: rota.v1 does not carry the command yet."""
+    finds nothing parked. Called directly here; the session tests above send it over rota.v1."""
     import rota
     from tests.core.test_parking import ListState
 

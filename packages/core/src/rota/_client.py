@@ -292,7 +292,8 @@ class Gpu:
         while not self._closed.is_set():
             hello = pb.TenantMessage(hello=pb.Hello(job_id=self.tenant, group_id=self.group, rank=self.rank,
                                                     world_size=self.world_size, pid=os.getpid(),
-                                                    footprint_bytes=self._safe_footprint()))
+                                                    footprint_bytes=self._safe_footprint(),
+                                                    can_prefetch=True))  # _handle runs "restore" commands
             try:
                 for cmd in self.stub.Attach(self._session_messages(hello)):
                     self._handle(cmd)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -81,6 +82,9 @@ class RotaService(pb_grpc.RotaServiceServicer):
 
     def __init__(self, engine: Orchestrator) -> None:
         self.engine = engine
+        # Engines whose attach() predates prefetch (e.g. a wrapper that forwards fixed
+        # arguments) get no can_prefetch: their sessions are never sent a restore.
+        self._engine_prefetches = "can_prefetch" in inspect.signature(engine.attach).parameters
 
     @rpc_errors
     async def Acquire(self, request: pb.TurnRequest, context: Any) -> pb.Grant:
@@ -118,8 +122,10 @@ class RotaService(pb_grpc.RotaServiceServicer):
         if first.WhichOneof("message") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Attach message must be hello")
         h = first.hello
+        # Only a client that said it handles "restore" commands is ever sent one (prefetch).
+        extra = {"can_prefetch": True} if h.can_prefetch and self._engine_prefetches else {}
         try:
-            session = await self.engine.attach(h.job_id, h.group_id, h.rank, h.pid, h.footprint_bytes)
+            session = await self.engine.attach(h.job_id, h.group_id, h.rank, h.pid, h.footprint_bytes, **extra)
         except RotaError as exc:
             await context.abort(exc.code, str(exc), trailing_metadata=exc.trailers())
         yield pb.TenantCommand(command_id="attached")  # no command: "you are attached", before any grant
@@ -140,6 +146,8 @@ class RotaService(pb_grpc.RotaServiceServicer):
                     break
                 if kind == "park":
                     yield pb.TenantCommand(command_id=cid, park=pb.ParkCommand(token=token, mode="offload"))
+                elif kind == "restore":  # prefetch: restore ahead of the grant, acknowledged by a result
+                    yield pb.TenantCommand(command_id=cid, restore=pb.RestoreCommand(token=token))
                 elif kind == "yield":
                     yield pb.TenantCommand(command_id=cid, yield_soon=pb.YieldSoon(reason="maximum turn length"))
         finally:
@@ -189,7 +197,9 @@ def group_info(g: GroupState, policy: str = "") -> pb.GroupInfo:
                         queue=[w.job_id for w in g.queue], loaded_job=g.loaded_job, resident_jobs=g.residents,
                         switches=g.switches, busy_seconds=g.busy_seconds,
                         age_seconds=max(0.0, time.monotonic() - g.created) if g.created else 0.0,
-                        tenants=tenants, policy=policy)
+                        tenants=tenants, policy=policy, prefetch_hits=g.prefetch_hits,
+                        prefetch_misses=g.prefetch_misses, prefetch_failures=g.prefetch_failures,
+                        prefetch_wasted=g.prefetch_wasted)
 
 
 SERVICE_NAMES = (

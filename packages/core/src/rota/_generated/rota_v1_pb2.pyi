@@ -60,20 +60,22 @@ class ReleaseReply(_message.Message):
     def __init__(self, pending_waiters: _Optional[int] = ..., snapshot_deferred: bool = ..., group_released: bool = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("job_id", "group_id", "rank", "world_size", "pid", "footprint_bytes")
+    __slots__ = ("job_id", "group_id", "rank", "world_size", "pid", "footprint_bytes", "can_prefetch")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CAN_PREFETCH_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     group_id: str
     rank: int
     world_size: int
     pid: int
     footprint_bytes: int
-    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., footprint_bytes: _Optional[int] = ...) -> None: ...
+    can_prefetch: bool
+    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., can_prefetch: bool = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("footprint_bytes", "host_bytes", "spilled_bytes", "residue_bytes")
@@ -127,15 +129,23 @@ class YieldSoon(_message.Message):
     reason: str
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
+class RestoreCommand(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    def __init__(self, token: _Optional[int] = ...) -> None: ...
+
 class TenantCommand(_message.Message):
-    __slots__ = ("command_id", "park", "yield_soon")
+    __slots__ = ("command_id", "park", "yield_soon", "restore")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     PARK_FIELD_NUMBER: _ClassVar[int]
     YIELD_SOON_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     park: ParkCommand
     yield_soon: YieldSoon
-    def __init__(self, command_id: _Optional[str] = ..., park: _Optional[_Union[ParkCommand, _Mapping]] = ..., yield_soon: _Optional[_Union[YieldSoon, _Mapping]] = ...) -> None: ...
+    restore: RestoreCommand
+    def __init__(self, command_id: _Optional[str] = ..., park: _Optional[_Union[ParkCommand, _Mapping]] = ..., yield_soon: _Optional[_Union[YieldSoon, _Mapping]] = ..., restore: _Optional[_Union[RestoreCommand, _Mapping]] = ...) -> None: ...
 
 class EvictRequest(_message.Message):
     __slots__ = ("job_id", "group_id", "reason")
@@ -198,7 +208,7 @@ class TenantInfo(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., turns: _Optional[int] = ..., gpu_seconds: _Optional[float] = ..., wait_p50_ms: _Optional[float] = ..., wait_p99_ms: _Optional[float] = ..., park_p50_ms: _Optional[float] = ..., park_p99_ms: _Optional[float] = ..., parked_bytes: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., host_bytes: _Optional[int] = ..., spilled_bytes: _Optional[int] = ..., residue_bytes: _Optional[int] = ..., fault: _Optional[str] = ...) -> None: ...
 
 class GroupInfo(_message.Message):
-    __slots__ = ("group_id", "state", "holder", "token", "queue", "loaded_job", "resident_jobs", "switches", "busy_seconds", "age_seconds", "tenants", "policy")
+    __slots__ = ("group_id", "state", "holder", "token", "queue", "loaded_job", "resident_jobs", "switches", "busy_seconds", "age_seconds", "tenants", "policy", "prefetch_hits", "prefetch_misses", "prefetch_failures", "prefetch_wasted")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +221,10 @@ class GroupInfo(_message.Message):
     AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_HITS_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_MISSES_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_WASTED_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     state: str
     holder: str
@@ -223,7 +237,11 @@ class GroupInfo(_message.Message):
     age_seconds: float
     tenants: _containers.RepeatedCompositeFieldContainer[TenantInfo]
     policy: str
-    def __init__(self, group_id: _Optional[str] = ..., state: _Optional[str] = ..., holder: _Optional[str] = ..., token: _Optional[int] = ..., queue: _Optional[_Iterable[str]] = ..., loaded_job: _Optional[str] = ..., resident_jobs: _Optional[_Iterable[str]] = ..., switches: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., age_seconds: _Optional[float] = ..., tenants: _Optional[_Iterable[_Union[TenantInfo, _Mapping]]] = ..., policy: _Optional[str] = ...) -> None: ...
+    prefetch_hits: int
+    prefetch_misses: int
+    prefetch_failures: int
+    prefetch_wasted: int
+    def __init__(self, group_id: _Optional[str] = ..., state: _Optional[str] = ..., holder: _Optional[str] = ..., token: _Optional[int] = ..., queue: _Optional[_Iterable[str]] = ..., loaded_job: _Optional[str] = ..., resident_jobs: _Optional[_Iterable[str]] = ..., switches: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., age_seconds: _Optional[float] = ..., tenants: _Optional[_Iterable[_Union[TenantInfo, _Mapping]]] = ..., policy: _Optional[str] = ..., prefetch_hits: _Optional[int] = ..., prefetch_misses: _Optional[int] = ..., prefetch_failures: _Optional[int] = ..., prefetch_wasted: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("groups", "orchestrator")

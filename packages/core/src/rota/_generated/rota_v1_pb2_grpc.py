@@ -86,7 +86,8 @@ class RotaServiceServicer(object):
         """A tenant process's session. The first message must be `hello`; heartbeats
         keep it alive. When the stream breaks or heartbeats stop for longer than
         the TTL, the job is treated as dead: its turn ends, it leaves the queue,
-        and its parked state is marked lost. The server sends park commands here.
+        and its parked state is marked lost. The server sends park (and, to clients
+        that can prefetch, restore) commands here.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -71,6 +71,10 @@ def prometheus_text(reply: pb.StatusReply) -> str:
            [({"group": g.group_id}, g.switches) for g in groups])
     metric("group_waiters", "gauge", "Jobs waiting for the group.",
            [({"group": g.group_id}, len(g.queue)) for g in groups])
+    metric("group_prefetches_total", "counter", "Restores ahead of the grant: hit (the grant found the job "
+           "restored), miss (the grant still restored it), failure (the prefetch's restore failed), wasted "
+           "(parked again before its grant).",
+           [({"group": g.group_id, "outcome": outcome}, n) for g in groups for outcome, n in _prefetches(g)])
     rows = [(g, t) for g in groups for t in g.tenants]
     metric("tenant_turns_total", "counter", "Turns granted to the tenant.",
            [({"group": g.group_id, "job": t.job_id}, t.turns) for g, t in rows])
@@ -89,6 +93,12 @@ def prometheus_text(reply: pb.StatusReply) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _prefetches(g: pb.GroupInfo) -> list[tuple[str, int]]:
+    """A group's prefetch counters by outcome, in one order for the table and the metrics."""
+    return [("hit", g.prefetch_hits), ("miss", g.prefetch_misses), ("failure", g.prefetch_failures),
+            ("wasted", g.prefetch_wasted)]
+
+
 def render_table(reply: pb.StatusReply) -> str:
     """Human-readable table: one block per group, one line per tenant."""
     out = []
@@ -97,6 +107,9 @@ def render_table(reply: pb.StatusReply) -> str:
         out.append(f"group {g.group_id}  [{g.state}]  holder={g.holder or '-'}  token={g.token}  "
                    f"queue={','.join(g.queue) or '-'}  loaded={g.loaded_job or '-'}  switches={g.switches}  "
                    f"busy={busy:.0%}  policy={g.policy}")
+        counts = _prefetches(g)
+        if any(n for _, n in counts):  # a group that never prefetched shows no line for it
+            out.append("  prefetch  " + "  ".join(f"{outcome}={n}" for outcome, n in counts))
         if g.tenants:
             out.append(f"  {'tenant':<24} {'state':<9} {'turns':>6} {'gpu s':>9} {'wait p50':>9} {'wait p99':>9} "
                        f"{'park p50':>9} {'parked':>10} {'host mem':>10} {'residue':>10}")
