@@ -29,6 +29,7 @@ def test_demo_small_run_is_bit_identical_and_reports_everything(tmp_path):
     if "rota_fsdp" in ts["adapters"]:  # with the adapter installed, switches really park and restore
         assert ts["parks"] > 0 and ts["restores"] > 0 and ts["bytes_moved"] > 0
     assert "time-sliced makespan / serial makespan" in r.stdout
+    assert "host memory: about" in r.stderr  # the estimate is in the header
     assert (tmp_path / "demo-timeline.png").stat().st_size > 10_000
 
 

@@ -32,10 +32,14 @@ from rota.errors import RotaError
 @click.option("--modes", default="dedicated,serial,timesliced", show_default=True,
               help="Which runs to make, comma-separated.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--host-memory", default="",
+              help="Host memory the run may use (e.g. 120GB); the demo refuses to start if its estimate is larger. "
+              "Default: MemAvailable, or the memory cgroup's room if smaller. Set it where MemAvailable "
+              "under-reads, e.g. a VM whose memory grows as it is used.")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=".",
               show_default=True, help="Where demo.json and demo-timeline.png go.")
 def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_size: str, batch: int, seq: int,
-         capacity: str, off_device: float, modes: str, seed: int, out_dir: pathlib.Path) -> None:
+         capacity: str, off_device: float, modes: str, seed: int, host_memory: str, out_dir: pathlib.Path) -> None:
     """Three real training jobs take turns on shared devices; compare with dedicated and serial.
 
     Two RL jobs (a sampler generates with the current policy, a judge scores off the
@@ -47,7 +51,7 @@ def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_s
     """
     try:
         from rota.demo.report import summarize, table, timeline_png, write_json
-        from rota.demo.runner import DemoConfig, run_demo
+        from rota.demo.runner import DemoConfig, HostMemoryShort, host_memory_plan, run_demo
         from rota.demo.workloads import ModelSize
     except ImportError as exc:
         raise click.ClickException(f"rota demo needs torch and matplotlib ({exc}): "
@@ -56,10 +60,14 @@ def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_s
         size = ModelSize.for_state_bytes(parse_bytes(state_size, what="--state"), batch=batch, seq=seq) \
             if state_size else ModelSize(hidden=hidden, layers=layers, batch=batch, seq=seq)
         capacity_bytes = parse_bytes(capacity, what="--capacity")
+        host_memory_bytes = parse_bytes(host_memory, what="--host-memory") if host_memory else 0
     except RotaError as exc:
         raise click.UsageError(str(exc)) from None
+    if host_memory and host_memory_bytes <= 0:
+        raise click.UsageError(f"--host-memory {host_memory!r} must be > 0 (omit it to read MemAvailable)")
     cfg = DemoConfig(steps=steps, groups=groups, device=device, size=size, off_device_s=off_device, seed=seed,
-                     modes=tuple(m.strip() for m in modes.split(",") if m.strip()), capacity_bytes=capacity_bytes)
+                     modes=tuple(m.strip() for m in modes.split(",") if m.strip()), capacity_bytes=capacity_bytes,
+                     host_memory_bytes=host_memory_bytes)
     try:
         cfg.check()
     except RotaError as exc:
@@ -81,7 +89,13 @@ def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_s
 
     click.echo(f"rota demo: 3 jobs x (trainer + sampler), {steps} steps, {groups} group(s), device {device}, "
                f"trainer state {size.trainer_state_bytes / 1e6:.1f} MB each", err=True)
-    results = run_demo(cfg, progress)
+    plan = host_memory_plan(cfg)
+    click.echo(plan.describe(), err=True)
+    try:
+        plan.check()
+        results = run_demo(cfg, progress)
+    except HostMemoryShort as exc:  # refused before any worker started, instead of an OOM kill mid-run
+        raise click.ClickException(str(exc)) from None
     summary = summarize(cfg, results)
     write_json(summary, out_dir / "demo.json")
     timeline_png(results, out_dir / "demo-timeline.png")

@@ -27,7 +27,8 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
     """The numbers of demo.json."""
     out: dict[str, Any] = {"device": cfg.device, "config": {
         "steps": cfg.steps, "groups": cfg.groups, "off_device_s": cfg.off_device_s, "seed": cfg.seed,
-        "model": cfg.size.__dict__, "trainer_state_bytes": cfg.size.trainer_state_bytes}}
+        "model": cfg.size.__dict__, "trainer_state_bytes": cfg.size.trainer_state_bytes,
+        "push_buffer_bytes": cfg.size.push_bytes}}
     for mode, res in results.items():
         out[mode] = {"makespan_s": res.makespan_s, "devices": res.devices,
                      "device_seconds": res.devices * res.makespan_s,

@@ -1,14 +1,19 @@
 """`rota demo`: three jobs (two RL, one SFT), each a trainer and a sampler process,
 run three ways — dedicated, serial, time-sliced through rota — and compared.
 
-This module starts the worker processes and collects what they report; the math
-lives in :mod:`rota.demo.workloads`, the per-process loop in :mod:`rota.demo.worker`,
-the table/JSON/PNG in :mod:`rota.demo.report`. It imports no torch itself.
+This module sizes the run against the host's memory, starts the worker processes
+(with one shared weight-push buffer per job, :mod:`rota.demo.push`) and collects what
+they report; the math lives in :mod:`rota.demo.workloads`, the per-process loop in
+:mod:`rota.demo.worker`, the table/JSON/PNG in :mod:`rota.demo.report`. Modes run one
+after another, and every worker of a mode has exited before the next mode starts, so
+their host memory never overlaps.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing as mp
+import os
 import queue
 import time
 from collections.abc import Callable
@@ -17,12 +22,15 @@ from typing import Any
 
 from rota._engine import OrchestratorConfig
 from rota._inproc import running_orchestrator
+from rota.demo.push import WeightPush
 from rota.demo.worker import WorkerReport, WorkerSpec, worker_main
 from rota.demo.workloads import ModelSize
-from rota.errors import InvalidArgument
+from rota.errors import InvalidArgument, PermanentError
 
 JOBS = (("rl-a", "rl"), ("rl-b", "rl"), ("sft", "sft"))
 WORKER_TIMEOUT_S = 1800.0
+# Host memory of one process besides the demo's tensors: interpreter and torch, plus the CUDA context on cuda.
+RUNTIME_BYTES = {"cpu": 400 * 10**6, "cuda": 2 * 10**9}
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,8 @@ class DemoConfig:
     seed: int = 0
     modes: tuple[str, ...] = ("dedicated", "serial", "timesliced")
     capacity_bytes: int = 0  # per group; 0 = park every other resident at each switch
+    record_digests: bool = False  # test hook: workers record a weights digest at every push (both ends)
+    host_memory_bytes: int = 0  # host memory the run may use; 0 = read MemAvailable (or the cgroup's room)
 
     def check(self) -> None:
         if self.steps < 1:
@@ -51,6 +61,9 @@ class DemoConfig:
             raise InvalidArgument(f"--modes {','.join(self.modes)!r}: choose from dedicated, serial, timesliced")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise InvalidArgument(f"--device {self.device!r}: use cpu or cuda")
+        if self.host_memory_bytes < 0:
+            raise InvalidArgument(f"--host-memory {self.host_memory_bytes} must be > 0 bytes (omit it to read "
+                                  "MemAvailable)")
 
     def eval_every(self) -> int:
         return max(1, min(4, self.steps))
@@ -88,40 +101,54 @@ def _specs(cfg: DemoConfig, jobs: tuple[tuple[str, str], ...], endpoint: str | N
             specs.append(WorkerSpec(job=job, kind=kind, role=role, steps=cfg.steps, seed=cfg.seed + i,
                                     size=cfg.size, device=_device_of(role, cfg), group=_group_of(role, cfg),
                                     endpoint=endpoint, off_device_s=cfg.off_device_s,
-                                    eval_every=cfg.eval_every()))
+                                    eval_every=cfg.eval_every(), record_digests=cfg.record_digests))
     return specs
 
 
 def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label: str) -> tuple[float, dict]:
-    """Start the workers of ``specs``, release them together, wait; return (makespan, reports)."""
+    """Start the workers of ``specs``, release them together, wait; return (makespan, reports).
+
+    Returns only once every worker process has exited (killed if it hangs), so the next
+    mode never starts while this one still holds host memory.
+    """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     go = ctx.Event()
     procs = []
+    pushes: list[WeightPush] = []
     by_job: dict[str, list[WorkerSpec]] = {}
     for s in specs:
         by_job.setdefault(s.job, []).append(s)
-    for job_specs in by_job.values():
-        trainer = next(s for s in job_specs if s.role == "trainer")
-        sampler = next(s for s in job_specs if s.role == "sampler")
-        to_trainer_r, to_trainer_w = ctx.Pipe(duplex=False)
-        to_sampler_r, to_sampler_w = ctx.Pipe(duplex=False)
-        procs.append(ctx.Process(target=worker_main, args=(trainer, to_trainer_r, to_sampler_w, results, go),
-                                 name=trainer.name, daemon=True))
-        procs.append(ctx.Process(target=worker_main, args=(sampler, to_sampler_r, to_trainer_w, results, go),
-                                 name=sampler.name, daemon=True))
-    for p in procs:
-        p.start()
     try:
+        for job_specs in by_job.values():
+            trainer = next(s for s in job_specs if s.role == "trainer")
+            sampler = next(s for s in job_specs if s.role == "sampler")
+            push = WeightPush.create(ctx, trainer.size.push_bytes)
+            pushes.append(push)
+            to_trainer_r, to_trainer_w = ctx.Pipe(duplex=False)
+            to_sampler_r, to_sampler_w = ctx.Pipe(duplex=False)
+            procs.append(ctx.Process(target=worker_main, args=(trainer, to_trainer_r, to_sampler_w, results, go, push),
+                                     name=trainer.name, daemon=True))
+            procs.append(ctx.Process(target=worker_main, args=(sampler, to_sampler_r, to_trainer_w, results, go, push),
+                                     name=sampler.name, daemon=True))
+        for p in procs:
+            p.start()
+        for push in pushes:  # both workers hold their own handle now; the buffer goes when they exit
+            push.close()
         _collect(results, procs, {"ready"}, len(procs), progress, label)
         start = time.monotonic()
         go.set()
         reports = _collect(results, procs, {"done"}, len(procs), progress, label)
     finally:
+        for push in pushes:
+            push.close()
         for p in procs:
+            if p.pid is None:
+                continue
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+                p.join()  # reaped: its pinned pools and push buffer are gone before the next mode
     for r in reports.values():  # times relative to the common start
         r.events = [(k, a - start, b - start) for k, a, b in r.events]
         r.start, r.end = 0.0, r.end - start
@@ -150,9 +177,118 @@ def _collect(results: Any, procs: list, kinds: set[str], count: int, progress: C
     return got
 
 
+class HostMemoryShort(PermanentError):
+    """The demo would need more host memory than the machine has available; refused before starting."""
+
+
+@dataclass(frozen=True)
+class HostMemoryPlan:
+    """Host bytes the demo needs at its peak: the largest of its modes (they run one after another)."""
+
+    mode: str  # the mode with the peak
+    pools: int  # host pools rota_fsdp parks into (pinned on CUDA); time-sliced only
+    push: int  # shared weight-push buffers, one per job running at once
+    models: int  # the models themselves, when they live on the host (--device cpu)
+    runtime: int  # interpreter, torch (and CUDA context) of every worker and of this process
+    trainer_state: int  # one trainer's state, to scale a fix
+    available: int | None  # bytes available to this process tree; None when unknown
+    source: str  # where ``available`` came from
+
+    @property
+    def total(self) -> int:
+        return self.pools + self.push + self.models + self.runtime
+
+    def describe(self) -> str:
+        """One line for the run's header."""
+        have = f"{self.available / 1e9:.1f} GB available ({self.source})" if self.available is not None \
+            else f"available host memory unknown ({self.source})"
+        return (f"host memory: about {self.total / 1e9:.1f} GB at peak ({self.mode}: host pools "
+                f"{self.pools / 1e9:.1f} GB + push buffers {self.push / 1e9:.1f} GB + models on the host "
+                f"{self.models / 1e9:.1f} GB + runtime {self.runtime / 1e9:.1f} GB); {have}")
+
+    def check(self) -> None:
+        """Refuse a run that would not fit, before any worker starts (instead of an OOM kill mid-run)."""
+        if self.available is None or self.total <= self.available:
+            return
+        per_state_byte = (self.total - self.runtime) / self.trainer_state
+        fits = (self.available - self.runtime) / per_state_byte
+        hint = (f"use a smaller --state (about {fits / 1e9:.1f}GB per trainer would fit) or free host memory"
+                if fits > 0 else "free host memory (the runtime alone does not fit)")
+        if self.source != "--host-memory":
+            hint += ("; where MemAvailable under-reads (a VM whose memory grows as it is used), pass "
+                     "--host-memory with what the machine really has free")
+        raise HostMemoryShort(f"rota demo needs about {self.total / 1e9:.1f} GB of host memory at its peak "
+                              f"({self.mode}: host pools {self.pools / 1e9:.1f} GB, push buffers "
+                              f"{self.push / 1e9:.1f} GB, models on the host {self.models / 1e9:.1f} GB, "
+                              f"runtime {self.runtime / 1e9:.1f} GB) but only {self.available / 1e9:.1f} GB is "
+                              f"available ({self.source}); {hint}")
+
+
+def host_memory_plan(cfg: DemoConfig) -> HostMemoryPlan:
+    """Estimate the demo's peak host memory, against ``--host-memory`` or else :func:`available_host_bytes`."""
+    available: int | None
+    if cfg.host_memory_bytes:
+        available, source = cfg.host_memory_bytes, "--host-memory"
+    else:
+        available, source = available_host_bytes()
+    size, on_host = cfg.size, cfg.device == "cpu"
+    job_models = size.trainer_state_bytes + size.weight_bytes if on_host else 0
+    parks = importlib.util.find_spec("rota_fsdp") is not None  # without the adapter nothing is parked
+    runtime = RUNTIME_BYTES["cpu" if on_host else "cuda"]
+    plans = []
+    for mode in cfg.modes:
+        jobs = 1 if mode == "serial" else len(JOBS)
+        pools = jobs * (size.trainer_state_bytes + size.weight_bytes) if mode == "timesliced" and parks else 0
+        plans.append(HostMemoryPlan(mode=mode, pools=pools, push=jobs * size.push_bytes, models=jobs * job_models,
+                                    runtime=(2 * jobs + 1) * runtime, trainer_state=size.trainer_state_bytes,
+                                    available=available, source=source))
+    return max(plans, key=lambda p: p.total)
+
+
+def available_host_bytes() -> tuple[int | None, str]:
+    """(bytes, source): MemAvailable, or the memory cgroup's room when that is smaller (either can OOM-kill)."""
+    best: tuple[int | None, str] = (None, "no /proc/meminfo")
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    best = (int(line.split()[1]) * 1024, "MemAvailable")
+    except OSError:
+        pass
+    room = _cgroup_room()
+    if room is not None and (best[0] is None or room < best[0]):
+        best = (room, "memory cgroup limit")
+    return best
+
+
+def _cgroup_room() -> int | None:
+    """Limit minus non-reclaimable usage of this process's memory cgroup (v2, else v1); None if unlimited."""
+    for limit_f, usage_f, stat_f, key in (
+            ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat",
+             "inactive_file"),
+            ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+             "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file")):
+        if not os.path.exists(limit_f):
+            continue
+        try:
+            with open(limit_f) as f:
+                raw = f.read().strip()
+            if raw == "max" or int(raw) >= 1 << 60:
+                return None
+            with open(usage_f) as f:
+                usage = int(f.read())
+            with open(stat_f) as f:
+                inactive = next((int(line.split()[1]) for line in f if line.split()[0] == key), 0)
+        except (OSError, ValueError):
+            return None
+        return max(int(raw) - (usage - inactive), 0)
+    return None
+
+
 def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, ModeResult]:
-    """Run each requested mode and return its result."""
+    """Run each requested mode and return its result; refuses (:class:`HostMemoryShort`) a run that won't fit."""
     cfg.check()
+    host_memory_plan(cfg).check()
     out: dict[str, ModeResult] = {}
     if "dedicated" in cfg.modes:
         progress("dedicated: every worker on its own device, all jobs at once (reference losses)")

@@ -4,6 +4,10 @@ Started by :mod:`rota.demo.runner` with the ``spawn`` method. With an orchestrat
 endpoint, every device phase runs inside ``gpu.turn()`` on its group and the model
 is tracked by whatever adapter is installed (``rota_fsdp``); without one, the
 worker runs as if it had a dedicated device. Both paths execute the same math.
+
+Weights go from trainer to sampler through the job's shared host buffer
+(:mod:`rota.demo.push`): only a version number crosses the pipe. Tokens and rewards
+(small) still go as ``torch.save`` bytes.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from rota.demo.push import WeightPush, weights_digest
 from rota.demo.workloads import ModelSize
 
 
@@ -33,6 +38,7 @@ class WorkerSpec:
     endpoint: str | None = None  # None: dedicated device, no rota
     off_device_s: float = 0.1
     eval_every: int = 4
+    record_digests: bool = False  # test hook: sha256 of the weights at every push, at both ends
 
     @property
     def name(self) -> str:
@@ -54,6 +60,7 @@ class WorkerReport:
     adapter: str = "none"
     state_bytes: int = 0
     pool_setup_s: float = 0.0
+    digests: list[str] = field(default_factory=list)  # with spec.record_digests: one per push, in order
 
 
 class _Device:
@@ -104,7 +111,7 @@ class _Device:
         self.gpu.close()
 
 
-def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any) -> None:
+def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any, push: WeightPush) -> None:
     """Process entry point: build, report ready, wait for go, run, report."""
     import torch
 
@@ -118,7 +125,10 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
     report = WorkerReport(spec.name)
     trainer = spec.role == "trainer"
     model, opt = w.build(spec.size, spec.seed, spec.device, optimizer=trainer)
+    if not trainer:  # a sampler never backpropagates: no grads, so its host pool holds the weights only
+        model.requires_grad_(False)
     report.state_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) * (4 if trainer else 1)
+    push.bind(model)
     dev = _Device(spec, report)
     if trainer:  # materialise grads and AdamW state before tracking, so every tensor exists
         _warm_optimizer(model, opt)
@@ -129,7 +139,7 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
     try:
         run = {("rl", "sampler"): _rl_sampler, ("rl", "trainer"): _rl_trainer,
                ("sft", "trainer"): _sft_trainer, ("sft", "sampler"): _sft_sampler}[(spec.kind, spec.role)]
-        run(spec, model, opt, dev, inbox, outbox, results, report)
+        run(spec, model, opt, dev, inbox, outbox, results, push, report)
     finally:
         report.end = time.monotonic()
         dev.close()
@@ -157,12 +167,8 @@ def _warm_optimizer(model: Any, opt: Any) -> None:
             state["step"].zero_()
 
 
-def _to_cpu(model: Any) -> dict[str, Any]:
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-
-
 def _send(conn: Any, obj: Any) -> None:
-    """Send tensors as bytes: torch's shared-memory pickling dies with the sender."""
+    """Send (small) tensors as bytes: torch's shared-memory pickling dies with the sender."""
     import io
 
     import torch
@@ -180,14 +186,30 @@ def _recv(conn: Any) -> Any:
     return torch.load(io.BytesIO(conn.recv_bytes()), weights_only=True)
 
 
-def _rl_sampler(spec, model, opt, dev, inbox, outbox, results, report) -> None:
+def _publish(spec: WorkerSpec, model: Any, push: WeightPush, report: WorkerReport) -> None:
+    """Trainer, inside its turn (after ``push.claim()``): weights into the shared buffer."""
+    push.write(model)
+    if spec.record_digests:
+        report.digests.append(weights_digest(model.state_dict()))
+
+
+def _take(spec: WorkerSpec, model: Any, push: WeightPush, report: WorkerReport, version: int, expected: int) -> None:
+    """Sampler, inside its turn: the announced push into the model's own tensors."""
+    if version != expected:
+        raise RuntimeError(f"{spec.name}: weight push {version} arrived, expected {expected} (pushes out of order)")
+    push.read_into(model)
+    if spec.record_digests:
+        report.digests.append(weights_digest(model.state_dict()))
+
+
+def _rl_sampler(spec, model, opt, dev, inbox, outbox, results, push, report) -> None:
     from rota.demo import workloads as w
 
     for step in range(spec.steps):
-        weights = _recv(inbox) if step else None  # on-policy: wait for the trainer's update
+        version = inbox.recv() if step else None  # on-policy: wait for the trainer's update
         with dev.phase():
-            if weights is not None:
-                model.load_state_dict(weights)
+            if version is not None:
+                _take(spec, model, push, report, version, step)
             tokens = w.generate(model, spec.size, spec.seed, step, spec.device).cpu()
         with dev.off_device():  # the environment / judge: real wall time, no device
             time.sleep(spec.off_device_s)
@@ -196,42 +218,50 @@ def _rl_sampler(spec, model, opt, dev, inbox, outbox, results, report) -> None:
         _send(outbox, (tokens, rewards))
 
 
-def _rl_trainer(spec, model, opt, dev, inbox, outbox, results, report) -> None:
+def _rl_trainer(spec, model, opt, dev, inbox, outbox, results, push, report) -> None:
     from rota.demo import workloads as w
 
     for step in range(spec.steps):
         tokens, rewards = _recv(inbox)
+        pushing = step + 1 < spec.steps
+        if pushing:
+            push.claim()  # before the turn: the sampler has read the last push (it sent these tokens after)
         with dev.phase():
             loss = w.reinforce_step(model, opt, tokens.to(spec.device), rewards.to(spec.device))
-            weights = _to_cpu(model) if step + 1 < spec.steps else None
+            if pushing:
+                _publish(spec, model, push, report)
         report.values.append(loss)
         results.put(("progress", spec.name, (step, loss)))
-        if weights is not None:
-            _send(outbox, weights)  # push the new policy to this job's sampler
+        if pushing:
+            outbox.send(step + 1)  # only the version number crosses the pipe
 
 
-def _sft_trainer(spec, model, opt, dev, inbox, outbox, results, report) -> None:
+def _sft_trainer(spec, model, opt, dev, inbox, outbox, results, push, report) -> None:
     from rota.demo import workloads as w
 
     for step in range(spec.steps):
         with dev.off_device():  # the data loader: host work
             time.sleep(spec.off_device_s)
             x, y = w.sft_batch(spec.size, spec.seed, step)
+        pushing = (step + 1) % spec.eval_every == 0
+        if pushing:
+            push.claim()  # before the turn: waits only if the eval sampler still reads the previous push
         with dev.phase():
             loss = w.sft_step(model, opt, x.to(spec.device), y.to(spec.device))
-            weights = _to_cpu(model) if (step + 1) % spec.eval_every == 0 else None
+            if pushing:
+                _publish(spec, model, push, report)
         report.values.append(loss)
         results.put(("progress", spec.name, (step, loss)))
-        if weights is not None:
-            _send(outbox, weights)
+        if pushing:
+            outbox.send((step + 1) // spec.eval_every)
 
 
-def _sft_sampler(spec, model, opt, dev, inbox, outbox, results, report) -> None:
+def _sft_sampler(spec, model, opt, dev, inbox, outbox, results, push, report) -> None:
     from rota.demo import workloads as w
 
     x, y = w.sft_batch(spec.size, spec.seed + 1, 10_000)  # held-out batch
-    for _ in range(spec.steps // spec.eval_every):
-        weights = _recv(inbox)
+    for i in range(spec.steps // spec.eval_every):
+        version = inbox.recv()
         with dev.phase():
-            model.load_state_dict(weights)
+            _take(spec, model, push, report, version, i + 1)
             report.values.append(w.eval_loss(model, x.to(spec.device), y.to(spec.device)))

@@ -34,6 +34,20 @@ class ModelSize:
         """fp32 weights + grads + two AdamW moments."""
         return self.params * 4 * 4
 
+    @property
+    def weight_bytes(self) -> int:
+        """fp32 weights: what a sampler holds and parks."""
+        return self.params * 4
+
+    @property
+    def push_bytes(self) -> int:
+        """Size of the shared buffer that carries the weights to the sampler (state-dict order, aligned slices)."""
+        from rota.demo.push import push_bytes
+
+        numels = [self.vocab * self.hidden, *[self.hidden * self.hidden, self.hidden] * self.layers,
+                  self.vocab * self.hidden, self.vocab]
+        return push_bytes([(n, 4) for n in numels])
+
     @classmethod
     def for_state_bytes(cls, target: int, *, layers: int = 8, vocab: int = 1024, batch: int = 64,
                         seq: int = 16) -> ModelSize:

@@ -1,0 +1,147 @@
+"""The trainer → sampler weight push: one shared host buffer per job, no serialisation.
+
+Why: pushing a state dict as ``torch.save`` bytes through a pipe made about five transient
+host copies of the weights per push (CPU copies, the BytesIO, ``getvalue``, ``recv_bytes``,
+``torch.load``), and 20 GB tenants were OOM-killed on a 128 GiB host. Here the runner
+creates one anonymous shared file (``memfd``, so a small ``/dev/shm`` does not limit it)
+per job, sized for that job's weights, and passes it to both processes. The trainer copies
+each tensor straight from the device into its slice of the buffer and sends only a version
+number over the pipe; the sampler copies the slices into its own parameters in place.
+
+Race-freedom: a semaphore holds one "buffer free" token. The trainer takes it *before* its
+turn (never while holding the device, or a sampler that needs a turn to read would
+deadlock it), writes, and sends the version; the sampler gives the token back once its
+parameters hold the copy. So an SFT trainer, which pushes asynchronously, never
+overwrites a push its sampler is still reading.
+
+Used by :mod:`rota.demo.runner` (creates one per job) and :mod:`rota.demo.worker`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+from typing import Any
+
+ALIGN = 64  # every slice starts on a 64-byte boundary: any dtype view fits, DMA likes it
+
+
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to the slice alignment."""
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+class WeightPush:
+    """One job's push buffer and its "free" token; pickled into both workers at ``spawn``.
+
+    :param nbytes: buffer size; at least the aligned sum of the state dict's tensor sizes.
+    :param free: a ``multiprocessing`` semaphore of value 1 from the spawning context.
+    """
+
+    def __init__(self, nbytes: int, free: Any, fd: int) -> None:
+        self.nbytes, self._free, self._fd = nbytes, free, fd
+        self._map: mmap.mmap | None = None
+        self._buffer: Any = None  # uint8 tensor over the mapping, made on first use in the worker
+        self._views: dict[str, Any] = {}
+
+    @classmethod
+    def create(cls, ctx: Any, nbytes: int) -> WeightPush:
+        """A new buffer (pages are committed only when first written) in the runner process."""
+        if nbytes <= 0:
+            raise ValueError(f"push buffer size {nbytes} must be > 0")
+        fd = os.memfd_create("rota-demo-push", os.MFD_CLOEXEC)
+        os.ftruncate(fd, nbytes)
+        return cls(nbytes, ctx.Semaphore(1), fd)
+
+    def close(self) -> None:
+        """Drop this process's handle; the memory goes when the last worker mapping it exits."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        from multiprocessing import reduction
+
+        return _rebuild, (reduction.DupFd(self._fd), self.nbytes, self._free)
+
+    # ----------------------------------------------------------------- both ends
+
+    def bind(self, model: Any) -> None:
+        """Map the buffer and lay the model's state dict out in it, in order.
+
+        Trainer and sampler build the same model, so both compute the same layout.
+        """
+        import torch
+
+        if self._buffer is None:
+            if self._fd < 0:
+                raise ValueError("push buffer: this handle was closed before bind(); bind in a worker that "
+                                 "received the buffer, or before close()")
+            self._map = mmap.mmap(self._fd, self.nbytes)
+            self.close()
+            self._buffer = torch.frombuffer(self._map, dtype=torch.uint8)
+        offset = 0
+        for name, t in model.state_dict().items():
+            n = t.numel() * t.element_size()
+            if offset + n > self.nbytes:
+                raise ValueError(f"push buffer of {self.nbytes} bytes is too small for the state dict "
+                                 f"(at {name!r}, {offset + n} bytes needed so far); size it with push_bytes()")
+            self._views[name] = self._buffer[offset:offset + n].view(t.dtype).view(t.shape)
+            offset = aligned(offset + n)
+
+    def digest(self) -> str:
+        """sha256 of the weights now in the buffer (a test aid: compare both ends)."""
+        return weights_digest(self._views)
+
+    # ------------------------------------------------------------------- trainer
+
+    def claim(self) -> None:
+        """Wait until the sampler has read the previous push. Call *outside* the device turn."""
+        self._free.acquire()
+
+    def write(self, model: Any) -> None:
+        """Copy every state-dict tensor into the buffer (device → shared host, no other copy).
+
+        Call inside the turn, after :meth:`claim`; then send the version number.
+        """
+        import torch
+
+        with torch.no_grad():
+            for name, t in model.state_dict().items():
+                self._views[name].copy_(t)
+
+    # ------------------------------------------------------------------- sampler
+
+    def read_into(self, model: Any) -> None:
+        """Copy the buffer into the model's own tensors in place, then free the buffer for the next push.
+
+        Call inside the turn, after the version number arrived.
+        """
+        import torch
+
+        with torch.no_grad():
+            for name, t in model.state_dict().items():
+                t.copy_(self._views[name])
+        self._free.release()
+
+
+def push_bytes(shapes: list[tuple[int, int]]) -> int:
+    """Buffer bytes for tensors of ``(numel, element_size)``, laid out as :meth:`WeightPush.bind` does."""
+    return sum(aligned(n * e) for n, e in shapes)
+
+
+def weights_digest(tensors: dict[str, Any]) -> str:
+    """sha256 over names and raw bytes, in order; equal digests mean byte-identical weights."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in tensors.items():
+        h.update(name.encode())
+        copy = t.detach().to("cpu", copy=True).contiguous()  # a copy: numpy() pins its storage's size, and
+        h.update(copy.reshape(-1).view(torch.uint8).numpy())  # the parker must be able to resize the original
+    return h.hexdigest()
+
+
+def _rebuild(dupfd: Any, nbytes: int, free: Any) -> WeightPush:
+    return WeightPush(nbytes, free, dupfd.detach())
