@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -82,9 +81,6 @@ class RotaService(pb_grpc.RotaServiceServicer):
 
     def __init__(self, engine: Orchestrator) -> None:
         self.engine = engine
-        # Engines whose attach() predates prefetch (e.g. a wrapper that forwards fixed
-        # arguments) get no can_prefetch: their sessions are never sent a restore.
-        self._engine_prefetches = "can_prefetch" in inspect.signature(engine.attach).parameters
 
     @rpc_errors
     async def Acquire(self, request: pb.TurnRequest, context: Any) -> pb.Grant:
@@ -123,9 +119,9 @@ class RotaService(pb_grpc.RotaServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Attach message must be hello")
         h = first.hello
         # Only a client that said it handles "restore" commands is ever sent one (prefetch).
-        extra = {"can_prefetch": True} if h.can_prefetch and self._engine_prefetches else {}
         try:
-            session = await self.engine.attach(h.job_id, h.group_id, h.rank, h.pid, h.footprint_bytes, **extra)
+            session = await self.engine.attach(h.job_id, h.group_id, h.rank, h.pid, h.footprint_bytes,
+                                               can_prefetch=h.can_prefetch)
         except RotaError as exc:
             await context.abort(exc.code, str(exc), trailing_metadata=exc.trailers())
         yield pb.TenantCommand(command_id="attached")  # no command: "you are attached", before any grant
