@@ -20,6 +20,11 @@ Definition (also written into the JSON as ``definition``):
   back-to-back step time, measured in a calibration phase of the N = 1 point. With
   ratio r a tenant alone keeps the device busy 1/(1+r) of the time; the ideal density
   is about 1+r, and what rota's switching costs shows up as the gap.
+* *arrivals*: ``staggered`` (default): tenant i starts its measured steps i/N of a period
+  (baseline step + think) after tenant 0, as independent jobs would be spread out;
+  ``lockstep``: all start together and, with equal think times, stay together, so every
+  step queues behind all N (the worst case: about N x the baseline, whatever rota costs).
+  ``--think-jitter j`` draws each think time from [1-j, 1+j] x think (seeded).
 * *aggregate throughput*: measured steps of all tenants / the span they were measured
   in (steps/s and tokens/s).
 * *memory*: on CUDA, device memory in use (``nvidia-smi``) at its peak during the
@@ -27,11 +32,19 @@ Definition (also written into the JSON as ``definition``):
   the trainer workers. ``--unshared N`` adds one point with base sharing off (every
   tenant's worker loads its own base): the difference to the shared point of the same
   N is the memory sharing saves (about (N-1) x ``base_bytes`` if CUDA IPC shares it).
+* *breakdown* (per point, per kind of unit, medians over the measured window; from the
+  service's per-unit timing, see ``rota_tinker._workers.unit_breakdown``): pipe queue,
+  turn wait, restore, compute, release, the long poll's answer lag, and the share of
+  units that started a turn (the rest ran in a turn their tenant already held).
 
-    # H200 (about 3 minutes): a 2.1 GB fp32 base, 1/2/4/8 tenants, one unshared point
-    python bench/tinker_density.py --device cuda:0 --tenants 1,2,4,8 --unshared 2 \\
-        --out bench/results/tinker-density-h200.json
-    # CPU smoke run (under a minute)
+The JSON is rewritten after every point, so a run cut short keeps what it measured; a
+point that runs past ``--point-timeout-s`` is recorded as failed, with the reason, and
+the run goes on.
+
+    # H200 (about 4 minutes): a 2.1 GB fp32 base, 1/2/4/8 tenants, one unshared point
+    python bench/tinker_density.py --device cuda:0 --tenants 1,2,4,8 --unshared 2 --steps 8 \\
+        --point-timeout-s 100 --out bench/results/tinker-density-h200.json
+    # CPU smoke run (about a minute)
     python bench/tinker_density.py --device cpu --vocab 256 --dim 64 --layers 2 --heads 2 --batch 2 \\
         --seq-len 16 --tenants 1,2 --steps 3 --warmup 1 --unshared 2
 """
@@ -39,10 +52,12 @@ Definition (also written into the JSON as ``definition``):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import platform
+import random
 import re
 import shutil
 import statistics
@@ -51,6 +66,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -59,7 +75,15 @@ log = logging.getLogger("tinker_density")
 DEFINITION = ("density = largest tested N such that, for it and every smaller tested N, the median per-step latency "
               "(forward_backward+optim_step, all tenants' measured steps) is <= tolerance x the N=1 median (one "
               "tenant per device); every tenant thinks think_s seconds off-device between steps; all N LoRA tenants "
-              "share one resident base (unless share_lora_base is false)")
+              "share one resident base (unless share_lora_base is false); arrivals staggered by 1/N of a period "
+              "(baseline step + think) unless arrivals is lockstep")
+BREAKDOWN = ("queue_s", "acquire_s", "wait_s", "restore_s", "compute_s", "release_s", "reply_s", "answer_lag_s",
+             "total_s", "parked_s")
+MONO = time.monotonic() - time.perf_counter()  # perf_counter stamps + MONO = monotonic stamps (the service's)
+
+
+class PointFailed(Exception):
+    """A point could not finish (timeout or error); the reason goes into the JSON."""
 
 
 def _batch(vocab: int, length: int, n: int, seed: int) -> list:
@@ -123,85 +147,104 @@ class _Peak:
         self._thread.join(60)
 
 
-def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bool = True) -> dict:
-    """N tenants concurrently; think_s None: calibrate it first (N = 1 only). Latencies, throughput, memory."""
+def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bool = True,
+              period_s: float = 0.0) -> dict:
+    """N tenants concurrently; think_s None: calibrate it first (N = 1 only). Latencies, throughput, memory.
+
+    Bounded by ``args.point_timeout_s``: past it, raises :class:`PointFailed` (the service is stopped either way).
+    """
     import tinker
     from tinker import types
 
     from rota.testing import running_orchestrator
     from rota_tinker import BaseModelSpec, ServiceConfig, Tenant, TinkerService
 
+    deadline = time.monotonic() + args.point_timeout_s
+
+    def left() -> float:
+        """Seconds a wait may still take (at least 1, so a late wait fails by timing out, not at once)."""
+        return max(1.0, deadline - time.monotonic())
+
     spec = BaseModelSpec("bench/lm", vocab=args.vocab, dim=args.dim, layers=args.layers, heads=args.heads,
                          max_len=max(256, args.seq_len), seed=0)
     tenants = tuple(Tenant(f"t{i}", f"tml-bench-tenant-{i:04d}") for i in range(n))
     idle = _device_used(args.device)
     data = _batch(spec.vocab, args.seq_len, args.batch, seed=0)
+    stage = ["starting the service"]
     with running_orchestrator() as (endpoint, _engine):
         config = ServiceConfig(tenants=tenants, data_dir=tempfile.mkdtemp(prefix="tinker-density-"),
                                device=args.device, group=f"density-{n}-{int(share)}", endpoint=endpoint,
                                long_poll_s=5.0, base_models={spec.name: spec}, share_lora_base=share,
-                               worker_start_timeout_s=300.0)
+                               worker_start_timeout_s=min(300.0, args.point_timeout_s),
+                               units_per_turn=args.units_per_turn, stop_timeout_s=20.0)
         with TinkerService(config) as svc, _Peak(args.device) as peak:
             t_start = time.perf_counter()
             clients = [tinker.ServiceClient(base_url=svc.url, api_key=t.api_key) for t in tenants]
-            trainers: list = [None] * n
-            errors: list[BaseException] = []
+            try:
+                trainers: list = [None] * n
+                stage[0] = "creating the LoRA models (worker and base holder start)"
 
-            def create(i: int) -> None:
-                try:
+                def create(i: int) -> None:
                     trainers[i] = clients[i].create_lora_training_client(base_model=spec.name, rank=args.rank,
-                                                                         seed=i).result(600)
-                except BaseException as e:
-                    errors.append(e)
+                                                                         seed=i).result(left())
 
-            _in_threads(create, n)
-            if errors:
-                raise errors[0]
-            start_s = time.perf_counter() - t_start
-            lat: dict[str, list[float]] = {t.name: [] for t in tenants}
-            spans: list[tuple[float, float]] = []
-            think = [think_s]
-            calibrated = threading.Event()
-            if think_s is not None:
-                calibrated.set()
-            barrier = threading.Barrier(n)
+                _in_threads(create, n, deadline, stage)
+                start_s = time.perf_counter() - t_start
+                lat: dict[str, list[float]] = {t.name: [] for t in tenants}
+                spans: list[tuple[float, float]] = []
+                steps_of: dict[str, list[tuple[float, float]]] = {t.name: [] for t in tenants}
+                think = [think_s]
+                calibrated = threading.Event()
+                if think_s is not None:
+                    calibrated.set()
+                barrier = threading.Barrier(n)
+                stage[0] = "warmup and measured steps"
 
-            def step(tc: object) -> float:
-                t0 = time.perf_counter()
-                fb = tc.forward_backward(data, "cross_entropy")  # type: ignore[attr-defined]
-                op = tc.optim_step(types.AdamParams(learning_rate=1e-4))  # type: ignore[attr-defined]
-                fb.result(600)
-                op.result(600)
-                return time.perf_counter() - t0
+                def step(tc: object) -> float:
+                    t0 = time.perf_counter()
+                    fb = tc.forward_backward(data, "cross_entropy")  # type: ignore[attr-defined]
+                    op = tc.optim_step(types.AdamParams(learning_rate=1e-4))  # type: ignore[attr-defined]
+                    fb.result(left())
+                    op.result(left())
+                    return time.perf_counter() - t0
 
-            def loop(i: int) -> None:
-                try:
+                def loop(i: int) -> None:
                     tc, name = trainers[i], tenants[i].name
-                    barrier.wait(600)
+                    rng = random.Random(1000 + i)
+                    barrier.wait(left())
                     for _ in range(args.warmup):
                         step(tc)
                     if not calibrated.is_set():  # N = 1 only: back-to-back steps set the think time
                         back_to_back = statistics.median(step(tc) for _ in range(3))
                         think[0] = args.think_ratio * back_to_back
                         calibrated.set()
+                    barrier.wait(left())
+                    if args.arrivals == "staggered" and n > 1:
+                        time.sleep(i * period_s / n)
                     for _ in range(args.steps):
                         t0 = time.perf_counter()
                         lat[name].append(step(tc))
                         spans.append((t0, time.perf_counter()))
-                        time.sleep(think[0])
-                except BaseException as e:
-                    errors.append(e)
+                        steps_of[name].append(spans[-1])
+                        time.sleep(think[0] * rng.uniform(1 - args.think_jitter, 1 + args.think_jitter))
 
-            _in_threads(loop, n)
-            if errors:
-                raise errors[0]
-            holder = svc.base_holder_info(spec.name) if share else None
-            pids = [svc.worker_pid(t.name, "trainer") for t in tenants] + ([holder["pid"]] if holder else [])
-            host_pss = _pss([p for p in pids if p is not None])
+                measure_from = time.monotonic()
+                _in_threads(loop, n, deadline, stage)
+                holder = svc.base_holder_info(spec.name, timeout_s=left()) if share else None
+                pids = [svc.worker_pid(t.name, "trainer") for t in tenants] + ([holder["pid"]] if holder else [])
+                host_pss = _pss([p for p in pids if p is not None])
+                units = svc.unit_timings()
+            finally:
+                for c in clients:  # finish the sessions: no heartbeats left running against a stopped service
+                    with contextlib.suppress(Exception):
+                        c.close("success").result(10)
     every = [x for v in lat.values() for x in v]
     window = max(e for _, e in spans) - min(s for s, _ in spans)
     steps = len(every)
     base_bytes = sum(p.numel() for p in _param_shapes(spec)) * 4
+    first = min(s for s, _ in spans) + MONO
+    measured = [u for u in units if u["submitted"] is not None and u["submitted"] >= max(first, measure_from)]
+    parked = [u["parked_bytes"] for u in measured if u.get("parked_bytes")]
     return {"tenants": n, "share_lora_base": share, "think_s": think[0], "median_step_s": statistics.median(every),
             "p90_step_s": float(np.percentile(every, 90)),
             "per_tenant_median_s": {k: statistics.median(v) for k, v in lat.items()},
@@ -211,7 +254,47 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
             "holder_bytes": holder["bytes"] if holder else None,
             "device_mem_idle_bytes": idle, "device_mem_peak_bytes": peak.peak,
             "device_mem_used_bytes": (peak.peak - idle) if peak.peak is not None and idle is not None else None,
-            "host_pss_bytes": host_pss}
+            "host_pss_bytes": host_pss, "breakdown": breakdown(measured),
+            "median_client_s": _client_overhead(steps_of, measured),
+            "parks": len(parked), "max_parked_bytes": max(parked, default=0.0)}
+
+
+def _client_overhead(steps_of: dict[str, list[tuple[float, float]]], units: list[dict]) -> float | None:
+    """Median over steps of: the client's step latency minus the span the service saw (first unit
+    submitted to last answered): HTTP requests, SDK scheduling, and fetching the answers."""
+    extra = []
+    for tenant, steps in steps_of.items():
+        mine = [u for u in units if u["tenant"] == tenant and u["answered"] is not None]
+        for t0, t1 in steps:
+            inside = [u for u in mine if t0 + MONO <= u["submitted"] <= t1 + MONO]
+            if inside:
+                span = max(u["answered"] for u in inside) - min(u["submitted"] for u in inside)
+                extra.append((t1 - t0) - span)
+    return statistics.median(extra) if extra else None
+
+
+def breakdown(units: list[dict]) -> dict:
+    """Per kind of unit: count, share that started a turn, failures, and the median of each part (seconds)."""
+    out: dict = {}
+    for kind in sorted({u["kind"] for u in units}):
+        mine = [u for u in units if u["kind"] == kind]
+        row: dict = {"units": len(mine), "new_turn_share": statistics.mean(u.get("new_turn", 0.0) for u in mine),
+                     "failed": sum(u["failed"] for u in mine)}
+        for part in BREAKDOWN:
+            values = [u[part] for u in mine if part in u]
+            if values:
+                row[f"median_{part}"] = statistics.median(values)
+        out[kind] = row
+    return out
+
+
+def _describe(pt: dict) -> str:
+    """One line per kind: where a unit's time went (milliseconds)."""
+    lines = []
+    for kind, row in pt.get("breakdown", {}).items():
+        parts = " ".join(f"{p[:-2]} {row[f'median_{p}'] * 1e3:.1f}" for p in BREAKDOWN if f"median_{p}" in row)
+        lines.append(f"  {kind}: {row['units']} units, {row['new_turn_share']:.0%} started a turn; median ms: {parts}")
+    return "\n".join(lines)
 
 
 def _param_shapes(spec: object) -> list:
@@ -224,12 +307,43 @@ def _param_shapes(spec: object) -> list:
         return list(TinyLM(spec).parameters())  # type: ignore[arg-type]
 
 
-def _in_threads(fn: object, n: int) -> None:
-    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]  # type: ignore[arg-type]
+def _in_threads(fn: Callable[[int], None], n: int, deadline: float, stage: list[str]) -> None:
+    """``fn(i)`` for i < n in daemon threads; PointFailed naming ``stage[0]`` on an error or past ``deadline``."""
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            fn(i)
+        except BaseException as e:  # reported below, naming the tenant
+            errors.append(RuntimeError(f"tenant t{i}: {type(e).__name__}: {e}"))
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(3600)
+        t.join(max(0.0, deadline - time.monotonic()))
+    stuck = [i for i, t in enumerate(threads) if t.is_alive()]
+    if stuck:
+        raise PointFailed(f"timed out while {stage[0]}: tenants {stuck} still busy at --point-timeout-s")
+    if errors:
+        raise PointFailed(f"failed while {stage[0]}: {errors[0]}")
+
+
+def _failed(n: int, share: bool, reason: str) -> dict:
+    log.error("N=%d%s failed: %s", n, "" if share else " (unshared)", reason)
+    return {"tenants": n, "share_lora_base": share, "failed": True, "reason": reason}
+
+
+def _point(n: int, args: argparse.Namespace, think_s: float | None, share: bool = True,
+           period_s: float = 0.0) -> dict:
+    """run_point, with any failure recorded as a failed point rather than raised."""
+    try:
+        return run_point(n, args, think_s, share, period_s)
+    except PointFailed as e:
+        return _failed(n, share, str(e))
+    except Exception as e:  # a point must not take the measured ones with it
+        log.exception("N=%d failed", n)
+        return _failed(n, share, f"{type(e).__name__}: {e}")
 
 
 def main() -> None:
@@ -250,7 +364,15 @@ def main() -> None:
                    help="without --think-s: think time = this x the one-tenant back-to-back step time")
     p.add_argument("--tolerance", type=float, default=1.25, help="'equal latency' = within this factor of N=1")
     p.add_argument("--unshared", type=int, default=0, help="also run this N with base sharing off (0: skip)")
-    p.add_argument("--out", default="", help="write the JSON here too")
+    p.add_argument("--arrivals", choices=("staggered", "lockstep"), default="staggered",
+                   help="staggered: tenant i starts i/N of a period after tenant 0; lockstep: all together")
+    p.add_argument("--think-jitter", type=float, default=0.0,
+                   help="each think time is drawn from [1-j, 1+j] x think (0: fixed)")
+    p.add_argument("--units-per-turn", type=int, default=4,
+                   help="the service's units_per_turn (1: every work unit takes its own turn)")
+    p.add_argument("--point-timeout-s", type=float, default=240.0,
+                   help="a point (start, steps, teardown aside) running longer is recorded as failed")
+    p.add_argument("--out", default="", help="write the JSON here too (rewritten after every point)")
     args = p.parse_args()
     logging.basicConfig(level=os.environ.get("ROTA_LOG_LEVEL", "WARNING"))
     os.environ.setdefault("TINKER_TELEMETRY", "0")
@@ -265,6 +387,10 @@ def main() -> None:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if args.warmup < 0 or args.unshared < 0:
         p.error("--warmup and --unshared must be >= 0")
+    if not 0 <= args.think_jitter < 1:
+        p.error(f"--think-jitter {args.think_jitter} must be within [0, 1)")
+    if args.units_per_turn < 1 or args.point_timeout_s <= 0:
+        p.error("--units-per-turn must be >= 1 and --point-timeout-s > 0")
     if args.dim % args.heads:
         p.error(f"--dim {args.dim} must be a multiple of --heads {args.heads}")
     if args.rank > args.dim:
@@ -277,27 +403,35 @@ def main() -> None:
         p.error(f"--device {args.device!r} not understood; use cpu, cuda or cuda:N")
 
     t0 = time.perf_counter()
-    base = run_point(1, args, args.think_s)
-    log.warning("N=1: %.3f s/step, think %.3f s", base["median_step_s"], base["think_s"])
-    points = [base]
+    result: dict = {"bench": "tinker_density", "definition": DEFINITION, "device": args.device,
+                    "host": platform.node(), "args": vars(args), "tolerance": args.tolerance, "complete": False,
+                    "points": [], "unshared_point": None}
+    base = _point(1, args, args.think_s)
+    result["points"].append(base)
+    if base.get("failed"):
+        _write(result, args, t0)
+        sys.exit(f"the baseline (N=1) failed: {base['reason']}")
+    period = base["median_step_s"] + base["think_s"]
+    result.update(think_s=base["think_s"], single_tenant_median_step_s=base["median_step_s"], period_s=period)
+    _report(base, base, args.tolerance)
+    _write(result, args, t0)
     for n in ns[1:]:
-        points.append(run_point(n, args, base["think_s"]))
-        log.warning("N=%d: %.3f s/step", n, points[-1]["median_step_s"])
+        pt = _point(n, args, base["think_s"], period_s=period)
+        result["points"].append(pt)
+        _report(pt, base, args.tolerance)
+        _write(result, args, t0)
+    if args.unshared:
+        result["unshared_point"] = _point(args.unshared, args, base["think_s"], share=False, period_s=period)
+        _report(result["unshared_point"], base, args.tolerance)
     density = 1
-    for pt in points:
-        pt["latency_vs_alone"] = pt["median_step_s"] / base["median_step_s"]
-        pt["within_tolerance"] = pt["latency_vs_alone"] <= args.tolerance
-    for pt in points:
-        if not pt["within_tolerance"]:
+    for pt in result["points"]:
+        if pt.get("failed") or not pt["within_tolerance"]:
             break
         density = pt["tenants"]
-    unshared = run_point(args.unshared, args, base["think_s"], share=False) if args.unshared else None
-    result = {"bench": "tinker_density", "definition": DEFINITION, "device": args.device, "host": platform.node(),
-              "args": vars(args), "tolerance": args.tolerance, "think_s": base["think_s"],
-              "single_tenant_median_step_s": base["median_step_s"], "density": density, "points": points,
-              "unshared_point": unshared, "wall_s": time.perf_counter() - t0}
-    if unshared is not None:
-        same = next((pt for pt in points if pt["tenants"] == args.unshared), None)
+    result["density"] = density
+    unshared = result["unshared_point"]
+    if unshared is not None and not unshared.get("failed"):
+        same = next((pt for pt in result["points"] if pt["tenants"] == args.unshared and not pt.get("failed")), None)
         key = "device_mem_used_bytes" if unshared["device_mem_used_bytes"] is not None else "host_pss_bytes"
         if same is not None and same[key] is not None and unshared[key] is not None:
             result["sharing_saves_bytes"] = {"metric": key, "tenants": args.unshared,
@@ -305,14 +439,39 @@ def main() -> None:
                                              "expected_about": (args.unshared - 1) * base["base_bytes"],
                                              "note": "less one process's own cost (the base holder's CUDA context "
                                                      "or torch runtime), which sharing adds"}
+    result["complete"] = True
+    text = _write(result, args, t0)
+    log.warning("density %d (tenants per device at <= %.2fx one-tenant step latency, think %.3f s, %s arrivals)",
+                density, args.tolerance, base["think_s"], args.arrivals)
+    sys.stdout.write(text + "\n")
+
+
+def _report(pt: dict, base: dict, tolerance: float) -> None:
+    """Log a point's latency and breakdown; set its ratio to the baseline."""
+    if pt.get("failed"):
+        return
+    pt["latency_vs_alone"] = pt["median_step_s"] / base["median_step_s"]
+    pt["within_tolerance"] = pt["latency_vs_alone"] <= tolerance
+    extra = f", think {pt['think_s']:.3f} s" if pt is base else ""
+    client = pt["median_client_s"]
+    log.warning("N=%d%s: %.3f s/step (%.2fx alone)%s, workers started in %.1f s; client/HTTP %s ms a step; "
+                "%d parks, at most %.1f MB each\n%s", pt["tenants"], "" if pt["share_lora_base"] else " (unshared)",
+                pt["median_step_s"], pt["latency_vs_alone"], extra, pt["worker_start_s"],
+                "?" if client is None else f"{client * 1e3:.1f}", pt["parks"], pt["max_parked_bytes"] / 1e6,
+                _describe(pt))
+
+
+def _write(result: dict, args: argparse.Namespace, t0: float) -> str:
+    """The JSON so far, written to ``--out`` (atomically) after every point."""
+    result["wall_s"] = time.perf_counter() - t0
     text = json.dumps(result, indent=2)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
+        tmp = f"{args.out}.tmp"
+        with open(tmp, "w") as f:
             f.write(text + "\n")
-    log.warning("density %d (tenants per device at <= %.2fx one-tenant step latency, think %.3f s)", density,
-                args.tolerance, base["think_s"])
-    sys.stdout.write(text + "\n")
+        os.replace(tmp, args.out)
+    return text
 
 
 if __name__ == "__main__":

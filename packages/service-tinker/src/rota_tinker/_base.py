@@ -17,7 +17,9 @@ Invariants: the base is **read-only** for tenants (its parameters have
 ``rota_fsdp.track`` on the base: only adapters and their optimizer state are parked);
 the holder is a plain process, not a rota tenant (its memory is resident like a CUDA
 context and never parked); and it must outlive its consumers (the service stops tenant
-workers before holders; a consumer of a CUDA IPC handle must not outlive the producer).
+workers before holders, and waits for them: a consumer of a CUDA IPC handle must not
+outlive the producer, and a consumer drops its references (:func:`detach_all`) before it
+exits so the producer sees every shared tensor released).
 :meth:`BaseHolder.op_info` gives a checksum so tests can show the bytes never change.
 """
 
@@ -98,17 +100,32 @@ class BaseHolder:
                 conn = self.listener.accept()
             except OSError:
                 return
-            try:
-                want = conn.recv()
-                if want != ("base", self.base.name):
-                    conn.send(("err", f"this holder serves base {self.base.name!r}, not {want!r}"))
-                else:
-                    conn.send(("ok", self.flat, self.layout))
-                    conn.recv()  # the consumer's ack: it holds its own reference now
-            except (EOFError, OSError) as e:
-                log.warning("a worker went away while fetching base %s: %s", self.base.name, e)
-            finally:
-                conn.close()
+            # one thread per consumer: a slow one (unpickling, CUDA start) must not hold up the others
+            threading.Thread(target=self._hand_over, args=(conn,), name="rota-tinker-base-send", daemon=True).start()
+
+    def _hand_over(self, conn: Any) -> None:
+        """Send the flat tensor and layout to one consumer; wait for its ack (it then holds its own reference)."""
+        try:
+            want = conn.recv()
+            if want != ("base", self.base.name):
+                conn.send(("err", f"this holder serves base {self.base.name!r}, not {want!r}"))
+            else:
+                conn.send(("ok", self.flat, self.layout))
+                conn.recv()  # the consumer's ack: it holds its own reference now
+        except (EOFError, OSError) as e:
+            log.warning("a worker went away while fetching base %s: %s", self.base.name, e)
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        """Stop serving and free the base (the service closes holders after every consumer has exited)."""
+        import torch
+
+        self.listener.close()
+        del self.flat
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.ipc_collect()
 
     def op_info(self, checksum: bool = False) -> dict[str, Any]:
         """Size, device, the shared segment (CPU) and, on request, whether the bytes still match."""
@@ -131,6 +148,9 @@ def attach(base: Any, device: Any, address: str) -> Any:
     from rota_tinker._models import TinyLM
 
     key = (base.name, str(device))
+    want = torch.device(device)
+    if want.type == "cuda":  # start CUDA here, not while unpickling the handle (the holder waits for our ack)
+        torch.cuda.init()
     with _attach_lock:
         if key not in _attached:
             conn = Client(address, family="AF_UNIX", authkey=current_process().authkey)
@@ -143,7 +163,6 @@ def attach(base: Any, device: Any, address: str) -> Any:
             finally:
                 conn.close()
             flat, layout = reply[1], reply[2]
-            want = torch.device(device)
             if flat.device.type != want.type or (want.index is not None and flat.device.index != want.index):
                 raise RuntimeError(f"base {base.name!r} is held on {flat.device}, this worker runs on {device}")
             _attached[key] = (flat, layout)
@@ -165,6 +184,12 @@ def attach(base: Any, device: Any, address: str) -> Any:
     if left:
         raise RuntimeError(f"base {base.name!r} from {address} lacks {left[:4]}: holder and worker disagree on it")
     return model
+
+
+def detach_all() -> None:
+    """Forget every attached base (a worker calls it on exit, after dropping its models)."""
+    with _attach_lock:
+        _attached.clear()
 
 
 def shared_flat(base: Any, device: Any) -> Any:

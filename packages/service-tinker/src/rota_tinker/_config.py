@@ -96,6 +96,10 @@ class ServiceConfig:
     # LoRA tenants on one base share one resident copy held by a base-holder process
     # (rota_tinker._base); False gives every LoRA worker its own copy (for comparisons).
     share_lora_base: bool = True
+    # A tenant's work units already queued when one finishes run in the same rota turn, up to
+    # this many: forward_backward and the optim_step behind it cost one switch, not two.
+    units_per_turn: int = 4
+    stop_timeout_s: float = 30.0  # stop(): how long workers (then holders) get to exit before they are killed
 
     def __post_init__(self) -> None:
         if not self.tenants:
@@ -114,6 +118,10 @@ class ServiceConfig:
             raise ConfigError(f"torch_threads={self.torch_threads} must be >= 1")
         if not self.base_models:
             raise ConfigError("no base models configured")
+        if not isinstance(self.units_per_turn, int) or self.units_per_turn < 1:
+            raise ConfigError(f"units_per_turn={self.units_per_turn!r} must be an integer >= 1 (1: a turn per unit)")
+        if not self.stop_timeout_s > 0:
+            raise ConfigError(f"stop_timeout_s={self.stop_timeout_s!r} must be > 0 seconds")
         if not isinstance(self.share_lora_base, bool):
             raise ConfigError(f"share_lora_base={self.share_lora_base!r} must be True or False")
 

@@ -7,7 +7,8 @@ every request is small (work runs in the workers), and ``retrieve_future`` long-
 its own thread.
 
 Served routes (all under ``/api/v1``): ``healthz``, ``client/config``,
-``client/dynamic_config``, ``create_session``, ``session_heartbeat``, ``telemetry``,
+``client/dynamic_config``, ``create_session``, ``session_heartbeat``,
+``sessions/{id}/finish``, ``telemetry``,
 ``get_server_capabilities``, ``create_model``, ``get_info``, ``forward_backward``
 (protobuf), ``optim_step``, ``save_weights_for_sampler``, ``create_sampling_session``,
 ``samplers/{id}``, ``asample``, ``retrieve_future``.
@@ -26,6 +27,9 @@ Rules enforced here:
   resident base of their (device, base) held by a base-holder process
   (:mod:`rota_tinker._base`), started on first use and stopped after every tenant
   worker (the producer of shared memory outlives its consumers).
+* ``retrieve_future`` holds the request until the result is ready or ``long_poll_s``
+  passes (the SDK re-polls at once after ``try_again``, without sleeping); every
+  request is served by its own thread, so long polls never hold up heartbeats.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import math
 import re
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -45,13 +50,14 @@ from rota_tinker import _wire
 from rota_tinker._config import BaseModelSpec, ServiceConfig, Tenant
 from rota_tinker._wire import BadRequest, field_of
 from rota_tinker._worker import WorkerSpec
-from rota_tinker._workers import Future, WorkerHandle
+from rota_tinker._workers import Future, WorkerHandle, close_all, unit_breakdown
 
 log = logging.getLogger(__name__)
 
 PROTO = "application/x-protobuf"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PATH = re.compile(r"^tinker://([^/]+)/sampler_weights/([^/]+)$")
+_FINISH = re.compile(r"^/api/v1/sessions/([^/]+)/finish$")
 MAX_SAMPLES = 64
 MAX_NEW_TOKENS = 1024
 
@@ -103,6 +109,7 @@ class _State:
         self.config = config
         self.lock = threading.Lock()
         self.sessions: dict[str, str] = {}  # session_id -> tenant
+        self.finished: set[str] = set()  # sessions the client finished (heartbeats then get 410)
         self.models: dict[str, _Model] = {}
         self.weights: dict[str, _Weights] = {}  # tinker:// path -> weights
         self.sampling: dict[str, _SamplingSession] = {}
@@ -112,7 +119,8 @@ class _State:
         for t in config.tenants:
             for role in ("trainer", "sampler"):
                 spec = WorkerSpec(tenant=t.name, role=role, group=config.group, endpoint=config.endpoint,
-                                  device=config.device, data_dir=config.data_dir, torch_threads=config.torch_threads)
+                                  device=config.device, data_dir=config.data_dir, torch_threads=config.torch_threads,
+                                  units_per_turn=config.units_per_turn)
                 self.workers[(t.name, role)] = WorkerHandle(spec, config.worker_start_timeout_s)
         self.holders: dict[str, WorkerHandle] = {}  # base name -> its holder on config.device
 
@@ -148,6 +156,9 @@ class _State:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY: a response is headers then body, two sends; with Nagle the body waits for the
+    # client's delayed ACK of the headers (about 40 ms on Linux) on every answer of a held long poll.
+    disable_nagle_algorithm = True
     server: _Server
 
     # ------------------------------------------------------------ plumbing
@@ -230,6 +241,9 @@ class _Handler(BaseHTTPRequestHandler):
             arg = None
             if route is None and path.startswith("/api/v1/samplers/"):
                 route, arg = ("GET", _Handler._get_sampler), path[len("/api/v1/samplers/"):]
+            finish = _FINISH.match(path)
+            if route is None and finish:
+                route, arg = ("POST", _Handler._finish_session), finish.group(1)
             if route is None:
                 raise BadRequest(f"no route {path!r}; this service serves the tinker SDK's /api/v1 training and "
                                  "sampling routes (see rota_tinker's README)", status=404)
@@ -297,8 +311,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._json({"type": "create_session", "session_id": sid})
 
     def _heartbeat(self, tenant: Tenant, body: dict[str, Any]) -> None:
-        self._session(tenant, body)
+        sid = self._session(tenant, body)
+        if sid in self.server.state.finished:  # the SDK stops its heartbeat loop on 410
+            raise BadRequest(f"session {sid!r} was finished; create a new session", status=410)
         self._json({"type": "session_heartbeat"})
+
+    def _finish_session(self, tenant: Tenant, session_id: str) -> None:
+        """``ServiceClient.close()``: the session ends (its models stay; heartbeats get 410)."""
+        self._owned(self.server.state.sessions, session_id, "session", tenant)
+        with self.server.state.lock:
+            self.server.state.finished.add(session_id)
+        log.info("tenant %s: session %s finished", tenant.name, session_id)
+        self._json({})
 
     def _telemetry(self, tenant: Tenant, body: dict[str, Any]) -> None:
         self._json({"status": "accepted"})
@@ -565,14 +589,14 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if fut.error is not None:
             self._json({"error": fut.error, "category": fut.category, "request_id": rid})
-            return
-        if fut.proto is not None:
+        elif fut.proto is not None:
             accept = self.headers.get("Accept", "")
             if PROTO not in accept:
                 raise BadRequest(f"the result of {rid} ({fut.kind}) is protobuf; send Accept: {PROTO}", status=406)
             self._send(200, fut.proto, PROTO)
-            return
-        self._json(fut.json)
+        else:
+            self._json(fut.json)
+        fut.timing.setdefault("answered", time.monotonic())
 
 
 ROUTES: dict[str, tuple[str, Any]] = {
@@ -595,6 +619,7 @@ ROUTES: dict[str, tuple[str, Any]] = {
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # listen backlog: many SDK clients connect at once (the default 5 drops SYNs)
     state: _State
 
 
@@ -650,16 +675,34 @@ class TinkerService:
             raise RuntimeError(fut.error)
         return {"pid": handle.pid, **(fut.json or {})}
 
-    def stop(self) -> None:
-        """Stop serving, then every tenant worker, then the base holders (producers outlive consumers)."""
+    def unit_timings(self) -> list[dict[str, Any]]:
+        """Every finished work unit so far: tenant, kind, request id, its monotonic stamps and breakdown.
+
+        For benchmarks: see :func:`rota_tinker._workers.unit_breakdown` for what each part means.
+        """
+        with self.state.lock:
+            futures = list(self.state.futures.values())
+        return [{"tenant": f.tenant, "kind": f.kind, "request_id": f.request_id, "failed": f.error is not None,
+                 "submitted": f.timing.get("submitted"), "answered": f.timing.get("answered"),
+                 **unit_breakdown(f.timing)} for f in futures if f.done.is_set() and "done" in f.timing]
+
+    def stop(self) -> list[str]:
+        """Stop serving; stop every tenant worker and wait for them, then the base holders (producers last).
+
+        Workers release their turn and drop shared bases before exiting; one that does not exit
+        within ``stop_timeout_s`` is killed. Returns the names of those killed (normally none).
+        """
         self._httpd.shutdown()
         self._httpd.server_close()
-        for w in self.state.workers.values():
-            w.close()
-        for h in list(self.state.holders.values()):
-            h.close()
+        killed = close_all(self.state.workers.values(), self.config.stop_timeout_s)
+        with self.state.lock:
+            holders = list(self.state.holders.values())
+        killed += close_all(holders, self.config.stop_timeout_s)
+        if killed:
+            log.warning("stopped; killed %s (they did not exit within %.0f s)", killed, self.config.stop_timeout_s)
         if self._thread is not None:
             self._thread.join(10)
+        return killed
 
     def __enter__(self) -> TinkerService:
         self.start()

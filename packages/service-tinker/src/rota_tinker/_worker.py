@@ -2,13 +2,18 @@
 
 Started by :mod:`rota_tinker._workers` with the ``spawn`` method; talks to the HTTP
 process over a ``multiprocessing`` pipe: requests ``(request_id, op, args)``, replies
-``(request_id, "ok", result)`` or ``(request_id, "err", message, category)``. Work
-units run one at a time, in arrival order.
+``(request_id, "ok", result, timing)`` or ``(request_id, "err", message, category,
+timing)``; ``None`` asks it to exit. Work units run one at a time, in arrival order.
 
 Every device work unit (creating a model, ``forward_backward``, ``optim_step``, a
-sampling batch) runs inside ``gpu.turn()`` of the tenant's rota tenant
-(``<tenant>.trainer`` / ``<tenant>.sampler``) on the service's group, so tenants take
-turns on shared devices. What is parked between turns (by :mod:`rota_fsdp`):
+sampling batch) runs inside a turn of the tenant's rota tenant (``<tenant>.trainer`` /
+``<tenant>.sampler``) on the service's group, so tenants take turns on shared devices.
+Units already queued when one finishes run in the **same turn** (up to
+``units_per_turn``, and not once the policy asks the tenant to yield): the
+``optim_step`` the SDK sends right behind a ``forward_backward`` costs no second switch.
+Each reply carries the unit's timing (turn wait, restore, compute, release; see
+:func:`rota_tinker._workers.unit_breakdown`). What is parked between turns (by
+:mod:`rota_fsdp`):
 
 * full-parameter models: weights, grads and the Adam state;
 * LoRA models: only the adapter weights and their Adam state; the base model stays
@@ -23,13 +28,19 @@ tenant: the base is resident, never parked, and read-only).
 
 Saving weights for the sampler needs no device: it is written from the tracked host
 copy (``Tracked.state_dict()``), without a turn.
+
+On exit a worker drops every model and its references to a shared base before its
+process ends, so a CUDA base holder sees its IPC tensors released (the service stops
+tenant workers, waits for them, then the holders).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import secrets
+import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -50,6 +61,7 @@ class WorkerSpec:
     data_dir: str
     torch_threads: int = 1
     base: Any = None  # the BaseModelSpec a base holder holds (role "base" only)
+    units_per_turn: int = 4  # queued units of this tenant that may share one turn
 
 
 class UserError(Exception):
@@ -76,24 +88,120 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
         worker = (Trainer if spec.role == "trainer" else Sampler)(spec, gpu)
         hello = {}
     conn.send(("ready", os.getpid(), hello))
-    while True:
+    try:
+        _Loop(worker, gpu, conn, spec.units_per_turn).run()
+    finally:
+        if gpu is not None and gpu.grant is not None:
+            gpu.release()
+        worker.close()
+        if gpu is not None:
+            gpu.close()
+
+
+class _Stop(Exception):
+    """The HTTP process asked this worker to exit (or went away)."""
+
+
+class _Loop:
+    """Runs units in arrival order; device units in turns, queued units of this tenant sharing one."""
+
+    def __init__(self, worker: Any, gpu: Any, conn: Connection, units_per_turn: int) -> None:
+        self.worker, self.gpu, self.conn, self.units_per_turn = worker, gpu, conn, max(1, units_per_turn)
+        self.seen = 0  # gpu.stats.events already attributed to a unit
+        self.parks_seen = 0  # gpu.stats.parks likewise
+
+    def run(self) -> None:
         try:
-            msg = conn.recv()
+            while True:
+                self._unit(self._recv())
+        except _Stop:
+            return
+
+    def _recv(self) -> tuple[str, str, dict[str, Any], dict[str, float]]:
+        try:
+            msg = self.conn.recv()
         except (EOFError, OSError):
-            break
+            raise _Stop from None
         if msg is None:
-            break
+            raise _Stop
         rid, op, args = msg
+        return rid, op, args, {"recv": time.monotonic()}
+
+    def _unit(self, msg: tuple[str, str, dict[str, Any], dict[str, float]]) -> None:
+        """One unit; a device unit takes a turn and runs whatever is queued behind it in the same turn."""
+        rid, op, args, timing = msg
+        if self.gpu is None or op not in self.worker.DEVICE_OPS:
+            self._reply(rid, self._call(op, args, timing), timing)
+            return
+        t0 = time.monotonic()
         try:
-            result = getattr(worker, f"op_{op}")(**args)
-            conn.send((rid, "ok", result))
+            self.gpu.acquire()
+        except Exception as e:  # the orchestrator is gone or the restore failed: this unit fails, the next retries
+            log.error("%s: could not get a turn: %s", op, e)
+            timing["acquire_s"] = time.monotonic() - t0
+            self._reply(rid, ("err", f"could not get a turn on the device: {type(e).__name__}: {e}", "server"),
+                        timing)
+            return
+        timing.update(acquire_s=time.monotonic() - t0, new_turn=1.0, **self._events())
+        units = 0
+        while True:
+            outcome = self._call(op, args, timing)
+            units += 1
+            nxt = None
+            if units < self.units_per_turn and not self.gpu.should_yield and self.conn.poll(0):
+                try:
+                    nxt = self._recv()
+                except _Stop:
+                    self._end_turn(timing)
+                    self._reply(rid, outcome, timing)
+                    raise
+            if nxt is None:
+                self._end_turn(timing)
+                self._reply(rid, outcome, timing)
+                return
+            self._reply(rid, outcome, timing)
+            rid, op, args, timing = nxt
+            timing.update(acquire_s=0.0, wait_s=0.0, restore_s=0.0, new_turn=0.0, **self._events(parks_only=True))
+
+    def _end_turn(self, timing: dict[str, float]) -> None:
+        t0 = time.monotonic()
+        try:
+            self.gpu.release()
+        except Exception as e:  # the lease expires on the orchestrator's side; the next acquire starts afresh
+            log.error("release failed: %s", e)
+        timing["release_s"] = time.monotonic() - t0
+
+    def _events(self, parks_only: bool = False) -> dict[str, float]:
+        """This tenant's rota events since the last unit: grant wait, restores, parks (seconds; bytes parked)."""
+        events = self.gpu.stats.events[self.seen:]
+        self.seen += len(events)
+        parks = self.gpu.stats.parks[self.parks_seen:]
+        self.parks_seen += len(parks)
+        out = {"parked_s": sum(e - s for kind, s, e in events if kind == "park"),
+               "parked_bytes": float(sum(p.bytes_moved for p in parks))}
+        if not parks_only:
+            out["wait_s"] = sum(e - s for kind, s, e in events if kind == "wait")
+            out["restore_s"] = sum(e - s for kind, s, e in events if kind == "restore")
+        return out
+
+    def _call(self, op: str, args: dict[str, Any], timing: dict[str, float]) -> tuple[Any, ...]:
+        t0 = time.monotonic()
+        try:
+            return ("ok", getattr(self.worker, f"op_{op}")(**args))
         except UserError as e:
-            conn.send((rid, "err", str(e), "user"))
+            return ("err", str(e), "user")
         except Exception as e:
             log.error("%s failed: %s", op, traceback.format_exc())
-            conn.send((rid, "err", f"{type(e).__name__}: {e}", "server"))
-    if gpu is not None:
-        gpu.close()
+            return ("err", f"{type(e).__name__}: {e}", "server")
+        finally:
+            timing["compute_s"] = time.monotonic() - t0
+
+    def _reply(self, rid: str, outcome: tuple[Any, ...], timing: dict[str, float]) -> None:
+        timing["done"] = time.monotonic()
+        try:
+            self.conn.send((rid, *outcome, timing))
+        except (OSError, ValueError):  # the HTTP process is gone
+            raise _Stop from None
 
 
 def _base_model(base: Any, device: Any, shared_base: str | None) -> Any:
@@ -105,11 +213,26 @@ def _base_model(base: Any, device: Any, shared_base: str | None) -> Any:
 
 
 class _Base:
+    DEVICE_OPS: frozenset[str] = frozenset()  # ops that run inside a turn
+
     def __init__(self, spec: WorkerSpec, gpu: Any) -> None:
         import torch
 
         self.spec, self.gpu = spec, gpu
         self.device = torch.device(spec.device)
+        self.models: dict[str, Any] = {}
+
+    def close(self) -> None:
+        """Drop every model and this process's references to shared bases (a CUDA holder then sees them released)."""
+        import torch
+
+        from rota_tinker._base import detach_all
+
+        self.models.clear()
+        detach_all()
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
 
 @dataclass
@@ -124,9 +247,8 @@ class _Trained:
 class Trainer(_Base):
     """Holds the tenant's training models; forward_backward / optim_step / save for sampler."""
 
-    def __init__(self, spec: WorkerSpec, gpu: Any) -> None:
-        super().__init__(spec, gpu)
-        self.models: dict[str, _Trained] = {}
+    DEVICE_OPS = frozenset({"create", "forward_backward", "optim_step"})
+    models: dict[str, _Trained]
 
     def op_create(self, model_id: str, base: Any, lora: dict[str, Any] | None,
                   shared_base: str | None = None) -> dict[str, Any]:
@@ -136,14 +258,13 @@ class Trainer(_Base):
         import rota_fsdp
         from rota_tinker._models import add_lora
 
-        with self.gpu.turn():
-            model = _base_model(base, self.device, shared_base if lora is not None else None)
-            if lora is not None:
-                trainable = add_lora(model, lora["rank"], lora["seed"], lora["targets"])
-            else:
-                trainable = model
-            opt = torch.optim.AdamW(trainable.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
-            tracked = rota_fsdp.track(self.gpu, trainable, opt, device=self.device)
+        model = _base_model(base, self.device, shared_base if lora is not None else None)
+        if lora is not None:
+            trainable = add_lora(model, lora["rank"], lora["seed"], lora["targets"])
+        else:
+            trainable = model
+        opt = torch.optim.AdamW(trainable.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+        tracked = rota_fsdp.track(self.gpu, trainable, opt, device=self.device)
         self.models[model_id] = _Trained(model, trainable, opt, tracked, lora)
         n = sum(p.numel() for p in trainable.parameters())
         log.info("model %s: %s, %d trainable parameters", model_id, "lora" if lora else "full", n)
@@ -163,38 +284,36 @@ class Trainer(_Base):
 
         entry = self._get(model_id)
         logprobs, total = [], 0.0
-        with self.gpu.turn():
-            for tokens, inputs in data:
-                toks = torch.as_tensor(tokens, dtype=torch.long, device=self.device)
-                ins = {k: torch.as_tensor(v, device=self.device) for k, v in inputs.items()}
-                targets = ins.pop("target_tokens").long()
-                ins = {k: v.float() for k, v in ins.items()}
-                if forward_only:
-                    with torch.no_grad():
-                        lp = token_logprobs(entry.model, toks, targets)
-                        loss = datum_loss(loss_fn, lp, ins)
-                else:
+        for tokens, inputs in data:
+            toks = torch.as_tensor(tokens, dtype=torch.long, device=self.device)
+            ins = {k: torch.as_tensor(v, device=self.device) for k, v in inputs.items()}
+            targets = ins.pop("target_tokens").long()
+            ins = {k: v.float() for k, v in ins.items()}
+            if forward_only:
+                with torch.no_grad():
                     lp = token_logprobs(entry.model, toks, targets)
                     loss = datum_loss(loss_fn, lp, ins)
-                    loss.backward()
-                total += float(loss.detach())
-                logprobs.append(lp.detach().float().cpu().numpy())
+            else:
+                lp = token_logprobs(entry.model, toks, targets)
+                loss = datum_loss(loss_fn, lp, ins)
+                loss.backward()
+            total += float(loss.detach())
+            logprobs.append(lp.detach().float().cpu().numpy())
         return {"logprobs": logprobs, "metrics": {"loss:sum": total}}
 
     def op_optim_step(self, model_id: str, adam: dict[str, float]) -> dict[str, Any]:
         import torch
 
         entry = self._get(model_id)
-        with self.gpu.turn():
-            params = [p for p in entry.trainable.parameters() if p.requires_grad]
-            norm = None
-            if adam["grad_clip_norm"] > 0:
-                norm = float(torch.nn.utils.clip_grad_norm_(params, adam["grad_clip_norm"]))
-            for group in entry.optimizer.param_groups:
-                group.update(lr=adam["learning_rate"], betas=(adam["beta1"], adam["beta2"]), eps=adam["eps"],
-                             weight_decay=adam["weight_decay"])
-            entry.optimizer.step()
-            entry.optimizer.zero_grad(set_to_none=False)
+        params = [p for p in entry.trainable.parameters() if p.requires_grad]
+        norm = None
+        if adam["grad_clip_norm"] > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, adam["grad_clip_norm"]))
+        for group in entry.optimizer.param_groups:
+            group.update(lr=adam["learning_rate"], betas=(adam["beta1"], adam["beta2"]), eps=adam["eps"],
+                         weight_decay=adam["weight_decay"])
+        entry.optimizer.step()
+        entry.optimizer.zero_grad(set_to_none=False)
         metrics = {} if norm is None else {"grad_norm:mean": norm}
         return {"metrics": metrics}
 
@@ -213,11 +332,9 @@ class Trainer(_Base):
 
 
 class Sampler(_Base):
-    """Holds the tenant's sampling models (one per sampling session's weights)."""
+    """Holds the tenant's sampling models (one per sampling session's weights: file or "base:NAME" -> model)."""
 
-    def __init__(self, spec: WorkerSpec, gpu: Any) -> None:
-        super().__init__(spec, gpu)
-        self.models: dict[str, Any] = {}  # weights file (or "base:NAME") -> model
+    DEVICE_OPS = frozenset({"sample"})
 
     def _load(self, key: str, base: Any, shared_base: str | None) -> Any:
         """The model of ``key``; ``shared_base`` (LoRA weights or the bare base only): attach to the shared base."""
@@ -250,6 +367,5 @@ class Sampler(_Base):
                   seed: int, shared_base: str | None = None) -> list[Any]:
         from rota_tinker._models import sample
 
-        with self.gpu.turn():
-            model = self._load(key, base, shared_base)
-            return sample(model, prompt, params, num_samples, seed, self.device, base.max_len)
+        model = self._load(key, base, shared_base)
+        return sample(model, prompt, params, num_samples, seed, self.device, base.max_len)

@@ -4,6 +4,15 @@ Used by :mod:`rota_tinker._service`. One :class:`WorkerHandle` per (tenant, role
 reader thread turns each reply into the completion of a :class:`Future`. When the
 process dies, every pending and later future of that worker fails with an error naming
 the tenant, the role and the exit code; other tenants' workers are untouched.
+
+The reader thread is the only one that reaps the process (two threads joining one
+``multiprocessing.Process`` race on ``waitpid``: the loser sees it "alive" and kills a
+process that exited cleanly). :meth:`WorkerHandle.close` waits on the process sentinel
+and on the reader instead.
+
+Every unit's timing (``Future.timing``, ``time.monotonic()`` stamps, which are one
+system-wide clock on Linux, plus the worker's durations) says where its time went:
+see :func:`unit_breakdown`.
 """
 
 from __future__ import annotations
@@ -12,8 +21,9 @@ import logging
 import multiprocessing as mp
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_for
 from typing import Any
 
 from rota_tinker._worker import WorkerSpec, main
@@ -33,6 +43,8 @@ class Future:
     json: dict[str, Any] | None = None  # a JSON result
     error: str | None = None
     category: str = "unknown"  # user | server | unknown (the SDK's RequestErrorCategory)
+    # monotonic stamps and durations of this unit: submitted, recv, wait_s, restore_s, compute_s, ... answered
+    timing: dict[str, float] = field(default_factory=dict)
 
     def succeed(self, *, proto: bytes | None = None, json: dict[str, Any] | None = None) -> None:
         if not self.done.is_set():
@@ -47,6 +59,32 @@ class Future:
 
 OnResult = Callable[[Any], None]
 
+# (name, later stamp, earlier stamp): the legs of a unit's life between two monotonic stamps
+_LEGS = (("queue_s", "recv", "submitted"), ("reply_s", "result", "done"), ("encode_s", "encoded", "result"),
+         ("answer_lag_s", "answered", "encoded"), ("total_s", "answered", "submitted"))
+# durations measured inside the worker (see rota_tinker._worker)
+DURATIONS = ("acquire_s", "wait_s", "restore_s", "compute_s", "release_s", "parked_s", "parked_bytes")
+
+
+def unit_breakdown(timing: dict[str, float]) -> dict[str, float]:
+    """Where one unit's time went, in seconds.
+
+    ``queue_s``: in the worker's pipe, behind the tenant's earlier units; ``acquire_s``:
+    getting the turn (``wait_s`` for the grant, ``restore_s`` moving parked state back;
+    0 when the unit ran in a turn its tenant already held); ``compute_s``: the op itself;
+    ``release_s``: giving the turn back (the last unit of a turn only); ``parked_s`` and
+    ``parked_bytes``: this tenant's parks since its previous unit (off its own path, on the
+    next holder's; for LoRA only adapter and Adam state should move, never the base);
+    ``reply_s``: result back over the pipe; ``encode_s``: encoding it for the wire;
+    ``answer_lag_s``: result ready until ``retrieve_future`` answered it; ``total_s``:
+    submitted until answered. ``new_turn`` is 1 when the unit started a turn.
+    """
+    out = {k: float(timing[k]) for k in (*DURATIONS, "new_turn") if k in timing}
+    for name, hi, lo in _LEGS:
+        if hi in timing and lo in timing:
+            out[name] = max(0.0, timing[hi] - timing[lo])
+    return out
+
 
 class WorkerHandle:
     """One worker process of one tenant, started lazily on first use."""
@@ -60,6 +98,7 @@ class WorkerHandle:
         self._pending: dict[str, tuple[Future, OnResult]] = {}
         self._dead: str | None = None
         self._closed = False
+        self._reaped = threading.Event()  # set by the reader once it has joined the process
         self.hello: dict[str, Any] = {}  # what the process said when it was ready (a base holder: its address)
 
     @property
@@ -88,7 +127,9 @@ class WorkerHandle:
                                "see its log above") from e
         log.info("%s worker started, pid %s", self.name, hello[1])
         self._proc, self._conn, self.hello = proc, parent, hello[2]
-        threading.Thread(target=self._read, name=f"rota-tinker-read-{self.name}", daemon=True).start()
+        reaped = self._reaped = threading.Event()
+        threading.Thread(target=self._read, args=(parent, proc, reaped), name=f"rota-tinker-read-{self.name}",
+                         daemon=True).start()
 
     def _ensure_locked(self, restart: bool) -> str | None:
         """Start the process if needed; None when it runs, else why it does not."""
@@ -125,6 +166,7 @@ class WorkerHandle:
             if why is not None:
                 future.fail(why, "server")
                 return
+            future.timing["submitted"] = time.monotonic()
             self._pending[future.request_id] = (future, on_result)
             try:
                 self._conn.send((future.request_id, op, args))
@@ -132,19 +174,24 @@ class WorkerHandle:
                 self._pending.pop(future.request_id, None)
                 future.fail(f"{self.name} worker is gone ({e})", "server")
 
-    def _read(self) -> None:
-        conn, proc = self._conn, self._proc
+    def _read(self, conn: Any, proc: mp.process.BaseProcess, reaped: threading.Event) -> None:
+        """Complete futures from the worker's replies; when it exits, reap it (the only reaper) and fail the rest.
+
+        Replies: ``(rid, "ok", result, timing)`` or ``(rid, "err", message, category, timing)``.
+        """
         while True:
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
                 break
+            received = time.monotonic()
             rid, status = msg[0], msg[1]
             with self._lock:
                 entry = self._pending.pop(rid, None)
             if entry is None:
                 continue
             future, on_result = entry
+            future.timing.update(msg[-1], result=received)
             if status == "ok":
                 try:
                     on_result(msg[2])
@@ -153,33 +200,58 @@ class WorkerHandle:
                     future.fail(f"result could not be encoded: {e}", "server")
             else:
                 future.fail(msg[2], msg[3])
+            future.timing["encoded"] = time.monotonic()
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s %s %s: %s", self.name, future.kind, rid,
+                          " ".join(f"{k}={v:.4f}" for k, v in unit_breakdown(future.timing).items()))
         proc.join(5)
+        reaped.set()
         with self._lock:
             if self._proc is not proc:  # a fresh worker replaced this one already
                 return
-            self._dead = (f"{self.name} worker exited (exit code {proc.exitcode}); the models it held are lost: "
-                          "create a new model (a fresh worker starts for it)")
+            self._dead = self._dead or (f"{self.name} worker exited (exit code {proc.exitcode}); the models it held "
+                                        "are lost: create a new model (a fresh worker starts for it)")
             pending, self._pending = self._pending, {}
         if pending:
             log.error("%s; failing %d pending request(s)", self._dead, len(pending))
         for future, _ in pending.values():
             future.fail(self._dead, "server")
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Ask the worker to exit; kill it if it does not within ``timeout_s``."""
+    def request_close(self) -> None:
+        """Ask the worker to exit (it releases what it holds first); returns at once. New units fail."""
         with self._lock:
-            proc, conn = self._proc, self._conn
             self._closed = True
             self._dead = self._dead or f"{self.name} worker was stopped (service shutting down)"
+            conn = self._conn if self._proc is not None else None
+        if conn is not None:
+            try:
+                conn.send(None)
+            except (OSError, ValueError):
+                pass
+
+    def wait_closed(self, deadline: float) -> bool:
+        """Wait until ``deadline`` (monotonic) for the worker to exit; kill it after that. True if it exited itself."""
+        with self._lock:
+            proc, reaped = self._proc, self._reaped
         if proc is None:
-            return
-        try:
-            conn.send(None)
-        except (OSError, ValueError):
-            pass
-        deadline = time.monotonic() + timeout_s
-        proc.join(max(0.0, deadline - time.monotonic()))
-        if proc.is_alive():
-            log.warning("%s worker did not exit in %.0f s; killing it", self.name, timeout_s)
+            return True
+        exited = bool(wait_for([proc.sentinel], max(0.0, deadline - time.monotonic())))
+        if not exited:
+            log.warning("%s worker (pid %s) did not exit within its shutdown time; killing it", self.name, proc.pid)
             proc.kill()
-            proc.join(5)
+        reaped.wait(10)
+        return exited
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        """Ask the worker to exit; kill it if it does not within ``timeout_s``. True if it exited itself."""
+        self.request_close()
+        return self.wait_closed(time.monotonic() + timeout_s)
+
+
+def close_all(handles: Iterable[WorkerHandle], timeout_s: float) -> list[str]:
+    """Close ``handles`` together (one shared deadline, not one each); the names of those that had to be killed."""
+    handles = list(handles)
+    for h in handles:
+        h.request_close()
+    deadline = time.monotonic() + timeout_s
+    return [h.name for h in handles if not h.wait_closed(deadline)]
