@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,49 +22,17 @@ from click.testing import CliRunner
 
 from rota._engine import Orchestrator, OrchestratorConfig
 from rota.errors import InvalidArgument
-from rota.testing import running_orchestrator
+from rota.testing import ScriptedProcess, running_orchestrator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 U = 64 << 10  # bytes per footprint unit
 
 
-class Tenant:
+class Tenant(ScriptedProcess):
     """A prefetch_tenant.py process; every read has a timeout (a hang fails, never blocks the suite)."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "prefetch_tenant.py"), *args], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.read(60)
-
-    def _pump(self) -> None:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
-            self.lines.put(json.loads(line))
-        self.lines.put(None)
-
-    def read(self, timeout: float = 60) -> dict:
-        msg = self.lines.get(timeout=timeout)
-        if msg is None:
-            raise EOFError(f"tenant exited with {self.proc.wait(5)}")
-        return msg
-
-    def send(self, cmd: str) -> None:
-        self.proc.stdin.write(cmd + "\n")  # type: ignore[union-attr]
-        self.proc.stdin.flush()  # type: ignore[union-attr]
-
-    def ask(self, cmd: str, timeout: float = 60) -> dict:
-        self.send(cmd)
-        return self.read(timeout)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.send("exit")
-                self.proc.wait(10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-        self.proc.wait(10)
+        super().__init__(os.path.join(HERE, "prefetch_tenant.py"), args, env, timeout=60)
 
 
 Cluster = tuple[Orchestrator, Callable[..., Tenant], str]

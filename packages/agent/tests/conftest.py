@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import queue
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 
 import grpc
@@ -16,49 +11,17 @@ import pytest
 from rota._engine import OrchestratorConfig
 from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
 from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
-from rota.testing import running_orchestrator
+from rota.testing import ScriptedProcess, running_orchestrator
 from rota_agent import Agent, running_agent
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-class Tenant:
+class Tenant(ScriptedProcess):
     """A tenant_proc.py subprocess; every read has a timeout."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "tenant_proc.py"), *args], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.ready = self.read(60)
-
-    def _pump(self) -> None:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
-            self.lines.put(json.loads(line))
-        self.lines.put(None)
-
-    def read(self, timeout: float = 30) -> dict:
-        msg = self.lines.get(timeout=timeout)
-        if msg is None:
-            raise EOFError(f"tenant exited with {self.proc.wait(5)}")
-        return msg
-
-    def send(self, cmd: str) -> None:
-        self.proc.stdin.write(cmd + "\n")  # type: ignore[union-attr]
-        self.proc.stdin.flush()  # type: ignore[union-attr]
-
-    def ask(self, cmd: str, timeout: float = 30) -> dict:
-        self.send(cmd)
-        return self.read(timeout)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.send("exit")
-                self.proc.wait(10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait(5)
+        super().__init__(os.path.join(HERE, "tenant_proc.py"), args, env, timeout=30)
 
 
 @pytest.fixture

@@ -19,23 +19,14 @@ import os
 from collections.abc import Iterator
 
 from rota.errors import ConfigError
+from rota.tensors._guard import env_number
 
 DEFAULT_DIR = "/dev/shm/rota-host-ledger"
 
 
 def node_budget() -> int:
     """``ROTA_NODE_HOST_BUDGET_BYTES`` (0 = no node budget), validated."""
-    raw = os.environ.get("ROTA_NODE_HOST_BUDGET_BYTES", "")
-    if not raw:
-        return 0
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"ROTA_NODE_HOST_BUDGET_BYTES={raw!r} is not an integer; set bytes >= 0 "
-                          "(0 = no node budget) or unset it") from None
-    if value < 0:
-        raise ConfigError(f"ROTA_NODE_HOST_BUDGET_BYTES={raw!r} is negative; set bytes >= 0 (0 = no node budget)")
-    return value
+    return int(env_number("ROTA_NODE_HOST_BUDGET_BYTES", 0, integer=True))
 
 
 def ledger_dir() -> str:

@@ -33,6 +33,7 @@ import weakref
 import torch
 
 from rota.errors import ConfigError, PermanentError
+from rota.tensors._guard import env_number
 from rota.tensors._ledger import locked_ledger, node_budget
 
 log = logging.getLogger(__name__)
@@ -56,20 +57,6 @@ def host_bytes_in_use() -> tuple[int, int]:
     """(pinned or in-memory bytes, spilled bytes) held by every host pool of this process."""
     pools = list(_pools)
     return sum(p.capacity - p.spilled_bytes for p in pools), sum(p.spilled_bytes for p in pools)
-
-
-def _env_budget() -> int:
-    raw = os.environ.get("ROTA_HOST_BUDGET_BYTES", "")
-    if not raw:
-        return 0
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"ROTA_HOST_BUDGET_BYTES={raw!r} is not an integer; set bytes >= 0 (0 = no budget) "
-                          "or unset it") from None
-    if value < 0:
-        raise ConfigError(f"ROTA_HOST_BUDGET_BYTES={raw!r} is negative; set bytes >= 0 (0 = no budget)")
-    return value
 
 
 def _check_spill_dir(path: str, source: str) -> str:
@@ -112,7 +99,8 @@ class HostPool:
         self._pending: threading.Thread | None = None
         if budget_bytes is not None and budget_bytes < 0:
             raise ConfigError(f"budget_bytes={budget_bytes!r} is negative; pass bytes >= 0 (0 = no budget)")
-        self.budget_bytes = _env_budget() if budget_bytes is None else budget_bytes
+        self.budget_bytes = int(env_number("ROTA_HOST_BUDGET_BYTES", 0, integer=True)) if budget_bytes is None \
+            else budget_bytes
         self.node_budget_bytes = node_budget()
         self.spill_dir = _check_spill_dir(os.environ.get("ROTA_SPILL_DIR", "") if spill_dir is None else spill_dir,
                                           "ROTA_SPILL_DIR" if spill_dir is None else "spill_dir")
