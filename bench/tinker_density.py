@@ -176,7 +176,8 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
                                device=args.device, group=f"density-{n}-{int(share)}", endpoint=endpoint,
                                long_poll_s=5.0, base_models={spec.name: spec}, share_lora_base=share,
                                worker_start_timeout_s=min(300.0, args.point_timeout_s),
-                               units_per_turn=args.units_per_turn, stop_timeout_s=20.0)
+                               units_per_turn=args.units_per_turn, release_cached=not args.keep_cache,
+                               stop_timeout_s=20.0)
         with TinkerService(config) as svc, _Peak(args.device) as peak:
             t_start = time.perf_counter()
             clients = [tinker.ServiceClient(base_url=svc.url, api_key=t.api_key) for t in tenants]
@@ -370,6 +371,8 @@ def main() -> None:
                    help="each think time is drawn from [1-j, 1+j] x think (0: fixed)")
     p.add_argument("--units-per-turn", type=int, default=4,
                    help="the service's units_per_turn (1: every work unit takes its own turn)")
+    p.add_argument("--keep-cache", action="store_true",
+                   help="the service's release_cached=False: a parked tenant keeps its CUDA cache (no re-allocation)")
     p.add_argument("--point-timeout-s", type=float, default=240.0,
                    help="a point (start, steps, teardown aside) running longer is recorded as failed")
     p.add_argument("--out", default="", help="write the JSON here too (rewritten after every point)")
@@ -405,6 +408,7 @@ def main() -> None:
     t0 = time.perf_counter()
     result: dict = {"bench": "tinker_density", "definition": DEFINITION, "device": args.device,
                     "host": platform.node(), "args": vars(args), "tolerance": args.tolerance, "complete": False,
+                    "density": None,
                     "points": [], "unshared_point": None}
     base = _point(1, args, args.think_s)
     result["points"].append(base)

@@ -99,6 +99,9 @@ class ServiceConfig:
     # A tenant's work units already queued when one finishes run in the same rota turn, up to
     # this many: forward_backward and the optim_step behind it cost one switch, not two.
     units_per_turn: int = 4
+    # After a park, hand the tenant's cached device memory back (torch.cuda.empty_cache) so other
+    # tenants' processes can use it; False keeps it (no re-allocation next turn) when all working sets fit.
+    release_cached: bool = True
     stop_timeout_s: float = 30.0  # stop(): how long workers (then holders) get to exit before they are killed
 
     def __post_init__(self) -> None:
@@ -122,6 +125,8 @@ class ServiceConfig:
             raise ConfigError(f"units_per_turn={self.units_per_turn!r} must be an integer >= 1 (1: a turn per unit)")
         if not self.stop_timeout_s > 0:
             raise ConfigError(f"stop_timeout_s={self.stop_timeout_s!r} must be > 0 seconds")
+        if not isinstance(self.release_cached, bool):
+            raise ConfigError(f"release_cached={self.release_cached!r} must be True or False")
         if not isinstance(self.share_lora_base, bool):
             raise ConfigError(f"share_lora_base={self.share_lora_base!r} must be True or False")
 

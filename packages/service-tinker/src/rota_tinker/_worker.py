@@ -62,6 +62,7 @@ class WorkerSpec:
     torch_threads: int = 1
     base: Any = None  # the BaseModelSpec a base holder holds (role "base" only)
     units_per_turn: int = 4  # queued units of this tenant that may share one turn
+    release_cached: bool = True  # empty the CUDA cache after each park (ServiceConfig.release_cached)
 
 
 class UserError(Exception):
@@ -91,8 +92,11 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
     try:
         _Loop(worker, gpu, conn, spec.units_per_turn).run()
     finally:
-        if gpu is not None and gpu.grant is not None:
-            gpu.release()
+        try:  # leave quietly: the orchestrator may already be gone when the service shuts down
+            if gpu is not None and gpu.grant is not None:
+                gpu.release()
+        except Exception as e:
+            log.warning("release at exit failed: %s", e)
         worker.close()
         if gpu is not None:
             gpu.close()
@@ -264,7 +268,7 @@ class Trainer(_Base):
         else:
             trainable = model
         opt = torch.optim.AdamW(trainable.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
-        tracked = rota_fsdp.track(self.gpu, trainable, opt, device=self.device)
+        tracked = rota_fsdp.track(self.gpu, trainable, opt, device=self.device, release_cached=self.spec.release_cached)
         self.models[model_id] = _Trained(model, trainable, opt, tracked, lora)
         n = sum(p.numel() for p in trainable.parameters())
         log.info("model %s: %s, %d trainable parameters", model_id, "lora" if lora else "full", n)
@@ -359,7 +363,8 @@ class Sampler(_Base):
         for p in model.parameters():
             p.requires_grad_(False)
         if parked is not None:
-            rota_fsdp.track(self.gpu, parked, None, tags=("weights",), device=self.device)
+            rota_fsdp.track(self.gpu, parked, None, tags=("weights",), device=self.device,
+                            release_cached=self.spec.release_cached)
         self.models[key] = model
         return model
 
