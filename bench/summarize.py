@@ -26,8 +26,11 @@ def main() -> None:
             print(f"| {label} | {r['size_bytes'] / 1e9:.0f} GB | {r['park_s']:.3f} s = {r['park_ratio']:.2f}x floor "
                   f"| {r['restore_s']:.3f} s = {r['restore_ratio']:.2f}x floor | {r['overlap_gbps']:.0f} GB/s "
                   f"(bare copy {r['floor_overlap_gbps']:.0f}) | {name} |")
-    for path in sorted(RESULTS.glob("agent-cuda*.json")):
+    region_only = RESULTS / "agent-cuda-region.json"  # a later region-only run supersedes the combined one's
+    for path in sorted(RESULTS.glob("agent-cuda*.json"), reverse=True):
         name, d = path.name, json.loads(path.read_text())
+        if path != region_only and region_only.exists():
+            d = {**d, "region_app_channel": []}
         for w in d.get("whole_process_cuda", []):
             print(f"| agent, whole-process (CUDA checkpoint) | {w['size_bytes'] / 1e9:.0f} GB | {w['park_s']:.2f} s "
                   f"({w['park_GBps']:.1f} GB/s) | {w['restore_s']:.2f} s ({w['restore_GBps']:.1f} GB/s) | - | {name} |")
@@ -56,9 +59,14 @@ def main() -> None:
                           f"{m['full']['extra_fraction_of_switch']:.1%}" for size, m in verify["verify"].items())
         print(f"Cost of `--verify` as a fraction of switch time (extra over `off`): {costs} (verify-cuda.json).")
     tinker = _load("tinker-density-h200.json")
-    if tinker and "density" in tinker:
-        print(f"Tinker service, LoRA tenants on one shared base, one H200: density {tinker['density']} tenants at "
-              f"<= {tinker.get('tolerance', '?')}x the one-tenant step latency (tinker-density-h200.json).")
+    if tinker:
+        points = ", ".join(f"N={p['tenants']} {p['latency_vs_alone']:.2f}x ({p['aggregate_steps_per_s']:.2f} steps/s, "
+                           f"{p['device_mem_used_bytes'] / 1e9:.1f} GB)" for p in tinker.get("points", []))
+        density = tinker.get("density")
+        verdict = f"density {density}" if density is not None else "incomplete run"
+        print(f"Tinker service, LoRA tenants on one shared {tinker['points'][0]['base_bytes'] / 1e9:.1f} GB base, one "
+              f"H200 (step latency vs one tenant alone; tolerance {tinker['tolerance']}x): {points}; {verdict} "
+              "(tinker-density-h200.json).")
     for name, label in (("handoff-cpu.json", "embedded"), ("handoff-etcd-cpu.json", "through etcd")):
         d = _load(name)
         if d:
