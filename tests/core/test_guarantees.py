@@ -73,6 +73,11 @@ def test_sampled_windows_of_every_region_are_checked_across_pool_chunks(window):
     assert all(torch.equal(tensors[k], want[k]) for k in tensors)
 
 
+def test_pool_chunk_size_must_be_aligned():
+    with pytest.raises(ConfigError, match="chunk_bytes=1000 must be a positive multiple of 512"):
+        HostPool(pin=False, chunk_bytes=1000)
+
+
 def test_verify_off_lets_corruption_through():
     parker, w, _ = _parker("off")
     parker.park()

@@ -9,7 +9,7 @@ from rota.tensors import HostPool, TensorParker, overlap
 
 
 def test_slots_spanning_pool_chunks_round_trip_and_checkpoint():
-    pool = HostPool(pin=False, chunk_bytes=1000)  # every tensor below spans chunks
+    pool = HostPool(pin=False, chunk_bytes=1024)  # every tensor below spans chunks
     parker = TensorParker("cpu", pool=pool)
     ts = {f"t{i}": torch.randn(300 + i) for i in range(5)}
     view = ts["t4"][10:50]

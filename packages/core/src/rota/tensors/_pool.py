@@ -88,10 +88,10 @@ class HostPool:
     def __init__(self, *, pin: bool | None = None, chunk_bytes: int = CHUNK, budget_bytes: int | None = None,
                  spill_dir: str | None = None) -> None:
         self.pin = torch.cuda.is_available() if pin is None else pin
-        if chunk_bytes <= 0 or chunk_bytes % ALIGN:
+        self.chunks: list[torch.Tensor] = []
+        if chunk_bytes <= 0 or chunk_bytes % ALIGN:  # sampled verify reads the chunks as 8-byte words
             raise ConfigError(f"chunk_bytes={chunk_bytes!r} must be a positive multiple of {ALIGN}")
         self.chunk_bytes = chunk_bytes
-        self.chunks: list[torch.Tensor] = []
         self._starts: list[int] = []  # byte offset of each chunk
         self.allocations = 0  # reserve/grow operations that allocated (each may add several chunks)
         self.setup_seconds = 0.0  # total time spent allocating (off the switch path)
