@@ -264,6 +264,56 @@ def test_session_tenant_is_restored_ahead_of_its_grant(sessions):
     b.ask("release")
 
 
+def test_prefetch_parks_an_idle_resident_to_make_room(sessions):
+    """Device of 3 U: a (1 U) holds, b (2 U) sits idle on the device, c (2 U) waits parked.
+    c fits only without b, so during a's turn b is parked and c restored: the grant that
+    follows moves nothing, and a is never touched."""
+    engine, start, _ = sessions
+    c, b, a = start("c", 2, "--tensor"), start("b", 2, "--tensor"), start("a", 1, "--tensor")
+    for t in (c, b):  # c runs, then b's grant parks c (2 + 2 > 3)
+        t.ask("acquire")
+        t.ask("release")
+    a.ask("acquire")  # fits beside b: nothing parked
+    g = engine.groups["g"]
+    assert g.holder == "a" and g.residents == ["b", "a"] and g.tenants["c"].state == "parked"
+    c.send("acquire")
+    _wait(lambda: g.tenants["c"].state == "resident", "c restored ahead of its grant")
+    assert g.holder == "a" and g.tenants["b"].state == "parked" and g.residents == ["a", "c"]
+    assert c.lines.empty(), "c was granted while a still held the group"
+    a.ask("release")
+    got = c.read()
+    assert got["restored"] is False and got["on_device"] is True
+    assert c.ask("check")["intact"] and b.ask("check")["events"][-1] == "park"
+    assert a.ask("check")["events"] == ["turn"], "the holder was parked or restored"
+    assert (g.prefetch_hits, g.prefetch_misses, g.prefetch_failures) == (1, 0, 0)
+    c.ask("release")
+    b.ask("acquire")  # parked by the prefetch, restored at its own grant, bytes intact
+    assert b.ask("check")["intact"]
+    b.ask("release")
+
+
+def test_prefetch_never_parks_a_job_that_waits_for_a_turn(sessions):
+    """As above, but b queues for a turn before c: b is the next grant, and c may not push it
+    out. b is already resident; nothing is parked during a's turn."""
+    engine, start, _ = sessions
+    c, b, a = start("c", 2, "--tensor"), start("b", 2, "--tensor"), start("a", 1, "--tensor")
+    for t in (c, b):
+        t.ask("acquire")
+        t.ask("release")
+    a.ask("acquire")
+    g = engine.groups["g"]
+    b.send("acquire")
+    _wait(lambda: g.queued("b") is not None, "b queued")
+    c.send("acquire")
+    _wait(lambda: g.queued("c") is not None, "c queued")
+    assert g.residents == ["b", "a"] and g.tenants["c"].state == "parked" and not g.prefetched
+    a.ask("release")
+    assert b.read()["restored"] is False
+    b.ask("release")
+    assert c.read()["on_device"] is True
+    c.ask("release")
+
+
 def test_session_prefetch_that_fails_leaves_the_state_parked(sessions):
     """b's restore raises (rolled back): the prefetch is reported failed, b stays parked
     and queued, is not asked again this turn, and its grant restores it as usual."""

@@ -42,3 +42,22 @@ def test_demo_small_run_is_bit_identical_and_reports_everything(tmp_path):
 def test_demo_rejects_bad_options(args, needle):
     r = subprocess.run([sys.executable, "-m", "rota", "demo", *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and needle in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_demo_with_capacity_prefetches_the_next_trainer_and_stays_bit_identical(tmp_path):
+    """Two trainers fit on the device, three do not: during one trainer's turn rota parks an
+    idle one and restores the next (prefetch), and the losses still match the dedicated run."""
+    from rota.demo.workloads import ModelSize
+
+    capacity = int(2.2 * ModelSize(hidden=64, layers=2).trainer_state_bytes)
+    r = subprocess.run([sys.executable, "-m", "rota", "demo", "--steps", "6", "--hidden", "64", "--layers", "2",
+                        "--off-device", "0.05", "--capacity", str(capacity), "--modes", "dedicated,timesliced",
+                        "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    summary = json.loads((tmp_path / "demo.json").read_text())
+    assert all(t["bit_identical"] is True for t in summary["tenants"])
+    ts = summary["timesliced"]
+    assert ts["capacity_bytes"] == capacity and ts["parks"] > 0
+    assert ts["prefetch"]["hits"] > 0 and ts["prefetch"]["failures"] == 0, ts["prefetch"]
+    assert "prefetch (next tenant restored during the holder's turn)" in r.stdout

@@ -23,9 +23,11 @@ A failed or timed-out agent operation FAULTs that job and the group moves on.
 
 Prefetch (``OrchestratorConfig.prefetch``, on by default when ``capacity_bytes`` is
 known): while a holder runs, the job the policy would grant next is restored early if
-it is parked and fits beside every resident (all footprints known), through its agent
-or through its sessions (when the tenant's client can restore on command). It never
-evicts anyone. At most one prefetch per group runs at a time, and the group's driver
+it is parked and fits (all footprints known), through its agent or through its sessions
+(when the tenant's client can restore on command). To make room it parks idle residents
+first, oldest first as a switch would, so both directions of the switch happen during
+the holder's turn; it never parks the holder or a job that is waiting for a turn. At
+most one prefetch per group runs at a time, and the group's driver
 waits for it before it starts a switch, so a grant never races a prefetch's restore
 and never starts a second one. A failed prefetch is handled like a failed restore of
 the same kind: by an agent, the job is FAULTED; by the tenant, it stays parked (and its
@@ -432,13 +434,7 @@ class Orchestrator:
                 steps.append(self.agents.run(restore_agent, "restore", chosen.job_id, group_id))  # type: ignore[union-attr]
             results = await asyncio.gather(*steps)
             async with self._lock(group_id):
-                for job, (ok, error, nbytes, seconds) in zip(evict, results, strict=False):
-                    if ok:
-                        g.mark_parked(job, nbytes, seconds)
-                    else:
-                        log.error("park of job %s in group %s failed: %s; job FAULTED", job, group_id, error)
-                        g.remove(job, time.monotonic(), lost=True)
-                        g.tenant(job).state, g.tenant(job).fault = "faulted", f"park failed: {error}"
+                self._record_parks(g, evict, results)
                 if restore_agent and not results[-1][0]:
                     error = results[-1][1]
                     log.error("restore of job %s in group %s by agent %s failed: %s; job FAULTED",
@@ -482,7 +478,8 @@ class Orchestrator:
         if not self.config.prefetch_on or not g.holder or not g.queue or g.group_id in self._prefetching:
             return
         job = self.config.policy.choose(g.queue, g.tenants, time.monotonic()).job_id
-        if (g.group_id, job, g.token) in self._prefetch_failed or not g.prefetch_fits(job, self.config.capacity_bytes):
+        if (g.group_id, job, g.token) in self._prefetch_failed or \
+                g.prefetch_plan(job, self.config.capacity_bytes) is None:
             return
         self._prefetch_failed = {k for k in self._prefetch_failed if k[0] != g.group_id or k[2] == g.token}
         task = asyncio.create_task(self._prefetch(g.group_id, job))
@@ -491,18 +488,32 @@ class Orchestrator:
 
     async def _prefetch(self, group_id: str, job_id: str) -> None:
         """Restore ``job_id`` ahead of its grant (agent or sessions); RPCs run outside the lock."""
+        capacity = self.config.capacity_bytes
         try:
-            located = await self.agents.locate({job_id}) if self.agents is not None else {}
+            async with self._lock(group_id):
+                plan = self.groups[group_id].prefetch_plan(job_id, capacity) or []
+            located = await self.agents.locate({job_id, *plan}) if self.agents is not None else {}
             agent = located.get(job_id, "")
             async with self._lock(group_id):
                 g = self.groups[group_id]
                 sessions = self._live_sessions((group_id, job_id))
                 by_session = bool(sessions) and all(s.can_prefetch for s in sessions)
-                if not (agent or by_session) or not g.prefetch_fits(job_id, self.config.capacity_bytes):
-                    return  # nobody can restore it early, or it no longer fits / waits / is parked
+                plan = g.prefetch_plan(job_id, capacity)  # type: ignore[assignment]
+                if not (agent or by_session) or plan is None or \
+                        not all(j in located or self._live_sessions((group_id, j)) for j in plan):
+                    return  # nobody can restore it early or park what is in the way, or it no longer fits / waits
                 token = g.token
-                log.info("prefetch: restoring job %s in group %s while %s holds it (%s)", job_id, group_id,
-                         g.holder or "nobody", f"agent {agent}" if agent else "its client")
+                log.info("prefetch: restoring job %s in group %s while %s holds it (%s)%s", job_id, group_id,
+                         g.holder or "nobody", f"agent {agent}" if agent else "its client",
+                         f", after parking idle {plan}" if plan else "")
+            if plan:  # make room first: idle residents go to the host during the holder's turn too
+                results = await asyncio.gather(*(self._park(group_id, j, token, located.get(j, "")) for j in plan))
+                async with self._lock(group_id):
+                    g = self.groups[group_id]
+                    self._record_parks(g, plan, results)
+                    await self.store.commit(g)
+                    if g.prefetch_plan(job_id, capacity) != []:
+                        return  # still no room (a park failed, or things changed): the grant will switch
             if agent:
                 ok, error, _, seconds = await self.agents.run(agent, "restore", job_id, group_id)  # type: ignore[union-attr]
             else:
@@ -517,6 +528,17 @@ class Orchestrator:
         finally:
             if self._prefetching.get(group_id, ("", None))[1] is asyncio.current_task():
                 del self._prefetching[group_id]
+
+    @staticmethod
+    def _record_parks(g: GroupState, jobs: list[str], results: list[tuple[bool, str, int, float]]) -> None:
+        """Record finished parks (under the lock): parked, or FAULTED with the cause; extra results are ignored."""
+        for job, (ok, error, nbytes, seconds) in zip(jobs, results, strict=False):
+            if ok:
+                g.mark_parked(job, nbytes, seconds)
+            else:
+                log.error("park of job %s in group %s failed: %s; job FAULTED", job, g.group_id, error)
+                g.remove(job, time.monotonic(), lost=True)
+                g.tenant(job).state, g.tenant(job).fault = "faulted", f"park failed: {error}"
 
     def _prefetched(self, g: GroupState, job_id: str, agent: str, ok: bool, error: str, seconds: float) -> None:
         """Record a prefetch's outcome (under the lock), as a restore of the same kind would."""

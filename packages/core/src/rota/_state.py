@@ -129,20 +129,32 @@ class GroupState:
                 rec.state = "waiting"
         return None
 
-    def prefetch_fits(self, job_id: str, capacity_bytes: int) -> bool:
-        """Whether restoring parked ``job_id`` now would fit beside every resident.
+    def prefetch_plan(self, job_id: str, capacity_bytes: int) -> list[str] | None:
+        """Idle residents to park so that parked ``job_id`` fits now; None if it cannot be prefetched.
 
         Only with everything known: a device size, the job's footprint and every
-        resident's footprint (a resident reporting 0 might hold anything), so a
-        prefetch never needs to evict anyone, the holder least of all.
+        resident's footprint (a resident reporting 0 might hold anything). Residents are
+        parked oldest first, as a switch would, but never the holder and never a job that
+        waits for a turn itself: those keep their place, and if the job does not fit
+        beside them it is not prefetched. An empty list means it fits as things are.
         """
         rec = self.tenants.get(job_id)
         if capacity_bytes <= 0 or rec is None or rec.state != "parked" or rec.footprint_bytes <= 0:
-            return False
+            return None
         if job_id in self.residents or self.switching_to or self.queued(job_id) is None:
-            return False
-        held = [self.tenant(j).footprint_bytes for j in self.residents]
-        return all(n > 0 for n in held) and rec.footprint_bytes + sum(held) <= capacity_bytes
+            return None
+        held = {j: self.tenant(j).footprint_bytes for j in self.residents}
+        if not all(n > 0 for n in held.values()):
+            return None
+        total = rec.footprint_bytes + sum(held.values())
+        evict: list[str] = []
+        for job in self.residents:
+            if total <= capacity_bytes:
+                break
+            if job != self.holder and self.queued(job) is None:
+                evict.append(job)
+                total -= held[job]
+        return evict if total <= capacity_bytes else None
 
     def mark_prefetched(self, job_id: str) -> None:
         """A prefetch restored ``job_id`` ahead of its grant: it occupies the device now."""

@@ -40,7 +40,7 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
         waits = [w for r in ts.reports.values() for w in r.waits_ms]
         out["timesliced"].update({
             "orchestrator_busy_fraction": ts.busy_seconds / (ts.devices * ts.makespan_s) if ts.makespan_s else 0.0,
-            "switches": ts.switches, "parks": len(parks), "restores": len(restores),
+            "switches": ts.switches, "parks": len(parks), "restores": len(restores), "prefetch": ts.prefetch,
             "park_ms_p50": percentile([s * 1000 for _, s in parks], 50),
             "park_ms_p99": percentile([s * 1000 for _, s in parks], 99),
             "restore_ms_p50": percentile([s * 1000 for _, s in restores], 50),
@@ -105,6 +105,11 @@ def table(summary: dict[str, Any]) -> str:
                      f"p99 {ts['restore_ms_p99']:.1f} ms), moved {format_bytes(ts['bytes_moved'])}, "
                      f"queue wait p50 {ts['wait_ms_p50']:.1f} ms p99 {ts['wait_ms_p99']:.1f} ms, "
                      f"adapters: {', '.join(ts['adapters'])}")
+        pre = ts.get("prefetch") or {}
+        if any(pre.values()):
+            lines.append(f"prefetch (next tenant restored during the holder's turn): {pre.get('hits', 0)} hits, "
+                         f"{pre.get('misses', 0)} misses, {pre.get('failures', 0)} failures, "
+                         f"{pre.get('wasted', 0)} wasted")
     lines.append("")
     lines.append(f"{'tenant':<8} {'dedicated':>10} {'serial':>8} {'sliced':>8} {'slowdown':>9} {'bit-identical':>14}")
     for t in summary["tenants"]:

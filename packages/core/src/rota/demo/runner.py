@@ -79,6 +79,7 @@ class ModeResult:
     reports: dict[str, WorkerReport]
     busy_seconds: float = 0.0
     switches: int = 0
+    prefetch: dict[str, int] = field(default_factory=dict)  # time-sliced: the orchestrator's prefetch counters
     job_spans: dict[str, float] = field(default_factory=dict)
 
 
@@ -314,6 +315,8 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
             groups = list(engine.groups.values())
             busy = sum(g.busy_seconds for g in groups)
             switches = sum(g.switches for g in groups)
+            prefetch = {k: sum(getattr(g, f"prefetch_{k}") for g in groups)
+                        for k in ("hits", "misses", "failures", "wasted")}
         out["timesliced"] = ModeResult("timesliced", span, devices=cfg.groups, reports=reports, busy_seconds=busy,
-                                       switches=switches)
+                                       switches=switches, prefetch=prefetch)
     return out
