@@ -109,3 +109,22 @@ def test_rank_that_released_waits_for_the_jobs_next_turn():
     assert g.enqueue(TurnRequest("a", "g", world_size=2, rank=1), 2.2).token == first.token  # rank 1 still holds
     assert g.release("a", first.token, 1, 2.3).group_released
     assert [w.job_id for w in g.queue] == ["b", "a"]
+
+
+def test_residue_of_parked_tenants_counts_against_the_device():
+    """On a 3-unit device, c (2 units) fits beside idle a (1 unit) unless parked b left a
+    unit behind (a leak it could not park): then a is parked too, before c's restore."""
+    def run(leaked: int) -> list[str]:
+        g = GroupState("g")
+        for job, size in (("a", 1), ("b", 2)):
+            g.enqueue(TurnRequest(job, "g", footprint_bytes=size), 1.0)
+            assert g.begin_switch(g.queue[0], 3) == []
+            g.complete_grant(1.0)
+            assert g.release(job, g.token, 0, 2.0).group_released
+        g.mark_parked("b", 2, 0.0)  # parked for somebody earlier
+        g.tenant("b").residue_bytes = leaked  # as its heartbeat reports after that park
+        g.enqueue(TurnRequest("c", "g", footprint_bytes=2), 3.0)
+        return g.begin_switch(g.queue[0], 3)
+
+    assert run(0) == []
+    assert run(1) == ["a"]

@@ -355,7 +355,7 @@ class Gpu:
         moves = [*self.stats.parks[-1:], *self.stats.restores[-1:]]
         host = max((m.host_bytes for m in moves), default=0)
         spilled = max((m.spilled_bytes for m in moves), default=0)
-        residue = sum(self.stats.parks[-1].residue.values()) if self.parked and self.stats.parks else 0
+        residue = residue_left(self.stats.parks[-1]) if self.parked and self.stats.parks else 0
         return pb.Heartbeat(footprint_bytes=self._safe_footprint(), host_bytes=host, spilled_bytes=spilled,
                             residue_bytes=residue)
 
@@ -368,6 +368,13 @@ class Gpu:
 
 class ResidueError(RotaError):
     """A park left more on the device than ``ROTA_RESIDUE_MAX_BYTES`` allows (the state is parked)."""
+
+
+def residue_left(result: ParkResult) -> int:
+    """Device bytes a park left behind: what adapters attribute, or what the allocator still holds if more."""
+    named = sum(v for k, v in result.residue.items() if not k.startswith("process:") and v > 0)
+    held = result.residue.get("process:reserved", result.residue.get("process:allocated", 0))
+    return max(named, held)
 
 
 def residue_fault(result: ParkResult, limit: int) -> str:

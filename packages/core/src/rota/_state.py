@@ -146,7 +146,7 @@ class GroupState:
         held = {j: self.tenant(j).footprint_bytes for j in self.residents}
         if not all(n > 0 for n in held.values()):
             return None
-        total = rec.footprint_bytes + sum(held.values())
+        total = rec.footprint_bytes + sum(held.values()) + self.residue_off(job_id)
         evict: list[str] = []
         for job in self.residents:
             if total <= capacity_bytes:
@@ -155,6 +155,16 @@ class GroupState:
                 evict.append(job)
                 total -= held[job]
         return evict if total <= capacity_bytes else None
+
+    def residue_off(self, incoming: str) -> int:
+        """Device bytes that live, non-resident tenants left behind at their last park (not ``incoming``'s).
+
+        Parking cannot free them, so they count against the device beside the residents:
+        a leak in a parked tenant makes the switch park more, instead of the incoming
+        tenant's restore running out of room.
+        """
+        return sum(rec.residue_bytes for job, rec in self.tenants.items()
+                   if job != incoming and job not in self.residents and rec.state != "lost")
 
     def mark_prefetched(self, job_id: str) -> None:
         """A prefetch restored ``job_id`` ahead of its grant: it occupies the device now."""
@@ -180,7 +190,7 @@ class GroupState:
         need = self.tenant(chosen.job_id).footprint_bytes
         evict: list[str] = []
         if capacity_bytes > 0:
-            total = need + sum(self.tenant(j).footprint_bytes for j in others)
+            total = need + sum(self.tenant(j).footprint_bytes for j in others) + self.residue_off(chosen.job_id)
             for job in others:  # park oldest residents first until everything fits
                 if total <= capacity_bytes:
                     break
