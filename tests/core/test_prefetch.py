@@ -10,6 +10,7 @@ parked b, and a's grant parked c.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -47,22 +48,11 @@ def cluster(request, tmp_path) -> Iterator[Cluster]:
 
     capacity = getattr(request, "param", 3 * U)
     env = _tenant_env(tmp_path)
-    started: list[Tenant] = []
     with running_agent() as (agent_ep, _):
         config = OrchestratorConfig(ttl_s=3.0, park_timeout_s=20.0, capacity_bytes=capacity, agents=(agent_ep,))
-        with running_orchestrator(config) as (ep, engine):
-
-            def start(job: str, units: int, *extra: str) -> Tenant:
-                t = Tenant(["--orch", ep, "--agent", agent_ep, "--job", job, "--group", "g",
-                            "--size", str(units * U), *extra], env)
-                started.append(t)
-                return t
-
-            try:
-                yield engine, start, ep
-            finally:
-                for t in started:
-                    t.stop()
+        with running_orchestrator(config) as (ep, engine), \
+                _tenant_factory(env, "--orch", ep, "--agent", agent_ep) as start:
+            yield engine, start, ep
 
 
 @pytest.fixture
@@ -70,20 +60,26 @@ def sessions(tmp_path) -> Iterator[Cluster]:
     """No agent: an orchestrator (device of 3 U) that prefetches through tenants' rota.v1
     sessions, a tenant factory and the orchestrator's endpoint."""
     env = _tenant_env(tmp_path)
-    started: list[Tenant] = []
     config = OrchestratorConfig(ttl_s=3.0, park_timeout_s=20.0, capacity_bytes=3 * U)
-    with running_orchestrator(config) as (ep, engine):
+    with running_orchestrator(config) as (ep, engine), _tenant_factory(env, "--orch", ep) as start:
+        yield engine, start, ep
 
-        def start(job: str, units: int, *extra: str) -> Tenant:
-            t = Tenant(["--orch", ep, "--job", job, "--group", "g", "--size", str(units * U), *extra], env)
-            started.append(t)
-            return t
 
-        try:
-            yield engine, start, ep
-        finally:
-            for t in started:
-                t.stop()
+@contextlib.contextmanager
+def _tenant_factory(env: dict[str, str], *common: str) -> Iterator[Callable[..., Tenant]]:
+    """start(job, units, *extra) -> a tenant of group g with ``common`` arguments; all stopped at exit."""
+    started: list[Tenant] = []
+
+    def start(job: str, units: int, *extra: str) -> Tenant:
+        t = Tenant([*common, "--job", job, "--group", "g", "--size", str(units * U), *extra], env)
+        started.append(t)
+        return t
+
+    try:
+        yield start
+    finally:
+        for t in started:
+            t.stop()
 
 
 def _tenant_env(tmp_path) -> dict[str, str]:

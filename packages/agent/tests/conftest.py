@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import grpc
@@ -63,3 +65,12 @@ def tenants(child_env) -> Iterator:
     yield start
     for t in started:
         t.stop()
+
+
+@pytest.fixture
+def target():
+    """A live process to point pid-based backends at (sleeps; killed afterwards)."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield p.pid
+    p.kill()
+    p.wait(5)

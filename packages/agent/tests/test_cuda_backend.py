@@ -6,8 +6,6 @@ FakeCudaDriver stands in for libcuda only; the agent, its RPCs and the target pr
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 
@@ -58,14 +56,6 @@ class FakeCudaDriver:
 
     def unlock(self, pid: int) -> None:
         self._move("unlock", pid, LOCKED, RUNNING)
-
-
-@pytest.fixture
-def target():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    yield p.pid
-    p.kill()
-    p.wait(5)
 
 
 def _agent(drv: FakeCudaDriver, **kw):

@@ -11,9 +11,6 @@ its gRPC, the (fake-driver) cuda backend and the target process are real.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import grpc
 import pytest
 from agentlib import jobs, residue, run_op
@@ -41,14 +38,6 @@ class FakeNvmlReader:
     def __call__(self, pids: tuple[int, ...]) -> dict[int, int]:
         self.asked.append(pids)
         return {p: self.per_pid.get(p, 0) for p in pids}
-
-
-@pytest.fixture
-def target():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    yield p.pid
-    p.kill()
-    p.wait(5)
 
 
 def _cuda_req(pid: int) -> dict:
