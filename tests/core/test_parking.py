@@ -118,6 +118,38 @@ def test_failing_park_faults_the_job_and_group_moves_on(orchestrator):
     b.close()
 
 
+def test_failing_park_of_a_waiting_resident_does_not_strand_its_acquire(orchestrator):
+    """a holds; c, then b (resident from its last turn) queue. c's grant parks b, which fails:
+    b is FAULTED and leaves the queue, and its pending acquire fails with the cause, which
+    the client retries (FAULTED is retryable), so b queues again and gets the turn after c.
+    Before, the acquire waited forever for a grant that could no longer come."""
+    endpoint, engine = orchestrator
+    a, b, c = (rota.connect(group="g", tenant=t, endpoint=endpoint) for t in "abc")
+    sb = ListState(b, fail=True)
+    b.acquire()
+    b.release()
+    a.acquire()
+    g = engine.groups["g"]
+    got: list[str] = []
+    tc = threading.Thread(target=lambda: got.append(c.acquire().job_id))
+    tc.start()
+    _wait(lambda: g.queued("c") is not None)
+    tb = threading.Thread(target=lambda: got.append(b.acquire().job_id))
+    tb.start()
+    _wait(lambda: g.queued("b") is not None)
+    a.release()
+    tc.join(20)
+    assert got == ["c"] and sb.calls == ["park"]  # b's park failed; c holds anyway
+    _wait(lambda: g.tenants["b"].fault != "" and g.queued("b") is not None)  # faulted, then queued again
+    assert "device said no" in g.tenants["b"].fault
+    c.release()
+    tb.join(20)
+    assert not tb.is_alive() and got == ["c", "b"], "b's acquire was stranded by its failed park"
+    b.release()
+    for x in (sb, a, b, c):
+        x.close()
+
+
 def test_waiting_resident_is_parked_while_it_waits(two_tenants):
     """a releases and immediately queues again behind b: a is parked for b's turn."""
     engine, a, b, sa, _ = two_tenants

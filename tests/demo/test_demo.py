@@ -5,6 +5,7 @@ time-sliced run must equal its dedicated run bit for bit."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -61,3 +62,17 @@ def test_demo_with_capacity_prefetches_the_next_trainer_and_stays_bit_identical(
     assert ts["capacity_bytes"] == capacity and ts["parks"] > 0
     assert ts["prefetch"]["hits"] > 0 and ts["prefetch"]["failures"] == 0, ts["prefetch"]
     assert "prefetch (next tenant restored during the holder's turn)" in r.stdout
+
+
+@pytest.mark.slow
+def test_demo_whose_parks_all_time_out_still_finishes(tmp_path):
+    """Every park runs past a 0.1 µs deadline and is rolled back: the jobs are FAULTED again and
+    again, and retry. A job whose park failed while it waited in the queue used to keep an
+    acquire that no grant could answer, and the demo hung until its worker timeout."""
+    r = subprocess.run([sys.executable, "-m", "rota", "demo", "--steps", "3", "--hidden", "64", "--layers", "2",
+                        "--modes", "timesliced", "--off-device", "0.05", "--out-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                       env={**os.environ, "ROTA_SWITCH_DEADLINE_S": "0.0000001"})
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "park of" in r.stderr and "FAULTED" in r.stderr  # the parks really failed
+    assert (tmp_path / "demo.json").exists()

@@ -529,16 +529,24 @@ class Orchestrator:
             if self._prefetching.get(group_id, ("", None))[1] is asyncio.current_task():
                 del self._prefetching[group_id]
 
-    @staticmethod
-    def _record_parks(g: GroupState, jobs: list[str], results: list[tuple[bool, str, int, float]]) -> None:
-        """Record finished parks (under the lock): parked, or FAULTED with the cause; extra results are ignored."""
+    def _record_parks(self, g: GroupState, jobs: list[str], results: list[tuple[bool, str, int, float]]) -> None:
+        """Record finished parks (under the lock): parked, or FAULTED with the cause; extra results are ignored.
+
+        A faulted job leaves the queue, so an acquire it has pending there (a resident
+        waits for its next turn while others run) fails with the cause instead of
+        waiting for a grant that can no longer come; acquiring again retries.
+        """
         for job, (ok, error, nbytes, seconds) in zip(jobs, results, strict=False):
             if ok:
                 g.mark_parked(job, nbytes, seconds)
-            else:
-                log.error("park of job %s in group %s failed: %s; job FAULTED", job, g.group_id, error)
-                g.remove(job, time.monotonic(), lost=True)
-                g.tenant(job).state, g.tenant(job).fault = "faulted", f"park failed: {error}"
+                continue
+            log.error("park of job %s in group %s failed: %s; job FAULTED", job, g.group_id, error)
+            g.remove(job, time.monotonic(), lost=True)
+            g.tenant(job).state, g.tenant(job).fault = "faulted", f"park failed: {error}"
+            fut = self._grants.pop((g.group_id, job), None)
+            if fut is not None and not fut.done():
+                _fail(fut, Faulted(f"park of job {job!r} in group {g.group_id!r} failed: {error}; its state was "
+                                   "left in place; acquire again to retry", job_id=job, group_id=g.group_id))
 
     def _prefetched(self, g: GroupState, job_id: str, agent: str, ok: bool, error: str, seconds: float) -> None:
         """Record a prefetch's outcome (under the lock), as a restore of the same kind would."""
