@@ -27,6 +27,14 @@ import rota
 from rota_agent import register
 
 
+def wait_at_gate(gate: str) -> None:
+    """With --block-on-restore: say the restore started, then wait until the test opens the gate."""
+    if gate:
+        open(gate + ".started", "w").close()
+        while not os.path.exists(gate):
+            time.sleep(0.01)
+
+
 class Device:
     """The payload and where it is; counts parks and restores."""
 
@@ -43,10 +51,7 @@ class Device:
             self.parks += 1
 
     def restore(self) -> None:
-        if self.block:
-            open(self.block + ".started", "w").close()
-            while not os.path.exists(self.block):
-                time.sleep(0.01)
+        wait_at_gate(self.block)
         if self.host is not None:
             self.device, self.host = self.host, None
             self.restores += 1
@@ -83,10 +88,7 @@ class TensorDevice:
             self.parks += 1
 
     def restore(self) -> None:
-        if self.block:
-            open(self.block + ".started", "w").close()
-            while not os.path.exists(self.block):
-                time.sleep(0.01)
+        wait_at_gate(self.block)
         if self.parker.parked:
             self.parker.restore()
             self.restores += 1

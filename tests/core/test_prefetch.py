@@ -95,9 +95,10 @@ def _wait(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
         time.sleep(0.01)
 
 
-def _a_holds_b_parked(engine: Orchestrator, start: Callable[..., Tenant], *b_extra: str) -> tuple[Tenant, ...]:
+def _bring_up_a_holds_b_parked(engine: Orchestrator, start: Callable[..., Tenant], *b_args: str
+                               ) -> tuple[Tenant, Tenant, Tenant]:
     """b ran and was parked for c (whole device); a's grant parked c; a holds now."""
-    b, c, a = start("b", 1, *b_extra), start("c", 3), start("a", 2)
+    b, c, a = start("b", 1, *b_args), start("c", 3), start("a", 2)
     assert b.ask("acquire")["restored"] is False
     b.ask("release")
     assert c.ask("acquire")["restored"] is False  # parks b: 1 + 3 > 3
@@ -105,6 +106,12 @@ def _a_holds_b_parked(engine: Orchestrator, start: Callable[..., Tenant], *b_ext
     assert a.ask("acquire")["restored"] is False  # parks c: 2 + 3 > 3
     tenants = engine.groups["g"].tenants
     assert (tenants["a"].state, tenants["b"].state, tenants["c"].state) == ("holding", "parked", "parked")
+    return a, b, c
+
+
+def _a_holds_b_parked(engine: Orchestrator, start: Callable[..., Tenant], *b_extra: str) -> tuple[Tenant, ...]:
+    """The agent parked b (and c)."""
+    a, b, c = _bring_up_a_holds_b_parked(engine, start, *b_extra)
     assert b.ask("check")["agent_commands"] == ["snapshot"]
     return a, b, c
 
@@ -213,14 +220,7 @@ def _evict(endpoint: str, job: str) -> None:
 def _session_a_holds_b_parked(engine: Orchestrator, start: Callable[..., Tenant], *b_extra: str
                               ) -> tuple[Tenant, Tenant]:
     """As _a_holds_b_parked, with every park a session command to the tenant's client."""
-    b, c, a = start("b", 1, "--tensor", *b_extra), start("c", 3), start("a", 2)
-    assert b.ask("acquire")["restored"] is False
-    b.ask("release")
-    assert c.ask("acquire")["restored"] is False  # parks b: 1 + 3 > 3
-    c.ask("release")
-    assert a.ask("acquire")["restored"] is False  # parks c: 2 + 3 > 3
-    tenants = engine.groups["g"].tenants
-    assert (tenants["a"].state, tenants["b"].state, tenants["c"].state) == ("holding", "parked", "parked")
+    a, b, _ = _bring_up_a_holds_b_parked(engine, start, "--tensor", *b_extra)
     check = b.ask("check")
     assert check["parked"] and not check["on_device"] and check["intact"] and check["events"][-1] == "park"
     assert [s.can_prefetch for s in engine._sessions[("g", "b")]] == [True]  # its hello said so

@@ -439,14 +439,9 @@ class Orchestrator:
                     error = results[-1][1]
                     log.error("restore of job %s in group %s by agent %s failed: %s; job FAULTED",
                               chosen.job_id, group_id, restore_agent, error)
-                    g.remove(chosen.job_id, time.monotonic(), lost=True)
-                    g.tenant(chosen.job_id).state = "faulted"
-                    g.tenant(chosen.job_id).fault = f"restore by agent {restore_agent} failed: {error}"
-                    fut = self._grants.pop((group_id, chosen.job_id), None)
-                    if fut is not None and not fut.done():
-                        _fail(fut, Faulted(f"restore of job {chosen.job_id!r} in group {group_id!r} failed: "
-                                                  f"{error}; acquire again to retry", job_id=chosen.job_id,
-                                                  group_id=group_id))
+                    self._fault(g, chosen.job_id, f"restore by agent {restore_agent} failed: {error}",
+                                f"restore of job {chosen.job_id!r} in group {group_id!r} failed: {error}; acquire "
+                                "again to retry")
                     await self.store.commit(g)
                 if g.switching_to != chosen.job_id or g.queued(chosen.job_id) is None:
                     g.abort_switch()
@@ -541,12 +536,17 @@ class Orchestrator:
                 g.mark_parked(job, nbytes, seconds)
                 continue
             log.error("park of job %s in group %s failed: %s; job FAULTED", job, g.group_id, error)
-            g.remove(job, time.monotonic(), lost=True)
-            g.tenant(job).state, g.tenant(job).fault = "faulted", f"park failed: {error}"
-            fut = self._grants.pop((g.group_id, job), None)
-            if fut is not None and not fut.done():
-                _fail(fut, Faulted(f"park of job {job!r} in group {g.group_id!r} failed: {error}; its state was "
-                                   "left in place; acquire again to retry", job_id=job, group_id=g.group_id))
+            self._fault(g, job, f"park failed: {error}", f"park of job {job!r} in group {g.group_id!r} failed: "
+                        f"{error}; its state was left in place; acquire again to retry")
+
+    def _fault(self, g: GroupState, job_id: str, cause: str, message: str) -> None:
+        """Take a job out of the group as FAULTED with ``cause`` (under the lock), and fail an
+        acquire it has pending with ``message``: FAULTED is retryable by acquiring again."""
+        g.remove(job_id, time.monotonic(), lost=True)
+        g.tenant(job_id).state, g.tenant(job_id).fault = "faulted", cause
+        fut = self._grants.pop((g.group_id, job_id), None)
+        if fut is not None and not fut.done():
+            _fail(fut, Faulted(message, job_id=job_id, group_id=g.group_id))
 
     def _prefetched(self, g: GroupState, job_id: str, agent: str, ok: bool, error: str, seconds: float) -> None:
         """Record a prefetch's outcome (under the lock), as a restore of the same kind would."""
@@ -570,12 +570,8 @@ class Orchestrator:
             return
         log.error("prefetch of job %s in group %s by agent %s failed: %s; job FAULTED", job_id, g.group_id, agent,
                   error)
-        g.remove(job_id, time.monotonic(), lost=True)
-        rec.state, rec.fault = "faulted", f"restore (prefetch) by agent {agent} failed: {error}"
-        fut = self._grants.pop((g.group_id, job_id), None)
-        if fut is not None and not fut.done():
-            _fail(fut, Faulted(f"restore of job {job_id!r} in group {g.group_id!r} failed: {error}; acquire again "
-                               "to retry", job_id=job_id, group_id=g.group_id))
+        self._fault(g, job_id, f"restore (prefetch) by agent {agent} failed: {error}",
+                    f"restore of job {job_id!r} in group {g.group_id!r} failed: {error}; acquire again to retry")
 
     async def _park(self, group_id: str, job_id: str, token: int, agent: str = "") -> tuple[bool, str, int, float]:
         """Ask every rank of a resident job to park (or its agent); wait for all acknowledgements."""
