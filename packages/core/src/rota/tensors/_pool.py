@@ -195,18 +195,19 @@ class HostPool:
         take the last of the node budget; the allocation itself happens after.
         """
         if not self.node_budget_bytes:
-            room = self._room(0)
-            self._check_room(missing, room, 0)
-            planned = missing if room is None else min(missing, room)
+            planned = self._in_memory_part(missing, 0)
             self._record(host_bytes_in_use()[0] + planned)
             return planned
         with locked_ledger() as ledger:
-            others = ledger.others()
-            room = self._room(others)
-            self._check_room(missing, room, others)
-            planned = missing if room is None else min(missing, room)
+            planned = self._in_memory_part(missing, ledger.others())
             ledger.record(host_bytes_in_use()[0] + planned)
             return planned
+
+    def _in_memory_part(self, missing: int, others_on_node: int) -> int:
+        """How much of ``missing`` the budgets leave room for in memory; refuses if none may spill."""
+        room = self._room(others_on_node)
+        self._check_room(missing, room, others_on_node)
+        return missing if room is None else min(missing, room)
 
     def _check_room(self, missing: int, room: int | None, others_on_node: int) -> None:
         if room is None or missing <= room or self.spill_dir:
