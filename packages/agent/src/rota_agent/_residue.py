@@ -33,7 +33,7 @@ from typing import TypeVar
 
 from google.protobuf.message import Message
 
-from rota._client import _env_int, residue_fault
+from rota._client import _env_int, residue_counted, residue_fault
 from rota._types import ParkResult
 from rota.errors import ConfigError
 from rota_agent._generated import agent_ext_pb2 as ext
@@ -84,8 +84,7 @@ def measure(job_id: str, backend: str, adapter: Mapping[str, int], nvml: Mapping
     by_key = {k: int(v) for k, v in adapter.items()}
     pids = {pid: int(n) for pid, n in (nvml or {}).items()}
     by_key.update({f"{NVML_PREFIX}{pid}": n for pid, n in pids.items()})
-    named = {k: v for k, v in adapter.items() if not k.startswith("process:") and v > 0}
-    adapter_counted = max(sum(named.values()), int(adapter.get("process:allocated", 0)))
+    adapter_counted = int(residue_counted(adapter))
     nvml_counted = sum(pids.values()) if count_nvml else 0
     res = Residue(by_key, max(adapter_counted, nvml_counted), limit)
     if limit <= 0 or res.counted <= limit:

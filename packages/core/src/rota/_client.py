@@ -39,7 +39,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -370,11 +370,20 @@ class ResidueError(RotaError):
     """A park left more on the device than ``ROTA_RESIDUE_MAX_BYTES`` allows (the state is parked)."""
 
 
+def attributed_residue(residue: Mapping[str, int]) -> dict[str, int]:
+    """The residue adapters name (tracked tags, ``untracked:...``), without the allocator's ``process:`` totals."""
+    return {k: v for k, v in residue.items() if not k.startswith("process:") and v > 0}
+
+
+def residue_counted(residue: Mapping[str, int]) -> int:
+    """What the residue limit counts: the named bytes, or the allocator's ``process:allocated`` if more."""
+    return max(sum(attributed_residue(residue).values()), residue.get("process:allocated", 0))
+
+
 def residue_left(result: ParkResult) -> int:
     """Device bytes a park left behind: what adapters attribute, or what the allocator still holds if more."""
-    named = sum(v for k, v in result.residue.items() if not k.startswith("process:") and v > 0)
     held = result.residue.get("process:reserved", result.residue.get("process:allocated", 0))
-    return max(named, held)
+    return max(sum(attributed_residue(result.residue).values()), held)
 
 
 def residue_fault(result: ParkResult, limit: int) -> str:
@@ -383,8 +392,8 @@ def residue_fault(result: ParkResult, limit: int) -> str:
     The residue counted is the larger of what adapters attribute (tracked tags still
     held, ``untracked:...`` tensors) and the allocator's total (``process:allocated``).
     """
-    named = {k: v for k, v in result.residue.items() if not k.startswith("process:") and v > 0}
-    left = max(sum(named.values()), result.residue.get("process:allocated", 0))
+    named = attributed_residue(result.residue)
+    left = residue_counted(result.residue)
     if limit <= 0 or left <= limit:
         return ""
     what = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sorted(named.items(), key=lambda kv: -kv[1])[:8])

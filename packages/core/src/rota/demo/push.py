@@ -90,10 +90,6 @@ class WeightPush:
             self._views[name] = self._buffer[offset:offset + n].view(t.dtype).view(t.shape)
             offset = aligned(offset + n)
 
-    def digest(self) -> str:
-        """sha256 of the weights now in the buffer (a test aid: compare both ends)."""
-        return weights_digest(self._views)
-
     # ------------------------------------------------------------------- trainer
 
     def claim(self) -> None:
