@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -39,6 +40,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -55,15 +57,42 @@ log = logging.getLogger(__name__)
 ATTACH_WAIT_S = 30.0  # how long a first acquire waits for the session to be registered
 
 
+STATS_KEEP = 10_000  # entries each TurnStats record keeps: a long-running tenant must not grow without bound
+
+
+class Recent(deque):  # type: ignore[type-arg]
+    """The latest :data:`STATS_KEEP` entries, plus how many were ever appended.
+
+    Readers that take only what is new keep the running :attr:`total` they saw last and call :meth:`since`.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(maxlen=STATS_KEEP)
+        self.total = 0
+        self._lock = threading.Lock()  # appends come from the turn and park threads
+
+    def append(self, item: object) -> None:
+        with self._lock:
+            super().append(item)
+            self.total += 1
+
+    def since(self, total: int) -> tuple[list, int]:  # type: ignore[type-arg]
+        """Entries appended after the running total was ``total`` (those still kept, oldest first), and the
+        running total now (pass it to the next call)."""
+        with self._lock:
+            new = min(self.total - total, len(self))
+            return (list(itertools.islice(reversed(self), new))[::-1] if new > 0 else []), self.total
+
+
 @dataclass
 class TurnStats:
-    """What this client saw: per-turn waits and the cost of its parks and restores."""
+    """What this client saw: per-turn waits and the cost of its parks and restores (the latest entries)."""
 
     turns: int = 0
-    waits_ms: list[float] = field(default_factory=list)
-    parks: list[ParkResult] = field(default_factory=list)
-    restores: list[ParkResult] = field(default_factory=list)
-    events: list[tuple[str, float, float]] = field(default_factory=list)  # (kind, start, end), monotonic
+    waits_ms: Recent = field(default_factory=Recent)  # of float
+    parks: Recent = field(default_factory=Recent)  # of ParkResult
+    restores: Recent = field(default_factory=Recent)  # of ParkResult
+    events: Recent = field(default_factory=Recent)  # of (kind, start, end), monotonic
 
 
 class Gpu:
@@ -292,7 +321,7 @@ class Gpu:
         while not self._closed.is_set():
             hello = pb.TenantMessage(hello=pb.Hello(job_id=self.tenant, group_id=self.group, rank=self.rank,
                                                     world_size=self.world_size, pid=os.getpid(),
-                                                    footprint_bytes=self._safe_footprint(),
+                                                    footprint_bytes=self.safe_footprint(),
                                                     can_prefetch=True))  # _handle runs "restore" commands
             try:
                 for cmd in self.stub.Attach(self._session_messages(hello)):
@@ -352,14 +381,14 @@ class Gpu:
         """Footprint, plus host memory and residue as the last park or restore left them."""
         from rota._generated import rota_v1_pb2 as pb
 
-        moves = [*self.stats.parks[-1:], *self.stats.restores[-1:]]
+        moves = [kept[-1] for kept in (self.stats.parks, self.stats.restores) if kept]
         host = max((m.host_bytes for m in moves), default=0)
         spilled = max((m.spilled_bytes for m in moves), default=0)
         residue = residue_left(self.stats.parks[-1]) if self.parked and self.stats.parks else 0
-        return pb.Heartbeat(footprint_bytes=self._safe_footprint(), host_bytes=host, spilled_bytes=spilled,
+        return pb.Heartbeat(footprint_bytes=self.safe_footprint(), host_bytes=host, spilled_bytes=spilled,
                             residue_bytes=residue)
 
-    def _safe_footprint(self) -> int:
+    def safe_footprint(self) -> int:
         try:
             return self.footprint_bytes()
         except Exception:  # an adapter mid-change must not kill the heartbeat

@@ -266,12 +266,18 @@ class Orchestrator:
                 await self.store.commit(g)
 
     @_whole
-    async def release(self, job_id: str, group_id: str, token: int = 0, rank: int = 0) -> ReleaseInfo:
-        """One rank of the holder releases; the group moves on when all ranks have."""
+    async def release(self, job_id: str, group_id: str, token: int = 0, rank: int = 0, *,
+                      footprint_bytes: int = 0) -> ReleaseInfo:
+        """One rank of the holder releases; the group moves on when all ranks have.
+
+        ``footprint_bytes`` (> 0): what the turn needed on the device, recorded before the next switch.
+        """
         check_pair(job_id, group_id)
         async with self._lock(group_id):
             g = await self._group(group_id)
             info = g.release(job_id, token, rank, time.monotonic())
+            if footprint_bytes > 0 and job_id in g.tenants:
+                g.tenants[job_id].footprint_bytes = footprint_bytes
             await self.store.commit(g)
             self._yield_sent.discard((group_id, g.token))
             self._kick(group_id)

@@ -66,7 +66,8 @@ def rota_acquire(request: TurnRequest, tenant: Gpu) -> Grant:
 
 @hookimpl(trylast=True)
 def rota_release(grant: Grant, tenant: Gpu) -> ReleaseInfo:
-    msg = pb.ReleaseRequest(job_id=grant.job_id, group_id=grant.group_id, token=grant.token, rank=tenant.rank)
+    msg = pb.ReleaseRequest(job_id=grant.job_id, group_id=grant.group_id, token=grant.token, rank=tenant.rank,
+                            footprint_bytes=tenant.safe_footprint())
     attempts = 0
 
     def release() -> Any:

@@ -92,7 +92,8 @@ class RotaService(pb_grpc.RotaServiceServicer):
 
     @rpc_errors
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseReply:
-        info = await self.engine.release(request.job_id, request.group_id, request.token, request.rank)
+        info = await self.engine.release(request.job_id, request.group_id, request.token, request.rank,
+                                         footprint_bytes=request.footprint_bytes)
         return pb.ReleaseReply(pending_waiters=info.pending_waiters, snapshot_deferred=info.snapshot_deferred,
                                group_released=info.group_released)
 
