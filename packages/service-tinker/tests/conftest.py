@@ -12,16 +12,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import tinker
+from tinker_testlib import KEYS, WIDE
 
 from rota._engine import OrchestratorConfig
 from rota.testing import running_orchestrator
-from rota_tinker import DEFAULT_BASE_MODELS, BaseModelSpec, ServiceConfig, Tenant, TinkerService
+from rota_tinker import DEFAULT_BASE_MODELS, ServiceConfig, Tenant, TinkerService
 
 os.environ["TINKER_TELEMETRY"] = "0"  # the SDK's telemetry is accepted by the service, but keep it quiet
 
-KEYS = {name: f"tml-{name}-test-key-0123" for name in ("alice", "bob", "carol", "dave")}
-# A base big enough (about 80 MB) that a private copy of it per worker would stand out of a process's memory.
-WIDE = BaseModelSpec("rota/wide", vocab=16384, dim=512, layers=1, heads=4, seed=3)
 
 
 @pytest.fixture(scope="module")

@@ -26,3 +26,29 @@ def test_bad_flags_are_refused() -> None:
     assert r.exit_code == 2 and "device 'tpu'" in r.output
     r = runner.invoke(cli, ["tinker", "serve", "--tenant", "alice=tml-aaaaaaaaaa", "--listen", "nowhere"])
     assert r.exit_code == 2 and "HOST:PORT" in r.output
+
+
+def test_rota_serve_tinker_is_the_same_command() -> None:
+    r = CliRunner().invoke(cli, ["serve", "tinker", "--help"])
+    assert r.exit_code == 0 and "--capacity" in r.output and "--base-model" in r.output
+
+
+def test_bad_base_models_and_capacity_are_refused_naming_the_value(tmp_path: object) -> None:
+    runner = CliRunner(env={"ROTA_TINKER_KEYS": None, "ROTA_ORCHESTRATOR": None, "ROTA_TINKER_BASE_MODELS": None})
+    ok = ["serve", "tinker", "--tenant", "alice=tml-aaaaaaaaaa"]
+    cases = {
+        ("--base-model", "acme/lm"): "is not NAME:key=value",
+        ("--base-model", "acme/lm:vocab=ten"): "vocab='ten' must be an integer",
+        ("--base-model", "acme/lm:width=3"): "'width=3' is not one of",
+        ("--base-model", "acme/lm:dim=30,heads=4"): "dim=30 must be a multiple of heads=4",
+        ("--base-model", "acme/lm:path=/no/such/file.pt"): "path='/no/such/file.pt' is not a file",
+        ("--base-model", "bad name:vocab=3"): "base model name 'bad name' is malformed",
+        ("--capacity", "lots"): "--capacity 'lots' is not a size",
+        ("--capacity", "1GiB", "--orchestrator", "127.0.0.1:9"): "names an external one",
+        ("--units-per-turn", "0"): "0 is not in the range x>=1",
+    }
+    for flags, message in cases.items():
+        r = runner.invoke(cli, [*ok, *flags])
+        assert r.exit_code == 2 and message in r.output, (flags, r.output)
+    r = runner.invoke(cli, [*ok, "--base-model", "a:vocab=3", "--base-model", "a:vocab=4"])
+    assert r.exit_code == 2 and "base model names repeat" in r.output

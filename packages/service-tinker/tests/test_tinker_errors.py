@@ -7,8 +7,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 import tinker
-from conftest import KEYS
 from tinker import types
+from tinker_testlib import KEYS
 
 from rota_tinker import TinkerService
 

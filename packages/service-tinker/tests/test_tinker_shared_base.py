@@ -12,9 +12,8 @@ import threading
 from collections.abc import Callable
 
 import tinker
-from conftest import WIDE
 from tinker import types
-from tinker_testlib import batch
+from tinker_testlib import WIDE, batch
 
 from rota_tinker import TinkerService
 

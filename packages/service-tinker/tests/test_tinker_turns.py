@@ -8,9 +8,8 @@ import time
 from collections.abc import Callable
 
 import tinker
-from conftest import KEYS
 from tinker import types
-from tinker_testlib import batch
+from tinker_testlib import KEYS, batch
 
 import rota
 from rota.testing import running_orchestrator

@@ -11,6 +11,12 @@ from tinker.lib.api_future_impl import _APIFuture
 from tinker.lib.client_connection_pool_type import ClientConnectionPoolType
 from tinker.lib.public_interfaces.training_client import TrainingClient, fetch_training_info
 
+from rota_tinker import BaseModelSpec
+
+KEYS = {name: f"tml-{name}-test-key-0123" for name in ("alice", "bob", "carol", "dave")}
+# A base big enough (about 80 MB) that a private copy of it per worker would stand out of a process's memory.
+WIDE = BaseModelSpec("rota/wide", vocab=16384, dim=512, layers=1, heads=4, seed=3)
+
 
 def full_training_client(sc: tinker.ServiceClient, base_model: str) -> TrainingClient:
     """A full-parameter TrainingClient: create_model without lora_config, through the SDK's own client.

@@ -13,7 +13,25 @@ tenants (full-parameter or LoRA) share devices without knowing it::
 ``rota tinker serve`` runs it from the command line.
 """
 
-from rota_tinker._config import DEFAULT_BASE_MODELS, BaseModelSpec, ServiceConfig, Tenant, parse_keys
+from rota_tinker._config import (
+    DEFAULT_BASE_MODELS,
+    BaseModelSpec,
+    ServiceConfig,
+    Tenant,
+    parse_base_model,
+    parse_keys,
+)
 from rota_tinker._service import TinkerService
 
-__all__ = ["DEFAULT_BASE_MODELS", "BaseModelSpec", "ServiceConfig", "Tenant", "TinkerService", "parse_keys"]
+__all__ = ["DEFAULT_BASE_MODELS", "BaseModelSpec", "ServiceConfig", "Tenant", "TinkerService", "parse_base_model",
+           "parse_keys", "save_base"]
+
+
+def save_base(spec: BaseModelSpec, path: str) -> None:
+    """Write ``spec``'s base model as a state dict at ``path``, for a ``BaseModelSpec(path=...)`` to load.
+
+    Imports torch (the HTTP side of the service never does).
+    """
+    from rota_tinker._models import save_base as write
+
+    write(spec, path)

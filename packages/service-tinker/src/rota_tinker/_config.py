@@ -6,11 +6,13 @@ name the bad value and say how to fix it, so the HTTP layer can trust it.
 
 Environment variables (read by the CLI only): ``ROTA_TINKER_LISTEN``,
 ``ROTA_TINKER_KEYS`` (``TENANT=tml-KEY,...``), ``ROTA_TINKER_DEVICE``,
-``ROTA_TINKER_DATA_DIR``, plus rota's own ``ROTA_ORCHESTRATOR``/``ROTA_GROUP``.
+``ROTA_TINKER_DATA_DIR``, ``ROTA_TINKER_BASE_MODELS``, ``ROTA_TINKER_CAPACITY``, plus
+rota's own ``ROTA_ORCHESTRATOR``/``ROTA_GROUP``.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -22,7 +24,11 @@ KEY_PREFIX = "tml-"  # the SDK refuses any other API key prefix (tinker.lib._aut
 
 @dataclass(frozen=True)
 class BaseModelSpec:
-    """A small random-init causal LM (no hub downloads): its shape and the seed of its weights."""
+    """A small causal LM (no hub downloads): its shape, and its weights from ``seed`` or a local file.
+
+    ``path``: a ``torch.save`` of the model's ``state_dict`` (``rota_tinker.save_base``
+    writes one), loaded instead of random init; every tensor must match this shape.
+    """
 
     name: str
     vocab: int = 128
@@ -31,14 +37,55 @@ class BaseModelSpec:
     heads: int = 2
     max_len: int = 256
     seed: int = 0
+    path: str | None = None
 
     def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ConfigError(f"base model name {self.name!r} is malformed: use letters, digits, '.', '_', '-' and "
+                              "'/' (e.g. acme/lm-1b)")
         for attr in ("vocab", "dim", "layers", "heads", "max_len"):
             value = getattr(self, attr)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"base model {self.name!r}: {attr}={value!r} must be a positive integer")
+        if not isinstance(self.seed, int):
+            raise ConfigError(f"base model {self.name!r}: seed={self.seed!r} must be an integer")
         if self.dim % self.heads:
             raise ConfigError(f"base model {self.name!r}: dim={self.dim} must be a multiple of heads={self.heads}")
+        if self.path is not None and not os.path.isfile(self.path):
+            raise ConfigError(f"base model {self.name!r}: path={self.path!r} is not a file; give a torch.save'd "
+                              "state_dict of this shape (rota_tinker.save_base writes one)")
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+_SPEC_INTS = ("vocab", "dim", "layers", "heads", "max_len", "seed")
+
+
+def parse_base_model(text: str) -> BaseModelSpec:
+    """``"NAME:vocab=32000,dim=2048,layers=8,heads=16[,max_len=..][,seed=..][,path=FILE]"`` -> a spec.
+
+    Raises ConfigError naming the bad part.
+    """
+    name, sep, rest = text.strip().partition(":")
+    if not sep or not name:
+        raise ConfigError(f"base model {text!r} is not NAME:key=value,...; write e.g. "
+                          "acme/lm:vocab=32000,dim=2048,layers=8,heads=16")
+    fields: dict[str, object] = {}
+    for item in (s.strip() for s in rest.split(",")):
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or key not in (*_SPEC_INTS, "path"):
+            raise ConfigError(f"base model {name!r}: {item!r} is not one of {', '.join(_SPEC_INTS)}, path as "
+                              "key=value")
+        if key == "path":
+            fields[key] = value.strip()
+            continue
+        try:
+            fields[key] = int(value)
+        except ValueError:
+            raise ConfigError(f"base model {name!r}: {key}={value!r} must be an integer") from None
+    return BaseModelSpec(name.strip(), **fields)  # type: ignore[arg-type]
 
 
 DEFAULT_BASE_MODELS: dict[str, BaseModelSpec] = {
@@ -103,6 +150,14 @@ class ServiceConfig:
     # tenants' processes can use it; False keeps it (no re-allocation next turn) when all working sets fit.
     release_cached: bool = True
     stop_timeout_s: float = 30.0  # stop(): how long workers (then holders) get to exit before they are killed
+    # Device bytes the tenants' working sets may take together (shared bases aside). > 0: the service
+    # runs its own orchestrator with this capacity, so tenants that fit stay resident between turns
+    # (a turn then moves nothing) and only the oldest are parked when the next one does not fit.
+    # 0: every switch parks the previous holder. Needs endpoint None (an external orchestrator has
+    # its own --capacity).
+    capacity_bytes: int = 0
+    # Finished futures are forgotten this long after they finish (their results were fetched, or never will be).
+    future_ttl_s: float = 900.0
 
     def __post_init__(self) -> None:
         if not self.tenants:
@@ -129,6 +184,18 @@ class ServiceConfig:
             raise ConfigError(f"release_cached={self.release_cached!r} must be True or False")
         if not isinstance(self.share_lora_base, bool):
             raise ConfigError(f"share_lora_base={self.share_lora_base!r} must be True or False")
+        if not isinstance(self.capacity_bytes, int) or self.capacity_bytes < 0:
+            raise ConfigError(f"capacity_bytes={self.capacity_bytes!r} must be an integer >= 0 (0: park on every "
+                              "switch)")
+        if self.capacity_bytes and self.endpoint:
+            raise ConfigError(f"capacity_bytes={self.capacity_bytes} needs the service's own orchestrator, but "
+                              f"endpoint={self.endpoint!r} names an external one: give that one --capacity "
+                              "(rota orchestrator serve --capacity) and drop the service's")
+        if not self.future_ttl_s > 0:
+            raise ConfigError(f"future_ttl_s={self.future_ttl_s!r} must be > 0 seconds")
+        bad = [k for k, spec in self.base_models.items() if k != spec.name]
+        if bad:
+            raise ConfigError(f"base_models keys {bad} differ from their specs' names; key each spec by its name")
 
     def tenant_for_key(self, key: str) -> Tenant | None:
         for t in self.tenants:

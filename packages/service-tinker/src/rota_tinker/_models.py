@@ -79,11 +79,48 @@ class TinyLM(nn.Module):
 
 
 def build_base(spec: BaseModelSpec, device: torch.device) -> TinyLM:
-    """The base model's weights, a function of ``spec.seed`` only."""
+    """The base model: its weights from ``spec.path`` if given, else a function of ``spec.seed`` only."""
+    if spec.path is not None:
+        with torch.device("meta"):
+            model = TinyLM(spec)
+        model.load_state_dict(_checked_state(spec, model), assign=True)
+        return model.to(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = TinyLM(spec)
     return model.to(device)
+
+
+def _checked_state(spec: BaseModelSpec, model: TinyLM) -> dict[str, torch.Tensor]:
+    """``spec.path``'s state dict, checked key by key against the model of ``spec``'s shape (errors name both)."""
+    try:
+        state = torch.load(spec.path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"base model {spec.name!r}: cannot load {spec.path!r} ({type(e).__name__}: {e}); "
+                         "it must be a torch.save'd state_dict (rota_tinker.save_base writes one)") from e
+    if not isinstance(state, dict):
+        raise ValueError(f"base model {spec.name!r}: {spec.path!r} holds a {type(state).__name__}, not a state_dict")
+    want = model.state_dict()
+    missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
+    if missing or extra:
+        raise ValueError(f"base model {spec.name!r}: {spec.path!r} does not match vocab={spec.vocab} dim={spec.dim} "
+                         f"layers={spec.layers} heads={spec.heads} max_len={spec.max_len}: missing {missing[:4]}, "
+                         f"unexpected {extra[:4]}")
+    for key, ref in want.items():
+        got = state[key]
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(ref.shape):
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise ValueError(f"base model {spec.name!r}: {key} in {spec.path!r} has shape {shape}, the spec needs "
+                             f"{tuple(ref.shape)}")
+    return {k: state[k].to(torch.float32) for k in want}
+
+
+def save_base(spec: BaseModelSpec, path: str) -> None:
+    """Write the base model of ``spec`` (random-init from its seed, or loaded) as a state dict at ``path``.
+
+    Gives a file that a ``BaseModelSpec(path=...)`` of the same shape loads.
+    """
+    torch.save(build_base(spec, torch.device("cpu")).state_dict(), path)
 
 
 def add_lora(model: TinyLM, rank: int, seed: int, targets: dict[str, bool]) -> nn.ModuleDict:

@@ -34,6 +34,7 @@ Rules enforced here:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -105,7 +106,7 @@ class _SamplingSession:
 class _State:
     """Everything the service knows; guarded by one lock (requests are short)."""
 
-    def __init__(self, config: ServiceConfig) -> None:
+    def __init__(self, config: ServiceConfig, endpoint: str | None) -> None:
         self.config = config
         self.lock = threading.Lock()
         self.sessions: dict[str, str] = {}  # session_id -> tenant
@@ -114,11 +115,13 @@ class _State:
         self.weights: dict[str, _Weights] = {}  # tinker:// path -> weights
         self.sampling: dict[str, _SamplingSession] = {}
         self.futures: dict[str, Future] = {}
+        self._last_prune = 0.0
+        self.forgotten_futures = 0  # finished futures dropped after future_ttl_s
         self.counter = itertools.count(1)
         self.workers: dict[tuple[str, str], WorkerHandle] = {}
         for t in config.tenants:
             for role in ("trainer", "sampler"):
-                spec = WorkerSpec(tenant=t.name, role=role, group=config.group, endpoint=config.endpoint,
+                spec = WorkerSpec(tenant=t.name, role=role, group=config.group, endpoint=endpoint,
                                   device=config.device, data_dir=config.data_dir, torch_threads=config.torch_threads,
                                   units_per_turn=config.units_per_turn, release_cached=config.release_cached)
                 self.workers[(t.name, role)] = WorkerHandle(spec, config.worker_start_timeout_s)
@@ -150,8 +153,27 @@ class _State:
     def future(self, tenant: str, kind: str) -> Future:
         fut = Future(request_id=self.new_id("req"), tenant=tenant, kind=kind)
         with self.lock:
+            self._forget_old_futures()
             self.futures[fut.request_id] = fut
         return fut
+
+    def _forget_old_futures(self) -> None:
+        """Drop futures finished more than ``future_ttl_s`` ago (at most one scan a second; lock held)."""
+        now = time.monotonic()
+        if now - self._last_prune < 1.0:
+            return
+        self._last_prune = now
+        cutoff = now - self.config.future_ttl_s
+        old = [rid for rid, f in self.futures.items() if f.finished_at is not None and f.finished_at < cutoff]
+        for rid in old:
+            del self.futures[rid]
+            self.forgotten_futures += 1
+
+
+def _start_quietly(handle: WorkerHandle) -> None:
+    """Start a worker ahead of its first unit; a failure is kept by the handle and fails that unit instead."""
+    with contextlib.suppress(RuntimeError):
+        handle.ensure()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -273,7 +295,9 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.state.lock:
             item = table.get(key)
         if item is None:
-            raise BadRequest(f"{what} {key!r} does not exist; use an id this service returned", status=404)
+            kept = (f" (results are kept {self.server.state.config.future_ttl_s:g} s after they finish)"
+                    if what == "request" else "")
+            raise BadRequest(f"{what} {key!r} does not exist{kept}; use an id this service returned", status=404)
         owner = item if isinstance(item, str) else item.tenant
         if owner != tenant.name:
             raise BadRequest(f"{what} {key!r} belongs to another tenant; use your own", status=403)
@@ -365,21 +389,30 @@ class _Handler(BaseHTTPRequestHandler):
         state = self.server.state
         model_id = state.new_id(f"{tenant.name}-model")
         fut = state.future(tenant.name, "CreateModel")
-        try:
-            shared = state.shared_base(base, lora is not None)
-        except RuntimeError as e:
-            fut.fail(f"the shared base {base.name!r} is not available: {e}", "server")
-            self._future_reply(fut, model_id)
-            return
+        trainer = state.workers[(tenant.name, "trainer")]
 
         def done(result: Any) -> None:
             with state.lock:
                 state.models[model_id] = _Model(model_id, tenant.name, base, lora)
             fut.succeed(json={"model_id": model_id, "type": "create_model"})
 
-        state.workers[(tenant.name, "trainer")].submit(
-            fut, "create", {"model_id": model_id, "base": base, "lora": lora, "shared_base": shared}, done,
-            restart=True)
+        def start() -> None:
+            """Off the request thread (starting processes takes seconds): the trainer starts beside the holder."""
+            try:
+                threading.Thread(target=_start_quietly, args=(trainer,), name=f"rota-tinker-start-{trainer.name}",
+                                 daemon=True).start()
+                try:
+                    shared = state.shared_base(base, lora is not None)
+                except RuntimeError as e:
+                    fut.fail(f"the shared base {base.name!r} is not available: {e}", "server")
+                    return
+                trainer.submit(fut, "create", {"model_id": model_id, "base": base, "lora": lora,
+                                               "shared_base": shared}, done, restart=True)
+            except Exception as e:  # never leave the future pending
+                log.exception("create_model %s failed to start", model_id)
+                fut.fail(f"create_model could not start: {type(e).__name__}: {e}", "server")
+
+        threading.Thread(target=start, name=f"rota-tinker-create-{model_id}", daemon=True).start()
         log.info("tenant %s: create_model %s (%s, %s)", tenant.name, model_id, base.name,
                  f"lora rank {lora['rank']}" if lora else "full-parameter")
         self._future_reply(fut, model_id)
@@ -631,11 +664,28 @@ class TinkerService:
     """
 
     def __init__(self, config: ServiceConfig, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._orchestrator = contextlib.ExitStack()
+        try:
+            self._httpd = _Server((host, port), _Handler)
+            # residency-aware switching needs an orchestrator that knows the device size: the service's own
+            endpoint = self._own_orchestrator(config) if config.capacity_bytes else config.endpoint
+        except BaseException:
+            self._orchestrator.close()
+            raise
         self.config = config
-        self.state = _State(config)
-        self._httpd = _Server((host, port), _Handler)
+        self.state = _State(config, endpoint)
         self._httpd.state = self.state
         self._thread: threading.Thread | None = None
+
+    def _own_orchestrator(self, config: ServiceConfig) -> str:
+        """Serve a private orchestrator (loopback, in this process) with ``config.capacity_bytes``; its endpoint."""
+        from rota._engine import OrchestratorConfig
+        from rota._inproc import running_orchestrator
+
+        endpoint, _engine = self._orchestrator.enter_context(
+            running_orchestrator(OrchestratorConfig(capacity_bytes=config.capacity_bytes)))
+        log.info("own orchestrator at %s, capacity %.1f GiB", endpoint, config.capacity_bytes / 2**30)
+        return endpoint
 
     @property
     def url(self) -> str:
@@ -675,8 +725,14 @@ class TinkerService:
             raise RuntimeError(fut.error)
         return {"pid": handle.pid, **(fut.json or {})}
 
+    def worker_starts(self) -> dict[str, dict[str, float]]:
+        """Where each started worker's (and base holder's) start went, in seconds: spawn, import, setup, total."""
+        with self.state.lock:
+            handles = [*self.state.workers.values(), *self.state.holders.values()]
+        return {h.name: dict(h.start_s) for h in handles if h.start_s}
+
     def unit_timings(self) -> list[dict[str, Any]]:
-        """Every finished work unit so far: tenant, kind, request id, its monotonic stamps and breakdown.
+        """Every finished work unit still kept (``future_ttl_s``): tenant, kind, request id, stamps and breakdown.
 
         For benchmarks: see :func:`rota_tinker._workers.unit_breakdown` for what each part means.
         """
@@ -702,6 +758,7 @@ class TinkerService:
             log.warning("stopped; killed %s (they did not exit within %.0f s)", killed, self.config.stop_timeout_s)
         if self._thread is not None:
             self._thread.join(10)
+        self._orchestrator.close()
         return killed
 
     def __enter__(self) -> TinkerService:

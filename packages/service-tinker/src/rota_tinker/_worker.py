@@ -26,6 +26,11 @@ bases (the default): they :func:`rota_tinker._base.attach` to the resident copy 
 base-holder process of their (device, base), which is role ``base`` here (no rota
 tenant: the base is resident, never parked, and read-only).
 
+On CUDA each worker also reports its **working set** to the orchestrator (footprint tag
+``working``): the CUDA cache its last turn needed beyond its tracked tensors
+(activations, workspaces). With a service ``capacity_bytes`` the orchestrator counts it
+when it decides which tenants stay resident, so residents never add up past the device.
+
 Saving weights for the sampler needs no device: it is written from the tracked host
 copy (``Tracked.state_dict()``), without a turn.
 
@@ -42,9 +47,12 @@ import os
 import secrets
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
+
+from rota import hookimpl
 
 log = logging.getLogger("rota_tinker.worker")
 
@@ -71,26 +79,39 @@ class UserError(Exception):
 
 def main(spec: WorkerSpec, conn: Connection) -> None:
     """Worker entry point (the ``spawn`` target)."""
+    t0 = time.monotonic()
     logging.basicConfig(level=os.environ.get("ROTA_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s {spec.tenant}.{spec.role} %(levelname)s %(name)s: %(message)s")
     import torch
 
     import rota
 
+    imported = time.monotonic()
     torch.set_num_threads(spec.torch_threads)
-    gpu = None
-    if spec.role == "base":
-        from rota_tinker._base import BaseHolder
+    gpu, working = None, None
+    try:
+        if spec.role == "base":
+            from rota_tinker._base import BaseHolder
 
-        worker: Any = BaseHolder(spec)
-        hello = worker.hello()
-    else:
-        gpu = rota.connect(group=spec.group, tenant=f"{spec.tenant}.{spec.role}", endpoint=spec.endpoint)
-        worker = (Trainer if spec.role == "trainer" else Sampler)(spec, gpu)
-        hello = {}
+            worker: Any = BaseHolder(spec)
+            hello = worker.hello()
+        else:
+            gpu = rota.connect(group=spec.group, tenant=f"{spec.tenant}.{spec.role}", endpoint=spec.endpoint)
+            worker = (Trainer if spec.role == "trainer" else Sampler)(spec, gpu)
+            if worker.device.type == "cuda":
+                working = WorkingSet(gpu, worker.device)
+            hello = {}
+    except Exception as e:  # the service names the cause (e.g. a base model file that does not fit its spec)
+        log.error("could not start: %s", traceback.format_exc())
+        conn.send(("failed", os.getpid(), f"{type(e).__name__}: {e}"))
+        if gpu is not None:
+            gpu.close()
+        return
+    # where the start went (the service reports it): imports, then the worker (CUDA, a base holder's base)
+    hello["start"] = {"main_s": t0, "import_s": imported - t0, "setup_s": time.monotonic() - imported}
     conn.send(("ready", os.getpid(), hello))
     try:
-        _Loop(worker, gpu, conn, spec.units_per_turn).run()
+        _Loop(worker, gpu, conn, spec.units_per_turn, working).run()
     finally:
         try:  # leave quietly: the orchestrator may already be gone when the service shuts down
             if gpu is not None and gpu.grant is not None:
@@ -106,12 +127,43 @@ class _Stop(Exception):
     """The HTTP process asked this worker to exit (or went away)."""
 
 
+class WorkingSet:
+    """The ``working`` footprint of a CUDA tenant: its last turn's peak CUDA cache beyond its tracked tensors.
+
+    Registered on the tenant's plugin manager; the value is measured at the end of each turn
+    (so the hook, called on every acquire and heartbeat, only reads a number). ``peak`` and
+    ``reset`` read and restart the allocator's peak (``torch.cuda``'s for ``device`` by default).
+    """
+
+    def __init__(self, gpu: Any, device: Any, *, peak: Callable[[], int] | None = None,
+                 reset: Callable[[], None] | None = None) -> None:
+        import torch
+
+        self.gpu, self.bytes = gpu, 0
+        self._peak = peak or (lambda: torch.cuda.max_memory_reserved(device))
+        self._reset = reset or (lambda: torch.cuda.reset_peak_memory_stats(device))
+        gpu.pm.register(self, name=f"rota-tinker-working-set-{id(self)}")
+
+    def turn_started(self) -> None:
+        self._reset()
+
+    def turn_ended(self) -> None:
+        tracked = sum(v for k, v in self.gpu.footprint().items() if k != "working")
+        self.bytes = max(0, self._peak() - tracked)
+
+    @hookimpl
+    def rota_footprint(self, tenant: Any) -> dict[str, int] | None:
+        return {"working": self.bytes} if tenant is self.gpu else None
+
+
 class _Loop:
     """Runs units in arrival order; device units in turns, queued units of this tenant sharing one."""
 
-    def __init__(self, worker: Any, gpu: Any, conn: Connection, units_per_turn: int) -> None:
+    def __init__(self, worker: Any, gpu: Any, conn: Connection, units_per_turn: int,
+                 working: WorkingSet | None = None) -> None:
         self.worker, self.gpu, self.conn, self.units_per_turn = worker, gpu, conn, max(1, units_per_turn)
-        self.seen = 0  # gpu.stats.events already attributed to a unit
+        self.working = working
+        self.seen = 0  # gpu.stats.events already attributed to a unit (a running total)
         self.parks_seen = 0  # gpu.stats.parks likewise
 
     def run(self) -> None:
@@ -147,6 +199,8 @@ class _Loop:
                         timing)
             return
         timing.update(acquire_s=time.monotonic() - t0, new_turn=1.0, **self._events())
+        if self.working is not None:
+            self.working.turn_started()
         units = 0
         while True:
             outcome = self._call(op, args, timing)
@@ -169,6 +223,8 @@ class _Loop:
 
     def _end_turn(self, timing: dict[str, float]) -> None:
         t0 = time.monotonic()
+        if self.working is not None:
+            self.working.turn_ended()
         try:
             self.gpu.release()
         except Exception as e:  # the lease expires on the orchestrator's side; the next acquire starts afresh
@@ -177,10 +233,8 @@ class _Loop:
 
     def _events(self, parks_only: bool = False) -> dict[str, float]:
         """This tenant's rota events since the last unit: grant wait, restores, parks (seconds; bytes parked)."""
-        events = self.gpu.stats.events[self.seen:]
-        self.seen += len(events)
-        parks = self.gpu.stats.parks[self.parks_seen:]
-        self.parks_seen += len(parks)
+        events, self.seen = self.gpu.stats.events.since(self.seen)
+        parks, self.parks_seen = self.gpu.stats.parks.since(self.parks_seen)
         out = {"parked_s": sum(e - s for kind, s, e in events if kind == "park"),
                "parked_bytes": float(sum(p.bytes_moved for p in parks))}
         if not parks_only:

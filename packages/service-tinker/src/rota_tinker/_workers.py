@@ -45,15 +45,18 @@ class Future:
     category: str = "unknown"  # user | server | unknown (the SDK's RequestErrorCategory)
     # monotonic stamps and durations of this unit: submitted, recv, wait_s, restore_s, compute_s, ... answered
     timing: dict[str, float] = field(default_factory=dict)
+    finished_at: float | None = None  # monotonic; the service forgets the future future_ttl_s after it
 
     def succeed(self, *, proto: bytes | None = None, json: dict[str, Any] | None = None) -> None:
         if not self.done.is_set():
             self.proto, self.json = proto, json
+            self.finished_at = time.monotonic()
             self.done.set()
 
     def fail(self, message: str, category: str) -> None:
         if not self.done.is_set():
             self.error, self.category = message, category
+            self.finished_at = time.monotonic()
             self.done.set()
 
 
@@ -100,6 +103,7 @@ class WorkerHandle:
         self._closed = False
         self._reaped = threading.Event()  # set by the reader once it has joined the process
         self.hello: dict[str, Any] = {}  # what the process said when it was ready (a base holder: its address)
+        self.start_s: dict[str, float] = {}  # the last start: spawn (until the child ran), import, setup, total
 
     @property
     def name(self) -> str:
@@ -113,6 +117,7 @@ class WorkerHandle:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=main, args=(self.spec, child), name=f"rota-tinker-{self.name}", daemon=True)
+        t0 = time.monotonic()
         proc.start()
         child.close()
         if not parent.poll(self.start_timeout_s):
@@ -125,7 +130,14 @@ class WorkerHandle:
             proc.join(5)
             raise RuntimeError(f"{self.name} worker exited while starting (exit code {proc.exitcode}); "
                                "see its log above") from e
-        log.info("%s worker started, pid %s", self.name, hello[1])
+        if hello[0] == "failed":
+            proc.join(5)
+            raise RuntimeError(f"{self.name} worker failed while starting: {hello[2]}")
+        phases = hello[2].pop("start", {})
+        self.start_s = {"spawn_s": phases.get("main_s", t0) - t0, "import_s": phases.get("import_s", 0.0),
+                        "setup_s": phases.get("setup_s", 0.0), "total_s": time.monotonic() - t0}
+        log.info("%s worker started, pid %s, in %s", self.name, hello[1],
+                 " ".join(f"{k[:-2]} {v:.2f}s" for k, v in self.start_s.items()))
         self._proc, self._conn, self.hello = proc, parent, hello[2]
         reaped = self._reaped = threading.Event()
         threading.Thread(target=self._read, args=(parent, proc, reaped), name=f"rota-tinker-read-{self.name}",

@@ -1,7 +1,8 @@
-"""``rota tinker serve``: run the Tinker-compatible service in the foreground.
+"""``rota tinker serve`` (also ``rota serve tinker``): run the Tinker-compatible service in the foreground.
 
 Flags fall back to environment variables: ``ROTA_TINKER_LISTEN``, ``ROTA_TINKER_KEYS``
 (``TENANT=tml-KEY,...``), ``ROTA_TINKER_DEVICE``, ``ROTA_TINKER_DATA_DIR``,
+``ROTA_TINKER_BASE_MODELS`` (space-separated specs), ``ROTA_TINKER_CAPACITY``,
 ``ROTA_ORCHESTRATOR`` (the rota orchestrator; unset: the embedded one), ``ROTA_GROUP``.
 """
 
@@ -13,6 +14,7 @@ import tempfile
 
 import click
 
+from rota.cli.options import ByteSize
 from rota.errors import RotaError
 
 log = logging.getLogger(__name__)
@@ -25,37 +27,68 @@ def _listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-@click.group()
-def tinker() -> None:
-    """A Tinker-API-compatible training service whose tenants take turns on GPUs."""
-
-
-@tinker.command("serve")
+@click.command("serve")
 @click.option("--listen", default="127.0.0.1:8000", show_default=True, envvar="ROTA_TINKER_LISTEN",
               help="HOST:PORT to serve HTTP on (env ROTA_TINKER_LISTEN).")
 @click.option("--tenant", "tenants", multiple=True, envvar="ROTA_TINKER_KEYS",
               help="NAME=tml-KEY; repeat per tenant (env ROTA_TINKER_KEYS, comma-separated).")
 @click.option("--device", default="cpu", show_default=True, envvar="ROTA_TINKER_DEVICE",
               help="Device of every worker: cpu, cuda or cuda:N (env ROTA_TINKER_DEVICE).")
+@click.option("--base-model", "base_models", multiple=True, envvar="ROTA_TINKER_BASE_MODELS",
+              help="A base model tenants may train on, as NAME:vocab=V,dim=D,layers=L,heads=H[,max_len=N]"
+                   "[,seed=S][,path=FILE] (FILE: a torch.save'd state_dict of that shape, loaded instead of "
+                   "random init from SEED). Repeat per model (env ROTA_TINKER_BASE_MODELS, space-separated). "
+                   "Default: rota/tiny and rota/small.")
 @click.option("--group", default="tinker", show_default=True, envvar="ROTA_GROUP",
               help="rota group the workers share (env ROTA_GROUP).")
 @click.option("--orchestrator", default=None, envvar="ROTA_ORCHESTRATOR",
-              help="rota orchestrator HOST:PORT (env ROTA_ORCHESTRATOR; unset: the embedded one).")
+              help="rota orchestrator HOST:PORT (env ROTA_ORCHESTRATOR; unset: the embedded one, or the "
+                   "service's own with --capacity).")
+@click.option("--capacity", type=ByteSize(), default="0", show_default=True, envvar="ROTA_TINKER_CAPACITY",
+              help="Device bytes the tenants' working sets may take together, shared bases aside (e.g. 120GiB). "
+                   "Set: the service runs its own orchestrator, tenants that fit stay resident between turns and "
+                   "only the oldest are parked when one more does not fit. 0: every switch parks the previous "
+                   "holder. Not with --orchestrator (give that one --capacity).")
+@click.option("--units-per-turn", type=click.IntRange(min=1), default=4, show_default=True,
+              help="A tenant's queued work units that may share one turn (1: a turn per unit).")
+@click.option("--keep-cache/--release-cache", default=False, show_default=True,
+              help="After a park, keep the tenant's CUDA cache (no re-allocation next turn) or hand it back so "
+                   "other tenants' processes can use it.")
+@click.option("--share-base/--no-share-base", default=True, show_default=True,
+              help="LoRA tenants of one base model share one resident copy (a base-holder process) or load "
+                   "their own.")
 @click.option("--data-dir", default=None, envvar="ROTA_TINKER_DATA_DIR",
               help="Where sampler weights are written (env ROTA_TINKER_DATA_DIR; default: a temp dir).")
 @click.option("--long-poll", type=float, default=10.0, show_default=True,
               help="Seconds retrieve_future waits before answering try_again.")
-def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, group: str, orchestrator: str | None,
-              data_dir: str | None, long_poll: float) -> None:
-    """Serve the tinker SDK's training and sampling API; each API key is a tenant."""
-    from rota_tinker._config import ServiceConfig, parse_keys
+@click.option("--worker-start-timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
+              help="Seconds a tenant's worker process may take to start (torch import, CUDA init, the base).")
+def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, base_models: tuple[str, ...], group: str,
+              orchestrator: str | None, capacity: int, units_per_turn: int, keep_cache: bool, share_base: bool,
+              data_dir: str | None, long_poll: float, worker_start_timeout: float) -> None:
+    """Serve the tinker SDK's training and sampling API; each API key is a tenant.
+
+    \b
+    rota tinker serve --tenant alice=tml-alice-key-1 --tenant bob=tml-bob-key-22 --device cuda:0 \\
+        --base-model acme/lm:vocab=32000,dim=2048,layers=8,heads=16 --capacity 120GiB
+    TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-alice-key-1 python my_loop.py
+    """
+    from rota_tinker._config import DEFAULT_BASE_MODELS, ServiceConfig, parse_base_model, parse_keys
     from rota_tinker._service import TinkerService
 
     host, port = _listen(listen)
     try:
         parsed = [t for item in tenants for t in parse_keys(item)]
+        specs = [parse_base_model(text) for text in base_models]
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise click.BadParameter(f"base model names repeat in {names}; give each model one --base-model",
+                                     param_hint="--base-model")
         config = ServiceConfig(tenants=tuple(parsed), data_dir=data_dir or tempfile.mkdtemp(prefix="rota-tinker-"),
-                               device=device, group=group, endpoint=orchestrator or None, long_poll_s=long_poll)
+                               device=device, group=group, endpoint=orchestrator or None, long_poll_s=long_poll,
+                               base_models={s.name: s for s in specs} if specs else dict(DEFAULT_BASE_MODELS),
+                               capacity_bytes=capacity, units_per_turn=units_per_turn, release_cached=not keep_cache,
+                               share_lora_base=share_base, worker_start_timeout_s=worker_start_timeout)
     except RotaError as e:
         raise click.UsageError(str(e)) from e
     os.makedirs(config.data_dir, exist_ok=True)
@@ -63,11 +96,27 @@ def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, group: str, or
         service = TinkerService(config, host, port)
     except OSError as e:
         raise click.ClickException(f"cannot listen on {listen}: {e}") from e
-    click.echo(f"rota tinker: serving {service.url} for tenants {[t.name for t in config.tenants]} "
-               f"(TINKER_BASE_URL={service.url})", err=True)
+    click.echo(f"rota tinker: serving {service.url} for tenants {[t.name for t in config.tenants]} on {device}, "
+               f"base models {sorted(config.base_models)} (TINKER_BASE_URL={service.url})", err=True)
     try:
         service.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         service.stop()
+
+
+@click.group()
+def tinker() -> None:
+    """A Tinker-API-compatible training service whose tenants take turns on GPUs."""
+
+
+tinker.add_command(serve_cmd)
+
+
+@click.group("serve")
+def serve() -> None:
+    """Run a service whose tenants take turns on GPUs (``rota serve tinker``)."""
+
+
+serve.add_command(serve_cmd, name="tinker")
