@@ -32,6 +32,13 @@ Definition (also written into the JSON as ``definition``):
   the trainer workers. ``--unshared N`` adds one point with base sharing off (every
   tenant's worker loads its own base): the difference to the shared point of the same
   N is the memory sharing saves (about (N-1) x ``base_bytes`` if CUDA IPC shares it).
+* *capacity* (``--capacity``): the service's ``capacity_bytes``, so tenants whose working
+  sets fit stay resident between turns and a turn moves nothing; ``auto`` (default) is,
+  per point, the device's free memory before the service starts minus the base and 1 GiB
+  per tenant process (CUDA contexts), or half of ``MemAvailable`` on CPU; ``0`` parks the
+  previous holder at every switch (only adapter and Adam state move for LoRA tenants).
+* *worker start* (per point): where the start of each worker and base holder went
+  (spawn, imports, setup), from ``TinkerService.worker_starts``.
 * *breakdown* (per point, per kind of unit, medians over the measured window; from the
   service's per-unit timing, see ``rota_tinker._workers.unit_breakdown``): pipe queue,
   turn wait, restore, compute, release, the long poll's answer lag, and the share of
@@ -41,9 +48,9 @@ The JSON is rewritten after every point, so a run cut short keeps what it measur
 point that runs past ``--point-timeout-s`` is recorded as failed, with the reason, and
 the run goes on.
 
-    # H200 (about 4 minutes): a 2.1 GB fp32 base, 1/2/4/8 tenants, one unshared point
-    python bench/tinker_density.py --device cuda:0 --tenants 1,2,4,8 --unshared 2 --steps 8 \\
-        --point-timeout-s 100 --out bench/results/tinker-density-h200.json
+    # H200 (about 8 minutes): a 2.1 GB fp32 base, 1 to 6 tenants, one unshared point
+    python bench/tinker_density.py --device cuda:0 --tenants 1,2,3,4,5,6 --unshared 4 --steps 8 \\
+        --point-timeout-s 120 --out bench/results/tinker-density-h200.json
     # CPU smoke run (about a minute)
     python bench/tinker_density.py --device cpu --vocab 256 --dim 64 --layers 2 --heads 2 --batch 2 \\
         --seq-len 16 --tenants 1,2 --steps 3 --warmup 1 --unshared 2
@@ -104,14 +111,30 @@ def _gpu_index(device: str) -> int | None:
     return None if m is None else int(m.group(1) or 0)
 
 
-def _device_used(device: str) -> int | None:
-    """Device memory in use (bytes, whole device, from nvidia-smi); None on CPU or without nvidia-smi."""
+def _device_mem(device: str, what: str = "used") -> int | None:
+    """Device memory ``used`` or ``free`` (bytes, whole device, nvidia-smi); None on CPU or without nvidia-smi."""
     idx = _gpu_index(device)
     if idx is None or shutil.which("nvidia-smi") is None:
         return None
-    out = subprocess.run(["nvidia-smi", f"--id={idx}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+    out = subprocess.run(["nvidia-smi", f"--id={idx}", f"--query-gpu=memory.{what}", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True, timeout=30)
     return int(out.stdout.strip().splitlines()[0]) * 2**20 if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _device_used(device: str) -> int | None:
+    return _device_mem(device, "used")
+
+
+def _capacity(args: argparse.Namespace, n: int, base_bytes: int) -> int:
+    """The service's capacity_bytes for a point of ``n`` tenants (see ``--capacity`` in the module docstring)."""
+    if args.capacity != "auto":
+        return int(args.capacity)
+    free = _device_mem(args.device, "free")
+    if free is not None:
+        return max(0, free - base_bytes - n * 2**30)
+    with open("/proc/meminfo") as f:
+        avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    return avail // 2
 
 
 def _pss(pids: list[int]) -> int:
@@ -169,15 +192,19 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
                          max_len=max(256, args.seq_len), seed=0)
     tenants = tuple(Tenant(f"t{i}", f"tml-bench-tenant-{i:04d}") for i in range(n))
     idle = _device_used(args.device)
+    base_bytes = sum(p.numel() for p in _param_shapes(spec)) * 4
+    capacity = _capacity(args, n, base_bytes)
     data = _batch(spec.vocab, args.seq_len, args.batch, seed=0)
     stage = ["starting the service"]
-    with running_orchestrator() as (endpoint, _engine):
+    with contextlib.ExitStack() as stack:
+        # capacity > 0: the service runs its own orchestrator with it; else one here, without
+        endpoint = None if capacity else stack.enter_context(running_orchestrator())[0]
         config = ServiceConfig(tenants=tenants, data_dir=tempfile.mkdtemp(prefix="tinker-density-"),
                                device=args.device, group=f"density-{n}-{int(share)}", endpoint=endpoint,
                                long_poll_s=5.0, base_models={spec.name: spec}, share_lora_base=share,
                                worker_start_timeout_s=min(300.0, args.point_timeout_s),
                                units_per_turn=args.units_per_turn, release_cached=not args.keep_cache,
-                               stop_timeout_s=20.0)
+                               stop_timeout_s=20.0, capacity_bytes=capacity)
         with TinkerService(config) as svc, _Peak(args.device) as peak:
             t_start = time.perf_counter()
             clients = [tinker.ServiceClient(base_url=svc.url, api_key=t.api_key) for t in tenants]
@@ -235,6 +262,7 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
                 pids = [svc.worker_pid(t.name, "trainer") for t in tenants] + ([holder["pid"]] if holder else [])
                 host_pss = _pss([p for p in pids if p is not None])
                 units = svc.unit_timings()
+                starts = svc.worker_starts()
             finally:
                 for c in clients:  # finish the sessions: no heartbeats left running against a stopped service
                     with contextlib.suppress(Exception):
@@ -242,7 +270,6 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
     every = [x for v in lat.values() for x in v]
     window = max(e for _, e in spans) - min(s for s, _ in spans)
     steps = len(every)
-    base_bytes = sum(p.numel() for p in _param_shapes(spec)) * 4
     first = min(s for s, _ in spans) + MONO
     measured = [u for u in units if u["submitted"] is not None and u["submitted"] >= max(first, measure_from)]
     parked = [u["parked_bytes"] for u in measured if u.get("parked_bytes")]
@@ -251,7 +278,7 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
             "per_tenant_median_s": {k: statistics.median(v) for k, v in lat.items()},
             "aggregate_steps_per_s": steps / window,
             "aggregate_tokens_per_s": steps * args.batch * args.seq_len / window,
-            "worker_start_s": start_s, "base_bytes": base_bytes,
+            "worker_start_s": start_s, "worker_starts": starts, "capacity_bytes": capacity, "base_bytes": base_bytes,
             "holder_bytes": holder["bytes"] if holder else None,
             "device_mem_idle_bytes": idle, "device_mem_peak_bytes": peak.peak,
             "device_mem_used_bytes": (peak.peak - idle) if peak.peak is not None and idle is not None else None,
@@ -373,6 +400,9 @@ def main() -> None:
                    help="the service's units_per_turn (1: every work unit takes its own turn)")
     p.add_argument("--keep-cache", action="store_true",
                    help="the service's release_cached=False: a parked tenant keeps its CUDA cache (no re-allocation)")
+    p.add_argument("--capacity", default="auto",
+                   help="the service's capacity_bytes: a size (e.g. 100GiB), 0 (park at every switch) or auto "
+                        "(free device memory less the base and 1 GiB per tenant; CPU: half of MemAvailable)")
     p.add_argument("--point-timeout-s", type=float, default=240.0,
                    help="a point (start, steps, teardown aside) running longer is recorded as failed")
     p.add_argument("--out", default="", help="write the JSON here too (rewritten after every point)")
@@ -404,6 +434,14 @@ def main() -> None:
         p.error(f"--tolerance {args.tolerance} must be >= 1")
     if args.device != "cpu" and _gpu_index(args.device) is None:
         p.error(f"--device {args.device!r} not understood; use cpu, cuda or cuda:N")
+    if args.capacity != "auto":
+        from rota._units import parse_bytes
+        from rota.errors import RotaError
+
+        try:
+            args.capacity = parse_bytes(args.capacity, what="--capacity")
+        except RotaError as e:
+            p.error(str(e))
 
     t0 = time.perf_counter()
     result: dict = {"bench": "tinker_density", "definition": DEFINITION, "device": args.device,
@@ -458,9 +496,14 @@ def _report(pt: dict, base: dict, tolerance: float) -> None:
     pt["within_tolerance"] = pt["latency_vs_alone"] <= tolerance
     extra = f", think {pt['think_s']:.3f} s" if pt is base else ""
     client = pt["median_client_s"]
-    log.warning("N=%d%s: %.3f s/step (%.2fx alone)%s, workers started in %.1f s; client/HTTP %s ms a step; "
-                "%d parks, at most %.1f MB each\n%s", pt["tenants"], "" if pt["share_lora_base"] else " (unshared)",
-                pt["median_step_s"], pt["latency_vs_alone"], extra, pt["worker_start_s"],
+    starts = pt.get("worker_starts") or {}
+    slowest = max(starts.items(), key=lambda kv: kv[1]["total_s"], default=None)
+    slow = "" if slowest is None else " (slowest: {} {})".format(
+        slowest[0], " ".join(f"{k[:-2]} {v:.1f}" for k, v in slowest[1].items()))
+    log.warning("N=%d%s: %.3f s/step (%.2fx alone)%s, capacity %.1f GiB, workers started in %.1f s%s; client/HTTP "
+                "%s ms a step; %d parks, at most %.1f MB each\n%s", pt["tenants"],
+                "" if pt["share_lora_base"] else " (unshared)", pt["median_step_s"], pt["latency_vs_alone"], extra,
+                pt["capacity_bytes"] / 2**30, pt["worker_start_s"], slow,
                 "?" if client is None else f"{client * 1e3:.1f}", pt["parks"], pt["max_parked_bytes"] / 1e6,
                 _describe(pt))
 
