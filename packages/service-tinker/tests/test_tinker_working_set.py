@@ -63,3 +63,24 @@ def test_working_set_is_reported_and_counted_against_capacity() -> None:
         finally:
             for gpu in gpus:
                 gpu.close()
+
+
+def test_a_failing_measurement_keeps_the_last_value_and_the_worker() -> None:
+    with running_orchestrator() as (endpoint, _engine):
+        gpu = rota.connect(group="ws", tenant="a", endpoint=endpoint)
+        values = iter([5 * MIB])
+
+        def peak() -> int:
+            return next(values)  # the second read raises StopIteration, as a CUDA error would raise
+
+        def reset() -> None:
+            raise RuntimeError("Invalid device argument")  # what torch.cuda raises before CUDA is used
+
+        working = WorkingSet(gpu, "cpu", peak=peak, reset=reset)
+        try:
+            turn(gpu, working)
+            assert gpu.footprint()["working"] == 5 * MIB
+            turn(gpu, working)
+            assert gpu.footprint()["working"] == 5 * MIB
+        finally:
+            gpu.close()

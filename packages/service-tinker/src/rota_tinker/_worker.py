@@ -140,16 +140,24 @@ class WorkingSet:
         import torch
 
         self.gpu, self.bytes = gpu, 0
-        self._peak = peak or (lambda: torch.cuda.max_memory_reserved(device))
-        self._reset = reset or (lambda: torch.cuda.reset_peak_memory_stats(device))
+        # torch.cuda's peak counters raise "Invalid device argument" until this process has used CUDA
+        self._peak = peak or (lambda: torch.cuda.max_memory_reserved(device) if torch.cuda.is_initialized() else 0)
+        self._reset = reset or (
+            lambda: torch.cuda.reset_peak_memory_stats(device) if torch.cuda.is_initialized() else None)
         gpu.pm.register(self, name=f"rota-tinker-working-set-{id(self)}")
 
     def turn_started(self) -> None:
-        self._reset()
+        try:
+            self._reset()
+        except Exception as e:  # a measurement must never cost the tenant its worker
+            log.warning("working set: could not reset the allocator's peak: %s", e)
 
     def turn_ended(self) -> None:
-        tracked = sum(v for k, v in self.gpu.footprint().items() if k != "working")
-        self.bytes = max(0, self._peak() - tracked)
+        try:
+            tracked = sum(v for k, v in self.gpu.footprint().items() if k != "working")
+            self.bytes = max(0, self._peak() - tracked)
+        except Exception as e:
+            log.warning("working set: could not read the allocator's peak (keeping %d bytes): %s", self.bytes, e)
 
     @hookimpl
     def rota_footprint(self, tenant: Any) -> dict[str, int] | None:
