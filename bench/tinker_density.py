@@ -39,6 +39,11 @@ Definition (also written into the JSON as ``definition``):
   previous holder at every switch (only adapter and Adam state move for LoRA tenants).
 * *worker start* (per point): where the start of each worker and base holder went
   (spawn, imports, setup), from ``TinkerService.worker_starts``.
+* *latency at the baseline's compute* (``latency_vs_alone_at_base_compute``, reported, not
+  used for density): the point's median step with its median ``forward_backward`` compute
+  replaced by the baseline's, over the baseline's step. The device's speed drifts between
+  points (on the H200, the same forward_backward took 213 to 264 ms in different points);
+  this ratio shows what queueing and switching cost apart from that drift.
 * *breakdown* (per point, per kind of unit, medians over the measured window; from the
   service's per-unit timing, see ``rota_tinker._workers.unit_breakdown``): pipe queue,
   turn wait, restore, compute, release, the long poll's answer lag, and the share of
@@ -48,9 +53,12 @@ The JSON is rewritten after every point, so a run cut short keeps what it measur
 point that runs past ``--point-timeout-s`` is recorded as failed, with the reason, and
 the run goes on.
 
-    # H200 (about 8 minutes): a 2.1 GB fp32 base, 1 to 6 tenants, one unshared point
-    python bench/tinker_density.py --device cuda:0 --tenants 1,2,3,4,5,6 --unshared 4 --steps 8 \\
-        --point-timeout-s 120 --out bench/results/tinker-density-h200.json
+    # H200 (about 7 minutes): a 2.1 GB fp32 base, 1 to 6 tenants, think 4x the step
+    python bench/tinker_density.py --device cuda:0 --tenants 1,2,3,4,5,6 --steps 16 \\
+        --point-timeout-s 150 --out bench/results/tinker-density-h200.json
+    # think 8x the step, and the memory sharing saves (an unshared point)
+    python bench/tinker_density.py --device cuda:0 --tenants 4,6,8 --think-ratio 8 --steps 10 --unshared 4 \\
+        --out bench/results/tinker-density-h200-r8.json
     # CPU smoke run (about a minute)
     python bench/tinker_density.py --device cpu --vocab 256 --dim 64 --layers 2 --heads 2 --batch 2 \\
         --seq-len 16 --tenants 1,2 --steps 3 --warmup 1 --unshared 2
@@ -494,12 +502,17 @@ def _report(pt: dict, base: dict, tolerance: float) -> None:
         return
     pt["latency_vs_alone"] = pt["median_step_s"] / base["median_step_s"]
     pt["within_tolerance"] = pt["latency_vs_alone"] <= tolerance
+    compute = [p.get("breakdown", {}).get("ForwardBackward", {}).get("median_compute_s") for p in (pt, base)]
+    if None not in compute:  # the device's own speed drifts between points; this ratio takes that out
+        pt["latency_vs_alone_at_base_compute"] = (pt["median_step_s"] - compute[0] + compute[1]) / base["median_step_s"]
     extra = f", think {pt['think_s']:.3f} s" if pt is base else ""
     client = pt["median_client_s"]
     starts = pt.get("worker_starts") or {}
     slowest = max(starts.items(), key=lambda kv: kv[1]["total_s"], default=None)
     slow = "" if slowest is None else " (slowest: {} {})".format(
         slowest[0], " ".join(f"{k[:-2]} {v:.1f}" for k, v in slowest[1].items()))
+    if "latency_vs_alone_at_base_compute" in pt and pt is not base:
+        extra += f" ({pt['latency_vs_alone_at_base_compute']:.2f}x at the baseline's forward_backward compute)"
     log.warning("N=%d%s: %.3f s/step (%.2fx alone)%s, capacity %.1f GiB, workers started in %.1f s%s; client/HTTP "
                 "%s ms a step; %d parks, at most %.1f MB each\n%s", pt["tenants"],
                 "" if pt["share_lora_base"] else " (unshared)", pt["median_step_s"], pt["latency_vs_alone"], extra,
