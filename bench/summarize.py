@@ -16,6 +16,20 @@ def _load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _tinker_line(tinker: dict, name: str) -> None:
+    """One line per tinker_density run: latency ratio, throughput and device memory of every point."""
+    done = [p for p in tinker.get("points", []) if not p.get("failed")]
+    points = ", ".join(f"N={p['tenants']} {p['latency_vs_alone']:.2f}x ({p['aggregate_steps_per_s']:.2f} steps/s, "
+                       f"{p['device_mem_used_bytes'] / 1e9:.1f} GB)" for p in done)
+    density = tinker.get("density")
+    verdict = f"density {density}" if density is not None else "incomplete run"
+    base = tinker["points"][0]
+    parks = "tenants resident between turns" if base.get("capacity_bytes") else "every switch parks"
+    print(f"Tinker service, LoRA tenants on one shared {base['base_bytes'] / 1e9:.1f} GB base, one H200, think "
+          f"{tinker['think_s'] / base['median_step_s']:.1f}x the step, {tinker['args']['steps']} steps, {parks} "
+          f"(step latency vs one tenant alone; tolerance {tinker['tolerance']}x): {points}; {verdict} ({name}).")
+
+
 def main() -> None:
     print("| path (H200, bf16, 800 tensors) | size | park | restore | overlapped park ‖ restore | source |")
     print("|---|---|---|---|---|---|")
@@ -58,15 +72,11 @@ def main() -> None:
         costs = ", ".join(f"{size}: sample {m['sample']['extra_fraction_of_switch']:.1%}, full "
                           f"{m['full']['extra_fraction_of_switch']:.1%}" for size, m in verify["verify"].items())
         print(f"Cost of `--verify` as a fraction of switch time (extra over `off`): {costs} (verify-cuda.json).")
-    tinker = _load("tinker-density-h200.json")
-    if tinker:
-        points = ", ".join(f"N={p['tenants']} {p['latency_vs_alone']:.2f}x ({p['aggregate_steps_per_s']:.2f} steps/s, "
-                           f"{p['device_mem_used_bytes'] / 1e9:.1f} GB)" for p in tinker.get("points", []))
-        density = tinker.get("density")
-        verdict = f"density {density}" if density is not None else "incomplete run"
-        print(f"Tinker service, LoRA tenants on one shared {tinker['points'][0]['base_bytes'] / 1e9:.1f} GB base, one "
-              f"H200 (step latency vs one tenant alone; tolerance {tinker['tolerance']}x): {points}; {verdict} "
-              "(tinker-density-h200.json).")
+    for name in ("tinker-density-h200.json", "tinker-density-h200-r8.json", "tinker-density-h200-r4-8steps.json",
+                 "tinker-density-h200-park-every-switch.json"):
+        tinker = _load(name)
+        if tinker:
+            _tinker_line(tinker, name)
     for name, label in (("handoff-cpu.json", "embedded"), ("handoff-etcd-cpu.json", "through etcd")):
         d = _load(name)
         if d:
