@@ -663,17 +663,19 @@ class TinkerService:
     background thread; workers start on a tenant's first work unit and stop with the service.
     """
 
+    endpoint: str | None  # the orchestrator the workers use (None: ROTA_ORCHESTRATOR or the embedded one)
+
     def __init__(self, config: ServiceConfig, host: str = "127.0.0.1", port: int = 0) -> None:
         self._orchestrator = contextlib.ExitStack()
         try:
-            self._httpd = _Server((host, port), _Handler)
             # residency-aware switching needs an orchestrator that knows the device size: the service's own
-            endpoint = self._own_orchestrator(config) if config.capacity_bytes else config.endpoint
+            self.endpoint = self._own_orchestrator(config) if config.capacity_bytes else config.endpoint
+            self._httpd = _Server((host, port), _Handler)
         except BaseException:
             self._orchestrator.close()
             raise
         self.config = config
-        self.state = _State(config, endpoint)
+        self.state = _State(config, self.endpoint)
         self._httpd.state = self.state
         self._thread: threading.Thread | None = None
 

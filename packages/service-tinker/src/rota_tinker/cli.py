@@ -96,8 +96,10 @@ def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, base_models: t
         service = TinkerService(config, host, port)
     except OSError as e:
         raise click.ClickException(f"cannot listen on {listen}: {e}") from e
+    turns = (f"own orchestrator {service.endpoint}, capacity {capacity / 2**30:.1f} GiB" if capacity
+             else f"orchestrator {service.endpoint or 'ROTA_ORCHESTRATOR or the embedded one'}")
     click.echo(f"rota tinker: serving {service.url} for tenants {[t.name for t in config.tenants]} on {device}, "
-               f"base models {sorted(config.base_models)} (TINKER_BASE_URL={service.url})", err=True)
+               f"base models {sorted(config.base_models)}, {turns} (TINKER_BASE_URL={service.url})", err=True)
     try:
         service.serve_forever()
     except KeyboardInterrupt:
