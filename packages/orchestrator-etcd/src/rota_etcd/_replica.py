@@ -245,10 +245,12 @@ class Replica:
         with _naming(req.job_id, req.group_id):
             return await self._leading(req.job_id, req.group_id).acquire(req)
 
-    async def release(self, job_id: str, group_id: str, token: int = 0, rank: int = 0) -> ReleaseInfo:
+    async def release(self, job_id: str, group_id: str, token: int = 0, rank: int = 0, *,
+                      footprint_bytes: int = 0) -> ReleaseInfo:
         check_pair(job_id, group_id)
         with _naming(job_id, group_id):
-            return await self._leading(job_id, group_id).release(job_id, group_id, token, rank)
+            return await self._leading(job_id, group_id).release(job_id, group_id, token, rank,
+                                                                 footprint_bytes=footprint_bytes)
 
     async def evict(self, job_id: str, group_id: str, *, reason: str, lost: bool = False) -> tuple[bool, bool]:
         check_pair(job_id, group_id)
