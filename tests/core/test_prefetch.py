@@ -116,6 +116,14 @@ def _a_holds_b_parked(engine: Orchestrator, start: Callable[..., Tenant], *b_ext
     return a, b, c
 
 
+def _b_prefetch_blocked(engine: Orchestrator, start: Callable[..., Tenant], gate: str) -> tuple[Tenant, ...]:
+    """As _a_holds_b_parked; then b queues, and its prefetch restore is under way, held until ``gate`` exists."""
+    a, b, c = _a_holds_b_parked(engine, start, "--block-on-restore", gate)
+    b.send("acquire")
+    _wait(lambda: os.path.exists(gate + ".started"), "b's prefetch under way")
+    return a, b, c
+
+
 def test_next_waiter_is_restored_while_the_holder_runs(cluster):
     engine, start, _ = cluster
     a, b, _ = _a_holds_b_parked(engine, start)
@@ -162,11 +170,8 @@ def test_no_prefetch_when_the_waiter_does_not_fit(cluster):
 
 def test_waiter_that_dies_during_its_prefetch_does_not_stall_the_group(cluster, tmp_path):
     engine, start, _ = cluster
-    gate = str(tmp_path / "never")
-    a, b, c = _a_holds_b_parked(engine, start, "--block-on-restore", gate)
+    a, b, c = _b_prefetch_blocked(engine, start, str(tmp_path / "never"))
     g = engine.groups["g"]
-    b.send("acquire")
-    _wait(lambda: os.path.exists(gate + ".started"), "b's prefetch under way")
     c.send("acquire")
     _wait(lambda: g.queued("c") is not None, "c queued")
     b.proc.kill()  # mid-restore
@@ -185,10 +190,8 @@ def test_waiter_evicted_during_its_prefetch(cluster, tmp_path):
     finishes and counts for that new wait, so b's grant needs no second restore."""
     engine, start, endpoint = cluster
     gate = str(tmp_path / "gate")
-    a, b, _ = _a_holds_b_parked(engine, start, "--block-on-restore", gate)
+    a, b, _ = _b_prefetch_blocked(engine, start, gate)
     g = engine.groups["g"]
-    b.send("acquire")
-    _wait(lambda: os.path.exists(gate + ".started"), "b's prefetch under way")
     _evict(endpoint, "b")
     _wait(lambda: g.tenants["b"].state == "waiting", "b queued again by its client")
     assert g.holder == "a" and "b" not in g.residents
