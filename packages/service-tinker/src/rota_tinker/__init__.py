@@ -30,7 +30,7 @@ __all__ = ["DEFAULT_BASE_MODELS", "BaseModelSpec", "ServiceConfig", "Tenant", "T
 def save_base(spec: BaseModelSpec, path: str) -> None:
     """Write ``spec``'s base model as a state dict at ``path``, for a ``BaseModelSpec(path=...)`` to load.
 
-    Imports torch (the HTTP side of the service never does).
+    Imports torch and builds the model (the HTTP side of the service needs neither).
     """
     from rota_tinker._models import save_base as write
 

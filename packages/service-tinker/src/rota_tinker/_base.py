@@ -1,6 +1,6 @@
 """Shared LoRA bases: one resident copy of a base model per (device, base), handed to tenant workers.
 
-Two sides, both in worker processes (the HTTP process never loads torch):
+Two sides, both in worker processes (the HTTP process holds no model):
 
 * :class:`BaseHolder` runs in its own process (role ``base`` of :mod:`rota_tinker._worker`),
   one per (device, base model) that a LoRA tenant uses. It builds the base once, packs

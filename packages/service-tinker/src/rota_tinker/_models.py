@@ -1,9 +1,10 @@
 """The models behind the service: a small causal transformer, LoRA adapters, losses, sampling.
 
-Imported only by worker processes (:mod:`rota_tinker._worker`); the HTTP process never
-loads torch. Weights are random-init from the base model's seed (no hub downloads), so
-the same base model name gives the same weights in every process, and a LoRA tenant's
-sampler can rebuild the base and load only the adapter.
+Imported only by worker processes (:mod:`rota_tinker._worker`); the HTTP process builds no
+model (it still has torch loaded when torch is installed: the tinker SDK's types import it).
+Weights are random-init from the base model's seed (no hub downloads) or loaded from a
+local file, so the same base model name gives the same weights in every process, and a
+LoRA tenant's sampler can rebuild the base and load only the adapter.
 
 Everything here is deterministic on CPU (fixed seeds, one thread): a loop run alone and
 the same loop run time-sliced beside another tenant give bit-identical losses.
