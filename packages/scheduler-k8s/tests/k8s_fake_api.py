@@ -1,19 +1,21 @@
 """FakeKubeApi: a SMALL FAKE of the Kubernetes API server, for controller tests only.
 
-No real API server can run on the test machines, so this serves exactly the two
-endpoints the controller uses through the official ``kubernetes`` client, over real
-HTTP on loopback:
+No real API server can run on the test machines, so this serves exactly the
+endpoints rota_k8s uses through the official ``kubernetes`` client, over real HTTP on
+loopback:
 
 * ``GET /api/v1/pods`` and ``GET /api/v1/namespaces/{ns}/pods`` — a PodList, filtered
   by ``labelSelector`` (``key`` and ``key=value`` terms only), with a resourceVersion;
 * the same with ``watch=true`` — a chunked stream of ``{"type", "object"}`` lines for
   changes after ``resourceVersion``, ended after ``timeoutSeconds``; a resourceVersion
   older than the kept history gets an ERROR event with code 410 (Gone), as the real
-  server answers after compaction.
+  server answers after compaction;
+* ``GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`` — one
+  ResourceClaim as stored, or a 404 Status (``rota k8s tenant --check-claim``).
 
-Pods are plain dicts; tests change them with :meth:`create_pod`, :meth:`update_pod`,
-:meth:`delete_pod`. It is not a general fake: no other resources, no auth, no
-field selectors, no server-side apply.
+Pods and claims are plain dicts; tests change them with :meth:`create_pod`,
+:meth:`update_pod`, :meth:`delete_pod` and :meth:`put_claim`. It is not a general
+fake: no other resources or verbs, no auth, no field selectors, no server-side apply.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class FakeKubeApi:
         self.cond = threading.Condition()
         self.rv = 100
         self.pods: dict[tuple[str, str], Pod] = {}
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.history: list[tuple[int, str, Pod]] = []
         self.oldest_rv = self.rv  # watches from before this get 410 Gone
         self.requests: list[tuple[str, dict[str, str]]] = []
@@ -120,6 +123,12 @@ class FakeKubeApi:
             pod = self.pods.pop((namespace, name))
             self._record("DELETED", pod)
 
+    def put_claim(self, claim: dict[str, Any]) -> None:
+        """Store a ResourceClaim (as ``kubectl apply`` would have created it)."""
+        with self.cond:
+            meta = claim["metadata"]
+            self.claims[(meta.get("namespace", "default"), meta["name"])] = copy.deepcopy(claim)
+
     def compact(self) -> None:
         """Forget the event history: watches from an older resourceVersion get 410 Gone."""
         with self.cond:
@@ -138,6 +147,17 @@ class FakeKubeApi:
         with self.cond:
             self.requests.append((url.path, query))
         parts = url.path.strip("/").split("/")
+        if len(parts) == 7 and parts[:4] == ["apis", "resource.k8s.io", "v1", "namespaces"] \
+                and parts[5] == "resourceclaims":
+            with self.cond:
+                claim = copy.deepcopy(self.claims.get((parts[4], parts[6])))
+            if claim is None:
+                self._json(h, 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
+                                    "reason": "NotFound",
+                                    "message": f'resourceclaims.resource.k8s.io "{parts[6]}" not found'})
+            else:
+                self._json(h, 200, claim)
+            return
         if parts == ["api", "v1", "pods"]:
             namespace = ""
         elif len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":

@@ -70,3 +70,18 @@ def test_job_ending_while_holding_is_evicted_by_epilog(slurm: SlurmCluster, orch
                                                         orchestrator_log: Path, outdir: Path) -> None:
     holder = _run_case(slurm, orchestrator, outdir, "exit-v1a", "v1alpha1", cancel=False)
     assert f"evicted job {holder} from group exit-v1a: slurm job {holder} ended" in orchestrator_log.read_text()
+
+
+def test_epilog_finds_the_gpu_set_group(slurm: SlurmCluster, orchestrator: str, orchestrator_log: Path,
+                                        outdir: Path) -> None:
+    """With --timeslice=%n-%g the epilog gets the pattern and evicts the job from the group its GPUs named."""
+    marker = outdir / "held"
+    holder = slurm.sbatch("--timeslice=epg-%n-%g", "--gres=shard:1", "-w", "n1", "-o", str(outdir / "holder.out"),
+                          "--wrap", f"{sys.executable} {HOLDER} v1alpha1 {marker}")
+    _wait_for(lambda: marker.exists(), f"job {holder} to hold its group")
+    (group,) = [g.group_id for g in group_status(orchestrator) if g.holder == holder]
+    assert group in ("epg-n1-gpu0", "epg-n1-gpu1")
+    slurm.run("scancel", holder)
+    slurm.wait_jobs([holder], timeout=120)
+    _wait_for(lambda: _holder(orchestrator, group) == "", f"group {group} freed")
+    assert f"evicted job {holder} from group {group}: slurm job {holder} ended" in orchestrator_log.read_text()

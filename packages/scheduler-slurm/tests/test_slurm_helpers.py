@@ -104,3 +104,44 @@ def test_conflict_guard() -> None:
     other_node = SlurmJob("4", "w", "RUNNING", "n2", gpu_idx={"n2": {0}})
     found = conflicts([shard, whole_same, whole_other, other_node])
     assert [(c.node, c.gpu, c.whole_gpu_job, c.shard_job) for c in found] == [("n1", 0, "2", "1")]
+
+
+def test_submit_accepts_placeholders(rota_cli_with_slurm) -> None:  # type: ignore[no-untyped-def]
+    res = CliRunner().invoke(rota_cli_with_slurm, ["slurm", "submit", "--group", "%n-%g", "--dry-run", "--", "x.sh"])
+    assert res.exit_code == 0, res.output
+    assert res.output.strip() == "sbatch --parsable --timeslice=%n-%g --gres=shard:1 x.sh"
+    bad = CliRunner().invoke(rota_cli_with_slurm, ["slurm", "submit", "--group", "g-%x", "--dry-run", "--", "x.sh"])
+    assert bad.exit_code == 2 and "'g-%x' is malformed" in bad.output and "%g (the job's GPUs" in bad.output
+
+
+def test_epilog_with_gpu_sets_evicts_the_job_from_its_nodes_matching_groups(
+        orchestrator: str, rota_cli_with_slurm) -> None:  # type: ignore[no-untyped-def]
+    import grpc
+
+    from rota._generated import timeslice_orchestrator_pb2 as v1a
+    from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
+    from rota_slurm._orchestrator import group_status
+
+    held = {"epg2-n1-gpu0": "900002", "epg2-n1-gpu0_1": "900002", "epg2-n2-gpu0": "900002",
+            "epg2-n1-gpu1": "900003", "epg2x-n1-gpu0": "900002"}
+    with grpc.insecure_channel(orchestrator) as ch:  # v1alpha1: no session, only Evict frees these
+        stub = v1a_grpc.TimeSliceOrchestratorServiceStub(ch)
+        for group, job in held.items():
+            stub.Acquire(v1a.AcquireRequest(job_id=job, group_id=group), timeout=30)
+    res = CliRunner().invoke(rota_cli_with_slurm, ["slurm", "epilog"], env={
+        "SLURM_JOB_ID": "900002", "SPANK_ROTA_GROUP": "epg2-%n-%g", "SPANK_ROTA_ORCHESTRATOR": orchestrator,
+        "SLURMD_NODENAME": "n1"})
+    assert res.exit_code == 0, res.output
+    assert sorted(res.output.splitlines()) == ["job 900002 left group epg2-n1-gpu0 (holder=True, queued=False)",
+                                               "job 900002 left group epg2-n1-gpu0_1 (holder=True, queued=False)"]
+    holders = {g.group_id: g.holder for g in group_status(orchestrator) if g.group_id in held}
+    assert holders == {"epg2-n1-gpu0": "", "epg2-n1-gpu0_1": "", "epg2-n2-gpu0": "900002", "epg2-n1-gpu1": "900003",
+                       "epg2x-n1-gpu0": "900002"}
+    again = CliRunner().invoke(rota_cli_with_slurm, ["slurm", "epilog"], env={
+        "SLURM_JOB_ID": "900002", "SPANK_ROTA_GROUP": "epg2-%n-%g", "SPANK_ROTA_ORCHESTRATOR": orchestrator,
+        "SLURMD_NODENAME": "n1"})
+    assert again.exit_code == 0 and again.output == "job 900002 was in no group matching epg2-n1-%g\n"
+    no_node = CliRunner().invoke(rota_cli_with_slurm, ["slurm", "epilog"], env={
+        "SLURM_JOB_ID": "900002", "SPANK_ROTA_GROUP": "epg2-%n-%g", "SPANK_ROTA_ORCHESTRATOR": orchestrator,
+        "SLURMD_NODENAME": ""})
+    assert no_node.exit_code == 1 and "SLURMD_NODENAME is unset" in no_node.output

@@ -13,23 +13,37 @@ from rota_slurm.testing import SlurmCluster
 pytestmark = pytest.mark.slurm
 
 PRINT_ENV = f"{sys.executable} -c 'import json,os; print(json.dumps({{k: v for k, v in os.environ.items() " \
-            "if k.startswith((\"ROTA_\", \"SLURM_JOB_ID\", \"CUDA_VISIBLE\"))}))'"
+            "if k.startswith((\"ROTA_\", \"SLURM_JOB_ID\", \"CUDA_VISIBLE\", \"SLURM_JOB_GPUS\", " \
+            "\"SLURM_STEP_GPUS\", \"SLURM_PROCID\"))}))'"
 
 
 def _env_of(out: Path) -> dict[str, str]:
     return json.loads(out.read_text().strip().splitlines()[-1])
 
 
+def _envs_of(out: Path) -> list[dict[str, str]]:
+    return [json.loads(line) for line in out.read_text().splitlines() if line.startswith("{")]
+
+
+def _labelled(stdout: str) -> dict[int, dict[str, str]]:
+    """`srun --label` output of PRINT_ENV: task id -> env."""
+    rows = (line.split(": ", 1) for line in stdout.splitlines() if ": {" in line)
+    return {int(label): json.loads(env) for label, env in rows}
+
+
 def test_sbatch_sets_rota_env(slurm: SlurmCluster, orchestrator: str, outdir: Path) -> None:
+    # ROTA_RANK/ROTA_WORLD_SIZE from the submitting shell must not reach a one-task step
     job = slurm.sbatch("--timeslice=envg", "--timeslice-priority=7", "--gres=shard:1", "-w", "n1",
-                       "-o", str(outdir / "%j.out"), "--wrap", PRINT_ENV)
+                       "--export=ALL,ROTA_RANK=3,ROTA_WORLD_SIZE=5", "-o", str(outdir / "%j.out"),
+                       "--wrap", PRINT_ENV)
     slurm.wait_jobs([job], timeout=60)
     env = _env_of(outdir / f"{job}.out")
     assert env["ROTA_GROUP"] == "envg"
     assert env["ROTA_TENANT"] == job == env["SLURM_JOB_ID"]
     assert env["ROTA_ORCHESTRATOR"] == orchestrator
     assert env["ROTA_PRIORITY"] == "7"
-    assert (env["ROTA_RANK"], env["ROTA_WORLD_SIZE"]) == ("0", "1")
+    # one process: its ranks are its own (torch.distributed under torchrun), not the job's task count
+    assert "ROTA_RANK" not in env and "ROTA_WORLD_SIZE" not in env
     assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1")
 
 
@@ -56,6 +70,42 @@ def test_group_per_node_placeholder(slurm: SlurmCluster, outdir: Path) -> None:
     slurm.wait_jobs(list(jobs.values()), timeout=60)
     assert {n: _env_of(outdir / f"{j}.out")["ROTA_GROUP"] for n, j in jobs.items()} == \
         {"n1": "node-n1", "n2": "node-n2"}
+
+
+def test_group_per_gpu_set(slurm: SlurmCluster, outdir: Path) -> None:
+    """`%g` names the GPUs a job's GRES sit on: one shard, two whole GPUs, one GPU per task."""
+    shard = slurm.sbatch("--timeslice=gs-%n-%g", "--gres=shard:1", "-w", "n1", "-o", str(outdir / "shard.out"),
+                         "--wrap", PRINT_ENV)
+    # the batch script, then a two-task step on the same two GPUs
+    pair = slurm.sbatch("--timeslice=gs-%n-%g", "--gres=gpu:2", "-n2", "-w", "n2", "-o", str(outdir / "pair.out"),
+                        "--wrap", f"{PRINT_ENV}; srun -n2 {PRINT_ENV}")
+    slurm.wait_jobs([shard, pair], timeout=90)
+    (one,) = _envs_of(outdir / "shard.out")
+    assert one["ROTA_GROUP"] == f"gs-n1-gpu{one['SLURM_JOB_GPUS']}"
+    batch, *ranks = _envs_of(outdir / "pair.out")
+    assert batch["ROTA_GROUP"] == "gs-n2-gpu0_1" and "ROTA_WORLD_SIZE" not in batch
+    assert sorted((r["ROTA_GROUP"], r["ROTA_RANK"], r["ROTA_WORLD_SIZE"], r["ROTA_TENANT"]) for r in ranks) == \
+        [("gs-n2-gpu0_1", "0", "2", pair), ("gs-n2-gpu0_1", "1", "2", pair)]
+    # Slurm binds each task to one GPU; both ranks still get the step's group
+    res = slurm.run("srun", "--timeslice=gs-%n-%g", "-n2", "--gpus-per-task=1", "-w", "n2", "--label", "bash", "-c",
+                    PRINT_ENV, timeout=90)
+    tasks = _labelled(res.stdout)
+    assert sorted(t["CUDA_VISIBLE_DEVICES"] for t in tasks.values()) == ["0", "1"]
+    assert {t["ROTA_GROUP"] for t in tasks.values()} == {"gs-n2-gpu0_1"}
+    assert [tasks[r]["ROTA_RANK"] for r in (0, 1)] == ["0", "1"]
+
+
+def test_placeholders_need_one_node_and_gpus(slurm: SlurmCluster, outdir: Path) -> None:
+    res = slurm.run("srun", "--timeslice=mn-%n", "-N2", "-n2", "true", timeout=90, check=False)
+    assert res.returncode != 0
+    assert "rota: --timeslice=mn-%n names one node's group, but this step runs on 2 nodes" in res.stderr
+    res = slurm.run("srun", "--timeslice=%n-%g", "-n1", "-w", "n1", "true", timeout=90, check=False)
+    assert res.returncode != 0
+    assert "uses %g, but the step has no GPUs on node 'n1'" in res.stderr
+    # the batch script of a two-node job is one process on the first node: %n is fine there
+    job = slurm.sbatch("--timeslice=mb-%n", "-N2", "-o", str(outdir / "%j.out"), "--wrap", PRINT_ENV)
+    slurm.wait_jobs([job], timeout=60)
+    assert _env_of(outdir / f"{job}.out")["ROTA_GROUP"] == "mb-n1"
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -7,7 +7,8 @@ Install ``rota-scheduler-k8s`` and ``rota k8s`` (or ``kubectl rota``) appears::
     kubectl rota status --orchestrator 127.0.0.1:50051
 
 Tenants of one group reference one DRA ``ResourceClaim`` (``resource.k8s.io/v1``,
-device class ``gpu.nvidia.com``) and take turns on its GPU through the orchestrator;
+device class ``gpu.nvidia.com``, ``--gpus N`` devices of one node) and take turns on
+its GPUs through the orchestrator;
 the controller beside the orchestrator releases the turn of pods that die.
 
 The library side: :func:`render` and :func:`tenant` build the objects as dicts,
@@ -23,8 +24,10 @@ from rota_k8s.controller import Controller, Eviction, PodTracker, dead_reason
 from rota_k8s.manifests import (
     CLAIM_API_VERSION,
     DEVICE_CLASS,
+    GPUS_LABEL,
     GROUP_LABEL,
     JOB_LABEL,
+    MAX_GPUS,
     TenantSpec,
     claim_name,
     render,
@@ -36,8 +39,10 @@ from rota_k8s.manifests import (
 __all__ = [
     "CLAIM_API_VERSION",
     "DEVICE_CLASS",
+    "GPUS_LABEL",
     "GROUP_LABEL",
     "JOB_LABEL",
+    "MAX_GPUS",
     "Controller",
     "Eviction",
     "ManifestError",

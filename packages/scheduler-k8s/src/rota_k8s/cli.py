@@ -26,10 +26,10 @@ import click
 from rota._plugins import plugin_manager
 from rota._types import TurnRequest
 from rota.cli.options import Endpoint
-from rota.errors import RotaError
+from rota.errors import InvalidArgument, RotaError
 from rota_k8s._validate import ManifestError, supported_versions, validate_objects
 from rota_k8s._values import ValuesError, load_values
-from rota_k8s.manifests import TenantSpec, render, tenant, to_yaml
+from rota_k8s.manifests import MAX_GPUS, TenantSpec, claim_name, render, tenant, to_yaml
 
 log = logging.getLogger(__name__)
 
@@ -132,13 +132,26 @@ def render_cmd(values_file: str | None, namespace: str | None, image: str | None
 @click.option("--namespace", default="default", show_default=True, help="Namespace of the tenant and claim.")
 @click.option("--kind", type=click.Choice(["job", "pod"]), default="job", show_default=True,
               help="An Indexed Job (one pod per rank) or a bare Pod.")
-@click.option("--ranks", type=int, default=1, show_default=True, help="Processes (pods) of the job.")
+@click.option("--gpus", type=int, default=1, show_default=True,
+              help=f"GPUs of the group's claim, all on one node (1-{MAX_GPUS}); every tenant of the group must give "
+              "the same N. With N > 1 the job is one pod holding the N GPUs that starts one process per GPU "
+              "(torchrun --nproc-per-node N); see 'Ranks and GPUs' above.")
+@click.option("--ranks", type=int, default=1, show_default=True,
+              help="Pods of the job, one rank each (ROTA_RANK = the Job's completion index). Must be 1 with "
+              "--gpus > 1.")
 @click.option("--orchestrator", type=Endpoint(), default="rota-orchestrator.rota-system.svc:50051",
               show_default=True, help="Orchestrator address as seen from the tenant pod.")
 @click.option("--agent-port", type=int, default=9001, show_default=True, help="Agent hostPort on each node.")
 @click.option("--claim", default="", help="Use this existing ResourceClaim instead of the group's own.")
 @click.option("--with-claim/--no-claim", default=True, show_default=True,
               help="Also print the group's ResourceClaim (applying it again is a no-op).")
+@click.option("--check-claim", is_flag=True,
+              help="Read the group's claim (or --claim) from the API server first; refuse, printing nothing, if it "
+              "asks for another number of GPUs than --gpus.")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False),
+              help="kubeconfig for --check-claim (default: in-cluster service account, else $KUBECONFIG or "
+              "~/.kube/config).")
+@click.option("--context", "kube_context", help="kubeconfig context for --check-claim.")
 @click.option("--priority", type=int, default=0, help="ROTA_PRIORITY (priority policy).")
 @click.option("--weight", type=float, default=1.0, help="ROTA_WEIGHT (fair-share policy).")
 @click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Extra environment (repeatable).")
@@ -146,22 +159,38 @@ def render_cmd(values_file: str | None, namespace: str | None, image: str | None
 @click.option("--validate/--no-validate", default=True, show_default=True,
               help="Check the objects against the official Kubernetes schemas before printing.")
 @click.argument("command", nargs=-1, required=True)
-def tenant_cmd(group: str, image: str, job_id: str | None, namespace: str, kind: str, ranks: int,
-               orchestrator: str, agent_port: int, claim: str, with_claim: bool, priority: int, weight: float,
+def tenant_cmd(group: str, image: str, job_id: str | None, namespace: str, kind: str, gpus: int, ranks: int,
+               orchestrator: str, agent_port: int, claim: str, with_claim: bool, check_claim: bool,
+               kubeconfig: str | None, kube_context: str | None, priority: int, weight: float,
                env: tuple[str, ...], versions: tuple[str, ...], validate: bool, command: tuple[str, ...]) -> None:
     """Print a tenant workload of GROUP running COMMAND (give it after `--`).
 
     Every tenant of a group references the group's one DRA ResourceClaim
-    (resource.k8s.io/v1, device class gpu.nvidia.com), so they share its GPU and
-    take turns through rota. The pods get ROTA_* env; the tenant id comes from the
-    pod's timeslice.io/job-id label through the downward API.
+    (resource.k8s.io/v1, device class gpu.nvidia.com, --gpus devices of one node),
+    so they share its GPUs and take turns through rota. The pods get ROTA_* env; the
+    tenant id comes from the pod's timeslice.io/job-id label through the downward API.
+
+    \b
+    Ranks and GPUs:
+      --gpus 1 --ranks R   R pods on the group's GPU, ROTA_RANK = completion index,
+                           ROTA_WORLD_SIZE = R (one process per pod calls rota.connect()).
+      --gpus N (N > 1)     one pod with all N GPUs; run one process per GPU, e.g.
+                           -- torchrun --nproc-per-node N train.py. The pod gets no
+                           ROTA_RANK/ROTA_WORLD_SIZE: rota.connect() in each process
+                           takes rank and world size from torchrun's RANK and
+                           WORLD_SIZE; LOCAL_RANK picks the process's GPU
+                           (cuda:LOCAL_RANK).
+
+    Every tenant of a group must give the same --gpus (the claim's spec is immutable:
+    the API server refuses a claim with another count); --check-claim compares with
+    the claim in the cluster before printing anything.
     """
     job_id = job_id or f"{group}-{secrets.token_hex(3)}"
     placement = plugin_manager().hook.rota_place(
         request=TurnRequest(job_id=job_id, group_id=group, priority=priority, weight=weight, world_size=ranks),
         scheduler="k8s")
     spec = TenantSpec(group_id=group, job_id=job_id, image=image, command=command, namespace=namespace,
-                      kind="Job" if kind == "job" else "Pod", world_size=ranks, orchestrator=orchestrator,
+                      kind="Job" if kind == "job" else "Pod", world_size=ranks, gpus=gpus, orchestrator=orchestrator,
                       agent_port=agent_port,
                       claim=claim or (placement.details.get("resourceClaimName", "") if placement else ""),
                       priority=priority, weight=weight, env=_key_values("--env", env))
@@ -169,7 +198,28 @@ def tenant_cmd(group: str, image: str, job_id: str | None, namespace: str, kind:
         objs = tenant(spec, with_claim=with_claim and not claim)  # a claim named by --claim exists already
     except RotaError as exc:
         raise click.UsageError(str(exc)) from None
+    if check_claim:
+        _check_claim(spec, kubeconfig, kube_context, must_exist=bool(claim))
     _emit(objs, None, versions, validate)
+
+
+def _check_claim(spec: TenantSpec, kubeconfig: str | None, kube_context: str | None, *, must_exist: bool) -> None:
+    """``--check-claim``: refuse a tenant whose --gpus differ from the group's claim in the cluster."""
+    from rota_k8s._claims import ClaimReadError, check_claim
+    from rota_k8s.controller import api_client_from_environment
+
+    try:
+        api = api_client_from_environment(kubeconfig, kube_context)
+    except Exception as exc:
+        raise click.ClickException(f"--check-claim: no Kubernetes configuration: {exc}") from None
+    try:
+        found = check_claim(api, group_id=spec.group_id, namespace=spec.namespace,
+                            name=spec.claim or claim_name(spec.group_id), gpus=spec.gpus, must_exist=must_exist)
+    except ClaimReadError as exc:
+        raise click.ClickException(f"--check-claim: {exc}") from None
+    except InvalidArgument as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"rota: {found}", err=True)
 
 
 @k8s.command("controller")

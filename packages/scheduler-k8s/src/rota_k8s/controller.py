@@ -285,14 +285,25 @@ class Controller:
             self._watch.stop()
 
 
-def core_api_from_environment(kubeconfig: str | None = None, context: str | None = None) -> Any:
-    """A CoreV1Api configured in-cluster (service account) or from a kubeconfig."""
+def api_client_from_environment(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """An ApiClient for the in-cluster service account, or for a kubeconfig (given, $KUBECONFIG, ~/.kube/config).
+
+    A given ``kubeconfig`` or ``context`` skips the in-cluster configuration.
+    """
     from kubernetes import client, config
 
-    try:
-        if kubeconfig or context:
-            raise config.ConfigException("explicit kubeconfig")
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config(config_file=kubeconfig, context=context)
-    return client.CoreV1Api()
+    if not (kubeconfig or context):
+        cfg = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+            return client.ApiClient(cfg)
+        except config.ConfigException:
+            pass
+    return config.new_client_from_config(config_file=kubeconfig, context=context)
+
+
+def core_api_from_environment(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A CoreV1Api configured in-cluster (service account) or from a kubeconfig."""
+    from kubernetes import client
+
+    return client.CoreV1Api(api_client_from_environment(kubeconfig, context))

@@ -8,7 +8,16 @@ and :mod:`rota_k8s._validate` checks them against the official OpenAPI schemas.
 
 Conventions shared with llm-d's time-slicing project (shared/WIRE.md): tenant pods
 carry ``timeslice.io/job-id`` and ``timeslice.io/group``; the tenants of a group share
-one ``resource.k8s.io/v1`` ResourceClaim of device class ``gpu.nvidia.com``.
+one ``resource.k8s.io/v1`` ResourceClaim of device class ``gpu.nvidia.com``. rota adds
+``timeslice.io/gpus`` (the claim's GPU count) to the claim and the tenant pods, so a
+tenant that disagrees with its group about the count is visible.
+
+GPUs and ranks: a group's claim asks for N GPUs of one node (``TenantSpec.gpus``).
+With N = 1 a job may run several pods, one rank each (an Indexed Job, ROTA_RANK = the
+completion index). With N > 1 the job is one pod holding all N GPUs whose command
+starts one process per GPU (``torchrun --nproc-per-node N``); the pod gets no
+ROTA_WORLD_SIZE/ROTA_RANK, so ``rota.connect()`` takes each process's rank and the
+world size from torchrun's ``RANK``/``WORLD_SIZE`` (or torch.distributed).
 
 Security model: the orchestrator and controller run as non-root with no capabilities
 and a read-only root filesystem; the controller may only get/list/watch pods. The
@@ -33,8 +42,10 @@ from rota_k8s._values import Values, dns_label, label_value_problem
 __all__ = [
     "CLAIM_API_VERSION",
     "DEVICE_CLASS",
+    "GPUS_LABEL",
     "GROUP_LABEL",
     "JOB_LABEL",
+    "MAX_GPUS",
     "TenantSpec",
     "claim_name",
     "render",
@@ -45,6 +56,8 @@ __all__ = [
 
 JOB_LABEL = "timeslice.io/job-id"
 GROUP_LABEL = "timeslice.io/group"
+GPUS_LABEL = "timeslice.io/gpus"  # rota's: GPUs of the group's claim
+MAX_GPUS = 64  # GPUs one claim (one node) may ask for
 CLAIM_API_VERSION = "resource.k8s.io/v1"
 DEVICE_CLASS = "gpu.nvidia.com"
 CLAIM_REQUEST = "gpu"
@@ -284,20 +297,25 @@ def claim_name(group_id: str) -> str:
     return dns_label(group_id, prefix="rota-group-")
 
 
-def resource_claim(group_id: str, namespace: str, name: str = "") -> Obj:
-    """The group's DRA ResourceClaim: one GPU of class gpu.nvidia.com, shared by all its tenants."""
+def resource_claim(group_id: str, namespace: str, name: str = "", gpus: int = 1) -> Obj:
+    """The group's DRA ResourceClaim: ``gpus`` GPUs of class gpu.nvidia.com on one node, shared by all its tenants."""
     return {
         "apiVersion": CLAIM_API_VERSION, "kind": "ResourceClaim",
         "metadata": {"name": name or claim_name(group_id), "namespace": namespace,
-                     "labels": {**_labels("group"), GROUP_LABEL: group_id}},
-        "spec": {"devices": {"requests": [{"name": CLAIM_REQUEST,
-                                           "exactly": {"deviceClassName": DEVICE_CLASS, "count": 1}}]}},
+                     "labels": {**_labels("group"), GROUP_LABEL: group_id, GPUS_LABEL: str(gpus)}},
+        "spec": {"devices": {"requests": [{"name": CLAIM_REQUEST, "exactly": {
+            "deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": gpus}}]}},
     }
 
 
 @dataclass(frozen=True)
 class TenantSpec:
-    """One tenant workload: which group, which image and command, how many ranks."""
+    """One tenant workload: which group, which image and command, how many ranks and GPUs.
+
+    ``gpus`` is the GPU count of the group's claim (every tenant of a group must give
+    the same); with more than one GPU the job is one pod (``world_size`` 1) whose
+    processes take their ranks from torch.distributed.
+    """
 
     group_id: str
     job_id: str
@@ -305,7 +323,8 @@ class TenantSpec:
     command: tuple[str, ...]
     namespace: str = "default"
     kind: str = "Job"  # Job (Indexed, one pod per rank) or Pod (one rank)
-    world_size: int = 1
+    world_size: int = 1  # pods of a Job, one rank each
+    gpus: int = 1
     orchestrator: str = "rota-orchestrator.rota-system.svc:50051"
     agent_port: int = 9001
     claim: str = ""  # ResourceClaim name; default: the group's claim_name()
@@ -330,6 +349,15 @@ class TenantSpec:
         if not 1 <= self.world_size <= 1024:
             raise InvalidArgument(f"world size {self.world_size} must be between 1 and 1024",
                                   job_id=self.job_id, group_id=self.group_id)
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or not 1 <= self.gpus <= MAX_GPUS:
+            raise InvalidArgument(f"gpus {self.gpus!r} is out of range: a group's claim asks for 1 to {MAX_GPUS} "
+                                  f"GPUs of one node; give --gpus N with N from 1 to {MAX_GPUS}",
+                                  job_id=self.job_id, group_id=self.group_id)
+        if self.gpus > 1 and self.world_size > 1:
+            raise InvalidArgument(
+                f"{self.world_size} ranks (pods) with {self.gpus} GPUs: the group's GPUs are one node's and every pod "
+                f"of the job would see all of them; run one pod (--ranks 1) that starts one process per GPU, e.g. "
+                f"`torchrun --nproc-per-node {self.gpus} ...`", job_id=self.job_id, group_id=self.group_id)
         if not self.command:
             raise InvalidArgument("no command given: put it after '--'", job_id=self.job_id,
                                   group_id=self.group_id)
@@ -337,6 +365,10 @@ class TenantSpec:
             raise InvalidArgument(f"image {self.image!r} is not a container image reference",
                                   job_id=self.job_id, group_id=self.group_id)
         for k in self.env:
+            if self.gpus > 1 and k in ("ROTA_WORLD_SIZE", "ROTA_RANK"):
+                raise InvalidArgument(f"env {k!r} would be the same for every process of the pod; with {self.gpus} "
+                                      "GPUs the ranks come from torch.distributed", job_id=self.job_id,
+                                      group_id=self.group_id)
             if not k or (k.startswith("ROTA_") and k in _ROTA_ENV):
                 raise InvalidArgument(f"env {k!r} is set by rota itself", job_id=self.job_id,
                                       group_id=self.group_id)
@@ -351,13 +383,16 @@ def _tenant_env(t: TenantSpec) -> list[Obj]:
         # The tenant id comes from the pod's own label, so a relabelled pod and rota agree.
         {"name": "ROTA_TENANT", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_LABEL}']"}}},
         {"name": "ROTA_ORCHESTRATOR", "value": t.orchestrator},
-        {"name": "ROTA_WORLD_SIZE", "value": str(t.world_size)},
     ]
-    if t.kind == "Job":
-        env.append({"name": "ROTA_RANK", "valueFrom": {"fieldRef": {
-            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
-    else:
-        env.append({"name": "ROTA_RANK", "value": "0"})
+    # One pod, several GPUs: its processes (torchrun's) are the ranks, and only
+    # torch.distributed knows them; a pod-wide ROTA_RANK would give all of them rank 0.
+    if t.gpus == 1:
+        env.append({"name": "ROTA_WORLD_SIZE", "value": str(t.world_size)})
+        if t.kind == "Job":
+            env.append({"name": "ROTA_RANK", "valueFrom": {"fieldRef": {
+                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
+        else:
+            env.append({"name": "ROTA_RANK", "value": "0"})
     env += [
         {"name": "ROTA_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "ROTA_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
@@ -376,12 +411,15 @@ def tenant(t: TenantSpec, *, with_claim: bool = True) -> list[Obj]:
 
     Applying the claim again for the next tenant of the group is a no-op: its spec is
     identical. Every pod references the claim by name, so all tenants of the group
-    land on the node where the claim's GPU is allocated and see the same device.
+    land on the node where the claim's GPUs are allocated and see the same devices.
+    A tenant with another ``gpus`` renders another spec for the same claim, which the
+    API server refuses (the spec is immutable); ``rota k8s tenant --check-claim``
+    refuses it before anything is printed.
     """
     t.check()
     claim = t.claim or claim_name(t.group_id)
-    labels = {JOB_LABEL: t.job_id, GROUP_LABEL: t.group_id, "app.kubernetes.io/part-of": PART_OF,
-              "app.kubernetes.io/component": "tenant"}
+    labels = {JOB_LABEL: t.job_id, GROUP_LABEL: t.group_id, GPUS_LABEL: str(t.gpus),
+              "app.kubernetes.io/part-of": PART_OF, "app.kubernetes.io/component": "tenant"}
     pod_spec: Obj = {
         "restartPolicy": "Never",
         "resourceClaims": [{"name": CLAIM_REQUEST, "resourceClaimName": claim}],
@@ -393,7 +431,7 @@ def tenant(t: TenantSpec, *, with_claim: bool = True) -> list[Obj]:
     name = dns_label(t.job_id)
     objs: list[Obj] = []
     if with_claim:
-        objs.append(resource_claim(t.group_id, t.namespace, claim))
+        objs.append(resource_claim(t.group_id, t.namespace, claim, t.gpus))
     if t.kind == "Pod":
         objs.append({"apiVersion": "v1", "kind": "Pod",
                      "metadata": {"name": name, "namespace": t.namespace, "labels": labels}, "spec": pod_spec})

@@ -12,8 +12,10 @@ then users submit tenants that share a GPU and take turns on it::
 
 The SPANK plugin (C, built by ``install-spank`` against the cluster's ``slurm/spank.h``)
 validates the options at submit time, sets ROTA_GROUP, ROTA_TENANT (the job id),
-ROTA_ORCHESTRATOR, ROTA_RANK and ROTA_WORLD_SIZE in the job, and when the job ends or
-is cancelled calls ``rota slurm epilog``, which evicts it from its group.
+ROTA_ORCHESTRATOR, and in steps of several tasks ROTA_RANK and ROTA_WORLD_SIZE in the
+job, and when the job ends or is cancelled calls ``rota slurm epilog``, which evicts it
+from its group. ``--timeslice=%n-%g`` names the group after the node and the GPUs the
+job's GRES sit on (``n1-gpu0_1``): one group per GPU set.
 """
 
 from rota_slurm._conf import GresLayout, gres_conf, node_line, slurm_conf_lines

@@ -9,6 +9,7 @@ without waiting for the orchestrator's TTL.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 
@@ -55,6 +56,23 @@ def evict(endpoint: str, job_id: str, group_id: str, *, reason: str, timeout: fl
                 delay = min(delay * 2, 1.0)
 
 
+def evict_matching(endpoint: str, job_id: str, pattern: re.Pattern[str], *, reason: str,
+                   timeout: float = 15.0) -> dict[str, EvictResult]:
+    """Evict ``job_id`` from every group whose id matches ``pattern`` and where the job is still in play.
+
+    For groups named per GPU set (``%g``): each step of a job had the group of its own
+    GPUs, so the epilog looks for the job in all of them. In play: holding, queued, or
+    with state kept on the device or parked (a job already evicted is ``idle``, a dead
+    one ``lost``). Returns group id -> result.
+    """
+    deadline = time.monotonic() + timeout
+    found = [g.group_id for g in group_status(endpoint, timeout=timeout) if pattern.match(g.group_id)
+             and (g.holder == job_id or job_id in g.queue
+                  or any(t.job_id == job_id and t.state not in ("idle", "lost") for t in g.tenants))]
+    return {group: evict(endpoint, job_id, group, reason=reason, timeout=max(deadline - time.monotonic(), 1.0))
+            for group in found}
+
+
 def group_status(endpoint: str, group_id: str = "", timeout: float = 10.0) -> list[pb.GroupInfo]:
     """Holder, queue and tenants of one group (or all groups) at ``endpoint``."""
     with grpc.insecure_channel(endpoint) as channel:
@@ -68,4 +86,4 @@ def group_status(endpoint: str, group_id: str = "", timeout: float = 10.0) -> li
     return list(reply.groups)
 
 
-__all__ = ["EvictResult", "RotaError", "evict", "group_status"]
+__all__ = ["EvictResult", "RotaError", "evict", "evict_matching", "group_status"]

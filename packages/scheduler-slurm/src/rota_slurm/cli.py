@@ -18,7 +18,7 @@ import click
 
 from rota.cli.options import Endpoint
 from rota.errors import RotaError
-from rota_slurm import _orchestrator, _place, _slurm, _spank, _status
+from rota_slurm import _groups, _orchestrator, _place, _slurm, _spank, _status
 from rota_slurm._conf import GresLayout, gres_conf, slurm_conf_lines
 
 log = logging.getLogger(__name__)
@@ -75,11 +75,13 @@ def conf(gpus: int, tenants_per_gpu: int, node: str, device_prefix: str) -> None
     click.echo(gres_conf(layout), nl=False)
     click.echo("# --- slurm.conf ---")
     click.echo(slurm_conf_lines(layout, node), nl=False)
-    click.echo(f"# tenants then ask for: sbatch --timeslice=GROUP --gres=shard:1 (up to {layout.shards} per node)")
+    click.echo(f"# tenants then ask for: sbatch --timeslice=%n-%g --gres=shard:1 (one group per GPU set; up to "
+               f"{layout.shards} per node)")
 
 
 @slurm.command("submit", context_settings={"ignore_unknown_options": True})
-@click.option("--group", required=True, help="Time-slice group the tenants share.")
+@click.option("--group", required=True, help="Time-slice group the tenants share; %n is the node name and %g "
+              "the job's GPUs there (e.g. '%n-%g': one group per GPU set of a node).")
 @click.option("--tenants", type=click.IntRange(min=1), default=1, show_default=True, help="How many jobs to submit.")
 @click.option("--node", default="", help="Pin every tenant to this node (one group = one GPU set).")
 @click.option("--shards", type=click.IntRange(min=1), default=1, show_default=True, help="Shards per tenant.")
@@ -182,7 +184,9 @@ def epilog(job: str, group: str, endpoint: str, timeout: float) -> None:
     """Release JOB's turn and drop it from GROUP's queue (the job ended or was cancelled).
 
     Run by the SPANK plugin at the end of every --timeslice job; usable as (part of) a
-    Slurm Epilog= script too. A job without a group is a no-op.
+    Slurm Epilog= script too. A job without a group is a no-op. %n in GROUP is this
+    node ($SLURMD_NODENAME); with %g (the GPU set of each step), the job leaves every
+    group of the orchestrator that GROUP can name and that knows the job.
     """
     if not group:
         return
@@ -190,11 +194,22 @@ def epilog(job: str, group: str, endpoint: str, timeout: float) -> None:
         raise click.ClickException(f"epilog needs a job id and an orchestrator (job={job!r}, "
                                    f"orchestrator={endpoint!r})")
     node = os.environ.get("SLURMD_NODENAME", "")
-    group = group.replace("%n", node)
+    if "%n" in group and not node:
+        raise click.ClickException(f"group {group!r} names the node (%n) but SLURMD_NODENAME is unset: run this "
+                                   "on the job's node, or pass the expanded --group")
+    group = _groups.expand_node(group, node)
+    reason = f"slurm job {job} ended"
     try:
-        result = _orchestrator.evict(endpoint, job, group, reason=f"slurm job {job} ended", timeout=timeout)
+        if "%g" in group:
+            results = _orchestrator.evict_matching(endpoint, job, _groups.pattern_regex(group), reason=reason,
+                                                   timeout=timeout)
+        else:
+            results = {group: _orchestrator.evict(endpoint, job, group, reason=reason, timeout=timeout)}
     except RotaError as exc:
         raise click.ClickException(f"evict of job {job} from group {group} failed: {exc}") from None
-    log.info("job %s left group %s (was holder: %s, was queued: %s)", job, group, result.was_holder,
-             result.was_queued)
-    click.echo(f"job {job} left group {group} (holder={result.was_holder}, queued={result.was_queued})")
+    if not results:
+        click.echo(f"job {job} was in no group matching {group}")
+    for name, result in results.items():
+        log.info("job %s left group %s (was holder: %s, was queued: %s)", job, name, result.was_holder,
+                 result.was_queued)
+        click.echo(f"job {job} left group {name} (holder={result.was_holder}, queued={result.was_queued})")

@@ -9,9 +9,13 @@
  *   allocator (sbatch/salloc) and local (srun): validates the options (a bad value
  *       fails the submission with the message below) and records the group in the
  *       job-control environment (SPANK_ROTA_GROUP), which Slurm's Prolog/Epilog see.
- *   remote (slurmstepd), user_init: sets ROTA_GROUP, ROTA_TENANT (the job id: the
- *       same on every rank and node), ROTA_ORCHESTRATOR, ROTA_PRIORITY; task_init sets
- *       ROTA_RANK and ROTA_WORLD_SIZE per task. `rota.connect()` then needs no arguments.
+ *   remote (slurmstepd), user_init: sets ROTA_TENANT (the job id: the same on every
+ *       rank and node), ROTA_ORCHESTRATOR, ROTA_PRIORITY, and notes the step's GPUs;
+ *       task_init sets ROTA_GROUP per task and, in a step of several tasks, ROTA_RANK
+ *       (SLURM_PROCID) and ROTA_WORLD_SIZE (SLURM_NTASKS). A step of one task (the
+ *       batch script, `srun -n1`) gets neither: its one process may start several
+ *       ranks itself (torchrun), whose ranks rota.connect() then takes from
+ *       torch.distributed. `rota.connect()` needs no arguments.
  *   job script (slurmd, end of the job on each node), job_epilog: runs
  *       `ROTA slurm epilog --job ID --group GROUP --orchestrator ADDR`, which calls the
  *       orchestrator's Evict: the job's turn is released and it leaves the queue, also
@@ -24,7 +28,16 @@
  *   epilog_timeout=S    seconds the epilog may take (default 20)
  *
  * A group may contain `%n`, replaced by the node name (SLURMD_NODENAME): one group per
- * node, e.g. `--timeslice=gpu-%n`.
+ * node, e.g. `--timeslice=gpu-%n`; and `%g`, replaced by the set of GPUs the step's
+ * GRES (shards or whole GPUs) sit on, sorted: `gpu0` for GPU 0, `gpu0_1` for GPUs 0 and
+ * 1 (read from SLURM_STEP_GPUS, else SLURM_JOB_GPUS: Slurm's global GPU indices, which
+ * stay right when ConstrainDevices renumbers CUDA_VISIBLE_DEVICES). `--timeslice=%n-%g`
+ * is one group per GPU set of a node: jobs on the same GPUs take turns, a job on other
+ * GPUs (or on a different set that overlaps) is in another group. The set is read once
+ * per step (user_init), so every task of a node gets the same group even when Slurm
+ * binds each task to one of the GPUs. Both are per node, so a step whose tasks span
+ * several nodes must name a fixed group (all its ranks must be in one group); the
+ * plugin refuses to start such a step otherwise.
  *
  * Options must be registered with spank_option_register() from slurm_spank_init():
  * an exported spank_options table alone is ignored by sbatch/salloc (Slurm 22.05).
@@ -46,6 +59,9 @@
 SPANK_PLUGIN(rota, 1);
 
 #define ROTA_ID_MAX 128
+#ifndef SLURM_BATCH_SCRIPT
+#define SLURM_BATCH_SCRIPT (0xfffffffb) /* step id of the batch script, as in slurm/slurm.h */
+#endif
 #define ROTA_ARG_MAX 1024
 
 static char opt_group[ROTA_ID_MAX + 1] = "";
@@ -55,6 +71,8 @@ static int have_priority = 0;
 static char arg_orchestrator[ROTA_ARG_MAX] = "";
 static char arg_rota[ROTA_ARG_MAX] = "rota";
 static int arg_epilog_timeout = 20;
+static char step_gpus[ROTA_ID_MAX + 1] = ""; /* `gpu0_1`: this node's GPUs of the step, for %g */
+static char step_gpus_why[160] = "";         /* why step_gpus is empty */
 
 static int opt_group_cb(int val, const char *optarg, int remote);
 static int opt_priority_cb(int val, const char *optarg, int remote);
@@ -62,7 +80,8 @@ static int opt_priority_cb(int val, const char *optarg, int remote);
 static struct spank_option rota_options[] = {
     {"timeslice", "GROUP",
      "Share GPUs with other jobs of time-slice group GROUP (rota): sets ROTA_GROUP, ROTA_TENANT, "
-     "ROTA_ORCHESTRATOR in the job. %n in GROUP is replaced by the node name.",
+     "ROTA_ORCHESTRATOR in the job. In GROUP, %n is replaced by the node name and %g by the job's "
+     "GPUs on it (gpu0, gpu0_1, ...): --timeslice=%n-%g is one group per GPU set.",
      1, 0, opt_group_cb},
     {"timeslice-priority", "N",
      "Priority of this job in its time-slice group (integer, higher first under the priority policy).",
@@ -70,7 +89,8 @@ static struct spank_option rota_options[] = {
     SPANK_OPTIONS_TABLE_END};
 
 /* Same rule as rota._ids: 1-128 of letters, digits, '.', '_', '-', ':', starting with a
- * letter or digit. `%n` counts as a letter here: it expands to a node name. */
+ * letter or digit. `%n` and `%g` count as a letter here: they expand to a node name and
+ * to `gpu<i>[_<j>...]`. */
 static const char *check_group(const char *g)
 {
     size_t i, n;
@@ -82,14 +102,15 @@ static const char *check_group(const char *g)
     for (i = 0; i < n; i++) {
         char c = g[i];
         int alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-        if (c == '%' && g[i + 1] == 'n') {
+        if (c == '%' && (g[i + 1] == 'n' || g[i + 1] == 'g')) {
             i++;
             continue;
         }
         if (i == 0 && !alnum)
             return "must start with a letter or digit";
         if (!alnum && c != '.' && c != '_' && c != '-' && c != ':')
-            return "may only contain letters, digits, '.', '_', '-', ':' (and %n for the node name)";
+            return "may only contain letters, digits, '.', '_', '-', ':' (and %n for the node name, %g for "
+                   "the job's GPUs)";
     }
     return NULL;
 }
@@ -171,8 +192,91 @@ static void load_options(spank_t sp)
         have_priority = 1;
 }
 
-/* Expand %n to the node name into out; returns 0, or -1 if the result is too long. */
-static int expand_group(const char *node, char *out, size_t len)
+#define ROTA_MAX_GPU 1024
+
+/* Turn Slurm's GPU index list ("1,0", "0-3", "2") into the sorted set name "gpu0_1",
+ * "gpu0_1_2_3", "gpu2". Returns 0, or -1 if the list is empty, unreadable (e.g.
+ * "NoDevFiles") or the name does not fit in len. */
+static int gpu_set_name(const char *list, char *out, size_t len)
+{
+    static unsigned char seen[ROTA_MAX_GPU];
+    const char *p = list;
+    size_t o;
+    int i, any = 0;
+    if (list == NULL || *list == '\0' || len < 5)
+        return -1;
+    memset(seen, 0, sizeof(seen));
+    while (*p) {
+        char *end = NULL;
+        long lo, hi;
+        if (*p < '0' || *p > '9')
+            return -1;
+        errno = 0;
+        lo = strtol(p, &end, 10);
+        hi = lo;
+        if (errno != 0 || end == p)
+            return -1;
+        p = end;
+        if (*p == '-') {
+            p++;
+            if (*p < '0' || *p > '9')
+                return -1;
+            hi = strtol(p, &end, 10);
+            if (errno != 0 || end == p)
+                return -1;
+            p = end;
+        }
+        if (lo < 0 || hi < lo || hi >= ROTA_MAX_GPU)
+            return -1;
+        for (i = (int)lo; i <= (int)hi; i++)
+            seen[i] = 1;
+        any = 1;
+        if (*p == ',')
+            p++;
+        else if (*p != '\0')
+            return -1;
+    }
+    if (!any)
+        return -1;
+    o = (size_t)snprintf(out, len, "gpu");
+    for (i = 0; i < ROTA_MAX_GPU; i++) {
+        int n;
+        if (!seen[i])
+            continue;
+        n = snprintf(out + o, len - o, o == 3 ? "%d" : "_%d", i);
+        if (n < 0 || (size_t)n >= len - o)
+            return -1;
+        o += (size_t)n;
+    }
+    return 0;
+}
+
+/* Note this node's GPUs of the step (for %g), from the step's environment: Slurm's
+ * global indices, SLURM_STEP_GPUS for a step with GRES, else SLURM_JOB_GPUS (the batch
+ * step, or a step that inherited the job's). Read once per step, before the tasks
+ * fork, so every task of the node expands %g alike. */
+static void load_step_gpus(spank_t sp)
+{
+    char list[4096];
+    const char *names[] = {"SLURM_STEP_GPUS", "SLURM_JOB_GPUS"};
+    size_t i;
+    step_gpus[0] = '\0';
+    snprintf(step_gpus_why, sizeof(step_gpus_why), "%s", "SLURM_STEP_GPUS and SLURM_JOB_GPUS are unset");
+    for (i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (spank_getenv(sp, names[i], list, sizeof(list)) != ESPANK_SUCCESS || list[0] == '\0')
+            continue;
+        if (gpu_set_name(list, step_gpus, sizeof(step_gpus)) != 0) {
+            step_gpus[0] = '\0';
+            snprintf(step_gpus_why, sizeof(step_gpus_why), "%s=%.100s is not a list of GPU indices", names[i],
+                     list);
+        }
+        return;
+    }
+}
+
+/* Expand %n to the node name and %g to the GPU set into out; returns 0, or -1 if a
+ * placeholder has no value or the result is too long. */
+static int expand_group(const char *node, const char *gpus, char *out, size_t len)
 {
     size_t o = 0;
     const char *p;
@@ -181,6 +285,9 @@ static int expand_group(const char *node, char *out, size_t len)
         char one[2] = {0, 0};
         if (p[0] == '%' && p[1] == 'n') {
             add = node ? node : "";
+            p++;
+        } else if (p[0] == '%' && p[1] == 'g') {
+            add = gpus ? gpus : "";
             p++;
         } else {
             one[0] = *p;
@@ -192,7 +299,11 @@ static int expand_group(const char *node, char *out, size_t len)
         o += strlen(add);
     }
     out[o] = '\0';
-    return (o == 0 || o > ROTA_ID_MAX || (strstr(opt_group, "%n") && !(node && *node))) ? -1 : 0;
+    if (o == 0 || o > ROTA_ID_MAX)
+        return -1;
+    if ((strstr(opt_group, "%n") && !(node && *node)) || (strstr(opt_group, "%g") && !(gpus && *gpus)))
+        return -1;
+    return 0;
 }
 
 int slurm_spank_init(spank_t sp, int ac, char **av)
@@ -237,6 +348,8 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
         slurm_error("rota: cannot read the job id");
         return -1;
     }
+    if (strstr(opt_group, "%g"))
+        load_step_gpus(sp);
     snprintf(buf, sizeof(buf), "%u", job_id);
     spank_setenv(sp, "ROTA_TENANT", buf, 1);
     if (arg_orchestrator[0])
@@ -248,11 +361,11 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
     return ESPANK_SUCCESS;
 }
 
-/* Called in each task before exec: the group (SLURMD_NODENAME is known here, for %n),
- * rank and world size. */
+/* Called in each task before exec: the group (SLURMD_NODENAME is known here, for %n;
+ * the step's GPUs were noted in user_init, for %g), rank and world size. */
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
-    uint32_t rank = 0, world = 1;
+    uint32_t rank = 0, world = 1, nodes = 1, step = 0;
     char node[256] = "", group[ROTA_ID_MAX + 1], buf[32];
     (void)ac;
     (void)av;
@@ -260,19 +373,43 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
         return ESPANK_SUCCESS;
     if (spank_getenv(sp, "SLURMD_NODENAME", node, sizeof(node)) != ESPANK_SUCCESS && getenv("SLURMD_NODENAME"))
         snprintf(node, sizeof(node), "%s", getenv("SLURMD_NODENAME"));
-    if (expand_group(node, group, sizeof(group)) != 0) {
+    /* The batch script is one process on one node, whatever the job's -n and -N. */
+    if (spank_get_item(sp, S_JOB_STEPID, &step) == ESPANK_SUCCESS && step == SLURM_BATCH_SCRIPT) {
+        nodes = 1;
+    } else {
+        if (spank_get_item(sp, S_JOB_NNODES, &nodes) != ESPANK_SUCCESS || nodes == 0)
+            nodes = 1;
+        if (spank_get_item(sp, S_TASK_GLOBAL_ID, &rank) != ESPANK_SUCCESS)
+            rank = 0;
+        if (spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &world) != ESPANK_SUCCESS || world == 0)
+            world = 1;
+    }
+    if (nodes > 1 && (strstr(opt_group, "%n") || strstr(opt_group, "%g"))) {
+        slurm_error("rota: --timeslice=%s names one node's group, but this step runs on %u nodes and all "
+                    "its ranks must share one group: give a group without %%n/%%g (e.g. --timeslice=g0)",
+                    opt_group, nodes);
+        return -1;
+    }
+    if (strstr(opt_group, "%g") && step_gpus[0] == '\0') {
+        slurm_error("rota: --timeslice=%s uses %%g, but the step has no GPUs on node '%s' (%s): ask for "
+                    "GPUs with --gres=shard:N or --gres=gpu:N, or give a group without %%g",
+                    opt_group, node, step_gpus_why);
+        return -1;
+    }
+    if (expand_group(node, step_gpus, group, sizeof(group)) != 0) {
         slurm_error("rota: --timeslice=%s gives an invalid group on node '%s'", opt_group, node);
         return -1;
     }
-    if (spank_get_item(sp, S_TASK_GLOBAL_ID, &rank) != ESPANK_SUCCESS)
-        rank = 0;
-    if (spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &world) != ESPANK_SUCCESS || world == 0)
-        world = 1;
     spank_setenv(sp, "ROTA_GROUP", group, 1);
-    snprintf(buf, sizeof(buf), "%u", rank);
-    spank_setenv(sp, "ROTA_RANK", buf, 1);
-    snprintf(buf, sizeof(buf), "%u", world);
-    spank_setenv(sp, "ROTA_WORLD_SIZE", buf, 1);
+    if (world > 1) {
+        snprintf(buf, sizeof(buf), "%u", rank);
+        spank_setenv(sp, "ROTA_RANK", buf, 1);
+        snprintf(buf, sizeof(buf), "%u", world);
+        spank_setenv(sp, "ROTA_WORLD_SIZE", buf, 1);
+    } else { /* not inherited from the submitting shell or the batch script either */
+        spank_unsetenv(sp, "ROTA_RANK");
+        spank_unsetenv(sp, "ROTA_WORLD_SIZE");
+    }
     return ESPANK_SUCCESS;
 }
 
@@ -345,7 +482,11 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
         const char *env = getenv("SLURM_JOB_ID");
         job_id = env ? (uint32_t)strtoul(env, NULL, 10) : 0;
     }
-    if (job_id == 0 || expand_group(node, group, sizeof(group)) != 0) {
+    if (job_id != 0 && strstr(opt_group, "%g")) {
+        /* Each step had the group of its own GPUs: `rota slurm epilog` evicts the job from
+         * every group of this node that matches GROUP. */
+        snprintf(group, sizeof(group), "%s", opt_group);
+    } else if (job_id == 0 || expand_group(node, "", group, sizeof(group)) != 0) {
         slurm_error("rota: epilog cannot tell job or group (job %u, --timeslice=%s)", job_id, opt_group);
         return ESPANK_SUCCESS;
     }
