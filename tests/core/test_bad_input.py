@@ -98,6 +98,23 @@ def test_multi_rank_without_tenant_is_a_config_error(monkeypatch):
         rota.connect()
 
 
+def test_torchrun_ranks_win_over_inherited_rota_ranks(monkeypatch):
+    """A torchrun worker under a Slurm task inherits the task's ROTA_RANK: torchrun's own RANK must win."""
+    from rota._client import _ranks
+
+    monkeypatch.setenv("ROTA_WORLD_SIZE", "4")
+    monkeypatch.setenv("ROTA_RANK", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert _ranks() == (1, 2)
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(ConfigError, match="RANK=3 must be below WORLD_SIZE=2"):
+        _ranks()
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")  # not under torchrun: the ROTA_* values are this process's
+    assert _ranks() == (0, 4)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["orchestrator", "serve", "--listen", "nowhere"], "'nowhere' is not host:port"),
     (["orchestrator", "serve", "--policy", "lottery"], "unknown policy 'lottery'"),

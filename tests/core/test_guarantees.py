@@ -166,3 +166,21 @@ def test_bad_budget_and_spill_dir_name_the_value(monkeypatch, tmp_path):
     monkeypatch.setenv("ROTA_SPILL_DIR", str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match=r"ROTA_SPILL_DIR=.*not a directory"):
         HostPool(pin=False)
+
+
+def test_residue_fault_names_tensors_and_reports_memory_outside_the_allocator_uncounted():
+    """The message a user sees after a park that left 2 GiB: who holds it, and NCCL's share apart."""
+    from rota import ParkResult
+    from rota._client import residue_fault
+
+    result = ParkResult(residue={
+        "untracked:FSDPCommContext.reduce_scatter_state.reduce_scatter_input (float32[553648128])": 2112 << 20,
+        "process:allocated": 2200 << 20, "process:reserved": 2300 << 20,
+        "process:outside_allocator": 900 << 20, "process:outside_allocator_growth": 380 << 20})
+    message = residue_fault(result, 256 << 20)
+    assert "park left 2200.0 MiB" in message  # the allocator's total, not the sum with NCCL's bytes
+    assert "FSDPCommContext.reduce_scatter_state.reduce_scatter_input" in message
+    assert "outside torch's allocator (not counted): 900.0 MiB, 380.0 MiB of it since the tenant was tracked" \
+        in message
+    within = ParkResult(residue={"process:allocated": 100 << 20, "process:outside_allocator": 5 << 30})
+    assert residue_fault(within, 256 << 20) == ""  # NCCL and the context never make a fault

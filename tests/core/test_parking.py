@@ -8,6 +8,7 @@ own tests park real torch tensors); what is tested is when rota calls the hooks.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -102,6 +103,52 @@ def test_residents_that_fit_are_not_parked():
         assert sa.calls == [] and sb.calls == []
         for x in (sa, sb, a, b):
             x.close()
+
+
+def test_footprint_hint_makes_room_before_a_job_has_built_anything():
+    """A job about to build a 4000-byte model says so; the 3000-byte resident is parked for its first turn
+    (without the hint the newcomer counts as 0 bytes and would run out of memory beside the resident)."""
+    with running_orchestrator(OrchestratorConfig(capacity_bytes=5000)) as (endpoint, _):
+        a = rota.connect(group="g", tenant="a", endpoint=endpoint)
+        sa = ListState(a, nbytes=3000)
+        a.acquire()
+        a.release()
+        for hint, parked in ((1000, []), (4000, ["park"])):
+            b = rota.connect(group="g", tenant=f"b{hint}", endpoint=endpoint, footprint_hint=hint)
+            assert b.footprint_bytes() == hint  # nothing tracked yet
+            b.acquire()
+            assert sa.calls == parked
+            b.release()
+            b.close()
+        sb = ListState(rota.connect(group="g", tenant="c", endpoint=endpoint, footprint_hint=4000), nbytes=10)
+        assert sb.gpu.footprint_bytes() == 10  # once an adapter tracks state, its bytes count, not the hint
+        for x in (sa, sb, a, sb.gpu):
+            x.close()
+    with pytest.raises(rota.errors.ConfigError, match="footprint_hint=-1"):
+        rota.Gpu("g", "t", "127.0.0.1:1", footprint_hint=-1)
+
+
+def test_work_after_a_turn_runs_with_the_state_on_the_device_and_the_next_park_waits_for_it(two_tenants):
+    """``turn(after=...)``: a copy out of device state after the release overlaps the next tenant's
+    grant, but the park that grant needs cannot start before the copy is done."""
+    engine, a, b, sa, _sb = two_tenants
+    seen = {}
+
+    def copy_out() -> None:
+        seen["start"], seen["state"] = time.monotonic(), list(sa.device or [])
+        time.sleep(0.5)
+        seen["end"] = time.monotonic()
+
+    granted = []
+    with a.turn(after=copy_out):
+        waiter = threading.Thread(target=lambda: (b.acquire(), granted.append(time.monotonic())))
+        waiter.start()
+        _wait(lambda: engine.groups["g"].queued("b") is not None)
+    waiter.join(timeout=10)
+    assert seen["state"] == list(range(10))  # still on the device while it was copied
+    assert sa.calls == ["park"] and granted and granted[0] >= seen["end"]  # parked only after the copy
+    assert [k for k, *_ in a.stats.events][-3:] == ["turn", "after", "park"]
+    b.release()
 
 
 def test_failing_park_faults_the_job_and_group_moves_on(orchestrator):

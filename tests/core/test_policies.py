@@ -68,3 +68,63 @@ def test_max_turn_asks_the_holder_to_yield_only_when_others_wait():
         assert eng.groups["g"].holder == "other"
         other.close()
         holder.close()
+
+
+def test_resident_first_serves_residents_and_holds_a_parked_job_back_until_due():
+    from rota.policies import Fifo, ResidentFirst
+
+    g = GroupState("g")
+    for job, state in (("parked", "parked"), ("res", "resident"), ("away", "resident")):
+        g.tenant(job).state = state
+    policy = ResidentFirst(Fifo(), patience_s=10.0)
+    q = [Waiter("parked", 1, 0.0), Waiter("res", 2, 1.0)]
+    assert policy.choose(q, g.tenants, 2.0).job_id == "res"  # on the device already, though it came later
+    q = [Waiter("parked", 1, 0.0)]
+    assert policy.choose(q, g.tenants, 2.0) is None  # 'res' and 'away' are on the device: wait for room
+    assert policy.choose(q, g.tenants, 10.0).job_id == "parked"  # waited its patience out
+    for job, size in (("parked", 60), ("res", 60), ("away", 60)):
+        g.tenant(job).footprint_bytes = size
+    roomy = ResidentFirst(Fifo(), patience_s=10.0, capacity_bytes=130)
+    assert roomy.choose(q, g.tenants, 2.0) is None  # 60 more beside 120 resident: it would park someone
+    g.tenant("away").state = "idle"  # one left: 'parked' fits beside 'res', a restore and no park
+    assert roomy.choose(q, g.tenants, 2.0).job_id == "parked"
+    assert policy.choose(q, g.tenants, 2.0) is None  # without the device's size it cannot know that
+    g.tenant("res").state = "idle"  # nothing left on the device to wait for
+    assert policy.choose(q, g.tenants, 2.0).job_id == "parked"
+    assert policy.name == "fifo+resident-first"
+
+
+def test_resident_first_end_to_end_grants_the_parked_job_once_due():
+    """Two jobs fit, a third does not: the parked one waits while residents take turns, then gets in."""
+    from rota.policies import Fifo, ResidentFirst
+    from tests.core.test_parking import ListState
+
+    config = OrchestratorConfig(capacity_bytes=2000, policy=ResidentFirst(Fifo(), patience_s=1.0))
+    with running_orchestrator(config) as (ep, eng):
+        gpus = {j: rota.connect(group="g", tenant=j, endpoint=ep) for j in ("a", "b", "c")}
+        states = {j: ListState(gpu) for j, gpu in gpus.items()}
+        for j in ("a", "b", "c"):  # c's first turn parks a (oldest resident)
+            with gpus[j].turn():
+                pass
+        assert eng.groups["g"].tenants["a"].state == "parked"
+        t0 = time.monotonic()
+        import threading
+
+        got = []
+        waiter = threading.Thread(target=lambda: (gpus["a"].acquire(), got.append(time.monotonic()),
+                                                  gpus["a"].release()))
+        waiter.start()
+        for _ in range(2):  # b and c take turns meanwhile (milliseconds each), without any park
+            for j in ("b", "c"):
+                with gpus[j].turn():
+                    pass
+        parks_meanwhile = states["b"].calls.count("park") + states["c"].calls.count("park")
+        quick = time.monotonic() - t0 < 0.8  # the turns above ended before a's patience did
+        waiter.join(timeout=10)
+        assert got and got[0] - t0 >= 0.9  # a got in only once its patience ran out
+        if quick:
+            assert parks_meanwhile == 0
+        assert states["b"].calls.count("park") + states["c"].calls.count("park") == 1  # one of them made room
+        for j in gpus:
+            states[j].close()
+            gpus[j].close()

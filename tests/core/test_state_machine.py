@@ -76,9 +76,27 @@ def test_random_sequences_keep_invariants(sequence):
     assert not g.queue
 
 
+def _both_ranks(g: GroupState, job: str, now: float) -> None:
+    for rank in (0, 1):
+        assert g.enqueue(TurnRequest(job, "g", world_size=2, rank=rank), now) is None
+
+
+def test_job_of_two_ranks_is_granted_only_once_both_asked():
+    """Rank 0 alone must not take the group: it would hold it while waiting for rank 1 in a collective."""
+    g = GroupState("g")
+    g.enqueue(TurnRequest("a", "g", world_size=2, rank=0), 1.0)
+    g.enqueue(TurnRequest("b", "g"), 1.5)
+    assert [w.job_id for w in g.grantable()] == ["b"]
+    g.enqueue(TurnRequest("a", "g", world_size=2, rank=0), 1.6)  # the same rank again counts once
+    assert [w.job_id for w in g.grantable()] == ["b"]
+    g.enqueue(TurnRequest("a", "g", world_size=2, rank=1), 2.0)
+    assert [w.job_id for w in g.grantable()] == ["a", "b"]
+    assert GroupState.from_dict(g.to_dict()).queue[0].ranks == [0, 1]
+
+
 def test_round_trip_through_dict():
     g = GroupState("g")
-    g.enqueue(TurnRequest("a", "g", world_size=2), 1.0)
+    _both_ranks(g, "a", 1.0)
     g.begin_switch(g.queue[0], 0)
     g.complete_grant(2.0)
     g.enqueue(TurnRequest("b", "g"), 3.0)
@@ -87,7 +105,7 @@ def test_round_trip_through_dict():
 
 def test_all_ranks_release_before_group_is_free():
     g = GroupState("g")
-    g.enqueue(TurnRequest("a", "g", world_size=2), 1.0)
+    _both_ranks(g, "a", 1.0)
     g.begin_switch(g.queue[0], 0)
     g.complete_grant(1.0)
     assert not g.release("a", g.token, 0, 2.0).group_released
@@ -100,7 +118,7 @@ def test_rank_that_released_waits_for_the_jobs_next_turn():
     """Rank 0 releases and re-acquires before rank 1 releases: it must not get the
     old turn back; the job queues for its next turn (behind earlier waiters)."""
     g = GroupState("g")
-    g.enqueue(TurnRequest("a", "g", world_size=2, rank=0), 1.0)
+    _both_ranks(g, "a", 1.0)
     g.begin_switch(g.queue[0], 0)
     first = g.complete_grant(1.0)
     g.enqueue(TurnRequest("b", "g"), 1.5)
@@ -109,6 +127,7 @@ def test_rank_that_released_waits_for_the_jobs_next_turn():
     assert g.enqueue(TurnRequest("a", "g", world_size=2, rank=1), 2.2).token == first.token  # rank 1 still holds
     assert g.release("a", first.token, 1, 2.3).group_released
     assert [w.job_id for w in g.queue] == ["b", "a"]
+    assert [w.job_id for w in g.grantable()] == ["b"]  # a's rank 1 has not asked for the next turn yet
 
 
 def test_residue_of_parked_tenants_counts_against_the_device():

@@ -35,6 +35,34 @@ def build(mode: str) -> torch.nn.Module:
     return model
 
 
+def _kept_buffer_is_freed_by_park(gpu, model) -> dict[str, bool]:
+    """FSDP2 keeps collective buffers between iterations; a park must drop them (they are caches).
+
+    torch 2.11 kept the last reduce-scatter input as ``comm_ctx.reduce_scatter_state`` until the
+    next backward (2112 MiB per rank on the H200); torch >= 2.12 keeps a list and clears it at the
+    end of backward. Here a buffer is put where each version keeps it, then the tenant parks.
+    """
+    import weakref
+
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import ReduceScatterState
+
+    ctx = model._get_fsdp_state()._comm_ctx
+    freed = {}
+    for form in ("torch 2.11 attribute", "torch 2.12 list"):
+        kept = torch.ones(1 << 16)
+        ref = weakref.ref(kept)
+        if form.endswith("attribute"):
+            ctx.reduce_scatter_state = ReduceScatterState(kept, None)
+        else:
+            ctx.reduce_scatter_states.append(ReduceScatterState(kept, None))
+        del kept
+        gpu.park()
+        freed[form] = ref() is None
+        with gpu.turn():
+            pass
+    return freed
+
+
 def main() -> None:
     mode, rank, world, port, endpoint, out = sys.argv[1:7]
     rank, world = int(rank), int(world)
@@ -66,11 +94,12 @@ def main() -> None:
         storages = len(tracked.parker._slots)
     with gpu.turn():
         state = snapshot(model, opt)
+    kept_freed = _kept_buffer_is_freed_by_park(gpu, model) if mode == "fsdp2" else None
     tensors = sum(1 for _ in tracked.parker.named_tensors())
     torch.save({"ref_losses": ref_losses, "ref_state": ref_state, "losses": losses, "state": state,
                 "freed": freed, "storages": storages, "tensors": tensors,
                 "sharded": any(hasattr(p, "_local_tensor") for p in model.parameters()),
-                "allocations": tracked.parker.pool.allocations}, out)
+                "allocations": tracked.parker.pool.allocations, "kept_freed": kept_freed}, out)
     tracked.untrack()
     gpu.close()
     dist.destroy_process_group()

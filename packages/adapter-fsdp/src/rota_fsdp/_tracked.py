@@ -16,8 +16,12 @@ What is parked, per tag:
 * ``weights`` — ``model.named_parameters()`` and ``named_buffers()``; for FSDP2 the
   local shard of each ``DTensor`` (each rank parks its own); for DDP the wrapped
   module's parameters. FSDP2 modules are resharded first (``FSDPModule.reshard``) so
-  no unsharded all-gather buffer stays on the device. DDP's reducer buckets are not
-  parked (the reducer owns them).
+  no unsharded all-gather buffer stays on the device, and the communication state
+  FSDP2 keeps between iterations is dropped: the all-gather result kept for the next
+  forward and the reduce-scatter input kept so the allocator does not reuse it too
+  early (as large as the unsharded gradients; torch 2.11 kept it until the next
+  backward). Both are caches, waited on and then freed; FSDP2 re-creates them. DDP's
+  reducer buckets are not parked (the reducer owns them).
 * ``grads`` — every ``param.grad`` present at park time. With ``discard=("grads",)``
   they are freed without copying and come back **zero-filled** (same tensors; call
   ``optimizer.zero_grad()`` as usual).
@@ -28,7 +32,13 @@ Switch guarantees (see :mod:`rota.tensors._guard`): every park reports its resid
 tracked tags still on the device, and ``untracked:MODULE.ATTR`` for tensors hanging off
 the model's modules on its device that are neither parameters nor buffers (a
 "forgotten" tensor), plus allocator totals on CUDA; the client faults the park when
-the residue passes ``ROTA_RESIDUE_MAX_BYTES``. Restores are verified (``verify=``),
+the residue passes ``ROTA_RESIDUE_MAX_BYTES``. When the allocator holds much more than
+that names, every live tensor on the device that no tracked model parks is named by
+who holds it (:func:`rota.tensors.name_untracked`). On CUDA the park also reports the
+process's bytes outside torch's allocator (NVML: CUDA context, NCCL communicators,
+library handles) as ``process:outside_allocator``, and how much that grew since
+``track`` as ``process:outside_allocator_growth`` (in a distributed job, mostly NCCL);
+neither counts against the limit: communicators stay alive across parks. Restores are verified (``verify=``),
 bounded (``deadline_s=``) and refused without room. A discarded ``weights`` or
 ``optimizer`` tag must be re-created by a ``recreate={"weights": fn}`` callback, or the
 restore fails naming it; discarded ``grads`` come back zero-filled.
@@ -51,13 +61,17 @@ import torch
 
 from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument, TransientError
-from rota.tensors import TensorParker
+from rota.tensors import TensorParker, name_untracked, outside_allocator_bytes
 from rota.tensors._parker import local_tensor
 from rota.tensors._pool import align
 
 log = logging.getLogger(__name__)
 
 TAGS = ("weights", "grads", "optimizer")
+# An idle resident keeps at most this share of the device in torch's cache of freed blocks (the step's
+# temporaries, e.g. AdamW's foreach buffers): more goes back to the driver when its turn ends, for the next holder.
+IDLE_CACHE_SHARE = 0.05
+NAME_UNEXPLAINED_ABOVE = 128 << 20  # allocator bytes beyond the named residue that make a park name every tensor
 _ADAM_LIKE = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam")
 
 
@@ -114,6 +128,61 @@ def _fsdp_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
+def _fsdp_param_groups(state: Any) -> list[Any]:
+    groups = getattr(state, "_fsdp_param_groups", None)  # torch >= 2.12: several per module
+    if groups is None:
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [group] if group is not None else []
+    return list(groups)
+
+
+def _wait_kept(kept: Any) -> None:
+    """Order the current stream after the collective whose buffer ``kept`` holds (then it may be freed)."""
+    event = getattr(kept, "event", None)
+    if event is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.current_stream().wait_event(event)
+
+
+def _drop_fsdp_comm_state(modules: list[torch.nn.Module]) -> None:
+    """Wait for and free the collective buffers FSDP2 keeps between iterations (caches, see module docs)."""
+    wait = _wait_kept
+    for m in modules:
+        state = m._get_fsdp_state()  # type: ignore[operator]
+        ctx = getattr(state, "_comm_ctx", None)
+        if ctx is None:
+            continue
+        if getattr(ctx, "all_gather_state", None) is not None:
+            wait(ctx.all_gather_state)
+            ctx.all_gather_state = None
+        if getattr(ctx, "reduce_scatter_state", None) is not None:  # torch <= 2.11: one kept input
+            wait(ctx.reduce_scatter_state)
+            ctx.reduce_scatter_state = None
+        for kept in getattr(ctx, "reduce_scatter_states", None) or []:  # torch >= 2.12: a list
+            wait(kept)
+        if getattr(ctx, "reduce_scatter_states", None):
+            ctx.reduce_scatter_states.clear()
+        for group in _fsdp_param_groups(state):
+            if getattr(group, "_all_reduce_state", None) is not None:
+                wait(group._all_reduce_state)
+                group._all_reduce_state = None
+
+
+def _fsdp_names(modules: list[torch.nn.Module]) -> dict[int, str]:
+    """storage key -> name for FSDP2's per-parameter device buffers (unsharded parameter, all-gather output)."""
+    out: dict[int, str] = {}
+    for m in modules:
+        for group in _fsdp_param_groups(m._get_fsdp_state()):  # type: ignore[operator]
+            for fp in getattr(group, "fsdp_params", ()):
+                info = getattr(fp, "_module_info", None)
+                fqn = getattr(fp, "_param_fqn", None) or getattr(info, "param_name", "?")
+                held = [("unsharded parameter", getattr(fp, "_unsharded_param", None))]
+                held += [("all-gather buffer", t) for t in getattr(fp, "all_gather_outputs", None) or ()]
+                for what, t in held:
+                    if isinstance(t, torch.Tensor):
+                        out[local_tensor(t).untyped_storage()._cdata] = f"FSDP2 {what} of {fqn}"
+    return out
+
+
 class _TenantPlugin:
     """The hook implementations of one tracked model, answering only for its own Gpu."""
 
@@ -137,6 +206,11 @@ class _TenantPlugin:
         if tenant is not self.tracked.gpu:
             return None
         return self.tracked.footprint()
+
+    @hookimpl
+    def rota_turn_ended(self, tenant: Gpu, grant: object, seconds: float) -> None:
+        if tenant is self.tracked.gpu:
+            self.tracked.trim_cache()
 
 
 class Tracked:
@@ -166,6 +240,8 @@ class Tracked:
         self._plugin_name = f"rota_fsdp:{gpu.tenant}:{gpu.rank}:{id(self):x}"
         self._hooks = [model.register_forward_pre_hook(self._before_forward),
                        model.register_forward_hook(self._after_forward)]
+        # Outside-allocator bytes now, before this job's collectives ran: their growth is NCCL's.
+        self._outside_at_track = outside_allocator_bytes(device) if device.type == "cuda" else None
         self.active = True
 
     # ---------------------------------------------------------------- sources
@@ -229,17 +305,43 @@ class Tracked:
         self._reshard()
         result = self.parker.park(tags, drop)
         result.residue.update(self.untracked_residue())
+        if self.device.type == "cuda":
+            result.residue.update(self._unexplained_residue(result.residue))
+            outside = outside_allocator_bytes(self.device)
+            if outside is not None:
+                result.residue["process:outside_allocator"] = outside
+                if self._outside_at_track is not None:
+                    result.residue["process:outside_allocator_growth"] = max(0, outside - self._outside_at_track)
         return result
 
-    def untracked_residue(self) -> dict[str, int]:
-        """``untracked:MODULE.ATTR`` -> device bytes of tensors on the model's modules that rota does not park.
+    def trim_cache(self) -> None:
+        """After a turn: give torch's cached free blocks back to the driver if they exceed :data:`IDLE_CACHE_SHARE`.
 
-        These are plain tensor attributes (not parameters or buffers) such as a cache
-        a module keeps on ``self``: they stay on the device across a park.
+        The tenant stays resident (nothing is parked); the next holder gets room for its
+        own temporaries. Small caches are kept: reallocating them every turn costs time.
         """
-        tracked = {k for k in self.parker._storages()} | set(self.parker._slots)
-        out: dict[str, int] = {}
-        seen: set[int] = set()
+        if self.device.type != "cuda" or not self.parker.release_cached:
+            return
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        if cached > IDLE_CACHE_SHARE * torch.cuda.get_device_properties(self.device).total_memory:
+            torch.cuda.empty_cache()
+
+    def _unexplained_residue(self, residue: dict[str, int]) -> dict[str, int]:
+        """Name every untracked live tensor when the allocator holds far more than the residue named so far."""
+        named = sum(n for k, n in residue.items() if not k.startswith("process:"))
+        if residue.get("process:allocated", 0) - named <= NAME_UNEXPLAINED_ABOVE:
+            return {}
+        with _lock:
+            others = [t for t in _models.values() if t.active]
+        skip = set(self._module_attr_storages())
+        for t in others:  # every tenant's tracked tensors in this process, parked or resident
+            skip |= set(t.parker._storages()) | set(t.parker._slots)
+        known = {**self._module_attr_names(), **_fsdp_names(_fsdp_modules(self.model))}
+        return name_untracked(self.device, skip - set(known), known=known)
+
+    def _module_attr_storages(self) -> dict[int, tuple[str, int]]:
+        """storage key -> (``MODULE.ATTR``, bytes) of plain tensor attributes of the model's modules on its device."""
+        out: dict[int, tuple[str, int]] = {}
         for path, module in self.model.named_modules():
             for attr, value in vars(module).items():
                 if not isinstance(value, torch.Tensor) or isinstance(value, torch.nn.Parameter):
@@ -248,12 +350,22 @@ class Tracked:
                 if t.device != self.device or t.is_meta:
                     continue
                 storage = t.untyped_storage()
-                key = storage._cdata
-                if key in tracked or key in seen or storage.nbytes() == 0:
-                    continue
-                seen.add(key)
-                out[f"untracked:{path + '.' if path else ''}{attr}"] = storage.nbytes()
+                if storage.nbytes() and storage._cdata not in out:
+                    out[storage._cdata] = (f"{path + '.' if path else ''}{attr}", storage.nbytes())
         return out
+
+    def _module_attr_names(self) -> dict[int, str]:
+        return {k: name for k, (name, _) in self._module_attr_storages().items()}
+
+    def untracked_residue(self) -> dict[str, int]:
+        """``untracked:MODULE.ATTR`` -> device bytes of tensors on the model's modules that rota does not park.
+
+        These are plain tensor attributes (not parameters or buffers) such as a cache
+        a module keeps on ``self``: they stay on the device across a park.
+        """
+        tracked = {k for k in self.parker._storages()} | set(self.parker._slots)
+        return {f"untracked:{name}": n for key, (name, n) in self._module_attr_storages().items()
+                if key not in tracked}
 
     def _park_args(self, plan: ParkPlan | None) -> tuple[list[str], set[str]]:
         """Check that parking is allowed now; the tags to park and to discard under ``plan``."""
@@ -267,8 +379,10 @@ class Tracked:
 
     def _reshard(self) -> None:
         if not self.parker.parked:
-            for m in _fsdp_modules(self.model):  # free FSDP2's unsharded all-gather buffers
+            modules = _fsdp_modules(self.model)
+            for m in modules:  # free FSDP2's unsharded all-gather buffers
                 m.reshard()
+            _drop_fsdp_comm_state(modules)
 
     def _check_can_park(self) -> None:
         self._check_active()

@@ -11,7 +11,8 @@ Environment (each value is checked; a bad one raises :class:`rota.errors.ConfigE
     ROTA_TENANT        job id, the same on every rank (default ``<host>-<pid>``)
     ROTA_ORCHESTRATOR  ``host:port`` or ``unix:PATH`` (comma-separated replicas allowed);
                        unset = start or find the embedded orchestrator on this host
-    ROTA_WORLD_SIZE, ROTA_RANK   ranks of a multi-process job (else torch.distributed)
+    ROTA_WORLD_SIZE, ROTA_RANK   ranks of a multi-process job (under torchrun its RANK and
+                       WORLD_SIZE win; without either, torch.distributed's)
     ROTA_PRIORITY      integer, higher first under the priority policy (default 0)
     ROTA_WEIGHT        positive share under the fair-share policy (default 1)
     ROTA_HEARTBEAT_S   seconds between heartbeats (default 1)
@@ -26,6 +27,13 @@ room, deadline) releases the turn it was granted and raises; the state stays par
 A restore the orchestrator asks for ahead of the grant (prefetch, a ``restore``
 session command) runs the same code in a background thread; if it fails the state
 stays parked and the grant restores it as usual.
+
+A job of several ranks is one unit: when one rank's restore fails or its turn raises,
+it reports a :meth:`Gpu.fault` and the orchestrator FAULTs the whole job and ends its
+turn; when a rank's process dies, its session breaks and the same happens. The other
+ranks are sent ``abort``: the ``rota_job_aborted`` hook aborts their collectives (the
+built-in :mod:`rota._collectives` aborts ``torch.distributed``), and their client refuses
+further turns until the job is restarted.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -50,7 +58,7 @@ import pluggy
 from rota._ids import check_id
 from rota._plugins import plugin_manager
 from rota._types import Grant, ParkPlan, ParkResult, ReleaseInfo, TurnRequest
-from rota.errors import ConfigError, InvalidArgument, NotLeader, RotaError, from_rpc_error
+from rota.errors import ConfigError, Faulted, InvalidArgument, NotLeader, RotaError, from_rpc_error
 
 log = logging.getLogger(__name__)
 
@@ -100,17 +108,23 @@ class Gpu:
 
     def __init__(self, group: str, tenant: str, endpoint: str, *, rank: int = 0, world_size: int = 1,
                  priority: int = 0, weight: float = 1.0, heartbeat_s: float = 1.0,
-                 pm: pluggy.PluginManager | None = None) -> None:
+                 pm: pluggy.PluginManager | None = None, footprint_hint: int = 0) -> None:
         self.group = check_id("group", group, job_id=tenant, group_id=group)
         self.tenant = check_id("tenant", tenant, job_id=tenant, group_id=group)
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is outside world size {world_size} (job={tenant!r}, group={group!r})")
         self.endpoint, self.rank, self.world_size = endpoint, rank, world_size
         self.priority, self.weight, self.heartbeat_s = priority, weight, heartbeat_s
+        if footprint_hint < 0:
+            raise ConfigError(f"footprint_hint={footprint_hint!r} must be >= 0 bytes (0 = none)")
+        # Device bytes this tenant is about to need, reported until its adapters track something: the first
+        # turn of a job that builds a big model then makes room for it instead of running out of memory.
+        self.footprint_hint = footprint_hint
         self.pm = pm or plugin_manager()
         self.grant: Grant | None = None
         self.stats = TurnStats()
         self.parked = False
+        self.aborted = ""  # why the orchestrator aborted this job (another rank died or faulted)
         self.last_park = ParkResult()
         self._yield_requested = threading.Event()
         self._state_lock = threading.Lock()  # serialises park, restore and turn start
@@ -134,6 +148,8 @@ class Gpu:
 
     def acquire(self) -> Grant:
         """Block until this job holds the group; restore parked state; return the grant."""
+        if self.aborted:
+            raise self._aborted_error()
         if self.grant is not None:
             return self.grant
         req = TurnRequest(self.tenant, self.group, self.priority, self.weight, self.world_size, self.rank,
@@ -151,6 +167,8 @@ class Gpu:
                 except Exception as exc:  # rolled back by the adapter: give the turn back, stay parked
                     log.error("restore of job %s rank %d in group %s failed: %s; releasing the turn (state stays "
                               "parked; acquire again to retry)", self.tenant, self.rank, self.group, exc)
+                    if self.world_size > 1:  # the other ranks are restored and would wait for this one
+                        self.fault(f"restore failed: {type(exc).__name__}: {exc}")
                     with contextlib.suppress(RotaError, grpc.RpcError):
                         self.pm.hook.rota_release(grant=grant, tenant=self)
                     if isinstance(exc, RotaError):
@@ -170,6 +188,8 @@ class Gpu:
             raise InvalidArgument(f"job {self.tenant!r} rank {self.rank} does not hold group {self.group!r}; "
                                   "call acquire() first", job_id=self.tenant, group_id=self.group)
         grant, self.grant = self.grant, None
+        if self.aborted:  # the orchestrator already ended this job's turn
+            raise self._aborted_error()
         end = time.monotonic()
         self.stats.events.append(("turn", self._turn_started, end))
         info = self.pm.hook.rota_release(grant=grant, tenant=self)
@@ -177,13 +197,48 @@ class Gpu:
         return info
 
     @contextlib.contextmanager
-    def turn(self) -> Iterator[Grant]:
-        """``with gpu.turn():`` — hold the group for the block, release after it."""
+    def turn(self, *, after: Callable[[], None] | None = None) -> Iterator[Grant]:
+        """``with gpu.turn():`` — hold the group for the block, release after it.
+
+        ``after``: run right after the release, with this tenant's state still on the
+        device: no park (nor prefetch restore) of it starts until ``after`` returns. For
+        copies *out of* device state that need no compute, such as pushing new weights
+        to a sampler: the copy engine does them while the next tenant computes. ``after``
+        must launch no kernels that compete with that tenant and must finish its copies
+        (synchronise) before it returns.
+
+        If the block raises in a job of several ranks, the job is FAULTED as a unit
+        (:meth:`fault`): the other ranks would otherwise wait for this one in a collective.
+        """
         grant = self.acquire()
         try:
             yield grant
-        finally:
+        except BaseException as exc:
+            if self.world_size > 1:
+                self.fault(f"its turn raised {type(exc).__name__}: {exc}")
+            with contextlib.suppress(RotaError, grpc.RpcError):
+                self.release()
+            raise
+        if after is None:
             self.release()
+            return
+        with self._state_lock:  # a park command waits here until ``after`` is done
+            self.release()
+            t0 = time.monotonic()
+            after()
+            self.stats.events.append(("after", t0, time.monotonic()))
+
+    def fault(self, reason: str) -> None:
+        """Report that this rank cannot go on: the orchestrator FAULTs the whole job and ends its turn.
+
+        The other ranks of the job are sent ``abort`` (see the module docs). Returns at
+        once; the report travels on this rank's session.
+        """
+        from rota._generated import rota_v1_pb2 as pb
+
+        log.error("job %s rank %d in group %s: %s; reporting a fault of the job", self.tenant, self.rank,
+                  self.group, reason)
+        self._outbox.put(pb.TenantMessage(fault=pb.RankFault(reason=reason[:1000])))
 
     @property
     def should_yield(self) -> bool:
@@ -199,7 +254,8 @@ class Gpu:
         return total
 
     def footprint_bytes(self) -> int:
-        return sum(self.footprint().values())
+        """What the adapters track, or :attr:`footprint_hint` while they track nothing."""
+        return sum(self.footprint().values()) or self.footprint_hint
 
     def follow_leader(self, leader: str) -> None:
         """Talk to the replica at ``leader`` first (an orchestrator said it leads).
@@ -347,7 +403,8 @@ class Gpu:
                 msg = self._outbox.get(timeout=self.heartbeat_s)
             except queue.Empty:
                 msg = pb.TenantMessage(heartbeat=self._heartbeat())
-            if msg is None:
+            if msg is None:  # close(): say so, so that the orchestrator does not take this rank for dead
+                yield pb.TenantMessage(goodbye=pb.Goodbye())
                 return
             yield msg
 
@@ -360,6 +417,9 @@ class Gpu:
             return
         if kind == "yield_soon":
             self._yield_requested.set()
+            return
+        if kind == "abort":  # another rank of this job died or faulted: the job cannot go on
+            self._abort(cmd.abort.reason or "no reason given")
             return
         if kind == "restore":  # prefetch: restore while the holder still runs
             threading.Thread(target=self._prefetch, args=(cmd.command_id, cmd.restore.token),
@@ -376,6 +436,20 @@ class Gpu:
             log.exception("park of %s failed", self.tenant)
             reply = pb.CommandResult(command_id=cmd.command_id, ok=False, error=f"{type(exc).__name__}: {exc}")
         self._outbox.put(pb.TenantMessage(result=reply))
+
+    def _aborted_error(self) -> Faulted:
+        return Faulted(f"job {self.tenant!r} rank {self.rank} was aborted: {self.aborted}; restart every rank of "
+                       "the job", job_id=self.tenant, group_id=self.group)
+
+    def _abort(self, reason: str) -> None:
+        """The orchestrator aborted this job: refuse further turns, let plugins abort collectives."""
+        if self.aborted:
+            return
+        self.aborted = reason
+        log.error("job %s rank %d in group %s aborted by the orchestrator: %s", self.tenant, self.rank, self.group,
+                  reason)
+        threading.Thread(target=self.pm.hook.rota_job_aborted, kwargs={"tenant": self, "reason": reason},
+                         name=f"rota-abort-{self.tenant}", daemon=True).start()
 
     def _heartbeat(self) -> object:
         """Footprint, plus host memory and residue as the last park or restore left them."""
@@ -430,6 +504,12 @@ def residue_fault(result: ParkResult, limit: int) -> str:
     if alloc is not None:
         what += f"{'; ' if what else ''}allocator: {alloc / 2**20:.1f} MiB allocated, " \
                 f"{result.residue.get('process:reserved', 0) / 2**20:.1f} MiB reserved"
+    outside = result.residue.get("process:outside_allocator")
+    if outside is not None:  # CUDA context, NCCL, library handles: reported, never counted
+        growth = result.residue.get("process:outside_allocator_growth")
+        what += f"; outside torch's allocator (not counted): {outside / 2**20:.1f} MiB" + \
+                (f", {growth / 2**20:.1f} MiB of it since the tenant was tracked (NCCL, handles)"
+                 if growth is not None else "")
     return (f"park left {left / 2**20:.1f} MiB on the device (limit {limit / 2**20:.1f} MiB, "
             f"ROTA_RESIDUE_MAX_BYTES): {what or 'unattributed'}; track or free it (e.g. register it as a buffer or "
             "delete it before the turn ends)")
@@ -493,6 +573,18 @@ def _env_float(name: str, default: float) -> float:
 
 
 def _ranks() -> tuple[int, int]:
+    """(rank, world size): torchrun's, ROTA_RANK/ROTA_WORLD_SIZE, torch.distributed's, else (0, 1).
+
+    Under torchrun (``TORCHELASTIC_RUN_ID`` set) its ``RANK``/``WORLD_SIZE`` win, even
+    before ``init_process_group``: ``ROTA_*`` values there were inherited from the
+    launcher (a Slurm task, a pod) and would give every worker the same rank.
+    """
+    if os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get("WORLD_SIZE"):
+        world = _env_int("WORLD_SIZE", 1, minimum=1)
+        rank = _env_int("RANK", 0, minimum=0)
+        if rank >= world:
+            raise ConfigError(f"RANK={rank} must be below WORLD_SIZE={world} (set by torchrun)")
+        return rank, world
     if os.environ.get("ROTA_WORLD_SIZE"):
         world = _env_int("ROTA_WORLD_SIZE", 1, minimum=1)
         rank = _env_int("ROTA_RANK", 0, minimum=0)
@@ -506,10 +598,13 @@ def _ranks() -> tuple[int, int]:
 
 
 def connect(group: str | None = None, tenant: str | None = None, endpoint: str | None = None, *,
-            priority: int | None = None, weight: float | None = None) -> Gpu:
+            priority: int | None = None, weight: float | None = None, footprint_hint: int = 0) -> Gpu:
     """Join a group as a tenant; defaults come from ``ROTA_*`` (see module docs).
 
     With no orchestrator configured, starts (or finds) the embedded one on this host.
+    ``footprint_hint``: device bytes the job will hold once built; with an orchestrator
+    that knows the device's size (``--capacity``), its first turn makes room for that much
+    (until an adapter reports what it really tracks).
     """
     group = group or os.environ.get("ROTA_GROUP") or "default"
     rank, world = _ranks()
@@ -535,4 +630,4 @@ def connect(group: str | None = None, tenant: str | None = None, endpoint: str |
     if share <= 0:
         raise ConfigError(f"weight {share!r} must be > 0")
     return Gpu(group, tenant, endpoint, rank=rank, world_size=world, priority=prio, weight=share,
-               heartbeat_s=_env_float("ROTA_HEARTBEAT_S", 1.0))
+               heartbeat_s=_env_float("ROTA_HEARTBEAT_S", 1.0), footprint_hint=footprint_hint)

@@ -166,6 +166,8 @@ class Session:
     pending: set[str] = field(default_factory=set)  # park commands not yet acknowledged
     memory: tuple[int, int, int] = (0, 0, 0)  # host, spilled, residue bytes from the last heartbeat
     can_prefetch: bool = False  # its client restores parked state on a "restore" command (ahead of its grant)
+    world_size: int = 1  # ranks of its job: losing one of several ends the whole job's turn
+    said_goodbye: bool = False  # the tenant closed the session on purpose (a dead process cannot)
 
 
 class Orchestrator:
@@ -313,12 +315,18 @@ class Orchestrator:
     # ------------------------------------------------------------- sessions
 
     async def attach(self, job_id: str, group_id: str, rank: int, pid: int, footprint_bytes: int,
-                     *, can_prefetch: bool = False) -> Session:
-        """Register a tenant session; ``can_prefetch``: its client restores on a "restore" command."""
+                     *, can_prefetch: bool = False, world_size: int = 1) -> Session:
+        """Register a tenant session; ``can_prefetch``: its client restores on a "restore" command;
+        ``world_size``: ranks of the job (a job of several is aborted as a unit when one of them is lost)."""
         check_pair(job_id, group_id)
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise InvalidArgument(f"rank {rank} / world_size {world_size} is impossible (job={job_id!r}, "
+                                  f"group={group_id!r}); need 0 <= rank < world_size", job_id=job_id,
+                                  group_id=group_id)
         # The session counts from the moment it arrives, even if the group's lock is busy
         # (a slow commit): a job re-attaching after a restart must not miss its TTL waiting.
-        s = Session(job_id, group_id, rank, pid, asyncio.Queue(), time.monotonic(), can_prefetch=can_prefetch)
+        s = Session(job_id, group_id, rank, pid, asyncio.Queue(), time.monotonic(), can_prefetch=can_prefetch,
+                    world_size=world_size)
         key = (group_id, job_id)
         self._sessions.setdefault(key, []).append(s)
         self._attached_once.add(key)
@@ -358,8 +366,15 @@ class Orchestrator:
             fut.set_result((ok, error, nbytes, seconds))
 
     @_whole
-    async def detach(self, s: Session, why: str) -> None:
-        """A session ended. A job with no session left is dead: it loses everything."""
+    async def detach(self, s: Session, why: str, *, clean: bool = False) -> None:
+        """A session ended. A job with no session left is dead: it loses everything.
+
+        A rank of a multi-rank job whose session broke (``clean`` False: its process died
+        or went silent) ends the whole job at once; a rank that closed its session itself
+        (``Gpu.close``) leaves the job to its other ranks.
+        """
+        if not s.alive:  # already judged (the watchdog's TTL, then the stream's end)
+            return
         s.alive = False
         for cid in s.pending:  # a gone process holds no device memory: its park is moot
             fut = self._pending.pop(cid, None)
@@ -373,6 +388,35 @@ class Orchestrator:
             self._sessions.pop(key, None)
             self._attached_once.discard(key)
             await self.evict(s.job_id, s.group_id, reason=f"tenant session ended ({why})", lost=True)
+        elif s.world_size > 1 and not clean:  # the other ranks would wait for this one in a collective forever
+            reason = f"rank {s.rank} (pid {s.pid}) of job {s.job_id!r} is gone ({why})"
+            await self.evict(s.job_id, s.group_id, reason=reason, lost=True)
+            self._abort_ranks(key, reason)
+
+    @_whole
+    async def fault_rank(self, s: Session, reason: str) -> None:
+        """One rank of a job cannot go on (a failed restore, an error in its turn): FAULT the whole job.
+
+        Its turn ends and it leaves the queue, so the group moves on instead of waiting
+        for ranks stuck in a collective; every other rank of the job is told to abort.
+        """
+        cause = f"rank {s.rank} faulted: {reason}"
+        async with self._lock(s.group_id):
+            g = self.groups.get(s.group_id)
+            if g is None or s.job_id not in g.tenants:
+                return
+            log.error("job %s in group %s: %s; job FAULTED as a unit", s.job_id, s.group_id, cause)
+            self._fault(g, s.job_id, cause, f"job {s.job_id!r} in group {s.group_id!r} was faulted: {cause}; "
+                        "restart every rank of the job")
+            await self.store.commit(g)
+            self._kick(s.group_id)
+        self._abort_ranks((s.group_id, s.job_id), cause, but=s)
+
+    def _abort_ranks(self, key: tuple[str, str], reason: str, *, but: Session | None = None) -> None:
+        """Tell the live ranks of a job (except ``but``) that the job cannot go on as a unit."""
+        for other in self._live_sessions(key):
+            if other is not but:
+                other.outbox.put_nowait(("abort", "", reason))
 
     def _live_sessions(self, key: tuple[str, str]) -> list[Session]:
         return [s for s in self._sessions.get(key, []) if s.alive]
@@ -424,7 +468,12 @@ class Orchestrator:
                     if g is not None:
                         self._maybe_prefetch(g)
                     return
-                chosen = self.config.policy.choose(g.queue, g.tenants, time.monotonic())
+                chosen = self.config.policy.choose(g.grantable(), g.tenants, time.monotonic())
+                if chosen is None:  # the policy holds the waiters back for now (e.g. resident-first)
+                    recheck = float(getattr(self.config.policy, "recheck_s", 0.25))
+                    asyncio.get_running_loop().call_later(recheck, self._kick, group_id)
+                    self._maybe_prefetch(g)
+                    return
                 evict = g.begin_switch(chosen, self.config.capacity_bytes)
                 others = [j for j in g.residents if j != chosen.job_id]
                 incoming_parked = g.tenant(chosen.job_id).state == "parked"
@@ -476,9 +525,12 @@ class Orchestrator:
     def _maybe_prefetch(self, g: GroupState) -> None:
         """Start restoring the job the policy would grant next, if it is parked and fits
         beside every resident. Called by the group's driver, under the group's lock."""
-        if not self.config.prefetch_on or not g.holder or not g.queue or g.group_id in self._prefetching:
+        if not self.config.prefetch_on or not g.holder or not g.grantable() or g.group_id in self._prefetching:
             return
-        job = self.config.policy.choose(g.queue, g.tenants, time.monotonic()).job_id
+        chosen = self.config.policy.choose(g.grantable(), g.tenants, time.monotonic())
+        if chosen is None:
+            return
+        job = chosen.job_id
         if (g.group_id, job, g.token) in self._prefetch_failed or \
                 g.prefetch_plan(job, self.config.capacity_bytes) is None:
             return
@@ -640,7 +692,7 @@ class Orchestrator:
             held = now - g.holder_since
             key = (g.group_id, g.holder)
             limit = self.config.policy.max_turn_s
-            if limit and held > limit and g.queue and (g.group_id, g.token) not in self._yield_sent:
+            if limit and held > limit and g.grantable() and (g.group_id, g.token) not in self._yield_sent:
                 self._yield_sent.add((g.group_id, g.token))
                 for s in self._live_sessions(key):
                     s.outbox.put_nowait(("yield", uuid.uuid4().hex, g.token))

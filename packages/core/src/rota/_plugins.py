@@ -1,6 +1,7 @@
 """The plugin manager: rota's hookspecs, built-in plugins, and the ``rota`` entry points.
 
-Built-in plugins (the gRPC lease client, the default policies) are registered
+Built-in plugins (the gRPC lease client, the default policies, aborting collectives of
+an aborted job) are registered
 through the same hooks as third-party ones, so there is a single code path.
 
 Environment:
@@ -25,7 +26,7 @@ from rota import hookspecs
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "rota"
-DEFAULT_PLUGINS = ("rota._lease_client", "rota.policies")
+DEFAULT_PLUGINS = ("rota._lease_client", "rota.policies", "rota._collectives")
 
 _lock = threading.Lock()
 _manager: pluggy.PluginManager | None = None

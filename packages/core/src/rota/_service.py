@@ -122,12 +122,12 @@ class RotaService(pb_grpc.RotaServiceServicer):
         # Only a client that said it handles "restore" commands is ever sent one (prefetch).
         try:
             session = await self.engine.attach(h.job_id, h.group_id, h.rank, h.pid, h.footprint_bytes,
-                                               can_prefetch=h.can_prefetch)
+                                               can_prefetch=h.can_prefetch, world_size=h.world_size or 1)
         except RotaError as exc:
             await context.abort(exc.code, str(exc), trailing_metadata=exc.trailers())
         yield pb.TenantCommand(command_id="attached")  # no command: "you are attached", before any grant
         reader = asyncio.create_task(self._read(session, request_iterator))
-        why = "stream closed"
+        why, clean = "stream closed", False  # clean: the tenant said goodbye (Gpu.close) before ending it
         getter: asyncio.Task | None = None
         try:
             while True:
@@ -135,13 +135,16 @@ class RotaService(pb_grpc.RotaServiceServicer):
                 done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
                 if getter not in done:
                     getter.cancel()
-                    why = "tenant closed its session"
+                    clean = session.said_goodbye
+                    why = "tenant closed its session" if clean else "stream ended without a goodbye"
                     break
-                kind, cid, token = getter.result()
+                kind, cid, token = getter.result()  # token: the reason text for "abort"
                 if kind == "close":
                     why = "heartbeat TTL expired"
                     break
-                if kind == "park":
+                if kind == "abort":  # another rank of the job is gone or faulted
+                    yield pb.TenantCommand(command_id=cid, abort=pb.AbortJob(reason=str(token)))
+                elif kind == "park":
                     yield pb.TenantCommand(command_id=cid, park=pb.ParkCommand(token=token, mode="offload"))
                 elif kind == "restore":  # prefetch: restore ahead of the grant, acknowledged by a result
                     yield pb.TenantCommand(command_id=cid, restore=pb.RestoreCommand(token=token))
@@ -153,7 +156,7 @@ class RotaService(pb_grpc.RotaServiceServicer):
                 getter.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
-            await self.engine.detach(session, why)
+            await self.engine.detach(session, why, clean=clean)
 
     async def _read(self, session: Any, it: AsyncIterator[pb.TenantMessage]) -> None:
         """Heartbeats and command results of one session. If this fails the session
@@ -169,12 +172,26 @@ class RotaService(pb_grpc.RotaServiceServicer):
                     r = msg.result
                     self.engine.heartbeat(session, 0)
                     self.engine.command_result(r.command_id, r.ok, r.error, r.bytes, r.seconds)
+                elif kind == "goodbye":
+                    session.said_goodbye = True
+                elif kind == "fault":
+                    self.engine.heartbeat(session, 0)
+                    await self.engine.fault_rank(session, bounded_text(msg.fault.reason))
         except (asyncio.CancelledError, grpc.RpcError, grpc.aio.AioRpcError):
             raise
         except Exception:
             log.exception("session of job %s in group %s: bad message handling; ending the session",
                           session.job_id, session.group_id)
             raise
+
+
+REASON_MAX_CHARS = 1000
+
+
+def bounded_text(text: str, limit: int = REASON_MAX_CHARS) -> str:
+    """A caller's free text made safe to log and to show: one line, at most ``limit`` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit] + f"... ({len(flat) - limit} more characters)"
 
 
 def group_info(g: GroupState, policy: str = "") -> pb.GroupInfo:

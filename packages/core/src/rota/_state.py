@@ -9,6 +9,7 @@ it with random acquire/release/crash/timeout sequences.
 Invariants, enforced here and nowhere else:
 * at most one holder per group; a grant happens only when there is none;
 * ``token`` only grows: each grant takes ``token + 1``;
+* a job of several ranks is granted only once every rank has asked for the turn;
 * a release must name the holder and, if it carries a token, the current one;
 * a job that died is removed from holder, queue and residents, its state ``lost``.
 """
@@ -37,6 +38,13 @@ class Waiter:
     weight: float = 1.0
     world_size: int = 1
     footprint_bytes: int = 0
+    ranks: list[int] = field(default_factory=list)  # ranks that asked for this turn (empty: state from before)
+
+    @property
+    def complete(self) -> bool:
+        """Every rank of the job asked: only then may it be granted (a missing rank would leave the others
+        holding the group while they wait for it in a collective)."""
+        return not self.ranks or len(set(self.ranks)) >= self.world_size
 
 
 @dataclass
@@ -121,13 +129,21 @@ class GroupState:
         rec.world_size = max(1, req.world_size)
         if req.footprint_bytes:
             rec.footprint_bytes = req.footprint_bytes
-        if self.queued(req.job_id) is None:
+        waiter = self.queued(req.job_id)
+        if waiter is None:
             self.seq += 1
-            self.queue.append(Waiter(req.job_id, self.seq, now, req.priority, req.weight,
-                                     rec.world_size, req.footprint_bytes))
+            waiter = Waiter(req.job_id, self.seq, now, req.priority, req.weight, rec.world_size, req.footprint_bytes)
+            self.queue.append(waiter)
             if rec.state not in ("resident", "parked", "holding"):
                 rec.state = "waiting"
+        waiter.world_size = rec.world_size
+        if req.rank not in waiter.ranks:
+            waiter.ranks.append(req.rank)
         return None
+
+    def grantable(self) -> list[Waiter]:
+        """Waiters whose every rank has asked (what a policy may choose from)."""
+        return [w for w in self.queue if w.complete]
 
     def prefetch_plan(self, job_id: str, capacity_bytes: int) -> list[str] | None:
         """Idle residents to park so that parked ``job_id`` fits now; None if it cannot be prefetched.
@@ -175,7 +191,7 @@ class GroupState:
         self.tenant(job_id).state = "resident"
 
     def ready_for_grant(self) -> bool:
-        return not self.holder and not self.switching_to and bool(self.queue)
+        return not self.holder and not self.switching_to and any(w.complete for w in self.queue)
 
     def begin_switch(self, chosen: Waiter, capacity_bytes: int) -> list[str]:
         """Start handing the group to ``chosen``; return residents that must be parked.

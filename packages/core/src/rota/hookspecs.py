@@ -183,6 +183,21 @@ def rota_turn_started(tenant: Gpu, grant: Grant) -> None:
 
 
 @hookspec
+def rota_job_aborted(tenant: Gpu, reason: str) -> None:
+    """The job of this rank can no longer run as a unit: another of its ranks died or faulted.
+
+    Called once, in a thread of the tenant process, when the orchestrator says so. The
+    job's turn has already ended and the group moved on. Adapters that run collectives
+    abort them here (e.g. ``rota_fsdp`` aborts the NCCL process group), so that a rank
+    blocked waiting for the lost one raises instead of hanging; the client refuses
+    further turns (:class:`rota.errors.Faulted`) until every rank is restarted.
+
+    :param tenant: the client of this rank.
+    :param reason: which rank was lost and why.
+    """
+
+
+@hookspec
 def rota_turn_ended(tenant: Gpu, grant: Grant, seconds: float) -> None:
     """A turn ended: the tenant released the group.
 

@@ -27,8 +27,12 @@ class Policy(Protocol):
     name: str
     max_turn_s: float
 
-    def choose(self, queue: list[Waiter], tenants: dict[str, TenantRecord], now: float) -> Waiter:
-        """Return one element of the non-empty ``queue``."""
+    def choose(self, queue: list[Waiter], tenants: dict[str, TenantRecord], now: float) -> Waiter | None:
+        """Return one element of the non-empty ``queue``, or None to grant nobody yet.
+
+        A policy that may answer None sets ``recheck_s``: the orchestrator asks again
+        that often (and at every enqueue and release) until it names a waiter.
+        """
 
 
 @dataclass
@@ -66,6 +70,55 @@ class FairShare:
             return (rec.gpu_seconds if rec else 0.0) / max(w.weight, 1e-9)
 
         return min(queue, key=lambda w: (used(w), w.seq))
+
+
+@dataclass
+class ResidentFirst:
+    """Wraps a policy: waiters whose state is on the device go before parked ones.
+
+    Granting a parked job that does not fit beside the residents costs a switch (park
+    someone, restore it); when the device holds fewer jobs than take turns, alternating
+    among them parks at every turn. This serves the resident waiters, and parked ones
+    that fit beside the residents in ``capacity_bytes`` (they cost only a restore), by
+    ``base``; another parked waiter gets in only when none of those waits and it has
+    waited ``patience_s`` (or no other job is on the device): a job that does not fit
+    waits for room instead of trading places at every turn. ``patience_s`` bounds how
+    long a parked job can be passed over. Use the orchestrator's own ``--capacity``.
+    """
+
+    base: Policy
+    patience_s: float = 30.0
+    capacity_bytes: int = 0  # the device's size, as the orchestrator's; 0: every parked job needs a switch
+    recheck_s = 0.25  # while it holds a parked waiter back, the orchestrator asks again this often
+
+    @property
+    def name(self) -> str:
+        return f"{self.base.name}+resident-first"
+
+    @property
+    def max_turn_s(self) -> float:
+        return self.base.max_turn_s
+
+    def choose(self, queue: list[Waiter], tenants: dict[str, TenantRecord], now: float) -> Waiter | None:
+        """A resident waiter by ``base``; else a parked one that is due; else None (nobody yet)."""
+        def resident(job: str) -> bool:
+            rec = tenants.get(job)
+            return rec is not None and rec.state in ("resident", "holding")
+
+        held = sum(rec.footprint_bytes for rec in tenants.values() if resident(rec.job_id))
+
+        def cheap(job: str) -> bool:  # on the device, or fits beside what is: no park needed
+            rec = tenants.get(job)
+            return resident(job) or (rec is not None and rec.footprint_bytes > 0 and self.capacity_bytes > 0
+                                     and held + rec.footprint_bytes <= self.capacity_bytes)
+
+        on_device = [w for w in queue if cheap(w.job_id)]
+        if on_device:
+            return self.base.choose(on_device, tenants, now)
+        if not any(resident(job) for job in tenants):  # nothing to wait for: the device is free
+            return self.base.choose(queue, tenants, now)
+        due = [w for w in queue if now - w.arrived >= self.patience_s]
+        return self.base.choose(due, tenants, now) if due else None
 
 
 @hookimpl

@@ -269,10 +269,11 @@ class Replica:
         return await engine.agent_job_states(group_id) if engine is not None else []
 
     async def attach(self, job_id: str, group_id: str, rank: int, pid: int, footprint_bytes: int, *,
-                     can_prefetch: bool = False) -> Session:
+                     can_prefetch: bool = False, world_size: int = 1) -> Session:
         check_pair(job_id, group_id)
         engine = self._leading(job_id, group_id)
-        s = await engine.attach(job_id, group_id, rank, pid, footprint_bytes, can_prefetch=can_prefetch)
+        s = await engine.attach(job_id, group_id, rank, pid, footprint_bytes, can_prefetch=can_prefetch,
+                                world_size=world_size)
         self._owner[s] = engine
         log.debug("session of job %s rank %d (pid %d) attached to group %s", job_id, rank, pid, group_id)
         return s
@@ -286,11 +287,16 @@ class Replica:
         if self.engine is not None:
             self.engine.command_result(command_id, ok, error, nbytes, seconds)
 
-    async def detach(self, s: Session, why: str) -> None:
+    async def fault_rank(self, s: Session, reason: str) -> None:
+        engine = self._owner.get(s)
+        if engine is not None and engine is self.engine:
+            await engine.fault_rank(s, reason)
+
+    async def detach(self, s: Session, why: str, *, clean: bool = False) -> None:
         engine = self._owner.pop(s, None)
         log.debug("session of job %s rank %d in group %s ended (%s)", s.job_id, s.rank, s.group_id, why)
         if engine is not None and engine is self.engine:
-            await engine.detach(s, why)
+            await engine.detach(s, why, clean=clean)
         else:
             s.alive = False  # a session of an ended term: the next leader judges the job
 

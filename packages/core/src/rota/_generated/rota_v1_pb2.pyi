@@ -105,15 +105,29 @@ class CommandResult(_message.Message):
     seconds: float
     def __init__(self, command_id: _Optional[str] = ..., ok: bool = ..., error: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
+class RankFault(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class Goodbye(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class TenantMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "result")
+    __slots__ = ("hello", "heartbeat", "result", "fault", "goodbye")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    FAULT_FIELD_NUMBER: _ClassVar[int]
+    GOODBYE_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     result: CommandResult
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
+    fault: RankFault
+    goodbye: Goodbye
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., result: _Optional[_Union[CommandResult, _Mapping]] = ..., fault: _Optional[_Union[RankFault, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
 
 class ParkCommand(_message.Message):
     __slots__ = ("tags", "mode", "token")
@@ -137,17 +151,25 @@ class RestoreCommand(_message.Message):
     token: int
     def __init__(self, token: _Optional[int] = ...) -> None: ...
 
+class AbortJob(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
 class TenantCommand(_message.Message):
-    __slots__ = ("command_id", "park", "yield_soon", "restore")
+    __slots__ = ("command_id", "park", "yield_soon", "restore", "abort")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     PARK_FIELD_NUMBER: _ClassVar[int]
     YIELD_SOON_FIELD_NUMBER: _ClassVar[int]
     RESTORE_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     park: ParkCommand
     yield_soon: YieldSoon
     restore: RestoreCommand
-    def __init__(self, command_id: _Optional[str] = ..., park: _Optional[_Union[ParkCommand, _Mapping]] = ..., yield_soon: _Optional[_Union[YieldSoon, _Mapping]] = ..., restore: _Optional[_Union[RestoreCommand, _Mapping]] = ...) -> None: ...
+    abort: AbortJob
+    def __init__(self, command_id: _Optional[str] = ..., park: _Optional[_Union[ParkCommand, _Mapping]] = ..., yield_soon: _Optional[_Union[YieldSoon, _Mapping]] = ..., restore: _Optional[_Union[RestoreCommand, _Mapping]] = ..., abort: _Optional[_Union[AbortJob, _Mapping]] = ...) -> None: ...
 
 class EvictRequest(_message.Message):
     __slots__ = ("job_id", "group_id", "reason")

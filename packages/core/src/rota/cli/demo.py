@@ -30,7 +30,15 @@ from rota.errors import RotaError
 @click.option("--off-device", type=click.FloatRange(min=0), default=0.1, show_default=True,
               help="Seconds of host work per step (reward judge for RL, data loading for SFT).")
 @click.option("--modes", default="dedicated,serial,timesliced", show_default=True,
-              help="Which runs to make, comma-separated.")
+              help="Which runs to make, comma-separated. Dedicated and serial share their runs: each job alone "
+              "on its own devices.")
+@click.option("--policy", type=click.Choice(["priority", "fifo"]), default="priority", show_default=True,
+              help="Time-sliced turn order: priority runs the RL jobs' turns first (each RL step waits for its "
+              "own sampler and trainer in turn) and lets SFT fill the gaps; fifo is first come, first served.")
+@click.option("--resident-first", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="With --capacity: serve jobs whose state is on the device before parked ones, and let a parked "
+              "job in after this many seconds (or once the device is free): when the jobs do not fit together "
+              "they then wait for room instead of trading places at every turn. 0 = off.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--host-memory", default="",
               help="Host memory the run may use (e.g. 120GB); the demo refuses to start if its estimate is larger. "
@@ -39,15 +47,23 @@ from rota.errors import RotaError
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=".",
               show_default=True, help="Where demo.json and demo-timeline.png go.")
 def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_size: str, batch: int, seq: int,
-         capacity: str, off_device: float, modes: str, seed: int, host_memory: str, out_dir: pathlib.Path) -> None:
+         capacity: str, off_device: float, modes: str, policy: str, resident_first: float, seed: int,
+         host_memory: str, out_dir: pathlib.Path) -> None:
     """Three real training jobs take turns on shared devices; compare with dedicated and serial.
 
     Two RL jobs (a sampler generates with the current policy, a judge scores off the
     device, the trainer does a policy-gradient step and pushes weights back) and one
-    SFT job (trainer + eval sampler). Prints makespan, device busy fraction,
-    device-hours vs dedicated, per-tenant slowdown, switches, park/restore and wait
-    percentiles, and whether every loss curve is bit-identical to its dedicated run.
-    Writes demo.json and demo-timeline.png.
+    SFT job (trainer + eval sampler), each a trainer and a sampler process.
+
+    \b
+    dedicated    each job alone on its own devices (trainer's and sampler's); makespan =
+                 the longest job, GPU-hours = 2 devices per job x that
+    serial       the same runs end to end on the shared devices
+    time-sliced  all jobs at once on the shared devices, taking turns through rota
+
+    Prints makespan, GPU-hours, each device's busy fraction, per-tenant slowdown,
+    switches, park/restore and wait percentiles, and whether every loss curve is
+    bit-identical to its dedicated run. Writes demo.json and demo-timeline.png.
     """
     try:
         from rota.demo.report import summarize, table, timeline_png, write_json
@@ -67,7 +83,7 @@ def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_s
         raise click.UsageError(f"--host-memory {host_memory!r} must be > 0 (omit it to read MemAvailable)")
     cfg = DemoConfig(steps=steps, groups=groups, device=device, size=size, off_device_s=off_device, seed=seed,
                      modes=tuple(m.strip() for m in modes.split(",") if m.strip()), capacity_bytes=capacity_bytes,
-                     host_memory_bytes=host_memory_bytes)
+                     host_memory_bytes=host_memory_bytes, policy=policy, resident_first_s=resident_first)
     try:
         cfg.check()
     except RotaError as exc:

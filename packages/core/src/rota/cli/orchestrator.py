@@ -13,7 +13,7 @@ from rota._plugins import plugin_manager
 from rota._service import serve
 from rota.cli.options import ByteSize, Endpoint
 from rota.errors import RotaError
-from rota.policies import available_policies, make_policy
+from rota.policies import ResidentFirst, available_policies, make_policy
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,10 @@ def orchestrator() -> None:
 @click.option("--capacity", type=ByteSize(), default="0", show_default=True,
               help="Device memory per group (e.g. 80GiB). Tenants that fit beside each other are not "
               "parked. 0 = unknown: park every other resident.")
+@click.option("--resident-first", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="With --capacity: serve waiters already on the device before parked ones; a parked job is let "
+              "in once this many seconds have passed (or nothing else is on the device), instead of trading "
+              "places at every turn when the jobs do not fit together. 0 = off.")
 @click.option("--prefetch/--no-prefetch", default=None,
               help="Restore the next waiter while the holder still runs, when it fits beside the residents "
               "(needs --capacity). Default: on when --capacity is set.")
@@ -49,7 +53,8 @@ def orchestrator() -> None:
 @click.option("--etcd", default="", envvar="ROTA_ETCD",
               help="Keep state in etcd at these comma-separated URLs (needs rota-orchestrator-etcd; env ROTA_ETCD).")
 def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float, park_timeout: float,
-              v1_max_turn: float, capacity: int, prefetch: bool | None, idle_exit: float, etcd: str) -> None:
+              v1_max_turn: float, capacity: int, resident_first: float, prefetch: bool | None, idle_exit: float,
+              etcd: str) -> None:
     """Serve the v1alpha1 orchestrator API and rota.v1 (fencing, sessions, status).
 
     Without --etcd, state lives in this process (the embedded orchestrator that
@@ -59,15 +64,22 @@ def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float
     if policy not in available_policies(pm):
         raise click.BadParameter(f"unknown policy {policy!r}; choose one of "
                                  f"{', '.join(sorted(available_policies(pm)))}", param_hint="--policy")
+    if resident_first and not capacity:
+        raise click.BadParameter(f"{resident_first:g} needs --capacity (without the device's size every other "
+                                 "resident is parked at each switch, so nobody stays resident)",
+                                 param_hint="--resident-first")
     store = None
     try:
         if etcd:
             store = pm.hook.rota_store(url=etcd)
             if store is None:
                 raise click.UsageError("--etcd needs the etcd store plugin: pip install rota-orchestrator-etcd")
+        chosen = make_policy(pm, policy, max_turn_s=max_turn)
+        if resident_first:
+            chosen = ResidentFirst(chosen, patience_s=resident_first, capacity_bytes=capacity)
         config = OrchestratorConfig(
             groups=tuple(g.strip() for g in groups.split(",") if g.strip()),
-            policy=make_policy(pm, policy, max_turn_s=max_turn), ttl_s=ttl, park_timeout_s=park_timeout,
+            policy=chosen, ttl_s=ttl, park_timeout_s=park_timeout,
             v1_max_turn_s=v1_max_turn, capacity_bytes=capacity, prefetch=prefetch, idle_exit_s=idle_exit)
         make = getattr(store, "make_orchestrator", None)  # e.g. rota_etcd's HA replica
         engine = make(config, listen=listen) if make else Orchestrator(config, store, name=f"embedded@{listen}")

@@ -9,13 +9,22 @@ from typing import Any
 from rota._units import format_bytes, percentile
 from rota.demo.runner import JOBS, DemoConfig, ModeResult
 
-_COLOURS = {"turn": "#2ca02c", "wait": "#d9d9d9", "park": "#d62728", "restore": "#1f77b4", "off": "#ff7f0e"}
-_LABELS = {"turn": "on device (turn)", "wait": "waiting for a turn", "park": "park", "restore": "restore",
-           "off": "off device (reward / data)"}
+_COLOURS = {"turn": "#2ca02c", "after": "#9467bd", "wait": "#d9d9d9", "park": "#d62728", "restore": "#1f77b4",
+            "off": "#ff7f0e"}
+_LABELS = {"turn": "on device (turn)", "after": "weight push after the turn (copy engine)",
+           "wait": "waiting for a turn", "park": "park", "restore": "restore", "off": "off device (reward / data)"}
 
 
-def _device_time(res: ModeResult) -> float:
-    return sum(b - a for r in res.reports.values() for k, a, b in r.events if k == "turn")
+def _device_time(res: ModeResult, role: str = "") -> float:
+    """Seconds of device turns, of every worker or of one role's (``trainer``/``sampler``)."""
+    return sum(b - a for name, r in res.reports.items() if name.endswith("/" + role) or not role
+               for k, a, b in r.events if k == "turn")
+
+
+def _role_busy(res: ModeResult, role: str) -> float:
+    """Busy fraction of the device(s) a role runs on: its turns over the makespan, per device it has."""
+    devices = len(JOBS) if res.mode == "dedicated" else 1
+    return _device_time(res, role) / (devices * res.makespan_s) if res.makespan_s else 0.0
 
 
 def _job_end(res: ModeResult, job: str) -> float:
@@ -32,8 +41,14 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
     for mode, res in results.items():
         out[mode] = {"makespan_s": res.makespan_s, "devices": res.devices,
                      "device_seconds": res.devices * res.makespan_s,
-                     "busy_fraction": _device_time(res) / (res.devices * res.makespan_s) if res.makespan_s else 0.0}
+                     "gpu_hours": res.devices * res.makespan_s / 3600,
+                     "busy_fraction": _device_time(res) / (res.devices * res.makespan_s) if res.makespan_s else 0.0,
+                     "how": res.how}
+        if cfg.groups == 2:  # one device for the trainers, one for the samplers
+            out[mode]["trainer_device_busy"] = _role_busy(res, "trainer")
+            out[mode]["sampler_device_busy"] = _role_busy(res, "sampler")
     ded, ser, ts = results.get("dedicated"), results.get("serial"), results.get("timesliced")
+    ref = ded or ser  # the runs of each job alone
     if ts is not None:
         parks = [p for r in ts.reports.values() for p in r.parks]
         restores = [p for r in ts.reports.values() for p in r.restores]
@@ -49,7 +64,8 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
             "wait_ms_p50": percentile(waits, 50), "wait_ms_p99": percentile(waits, 99),
             "adapters": sorted({r.adapter for r in ts.reports.values()}),
             "pool_setup_s_max": max((r.pool_setup_s for r in ts.reports.values()), default=0.0),
-            "capacity_bytes": cfg.capacity_bytes,
+            "capacity_bytes": cfg.capacity_bytes, "policy": cfg.policy, "resident_first_s": cfg.resident_first_s,
+            "push_pinned": all(r.push_pinned for r in ts.reports.values()),
         })
     ratios: dict[str, float] = {}
     if ts and ser:
@@ -63,41 +79,52 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
     tenants = []
     for job, kind in JOBS:
         row: dict[str, Any] = {"name": job, "kind": kind}
-        if ded:
-            row["dedicated_s"] = _job_end(ded, job)
-        for mode in ("serial", "timesliced"):
-            res = results.get(mode)
-            if res is None:
-                continue
-            if mode == "serial":
-                row["serial_s"] = res.job_spans.get(job, 0.0)
-            else:
-                row["timesliced_s"] = _job_end(res, job)
-        if ts and ded:
+        if ref:
+            row["dedicated_s"] = ref.job_spans.get(job, 0.0)
+        if ser:
+            row["serial_s"] = ser.job_spans.get(job, 0.0)
+        if ts:
+            row["timesliced_s"] = _job_end(ts, job)
+        if ts and ref:
             row["slowdown"] = row["timesliced_s"] / row["dedicated_s"] if row["dedicated_s"] else 0.0
-            pairs = [(ded.reports[n].values, ts.reports[n].values) for n in ded.reports if n.startswith(job + "/")]
+            pairs = [(ref.reports[n].values, ts.reports[n].values) for n in ref.reports if n.startswith(job + "/")]
             row["bit_identical"] = all(a == b and len(a) > 0 for a, b in pairs)
             row["final_loss"] = ts.reports[f"{job}/trainer"].values[-1]
         tenants.append(row)
     out["tenants"] = tenants
+    # every worker's curve (trainer losses; sampler rewards or eval losses), so runs can be compared later
+    out["curves"] = {mode: {name: r.values for name, r in sorted(res.reports.items())}
+                     for mode, res in results.items()}
     return out
 
 
 def table(summary: dict[str, Any]) -> str:
     """The terminal table."""
-    lines = [f"{'mode':<12} {'makespan':>9} {'devices':>8} {'device-s':>9} {'vs dedicated':>13} {'busy':>6}"]
-    base = summary.get("dedicated", {}).get("device_seconds")
+    lines: list[str] = []
+    r = summary["ratios"]
+    if "timesliced_over_serial_makespan" in r:
+        ratio = r["timesliced_over_serial_makespan"]
+        change = f"{1 - ratio:.0%} shorter" if ratio <= 1 else f"{ratio - 1:.0%} longer"
+        lines.append(f"time-sliced makespan / serial makespan = {ratio:.2f} ({change})")
+    if lines:
+        lines.append("")
+    lines.append(f"{'mode':<12} {'GPUs':>5} {'makespan':>9} {'GPU-hours':>10} {'vs dedicated':>13} "
+                 f"{'trainer GPU busy':>17} {'sampler GPU busy':>17}")
+    base_h = summary.get("dedicated", {}).get("gpu_hours")
     for mode in ("dedicated", "serial", "timesliced"):
         m = summary.get(mode)
         if not m:
             continue
-        rel = f"{m['device_seconds'] / base:.2f}x" if base else "-"
-        lines.append(f"{mode:<12} {m['makespan_s']:>8.1f}s {m['devices']:>8} {m['device_seconds']:>8.1f}s "
-                     f"{rel:>13} {m['busy_fraction']:>6.0%}")
-    r = summary["ratios"]
-    if "timesliced_over_serial_makespan" in r:
-        lines.append(f"time-sliced makespan / serial makespan = {r['timesliced_over_serial_makespan']:.2f} "
-                     f"({1 - r['timesliced_over_serial_makespan']:.0%} shorter)")
+        rel = f"{m['gpu_hours'] / base_h:.2f}x" if base_h else "-"
+        tb = f"{m['trainer_device_busy']:.0%}" if "trainer_device_busy" in m else "-"
+        sb = f"{m['sampler_device_busy']:.0%}" if "sampler_device_busy" in m else "-"
+        if "trainer_device_busy" not in m:
+            tb = f"{m['busy_fraction']:.0%} (all)"
+        lines.append(f"{mode:<12} {m['devices']:>5} {m['makespan_s']:>8.1f}s {m['gpu_hours']:>10.4f} {rel:>13} "
+                     f"{tb:>17} {sb:>17}")
+    for mode in ("dedicated", "serial", "timesliced"):
+        if summary.get(mode, {}).get("how"):
+            lines.append(f"  {mode}: {summary[mode]['how']}")
     ts = summary.get("timesliced")
     if ts:
         lines.append(f"switches {ts['switches']}, parks {ts['parks']} (p50 {ts['park_ms_p50']:.1f} ms, p99 "
@@ -150,7 +177,7 @@ def timeline_png(results: dict[str, ModeResult], path: pathlib.Path) -> None:
         ax.set_title(f"{mode}: makespan {res.makespan_s:.1f} s on {res.devices} device(s)", fontsize=10, loc="left")
     axes[-1, 0].set_xlabel("seconds since start")
     fig.legend(handles=[Patch(color=c, label=_LABELS[k]) for k, c in _COLOURS.items()], loc="upper center",
-               ncol=5, fontsize=8, frameon=False)
+               ncol=6, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     fig.savefig(path, dpi=110)
     plt.close(fig)

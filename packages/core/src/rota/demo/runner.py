@@ -1,6 +1,12 @@
 """`rota demo`: three jobs (two RL, one SFT), each a trainer and a sampler process,
 run three ways — dedicated, serial, time-sliced through rota — and compared.
 
+Dedicated and serial come from the same runs: each job alone on its own devices (its
+trainer's and its sampler's), one job after another. Serial is those runs end to end
+(makespan = the sum); dedicated is what a cluster with a device per worker would see if
+all jobs ran at once (makespan = the longest job alone, on 2 devices per job), and every
+time-sliced loss curve is compared with those runs.
+
 This module sizes the run against the host's memory, starts the worker processes
 (with one shared weight-push buffer per job, :mod:`rota.demo.push`) and collects what
 they report; the math lives in :mod:`rota.demo.workloads`, the per-process loop in
@@ -11,6 +17,7 @@ their host memory never overlaps.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import multiprocessing as mp
 import os
@@ -26,8 +33,13 @@ from rota.demo.push import WeightPush
 from rota.demo.worker import WorkerReport, WorkerSpec, worker_main
 from rota.demo.workloads import ModelSize
 from rota.errors import InvalidArgument, PermanentError
+from rota.policies import Fifo, Priority, ResidentFirst
 
 JOBS = (("rl-a", "rl"), ("rl-b", "rl"), ("sft", "sft"))
+# Time-sliced turn order. "priority": an RL job's next step waits for its own trainer and
+# sampler in turn (on-policy), so their turns go first; the SFT job, which only waits for
+# its data loader, fills the gaps. "fifo": first come, first served.
+POLICIES = {"priority": {"rl": 1, "sft": 0}, "fifo": {"rl": 0, "sft": 0}}
 WORKER_TIMEOUT_S = 1800.0
 # Host memory of one process besides the demo's tensors: interpreter and torch, plus the CUDA context on cuda.
 RUNTIME_BYTES = {"cpu": 400 * 10**6, "cuda": 2 * 10**9}
@@ -47,6 +59,8 @@ class DemoConfig:
     capacity_bytes: int = 0  # per group; 0 = park every other resident at each switch
     record_digests: bool = False  # test hook: workers record a weights digest at every push (both ends)
     host_memory_bytes: int = 0  # host memory the run may use; 0 = read MemAvailable (or the cgroup's room)
+    policy: str = "priority"  # time-sliced: "priority" (RL trainers and samplers before SFT's) or "fifo"
+    resident_first_s: float = 0.0  # > 0 (with capacity_bytes): resident waiters first, parked ones after this long
 
     def check(self) -> None:
         if self.steps < 1:
@@ -61,6 +75,11 @@ class DemoConfig:
             raise InvalidArgument(f"--modes {','.join(self.modes)!r}: choose from dedicated, serial, timesliced")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise InvalidArgument(f"--device {self.device!r}: use cpu or cuda")
+        if self.resident_first_s < 0 or (self.resident_first_s and not self.capacity_bytes):
+            raise InvalidArgument(f"--resident-first {self.resident_first_s:g} needs --capacity and must be >= 0 "
+                                  "seconds (without the device's size nobody stays resident)")
+        if self.policy not in POLICIES:
+            raise InvalidArgument(f"--policy {self.policy!r}: choose from {', '.join(POLICIES)}")
         if self.host_memory_bytes < 0:
             raise InvalidArgument(f"--host-memory {self.host_memory_bytes} must be > 0 bytes (omit it to read "
                                   "MemAvailable)")
@@ -81,6 +100,7 @@ class ModeResult:
     switches: int = 0
     prefetch: dict[str, int] = field(default_factory=dict)  # time-sliced: the orchestrator's prefetch counters
     job_spans: dict[str, float] = field(default_factory=dict)
+    how: str = ""  # how the mode was measured, for the report
 
 
 def _group_of(role: str, cfg: DemoConfig) -> str:
@@ -97,16 +117,21 @@ def _device_of(role: str, cfg: DemoConfig) -> str:
 
 def _specs(cfg: DemoConfig, jobs: tuple[tuple[str, str], ...], endpoint: str | None) -> list[WorkerSpec]:
     specs = []
-    for i, (job, kind) in enumerate(jobs):
+    for job, kind in jobs:
+        seed = cfg.seed + [j for j, _ in JOBS].index(job)  # a job's seed does not depend on who runs beside it
         for role in ("trainer", "sampler"):
-            specs.append(WorkerSpec(job=job, kind=kind, role=role, steps=cfg.steps, seed=cfg.seed + i,
+            # A sampler parks only when switches park everything (no capacity): only then pin its pool ahead.
+            specs.append(WorkerSpec(job=job, kind=kind, role=role, steps=cfg.steps, seed=seed,
                                     size=cfg.size, device=_device_of(role, cfg), group=_group_of(role, cfg),
                                     endpoint=endpoint, off_device_s=cfg.off_device_s,
-                                    eval_every=cfg.eval_every(), record_digests=cfg.record_digests))
+                                    eval_every=cfg.eval_every(), record_digests=cfg.record_digests,
+                                    priority=POLICIES[cfg.policy][kind],
+                                    prepare_pool=role == "trainer" or cfg.capacity_bytes == 0))
     return specs
 
 
-def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label: str) -> tuple[float, dict]:
+def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label: str,
+                 on_go: Callable[[], None] | None = None) -> tuple[float, dict]:
     """Start the workers of ``specs``, release them together, wait; return (makespan, reports).
 
     Returns only once every worker process has exited (killed if it hangs), so the next
@@ -137,6 +162,8 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
         for push in pushes:  # both workers hold their own handle now; the buffer goes when they exit
             push.close()
         _collect(results, procs, {"ready"}, len(procs), progress, label)
+        if on_go is not None:
+            on_go()
         start = time.monotonic()
         go.set()
         reports = _collect(results, procs, {"done"}, len(procs), progress, label)
@@ -150,8 +177,8 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
             if p.is_alive():
                 p.kill()
                 p.join()  # reaped: its pinned pools and push buffer are gone before the next mode
-    for r in reports.values():  # times relative to the common start
-        r.events = [(k, a - start, b - start) for k, a, b in r.events]
+    for r in reports.values():  # times relative to the common start; setup (before it) is not part of the run
+        r.events = [(k, a - start, b - start) for k, a, b in r.events if b >= start]
         r.start, r.end = 0.0, r.end - start
     return max(r.end for r in reports.values()), reports
 
@@ -237,9 +264,10 @@ def host_memory_plan(cfg: DemoConfig) -> HostMemoryPlan:
     parks = importlib.util.find_spec("rota_fsdp") is not None  # without the adapter nothing is parked
     runtime = RUNTIME_BYTES["cpu" if on_host else "cuda"]
     plans = []
+    sampler_pool = size.weight_bytes if cfg.capacity_bytes == 0 else 0  # pinned ahead only when it will park
     for mode in cfg.modes:
-        jobs = 1 if mode == "serial" else len(JOBS)
-        pools = jobs * (size.trainer_state_bytes + size.weight_bytes) if mode == "timesliced" and parks else 0
+        jobs = len(JOBS) if mode == "timesliced" else 1  # dedicated and serial run one job at a time
+        pools = jobs * (size.trainer_state_bytes + sampler_pool) if mode == "timesliced" and parks else 0
         plans.append(HostMemoryPlan(mode=mode, pools=pools, push=jobs * size.push_bytes, models=jobs * job_models,
                                     runtime=(2 * jobs + 1) * runtime, trainer_state=size.trainer_state_bytes,
                                     available=available, source=source))
@@ -291,32 +319,52 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
     cfg.check()
     host_memory_plan(cfg).check()
     out: dict[str, ModeResult] = {}
-    if "dedicated" in cfg.modes:
-        progress("dedicated: every worker on its own device, all jobs at once (reference losses)")
-        span, reports = _run_workers(_specs(cfg, JOBS, None), progress, "dedicated")
-        out["dedicated"] = ModeResult("dedicated", span, devices=2 * len(JOBS), reports=reports)
-    if "serial" in cfg.modes:
-        progress(f"serial: one job after another on {cfg.groups} device(s)")
-        total, reports, spans = 0.0, {}, {}
+    if "dedicated" in cfg.modes or "serial" in cfg.modes:
+        progress(f"each job alone on its own {cfg.groups} device(s), one job after another (dedicated and serial)")
+        alone = {}
         for job in JOBS:
-            span, job_reports = _run_workers(_specs(cfg, (job,), None), progress, "serial")
-            for r in job_reports.values():  # lay the jobs end to end on one time axis
-                r.events = [(k, a + total, b + total) for k, a, b in r.events]
-                r.start, r.end = total, r.end + total
-            spans[job[0]] = span
-            total += span
-            reports.update(job_reports)
-        out["serial"] = ModeResult("serial", total, devices=cfg.groups, reports=reports, job_spans=spans)
+            alone[job[0]] = _run_workers(_specs(cfg, (job,), None), progress, f"{job[0]} alone")
+        if "dedicated" in cfg.modes:
+            reports = {name: r for _, job_reports in alone.values() for name, r in job_reports.items()}
+            out["dedicated"] = ModeResult(
+                "dedicated", max(span for span, _ in alone.values()), devices=cfg.groups * len(JOBS),
+                reports=reports, job_spans={job: span for job, (span, _) in alone.items()},
+                how=(f"each job ran alone on its own {cfg.groups} device(s); dedicated makespan = the longest job "
+                     f"alone, on {cfg.groups} devices per job ({cfg.groups * len(JOBS)} in all), as if every job had "
+                     "its own devices at once"))
+        if "serial" in cfg.modes:
+            total, reports, spans = 0.0, {}, {}
+            for job, (span, job_reports) in alone.items():
+                for name, r in job_reports.items():  # lay the jobs end to end on one time axis (copies: dedicated
+                    reports[name] = dataclasses.replace(  # keeps its own times)
+                        r, events=[(k, a + total, b + total) for k, a, b in r.events], start=total, end=r.end + total)
+                spans[job] = span
+                total += span
+            out["serial"] = ModeResult("serial", total, devices=cfg.groups, reports=reports, job_spans=spans,
+                                       how=f"the same runs end to end on {cfg.groups} device(s)")
     if "timesliced" in cfg.modes:
-        progress(f"time-sliced: all jobs at once, taking turns through rota on {cfg.groups} group(s)")
-        config = OrchestratorConfig(ttl_s=60.0, park_timeout_s=600.0, capacity_bytes=cfg.capacity_bytes)
+        progress(f"time-sliced: all jobs at once, taking turns through rota on {cfg.groups} group(s), "
+                 f"{cfg.policy} policy")
+        policy: Any = Priority() if cfg.policy == "priority" else Fifo()
+        if cfg.resident_first_s:  # jobs that do not fit together wait for room instead of trading places
+            policy = ResidentFirst(policy, patience_s=cfg.resident_first_s, capacity_bytes=cfg.capacity_bytes)
+        config = OrchestratorConfig(ttl_s=60.0, park_timeout_s=600.0, capacity_bytes=cfg.capacity_bytes,
+                                    policy=policy)
         with running_orchestrator(config) as (endpoint, engine):
-            span, reports = _run_workers(_specs(cfg, JOBS, endpoint), progress, "time-sliced")
-            groups = list(engine.groups.values())
-            busy = sum(g.busy_seconds for g in groups)
-            switches = sum(g.switches for g in groups)
-            prefetch = {k: sum(getattr(g, f"prefetch_{k}") for g in groups)
-                        for k in ("hits", "misses", "failures", "wasted")}
-        out["timesliced"] = ModeResult("timesliced", span, devices=cfg.groups, reports=reports, busy_seconds=busy,
-                                       switches=switches, prefetch=prefetch)
+            at_go: dict[str, tuple] = {}
+
+            def counters() -> dict[str, tuple]:
+                return {gid: (g.busy_seconds, g.switches, g.prefetch_hits, g.prefetch_misses, g.prefetch_failures,
+                              g.prefetch_wasted) for gid, g in list(engine.groups.items())}
+
+            span, reports = _run_workers(_specs(cfg, JOBS, endpoint), progress, "time-sliced",
+                                         on_go=lambda: at_go.update(counters()))
+            delta = [tuple(a - b for a, b in zip(now, at_go.get(gid, (0,) * 6), strict=True))
+                     for gid, now in counters().items()]  # setup (before "go") is not part of the run
+            prefetch = {k: int(sum(d[2 + i] for d in delta)) for i, k in enumerate(("hits", "misses", "failures",
+                                                                                    "wasted"))}
+        out["timesliced"] = ModeResult(
+            "timesliced", span, devices=cfg.groups, reports=reports, busy_seconds=sum(d[0] for d in delta),
+            switches=int(sum(d[1] for d in delta)), prefetch=prefetch,
+            how=f"all jobs at once on {cfg.groups} device(s), taking turns through rota ({policy.name} policy)")
     return out

@@ -8,6 +8,13 @@ worker runs as if it had a dedicated device. Both paths execute the same math.
 Weights go from trainer to sampler through the job's shared host buffer
 (:mod:`rota.demo.push`): only a version number crosses the pipe. Tokens and rewards
 (small) still go as ``torch.save`` bytes.
+
+Setup happens before the runner's "go", in every mode alike, so no mode's clock pays
+for it: build the model, warm it up (a zero-learning-rate step through the job's own
+step function, or one generation: cuBLAS handles, kernels, the allocator's first
+blocks, the optimizer's state), pin the push buffer and the host pool. With rota the
+build and warm-up run inside a turn, so tenants whose states do not fit on the device
+together are built one at a time (the orchestrator parks the earlier ones).
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ class WorkerSpec:
     off_device_s: float = 0.1
     eval_every: int = 4
     record_digests: bool = False  # test hook: sha256 of the weights at every push, at both ends
+    priority: int = 0  # under the priority policy, higher runs first
+    prepare_pool: bool = True  # pin the host pool during setup (False: it grows at a first park, if any)
 
     @property
     def name(self) -> str:
@@ -60,6 +69,8 @@ class WorkerReport:
     adapter: str = "none"
     state_bytes: int = 0
     pool_setup_s: float = 0.0
+    push_pin_s: float = 0.0
+    push_pinned: bool = False
     digests: list[str] = field(default_factory=list)  # with spec.record_digests: one per push, in order
 
 
@@ -67,31 +78,59 @@ class _Device:
     """Device phases: a rota turn when shared, a plain block when dedicated."""
 
     def __init__(self, spec: WorkerSpec, report: WorkerReport) -> None:
-        self.spec, self.report, self.gpu = spec, report, None
+        self.spec, self.report, self.gpu, self.tracked = spec, report, None, None
+        self._counts = (0, 0, 0, 0)
         if spec.endpoint:
             import rota
 
-            self.gpu = rota.connect(group=spec.group, tenant=spec.name.replace("/", "-"), endpoint=spec.endpoint)
+            need = spec.size.trainer_state_bytes if spec.role == "trainer" else spec.size.weight_bytes
+            self.gpu = rota.connect(group=spec.group, tenant=spec.name.replace("/", "-"), endpoint=spec.endpoint,
+                                    priority=spec.priority, footprint_hint=need)
+
+    @contextlib.contextmanager
+    def setup(self) -> Iterator[None]:
+        """Building and warming up: inside a turn with rota (one tenant on the device at a time)."""
+        if self.gpu is None:
+            yield
+        else:
+            with self.gpu.turn():
+                yield
 
     def track(self, model: Any, opt: Any) -> None:
+        """Inside :meth:`setup`: make the state parkable (the host pool starts filling in the background)."""
         if self.gpu is None:
             return
         try:
             import rota_fsdp
         except ImportError:  # no adapter installed: state stays resident, nothing is parked
             return
-        tracked = rota_fsdp.track(self.gpu, model, opt)
-        self.report.pool_setup_s = tracked.prepare()  # pin the host pool now, before the clock starts
+        self.tracked = rota_fsdp.track(self.gpu, model, opt, pool_bytes=None if self.spec.prepare_pool else 0)
         self.report.adapter = "rota_fsdp"
 
+    def prepare(self) -> None:
+        """After :meth:`setup`, off the device: wait for the host pool to be pinned, before the clock starts."""
+        if self.tracked is not None and self.spec.prepare_pool:
+            self.report.pool_setup_s = self.tracked.prepare()
+
+    def started(self) -> None:
+        """The clock starts: what the client recorded during setup is not part of the run."""
+        if self.gpu is not None:
+            st = self.gpu.stats
+            self._counts = (st.events.total, st.parks.total, st.restores.total, st.waits_ms.total)
+
     @contextlib.contextmanager
-    def phase(self) -> Iterator[None]:
+    def phase(self, after: Any = None) -> Iterator[None]:
+        """A device phase; ``after`` (copies out of device state) runs once the turn is given back."""
         if self.gpu is None:
             t0 = time.monotonic()
             yield
-            self.report.events.append(("turn", t0, time.monotonic()))
+            t1 = time.monotonic()
+            self.report.events.append(("turn", t0, t1))
+            if after is not None:
+                after()
+                self.report.events.append(("after", t1, time.monotonic()))
         else:
-            with self.gpu.turn():
+            with self.gpu.turn(after=after):
                 yield
 
     @contextlib.contextmanager
@@ -104,10 +143,11 @@ class _Device:
         if self.gpu is None:
             return
         stats = self.gpu.stats
-        self.report.events += stats.events
-        self.report.parks = [(p.bytes_moved, p.seconds) for p in stats.parks]
-        self.report.restores = [(r.bytes_moved, r.seconds) for r in stats.restores]
-        self.report.waits_ms = list(stats.waits_ms)
+        events, parks, restores, waits = self._counts
+        self.report.events += stats.events.since(events)[0]
+        self.report.parks = [(p.bytes_moved, p.seconds) for p in stats.parks.since(parks)[0]]
+        self.report.restores = [(r.bytes_moved, r.seconds) for r in stats.restores.since(restores)[0]]
+        self.report.waits_ms = list(stats.waits_ms.since(waits)[0])
         self.gpu.close()
 
 
@@ -124,18 +164,21 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
 
     report = WorkerReport(spec.name)
     trainer = spec.role == "trainer"
-    model, opt = w.build(spec.size, spec.seed, spec.device, optimizer=trainer)
-    if not trainer:  # a sampler never backpropagates: no grads, so its host pool holds the weights only
-        model.requires_grad_(False)
-    report.state_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) * (4 if trainer else 1)
-    push.bind(model)
     dev = _Device(spec, report)
-    if trainer:  # materialise grads and AdamW state before tracking, so every tensor exists
-        _warm_optimizer(model, opt)
-    dev.track(model, opt)
+    with dev.setup():
+        model, opt = w.build(spec.size, spec.seed, spec.device, optimizer=trainer)
+        if not trainer:  # a sampler never backpropagates: no grads, so its host pool holds the weights only
+            model.requires_grad_(False)
+        report.state_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) * (4 if trainer else 1)
+        _warm_up(spec, model, opt)  # every tensor exists before tracking; first-call costs paid here
+        dev.track(model, opt)
+    push.bind(model)
+    report.push_pin_s, report.push_pinned = push.pin(), push.pinned
+    dev.prepare()
     results.put(("ready", spec.name, None))
     go.wait()
     report.start = time.monotonic()
+    dev.started()
     try:
         run = {("rl", "sampler"): _rl_sampler, ("rl", "trainer"): _rl_trainer,
                ("sft", "trainer"): _sft_trainer, ("sft", "sampler"): _sft_sampler}[(spec.kind, spec.role)]
@@ -146,19 +189,39 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
     results.put(("done", spec.name, report))
 
 
-def _warm_optimizer(model: Any, opt: Any) -> None:
-    """Create grads and AdamW moments with a zero-lr step so parking sees all state;
-    it changes no weight (lr 0, and weight decay scales by lr)."""
+def _warm_up(spec: WorkerSpec, model: Any, opt: Any) -> None:
+    """Run the worker's own device work once, changing nothing it will compute later.
+
+    A trainer takes one step of its own kind on an all-zero batch at learning rate 0
+    (weight decay scales by the learning rate, so no weight moves), then its grads and
+    AdamW moments and step counts are zeroed: the state a fresh optimizer would have,
+    but every tensor exists (so parking sees all of it) and cuBLAS, the kernels and the
+    allocator are warm. A sampler generates once (its own generator: no global RNG is
+    used) or evaluates once, without gradients.
+    """
     import torch
 
+    from rota.demo import workloads as w
+
+    size, device = spec.size, spec.device
+    zeros = torch.zeros(size.batch, size.seq, dtype=torch.long, device=device)
+    if spec.role == "sampler":
+        if spec.kind == "rl":
+            w.generate(model, size, spec.seed, 10**6, device)
+        else:
+            w.eval_loss(model, zeros, zeros)
+        return
     lrs = [g["lr"] for g in opt.param_groups]
     for g in opt.param_groups:
         g["lr"] = 0.0
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    opt.step()
+    if spec.kind == "rl":
+        w.reinforce_step(model, opt, zeros, torch.zeros(size.batch, device=device))
+    else:
+        w.sft_step(model, opt, zeros, zeros)
     for g, lr in zip(opt.param_groups, lrs, strict=True):
         g["lr"] = lr
+    for p in model.parameters():
+        p.grad.zero_()
     for state in opt.state.values():  # start from the same moments a fresh optimizer would have
         for key, value in state.items():
             if key != "step" and hasattr(value, "zero_"):
@@ -187,7 +250,8 @@ def _recv(conn: Any) -> Any:
 
 
 def _publish(spec: WorkerSpec, model: Any, push: WeightPush, report: WorkerReport) -> None:
-    """Trainer, inside its turn (after ``push.claim()``): weights into the shared buffer."""
+    """Trainer, right after its turn with its state still on the device (after ``push.claim()``): weights into
+    the shared buffer. Only the copy engine works, while the next trainer's turn computes."""
     push.write(model)
     if spec.record_digests:
         report.digests.append(weights_digest(model.state_dict()))
@@ -226,10 +290,9 @@ def _rl_trainer(spec, model, opt, dev, inbox, outbox, results, push, report) -> 
         pushing = step + 1 < spec.steps
         if pushing:
             push.claim()  # before the turn: the sampler has read the last push (it sent these tokens after)
-        with dev.phase():
+        publish = (lambda: _publish(spec, model, push, report)) if pushing else None
+        with dev.phase(after=publish):  # the push copies run while the next trainer computes
             loss = w.reinforce_step(model, opt, tokens.to(spec.device), rewards.to(spec.device))
-            if pushing:
-                _publish(spec, model, push, report)
         report.values.append(loss)
         results.put(("progress", spec.name, (step, loss)))
         if pushing:
@@ -246,10 +309,9 @@ def _sft_trainer(spec, model, opt, dev, inbox, outbox, results, push, report) ->
         pushing = (step + 1) % spec.eval_every == 0
         if pushing:
             push.claim()  # before the turn: waits only if the eval sampler still reads the previous push
-        with dev.phase():
+        publish = (lambda: _publish(spec, model, push, report)) if pushing else None
+        with dev.phase(after=publish):
             loss = w.sft_step(model, opt, x.to(spec.device), y.to(spec.device))
-            if pushing:
-                _publish(spec, model, push, report)
         report.values.append(loss)
         results.put(("progress", spec.name, (step, loss)))
         if pushing:

@@ -13,6 +13,8 @@ them to host memory and back fast and without breaking anybody's references:
   restores by resizing the same storages back and copying in. Tensor, parameter and
   storage identities survive, so optimizer and module references stay valid.
 * :func:`overlap` — park one parker while restoring another on separate streams.
+* :func:`name_untracked`, :func:`outside_allocator_bytes` — what a park left behind,
+  by name, and device memory outside torch's allocator (NVML), for residue reports.
 
 This is the only part of rota-core that imports torch (install ``rota-core[demo]`` or
 any torch adapter); nothing outside ``rota.tensors`` imports it.
@@ -24,7 +26,8 @@ from rota.tensors._guard import DiscardedTag, NoRoom, ResidueError, SwitchError,
 from rota.tensors._ledger import node_host_bytes
 from rota.tensors._parker import NamedTensors, TensorParker, overlap
 from rota.tensors._pool import HostBudgetExceeded, HostPool, host_bytes_in_use
+from rota.tensors._residue import name_untracked, outside_allocator_bytes, process_device_bytes
 
 __all__ = ["DiscardedTag", "HostBudgetExceeded", "HostPool", "NamedTensors", "NoRoom", "ResidueError", "SwitchError",
-           "SwitchTimeout", "TensorParker", "VerifyError", "host_bytes_in_use", "node_host_bytes",
-           "overlap"]
+           "SwitchTimeout", "TensorParker", "VerifyError", "host_bytes_in_use", "name_untracked", "node_host_bytes",
+           "outside_allocator_bytes", "overlap", "process_device_bytes"]

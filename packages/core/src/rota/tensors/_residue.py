@@ -1,0 +1,179 @@
+"""What a park left on the device, by name: live tensors rota does not track, and memory
+outside torch's allocator.
+
+Why: a park that leaves gigabytes behind is a fault, and "2112 MiB allocated" does not
+tell the user what to track or free. :func:`name_untracked` finds the live tensors on
+the device whose storage no adapter tracks and names each by who holds it (a module
+attribute, an object's attribute, a named-tuple field), so the message can say e.g.
+``FSDPCommContext.reduce_scatter_state.reduce_scatter_input``. It walks every
+Python object (``gc``), so adapters call it only when the allocator holds much more
+than the named residue, i.e. on the way to a fault.
+
+:func:`outside_allocator_bytes` reads NVML's per-process bytes on the device and takes
+away what torch's allocator reserves: the CUDA context, NCCL's communicators and
+buffers, library handles. Those cannot be parked (communicators stay alive across
+parks, so a turn never re-initialises them) and are reported as their own category,
+not counted against ``ROTA_RESIDUE_MAX_BYTES``. Needs ``nvidia-ml-py``; without it,
+or without a GPU, it returns None.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+from collections.abc import Iterable, Mapping
+
+import torch
+
+log = logging.getLogger(__name__)
+
+MAX_NAMED = 16  # storages named per park; the largest first
+_DEPTH = 3  # referrer levels followed to name a tensor
+
+
+def _device_tensors(device: torch.device, skip: set[int]) -> dict[int, tuple[int, list[torch.Tensor]]]:
+    """storage key -> (bytes, tensors) of every live tensor on ``device`` whose storage is not in ``skip``."""
+    out: dict[int, tuple[int, list[torch.Tensor]]] = {}
+    for obj in gc.get_objects():
+        if not issubclass(type(obj), torch.Tensor):  # type(), not isinstance: proxies warn on __class__
+            continue
+        try:
+            t = getattr(obj, "_local_tensor", None)
+            t = t if isinstance(t, torch.Tensor) else obj
+            if t.device != device or t.is_meta or t.layout != torch.strided:
+                continue
+            s = t.untyped_storage()
+            key, nbytes = s._cdata, s.nbytes()
+        except (RuntimeError, NotImplementedError):  # tensor subclasses without a plain storage
+            continue
+        if nbytes == 0 or key in skip:
+            continue
+        entry = out.setdefault(key, (nbytes, []))
+        entry[1].append(obj)
+    return out
+
+
+def _owner_of_dict(d: dict, ignore: set[int]) -> object | None:
+    for ref in gc.get_referrers(d):
+        if id(ref) not in ignore and getattr(ref, "__dict__", None) is d:
+            return ref
+    return None
+
+
+def _name(obj: object, ignore: set[int], depth: int) -> str:
+    """Who holds ``obj``: ``Type.attr``, ``Type.attr.field`` or ``Type.attr[i]``, up to ``depth`` levels."""
+    if depth == 0:
+        return ""
+    for ref in gc.get_referrers(obj):
+        if id(ref) in ignore:
+            continue
+        if isinstance(ref, dict):
+            key = next((k for k, v in ref.items() if v is obj), None)
+            if not isinstance(key, str):
+                continue
+            owner = _owner_of_dict(ref, ignore | {id(ref)})
+            if owner is not None:
+                return f"{type(owner).__name__}.{key}"
+            up = _name(ref, ignore | {id(ref)}, depth - 1)  # e.g. a module's _parameters or _buffers
+            if up:
+                return f"{up}[{key!r}]"
+        elif isinstance(ref, tuple) and hasattr(ref, "_fields"):  # a named tuple
+            field = next((f for f, v in zip(ref._fields, ref, strict=False) if v is obj), "?")
+            up = _name(ref, ignore | {id(ref)}, depth - 1)
+            return f"{up or type(ref).__name__}.{field}"
+        elif isinstance(ref, (list, tuple)):
+            index = next((i for i, v in enumerate(ref) if v is obj), None)
+            up = _name(ref, ignore | {id(ref)}, depth - 1)
+            if up:
+                return f"{up}[{index}]"
+        elif isinstance(getattr(ref, "__dict__", None), dict) and not isinstance(ref, type):
+            # Python >= 3.11 keeps most attributes inline: the object itself refers to the value
+            key = next((k for k, v in vars(ref).items() if v is obj), None)
+            if isinstance(key, str):
+                return f"{type(ref).__name__}.{key}"
+    return ""
+
+
+def name_untracked(device: torch.device | str, tracked: Iterable[int], *,
+                   known: Mapping[int, str] | None = None, limit: int = MAX_NAMED) -> dict[str, int]:
+    """``untracked:NAME`` -> device bytes of the live tensors on ``device`` that rota does not park.
+
+    :param tracked: storage keys (``untyped_storage()._cdata``) adapters park: skipped.
+    :param known: storage key -> a better name the adapter knows (e.g. ``layers.0.cache``
+        for a module attribute, ``fsdp:layers.0.weight`` for an unsharded parameter).
+    :param limit: at most this many storages are named (the largest); the rest are
+        summed under ``untracked:(N more tensors)``.
+
+    Tensors no Python object refers to (e.g. saved by an autograd graph that was never
+    run backward) cannot be named; they show only in the allocator's total.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    known = dict(known or {})
+    found = _device_tensors(device, set(tracked))
+    ranked = sorted(found.items(), key=lambda kv: -kv[1][0])
+    out: dict[str, int] = {}
+    ignore = {id(found), id(ranked)}
+    for key, (nbytes, tensors) in ranked[:limit]:
+        ignore |= {id(found[key]), id(found[key][1])}
+        name = known.get(key) or next((n for t in tensors if (n := _name(t, ignore, _DEPTH))), "")
+        t = tensors[0]
+        label = f"untracked:{name or 'unreferenced tensor'} ({str(t.dtype).removeprefix('torch.')}" \
+                f"{list(t.shape)})"
+        out[label] = out.get(label, 0) + nbytes
+    rest = ranked[limit:]
+    if rest:
+        out[f"untracked:({len(rest)} more tensors)"] = sum(n for _, (n, _) in rest)
+    return out
+
+
+_nvml_lock = threading.Lock()
+_nvml_state: dict[str, object] = {}
+
+
+def _nvml() -> object | None:
+    with _nvml_lock:
+        if "mod" not in _nvml_state:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                _nvml_state["mod"] = pynvml
+            except Exception as exc:  # no package, no driver: nothing to report
+                log.debug("NVML unavailable (%s): memory outside torch's allocator is not reported", exc)
+                _nvml_state["mod"] = None
+        return _nvml_state["mod"]
+
+
+def process_device_bytes(device: torch.device | str, pid: int | None = None) -> int | None:
+    """Bytes NVML says process ``pid`` (default: this one) uses on ``device``; None without NVML."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    nv = _nvml()
+    if nv is None:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        nvml_index = torch.cuda._get_nvml_device_index(index)  # honours CUDA_VISIBLE_DEVICES
+        handle = nv.nvmlDeviceGetHandleByIndex(nvml_index)  # type: ignore[attr-defined]
+        procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)  # type: ignore[attr-defined]
+    except Exception as exc:
+        log.debug("NVML per-process query failed: %s", exc)
+        return None
+    me = os.getpid() if pid is None else pid
+    return sum(int(p.usedGpuMemory or 0) for p in procs if p.pid == me)
+
+
+def outside_allocator_bytes(device: torch.device | str) -> int | None:
+    """This process's device bytes outside torch's caching allocator (context, NCCL, handles); None if unknown."""
+    used = process_device_bytes(device)
+    if used is None:
+        return None
+    return max(0, used - int(torch.cuda.memory_reserved(torch.device(device))))
+
+
+__all__ = ["name_untracked", "outside_allocator_bytes", "process_device_bytes"]

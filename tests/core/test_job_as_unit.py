@@ -1,0 +1,149 @@
+"""A job of several ranks is one unit: a rank that dies, raises in its turn or fails its
+restore ends the whole job's turn at once (the next job is granted), and the other ranks
+are told to abort (the ``rota_job_aborted`` hook) and refuse further turns.
+
+Real processes on a real orchestrator over gRPC; the 'collective' the surviving rank
+waits in is a plain wait (no torch), the tracked state a 1-byte stand-in (rank_worker.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+import rota
+from rota._engine import OrchestratorConfig
+from rota.testing import running_orchestrator
+from tests.conftest import PYTHON
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_worker.py")
+TTL_S = 3.0
+
+
+@pytest.fixture
+def served():
+    with running_orchestrator(OrchestratorConfig(ttl_s=TTL_S, park_timeout_s=10.0)) as s:
+        yield s
+
+
+def _ranks(endpoint: str, env: dict[str, str], mode: str) -> list[subprocess.Popen]:
+    return [subprocess.Popen([PYTHON, WORKER, endpoint, "g", "job2", str(r), "2", mode], env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for r in range(2)]
+
+
+def _line(proc: subprocess.Popen, prefix: str) -> str:
+    """The next line of ``proc`` that starts with ``prefix`` (others are skipped)."""
+    while True:
+        line = proc.stdout.readline()
+        assert line, f"process exited (code {proc.poll()}) before printing {prefix!r}"
+        if line.startswith(prefix):
+            return line.strip()
+
+
+def _lines(proc: subprocess.Popen, *prefixes: str) -> dict[str, str]:
+    """prefix -> the first line of ``proc`` starting with it, for every prefix, in whatever order they come."""
+    got: dict[str, str] = {}
+    while len(got) < len(prefixes):
+        line = proc.stdout.readline()
+        assert line, f"process exited (code {proc.poll()}) before printing {set(prefixes) - set(got)}"
+        for prefix in prefixes:
+            if line.startswith(prefix) and prefix not in got:
+                got[prefix] = line.strip()
+    return got
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait(timeout=10)
+
+
+def test_rank_killed_mid_turn_ends_the_jobs_turn_and_aborts_the_other_rank(served, child_env):
+    endpoint, engine = served
+    ranks = _ranks(endpoint, child_env, "wait")
+    try:
+        for p in ranks:
+            _line(p, "granted")
+        waiter = rota.connect(group="g", tenant="next", endpoint=endpoint)
+        os.kill(ranks[1].pid, signal.SIGKILL)  # dies inside the turn; rank 0 still holds and heartbeats
+        t0 = time.monotonic()
+        grant = waiter.acquire()
+        assert grant.job_id == "next" and time.monotonic() - t0 < TTL_S  # the broken stream, not the TTL
+        assert engine.groups["g"].tenants["job2"].state == "lost"
+        seen = _lines(ranks[0], "aborted", "refused")  # the hook's thread and the main thread print
+        assert "rank 1" in seen["aborted"] and seen["refused"] == "refused Faulted"
+        waiter.close()
+    finally:
+        _stop(ranks)
+
+
+def test_rank_frozen_mid_turn_ends_the_jobs_turn_within_the_ttl(served, child_env):
+    """SIGSTOP keeps rank 1's socket open: only its missing heartbeats show it is gone."""
+    endpoint, _engine = served
+    ranks = _ranks(endpoint, child_env, "wait")
+    try:
+        for p in ranks:
+            _line(p, "granted")
+        waiter = rota.connect(group="g", tenant="next", endpoint=endpoint)
+        os.kill(ranks[1].pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        assert waiter.acquire().job_id == "next"
+        assert TTL_S * 0.5 <= time.monotonic() - t0 < TTL_S * 3
+        assert "heartbeat TTL" in _lines(ranks[0], "aborted")["aborted"]
+        waiter.close()
+    finally:
+        _stop(ranks)
+
+
+def test_rank_raising_in_its_turn_faults_the_job_as_a_unit(served, child_env):
+    endpoint, engine = served
+    ranks = _ranks(endpoint, child_env, "raise")
+    try:
+        waiter = rota.connect(group="g", tenant="next", endpoint=endpoint)
+        assert _line(ranks[1], "raised") == "raised"
+        assert waiter.acquire().job_id == "next"  # rank 0 never released: the fault ended the turn
+        rec = engine.groups["g"].tenants["job2"]
+        # FAULTED; "lost" once both processes have exited (the fault's cause stays recorded)
+        assert rec.state in ("faulted", "lost") and "loss is NaN" in rec.fault and "rank 1" in rec.fault
+        seen = _lines(ranks[0], "aborted", "refused")
+        assert "loss is NaN" in seen["aborted"] and seen["refused"] == "refused Faulted"
+        assert ranks[1].wait(timeout=30) == 0
+        waiter.close()
+    finally:
+        _stop(ranks)
+
+
+def test_rank_whose_restore_fails_faults_the_job_and_frees_the_group(served, child_env):
+    endpoint, engine = served
+    ranks = _ranks(endpoint, child_env, "restore")
+    try:
+        for p in ranks:
+            _line(p, "released")
+        other = rota.connect(group="g", tenant="other", endpoint=endpoint)
+        other.pm.register(_OneByte(other))
+        with other.turn():  # job2 (1 byte, no capacity known) is parked for it
+            assert engine.groups["g"].tenants["job2"].state == "parked"
+        for p in ranks:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        assert _line(ranks[1], "failed") == "failed RuntimeError"  # the restore's own error reaches the caller
+        assert "restore failed" in _lines(ranks[0], "aborted")["aborted"]
+        assert other.acquire().job_id == "other"
+        rec = engine.groups["g"].tenants["job2"]
+        assert rec.state in ("faulted", "lost") and "restore failed" in rec.fault
+        other.close()
+    finally:
+        _stop(ranks)
+
+
+class _OneByte:
+    def __init__(self, gpu: rota.Gpu) -> None:
+        self.gpu = gpu
+
+    @rota.hookimpl
+    def rota_footprint(self, tenant):
+        return {"weights": 1} if tenant is self.gpu else None
