@@ -1,4 +1,4 @@
-"""Print the README's "How fast is a switch" table from the JSON in bench/results/.
+"""Print the README's "How fast is a switch" and two-GPU tables from the JSON in bench/results/.
 
     python bench/summarize.py            # markdown on stdout
 """
@@ -30,6 +30,57 @@ def _tinker_line(tinker: dict, name: str) -> None:
           f"(step latency vs one tenant alone; tolerance {tinker['tolerance']}x): {points}; {verdict} ({name}).")
 
 
+def _multigpu_rows() -> None:
+    """One row per framework of bench/multigpu_switch.py: medians over ranks, residue, NCCL, bit-identity."""
+    for path in sorted(RESULTS.glob("multigpu-*-cuda.json")):
+        d = json.loads(path.read_text())
+        ranks = d["ranks"]
+
+        def worst(key: str, ranks: list = ranks) -> float:
+            return max(r[key] for r in ranks)
+
+        m = d["model"]
+        what = (f"FSDP2 (fully_shard, fp32 AdamW), {d['ranks_per_job']} ranks" if d["framework"] == "fsdp2" else
+                f"Megatron TP={m['tp']} DistributedOptimizer (bf16, fp32 main)")
+        outside = max(r["residue_max_bytes"]["outside_allocator_nvml"] for r in ranks)
+        context = max(r["nvml_context_bytes"] or 0 for r in ranks)
+        print(f"| {what}, {d['jobs']} jobs x {d['turns_per_job']} turns, every switch parks both GPUs | "
+              f"{ranks[0]['state_gb']:.2f} GB per rank | {worst('park_s_median'):.3f} s = "
+              f"{worst('park_vs_floor'):.2f}x floor | {worst('restore_s_median'):.3f} s = "
+              f"{worst('restore_vs_floor'):.2f}x floor | left on device per rank: "
+              f"{max(r['residue_max_bytes']['allocator_allocated'] for r in ranks) / 2**20:.0f} MiB allocated; "
+              f"NCCL + CUDA context {outside / 2**20:.0f} MiB (context {context / 2**20:.0f}); bit-identical "
+              f"{d['all_bit_identical']}, hung: {d['hung'] or 'none'} | {path.name} |")
+
+
+def _two_gpu_experiment() -> None:
+    """The seed's experiment on two GPUs: GPU-hours of dedicated, serial and time-sliced, one line per run."""
+    runs = sorted(RESULTS.glob("demo-2gpu-*GB.json")) + sorted(RESULTS.glob("demo-2gpu-*GB-park.json"))
+    if not runs:
+        return
+    print("| run (2 x H200, 3 jobs, 40 steps) | dedicated: GPUs, makespan, GPU-h | serial | time-sliced | "
+          "time-sliced / serial makespan | GPU-h vs dedicated | trainer GPU busy | bit-identical | source |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for path in runs:
+        d = json.loads(path.read_text())
+        ref = d if "serial" in d else _load(path.name.replace("-park", ""))  # a time-sliced-only run
+        ts, ser, ded = d["timesliced"], ref["serial"], ref["dedicated"]
+        gb = d["config"]["trainer_state_bytes"] / 1e9
+        cap = ts["capacity_bytes"]
+        policy = ts["how"].rsplit("(", 1)[-1].removesuffix(")")  # e.g. "priority+resident-first policy"
+        how = f"{gb:.1f} GB trainers, " + (f"--capacity {cap / 1e9:.0f}GB" if cap else "no capacity: every switch "
+                                           "parks") + f", {policy}"
+        curves = ref["curves"]["dedicated"]
+        same = all(curves[k] == v for k, v in d["curves"]["timesliced"].items())
+
+        def cell(m: dict) -> str:
+            return f"{m['devices']}, {m['makespan_s']:.1f} s, {m['gpu_hours']:.4f}"
+
+        print(f"| {how} | {cell(ded)} | {cell(ser)} | {cell(ts)} | {ts['makespan_s'] / ser['makespan_s']:.2f} | "
+              f"{ts['gpu_hours'] / ded['gpu_hours']:.2f} | {ts['trainer_device_busy']:.0%} (serial "
+              f"{ser['trainer_device_busy']:.0%}) | {same} | {path.name} |")
+
+
 def main() -> None:
     print("| path (H200, bf16, 800 tensors) | size | park | restore | overlapped park ‖ restore | source |")
     print("|---|---|---|---|---|---|")
@@ -58,6 +109,9 @@ def main() -> None:
         print(f"| Megatron DDP + DistributedOptimizer GPT, every step | {mega['state_bytes'] / 1e9:.1f} GB | "
               f"{mega['park_s_median']:.3f} s = {mega['park_vs_floor']:.2f}x floor | {mega['restore_s_median']:.3f} s "
               f"= {mega['restore_vs_floor']:.2f}x floor | - | megatron-cuda.json |")
+    _multigpu_rows()
+    print()
+    _two_gpu_experiment()
     print()
     for path in sorted(RESULTS.glob("demo-cuda-*.json")):
         demo, size = json.loads(path.read_text()), path.stem.removeprefix("demo-cuda-")
