@@ -103,7 +103,12 @@ def batch(ns: argparse.Namespace, step: int, device: torch.device) -> tuple[torc
 
 def train_step(ns: argparse.Namespace, chunks: list[torch.nn.Module], opt: Any, step: int,
                device: torch.device) -> torch.Tensor:
-    tokens, position, mask = batch(ns, step, device)
+    return megatron_step(chunks, opt, *batch(ns, step, device))
+
+
+def megatron_step(chunks: list[torch.nn.Module], opt: Any, tokens: torch.Tensor, position: torch.Tensor,
+                  mask: torch.Tensor) -> torch.Tensor:
+    """One Megatron DDP + optimizer step on a batch (also bench/multigpu_switch.py's); the loss, on the host."""
     for c in chunks:
         c.zero_grad_buffer()
     opt.zero_grad()
@@ -138,8 +143,13 @@ def checksums(chunks: list[torch.nn.Module], opt: Any) -> dict[str, int]:
     return out
 
 
-def time_floor(pool: Any, nbytes: int, device: torch.device, repeats: int = 3) -> tuple[float, float]:
-    """Median seconds of a bare pinned copy of ``nbytes`` device->host and host->device, one sync each."""
+def time_floor(pool: Any, nbytes: int, device: torch.device, repeats: int = 3,
+               before: Any = None) -> tuple[float, float]:
+    """Median seconds of a bare pinned copy of ``nbytes`` device->host and host->device, one sync each.
+
+    ``before``: called right before each timed copy (bench/multigpu_switch.py passes a barrier, so that
+    every GPU of a job copies at the same moment).
+    """
     dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
     pairs, at = [], 0
     for piece in pool.pieces(0, nbytes):
@@ -150,6 +160,8 @@ def time_floor(pool: Any, nbytes: int, device: torch.device, repeats: int = 3) -
     for _ in range(repeats):
         for out, src_dst in ((d2h, False), (h2d, True)):
             sync(device)
+            if before is not None:
+                before()
             t0 = time.perf_counter()
             if stream is not None:
                 with torch.cuda.stream(stream):

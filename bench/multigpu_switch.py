@@ -198,17 +198,9 @@ class Megatron:
         tokens = torch.randint(0, ns.vocab, (ns.batch, ns.seq), generator=g).to(self.device)
         position = torch.arange(ns.seq, device=self.device).expand(ns.batch, ns.seq)
         mask = torch.triu(torch.ones(1, 1, ns.seq, ns.seq, device=self.device), diagonal=1).bool()
-        for c in chunks:
-            c.zero_grad_buffer()
-        opt.zero_grad()
-        loss = sum(c(tokens, position, mask, labels=tokens).float().mean() for c in chunks)
-        loss.backward()
-        for c in chunks:
-            c.finish_grad_sync()
-        ok, _, _ = opt.step()
-        if not ok:
-            raise RuntimeError("optimizer step was skipped")
-        return loss.detach().to("cpu", copy=True)
+        from megatron_switch import megatron_step  # bench/ is on sys.path since setup()
+
+        return megatron_step(chunks, opt, tokens, position, mask)
 
     def track(self, gpu: Any, chunks: Any, opt: Any) -> Any:
         import rota_megatron
@@ -236,34 +228,14 @@ class Megatron:
                 "optimizer": "DistributedOptimizer(Adam)"}
 
 
-def _floor(pool: Any, nbytes: int, device: Any, repeats: int = 3) -> tuple[float, float]:
-    """Median seconds of a pinned copy of ``nbytes`` D2H and H2D, every rank starting together."""
-    import torch
+def _floor(pool: Any, nbytes: int, device: Any) -> tuple[float, float]:
+    """Median seconds of a pinned copy of ``nbytes`` D2H and H2D, every rank of the job starting together."""
     import torch.distributed as dist
 
-    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    pairs, at = [], 0
-    for piece in pool.pieces(0, nbytes):
-        pairs.append((piece, dev[at:at + piece.numel()]))
-        at += piece.numel()
-    stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
-    d2h, h2d = [], []
-    for _ in range(repeats):
-        for out, to_device in ((d2h, False), (h2d, True)):
-            _sync(device)
-            dist.barrier()  # every GPU of the job copies at the same moment
-            t0 = time.perf_counter()
-            if stream is not None:
-                with torch.cuda.stream(stream):
-                    for host, d in pairs:
-                        (d.copy_(host, non_blocking=True) if to_device else host.copy_(d, non_blocking=True))
-                stream.synchronize()
-            else:
-                for host, d in pairs:
-                    (d.copy_(host) if to_device else host.copy_(d))
-            out.append(time.perf_counter() - t0)
-    del dev
-    return statistics.median(d2h), statistics.median(h2d)
+    sys.path.insert(0, os.path.dirname(HERE))
+    from megatron_switch import time_floor  # the same floor as the one-GPU Megatron bench
+
+    return time_floor(pool, nbytes, device, before=dist.barrier)
 
 
 def worker(ns: argparse.Namespace) -> None:

@@ -8,10 +8,12 @@ waits in is a plain wait (no torch), the tracked state a 1-byte stand-in (rank_w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -30,9 +32,19 @@ def served():
         yield s
 
 
-def _ranks(endpoint: str, env: dict[str, str], mode: str) -> list[subprocess.Popen]:
-    return [subprocess.Popen([PYTHON, WORKER, endpoint, "g", "job2", str(r), "2", mode], env=env,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for r in range(2)]
+@contextlib.contextmanager
+def _job_of_two(endpoint: str, env: dict[str, str], mode: str, ready: str = "") -> Iterator[list[subprocess.Popen]]:
+    """Both ranks of job2 running ``mode``; once each printed ``ready`` (if given), yield them; kill them after."""
+    ranks = [subprocess.Popen([PYTHON, WORKER, endpoint, "g", "job2", str(r), "2", mode], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        for p in ranks if ready else ():
+            _line(p, ready)
+        yield ranks
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait(timeout=10)
 
 
 def _line(proc: subprocess.Popen, prefix: str) -> str:
@@ -56,18 +68,9 @@ def _lines(proc: subprocess.Popen, *prefixes: str) -> dict[str, str]:
     return got
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        p.kill()
-        p.wait(timeout=10)
-
-
 def test_rank_killed_mid_turn_ends_the_jobs_turn_and_aborts_the_other_rank(served, child_env):
     endpoint, engine = served
-    ranks = _ranks(endpoint, child_env, "wait")
-    try:
-        for p in ranks:
-            _line(p, "granted")
+    with _job_of_two(endpoint, child_env, "wait", ready="granted") as ranks:
         waiter = rota.connect(group="g", tenant="next", endpoint=endpoint)
         os.kill(ranks[1].pid, signal.SIGKILL)  # dies inside the turn; rank 0 still holds and heartbeats
         t0 = time.monotonic()
@@ -77,17 +80,12 @@ def test_rank_killed_mid_turn_ends_the_jobs_turn_and_aborts_the_other_rank(serve
         seen = _lines(ranks[0], "aborted", "refused")  # the hook's thread and the main thread print
         assert "rank 1" in seen["aborted"] and seen["refused"] == "refused Faulted"
         waiter.close()
-    finally:
-        _stop(ranks)
 
 
 def test_rank_frozen_mid_turn_ends_the_jobs_turn_within_the_ttl(served, child_env):
     """SIGSTOP keeps rank 1's socket open: only its missing heartbeats show it is gone."""
     endpoint, _engine = served
-    ranks = _ranks(endpoint, child_env, "wait")
-    try:
-        for p in ranks:
-            _line(p, "granted")
+    with _job_of_two(endpoint, child_env, "wait", ready="granted") as ranks:
         waiter = rota.connect(group="g", tenant="next", endpoint=endpoint)
         os.kill(ranks[1].pid, signal.SIGSTOP)
         t0 = time.monotonic()
@@ -95,14 +93,11 @@ def test_rank_frozen_mid_turn_ends_the_jobs_turn_within_the_ttl(served, child_en
         assert TTL_S * 0.5 <= time.monotonic() - t0 < TTL_S * 3
         assert "heartbeat TTL" in _lines(ranks[0], "aborted")["aborted"]
         waiter.close()
-    finally:
-        _stop(ranks)
 
 
 def test_rank_raising_in_its_turn_faults_the_job_as_a_unit(served, child_env):
     endpoint, engine = served
-    ranks = _ranks(endpoint, child_env, "raise")
-    try:
+    with _job_of_two(endpoint, child_env, "raise") as ranks:
         waiter = rota.connect(group="g", tenant="next", endpoint=endpoint)
         assert _line(ranks[1], "raised") == "raised"
         assert waiter.acquire().job_id == "next"  # rank 0 never released: the fault ended the turn
@@ -113,16 +108,11 @@ def test_rank_raising_in_its_turn_faults_the_job_as_a_unit(served, child_env):
         assert "loss is NaN" in seen["aborted"] and seen["refused"] == "refused Faulted"
         assert ranks[1].wait(timeout=30) == 0
         waiter.close()
-    finally:
-        _stop(ranks)
 
 
 def test_rank_whose_restore_fails_faults_the_job_and_frees_the_group(served, child_env):
     endpoint, engine = served
-    ranks = _ranks(endpoint, child_env, "restore")
-    try:
-        for p in ranks:
-            _line(p, "released")
+    with _job_of_two(endpoint, child_env, "restore", ready="released") as ranks:
         other = rota.connect(group="g", tenant="other", endpoint=endpoint)
         other.pm.register(_OneByte(other))
         with other.turn():  # job2 (1 byte, no capacity known) is parked for it
@@ -136,8 +126,6 @@ def test_rank_whose_restore_fails_faults_the_job_and_frees_the_group(served, chi
         rec = engine.groups["g"].tenants["job2"]
         assert rec.state in ("faulted", "lost") and "restore failed" in rec.fault
         other.close()
-    finally:
-        _stop(ranks)
 
 
 class _OneByte:

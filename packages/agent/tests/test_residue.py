@@ -5,7 +5,7 @@ The adapter path is all real: a tenant subprocess tracks a torch model with rota
 residue over the WorkloadChannel and the agent faults the job over its limit.
 
 The NVML path uses ``FakeNvmlReader`` — a fake, because this machine has no GPU and no
-NVML: it stands in for :func:`rota_agent._nvml.process_bytes_by_pid` only. The agent,
+NVML: it stands in for :func:`rota.nvml.process_bytes_by_pid` only. The agent,
 its gRPC, the (fake-driver) cuda backend and the target process are real.
 """
 

@@ -35,7 +35,7 @@ that do exist, in the one order they may nest (outer first):
 
 1. *the event loop* (implicit): never blocks on a thread lock; blocking work (NVML,
    CUDA driver calls) goes to executor threads and is awaited.
-2. ``_nvml._lock`` (``threading.Lock``): taken in executor threads around the
+2. ``rota.nvml._lock`` (``threading.Lock``): taken in executor threads around the
    one-time ``nvmlInit``; a leaf: nothing is taken while it is held and it is never
    taken on the loop.
 3. tenant side, on the WorkloadClient thread of a process (``rota_agent.client``):
@@ -65,12 +65,13 @@ from typing import Any
 
 import grpc
 
+from rota import nvml as _nvml
 from rota._generated import snapshot_agent_pb2 as pb
 from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
 from rota._grpc_server import rpc_errors
 from rota._ids import check_id
 from rota.errors import InvalidArgument, RotaError
-from rota_agent import _nvml, _residue
+from rota_agent import _residue
 from rota_agent._generated import agent_ext_pb2 as ext
 from rota_agent.backends import Backend, Channel, Job, default_backends
 from rota_agent.errors import (

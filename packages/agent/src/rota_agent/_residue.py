@@ -7,7 +7,7 @@ snapshot. Two sources, both kept in the report by key:
   (:attr:`rota.ParkResult.residue`: tracked tags still resident, ``untracked:NAME``,
   ``process:allocated`` / ``process:reserved``), sent back in the CommandResult;
 * NVML per-process used memory of the job's pids (``nvml:pid:PID``), through an
-  injectable reader (:func:`rota_agent._nvml.process_bytes_by_pid`; tests pass a fake).
+  injectable reader (:func:`rota.nvml.process_bytes_by_pid`; tests pass a fake).
 
 What is *counted* against the threshold: the adapters' part as core counts it
 (:func:`rota._client.residue_fault`: the larger of the named bytes and the allocator's

@@ -8,6 +8,7 @@ import time
 import click
 
 from rota._units import parse_bytes
+from rota.cli.options import resident_first_option
 from rota.errors import RotaError
 
 
@@ -35,10 +36,7 @@ from rota.errors import RotaError
 @click.option("--policy", type=click.Choice(["priority", "fifo"]), default="priority", show_default=True,
               help="Time-sliced turn order: priority runs the RL jobs' turns first (each RL step waits for its "
               "own sampler and trainer in turn) and lets SFT fill the gaps; fifo is first come, first served.")
-@click.option("--resident-first", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="With --capacity: serve jobs whose state is on the device before parked ones, and let a parked "
-              "job in after this many seconds (or once the device is free): when the jobs do not fit together "
-              "they then wait for room instead of trading places at every turn. 0 = off.")
+@resident_first_option()
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--host-memory", default="",
               help="Host memory the run may use (e.g. 120GB); the demo refuses to start if its estimate is larger. "

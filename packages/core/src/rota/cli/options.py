@@ -35,3 +35,12 @@ class ByteSize(click.ParamType):
             return parse_bytes(value, what=f"--{param.name if param else 'size'}")
         except RotaError as exc:
             self.fail(str(exc), param, ctx)
+
+
+def resident_first_option(**extra: Any) -> Any:
+    """``--resident-first SECONDS``, the same for ``rota orchestrator serve`` and ``rota demo``."""
+    return click.option(
+        "--resident-first", type=click.FloatRange(min=0), default=0.0, show_default=True,
+        help="With --capacity: serve jobs whose state is on the device (or fits beside it) before parked ones, "
+        "and let a parked job in after this many seconds (or once the device is free): jobs that do not fit "
+        "together then wait for room instead of trading places at every turn. 0 = off.", **extra)

@@ -11,7 +11,7 @@ import click
 from rota._engine import Orchestrator, OrchestratorConfig
 from rota._plugins import plugin_manager
 from rota._service import serve
-from rota.cli.options import ByteSize, Endpoint
+from rota.cli.options import ByteSize, Endpoint, resident_first_option
 from rota.errors import RotaError
 from rota.policies import ResidentFirst, available_policies, make_policy
 
@@ -41,10 +41,7 @@ def orchestrator() -> None:
 @click.option("--capacity", type=ByteSize(), default="0", show_default=True,
               help="Device memory per group (e.g. 80GiB). Tenants that fit beside each other are not "
               "parked. 0 = unknown: park every other resident.")
-@click.option("--resident-first", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="With --capacity: serve waiters already on the device before parked ones; a parked job is let "
-              "in once this many seconds have passed (or nothing else is on the device), instead of trading "
-              "places at every turn when the jobs do not fit together. 0 = off.")
+@resident_first_option()
 @click.option("--prefetch/--no-prefetch", default=None,
               help="Restore the next waiter while the holder still runs, when it fits beside the residents "
               "(needs --capacity). Default: on when --capacity is set.")

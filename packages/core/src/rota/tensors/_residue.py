@@ -10,8 +10,8 @@ Python object (``gc``), so adapters call it only when the allocator holds much m
 than the named residue, i.e. on the way to a fault.
 
 :func:`outside_allocator_bytes` reads NVML's per-process bytes on the device and takes
-away what torch's allocator reserves: the CUDA context, NCCL's communicators and
-buffers, library handles. Those cannot be parked (communicators stay alive across
+away what torch's allocator reserves (:mod:`rota.nvml`): the CUDA context, NCCL's
+communicators and buffers, library handles. Those cannot be parked (communicators stay alive across
 parks, so a turn never re-initialises them) and are reported as their own category,
 not counted against ``ROTA_RESIDUE_MAX_BYTES``. Needs ``nvidia-ml-py``; without it,
 or without a GPU, it returns None.
@@ -22,10 +22,11 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import threading
 from collections.abc import Iterable, Mapping
 
 import torch
+
+from rota.nvml import device_process_bytes
 
 log = logging.getLogger(__name__)
 
@@ -130,42 +131,17 @@ def name_untracked(device: torch.device | str, tracked: Iterable[int], *,
     return out
 
 
-_nvml_lock = threading.Lock()
-_nvml_state: dict[str, object] = {}
-
-
-def _nvml() -> object | None:
-    with _nvml_lock:
-        if "mod" not in _nvml_state:
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                _nvml_state["mod"] = pynvml
-            except Exception as exc:  # no package, no driver: nothing to report
-                log.debug("NVML unavailable (%s): memory outside torch's allocator is not reported", exc)
-                _nvml_state["mod"] = None
-        return _nvml_state["mod"]
-
-
 def process_device_bytes(device: torch.device | str, pid: int | None = None) -> int | None:
     """Bytes NVML says process ``pid`` (default: this one) uses on ``device``; None without NVML."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    nv = _nvml()
-    if nv is None:
-        return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     try:
         nvml_index = torch.cuda._get_nvml_device_index(index)  # honours CUDA_VISIBLE_DEVICES
-        handle = nv.nvmlDeviceGetHandleByIndex(nvml_index)  # type: ignore[attr-defined]
-        procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)  # type: ignore[attr-defined]
-    except Exception as exc:
-        log.debug("NVML per-process query failed: %s", exc)
+    except Exception:
         return None
-    me = os.getpid() if pid is None else pid
-    return sum(int(p.usedGpuMemory or 0) for p in procs if p.pid == me)
+    return device_process_bytes(nvml_index, os.getpid() if pid is None else pid)
 
 
 def outside_allocator_bytes(device: torch.device | str) -> int | None:

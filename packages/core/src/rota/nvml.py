@@ -1,7 +1,9 @@
-"""Per-accelerator memory through NVML (``pip install rota-agent[gpu]``), else nothing.
+"""Device memory through NVML (``nvidia-ml-py``), else nothing: per GPU and per process.
 
-The only module that imports ``pynvml``; without it, or without a GPU, the agent's
-Status simply lists no accelerators.
+The only module of rota that imports ``pynvml``; without it, or without a GPU, every
+function here answers None or an empty list. Used by the agent (its Status lists the
+node's accelerators; its residue check reads what a parked job's pids still hold) and by
+:mod:`rota.tensors` (a tenant's bytes outside torch's allocator). No torch here.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import logging
 import threading
 
 log = logging.getLogger(__name__)
-_lock = threading.Lock()  # guards the one-time nvmlInit; a leaf lock (see rota_agent._agent on lock order)
+_lock = threading.Lock()  # guards the one-time nvmlInit; a leaf lock: nothing is taken while it is held
 _state: dict[str, object] = {}
 
 
@@ -23,7 +25,7 @@ def _nvml() -> object | None:
                 pynvml.nvmlInit()
                 _state["mod"] = pynvml
             except Exception as exc:  # no package, no driver, no GPU: report none
-                log.info("NVML unavailable (%s): Status lists no accelerators", exc)
+                log.info("NVML unavailable (%s): no accelerators or per-process bytes are reported", exc)
                 _state["mod"] = None
         return _state["mod"]
 
@@ -48,8 +50,7 @@ def accelerators() -> list[tuple[str, int, int]]:
 def process_bytes_by_pid(pids: tuple[int, ...]) -> dict[int, int] | None:
     """Device bytes each of ``pids`` uses, summed over all GPUs (None without NVML).
 
-    A pid NVML does not list holds nothing (0). The agent's residue check after a park
-    reads this (:mod:`rota_agent._residue`); it is blocking, so call it off the loop.
+    A pid NVML does not list holds nothing (0). Blocking: call it off an event loop.
     """
     nv = _nvml()
     if nv is None:
@@ -71,3 +72,17 @@ def process_bytes(pids: tuple[int, ...]) -> int | None:
     """Device bytes used by ``pids`` across all GPUs (None without NVML)."""
     per = process_bytes_by_pid(pids)
     return None if per is None else sum(per.values())
+
+
+def device_process_bytes(nvml_index: int, pid: int) -> int | None:
+    """Bytes process ``pid`` uses on the GPU NVML numbers ``nvml_index`` (None without NVML)."""
+    nv = _nvml()
+    if nv is None:
+        return None
+    try:
+        handle = nv.nvmlDeviceGetHandleByIndex(nvml_index)  # type: ignore[attr-defined]
+        procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)  # type: ignore[attr-defined]
+    except Exception as exc:
+        log.debug("NVML per-process query failed: %s", exc)
+        return None
+    return sum(int(p.usedGpuMemory or 0) for p in procs if p.pid == pid)
