@@ -16,6 +16,8 @@ Environment (each value is checked; a bad one raises :class:`rota.errors.ConfigE
     ROTA_PRIORITY      integer, higher first under the priority policy (default 0)
     ROTA_WEIGHT        positive share under the fair-share policy (default 1)
     ROTA_HEARTBEAT_S   seconds between heartbeats (default 1)
+    ROTA_TOKEN         bearer token for an orchestrator that checks credentials (rota.auth)
+    ROTA_TLS_CA, ROTA_TLS_CERT, ROTA_TLS_KEY   TLS to the orchestrator (CA; client cert for mTLS)
     ROTA_RESIDUE_MAX_BYTES   device bytes a park may leave behind before it is a fault
                        (default 256 MiB; see :func:`residue_fault`)
 
@@ -108,7 +110,7 @@ class Gpu:
 
     def __init__(self, group: str, tenant: str, endpoint: str, *, rank: int = 0, world_size: int = 1,
                  priority: int = 0, weight: float = 1.0, heartbeat_s: float = 1.0,
-                 pm: pluggy.PluginManager | None = None, footprint_hint: int = 0) -> None:
+                 pm: pluggy.PluginManager | None = None, footprint_hint: int = 0, token: str | None = None) -> None:
         self.group = check_id("group", group, job_id=tenant, group_id=group)
         self.tenant = check_id("tenant", tenant, job_id=tenant, group_id=group)
         if not 0 <= rank < world_size:
@@ -132,7 +134,10 @@ class Gpu:
         self._follow_lock = threading.Lock()
         self._target = endpoint
         self._old_channels: list[grpc.Channel] = []
-        self._channel = _channel(endpoint)
+        from rota import auth
+
+        self._token = auth.env_token() if token is None else token  # proves this tenant may act for its job
+        self._channel = _channel(endpoint, self._token)
         from rota._generated import rota_v1_pb2_grpc
 
         self.stub = rota_v1_pb2_grpc.RotaServiceStub(self._channel)
@@ -274,7 +279,7 @@ class Gpu:
             # The old channel stays open until close(): another thread may be mid-call on it
             # (that call gets "not the leader" too and retries on the new stub).
             self._old_channels.append(self._channel)
-            self._channel, self._target = _channel(target), target
+            self._channel, self._target = _channel(target, self._token), target
             self.stub = rota_v1_pb2_grpc.RotaServiceStub(self._channel)
 
     def park(self, plan: ParkPlan | None = None) -> ParkResult:
@@ -519,8 +524,11 @@ def _residue_max() -> int:
     return _env_int("ROTA_RESIDUE_MAX_BYTES", 256 << 20, minimum=0)
 
 
-def _channel(endpoint: str) -> grpc.Channel:
-    """A channel to one endpoint, or to several replicas (comma-separated) with failover."""
+def _channel(endpoint: str, token: str = "") -> grpc.Channel:
+    """A channel to one endpoint, or to several replicas (comma-separated) with failover; every call
+    carries ``token`` (TLS from ``ROTA_TLS_*``, see :func:`rota.auth.channel`)."""
+    from rota import auth
+
     endpoints = [e.strip() for e in endpoint.split(",") if e.strip()]
     # Reconnect within a second once an orchestrator is back (gRPC's default backoff grows
     # to two minutes): a tenant must re-attach within its TTL after a restart or failover.
@@ -528,8 +536,8 @@ def _channel(endpoint: str) -> grpc.Channel:
                ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
                ("grpc.max_reconnect_backoff_ms", 1000)]
     if len(endpoints) > 1 and not any(e.startswith("unix:") for e in endpoints):
-        return grpc.insecure_channel("ipv4:" + ",".join(endpoints), options=options)
-    return grpc.insecure_channel(endpoints[0], options=options)
+        return auth.channel("ipv4:" + ",".join(endpoints), token=token, options=options)
+    return auth.channel(endpoints[0], token=token, options=options)
 
 
 def check_endpoint(value: str, source: str) -> str:
@@ -598,13 +606,15 @@ def _ranks() -> tuple[int, int]:
 
 
 def connect(group: str | None = None, tenant: str | None = None, endpoint: str | None = None, *,
-            priority: int | None = None, weight: float | None = None, footprint_hint: int = 0) -> Gpu:
+            priority: int | None = None, weight: float | None = None, footprint_hint: int = 0,
+            token: str | None = None) -> Gpu:
     """Join a group as a tenant; defaults come from ``ROTA_*`` (see module docs).
 
     With no orchestrator configured, starts (or finds) the embedded one on this host.
     ``footprint_hint``: device bytes the job will hold once built; with an orchestrator
     that knows the device's size (``--capacity``), its first turn makes room for that much
-    (until an adapter reports what it really tracks).
+    (until an adapter reports what it really tracks). ``token``: the bearer token that
+    proves this process may act for the job (default ``ROTA_TOKEN``; see :mod:`rota.auth`).
     """
     group = group or os.environ.get("ROTA_GROUP") or "default"
     rank, world = _ranks()
@@ -630,4 +640,4 @@ def connect(group: str | None = None, tenant: str | None = None, endpoint: str |
     if share <= 0:
         raise ConfigError(f"weight {share!r} must be > 0")
     return Gpu(group, tenant, endpoint, rank=rank, world_size=world, priority=prio, weight=share,
-               heartbeat_s=_env_float("ROTA_HEARTBEAT_S", 1.0), footprint_hint=footprint_hint)
+               heartbeat_s=_env_float("ROTA_HEARTBEAT_S", 1.0), footprint_hint=footprint_hint, token=token)

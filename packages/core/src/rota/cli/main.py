@@ -12,6 +12,7 @@ from rota.cli.demo import demo
 from rota.cli.orchestrator import orchestrator
 from rota.cli.plugins import plugins
 from rota.cli.status import status
+from rota.cli.token import token
 from rota.errors import RotaError
 
 
@@ -32,6 +33,7 @@ cli.add_command(status)
 cli.add_command(plugins)
 cli.add_command(orchestrator)
 cli.add_command(demo)
+cli.add_command(token)
 
 
 def _add_plugin_commands() -> None:

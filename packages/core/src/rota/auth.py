@@ -1,0 +1,322 @@
+"""Who may act for which tenant: signed bearer tokens, and the checks every rota server makes.
+
+rota is shared by teams that do not trust each other, so every call that acts for a job
+(acquire, release, a session, an eviction) must prove it may. The proof is a JSON Web
+Token (PyJWT, HS256) signed with the orchestrator's *auth key*, a secret file only the
+orchestrator and the token issuers read (``rota token issue``, the Slurm prolog, the
+Kubernetes controller). A token names what it may act for:
+
+* a **tenant** token: one job of one group (``group=G, job=J``); a service that hosts
+  many tenants of its own group (the Tinker service) gets ``job="*"``: any job of G;
+* an **admin** token: any job of any group, eviction and the status of every group
+  (schedulers' epilogs and controllers, operators).
+
+Tokens travel as ``authorization: Bearer <token>`` gRPC metadata, over TLS when the
+server has a certificate (``--tls-cert``). They expire (default 24 h) and are never
+echoed back: a refusal says what was wrong, not what was sent. The embedded
+orchestrator's Unix socket needs no token: it lives in a directory only its owner
+(and root) can enter (:mod:`rota._local`).
+
+No home-made crypto: signing and checking are PyJWT's; keys come from ``secrets``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import stat
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import grpc
+
+from rota._ids import check_id
+from rota.errors import ConfigError, PermanentError
+
+ALGORITHM = "HS256"
+ISSUER = "rota"
+AUDIENCE = "rota"
+KEY_BYTES = 32
+MAX_TOKEN_CHARS = 4096  # a longer "token" is refused before it is decoded
+DEFAULT_TTL_S = 24 * 3600.0
+ANY_JOB = "*"
+METADATA_KEY = "authorization"
+
+
+class Unauthenticated(PermanentError):
+    """The caller brought no valid credential (missing, malformed, expired, wrongly signed)."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(PermanentError):
+    """The caller's credential does not cover what it asked to do."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a verified credential speaks for."""
+
+    group: str  # "" for an admin
+    job: str  # a job id, ANY_JOB, or "" for an admin
+    admin: bool = False
+    subject: str = ""  # for logs: "admin", "job g/j", "uid 1000 (unix socket)"
+
+    def may_act_for(self, group: str, job: str) -> bool:
+        """True when this principal may acquire, release, attach or evict ``job`` of ``group``."""
+        return self.admin or (group == self.group and self.job in (job, ANY_JOB))
+
+    def may_see(self, group: str) -> bool:
+        """True when this principal may read the status of ``group``."""
+        return self.admin or group == self.group
+
+    def require(self, group: str, job: str, action: str) -> None:
+        """Raise :class:`PermissionDenied` unless this principal may do ``action`` for ``job`` of ``group``."""
+        if not self.may_act_for(group, job):
+            raise PermissionDenied(f"{self.subject or 'this credential'} may not {action} job {job!r} of group "
+                                   f"{group!r}; use a token issued for that job (rota token issue --group {group} "
+                                   f"--job {job}) or an admin token")
+
+
+LOCAL_ADMIN = Principal("", "", admin=True, subject="the socket's owner")  # embedded Unix-socket orchestrator
+INSECURE_ADMIN = Principal("", "", admin=True, subject="an unauthenticated caller (--insecure)")
+
+
+@dataclass(frozen=True)
+class ServerAuth:
+    """How a rota server decides who is calling: a token, the socket's owner, or nobody checks.
+
+    * ``key``: bearer tokens are verified with it; a call with a valid token is its principal;
+    * ``local``: the server listens on a Unix socket in a directory only its owner can
+      enter, so a caller without a token is the owner (admin);
+    * ``insecure``: a TCP server started with ``--insecure``: a caller without a token is
+      admin (what every server did before credentials existed; v1alpha1 peers need it).
+    Otherwise a call without a token is refused (UNAUTHENTICATED).
+    """
+
+    key: bytes | None = None
+    local: bool = False
+    insecure: bool = False
+
+    def principal(self, metadata: Iterable[tuple[str, object]] | None) -> Principal:
+        """The caller of a request with this gRPC ``metadata``."""
+        token = token_from_metadata(metadata)
+        if token:
+            if self.key is None:
+                if self.local or self.insecure:  # nothing to check it against; the caller is trusted anyway
+                    return LOCAL_ADMIN if self.local else INSECURE_ADMIN
+                raise Unauthenticated("this server has no auth key to check bearer tokens with")
+            return verify(self.key, token)
+        if self.local:
+            return LOCAL_ADMIN
+        if self.insecure:
+            return INSECURE_ADMIN
+        raise Unauthenticated("no bearer token: this server checks credentials; set ROTA_TOKEN (or pass token=) "
+                              "to a token from `rota token issue`")
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def generate_key(path: str) -> None:
+    """Write a new random auth key to ``path`` (mode 0600; refuses to overwrite an existing file)."""
+    data = base64.b64encode(secrets.token_bytes(KEY_BYTES)) + b"\n"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        raise ConfigError(f"auth key file {path!r} already exists; remove it first or use it as it is") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot create auth key file {path!r}: {exc.strerror}") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def load_key(path: str) -> bytes:
+    """Read an auth key; refuse a file others may read, a link, or a key too short to sign with."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise ConfigError(f"auth key file {path!r} does not exist; create one with `rota token keygen {path}`") \
+            from None
+    except OSError as exc:
+        raise ConfigError(f"cannot open auth key file {path!r} ({exc.strerror}); it must be a regular file, not a "
+                          "symbolic link") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"auth key {path!r} is not a regular file")
+        if st.st_mode & 0o077:
+            raise ConfigError(f"auth key {path!r} is readable by others (mode {stat.S_IMODE(st.st_mode):o}); "
+                              f"chmod 600 {path}")
+        raw = f.read(4096).strip()
+    try:
+        key = base64.b64decode(raw, validate=True)
+    except ValueError:
+        key = b""
+    if len(key) < KEY_BYTES:
+        raise ConfigError(f"auth key {path!r} is not a base64 key of at least {KEY_BYTES} bytes; create one with "
+                          "`rota token keygen FILE`")
+    return key
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+def issue(key: bytes, *, group: str = "", job: str = "", admin: bool = False, ttl_s: float = DEFAULT_TTL_S,
+          now: float | None = None) -> str:
+    """A token for ``job`` of ``group`` (``job="*"``: any job of the group), or an admin token."""
+    import jwt
+
+    if ttl_s <= 0:
+        raise ConfigError(f"token lifetime {ttl_s!r} s must be > 0")
+    if admin:
+        if group or job:
+            raise ConfigError("an admin token names no group or job (it may act for all of them)")
+    else:
+        check_id("group", group, group_id=group)
+        if job != ANY_JOB:
+            check_id("job", job, job_id=job, group_id=group)
+    t = time.time() if now is None else now
+    claims = {"iss": ISSUER, "aud": AUDIENCE, "iat": int(t), "exp": int(t + ttl_s),
+              "rota_group": "" if admin else group, "rota_job": "" if admin else job, "rota_admin": bool(admin)}
+    return jwt.encode(claims, key, algorithm=ALGORITHM)
+
+
+def verify(key: bytes, token: str) -> Principal:
+    """The principal a token speaks for; :class:`Unauthenticated` (never quoting the token) if it is not valid."""
+    import jwt
+
+    if not token or len(token) > MAX_TOKEN_CHARS:
+        raise Unauthenticated("the bearer token is empty or too long")
+    try:
+        claims = jwt.decode(token, key, algorithms=[ALGORITHM], audience=AUDIENCE, issuer=ISSUER,
+                            options={"require": ["exp", "iat", "iss", "aud"]})
+    except jwt.ExpiredSignatureError:
+        raise Unauthenticated("the bearer token has expired; issue a new one (rota token issue)") from None
+    except jwt.PyJWTError as exc:
+        raise Unauthenticated(f"the bearer token is not valid here ({type(exc).__name__})") from None
+    admin = claims.get("rota_admin") is True
+    group, job = claims.get("rota_group", ""), claims.get("rota_job", "")
+    if not isinstance(group, str) or not isinstance(job, str) or (not admin and not (group and job)):
+        raise Unauthenticated("the bearer token names no group and job and is no admin token")
+    return Principal(group, job, admin=admin, subject="admin token" if admin else f"token for job {group}/{job}")
+
+
+def bearer(token: str) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata carrying ``token``."""
+    return ((METADATA_KEY, f"Bearer {token}"),)
+
+
+def token_from_metadata(metadata: Iterable[tuple[str, object]] | None) -> str:
+    """The bearer token in gRPC metadata, or "" when there is none."""
+    for k, v in metadata or ():
+        if k == METADATA_KEY:
+            text = v.decode() if isinstance(v, bytes) else str(v)
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() != "bearer":
+                raise Unauthenticated("the authorization metadata must be 'Bearer <token>'")
+            return token.strip()
+    return ""
+
+
+# --------------------------------------------------------------------------- channels
+
+
+class _Details(grpc.ClientCallDetails):  # type: ignore[misc]
+    def __init__(self, base: grpc.ClientCallDetails, metadata: list[tuple[str, str]]) -> None:
+        self.method, self.timeout, self.credentials = base.method, base.timeout, base.credentials
+        self.wait_for_ready = getattr(base, "wait_for_ready", None)
+        self.compression = getattr(base, "compression", None)
+        self.metadata = metadata
+
+
+class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
+              grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds ``authorization: Bearer <token>`` to every call of a channel."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = list(bearer(token))
+
+    def _with(self, details: grpc.ClientCallDetails) -> _Details:
+        return _Details(details, [*(details.metadata or ()), *self._metadata])
+
+    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return continuation(self._with(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        return continuation(self._with(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):  # type: ignore[no-untyped-def]
+        return continuation(self._with(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):  # type: ignore[no-untyped-def]
+        return continuation(self._with(details), requests)
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ConfigError(f"{what}={path!r} cannot be read ({exc.strerror}); point it at a PEM file") from None
+
+
+def tls_credentials() -> grpc.ChannelCredentials | None:
+    """Client TLS from the environment: ``ROTA_TLS_CA`` (the server's CA; turns TLS on) and, for
+    servers that check clients (mTLS), ``ROTA_TLS_CERT`` + ``ROTA_TLS_KEY``. None when TLS is off."""
+    ca = os.environ.get("ROTA_TLS_CA", "")
+    cert, key = os.environ.get("ROTA_TLS_CERT", ""), os.environ.get("ROTA_TLS_KEY", "")
+    if not ca:
+        if cert or key:
+            raise ConfigError("ROTA_TLS_CERT/ROTA_TLS_KEY are set but ROTA_TLS_CA is not; set ROTA_TLS_CA to the "
+                              "server's CA certificate (PEM) to use TLS")
+        return None
+    if bool(cert) != bool(key):
+        raise ConfigError("set both ROTA_TLS_CERT and ROTA_TLS_KEY (a client certificate and its key), or neither")
+    return grpc.ssl_channel_credentials(root_certificates=_read(ca, "ROTA_TLS_CA"),
+                                        private_key=_read(key, "ROTA_TLS_KEY") if key else None,
+                                        certificate_chain=_read(cert, "ROTA_TLS_CERT") if cert else None)
+
+
+def env_token() -> str:
+    """``ROTA_TOKEN`` (the tenant's or operator's bearer token), or ""."""
+    token = os.environ.get("ROTA_TOKEN", "").strip()
+    if len(token) > MAX_TOKEN_CHARS:
+        raise ConfigError(f"ROTA_TOKEN is {len(token)} characters long; a rota token is far shorter: set it to "
+                          "what `rota token issue` printed")
+    return token
+
+
+def channel(target: str, *, token: str | None = None, options: Iterable[tuple[str, object]] = ()) -> grpc.Channel:
+    """A channel to a rota server: TLS per :func:`tls_credentials`, every call carrying ``token``
+    (default ``ROTA_TOKEN``; none on a Unix socket, whose directory already admits only its owner)."""
+    opts = list(options)
+    creds = None if target.startswith("unix:") else tls_credentials()
+    ch = grpc.secure_channel(target, creds, options=opts) if creds else grpc.insecure_channel(target, options=opts)
+    token = env_token() if token is None else token
+    return grpc.intercept_channel(ch, _Bearer(token)) if token and not target.startswith("unix:") else ch
+
+
+def parse_ttl(text: str) -> float:
+    """``90s``, ``30m``, ``24h``, ``7d`` or plain seconds, as seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    raw = text.strip().lower()
+    scale = units.get(raw[-1:], None)
+    number = raw[:-1] if scale else raw
+    try:
+        value = float(number) * (scale or 1)
+    except ValueError:
+        raise ConfigError(f"--ttl {text!r} is not a duration; use e.g. 90s, 30m, 24h or 7d") from None
+    if not value > 0 or value > 366 * 86400:
+        raise ConfigError(f"--ttl {text!r} must be more than 0 and at most a year")
+    return value
+
+
+__all__ = ["ANY_JOB", "INSECURE_ADMIN", "LOCAL_ADMIN", "PermissionDenied", "Principal", "ServerAuth",
+           "Unauthenticated", "bearer", "channel",
+           "env_token", "generate_key", "issue", "load_key", "parse_ttl", "tls_credentials", "token_from_metadata",
+           "verify"]
