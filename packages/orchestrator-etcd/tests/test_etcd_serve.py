@@ -105,8 +105,8 @@ def test_unreachable_etcd_at_start_is_a_clear_error_naming_the_endpoints(child_e
     dead = f"http://127.0.0.1:{free_port()},http://127.0.0.1:{free_port()}"
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "rota", "orchestrator", "serve", "--etcd", dead,
-                          "--listen", f"127.0.0.1:{free_port()}"], capture_output=True, text=True, env=child_env,
-                         timeout=60)
+                          "--listen", f"127.0.0.1:{free_port()}", "--insecure"], capture_output=True, text=True,
+                         env=child_env, timeout=60)
     assert out.returncode == 2, out.stderr
     assert "cannot reach etcd at " + ", ".join(dead.split(",")) in out.stderr
     assert "Traceback" not in out.stderr

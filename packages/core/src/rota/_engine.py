@@ -52,7 +52,7 @@ from typing import Any, Protocol, TypeVar
 from rota._ids import check_id, check_pair
 from rota._state import GroupState
 from rota._types import Grant, ReleaseInfo, TurnRequest
-from rota.errors import Faulted, InvalidArgument, NotFound, RotaError, Unavailable
+from rota.errors import AlreadyAttached, Faulted, InvalidArgument, NotFound, RotaError, Unavailable
 from rota.policies import Fifo, Policy
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,8 @@ def _fail(fut: asyncio.Future, exc: BaseException) -> None:
 class GroupStore(Protocol):
     """Where group state lives. Implementations: :class:`MemoryStore`, rota_etcd's.
 
-    A store may also offer ``make_orchestrator(config, *, listen)`` returning an object
+    A store may offer ``delete(group_id)``: groups idle for ``idle_group_ttl_s`` are then
+    forgotten there too. It may also offer ``make_orchestrator(config, *, listen)`` returning an object
     with this module's :class:`Orchestrator` interface (``start``, ``stop``,
     ``stopped``, ``acquire``...): ``rota orchestrator serve`` then serves that instead
     of a plain engine (rota_etcd returns an HA replica that elects a leader).
@@ -110,6 +111,9 @@ class MemoryStore:
     async def commit(self, state: GroupState) -> None:
         return None
 
+    async def delete(self, group_id: str) -> None:
+        return None
+
 
 @dataclass
 class OrchestratorConfig:
@@ -119,10 +123,13 @@ class OrchestratorConfig:
     policy: Policy = field(default_factory=Fifo)
     ttl_s: float = 10.0  # a session silent this long is dead
     park_timeout_s: float = 120.0  # a park not acknowledged by then faults the tenant
-    v1_max_turn_s: float = 0.0  # turn limit for clients without a session (0 = none)
+    v1_max_turn_s: float = 600.0  # turn limit for clients without a session (0 = none): they send no heartbeats
+    idle_group_ttl_s: float = 600.0  # a group with nothing in it for this long is forgotten (0 = never)
+    ended_tenant_ttl_s: float = 600.0  # a tenant that left (idle, lost, faulted) is forgotten after this (0 = never)
     capacity_bytes: int = 0  # device bytes per group for residency checks (0 = unknown)
     idle_exit_s: float = 0.0  # exit after this long with no tenants (0 = never)
     agents: tuple[str, ...] = field(default_factory=lambda: _agents_from_env())  # node agents (rota-agent)
+    agent_auth_key: bytes | None = field(default=None, repr=False)  # mints the admin tokens agents check
     prefetch: bool | None = None  # restore the next waiter during the current turn (None = on iff capacity known)
 
     @property
@@ -145,7 +152,7 @@ class OrchestratorConfig:
         for name in ("ttl_s", "park_timeout_s"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name}={getattr(self, name)!r} must be > 0 seconds")
-        for name in ("v1_max_turn_s", "idle_exit_s", "capacity_bytes"):
+        for name in ("v1_max_turn_s", "idle_exit_s", "capacity_bytes", "idle_group_ttl_s", "ended_tenant_ttl_s"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(f"{name}={getattr(self, name)!r} must be >= 0 (0 disables it)")
         for g in self.groups:
@@ -192,7 +199,8 @@ class Orchestrator:
         self._tasks: list[asyncio.Task] = []
         self._idle_since = time.monotonic()
         self.stopped = asyncio.Event()
-        self.agents = AgentLinks(self.config.agents, self.config.park_timeout_s) if self.config.agents else None
+        self.agents = AgentLinks(self.config.agents, self.config.park_timeout_s,
+                                 auth_key=self.config.agent_auth_key) if self.config.agents else None
 
     # ------------------------------------------------------------- lifecycle
 
@@ -234,8 +242,8 @@ class Orchestrator:
                 return self._with_limits(grant)
             return self._with_limits(await asyncio.shield(fut))
         except asyncio.CancelledError:
-            if not self._live_sessions(key):  # a v1alpha1 caller gave up: leave the queue
-                await self._leave_queue(req.job_id, req.group_id)
+            if not self._live_sessions(key):  # a v1alpha1 caller gave up: leave the queue, or hand back a
+                await self._leave_queue(req.job_id, req.group_id)  # grant it can no longer learn of
             raise
 
     @_whole
@@ -258,14 +266,39 @@ class Orchestrator:
 
     @_whole
     async def _leave_queue(self, job_id: str, group_id: str) -> None:
+        """A caller without a session stopped waiting: it leaves the queue, and a grant made to it in the
+        meantime (its deadline passed as the holder released) goes to the next waiter instead of being held by
+        nobody."""
         async with self._lock(group_id):  # after a still-running _enqueue of the same call (FIFO)
             fut = self._grants.pop((group_id, job_id), None)
             if fut is not None and not fut.done():
                 fut.cancel()
             g = self.groups.get(group_id)
-            if g is not None and g.holder != job_id:
-                g.remove(job_id, time.monotonic(), lost=False)
-                await self.store.commit(g)
+            if g is None:
+                return
+            if g.holder == job_id:
+                log.warning("job %s was granted group %s after its caller stopped waiting; the turn goes to the "
+                            "next waiter", job_id, group_id)
+            g.remove(job_id, time.monotonic(), lost=False)
+            await self.store.commit(g)
+            self._kick(group_id)
+
+    @_whole
+    async def abandon(self, job_id: str, group_id: str, token: int) -> None:
+        """A grant its caller never received (the call ended as it was made): a job without a session
+        cannot learn of it, so the turn goes to the next waiter. Jobs with sessions acquire again and
+        get the same grant back."""
+        if self._live_sessions((group_id, job_id)):
+            return
+        async with self._lock(group_id):
+            g = self.groups.get(group_id)
+            if g is None or g.holder != job_id or g.token != token:
+                return
+            log.warning("job %s was granted group %s (token %d) but its call ended first; the turn goes to the "
+                        "next waiter", job_id, group_id, token)
+            g.remove(job_id, time.monotonic(), lost=False)
+            await self.store.commit(g)
+            self._kick(group_id)
 
     @_whole
     async def release(self, job_id: str, group_id: str, token: int = 0, rank: int = 0, *,
@@ -323,11 +356,21 @@ class Orchestrator:
             raise InvalidArgument(f"rank {rank} / world_size {world_size} is impossible (job={job_id!r}, "
                                   f"group={group_id!r}); need 0 <= rank < world_size", job_id=job_id,
                                   group_id=group_id)
+        key = (group_id, job_id)
+        for old in self._live_sessions(key):  # one live session per rank: a second one never displaces it
+            if old.rank != rank:
+                continue
+            if not (pid and old.pid == pid):
+                raise AlreadyAttached(f"rank {rank} of job {job_id!r} in group {group_id!r} already has a live "
+                                      "session from another process; a rank attaches once (close the other "
+                                      "process, or wait for its TTL)", job_id=job_id, group_id=group_id)
+            old.alive = False  # the same process reconnecting: its old stream is dead or dying
+            self._sessions[key].remove(old)
+            old.outbox.put_nowait(("close", "", 0))
         # The session counts from the moment it arrives, even if the group's lock is busy
         # (a slow commit): a job re-attaching after a restart must not miss its TTL waiting.
         s = Session(job_id, group_id, rank, pid, asyncio.Queue(), time.monotonic(), can_prefetch=can_prefetch,
                     world_size=world_size)
-        key = (group_id, job_id)
         self._sessions.setdefault(key, []).append(s)
         self._attached_once.add(key)
         try:
@@ -672,6 +715,32 @@ class Orchestrator:
             except Exception:  # the watchdog must outlive any one bad check
                 log.exception("watchdog check failed")
 
+    async def _collect(self, now: float) -> None:
+        """Forget tenants that ended long ago and groups with nothing in them (bounded memory and Status)."""
+        cfg = self.config
+        for g in list(self.groups.values()):
+            if g.group_id in cfg.groups:
+                continue
+            live = {job for (gid, job), ss in self._sessions.items() if gid == g.group_id and ss}
+            waiting = {job for gid, job in self._grants if gid == g.group_id}
+            if cfg.ended_tenant_ttl_s and any(now - r.last_active > cfg.ended_tenant_ttl_s for r in g.tenants.values()):
+                async with self._lock(g.group_id):
+                    if g.collect(now, cfg.ended_tenant_ttl_s, keep=live | waiting):
+                        await self.store.commit(g)
+            idle = g.idle_since()
+            if not cfg.idle_group_ttl_s or idle is None or live or waiting or now - idle <= cfg.idle_group_ttl_s:
+                continue
+            async with self._lock(g.group_id):
+                if g.idle_since() is None or self.groups.get(g.group_id) is not g:
+                    continue
+                delete = getattr(self.store, "delete", None)  # optional: a store that cannot forget keeps it
+                if delete is not None:
+                    await delete(g.group_id)
+                del self.groups[g.group_id]
+            self._drivers.pop(g.group_id, None)
+            self._locks.pop(g.group_id, None)
+            log.info("group %s had nothing in it for %.0f s: forgotten", g.group_id, now - idle)
+
     async def _check_liveness(self) -> None:
         now = time.monotonic()
         for key, sessions in list(self._sessions.items()):
@@ -699,6 +768,7 @@ class Orchestrator:
             v1_limit = self.config.v1_max_turn_s
             if v1_limit and held > v1_limit and key not in self._attached_once:
                 await self.evict(g.holder, g.group_id, reason=f"turn exceeded --v1-max-turn {v1_limit:g} s")
+        await self._collect(now)
         busy = any(g.holder or g.queue for g in self.groups.values()) or any(self._sessions.values())
         if busy:
             self._idle_since = now
@@ -726,10 +796,26 @@ class AgentLinks:
     POLL_S = (0.001, 0.05)
     POLL_SHARE = 50
 
-    def __init__(self, endpoints: tuple[str, ...], timeout_s: float) -> None:
+    TOKEN_TTL_S = 600.0  # the admin token shown to agents; a new one is minted at half its life
+
+    def __init__(self, endpoints: tuple[str, ...], timeout_s: float, *, auth_key: bytes | None = None) -> None:
         self.endpoints, self.timeout_s = endpoints, timeout_s
         self._stubs: dict[str, object] = {}
         self._channels: list[object] = []
+        self._auth_key = auth_key
+        self._token: tuple[float, tuple[tuple[str, str], ...]] = (0.0, ())
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        """``authorization`` for the agents: an admin token from the orchestrator's own key (none without one)."""
+        if self._auth_key is None:
+            return ()
+        minted, metadata = self._token
+        if time.monotonic() - minted > self.TOKEN_TTL_S / 2:
+            from rota import auth
+
+            metadata = auth.bearer(auth.issue(self._auth_key, admin=True, ttl_s=self.TOKEN_TTL_S))
+            self._token = (time.monotonic(), metadata)
+        return metadata
 
     def _stub(self, endpoint: str) -> Any:
         stub = self._stubs.get(endpoint)
@@ -749,7 +835,8 @@ class AgentLinks:
         from rota._generated import snapshot_agent_pb2 as spb
 
         try:
-            st = await self._stub(endpoint).Status(spb.StatusRequest(), timeout=self.STATUS_TIMEOUT_S)
+            st = await self._stub(endpoint).Status(spb.StatusRequest(), timeout=self.STATUS_TIMEOUT_S,
+                                                   metadata=self._metadata())
         except grpc.RpcError as exc:
             log.warning("agent %s did not answer Status (%s); ignoring it for now", endpoint, exc.code())
             return []
@@ -787,13 +874,14 @@ class AgentLinks:
         try:
             if kind == "snapshot":
                 op_id = (await stub.Snapshot(spb.SnapshotRequest(job_id=job_id, group=group_id),
-                                             timeout=self.timeout_s)).operation_id
+                                             timeout=self.timeout_s, metadata=self._metadata())).operation_id
             else:
                 op_id = (await stub.Restore(spb.RestoreRequest(job_id=job_id, group=group_id),
-                                            timeout=self.timeout_s)).operation_id
+                                            timeout=self.timeout_s, metadata=self._metadata())).operation_id
             while True:
                 op = await stub.GetOperation(spb.GetOperationRequest(operation_id=op_id),
-                                             timeout=max(0.1, deadline - time.monotonic()))
+                                             timeout=max(0.1, deadline - time.monotonic()),
+                                             metadata=self._metadata())
                 if op.status == spb.OPERATION_STATUS_COMPLETE:
                     return True, "", op.storage_bytes, time.monotonic() - t0
                 if op.status == spb.OPERATION_STATUS_FAILED:

@@ -21,12 +21,45 @@ from grpc_health.v1 import health, health_pb2
 from rota.errors import InvalidArgument, RotaError
 
 
+class BadMessage:
+    """A request that could not be parsed (e.g. invalid UTF-8 in a string field): refused as INVALID_ARGUMENT."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def error(self) -> InvalidArgument:
+        return InvalidArgument(f"the request could not be parsed ({self.why}); string fields must be UTF-8")
+
+
+def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def parse_or_mark(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # protobuf's DecodeError and friends: the handler refuses it clearly
+            return BadMessage(type(exc).__name__)
+
+    return parse_or_mark
+
+
+class LenientRequests(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Hands unparsable requests to the handler as :class:`BadMessage` (gRPC itself answers UNKNOWN)."""
+
+    async def intercept_service(self, continuation: Callable[..., Awaitable[Any]], details: Any) -> Any:
+        handler = await continuation(details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        return handler._replace(request_deserializer=_lenient(handler.request_deserializer))
+
+
 def rpc_errors(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Decorate a servicer method: a RotaError aborts the RPC with its code and message."""
+    """Decorate a servicer method: a RotaError aborts the RPC with its code and message; an
+    unparsable request (:class:`BadMessage`) is INVALID_ARGUMENT."""
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            if isinstance(request, BadMessage):
+                raise request.error()
             return await fn(self, request, context)
         except RotaError as exc:
             await context.abort(exc.code, str(exc), trailing_metadata=exc.trailers())
@@ -34,10 +67,24 @@ def rpc_errors(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any
     return wrapper
 
 
-def bind(server: grpc.aio.Server, listen: str) -> int:
-    """Add an insecure port for ``listen`` (HOST:PORT or unix:PATH); clear error if it is taken."""
+def server_tls(cert: str, key: str, client_ca: str = "") -> grpc.ServerCredentials:
+    """TLS for a server from PEM files; with ``client_ca`` every client must present a certificate it signed."""
+    def read(path: str, flag: str) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as exc:
+            raise InvalidArgument(f"{flag} {path!r} cannot be read ({exc.strerror}); give a PEM file") from None
+
+    return grpc.ssl_server_credentials([(read(key, "--tls-key"), read(cert, "--tls-cert"))],
+                                       root_certificates=read(client_ca, "--tls-client-ca") if client_ca else None,
+                                       require_client_auth=bool(client_ca))
+
+
+def bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None = None) -> int:
+    """Add a port for ``listen`` (HOST:PORT or unix:PATH), TLS when ``credentials``; clear error if it is taken."""
     try:
-        port = server.add_insecure_port(listen)
+        port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
     except RuntimeError as exc:
         raise InvalidArgument(f"cannot listen on {listen!r}: {exc}; is another rota server running there? "
                               "choose another --listen") from exc

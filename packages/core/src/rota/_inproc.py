@@ -12,19 +12,26 @@ from collections.abc import Iterator
 from rota._engine import Orchestrator, OrchestratorConfig
 from rota._grpc_server import free_port, serve_in_thread
 from rota._service import serve
+from rota.auth import ServerAuth
 
 __all__ = ["free_port", "running_orchestrator"]
 
 
 @contextlib.contextmanager
 def running_orchestrator(config: OrchestratorConfig | None = None, *, listen: str | None = None,
-                         store: object | None = None) -> Iterator[tuple[str, Orchestrator]]:
-    """Serve an orchestrator on its own event-loop thread; yield (endpoint, engine)."""
+                         store: object | None = None, auth: ServerAuth | None = None
+                         ) -> Iterator[tuple[str, Orchestrator]]:
+    """Serve an orchestrator on its own event-loop thread; yield (endpoint, engine).
+
+    ``auth``: who may call (:class:`rota.auth.ServerAuth`). Default: on a Unix socket its
+    owner; on a loopback TCP port anyone (tests); give one with a key to check tokens.
+    """
     listen = listen or f"127.0.0.1:{free_port()}"
+    auth = auth or ServerAuth(local=listen.startswith("unix:"), insecure=not listen.startswith("unix:"))
 
     async def start() -> tuple[Orchestrator, object]:
         engine = Orchestrator(config or OrchestratorConfig(), store)  # type: ignore[arg-type]
-        server = await serve(engine, listen)
+        server = await serve(engine, listen, auth=auth)
 
         async def stop() -> None:
             await engine.stop()

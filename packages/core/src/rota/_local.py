@@ -4,8 +4,15 @@
 which finds a running local orchestrator or starts one in the background (a file lock
 makes concurrent first clients start exactly one). It exits after 30 s with no tenants.
 
+Who may call it: only its owner (and root). It needs no token because its socket lives
+in a directory that this uid owns with mode 0700: nobody else can even reach the socket.
+That directory is checked, never trusted: a directory another uid made (or made
+world-writable, or a symbolic link) in the way is refused with the reason, the lock file
+is opened without following links, and a socket in it is never replaced while serving.
+
 Environment:
-    ROTA_RUNTIME_DIR  folder for the socket, lock and log (default /tmp/rota-<uid>)
+    ROTA_RUNTIME_DIR  folder for the socket, lock and log (default $XDG_RUNTIME_DIR/rota,
+                      else /tmp/rota-<uid>)
 """
 
 from __future__ import annotations
@@ -13,20 +20,38 @@ from __future__ import annotations
 import fcntl
 import os
 import pathlib
+import stat
 import subprocess
 import sys
 import time
 
 import grpc
 
-from rota.errors import Unavailable
+from rota.errors import ConfigError, Unavailable
 
 IDLE_EXIT_S = 30
 
 
 def runtime_dir() -> pathlib.Path:
-    path = pathlib.Path(os.environ.get("ROTA_RUNTIME_DIR") or f"/tmp/rota-{os.getuid()}")
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """This uid's private folder for the embedded orchestrator: created 0700, or checked to be exactly that."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    path = pathlib.Path(os.environ.get("ROTA_RUNTIME_DIR") or (f"{xdg}/rota" if xdg else f"/tmp/rota-{os.getuid()}"))
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigError(f"cannot create the embedded orchestrator's folder {str(path)!r}: {exc.strerror}; set "
+                          "ROTA_RUNTIME_DIR to a folder of yours") from None
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{str(path)!r} is a symbolic link or not a folder: the embedded orchestrator's folder "
+                          "must be a real folder of this user; remove it or set ROTA_RUNTIME_DIR")
+    if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise ConfigError(f"{str(path)!r} belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}; the "
+                          f"embedded orchestrator needs a folder owned by uid {os.getuid()} with mode 700 (another "
+                          "user could otherwise reach or replace its socket): remove it or set ROTA_RUNTIME_DIR")
     return path
 
 
@@ -49,7 +74,8 @@ def ensure_local_orchestrator(timeout: float = 20.0) -> str:
     if is_serving(endpoint):
         return endpoint
     folder = runtime_dir()
-    with open(folder / "orchestrator.lock", "w") as lock:
+    fd = os.open(folder / "orchestrator.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if is_serving(endpoint):
             return endpoint

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -22,51 +23,103 @@ from rota._generated import rota_v1_pb2 as pb
 from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota._generated import timeslice_orchestrator_pb2 as v1a
 from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
-from rota._grpc_server import bind, health_servicer, rpc_errors
+from rota._grpc_server import BadMessage, LenientRequests, bind, health_servicer, rpc_errors
+from rota._ids import check_id, check_pair
 from rota._state import GroupState
 from rota._types import TurnRequest
 from rota._units import percentile
-from rota.errors import InvalidArgument, RotaError
+from rota.auth import LOCAL_ADMIN, PermissionDenied, Principal, ServerAuth
+from rota.errors import DeadlineExceeded, InvalidArgument, RotaError
 
 log = logging.getLogger(__name__)
 
 
-class TimeSliceService(v1a_grpc.TimeSliceOrchestratorServiceServicer):
-    """timeslice_orchestrator.v1alpha1, exactly as existing clients expect it."""
+class _Guarded:
+    """Who is calling: every servicer method asks :meth:`caller` before it acts (see :mod:`rota.auth`)."""
 
-    def __init__(self, engine: Orchestrator) -> None:
-        self.engine = engine
+    def __init__(self, engine: Orchestrator, auth: ServerAuth) -> None:
+        self.engine, self.auth = engine, auth
+
+    def caller(self, context: Any) -> Principal:
+        return self.auth.principal(context.invocation_metadata())
+
+    def acting_for(self, context: Any, group_id: str, job_id: str, action: str) -> Principal:
+        """The caller, once the ids are valid and it may ``action`` ``job_id`` of ``group_id``."""
+        check_pair(job_id, group_id)
+        who = self.caller(context)
+        who.require(group_id, job_id, action)
+        return who
+
+    async def delivered(self, context: Any, req: TurnRequest) -> Any:
+        """The grant, waited for no longer than the caller waits; a grant its caller never receives (the
+        deadline passed as it was made) is handed on to the next waiter instead of being held by nobody."""
+        remaining = context.time_remaining()
+        waiting = self.engine.acquire(req)
+        if remaining is not None:
+            try:
+                grant = await asyncio.wait_for(waiting, max(0.0, remaining - DEADLINE_MARGIN_S))
+            except asyncio.TimeoutError:
+                raise DeadlineExceeded(f"job {req.job_id!r} was not granted group {req.group_id!r} within the "
+                                       "call's deadline; it left the queue, acquire again") from None
+        else:
+            grant = await waiting
+        context.add_done_callback(lambda ctx: ctx.cancelled() and asyncio.ensure_future(
+            self.engine.abandon(req.job_id, req.group_id, grant.token)))
+        return grant
+
+    async def visible_groups(self, who: Principal, group_id: str) -> list[GroupState]:
+        """The groups ``who`` may read: one named group, or all of them (an admin) or its own (a tenant)."""
+        if group_id:
+            check_id("group_id", group_id, group_id=group_id)
+            if not who.may_see(group_id):
+                raise PermissionDenied(f"{who.subject} may not read group {group_id!r}; use an admin token or one "
+                                       "issued for a job of that group")
+            return await self.engine.status(group_id)
+        if who.admin:
+            return await self.engine.status()
+        return [g for g in await self.engine.status() if g.group_id == who.group]
+
+
+class TimeSliceService(_Guarded, v1a_grpc.TimeSliceOrchestratorServiceServicer):
+    """timeslice_orchestrator.v1alpha1, exactly as existing clients expect it (with a credential where the
+    server checks them: the peer's own clients send none, so they work against --insecure or the Unix socket)."""
 
     @rpc_errors
     async def Acquire(self, request: v1a.AcquireRequest, context: Any) -> v1a.AcquireResponse:
-        grant = await self.engine.acquire(TurnRequest(request.job_id, request.group_id))
+        self.acting_for(context, request.group_id, request.job_id, "acquire for")
+        grant = await self.delivered(context, TurnRequest(request.job_id, request.group_id))
         return v1a.AcquireResponse(success=True, waited_ms=grant.waited_ms,
                                    context_restored=grant.context_restored)
 
     @rpc_errors
     async def Yield(self, request: v1a.YieldRequest, context: Any) -> v1a.YieldResponse:
+        self.acting_for(context, request.group_id, request.job_id, "yield for")
         info = await self.engine.release(request.job_id, request.group_id)
         return v1a.YieldResponse(success=True, pending_waiters=info.pending_waiters,
                                  snapshot_deferred=info.snapshot_deferred)
 
     @rpc_errors
     async def ListGroups(self, request: v1a.ListGroupsRequest, context: Any) -> v1a.ListGroupsResponse:
-        return v1a.ListGroupsResponse(group_ids=[g.group_id for g in await self.engine.status()])
+        groups = await self.visible_groups(self.caller(context), "")
+        return v1a.ListGroupsResponse(group_ids=[g.group_id for g in groups[:STATUS_MAX_GROUPS]])
 
     @rpc_errors
     async def GetGroupStatus(self, request: v1a.GetGroupStatusRequest, context: Any) -> v1a.GetGroupStatusResponse:
         if not request.group_id:
             raise InvalidArgument("group_id is empty; name the group to describe")
-        (g,) = await self.engine.status(request.group_id)
+        who = self.caller(context)
+        (g,) = await self.visible_groups(who, request.group_id)
         ts = Timestamp()
         ts.GetCurrentTime()
         active = g.holder or (g.residents[-1] if g.residents else "")
+        hide = _hider(who)
         status = v1a.GroupStatus(
             group_id=g.group_id, group_state=v1a.GroupStatus.State.Value("STATE_" + g.status_name()),
-            state_timestamp=ts, locking_job=g.holder, active_job=active,
-            waiter_queue_depth=len(g.queue), loaded_job=g.loaded_job)
+            state_timestamp=ts, locking_job=hide(g.holder), active_job=hide(active),
+            waiter_queue_depth=len(g.queue), loaded_job=hide(g.loaded_job))
+        states = await _agent_states(self.engine, g.group_id) if who.admin else []
         agent_states = [v1a.SnapshotAgentJobState(agent=agent, job_state=v1a.SnapshotAgentJobState.State.Value(
-            "STATE_" + state), job_id=job) for agent, state, job in await _agent_states(self.engine, g.group_id)]
+            "STATE_" + state), job_id=job) for agent, state, job in states]
         return v1a.GetGroupStatusResponse(group=status, agent_job_states=agent_states)
 
 
@@ -76,38 +129,74 @@ async def _agent_states(engine: Any, group_id: str) -> list[tuple[str, str, str]
     return await fn(group_id) if fn is not None else []
 
 
-class RotaService(pb_grpc.RotaServiceServicer):
-    """rota.v1: fencing tokens, sessions, multi-rank jobs, eviction, status."""
+def _hider(who: Principal) -> Any:
+    """Names of other jobs are not shown to a tenant (another team's job ids are theirs)."""
+    def hide(job: str) -> str:
+        return job if who.admin or not job or who.may_act_for(who.group, job) else OTHER_JOB
 
-    def __init__(self, engine: Orchestrator) -> None:
-        self.engine = engine
+    return hide
+
+
+def _check_turn_request(request: pb.TurnRequest) -> TurnRequest:
+    """A TurnRequest from the wire, with every number bounded (NaN, infinities and extremes refused)."""
+    if not MIN_PRIORITY <= request.priority <= MAX_PRIORITY:
+        raise InvalidArgument(f"priority {request.priority} is out of range; use {MIN_PRIORITY}..{MAX_PRIORITY}")
+    weight = request.weight or 1.0
+    if not math.isfinite(weight) or not 0 < weight <= MAX_WEIGHT:
+        raise InvalidArgument(f"weight {request.weight!r} must be a finite number in (0, {MAX_WEIGHT:g}]")
+    check_bytes("footprint_bytes", request.footprint_bytes)
+    return TurnRequest(request.job_id, request.group_id, request.priority, weight, request.world_size or 1,
+                       request.rank, request.footprint_bytes)
+
+
+def check_bytes(name: str, value: int) -> int:
+    """A byte count from a caller: >= 0 and below :data:`MAX_BYTES`."""
+    if not 0 <= value <= MAX_BYTES:
+        raise InvalidArgument(f"{name} {value} must be between 0 and {MAX_BYTES} bytes")
+    return value
+
+
+class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
+    """rota.v1: fencing tokens, sessions, multi-rank jobs, eviction, status; every call authorized."""
 
     @rpc_errors
     async def Acquire(self, request: pb.TurnRequest, context: Any) -> pb.Grant:
-        req = TurnRequest(request.job_id, request.group_id, request.priority, request.weight or 1.0,
-                          request.world_size or 1, request.rank, request.footprint_bytes)
-        g = await self.engine.acquire(req)
+        self.acting_for(context, request.group_id, request.job_id, "acquire for")
+        g = await self.delivered(context, _check_turn_request(request))
         return pb.Grant(token=g.token, waited_ms=g.waited_ms, context_restored=g.context_restored,
                         ttl_ms=g.ttl_ms, max_turn_ms=g.max_turn_ms)
 
     @rpc_errors
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseReply:
+        self.acting_for(context, request.group_id, request.job_id, "release for")
+        if request.token <= 0:
+            raise InvalidArgument("token is missing: a rota.v1 Release must carry the token of its grant")
         info = await self.engine.release(request.job_id, request.group_id, request.token, request.rank,
-                                         footprint_bytes=request.footprint_bytes)
+                                         footprint_bytes=check_bytes("footprint_bytes", request.footprint_bytes))
         return pb.ReleaseReply(pending_waiters=info.pending_waiters, snapshot_deferred=info.snapshot_deferred,
                                group_released=info.group_released)
 
     @rpc_errors
     async def Evict(self, request: pb.EvictRequest, context: Any) -> pb.EvictReply:
+        who = self.acting_for(context, request.group_id, request.job_id, "evict")
+        if len(request.reason) > REASON_MAX_CHARS:
+            raise InvalidArgument(f"reason is {len(request.reason)} characters long; give at most {REASON_MAX_CHARS}")
+        reason = bounded_text(request.reason) or "evicted by request"
         was_holder, was_queued = await self.engine.evict(request.job_id, request.group_id,
-                                                         reason=request.reason or "evicted by request")
+                                                         reason=f"{reason} (by {who.subject})")
         return pb.EvictReply(was_holder=was_holder, was_queued=was_queued)
 
     @rpc_errors
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusReply:
-        groups = await self.engine.status(request.group_id)
+        who = self.caller(context)
+        if request.page_size < 0:
+            raise InvalidArgument(f"page_size {request.page_size} is negative; use 0 for the server's default")
+        groups = [g for g in await self.visible_groups(who, request.group_id) if g.group_id > request.page_token]
+        size = min(request.page_size or STATUS_MAX_GROUPS, STATUS_MAX_GROUPS)
+        page, more = groups[:size], len(groups) > size
         policy = getattr(self.engine.config.policy, "name", "custom")
-        return pb.StatusReply(groups=[group_info(g, policy) for g in groups], orchestrator=self.engine.name)
+        return pb.StatusReply(groups=[group_info(g, policy, viewer=who) for g in page], orchestrator=self.engine.name,
+                              next_page_token=page[-1].group_id if more else "")
 
     async def Attach(self, request_iterator: AsyncIterator[pb.TenantMessage],
                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TenantCommand]:
@@ -116,12 +205,14 @@ class RotaService(pb_grpc.RotaServiceServicer):
             first = await request_iterator.__anext__()
         except StopAsyncIteration:
             return
-        if first.WhichOneof("message") != "hello":
+        if isinstance(first, BadMessage) or first.WhichOneof("message") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Attach message must be hello")
         h = first.hello
         # Only a client that said it handles "restore" commands is ever sent one (prefetch).
         try:
-            session = await self.engine.attach(h.job_id, h.group_id, h.rank, h.pid, h.footprint_bytes,
+            self.acting_for(context, h.group_id, h.job_id, "attach as")
+            session = await self.engine.attach(h.job_id, h.group_id, h.rank, h.pid,
+                                               check_bytes("footprint_bytes", h.footprint_bytes),
                                                can_prefetch=h.can_prefetch, world_size=h.world_size or 1)
         except RotaError as exc:
             await context.abort(exc.code, str(exc), trailing_metadata=exc.trailers())
@@ -163,9 +254,13 @@ class RotaService(pb_grpc.RotaServiceServicer):
         ends (and its job is treated as dead), so the cause is logged, never swallowed."""
         try:
             async for msg in it:
+                if isinstance(msg, BadMessage):
+                    raise msg.error()
                 kind = msg.WhichOneof("message")
                 if kind == "heartbeat":
                     hb = msg.heartbeat
+                    for name in ("footprint_bytes", "host_bytes", "spilled_bytes", "residue_bytes"):
+                        check_bytes(name, getattr(hb, name))
                     self.engine.heartbeat(session, hb.footprint_bytes,
                                           (hb.host_bytes, hb.spilled_bytes, hb.residue_bytes))
                 elif kind == "result":
@@ -179,6 +274,10 @@ class RotaService(pb_grpc.RotaServiceServicer):
                     await self.engine.fault_rank(session, bounded_text(msg.fault.reason))
         except (asyncio.CancelledError, grpc.RpcError, grpc.aio.AioRpcError):
             raise
+        except RotaError as exc:  # a bad message from this tenant: its session ends, the cause logged
+            log.warning("session of job %s in group %s: %s; ending the session", session.job_id, session.group_id,
+                        exc)
+            raise
         except Exception:
             log.exception("session of job %s in group %s: bad message handling; ending the session",
                           session.job_id, session.group_id)
@@ -186,20 +285,35 @@ class RotaService(pb_grpc.RotaServiceServicer):
 
 
 REASON_MAX_CHARS = 1000
+DEADLINE_MARGIN_S = 0.05  # an Acquire gives up this long before its caller's deadline, so its answer arrives
+OTHER_JOB = "(another job)"  # what a tenant sees of the other jobs of its group
+STATUS_MAX_GROUPS = 500  # groups per Status reply; more come in pages
+MAX_REQUEST = 8 << 20  # bytes of one request message (larger: RESOURCE_EXHAUSTED before it is read)
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
+MAX_WEIGHT = 1e6
+MAX_BYTES = 1 << 50  # a byte count from a caller (footprint, host memory): 1 PiB
 
 
 def bounded_text(text: str, limit: int = REASON_MAX_CHARS) -> str:
-    """A caller's free text made safe to log and to show: one line, at most ``limit`` characters."""
-    flat = " ".join(text.split())
+    """A caller's free text made safe to log and to show: one line, control characters escaped, at most
+    ``limit`` characters (a forged log line cannot be written through it)."""
+    flat = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in " ".join(text.split()))
     return flat if len(flat) <= limit else flat[:limit] + f"... ({len(flat) - limit} more characters)"
 
 
-def group_info(g: GroupState, policy: str = "") -> pb.GroupInfo:
-    """rota.v1 GroupInfo for one group state (used by Status and by rota_etcd)."""
+def group_info(g: GroupState, policy: str = "", *, viewer: Principal = LOCAL_ADMIN) -> pb.GroupInfo:
+    """rota.v1 GroupInfo for one group state (used by Status and by rota_etcd).
+
+    A tenant ``viewer`` sees its own record, the other jobs only as their place in the
+    queue (not their ids or accounting) and no fencing token.
+    """
     import time
 
+    hide = _hider(viewer)
     tenants = []
     for rec in g.tenants.values():
+        if hide(rec.job_id) == OTHER_JOB:
+            continue
         waits, parks = list(rec.waits_ms), list(rec.parks_ms)
         tenants.append(pb.TenantInfo(
             job_id=rec.job_id, state=rec.state, turns=rec.turns, gpu_seconds=rec.gpu_seconds,
@@ -207,8 +321,10 @@ def group_info(g: GroupState, policy: str = "") -> pb.GroupInfo:
             park_p99_ms=percentile(parks, 99), parked_bytes=rec.parked_bytes, footprint_bytes=rec.footprint_bytes,
             priority=rec.priority, weight=rec.weight, host_bytes=rec.host_bytes, spilled_bytes=rec.spilled_bytes,
             residue_bytes=rec.residue_bytes, fault=rec.fault))
-    return pb.GroupInfo(group_id=g.group_id, state=g.status_name(), holder=g.holder, token=g.token,
-                        queue=[w.job_id for w in g.queue], loaded_job=g.loaded_job, resident_jobs=g.residents,
+    return pb.GroupInfo(group_id=g.group_id, state=g.status_name(), holder=hide(g.holder),
+                        token=g.token if viewer.admin else 0,
+                        queue=[hide(w.job_id) for w in g.queue], loaded_job=hide(g.loaded_job),
+                        resident_jobs=[hide(j) for j in g.residents],
                         switches=g.switches, busy_seconds=g.busy_seconds,
                         age_seconds=max(0.0, time.monotonic() - g.created) if g.created else 0.0,
                         tenants=tenants, policy=policy, prefetch_hits=g.prefetch_hits,
@@ -222,18 +338,24 @@ SERVICE_NAMES = (
 )
 
 
-async def serve(engine: Orchestrator, listen: str, *, extra: Callable[[grpc.aio.Server], None] | None = None
-                ) -> grpc.aio.Server:
-    """Start a gRPC server for ``engine`` on ``listen`` (``host:port`` or ``unix:PATH``)."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    v1a_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(TimeSliceService(engine), server)
-    pb_grpc.add_RotaServiceServicer_to_server(RotaService(engine), server)
+async def serve(engine: Orchestrator, listen: str, *, extra: Callable[[grpc.aio.Server], None] | None = None,
+                auth: ServerAuth | None = None, tls: grpc.ServerCredentials | None = None) -> grpc.aio.Server:
+    """Start a gRPC server for ``engine`` on ``listen`` (``host:port`` or ``unix:PATH``).
+
+    ``auth`` says who may call (:class:`rota.auth.ServerAuth`; default: a Unix socket's
+    owner, or, on TCP, nobody without a token); ``tls``: the server's certificate.
+    """
+    auth = auth or ServerAuth(local=listen.startswith("unix:"))
+    server = grpc.aio.server(interceptors=[LenientRequests()],
+                             options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_REQUEST)])
+    v1a_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(TimeSliceService(engine, auth), server)
+    pb_grpc.add_RotaServiceServicer_to_server(RotaService(engine, auth), server)
     health = await health_servicer(SERVICE_NAMES)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     engine.health = health  # type: ignore[attr-defined]  # HA stores flip it to NOT_SERVING on followers
     if extra is not None:
         extra(server)
-    bind(server, listen)
+    bind(server, listen, tls)
     await engine.start()
     await server.start()
     return server

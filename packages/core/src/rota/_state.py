@@ -65,6 +65,7 @@ class TenantRecord:
     residue_bytes: int = 0  # device bytes the last park left behind
     fault: str = ""  # why the job is FAULTED; cleared by its next grant
     attached: bool = False  # speaks rota.v1 (had a session): must re-attach after a restart
+    last_active: float = 0.0  # monotonic time of its last enqueue, grant, release or removal (for collection)
     waits_ms: deque = field(default_factory=lambda: deque(maxlen=_SAMPLES))
     parks_ms: deque = field(default_factory=lambda: deque(maxlen=_SAMPLES))
 
@@ -125,6 +126,7 @@ class GroupState:
         if self.holder == req.job_id and req.rank not in self.released_ranks:
             return self.current_grant()
         rec = self.tenant(req.job_id)
+        rec.last_active = now
         rec.priority, rec.weight = req.priority, req.weight
         rec.world_size = max(1, req.world_size)
         if req.footprint_bytes:
@@ -267,15 +269,14 @@ class GroupState:
 
     def release(self, job_id: str, token: int, rank: int, now: float) -> ReleaseInfo:
         """One rank of the holder gives the turn back; the last rank frees the group."""
-        if self.holder != job_id:
-            holder = f"held by {self.holder!r}" if self.holder else "not held"
-            raise NotHolder(f"job {job_id!r} does not hold group {self.group_id!r} ({holder}); "
-                            "acquire before releasing", job_id=job_id, group_id=self.group_id)
-        if token and token != self.token:
-            raise StaleToken(f"job {job_id!r} released group {self.group_id!r} with token {token}, "
-                             f"but the current grant has token {self.token}; that turn already ended",
-                             job_id=job_id, group_id=self.group_id)
+        if self.holder != job_id:  # who does hold it is another job's business: not said
+            raise NotHolder(f"job {job_id!r} does not hold group {self.group_id!r}; acquire before releasing",
+                            job_id=job_id, group_id=self.group_id)
+        if token and token != self.token:  # the current token is not said either: it would let anyone release
+            raise StaleToken(f"job {job_id!r} released group {self.group_id!r} with token {token}, which is not "
+                             "its current grant's; that turn already ended", job_id=job_id, group_id=self.group_id)
         rec = self.tenant(job_id)
+        rec.last_active = now
         self.released_ranks.add(rank)
         if len(self.released_ranks) < rec.world_size:
             return ReleaseInfo(len(self.queue), not self.queue, group_released=False)
@@ -311,7 +312,27 @@ class GroupState:
             self.loaded_job = ""
         if job_id in self.tenants:
             self.tenants[job_id].state = "lost" if lost else "idle"
+            self.tenants[job_id].last_active = now
         return was_holder, waiter is not None
+
+    def idle_since(self) -> float | None:
+        """When this group last saw activity, if nobody holds it or waits for it now (else None).
+
+        Residents do not count here: the orchestrator forgets a group only when none of its
+        jobs has a live session, and a resident without one holds nothing rota parks.
+        """
+        if self.holder or self.queue or self.switching_to:
+            return None
+        return max([self.created, *(rec.last_active for rec in self.tenants.values())])
+
+    def collect(self, now: float, ttl_s: float, keep: set[str]) -> list[str]:
+        """Forget tenants that ended (idle, lost or faulted and not in ``keep``) more than ``ttl_s`` ago."""
+        gone = [job for job, rec in self.tenants.items()
+                if job not in keep and rec.state in ("idle", "lost", "faulted") and now - rec.last_active > ttl_s
+                and job not in self.residents and self.queued(job) is None and job != self.holder]
+        for job in gone:
+            del self.tenants[job]
+        return gone
 
     # -------------------------------------------------------- serialisation
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import grpc
 
 from rota._ids import check_id
-from rota.errors import ConfigError, PermanentError
+from rota.errors import ConfigError, PermissionDenied, Unauthenticated
 
 ALGORITHM = "HS256"
 ISSUER = "rota"
@@ -43,18 +43,6 @@ MAX_TOKEN_CHARS = 4096  # a longer "token" is refused before it is decoded
 DEFAULT_TTL_S = 24 * 3600.0
 ANY_JOB = "*"
 METADATA_KEY = "authorization"
-
-
-class Unauthenticated(PermanentError):
-    """The caller brought no valid credential (missing, malformed, expired, wrongly signed)."""
-
-    code = grpc.StatusCode.UNAUTHENTICATED
-
-
-class PermissionDenied(PermanentError):
-    """The caller's credential does not cover what it asked to do."""
-
-    code = grpc.StatusCode.PERMISSION_DENIED
 
 
 @dataclass(frozen=True)

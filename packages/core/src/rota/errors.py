@@ -69,6 +69,18 @@ class NotFound(PermanentError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class Unauthenticated(PermanentError):
+    """The caller brought no valid credential (missing, malformed, expired, wrongly signed)."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(PermanentError):
+    """The caller's credential does not cover what it asked to do."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class NotHolder(PermanentError):
     """Release or park by a job that does not hold the group."""
 
@@ -102,6 +114,18 @@ class NotLeader(Unavailable):
         return (("rota-leader", self.leader),) if self.leader else ()
 
 
+class DeadlineExceeded(TransientError):
+    """The call's deadline passed before it could be answered (an Acquire left the queue)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class AlreadyAttached(PermanentError):
+    """A rank of the job already has a live session from another process."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
 class Faulted(TransientError):
     """The job's state is faulted (a park or restore failed); retry re-runs it."""
 
@@ -111,10 +135,12 @@ class Faulted(TransientError):
 _BY_CODE: dict[grpc.StatusCode, type[RotaError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.PERMISSION_DENIED: NotHolder,
+    grpc.StatusCode.PERMISSION_DENIED: NotHolder,  # what a release of a turn not held answers
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyAttached,
     grpc.StatusCode.FAILED_PRECONDITION: StaleToken,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
 }
 
 

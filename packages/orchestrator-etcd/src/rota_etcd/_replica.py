@@ -252,6 +252,11 @@ class Replica:
             return await self._leading(job_id, group_id).release(job_id, group_id, token, rank,
                                                                  footprint_bytes=footprint_bytes)
 
+    async def abandon(self, job_id: str, group_id: str, token: int) -> None:
+        engine = self.engine
+        if engine is not None:
+            await engine.abandon(job_id, group_id, token)
+
     async def evict(self, job_id: str, group_id: str, *, reason: str, lost: bool = False) -> tuple[bool, bool]:
         check_pair(job_id, group_id)
         with _naming(job_id, group_id):

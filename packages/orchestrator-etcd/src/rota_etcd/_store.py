@@ -350,6 +350,18 @@ class TermStore:
             else:
                 self.turns.pop(g, None)
 
+    async def delete(self, group_id: str) -> None:
+        """Forget an idle group (no holder, so no turn key), if this term still leads and nobody changed it."""
+        self._check_term(group_id)
+        key = self.parent.group_key(group_id)
+        reply = await self.client.txn(
+            [cmp_create(self.parent.leader_key, self.term.revision), cmp_mod(key, self.revs.get(group_id, 0))],
+            [op_delete(key)], [], what=f"forgetting group {group_id!r}", retry=True)
+        if not reply.succeeded:
+            raise Unavailable(f"etcd refused to forget group {group_id!r}: this replica's leadership ended or "
+                              "another writer changed it", group_id=group_id)
+        self.revs.pop(group_id, None)
+
     def _applied_earlier(self, reply: Any, value: bytes) -> int:
         """After a refused retry: the group's revision if an earlier try of this very
         commit was applied (its reply lost), else 0."""

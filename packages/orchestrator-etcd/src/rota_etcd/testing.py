@@ -160,8 +160,9 @@ class OrchestratorProcess:
         env.setdefault("ROTA_ETCD_LEADER_TTL", "2")
         env["PYTHONUNBUFFERED"] = "1"
         level = os.environ.get("ROTA_TEST_LOG_LEVEL", "info")
+        security = [] if "--auth-key" in self.args else ["--insecure"]  # the tests' loopback replicas check
         cmd = [sys.executable, "-m", "rota", "--log-level", level, "orchestrator", "serve", "--etcd", self.etcd_url,
-               "--listen", self.endpoint, *self.args]
+               "--listen", self.endpoint, *security, *self.args]  # nobody unless given --auth-key in args
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
         log.close()

@@ -190,10 +190,14 @@ class EvictReply(_message.Message):
     def __init__(self, was_holder: bool = ..., was_queued: bool = ...) -> None: ...
 
 class StatusRequest(_message.Message):
-    __slots__ = ("group_id",)
+    __slots__ = ("group_id", "page_size", "page_token")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     group_id: str
-    def __init__(self, group_id: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, group_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class TenantInfo(_message.Message):
     __slots__ = ("job_id", "state", "turns", "gpu_seconds", "wait_p50_ms", "wait_p99_ms", "park_p50_ms", "park_p99_ms", "parked_bytes", "footprint_bytes", "priority", "weight", "host_bytes", "spilled_bytes", "residue_bytes", "fault")
@@ -268,9 +272,11 @@ class GroupInfo(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., state: _Optional[str] = ..., holder: _Optional[str] = ..., token: _Optional[int] = ..., queue: _Optional[_Iterable[str]] = ..., loaded_job: _Optional[str] = ..., resident_jobs: _Optional[_Iterable[str]] = ..., switches: _Optional[int] = ..., busy_seconds: _Optional[float] = ..., age_seconds: _Optional[float] = ..., tenants: _Optional[_Iterable[_Union[TenantInfo, _Mapping]]] = ..., policy: _Optional[str] = ..., prefetch_hits: _Optional[int] = ..., prefetch_misses: _Optional[int] = ..., prefetch_failures: _Optional[int] = ..., prefetch_wasted: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("groups", "orchestrator")
+    __slots__ = ("groups", "orchestrator", "next_page_token")
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     ORCHESTRATOR_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedCompositeFieldContainer[GroupInfo]
     orchestrator: str
-    def __init__(self, groups: _Optional[_Iterable[_Union[GroupInfo, _Mapping]]] = ..., orchestrator: _Optional[str] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupInfo, _Mapping]]] = ..., orchestrator: _Optional[str] = ..., next_page_token: _Optional[str] = ...) -> None: ...

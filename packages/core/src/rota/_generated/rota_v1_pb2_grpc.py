@@ -75,7 +75,7 @@ class RotaServiceServicer(object):
 
     def Release(self, request, context):
         """One rank gives its turn back. The group is released when every rank of the
-        job has released. A token older than the current grant is refused
+        job has released. The token of the grant is required; another one is refused
         (FAILED_PRECONDITION). Returns at once; parking happens in the background.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -95,7 +95,8 @@ class RotaServiceServicer(object):
 
     def Evict(self, request, context):
         """Removes a job from a group: releases its turn if it holds one and drops it
-        from the queue. Used by scheduler plugins when a job or pod ends.
+        from the queue. Used by scheduler plugins when a job or pod ends (an admin
+        credential), or by a job for itself.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -7,10 +7,13 @@ import logging
 import signal
 
 import click
+import grpc
 
 from rota._engine import Orchestrator, OrchestratorConfig
+from rota._grpc_server import server_tls
 from rota._plugins import plugin_manager
 from rota._service import serve
+from rota.auth import ServerAuth, load_key
 from rota.cli.options import ByteSize, Endpoint, resident_first_option
 from rota.errors import RotaError
 from rota.policies import ResidentFirst, available_policies, make_policy
@@ -36,8 +39,9 @@ def orchestrator() -> None:
               help="Seconds without a heartbeat after which a tenant is dead and loses its turn.")
 @click.option("--park-timeout", type=float, default=120.0, show_default=True,
               help="Seconds a tenant may take to park before it is FAULTED and the group moves on.")
-@click.option("--v1-max-turn", type=float, default=0.0, show_default=True,
-              help="Longest turn for v1alpha1-only clients, which send no heartbeats (0 = no limit).")
+@click.option("--v1-max-turn", type=float, default=600.0, show_default=True,
+              help="Longest turn for v1alpha1-only clients, which send no heartbeats: a holder that vanished "
+              "frees the group after this (0 = no limit).")
 @click.option("--capacity", type=ByteSize(), default="0", show_default=True,
               help="Device memory per group (e.g. 80GiB). Tenants that fit beside each other are not "
               "parked. 0 = unknown: park every other resident.")
@@ -49,9 +53,21 @@ def orchestrator() -> None:
               help="Exit after this many seconds with no tenants (0 = run until stopped).")
 @click.option("--etcd", default="", envvar="ROTA_ETCD",
               help="Keep state in etcd at these comma-separated URLs (needs rota-orchestrator-etcd; env ROTA_ETCD).")
+@click.option("--auth-key", default="", envvar="ROTA_AUTH_KEY", type=click.Path(dir_okay=False),
+              help="Check every caller's bearer token against this key (rota token keygen FILE; env ROTA_AUTH_KEY). "
+              "A tenant token acts for its own job only; an admin token for all. Required on a TCP listener "
+              "unless --insecure.")
+@click.option("--tls-cert", default="", type=click.Path(dir_okay=False),
+              help="Serve TLS with this certificate (PEM); clients set ROTA_TLS_CA.")
+@click.option("--tls-key", default="", type=click.Path(dir_okay=False), help="The private key of --tls-cert (PEM).")
+@click.option("--tls-client-ca", default="", type=click.Path(dir_okay=False),
+              help="Also require client certificates signed by this CA (mTLS; clients set ROTA_TLS_CERT/KEY).")
+@click.option("--insecure", is_flag=True,
+              help="Serve TCP without checking callers: anyone who can connect may act for any job. Only for "
+              "trusted single-team setups and unmodified v1alpha1 clients; a warning is printed at every start.")
 def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float, park_timeout: float,
               v1_max_turn: float, capacity: int, resident_first: float, prefetch: bool | None, idle_exit: float,
-              etcd: str) -> None:
+              etcd: str, auth_key: str, tls_cert: str, tls_key: str, tls_client_ca: str, insecure: bool) -> None:
     """Serve the v1alpha1 orchestrator API and rota.v1 (fencing, sessions, status).
 
     Without --etcd, state lives in this process (the embedded orchestrator that
@@ -71,24 +87,52 @@ def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float
             store = pm.hook.rota_store(url=etcd)
             if store is None:
                 raise click.UsageError("--etcd needs the etcd store plugin: pip install rota-orchestrator-etcd")
+        key = load_key(auth_key) if auth_key else None
         chosen = make_policy(pm, policy, max_turn_s=max_turn)
         if resident_first:
             chosen = ResidentFirst(chosen, patience_s=resident_first, capacity_bytes=capacity)
         config = OrchestratorConfig(
             groups=tuple(g.strip() for g in groups.split(",") if g.strip()),
             policy=chosen, ttl_s=ttl, park_timeout_s=park_timeout,
-            v1_max_turn_s=v1_max_turn, capacity_bytes=capacity, prefetch=prefetch, idle_exit_s=idle_exit)
+            v1_max_turn_s=v1_max_turn, capacity_bytes=capacity, prefetch=prefetch, idle_exit_s=idle_exit,
+            agent_auth_key=key)  # the agents are shown admin tokens made with the same key
         make = getattr(store, "make_orchestrator", None)  # e.g. rota_etcd's HA replica
         engine = make(config, listen=listen) if make else Orchestrator(config, store, name=f"embedded@{listen}")
+        server_auth, tls = _security(listen, key, tls_cert, tls_key, tls_client_ca, insecure)
     except RotaError as exc:
         raise click.UsageError(str(exc)) from None
-    asyncio.run(_run(engine, listen))
+    asyncio.run(_run(engine, listen, server_auth, tls))
+
+
+def _security(listen: str, key: bytes | None, tls_cert: str, tls_key: str, tls_client_ca: str,
+              insecure: bool) -> tuple[ServerAuth, grpc.ServerCredentials | None]:
+    """Who may call this server, and its TLS; refuses an open TCP listener unless --insecure says so."""
+    local = listen.startswith("unix:")
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("give --tls-cert and --tls-key together (the certificate and its private key)")
+    if tls_client_ca and not tls_cert:
+        raise click.UsageError("--tls-client-ca needs --tls-cert/--tls-key: client certificates are checked over TLS")
+    if insecure and key:
+        raise click.UsageError("--insecure and --auth-key contradict each other: drop --insecure to check tokens")
+    if not local and not key and not insecure:
+        raise click.UsageError(f"--listen {listen} is reachable over the network and no caller would be checked: "
+                               "give --auth-key FILE (make one with `rota token keygen FILE`), or --insecure to "
+                               "serve anyone who can connect")
+    try:
+        tls = server_tls(tls_cert, tls_key, tls_client_ca) if tls_cert else None
+    except RotaError as exc:
+        raise click.UsageError(str(exc)) from None
+    if insecure:
+        click.echo(f"rota orchestrator: WARNING: --insecure: anyone who can reach {listen} may acquire, release or "
+                   "evict any job; use --auth-key in shared clusters", err=True)
+    return ServerAuth(key=key, local=local, insecure=insecure), tls
 
 
 
 
-async def _run(engine: Orchestrator, listen: str) -> None:
-    server = await serve(engine, listen)
+async def _run(engine: Orchestrator, listen: str, server_auth: ServerAuth, tls: grpc.ServerCredentials | None
+               ) -> None:
+    server = await serve(engine, listen, auth=server_auth, tls=tls)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, engine.stopped.set)

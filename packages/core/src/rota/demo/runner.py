@@ -22,11 +22,13 @@ import importlib.util
 import multiprocessing as mp
 import os
 import queue
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rota import auth
 from rota._engine import OrchestratorConfig
 from rota._inproc import running_orchestrator
 from rota.demo.push import WeightPush
@@ -350,15 +352,17 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
             policy = ResidentFirst(policy, patience_s=cfg.resident_first_s, capacity_bytes=cfg.capacity_bytes)
         config = OrchestratorConfig(ttl_s=60.0, park_timeout_s=600.0, capacity_bytes=cfg.capacity_bytes,
                                     policy=policy)
-        with running_orchestrator(config) as (endpoint, engine):
+        key = secrets.token_bytes(auth.KEY_BYTES)  # credentials on, as in a shared cluster: each worker gets a
+        with running_orchestrator(config, auth=auth.ServerAuth(key=key)) as (endpoint, engine):  # token for its job
             at_go: dict[str, tuple] = {}
 
             def counters() -> dict[str, tuple]:
                 return {gid: (g.busy_seconds, g.switches, g.prefetch_hits, g.prefetch_misses, g.prefetch_failures,
                               g.prefetch_wasted) for gid, g in list(engine.groups.items())}
 
-            span, reports = _run_workers(_specs(cfg, JOBS, endpoint), progress, "time-sliced",
-                                         on_go=lambda: at_go.update(counters()))
+            specs = [dataclasses.replace(spec, token=auth.issue(key, group=spec.group, job=spec.tenant))
+                     for spec in _specs(cfg, JOBS, endpoint)]
+            span, reports = _run_workers(specs, progress, "time-sliced", on_go=lambda: at_go.update(counters()))
             delta = [tuple(a - b for a, b in zip(now, at_go.get(gid, (0,) * 6), strict=True))
                      for gid, now in counters().items()]  # setup (before "go") is not part of the run
             prefetch = {k: int(sum(d[2 + i] for d in delta)) for i, k in enumerate(("hits", "misses", "failures",

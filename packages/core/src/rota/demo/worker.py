@@ -47,11 +47,17 @@ class WorkerSpec:
     eval_every: int = 4
     record_digests: bool = False  # test hook: sha256 of the weights at every push, at both ends
     priority: int = 0  # under the priority policy, higher runs first
+    token: str = ""  # proves to the orchestrator that this worker may act for its job (rota.auth)
     prepare_pool: bool = True  # pin the host pool during setup (False: it grows at a first park, if any)
 
     @property
     def name(self) -> str:
         return f"{self.job}/{self.role}"
+
+    @property
+    def tenant(self) -> str:
+        """Its job id in the orchestrator (one per worker: trainer and sampler take turns on different groups)."""
+        return self.name.replace("/", "-")
 
 
 @dataclass
@@ -84,8 +90,8 @@ class _Device:
             import rota
 
             need = spec.size.trainer_state_bytes if spec.role == "trainer" else spec.size.weight_bytes
-            self.gpu = rota.connect(group=spec.group, tenant=spec.name.replace("/", "-"), endpoint=spec.endpoint,
-                                    priority=spec.priority, footprint_hint=need)
+            self.gpu = rota.connect(group=spec.group, tenant=spec.tenant, endpoint=spec.endpoint,
+                                    priority=spec.priority, footprint_hint=need, token=spec.token)
 
     @contextlib.contextmanager
     def setup(self) -> Iterator[None]:
