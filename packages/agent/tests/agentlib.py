@@ -1,12 +1,17 @@
-"""Small helpers shared by the agent tests: poll an operation, read the rota-owned report fields."""
+"""Small helpers shared by the agent tests: poll an operation, read the rota-owned report fields,
+register this very process with an agent through its pid door."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+from collections.abc import Iterator
 
 from rota._generated import snapshot_agent_pb2 as sa
 from rota_agent._generated import agent_ext_pb2 as ext
 from rota_agent._residue import read
+from rota_agent.client import WorkloadClient
 
 POLLS = 3000  # GetOperation polls before giving up (bounded by count; pytest's timeout bounds the time)
 
@@ -38,3 +43,15 @@ def jobs(stub) -> dict[str, tuple[int, ext.JobStatusExt]]:
 
 def residue(got: sa.GetOperationResponse) -> ext.Residue:
     return read(got, ext.GetOperationResponseExt).residue
+
+
+@contextlib.contextmanager
+def registered_here(socket_dir: str, job_id: str = "whole", group: str = "g") -> Iterator[WorkloadClient]:
+    """Register this test process as ``job_id`` over the agent's Unix socket: the door proves its pid, so its
+    children (e.g. the ``target`` fixture) are processes the job may name in a cuda explicit target."""
+    client = WorkloadClient(f"unix:{os.path.join(socket_dir, 'agent.sock')}", job_id, group,
+                            on_snapshot=lambda *_: None, on_restore=lambda *_: None)
+    try:
+        yield client.wait_registered()
+    finally:
+        client.close()

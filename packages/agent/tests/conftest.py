@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import grpc
@@ -34,8 +36,17 @@ def child_env(tmp_path) -> dict[str, str]:
 
 
 @pytest.fixture
-def agent() -> Iterator[tuple[str, Agent]]:
-    with running_agent() as served:
+def socket_dir() -> Iterator[str]:
+    """A short private directory for an agent's Unix sockets (a socket path must fit in 108 bytes)."""
+    path = tempfile.mkdtemp(prefix="rota-agent-t")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def agent(socket_dir) -> Iterator[tuple[str, Agent]]:
+    """An agent on loopback TCP, also serving ``unix:<socket_dir>/agent.sock`` and its pid door."""
+    with running_agent(socket_dir=socket_dir) as served:
         yield served
 
 

@@ -8,7 +8,7 @@ its restore hook moves back, so tests can see parks, restores and bit-identity.
 
     python tenant_proc.py --mode gpu|v1|fsdp --orch HOST:PORT --agent HOST:PORT --job J --group G
                           [--crash-on-park] [--fail-on-park] [--block-on-park FILE] [--block-on-restore FILE]
-                          [--backend app_channel|noop] [--leak-bytes N]
+                          [--backend app_channel|noop|cuda] [--leak-bytes N] [--claim-pid PID]
 commands: acquire | release | check | free (fsdp) | exit  (v1 mode needs no orchestrator unless acquire/release is sent)
 """
 
@@ -70,6 +70,7 @@ def main() -> None:
     ap.add_argument("--block-on-restore", default="")
     ap.add_argument("--backend", default="app_channel")
     ap.add_argument("--leak-bytes", type=int, default=0)
+    ap.add_argument("--claim-pid", type=int, default=None, help="v1 mode: send this as rota-pid (an attacker's claim)")
     args = ap.parse_args()
     dev = Device(args.crash_on_park, args.block_on_park, args.fail_on_park, args.block_on_restore)
     gpu = None
@@ -109,7 +110,7 @@ def main() -> None:
     else:
         stub = v1a_grpc.TimeSliceOrchestratorServiceStub(grpc.insecure_channel(args.orch))
         client = WorkloadClient(args.agent, args.job, args.group, on_snapshot=dev.park, on_restore=dev.restore,
-                                backend=args.backend).wait_registered()
+                                backend=args.backend, pid=args.claim_pid).wait_registered()
     print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
         cmd = line.strip()

@@ -26,10 +26,8 @@ def test_snapshot_of_unknown_job_is_not_found(agent_stub):
 
 
 @pytest.mark.parametrize(("config", "code", "words"), [
-    (sa.BackendConfig(app_endpoint=sa.AppEndpointConfig(app=sa.APP_VLLM)), "INVALID_ARGUMENT", "endpoints is empty"),
-    (sa.BackendConfig(app_endpoint=sa.AppEndpointConfig(app=sa.APP_VLLM, endpoints=["ftp://x"])), "INVALID_ARGUMENT",
-     "ftp://x"),
-    (sa.BackendConfig(app_endpoint=sa.AppEndpointConfig(endpoints=["http://h:1"])), "INVALID_ARGUMENT", "APP_VLLM"),
+    (sa.BackendConfig(app_endpoint=sa.AppEndpointConfig(app=sa.APP_VLLM, endpoints=["http://h:1"])), "NOT_FOUND",
+     "endpoints a registered job declared"),
     (sa.BackendConfig(cuda=sa.CudaBackendConfig(explicit_target=sa.ProcessTarget(pids=[-5]))), "INVALID_ARGUMENT",
      "pid -5"),
     (sa.BackendConfig(memory_regions=sa.MemoryRegionsBackendConfig()), "UNIMPLEMENTED", "memory_regions"),
@@ -38,6 +36,26 @@ def test_snapshot_of_unknown_job_is_not_found(agent_stub):
 def test_bad_backend_config(agent_stub, config, code, words):
     got, msg = _code(agent_stub.Snapshot, sa.SnapshotRequest(job_id="j1", group="g", backend_config=config))
     assert got == getattr(grpc.StatusCode, code) and words in msg and "j1" in msg
+
+
+@pytest.mark.parametrize(("app", "endpoints", "words"), [
+    (sa.APP_VLLM, ["ftp://x"], "ftp://x"),
+    (sa.APP_VLLM, ["http://user@h:1"], "no user"),
+    (sa.APP_VLLM, ["http://h:1/" + "p" * 600], "at most 512"),
+    (sa.APP_VLLM, [f"http://h:{i}" for i in range(17)], "1 to 16 endpoints"),
+    (3, ["http://h:1"], "APP_VLLM"),
+])
+def test_bad_endpoint_registration(agent, agent_stub, app, endpoints, words):
+    client = WorkloadClient(agent[0], "j1", "g", on_snapshot=lambda *_: None, on_restore=lambda *_: None,
+                            app=app, endpoints=endpoints)
+    try:
+        with pytest.raises(Exception) as info:
+            client.wait_registered(10)
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and words in str(info.value)
+        assert "p" * 100 not in str(info.value)  # a long URL is not echoed whole
+        assert agent_stub.Status(sa.StatusRequest(), timeout=5).job_statuses == []
+    finally:
+        client.close()
 
 
 def test_malformed_ids(agent_stub):

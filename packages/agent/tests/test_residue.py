@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from agentlib import jobs, residue, run_op
+from agentlib import jobs, registered_here, residue, run_op
 from test_cuda_backend import FakeCudaDriver
 
 from rota._engine import OrchestratorConfig
@@ -79,12 +79,13 @@ def test_forgotten_tensor_fails_the_park_names_it_and_the_job_can_retry(tenants,
         assert t.ask("check")["weights_resident"] is True
 
 
-def test_nvml_bytes_left_by_a_whole_process_park_fail_it(target):
+def test_nvml_bytes_left_by_a_whole_process_park_fail_it(target, socket_dir):
     nvml = FakeNvmlReader({target: 512 * MiB})  # the driver "released" less than it should have
     drv = FakeCudaDriver()
-    agent = Agent({"cuda": CudaBackend(lambda: drv)}, process_bytes=nvml)
+    agent = Agent({"cuda": CudaBackend(lambda: drv), "app_channel": AppChannelBackend()}, process_bytes=nvml)
     assert agent.residue_max_bytes == DEFAULT_RESIDUE_MAX
-    with running_agent(agent) as (ep, _), grpc.insecure_channel(ep) as ch:
+    with running_agent(agent, socket_dir=socket_dir) as (ep, _), registered_here(socket_dir), \
+            grpc.insecure_channel(ep) as ch:
         stub = sa_grpc.SnapshotAgentServiceStub(ch)
         got = run_op(stub, "snapshot", "whole", "g", **_cuda_req(target))
         assert got.status == sa.OPERATION_STATUS_FAILED
@@ -102,26 +103,28 @@ def test_nvml_bytes_left_by_a_whole_process_park_fail_it(target):
         assert run_op(stub, "restore", "whole", "g").status == sa.OPERATION_STATUS_COMPLETE
 
 
-def test_nvml_bytes_of_a_live_process_are_reported_not_counted(tenants):
-    """An app_channel/noop tenant keeps its CUDA context after a park: NVML sees it, no park could free it."""
+def test_nvml_bytes_of_a_live_process_are_reported_not_counted(tenants, socket_dir):
+    """An app_channel/noop tenant keeps its CUDA context after a park: NVML sees it, no park could free it.
+    The tenant registers over the agent's Unix socket, so the pid door proves its pid."""
     nvml = FakeNvmlReader()
     agent = Agent({"noop": NoopBackend(), "app_channel": AppChannelBackend()}, process_bytes=nvml,
                   residue_max_bytes=MiB)
-    with running_agent(agent) as (ep, _), grpc.insecure_channel(ep) as ch:
+    with running_agent(agent, socket_dir=socket_dir) as (ep, _), grpc.insecure_channel(ep) as ch:
         stub = sa_grpc.SnapshotAgentServiceStub(ch)
-        t = tenants("--mode", "v1", "--orch", "127.0.0.1:1", "--agent", ep, "--job", "ctx", "--group", "g",
-                    "--backend", "noop")
+        t = tenants("--mode", "v1", "--orch", "127.0.0.1:1", "--agent", f"unix:{socket_dir}/agent.sock",
+                    "--job", "ctx", "--group", "g", "--backend", "noop")
         nvml.per_pid[t.ready["pid"]] = 500 * MiB
         got = run_op(stub, "snapshot", "ctx")
         assert got.status == sa.OPERATION_STATUS_COMPLETE, got.error
         assert residue(got).bytes[f"nvml:pid:{t.ready['pid']}"] == 500 * MiB and residue(got).counted_bytes == 0
 
 
-def test_zero_limit_turns_the_check_off(target):
+def test_zero_limit_turns_the_check_off(target, socket_dir):
     drv = FakeCudaDriver()
-    agent = Agent({"cuda": CudaBackend(lambda: drv)}, process_bytes=FakeNvmlReader({target: 10 << 30}),
-                  residue_max_bytes=0)
-    with running_agent(agent) as (ep, _), grpc.insecure_channel(ep) as ch:
+    agent = Agent({"cuda": CudaBackend(lambda: drv), "app_channel": AppChannelBackend()},
+                  process_bytes=FakeNvmlReader({target: 10 << 30}), residue_max_bytes=0)
+    with running_agent(agent, socket_dir=socket_dir) as (ep, _), registered_here(socket_dir), \
+            grpc.insecure_channel(ep) as ch:
         got = run_op(sa_grpc.SnapshotAgentServiceStub(ch), "snapshot", "whole", "g", **_cuda_req(target))
     assert got.status == sa.OPERATION_STATUS_COMPLETE and residue(got).counted_bytes == 10 << 30
 

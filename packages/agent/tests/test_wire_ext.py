@@ -27,6 +27,11 @@ def test_v1alpha1_peer_sees_only_its_fields_and_rota_reads_the_rest():
     assert not read(base, ext.GetOperationResponseExt).HasField("residue")  # nothing sent, nothing read
     assert {f.number for f in ext.JobStatusExt.DESCRIPTOR.fields} == {1000, 1001}
     assert not {f.number for f in sa.JobStatus.DESCRIPTOR.fields} & {1000, 1001}
+    reg = attach(sa.RegisterWorkload(job_id="j", group="g"), ext.RegisterWorkloadExt(app=1, endpoints=["http://h:1"]))
+    assert sa.RegisterWorkload.FromString(reg.SerializeToString()).job_id == "j"  # a v1alpha1 agent still reads it
+    assert list(read(reg, ext.RegisterWorkloadExt).endpoints) == ["http://h:1"]
+    assert not {f.number for f in sa.RegisterWorkload.DESCRIPTOR.fields} & \
+        {f.number for f in ext.RegisterWorkloadExt.DESCRIPTOR.fields}
 
 
 def test_committed_stubs_are_reproducible(tmp_path):

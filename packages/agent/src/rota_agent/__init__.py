@@ -1,7 +1,7 @@
 """rota_agent: the per-node snapshot agent of rota, and the tenant-side WorkloadChannel client.
 
 * ``rota agent serve`` — serves ``snapshot_agent.v1alpha1.SnapshotAgentService`` and
-  ``grpc.health.v1`` (default ``0.0.0.0:9001``);
+  ``grpc.health.v1`` (default ``127.0.0.1:9001``; ``--auth-key`` for other hosts);
 * :func:`register` — in a tenant: let the agent park/restore this job's ``Gpu``;
 * backends: ``app_channel``, ``cuda`` (whole-process checkpoint), ``app_endpoint``
   (vLLM/SGLang HTTP sleep/wake), ``noop``.

@@ -46,9 +46,27 @@ that do exist, in the one order they may nest (outer first):
 No asyncio.Lock is used. A closing WorkloadChannel fails its pending commands at
 once, so a tenant that dies mid-park faults its job immediately rather than at the deadline.
 
+Who may do what (see also :mod:`rota_agent._door`). Every RPC has a caller
+(:class:`rota.auth.Principal`): with ``--auth-key`` the token's, else everyone is admin.
+A tenant token acts for its own job: it registers it, snapshots or restores it, reads its
+operations and sees it in Status; an admin token (the orchestrator's) acts for every
+job. A registration belongs to an *owner*: with a key, whoever holds a token for the
+job; without one, the uid its pid door proved, or "anonymous". A job's channels all
+come from its owner, so nobody replaces or joins another's registration; an anonymous
+job takes a new anonymous channel only once its old ones closed (a reconnect). Pids
+come only from the door (a ``rota-pid`` is taken when it is the proven process or a
+descendant of it), and backends act on no other pid or URL than a registered job's own.
+
+Bounds: jobs (``MAX_JOBS``, ``MAX_JOBS_PER_OWNER``), channels per job, fault texts and
+Status details (``STATUS_DETAIL_BYTES``); a job whose channels all closed is forgotten
+after ``keep_closed_s`` (at once when nothing about it is left to report).
+
 Error codes: unknown job / operation → NOT_FOUND; malformed ids or backend config →
-INVALID_ARGUMENT; direct_memory / memory_regions and platform limits → UNIMPLEMENTED;
-another operation in flight → ABORTED; restoring a FAULTED job → FAILED_PRECONDITION.
+INVALID_ARGUMENT; no or bad token → UNAUTHENTICATED; another owner's job, a pid or URL
+that is not the job's own → PERMISSION_DENIED; too many jobs or channels →
+RESOURCE_EXHAUSTED; an anonymous job id in use → ALREADY_EXISTS; direct_memory /
+memory_regions and platform limits → UNIMPLEMENTED; another operation in flight →
+ABORTED; restoring a FAULTED job → FAILED_PRECONDITION.
 """
 
 from __future__ import annotations
@@ -69,15 +87,22 @@ from rota import nvml as _nvml
 from rota._generated import snapshot_agent_pb2 as pb
 from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
 from rota._grpc_server import rpc_errors
-from rota._ids import check_id
-from rota.errors import InvalidArgument, RotaError
-from rota_agent import _residue
+from rota._ids import check_id, shown
+from rota.auth import Principal, ServerAuth
+from rota.errors import InvalidArgument, PermissionDenied, RotaError
+from rota_agent import _proc, _residue
+from rota_agent._door import Door, Proof
 from rota_agent._generated import agent_ext_pb2 as ext
 from rota_agent.backends import Backend, Channel, Job, default_backends
+from rota_agent.backends.app_endpoint import check_endpoints
+from rota_agent.client import REGISTERED
 from rota_agent.errors import (
     BackendFailed,
     BadBackendConfig,
+    BadProof,
     Busy,
+    InUse,
+    TooMany,
     UnknownJob,
     UnknownOperation,
     Unsupported,
@@ -88,13 +113,45 @@ log = logging.getLogger(__name__)
 
 KEEP_OPERATIONS = 4096  # finished operations remembered for GetOperation
 NVML_TIMEOUT_S = 30.0  # one per-process NVML read after a park
+MAX_JOBS = 1024  # jobs one agent knows at once
+MAX_JOBS_PER_OWNER = 256  # ... of which one owner may register
+MAX_CHANNELS_PER_JOB = 64  # processes (ranks) of one job on this node
+MAX_FAULT_CHARS = 1000  # an operation's error / a job's fault, kept on one line
+MAX_TAGS, MAX_TAG_CHARS = 32, 64  # a registration's capabilities.tags
+STATUS_DETAIL_BYTES = 1 << 20  # rota-owned details (fault, residue) in one Status reply; ids and states always fit
+KEEP_CLOSED_S = 300.0  # a job whose channels all closed stays visible (its fault, its parked state) this long
+ANONYMOUS = "anonymous"  # the owner of a registration that proved nothing (no token checked, no pid door)
 _CONFIG_BACKENDS = {"cuda": "cuda", "app_endpoint": "app_endpoint", "app_channel": "app_channel"}
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who opened a WorkloadChannel: the verified principal, and the process the pid door proved."""
+
+    principal: Principal
+    keyed: bool = False  # the agent checks tokens, so the principal is a real credential
+    proof: Proof | None = None
+
+    @property
+    def owner(self) -> str:
+        """Whom a registration belongs to (see the module docs)."""
+        if self.keyed:
+            p = self.principal
+            return "admin" if p.admin else f"token {p.group}/{p.job}"
+        return f"uid {self.proof.uid}" if self.proof is not None else ANONYMOUS
+
+
+def clip(text: str, limit: int = MAX_FAULT_CHARS) -> str:
+    """``text`` on one line and at most ``limit`` characters: it goes into Status replies and logs."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else f"{flat[:limit - 20]}... ({len(flat)} chars)"
 
 
 @dataclass(eq=False)
 class Operation:
     op_id: str
     job_id: str
+    group: str
     kind: str  # snapshot | restore
     backend: str
     started: float
@@ -116,11 +173,17 @@ class Agent:
     def __init__(self, backends: dict[str, Backend] | None = None, *, op_timeout_s: float = 300.0,
                  name: str = "agent", accelerators: Callable[[], list[tuple[str, int, int]]] = _nvml.accelerators,
                  residue_max_bytes: int | None = None,
-                 process_bytes: _residue.ProcessReader = _nvml.process_bytes_by_pid) -> None:
+                 process_bytes: _residue.ProcessReader = _nvml.process_bytes_by_pid,
+                 keep_closed_s: float = KEEP_CLOSED_S) -> None:
         """``residue_max_bytes``: None reads ``ROTA_RESIDUE_MAX_BYTES``; ``process_bytes``: the NVML
-        per-pid reader (tests inject a fake, as no GPU is there)."""
+        per-pid reader (tests inject a fake, as no GPU is there); ``keep_closed_s``: how long a job
+        whose channels all closed stays listed."""
         if op_timeout_s <= 0:
             raise InvalidArgument(f"op_timeout_s={op_timeout_s!r} must be > 0 seconds")
+        if not keep_closed_s >= 0:
+            raise InvalidArgument(f"keep_closed_s={keep_closed_s!r} must be >= 0 seconds")
+        self.keep_closed_s = keep_closed_s
+        self.door = Door()
         self.residue_max_bytes = _residue.residue_max(residue_max_bytes)
         self.process_bytes = process_bytes
         self.backends = backends if backends is not None else default_backends()
@@ -133,9 +196,54 @@ class Agent:
 
     # -------------------------------------------------------- registration
 
-    def register(self, msg: pb.RegisterWorkload, pid: int, backend: str) -> tuple[Job, Channel]:
-        check_id("job_id", msg.job_id, job_id=msg.job_id, group_id=msg.group)
-        check_id("group", msg.group, job_id=msg.job_id, group_id=msg.group)
+    def register(self, msg: pb.RegisterWorkload, caller: Caller, backend: str, *, pid_claim: int = 0,
+                 more: ext.RegisterWorkloadExt | None = None) -> tuple[Job, Channel]:
+        """Add a channel of ``caller`` to job ``msg.job_id``, creating the job or joining its owner's."""
+        job_id, group = msg.job_id, msg.group
+        check_id("job_id", job_id, job_id=job_id, group_id=group)
+        check_id("group", group, job_id=job_id, group_id=group)
+        if not caller.principal.may_act_for(group, job_id):
+            raise PermissionDenied(f"{caller.principal.subject} may not register job {job_id!r} of group {group!r}; "
+                                   "use a token issued for that job (rota token issue --group G --job J)",
+                                   job_id=job_id, group_id=group)
+        caps = self._check_capabilities(msg)
+        if backend not in self.backends:
+            choices = ", ".join(sorted(self.backends))
+            raise BadBackendConfig(f"job {job_id!r} asked for backend {shown(backend)} (metadata rota-backend); "
+                                   f"choose one of {choices}", job_id=job_id)
+        app, endpoints = 0, ()
+        if more is not None and (more.app or more.endpoints):
+            endpoints = check_endpoints(more.app, more.endpoints, f"registration of job {job_id!r}", job_id)
+            app = more.app
+        if backend == "app_endpoint" and not endpoints:
+            raise BadBackendConfig(f"job {job_id!r} asked for backend app_endpoint but registered no endpoints; "
+                                   "register the servers' base URLs (rota_agent.WorkloadClient(..., app=, "
+                                   "endpoints=))", job_id=job_id)
+        pid, start = self._proven_pid(job_id, caller.proof, pid_claim)
+        if backend == "cuda" and not pid:
+            raise BadBackendConfig(f"job {job_id!r} asked for the cuda backend, which parks its process, but did not "
+                                   "prove which process it is: register through the agent's pid door (ROTA_AGENT="
+                                   "unix:<socket dir>/agent.sock, or ROTA_AGENT_PROOF=<socket dir>/pid.sock)",
+                                   job_id=job_id)
+        self.sweep()
+        job = self._job_for(job_id, group, caller, backend)
+        if len(job.channels) >= MAX_CHANNELS_PER_JOB:
+            raise TooMany(f"job {job_id!r} already has {len(job.channels)} open WorkloadChannels on this agent "
+                          f"(at most {MAX_CHANNELS_PER_JOB}); close some first", job_id=job_id)
+        job.capabilities.CopyFrom(caps)
+        job.default_backend = backend
+        if endpoints:
+            job.app, job.endpoints = app, endpoints
+        ch = Channel(pid=pid, start=start)
+        job.channels.append(ch)
+        job.closed_at = 0.0
+        self.jobs[job_id] = job
+        log.info("job %s (group %s) registered by %s: pid %s, backend %s", job_id, group, job.owner,
+                 pid or "not proven", backend)
+        return job, ch
+
+    @staticmethod
+    def _check_capabilities(msg: pb.RegisterWorkload) -> pb.WorkloadCapabilities:
         caps = msg.capabilities
         valid = {pb.SUSPEND_MODE_OFFLOAD, pb.SUSPEND_MODE_DISCARD}
         for m in [*caps.supported_modes, *([caps.default_mode] if caps.default_mode else [])]:
@@ -144,44 +252,96 @@ class Agent:
                                       "(1) or SUSPEND_MODE_DISCARD (2)", job_id=msg.job_id)
         if caps.supported_modes and caps.default_mode and caps.default_mode not in caps.supported_modes:
             raise InvalidArgument(f"job {msg.job_id!r}: default_mode {caps.default_mode} is not among its "
-                                  f"supported_modes {list(caps.supported_modes)}", job_id=msg.job_id)
-        if backend not in self.backends or backend == "app_endpoint":
-            choices = ", ".join(sorted(set(self.backends) - {"app_endpoint"}))
-            raise BadBackendConfig(f"job {msg.job_id!r} asked for backend {backend!r} (metadata rota-backend); "
-                                   f"choose one of {choices}", job_id=msg.job_id)
-        job = self.jobs.get(msg.job_id)
-        if job is not None and job.group and job.group != msg.group:
-            raise InvalidArgument(f"job {msg.job_id!r} is registered in group {job.group!r}, not {msg.group!r}; "
-                                  "one job id belongs to one group", job_id=msg.job_id, group_id=msg.group)
+                                  f"supported_modes {sorted(set(caps.supported_modes))}", job_id=msg.job_id)
+        if len(caps.tags) > MAX_TAGS or any(not t.strip() or len(t) > MAX_TAG_CHARS or not t.isprintable()
+                                            for t in caps.tags):
+            raise InvalidArgument(f"job {msg.job_id!r}: capabilities.tags must be at most {MAX_TAGS} non-empty "
+                                  f"printable names of at most {MAX_TAG_CHARS} characters", job_id=msg.job_id)
+        return caps
+
+    @staticmethod
+    def _proven_pid(job_id: str, proof: Proof | None, claim: int) -> tuple[int, int]:
+        """(pid, start time) the new channel stands for: the door's, or a claimed descendant of it; (0, 0) if none."""
+        if proof is None:
+            if claim:
+                log.info("job %s: ignoring metadata rota-pid=%d: the channel did not come through the pid door",
+                         job_id, claim)
+            return 0, 0
+        if claim and claim != proof.pid:
+            start = _proc.start_time(claim)
+            if start is not None and _proc.descends(claim, {proof.pid}):
+                return claim, start
+            log.warning("job %s: ignoring metadata rota-pid=%d: it is not pid %d (proven by the door) or a "
+                        "descendant of it", job_id, claim, proof.pid)
+        return proof.pid, proof.start
+
+    def _job_for(self, job_id: str, group: str, caller: Caller, backend: str) -> Job:
+        """The record a new channel joins: the job's own (same owner), or a new one."""
+        job = self.jobs.get(job_id)
+        owner = caller.owner
+        if job is not None:
+            if job.group != group:
+                raise InvalidArgument(f"job {job_id!r} is registered with this agent in another group than "
+                                      f"{group!r}; one job id belongs to one group", job_id=job_id, group_id=group)
+            same = caller.keyed or (owner == job.owner and (owner != ANONYMOUS or not job.live))
+            if not same:
+                if job.live and owner == job.owner:  # both anonymous: the old channel may be on its way out
+                    raise InUse(f"job {job_id!r} already has an open WorkloadChannel on this agent and neither "
+                                "proved who it is; retry once it closed, or register through the pid door or with "
+                                "the job's token so its owner is known", job_id=job_id, group_id=group)
+                if job.live or job.owner != ANONYMOUS:
+                    raise PermissionDenied(f"job {job_id!r} is registered with this agent by another owner; a "
+                                           "job's channels must all come from its owner (the same uid through the "
+                                           "pid door, or the job's token when the agent has --auth-key)",
+                                           job_id=job_id, group_id=group)
+                job = None  # an anonymous record nobody holds any more: a proven owner starts afresh
+            elif job.live and backend != job.default_backend:
+                raise InvalidArgument(f"job {job_id!r} is registered with backend {job.default_backend}; every "
+                                      f"channel of a job uses one backend, not {backend}", job_id=job_id)
         if job is None:
-            job = self.jobs[msg.job_id] = Job(msg.job_id, msg.group)
-        job.capabilities.CopyFrom(caps)
-        job.default_backend = backend
-        ch = Channel(pid=pid)
-        job.channels.append(ch)
-        log.info("job %s (group %s) registered: pid %d, backend %s", job.job_id, job.group, pid, backend)
-        return job, ch
+            if len(self.jobs) >= MAX_JOBS:
+                raise TooMany(f"this agent already knows {len(self.jobs)} jobs (at most {MAX_JOBS}); retry once "
+                              "some have ended", job_id=job_id)
+            if sum(1 for j in self.jobs.values() if j.owner == owner) >= MAX_JOBS_PER_OWNER:
+                raise TooMany(f"{owner} already registered {MAX_JOBS_PER_OWNER} jobs with this agent; end some "
+                              "first", job_id=job_id)
+            job = Job(job_id, group, owner=owner)
+        return job
 
     def unregister(self, job: Job, ch: Channel, why: str) -> None:
         ch.closed = True
         ch.fail_pending(f"the WorkloadChannel of job {job.job_id!r} (pid {ch.pid}) closed mid-command: {why}")
         if ch in job.channels:
             job.channels.remove(ch)
+        if not job.live:
+            job.closed_at = time.monotonic()
         if not job.channels and job.op is None and job.state != pb.JOB_STATE_FAULTED \
                 and job.default_backend != "cuda" and self.jobs.get(job.job_id) is job:
             del self.jobs[job.job_id]  # gone, nothing to report; FAULTED jobs stay visible
-        log.info("job %s: channel of pid %d closed (%s)", job.job_id, ch.pid, why)
+        log.info("job %s: channel of pid %d closed (%s)", job.job_id, ch.pid, clip(why, 200))
+
+    def sweep(self) -> None:
+        """Forget jobs whose channels all closed more than ``keep_closed_s`` ago (nothing in flight)."""
+        now = time.monotonic()
+        for job_id, job in list(self.jobs.items()):
+            if job.op is None and not job.live and job.closed_at and now - job.closed_at >= self.keep_closed_s:
+                del self.jobs[job_id]
+                log.info("job %s forgotten: no channel for %.0f s", job_id, now - job.closed_at)
 
     # ----------------------------------------------------------- operations
 
-    def start(self, kind: str, req: pb.SnapshotRequest | pb.RestoreRequest) -> Operation:
+    def start(self, kind: str, req: pb.SnapshotRequest | pb.RestoreRequest, caller: Principal) -> Operation:
         job_id = req.job_id
         check_id("job_id", job_id, job_id=job_id, group_id=req.group)
         if req.group:
             check_id("group", req.group, job_id=job_id, group_id=req.group)
+        self.sweep()
         job = self.jobs.get(job_id)
-        if job is not None and req.group and job.group and job.group != req.group:
-            raise InvalidArgument(f"job {job_id!r} is in group {job.group!r} on this agent, not {req.group!r}",
+        if not caller.may_act_for(req.group or (job.group if job is not None else caller.group), job_id):
+            raise PermissionDenied(f"{caller.subject} may not {kind} job {job_id!r}; use a token issued for that job "
+                                   "or the orchestrator's (admin)", job_id=job_id, group_id=req.group)
+        if job is not None and req.group and job.group != req.group:
+            raise InvalidArgument(f"job {job_id!r} is not registered in group {req.group!r} on this agent",
                                   job_id=job_id, group_id=req.group)
         if job is not None and job.op is not None:
             raise Busy(f"job {job_id!r} already has {job.op.kind} operation {job.op.op_id} in flight; poll "
@@ -193,9 +353,9 @@ class Agent:
         backend = self.backends[name]
         parsed = backend.parse(job, job_id, config) if not (kind == "restore" and config is _PARKED) \
             else job.parked_with[1]  # type: ignore[union-attr]
-        if job is None:  # an explicit target (cuda pids, server endpoints): known from now on
-            job = self.jobs[job_id] = Job(job_id, req.group, default_backend=name)
-        op = Operation(uuid.uuid4().hex, job_id, kind, name, time.monotonic())
+        if job is None:  # every backend refuses an unregistered job in parse; this keeps it that way
+            raise UnknownJob(f"job {job_id!r} is not registered with this agent", job_id=job_id)
+        op = Operation(uuid.uuid4().hex, job_id, job.group, kind, name, time.monotonic())
         self.ops[op.op_id] = op
         while len(self.ops) > KEEP_OPERATIONS:
             self.ops.popitem(last=False)
@@ -224,9 +384,8 @@ class Agent:
             raise BadBackendConfig(f"backend={req.backend} is not a Backend value (job {job_id!r}); use "
                                    "backend_config instead", job_id=job_id)
         if job is None:
-            raise UnknownJob(f"job {job_id!r} is not registered with agent {self.name} (registered: "
-                             f"{', '.join(sorted(self.jobs)) or 'none'}) and the request has no backend_config "
-                             "naming a target; register the job's WorkloadChannel first", job_id=job_id)
+            raise UnknownJob(f"job {job_id!r} is not registered with agent {self.name}; register the job's "
+                             "WorkloadChannel first", job_id=job_id)
         if kind == "restore" and job.parked_with is not None:
             return job.parked_with[0], _PARKED  # restore the way it was parked
         return job.default_backend, None
@@ -291,18 +450,26 @@ class Agent:
                                 limit=self.residue_max_bytes)
 
     def _fail(self, job: Job, op: Operation, error: str) -> None:
+        error = clip(error)
         op.status, op.error = pb.OPERATION_STATUS_FAILED, error
         job.state, job.fault = pb.JOB_STATE_FAULTED, error
         log.error("job %s FAULTED: %s", job.job_id, error)
 
-    def operation(self, op_id: str) -> Operation:
+    def operation(self, op_id: str, caller: Principal) -> Operation:
         if not op_id:
             raise InvalidArgument("operation_id is empty; pass the id Snapshot or Restore returned")
         op = self.ops.get(op_id)
         if op is None:
-            raise UnknownOperation(f"operation {op_id!r} is unknown to agent {self.name} (never issued, or "
+            raise UnknownOperation(f"operation {shown(op_id)} is unknown to agent {self.name} (never issued, or "
                                    "forgotten after a restart or after the last 4096 operations)")
+        if not caller.may_act_for(op.group, op.job_id):
+            raise PermissionDenied(f"{caller.subject} may not read operation {op_id} of job {op.job_id!r}")
         return op
+
+    def visible(self, caller: Principal) -> list[Job]:
+        """The jobs ``caller`` may see, by id (after forgetting the long-closed ones)."""
+        self.sweep()
+        return [j for j in sorted(self.jobs.values(), key=lambda j: j.job_id) if caller.may_act_for(j.group, j.job_id)]
 
     async def stop(self) -> None:
         for t in list(self._tasks):
@@ -317,22 +484,33 @@ _PARKED = object()  # marker: restore with the config the job was parked with
 
 
 class AgentService(pb_grpc.SnapshotAgentServiceServicer):
-    """snapshot_agent.v1alpha1.SnapshotAgentService over an :class:`Agent`."""
+    """snapshot_agent.v1alpha1.SnapshotAgentService over an :class:`Agent`.
 
-    def __init__(self, agent: Agent) -> None:
+    ``auth`` decides who each caller is (:class:`rota.auth.ServerAuth`): with a key,
+    every call needs a token, on TCP and on the Unix socket alike; without one
+    (``ServerAuth(insecure=True)``), every caller is admin.
+    """
+
+    ACCELERATORS_TIMEOUT_S = 1.0  # Status answers without accelerators rather than wait on a stuck NVML
+
+    def __init__(self, agent: Agent, auth: ServerAuth | None = None) -> None:
         self.agent = agent
+        self.auth = auth or ServerAuth(insecure=True)
+
+    def _caller(self, context: Any) -> Principal:
+        return self.auth.principal(context.invocation_metadata())
 
     @rpc_errors
     async def Snapshot(self, request: pb.SnapshotRequest, context: Any) -> pb.SnapshotResponse:
-        return pb.SnapshotResponse(operation_id=self.agent.start("snapshot", request).op_id)
+        return pb.SnapshotResponse(operation_id=self.agent.start("snapshot", request, self._caller(context)).op_id)
 
     @rpc_errors
     async def Restore(self, request: pb.RestoreRequest, context: Any) -> pb.RestoreResponse:
-        return pb.RestoreResponse(operation_id=self.agent.start("restore", request).op_id)
+        return pb.RestoreResponse(operation_id=self.agent.start("restore", request, self._caller(context)).op_id)
 
     @rpc_errors
     async def GetOperation(self, request: pb.GetOperationRequest, context: Any) -> pb.GetOperationResponse:
-        op = self.agent.operation(request.operation_id)
+        op = self.agent.operation(request.operation_id, self._caller(context))
         resp = pb.GetOperationResponse(status=op.status, elapsed_ms=op.elapsed_ms())
         if op.storage_bytes is not None:
             resp.storage_bytes = op.storage_bytes
@@ -346,11 +524,42 @@ class AgentService(pb_grpc.SnapshotAgentServiceServicer):
 
     @rpc_errors
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
-        jobs = [_job_status(j) for j in sorted(self.agent.jobs.values(), key=lambda j: j.job_id)]
+        """Every visible job's id and state; rota-owned details while they fit ``STATUS_DETAIL_BYTES``."""
+        budget = STATUS_DETAIL_BYTES
+        jobs = []
+        for job in self.agent.visible(self._caller(context)):
+            st = _job_status(job)
+            if job.residue is not None or job.fault:
+                size = st.ByteSize()
+                if size > budget:
+                    st = pb.JobStatus(job_id=job.job_id, state=job.state)
+                else:
+                    budget -= size
+            jobs.append(st)
         loop = asyncio.get_running_loop()
-        accel = await loop.run_in_executor(None, self.agent.accelerators)
+        try:
+            accel = await asyncio.wait_for(loop.run_in_executor(None, self.agent.accelerators),
+                                           self.ACCELERATORS_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            log.warning("NVML did not answer within %g s; Status lists no accelerators", self.ACCELERATORS_TIMEOUT_S)
+            accel = []
         return pb.StatusResponse(job_statuses=jobs, accelerator_statuses=[
             pb.AcceleratorStatus(id=i, memory_used_bytes=u, memory_total_bytes=t) for i, u, t in accel])
+
+    def _register(self, msg: pb.RegisterWorkload, context: Any) -> tuple[Job, Channel]:
+        metadata = tuple(context.invocation_metadata() or ())
+        meta = {k: v for k, v in metadata if isinstance(v, str)}
+        principal = self.auth.principal(metadata)
+        proof = None
+        if "rota-proof" in meta:
+            proof = self.agent.door.redeem(meta["rota-proof"][:128])
+            if proof is None:
+                raise BadProof(f"job {shown(msg.job_id)}: the rota-proof ticket is unknown, used or expired (or its "
+                               "process exited); fetch a new one from the pid door and register again")
+        backend = meta.get("rota-backend") or "app_channel"
+        caller = Caller(principal, keyed=self.auth.key is not None, proof=proof)
+        return self.agent.register(msg, caller, backend[:64], pid_claim=_meta_pid(meta.get("rota-pid", "0")),
+                                   more=_residue.read(msg, ext.RegisterWorkloadExt))
 
     async def WorkloadChannel(self, request_iterator: AsyncIterator[pb.WorkloadMessage],
                               context: grpc.aio.ServicerContext) -> AsyncIterator[pb.AgentCommand]:
@@ -362,12 +571,15 @@ class AgentService(pb_grpc.SnapshotAgentServiceServicer):
         if first.WhichOneof("message") != "register":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first WorkloadChannel message must be "
                                 f"register, got {first.WhichOneof('message')!r}")
-        meta = {k: v for k, v in (context.invocation_metadata() or ())}
         try:
-            pid = _meta_pid(meta.get("rota-pid", "0"))
-            job, ch = self.agent.register(first.register, pid, str(meta.get("rota-backend") or "app_channel"))
+            job, ch = self._register(first.register, context)
         except RotaError as exc:
             await context.abort(exc.code, str(exc))
+        try:
+            await context.send_initial_metadata(((REGISTERED, "1"),))  # tells the client it was accepted
+        except Exception:
+            self.agent.unregister(job, ch, "the workload left before its registration was acknowledged")
+            raise
         reader = asyncio.create_task(self._read(ch, request_iterator))
         why = "stream closed by the workload"
         try:
@@ -414,13 +626,13 @@ def _job_status(job: Job) -> pb.JobStatus:
 
 def _meta_pid(raw: str) -> int:
     try:
-        pid = int(raw)
+        pid = int(raw) if len(raw) <= 20 else -1
     except ValueError:
-        raise InvalidArgument(f"metadata rota-pid={raw!r} is not a process id; send the tenant's os.getpid()") \
-            from None
+        pid = -1
     if pid < 0:
-        raise InvalidArgument(f"metadata rota-pid={raw!r} is negative; send the tenant's os.getpid()")
+        raise InvalidArgument(f"metadata rota-pid={shown(raw)} is not a process id; send the pid of the process "
+                              "to park (this process or a child of it), or nothing")
     return pid
 
 
-__all__ = ["Agent", "AgentService", "BackendFailed", "Operation"]
+__all__ = ["Agent", "AgentService", "BackendFailed", "Caller", "Operation"]

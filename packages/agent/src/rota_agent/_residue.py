@@ -69,13 +69,27 @@ class Residue:
         return ext.Residue(bytes=self.by_key, counted_bytes=self.counted, limit_bytes=self.limit)
 
 
+MAX_KEYS, MAX_KEY_CHARS = 32, 128  # what a tenant's report may name; it travels in every Status reply
+REST = "untracked:(more)"  # where the bytes of keys over those bounds are summed (still counted)
+
+
 def merge(parts: list[Mapping[str, int]]) -> dict[str, int]:
-    """Residue of several processes (ranks) of one job: every key summed, since each rank is its own process."""
+    """Residue of several processes (ranks) of one job: every key summed, since each rank is its own process.
+
+    Bounded: at most ``MAX_KEYS`` keys of at most ``MAX_KEY_CHARS`` characters; the smallest
+    and the overlong ones are summed under ``REST``, so the total still counts (the
+    allocator's ``process:`` totals are always kept as they are).
+    """
     out: dict[str, int] = {}
     for part in parts:
         for k, n in part.items():
-            out[k] = out.get(k, 0) + int(n)
-    return out
+            k = k if len(k) <= MAX_KEY_CHARS and k.isprintable() else REST
+            out[k] = out.get(k, 0) + max(0, int(n))
+    if len(out) <= MAX_KEYS:
+        return out
+    kept = dict(sorted(out.items(), key=lambda kv: (not kv[0].startswith("process:"), -kv[1]))[:MAX_KEYS - 1])
+    kept[REST] = kept.get(REST, 0) + sum(n for k, n in out.items() if k not in kept)
+    return kept
 
 
 def measure(job_id: str, backend: str, adapter: Mapping[str, int], nvml: Mapping[int, int] | None,

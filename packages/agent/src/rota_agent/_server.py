@@ -1,16 +1,28 @@
-"""Serving an :class:`~rota_agent._agent.Agent`: gRPC server, health, and an in-process runner.
+"""Serving an :class:`~rota_agent._agent.Agent`: gRPC server, health, Unix sockets, and an in-process runner.
 
 ``serve_agent`` adds SnapshotAgentService and ``grpc.health.v1.Health`` (overall and
 per-service status SERVING; NOT_SERVING while shutting down), as the Kubernetes
-DaemonSet of rota-scheduler-k8s probes it. ``running_agent`` serves one on its own
-event-loop thread for tests and benchmarks.
+DaemonSet of rota-scheduler-k8s probes it. With a socket directory it also serves
+both on ``<dir>/agent.sock`` and opens the pid door ``<dir>/pid.sock``
+(:mod:`rota_agent._door`), through which tenants prove which process they are.
+
+The socket directory is checked, never trusted: it must be a real directory owned by
+the agent's uid that nobody else may write to (created 0755 when missing), and an
+``agent.lock`` in it (``flock``) keeps a second agent out. Its sockets are 0666: any
+local process may connect, since what a caller may do depends on its token and, for
+pids, on the kernel's word (SO_PEERCRED), not on reaching the socket.
+``running_agent`` serves one on its own event-loop thread for tests and benchmarks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import os
+import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
@@ -18,30 +30,102 @@ from grpc_health.v1 import health, health_pb2_grpc
 from rota._generated import snapshot_agent_pb2 as pb
 from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
 from rota._grpc_server import bind, free_port, health_servicer, serve_in_thread
+from rota.auth import ServerAuth
+from rota.errors import ConfigError
 from rota_agent._agent import Agent, AgentService
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SnapshotAgentService"].full_name
+SOCKET_NAME, DOOR_NAME, LOCK_NAME = "agent.sock", "pid.sock", "agent.lock"
 
 
-async def serve_agent(agent: Agent, listen: str) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
-    """Start serving ``agent`` on ``listen`` (HOST:PORT or unix:PATH)."""
+def default_socket_dir() -> str:
+    """``/run/rota-agent`` for root, else ``$XDG_RUNTIME_DIR/rota-agent``, else ``/tmp/rota-agent-<uid>``."""
+    if os.geteuid() == 0:
+        return "/run/rota-agent"
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return f"{xdg}/rota-agent" if xdg else f"/tmp/rota-agent-{os.getuid()}"
+
+
+def claim_socket_dir(path: str) -> int:
+    """Check (or create) the socket directory, lock it for this agent and clear stale sockets; the lock's fd."""
+    if not os.path.lexists(path):
+        try:
+            os.mkdir(path, 0o755)  # a directory made meanwhile by someone else fails here, and is checked below
+        except OSError as exc:
+            raise ConfigError(f"cannot create the agent's socket directory {path!r}: {exc.strerror}; give "
+                              "--socket-dir a directory of this user") from None
+        os.chmod(path, 0o755)  # whatever the umask: tenants of other uids must reach the sockets
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise ConfigError(f"the agent's socket directory {path!r} must be a directory (not a link) owned by uid "
+                          f"{os.geteuid()} that only it may write to; it is uid {st.st_uid}, mode "
+                          f"{stat.S_IMODE(st.st_mode):o}: remove it or give another --socket-dir")
+    fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ConfigError(f"another rota agent serves in {path!r}; give each agent its own --socket-dir") from None
+    for name in (SOCKET_NAME, DOOR_NAME):
+        sock = os.path.join(path, name)
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISSOCK(os.lstat(sock).st_mode):
+                os.close(fd)
+                raise ConfigError(f"{sock!r} is in the way and is no socket; remove it")
+            os.unlink(sock)  # left by an agent that is gone (we hold the lock)
+    return fd
+
+
+@dataclass
+class Served:
+    """What ``serve_agent`` started, for ``shutdown``."""
+
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    door: asyncio.AbstractServer | None = None
+    lock_fd: int = -1
+    socket_dir: str = ""
+
+
+async def serve_agent(agent: Agent, listen: str, *, auth: ServerAuth | None = None,
+                      socket_dir: str | None = None) -> Served:
+    """Start serving ``agent`` on ``listen`` (HOST:PORT or unix:PATH), and on ``socket_dir`` when given.
+
+    ``auth``: who callers are (default: nobody is checked, every caller is admin).
+    """
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    pb_grpc.add_SnapshotAgentServiceServicer_to_server(AgentService(agent), server)
+    pb_grpc.add_SnapshotAgentServiceServicer_to_server(AgentService(agent, auth), server)
     hs = await health_servicer((SERVICE_NAME,))
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     bind(server, listen)
+    served = Served(server, hs)
+    if socket_dir:
+        served.lock_fd, served.socket_dir = claim_socket_dir(socket_dir), socket_dir
+        bind(server, f"unix:{os.path.join(socket_dir, SOCKET_NAME)}")
+        served.door = await agent.door.serve(os.path.join(socket_dir, DOOR_NAME))
     await server.start()
-    return server, hs
+    for name in (SOCKET_NAME, DOOR_NAME) if socket_dir else ():
+        os.chmod(os.path.join(socket_dir, name), 0o666)
+    return served
 
 
-async def shutdown(agent: Agent, server: grpc.aio.Server, hs: health.aio.HealthServicer, grace: float = 1.0) -> None:
-    await hs.enter_graceful_shutdown()
+async def shutdown(agent: Agent, served: Served, grace: float = 1.0) -> None:
+    await served.health.enter_graceful_shutdown()
     await agent.stop()
-    await server.stop(grace)
+    await served.server.stop(grace)
+    if served.door is not None:
+        served.door.close()
+        await served.door.wait_closed()
+    if served.lock_fd >= 0:
+        for name in (SOCKET_NAME, DOOR_NAME):  # still ours: the lock is held until here
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(served.socket_dir, name))
+        os.close(served.lock_fd)
 
 
 @contextlib.contextmanager
-def running_agent(agent: Agent | None = None, *, listen: str | None = None) -> Iterator[tuple[str, Agent]]:
+def running_agent(agent: Agent | None = None, *, listen: str | None = None, auth: ServerAuth | None = None,
+                  socket_dir: str | None = None) -> Iterator[tuple[str, Agent]]:
     """Serve an agent on its own event-loop thread; yield (endpoint, agent).
 
     Call the agent's methods only through its loop (``agent_call``); RPCs are fine.
@@ -50,11 +134,11 @@ def running_agent(agent: Agent | None = None, *, listen: str | None = None) -> I
     agent = agent or Agent()
 
     async def start() -> tuple[Agent, object]:
-        server, hs = await serve_agent(agent, listen)
+        served = await serve_agent(agent, listen, auth=auth, socket_dir=socket_dir)
         agent._loop = asyncio.get_running_loop()  # type: ignore[attr-defined]
 
         async def stop() -> None:
-            await shutdown(agent, server, hs, 0.5)
+            await shutdown(agent, served, 0.5)
 
         return agent, stop
 

@@ -20,8 +20,18 @@ reply carries the residue the adapters computed (``ParkResult.residue``, also wh
 park failed on it), in rota-owned fields of the CommandResult that the agent checks
 against its ``--residue-max-bytes`` (see :mod:`rota_agent._residue`).
 
+Proving which process it is: before each (re)connect the client asks the agent's pid
+door (:mod:`rota_agent._door`) for a one-time ticket and sends it as ``rota-proof``;
+the agent then knows the channel's pid from the kernel. Without a door the job still
+works with the ``app_channel`` backend, but the agent acts on none of its pids (no
+``cuda`` backend, no NVML residue). With an agent that checks tokens (``--auth-key``)
+the job's token goes with every call.
+
 Environment:
-    ROTA_AGENT   ``host:port`` (or ``unix:PATH``) of this node's agent, when not passed
+    ROTA_AGENT        ``host:port`` (or ``unix:PATH``) of this node's agent, when not passed
+    ROTA_AGENT_PROOF  path of the agent's pid door (default: ``pid.sock`` beside a
+                      ``unix:DIR/agent.sock`` agent address; "" = none)
+    ROTA_TOKEN        the job's token, for an agent with ``--auth-key``
 """
 
 from __future__ import annotations
@@ -41,8 +51,9 @@ from rota._generated import snapshot_agent_pb2 as pb
 from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
 from rota._ids import check_id
 from rota._types import ParkMode, ParkPlan, ParkResult
+from rota.auth import bearer, env_token
 from rota.errors import ConfigError, RotaError, from_rpc_error
-from rota_agent import _residue
+from rota_agent import _door, _residue
 from rota_agent._generated import agent_ext_pb2 as ext
 
 if TYPE_CHECKING:
@@ -53,22 +64,49 @@ log = logging.getLogger(__name__)
 # (SuspendMode, tags) -> None, or a ParkResult whose residue goes back to the agent; raise on failure (an
 # exception with a ``park_result`` attribute sends that result's residue too).
 Handler = Callable[[int, tuple[str, ...]], "ParkResult | None"]
-BACKENDS = ("app_channel", "cuda", "noop")
+BACKENDS = ("app_channel", "cuda", "noop", "app_endpoint")
+REGISTERED = "rota-registered"  # initial metadata of an accepted WorkloadChannel
+# Refusals that a reconnect cannot fix.
+FATAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED,
+         grpc.StatusCode.UNAUTHENTICATED)
+
+
+def door_path(agent: str, proof: str | None = None) -> str:
+    """The pid door to use for ``agent``: ``proof``, else ROTA_AGENT_PROOF, else beside a unix: agent socket."""
+    if proof is None:
+        proof = os.environ.get("ROTA_AGENT_PROOF")
+    if proof is None and agent.startswith("unix:"):
+        proof = os.path.join(os.path.dirname(agent[len("unix:"):]), "pid.sock")
+    return proof or ""
 
 
 class WorkloadClient:
-    """One registration of one process of a job with an agent."""
+    """One registration of one process of a job with an agent.
+
+    :param pid: a child process of this one to park instead (sent as ``rota-pid``; the
+        agent takes it only when the door proved this process and it descends from it).
+    :param proof: the agent's pid door (see :func:`door_path`); "" = do not prove the pid.
+    :param token: the job's token (default ``ROTA_TOKEN``), for an agent with ``--auth-key``.
+    :param app, endpoints: the inference server(s) of this job, for the ``app_endpoint``
+        backend (``snapshot_agent.v1alpha1.App`` and base URLs); the agent calls no others.
+    """
 
     def __init__(self, agent: str, job_id: str, group: str, *, on_snapshot: Handler, on_restore: Handler,
                  modes: Sequence[int] = (pb.SUSPEND_MODE_OFFLOAD,), default_mode: int = pb.SUSPEND_MODE_OFFLOAD,
-                 tags: Sequence[str] = (), backend: str = "app_channel", pid: int | None = None) -> None:
+                 tags: Sequence[str] = (), backend: str = "app_channel", pid: int | None = None,
+                 proof: str | None = None, token: str | None = None, app: int = 0,
+                 endpoints: Sequence[str] = ()) -> None:
         self.agent = check_endpoint(agent, "agent")
         self.job_id = check_id("job_id", job_id, job_id=job_id, group_id=group)
         self.group = check_id("group", group, job_id=job_id, group_id=group)
         if backend not in BACKENDS:
             raise ConfigError(f"backend {backend!r} for job {job_id!r} is not one of {', '.join(BACKENDS)}")
         self.caps = pb.WorkloadCapabilities(supported_modes=list(modes), default_mode=default_mode, tags=list(tags))
-        self.backend, self.pid = backend, os.getpid() if pid is None else pid
+        self.more = ext.RegisterWorkloadExt(app=app, endpoints=list(endpoints)) if app or endpoints else None
+        self.backend, self.pid = backend, pid
+        self.door = door_path(self.agent, proof)
+        token = env_token() if token is None else token
+        self._auth = bearer(token) if token else ()
         self.on_snapshot, self.on_restore = on_snapshot, on_restore
         self.registered = threading.Event()
         self.error: RotaError | None = None
@@ -78,23 +116,30 @@ class WorkloadClient:
         self._channel = grpc.insecure_channel(self.agent)
         self._stub = pb_grpc.SnapshotAgentServiceStub(self._channel)
         self._call: grpc.Future | None = None
+        self._plain = False  # the agent sends no registration ack (not a rota agent)
         self._thread = threading.Thread(target=self._run, name=f"rota-workload-{job_id}", daemon=True)
         self._thread.start()
 
     def wait_registered(self, timeout: float = 30.0) -> WorkloadClient:
-        """Block until the agent lists this job (raises the refusal, or TimeoutError)."""
+        """Block until the agent accepted this registration (raises the refusal, or TimeoutError).
+
+        A rota agent says so in the channel's initial metadata (``rota-registered``); with
+        an agent that does not (a plain v1alpha1 one), the job showing in its Status counts.
+        """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.error is not None:
                 raise self.error
+            if self.registered.is_set():
+                return self
             try:
-                st = self._stub.Status(pb.StatusRequest(), timeout=2.0)
-                if any(j.job_id == self.job_id for j in st.job_statuses):
+                if self._plain and any(j.job_id == self.job_id for j in self._stub.Status(
+                        pb.StatusRequest(), timeout=2.0, metadata=self._auth).job_statuses):
                     self.registered.set()
                     return self
             except grpc.RpcError:
                 pass
-            time.sleep(0.05)
+            time.sleep(0.02)
         raise TimeoutError(f"agent {self.agent} did not list job {self.job_id!r} within {timeout:g} s; is "
                            "`rota agent serve` running there?")
 
@@ -107,26 +152,43 @@ class WorkloadClient:
         self._channel.close()
 
     def _messages(self) -> Iterator[pb.WorkloadMessage]:
-        yield pb.WorkloadMessage(register=pb.RegisterWorkload(job_id=self.job_id, group=self.group,
-                                                              capabilities=self.caps))
+        reg = pb.RegisterWorkload(job_id=self.job_id, group=self.group, capabilities=self.caps)
+        yield pb.WorkloadMessage(register=_residue.attach(reg, self.more) if self.more is not None else reg)
         while True:
             msg = self._outbox.get()
             if msg is None:
                 return
             yield msg
 
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        """This connection's metadata: backend, token, a fresh pid proof when the door answers."""
+        meta = [("rota-backend", self.backend), *self._auth]
+        if self.pid is not None:
+            meta.append(("rota-pid", str(self.pid)))
+        if self.door:
+            try:
+                meta.append(("rota-proof", _door.fetch(self.door)))
+            except OSError as exc:
+                log.warning("job %s: no pid proof from the agent's door %s (%s); registering without one, so the "
+                            "agent acts on none of this job's pids", self.job_id, self.door, exc)
+        return tuple(meta)
+
     def _run(self) -> None:
-        meta = (("rota-pid", str(self.pid)), ("rota-backend", self.backend))
         while not self._closed.is_set():
             try:
                 self._outbox = queue.Queue()
-                call = self._call = self._stub.WorkloadChannel(self._messages(), metadata=meta)
+                call = self._call = self._stub.WorkloadChannel(self._messages(), metadata=self._metadata())
+                acked = any(k == REGISTERED for k, _ in call.initial_metadata() or ())  # blocks until sent
+                if acked:
+                    self.registered.set()
+                elif not call.done():
+                    self._plain = True
                 for cmd in call:
                     self._outbox.put(pb.WorkloadMessage(result=self._handle(cmd)))
             except grpc.RpcError as exc:
                 if self._closed.is_set():
                     return
-                if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
+                if exc.code() in FATAL:
                     log.error("agent %s refused job %s: %s", self.agent, self.job_id, exc.details())
                     self.error = from_rpc_error(exc, job_id=self.job_id, group_id=self.group)
                     return
@@ -201,13 +263,14 @@ def _plan(mode: int, tags: tuple[str, ...]) -> ParkPlan:
     return ParkPlan(tags=frozenset(tags), mode=pm)
 
 
-def register(gpu: Gpu, agent: str | None = None, *, tags: Sequence[str] = (), backend: str = "app_channel"
-             ) -> WorkloadClient:
+def register(gpu: Gpu, agent: str | None = None, *, tags: Sequence[str] = (), backend: str = "app_channel",
+             token: str | None = None) -> WorkloadClient:
     """Register ``gpu``'s job with the node's agent; its commands run ``gpu``'s park/restore hooks.
 
-    :param agent: ``host:port``; default ``ROTA_AGENT``.
+    :param agent: ``host:port`` or ``unix:PATH``; default ``ROTA_AGENT``.
     :param backend: ``app_channel`` (adapters park regions) or ``cuda`` (the agent
-        checkpoints this whole process; the hooks are not used).
+        checkpoints this whole process, proven through its pid door; the hooks are not used).
+    :param token: the job's token for an agent with ``--auth-key`` (default ``ROTA_TOKEN``).
     """
     where = "agent"
     if agent is None:
@@ -219,5 +282,6 @@ def register(gpu: Gpu, agent: str | None = None, *, tags: Sequence[str] = (), ba
     client = WorkloadClient(agent, gpu.tenant, gpu.group,
                             on_snapshot=lambda mode, t: park_gpu(gpu, _plan(mode, t)),
                             on_restore=lambda mode, t: restore_gpu(gpu, _plan(mode, t)),
-                            modes=(pb.SUSPEND_MODE_OFFLOAD, pb.SUSPEND_MODE_DISCARD), tags=tags, backend=backend)
+                            modes=(pb.SUSPEND_MODE_OFFLOAD, pb.SUSPEND_MODE_DISCARD), tags=tags, backend=backend,
+                            token=token)
     return client

@@ -10,8 +10,8 @@ import grpc
 
 from rota.errors import InvalidArgument, NotFound, PermanentError, TransientError
 
-__all__ = ["BackendFailed", "BadBackendConfig", "Busy", "UnknownJob", "UnknownOperation", "Unsupported",
-           "WrongState"]
+__all__ = ["BackendFailed", "BadBackendConfig", "BadProof", "Busy", "InUse", "TooMany", "UnknownJob",
+           "UnknownOperation", "Unsupported", "WrongState"]
 
 
 class UnknownJob(NotFound):
@@ -48,3 +48,21 @@ class BackendFailed(PermanentError):
     """A backend step failed or missed its deadline; the job is FAULTED."""
 
     code = grpc.StatusCode.INTERNAL
+
+
+class TooMany(TransientError):
+    """The agent holds as many jobs (or a job as many channels) as it may; retry once some have ended."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class InUse(TransientError):
+    """An anonymous job id already has an open channel; retry once it closed (a reconnect)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class BadProof(TransientError):
+    """A ``rota-proof`` ticket the pid door never issued, already used, or expired; fetch a new one."""
+
+    code = grpc.StatusCode.ABORTED

@@ -6,17 +6,26 @@ ask agents to park and restore jobs but core's CLI does not know this package, t
 plugin adds ``--agent HOST:PORT`` (repeatable) to ``rota orchestrator serve``; it is
 passed on as ``ROTA_AGENTS`` (comma-separated), which the engine reads.
 
+``rota agent serve`` listens on 127.0.0.1 unless told otherwise. A listener other
+callers can reach (any address but loopback) needs ``--auth-key`` (the orchestrator's
+key: every caller then shows a token, the orchestrator an admin token it makes from
+the same key) or an explicit ``--insecure``, which is warned about at every start.
+
 Environment:
-    ROTA_AGENT_LISTEN     default of ``rota agent serve --listen`` (0.0.0.0:9001)
+    ROTA_AGENT_LISTEN     default of ``rota agent serve --listen`` (127.0.0.1:9001)
+    ROTA_AUTH_KEY         default of ``--auth-key`` (the orchestrator's key file)
+    ROTA_AGENT_SOCKET_DIR default of ``--socket-dir``
     ROTA_AGENT_OP_TIMEOUT default of ``--op-timeout`` (seconds, > 0)
     ROTA_RESIDUE_MAX_BYTES default of ``--residue-max-bytes`` (integer >= 0, 0 = off; 256 MiB)
     ROTA_AGENT            default of ``rota agent status --agent``
+    ROTA_TOKEN            the token ``rota agent status`` shows (an admin token sees every job)
     ROTA_AGENTS           agents the orchestrator talks to (also set by ``--agent``)
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -38,41 +47,98 @@ def agent() -> None:
 
 
 @agent.command("serve")
-@click.option("--listen", default="0.0.0.0:9001", show_default=True, type=Endpoint(), envvar="ROTA_AGENT_LISTEN",
-              help="Address to serve on: HOST:PORT or unix:PATH (env ROTA_AGENT_LISTEN).")
+@click.option("--listen", default="127.0.0.1:9001", show_default=True, type=Endpoint(), envvar="ROTA_AGENT_LISTEN",
+              help="Address to serve on: HOST:PORT or unix:PATH (env ROTA_AGENT_LISTEN). Any address but loopback "
+                   "needs --auth-key or --insecure.")
+@click.option("--auth-key", default="", envvar="ROTA_AUTH_KEY", type=click.Path(dir_okay=False),
+              help="The orchestrator's key file (env ROTA_AUTH_KEY): every caller, on loopback and on the Unix "
+                   "socket too, must show a token made with it. A tenant token acts for its own job; the "
+                   "orchestrator's admin token for all.")
+@click.option("--insecure", is_flag=True,
+              help="Serve a non-loopback --listen without checking callers: anyone who can connect may park, "
+                   "restore or list any job. A warning is printed at every start.")
+@click.option("--socket-dir", default=None, envvar="ROTA_AGENT_SOCKET_DIR",
+              help="Directory of the agent's Unix sockets: agent.sock (the same service) and pid.sock (the pid "
+                   "door, through which tenants prove which process they are). '' = none. [default: "
+                   "/run/rota-agent as root, else $XDG_RUNTIME_DIR/rota-agent or /tmp/rota-agent-UID]")
 @click.option("--op-timeout", type=click.FloatRange(min=0.001), default=300.0, show_default=True,
               envvar="ROTA_AGENT_OP_TIMEOUT", help="Deadline of one Snapshot/Restore; a miss FAULTs the job.")
 @click.option("--step-timeout", type=click.FloatRange(min=0.001), default=120.0, show_default=True,
               help="Deadline of one CUDA driver step or one HTTP call of the app_endpoint backend.")
+@click.option("--forget-after", type=click.FloatRange(min=0), default=300.0, show_default=True,
+              help="Seconds a job whose WorkloadChannels all closed stays listed (its fault, its parked state) "
+                   "before the agent forgets it.")
 @click.option("--residue-max-bytes", type=click.IntRange(min=0), default=None,
               help="Device bytes a parked job may leave behind (NVML per pid for whole-process parks, the adapters' "
                    "report for app_channel); more FAILs the snapshot and FAULTs the job. 0 = off "
                    "[default: env ROTA_RESIDUE_MAX_BYTES, else 268435456 = 256 MiB].")
-def serve_cmd(listen: str, op_timeout: float, step_timeout: float, residue_max_bytes: int | None) -> None:
+def serve_cmd(listen: str, auth_key: str, insecure: bool, socket_dir: str | None, op_timeout: float,
+              step_timeout: float, forget_after: float, residue_max_bytes: int | None) -> None:
     """Serve SnapshotAgentService and grpc.health.v1 until SIGINT/SIGTERM."""
     from rota.errors import ConfigError
     from rota_agent._agent import Agent
+    from rota_agent._server import default_socket_dir
     from rota_agent.backends import default_backends
 
     try:
+        auth = _server_auth(listen, auth_key, insecure)
         a = Agent(default_backends(step_timeout_s=step_timeout), op_timeout_s=op_timeout, name=listen,
-                  residue_max_bytes=residue_max_bytes)
+                  residue_max_bytes=residue_max_bytes, keep_closed_s=forget_after)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    asyncio.run(_serve(a, listen))
+    asyncio.run(_serve(a, listen, auth, default_socket_dir() if socket_dir is None else socket_dir))
 
 
-async def _serve(a: Any, listen: str) -> None:
+def is_loopback(listen: str) -> bool:
+    """True for unix:PATH and HOST:PORT whose host is a loopback address (or localhost)."""
+    if listen.startswith("unix:"):
+        return True
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _server_auth(listen: str, auth_key: str, insecure: bool) -> Any:
+    """Who may call the agent: token holders (--auth-key), or everyone (loopback without a key, --insecure)."""
+    from rota.auth import ServerAuth, load_key
+
+    if insecure and auth_key:
+        raise click.UsageError("--insecure and --auth-key contradict each other: drop --insecure to check tokens")
+    if auth_key:
+        return ServerAuth(key=load_key(auth_key))
+    if not is_loopback(listen) and not insecure:
+        raise click.UsageError(f"--listen {listen} is reachable from other hosts and no caller would be checked: "
+                               "give --auth-key FILE (the orchestrator's key; make one with `rota token keygen "
+                               "FILE`), or --insecure to serve anyone who can connect")
+    if insecure:
+        click.echo(f"rota agent: WARNING: --insecure: anyone who can reach {listen} may park, restore or list any "
+                   "job on this node; use --auth-key in shared clusters", err=True)
+    else:
+        click.echo("rota agent: no --auth-key: every local process may park, restore or list any job (pids and "
+                   "endpoints are still only a registered job's own)", err=True)
+    return ServerAuth(insecure=True)
+
+
+async def _serve(a: Any, listen: str, auth: Any, socket_dir: str) -> None:
+    from rota.errors import RotaError
     from rota_agent._server import serve_agent, shutdown
 
-    server, hs = await serve_agent(a, listen)
+    try:
+        served = await serve_agent(a, listen, auth=auth, socket_dir=socket_dir or None)
+    except RotaError as exc:
+        raise click.ClickException(str(exc)) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    click.echo(f"rota agent serving on {listen}", err=True)
+    where = f"{listen} and {socket_dir}" if socket_dir else listen
+    click.echo(f"rota agent serving on {where} ({'tokens checked' if auth.key else 'no tokens checked'})", err=True)
     await stop.wait()
-    await shutdown(a, server, hs)
+    await shutdown(a, served)
 
 
 @agent.command("status")
@@ -83,10 +149,13 @@ def status_cmd(endpoint: str, as_json: bool) -> None:
     """Show the agent's jobs and accelerators."""
     from rota._generated import snapshot_agent_pb2 as pb
     from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
+    from rota.auth import bearer, env_token
 
+    token = env_token()
     with grpc.insecure_channel(endpoint) as ch:
         try:
-            st = pb_grpc.SnapshotAgentServiceStub(ch).Status(pb.StatusRequest(), timeout=5)
+            st = pb_grpc.SnapshotAgentServiceStub(ch).Status(pb.StatusRequest(), timeout=5,
+                                                             metadata=bearer(token) if token else None)
         except grpc.RpcError as exc:
             raise click.ClickException(f"agent {endpoint}: {exc.code().name}: {exc.details()}") from None
     from rota_agent._generated import agent_ext_pb2 as ext

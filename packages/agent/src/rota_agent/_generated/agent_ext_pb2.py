@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%rota_agent/_generated/agent_ext.proto\x12\rrota.agent.v1\"\x95\x01\n\x07Residue\x12\x30\n\x05\x62ytes\x18\x01 \x03(\x0b\x32!.rota.agent.v1.Residue.BytesEntry\x12\x15\n\rcounted_bytes\x18\x02 \x01(\x03\x12\x13\n\x0blimit_bytes\x18\x03 \x01(\x03\x1a,\n\nBytesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"<\n\x10\x43ommandResultExt\x12(\n\x07residue\x18\xe8\x07 \x01(\x0b\x32\x16.rota.agent.v1.Residue\"C\n\x17GetOperationResponseExt\x12(\n\x07residue\x18\xe8\x07 \x01(\x0b\x32\x16.rota.agent.v1.Residue\"H\n\x0cJobStatusExt\x12(\n\x07residue\x18\xe8\x07 \x01(\x0b\x32\x16.rota.agent.v1.Residue\x12\x0e\n\x05\x66\x61ult\x18\xe9\x07 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%rota_agent/_generated/agent_ext.proto\x12\rrota.agent.v1\"\x95\x01\n\x07Residue\x12\x30\n\x05\x62ytes\x18\x01 \x03(\x0b\x32!.rota.agent.v1.Residue.BytesEntry\x12\x15\n\rcounted_bytes\x18\x02 \x01(\x03\x12\x13\n\x0blimit_bytes\x18\x03 \x01(\x03\x1a,\n\nBytesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"<\n\x10\x43ommandResultExt\x12(\n\x07residue\x18\xe8\x07 \x01(\x0b\x32\x16.rota.agent.v1.Residue\"C\n\x17GetOperationResponseExt\x12(\n\x07residue\x18\xe8\x07 \x01(\x0b\x32\x16.rota.agent.v1.Residue\"H\n\x0cJobStatusExt\x12(\n\x07residue\x18\xe8\x07 \x01(\x0b\x32\x16.rota.agent.v1.Residue\x12\x0e\n\x05\x66\x61ult\x18\xe9\x07 \x01(\t\"7\n\x13RegisterWorkloadExt\x12\x0c\n\x03\x61pp\x18\xe8\x07 \x01(\x05\x12\x12\n\tendpoints\x18\xe9\x07 \x03(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,4 +43,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETOPERATIONRESPONSEEXT']._serialized_end=337
   _globals['_JOBSTATUSEXT']._serialized_start=339
   _globals['_JOBSTATUSEXT']._serialized_end=411
+  _globals['_REGISTERWORKLOADEXT']._serialized_start=413
+  _globals['_REGISTERWORKLOADEXT']._serialized_end=468
 # @@protoc_insertion_point(module_scope)

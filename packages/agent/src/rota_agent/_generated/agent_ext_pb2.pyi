@@ -1,7 +1,7 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from typing import ClassVar as _ClassVar, Mapping as _Mapping, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -41,3 +41,11 @@ class JobStatusExt(_message.Message):
     residue: Residue
     fault: str
     def __init__(self, residue: _Optional[_Union[Residue, _Mapping]] = ..., fault: _Optional[str] = ...) -> None: ...
+
+class RegisterWorkloadExt(_message.Message):
+    __slots__ = ("app", "endpoints")
+    APP_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    app: int
+    endpoints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, app: _Optional[int] = ..., endpoints: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -38,9 +38,15 @@ class Moved:
 
 @dataclass(eq=False)
 class Channel:
-    """One open WorkloadChannel of a job (one rank/process)."""
+    """One open WorkloadChannel of a job (one rank/process).
+
+    ``pid``/``start``: the process this channel proved it is (through the agent's pid
+    door, see :mod:`rota_agent._door`) and its start time; 0 when it proved nothing, and
+    then no backend acts on a pid of it.
+    """
 
     pid: int = 0
+    start: int = 0
     outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
     pending: dict[str, asyncio.Future] = field(default_factory=dict)
     closed: bool = False
@@ -66,10 +72,24 @@ class Job:
     fault: str = ""
     parked_with: tuple[str, Any] | None = None  # (backend, parsed config) of the last good snapshot
     residue: Any = None  # rota_agent._residue.Residue of the last snapshot (measured or reported)
+    owner: str = ""  # who registered it (a credential, a proven uid, or "anonymous"); see rota_agent._agent
+    app: int = 0  # app_endpoint: the registered App (vLLM, SGLang) ...
+    endpoints: tuple[str, ...] = ()  # ... and base URLs, the only ones the agent will call for this job
+    closed_at: float = 0.0  # time.monotonic() when its last channel closed (0 while one is open)
 
     @property
     def pids(self) -> tuple[int, ...]:
+        """The proven pids of the job's open channels."""
         return tuple(sorted({c.pid for c in self.channels if c.pid and not c.closed}))
+
+    @property
+    def proven(self) -> dict[int, int]:
+        """pid -> start time of the job's open channels that proved their process."""
+        return {c.pid: c.start for c in self.channels if c.pid and not c.closed}
+
+    @property
+    def live(self) -> bool:
+        return any(not c.closed for c in self.channels)
 
 
 class Backend(Protocol):
@@ -81,8 +101,9 @@ class Backend(Protocol):
     def parse(self, job: Job | None, job_id: str, config: Any) -> Any:
         """Validate ``config`` (the oneof's message, or None) for ``job``; return what
         :meth:`snapshot`/:meth:`restore` need. ``job`` is None when the job is not
-        registered: return a config only if it names an explicit target, else raise
-        :class:`rota_agent.errors.UnknownJob`."""
+        registered: raise :class:`rota_agent.errors.UnknownJob`, since a backend acts only
+        on what a registered job proved is its own (its pids, its endpoints), never on a
+        target the request alone names."""
 
     async def snapshot(self, job: Job, config: Any) -> Moved:
         """Move the job's device state out. Raise on failure (the job becomes FAULTED)."""

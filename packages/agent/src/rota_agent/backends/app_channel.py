@@ -24,11 +24,13 @@ import uuid
 from typing import Any, ClassVar
 
 from rota._generated import snapshot_agent_pb2 as pb
+from rota._ids import shown
 from rota_agent import _residue
 from rota_agent._generated import agent_ext_pb2 as ext
 from rota_agent.backends._base import Channel, Job, Moved
 from rota_agent.errors import BackendFailed, BadBackendConfig, UnknownJob, WrongState
 
+MAX_ERROR_CHARS = 300  # of one tenant's error text, kept on one line
 _MODES = {pb.SUSPEND_MODE_UNSPECIFIED, pb.SUSPEND_MODE_OFFLOAD, pb.SUSPEND_MODE_DISCARD}
 
 
@@ -50,9 +52,9 @@ def check_tags(tags: Any, caps: pb.WorkloadCapabilities, where: str) -> tuple[st
     out = tuple(tags)
     for t in out:
         if not t or not t.strip():
-            raise BadBackendConfig(f"{where}: empty tag in tags={list(out)!r}; omit tags to mean every tag")
+            raise BadBackendConfig(f"{where}: an empty tag in tags; omit tags to mean every tag")
         if caps.tags and t not in caps.tags:
-            raise BadBackendConfig(f"{where}: tag {t!r} is not one the workload registered "
+            raise BadBackendConfig(f"{where}: tag {shown(t)} is not one the workload registered "
                                    f"({', '.join(caps.tags)}); use one of those or omit tags")
     return out
 
@@ -90,7 +92,8 @@ class AppChannelBackend:
                 for cid in [k for k, f in ch.pending.items() if f.done() or f in futs]:
                     ch.pending.pop(cid, None)
         residue = _residue.merge([dict(_residue.read(r, ext.CommandResultExt).residue.bytes) for r in results])
-        errors = [r.error or "failed without a message" for r in results if not r.ok]
+        errors = [" ".join(r.error[:MAX_ERROR_CHARS].split()) or "failed without a message"
+                  for r in results if not r.ok]
         if errors:  # ranks that did move are moved back: the job as a whole stays where it was
             self._undo(job, config, kind, [ch for ch, r in zip(channels, results, strict=True) if r.ok])
             exc = BackendFailed(f"{kind} of job {job.job_id!r} over its WorkloadChannel failed: "

@@ -7,15 +7,27 @@
 * SGLang: ``POST /release_memory_occupation`` and ``POST /resume_memory_occupation``
   with ``{"tags": [...]}`` (omitted = everything).
 
+Which URLs: only the endpoints the job itself registered over its WorkloadChannel
+(:func:`check_endpoints`, rota-owned ``RegisterWorkloadExt``). A Snapshot or Restore may
+name a subset of them, never another URL: the agent is no proxy for its callers.
+Redirects are not followed, answers are read up to ``MAX_ANSWER`` bytes, and what a
+failed call reports to the agent's callers is its status (``HTTP 500``, ``no HTTP
+answer``), never the server's body; the in-process callers (rota_vllm, rota_sglang)
+still get the server's own words.
+
 Every endpoint of the job (e.g. one per data-parallel replica) is called at once; each
-request has a deadline (``timeout_s``). A non-2xx answer or a server that still
-reports the wrong sleeping state fails the step with the server's own words.
+request has a deadline (``timeout_s``). The calls run on this backend's own threads
+(``THREADS``), at most one at a time per server (host:port), so a server that never
+answers holds one thread, not the agent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import json
+import logging
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -23,8 +35,19 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rota._generated import snapshot_agent_pb2 as pb
+from rota._ids import shown
+from rota.errors import PermissionDenied
 from rota_agent.backends._base import Job, Moved
-from rota_agent.errors import BackendFailed, BadBackendConfig
+from rota_agent.errors import BackendFailed, BadBackendConfig, UnknownJob
+
+log = logging.getLogger(__name__)
+
+MAX_ENDPOINTS = 16  # endpoints one job may register
+MAX_URL_CHARS = 512
+MAX_TAGS, MAX_TAG_CHARS = 32, 64
+MAX_ANSWER = 64 << 10  # bytes of an answer read; a longer one fails the call
+THREADS = 8  # HTTP calls in flight across all servers
+APPS = (pb.APP_VLLM, pb.APP_SGLANG)
 
 
 @dataclass(frozen=True)
@@ -35,47 +58,106 @@ class EndpointPlan:
     tags: tuple[str, ...]
 
 
+def check_endpoints(app: int, endpoints: Any, where: str, job_id: str = "") -> tuple[str, ...]:
+    """Validate a job's registered ``app`` and base URLs; return the URLs without trailing slashes."""
+    if app not in APPS:
+        raise BadBackendConfig(f"{where}: app={app} is not APP_VLLM (1) or APP_SGLANG (2)", job_id=job_id)
+    eps = list(endpoints)
+    if not eps or len(eps) > MAX_ENDPOINTS:
+        raise BadBackendConfig(f"{where}: give 1 to {MAX_ENDPOINTS} endpoints (got {len(eps)}), each the "
+                               "server's base URL, e.g. http://127.0.0.1:8000", job_id=job_id)
+    out = []
+    for ep in eps:
+        u = urllib.parse.urlsplit(ep) if len(ep) <= MAX_URL_CHARS and ep.isascii() and ep.isprintable() else None
+        try:
+            port_ok = u is not None and (u.port is None or 0 < u.port < 65536)
+        except ValueError:
+            port_ok = False
+        if u is None or not port_ok or u.scheme not in ("http", "https") or not u.hostname or u.query \
+                or u.fragment or u.username is not None or " " in ep:
+            raise BadBackendConfig(f"{where}: endpoint {shown(ep)} is not a base URL like http://HOST:PORT (at most "
+                                   f"{MAX_URL_CHARS} printable ASCII characters, no user, query or fragment)",
+                                   job_id=job_id)
+        out.append(ep.rstrip("/"))
+    return tuple(out)
+
+
+def _check_tags(tags: Any, where: str, job_id: str) -> tuple[str, ...]:
+    out = tuple(tags)
+    if len(out) > MAX_TAGS or any(not t.strip() or len(t) > MAX_TAG_CHARS for t in out):
+        raise BadBackendConfig(f"{where}: tags must be at most {MAX_TAGS} non-empty names of at most "
+                               f"{MAX_TAG_CHARS} characters", job_id=job_id)
+    return out
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx answer is an answer (it fails the call), not a new URL to call."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 class AppEndpointBackend:
     name: ClassVar[str] = "app_endpoint"
     whole_process: ClassVar[bool] = False
 
     def __init__(self, timeout_s: float = 300.0) -> None:
         self.timeout_s = timeout_s
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="rota-http")
+        self._slots: dict[str, asyncio.Semaphore] = {}  # host:port -> one call at a time (on the agent's loop)
 
     def parse(self, job: Job | None, job_id: str, config: pb.AppEndpointConfig | None) -> EndpointPlan:
         where = f"app_endpoint config of job {job_id!r}"
-        if config is None:
-            raise BadBackendConfig(f"{where}: missing; set backend_config.app_endpoint with app and endpoints")
-        if config.app not in (pb.APP_VLLM, pb.APP_SGLANG):
-            raise BadBackendConfig(f"{where}: app={config.app} is not APP_VLLM (1) or APP_SGLANG (2)", job_id=job_id)
-        if not config.endpoints:
-            raise BadBackendConfig(f"{where}: endpoints is empty; give the server's base URL, e.g. "
-                                   "http://127.0.0.1:8000", job_id=job_id)
-        eps = []
-        for ep in config.endpoints:
-            u = urllib.parse.urlsplit(ep)
-            if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
-                raise BadBackendConfig(f"{where}: endpoint {ep!r} is not a base URL like http://HOST:PORT",
+        if job is None:
+            raise UnknownJob(f"job {job_id!r} is not registered with this agent; the app_endpoint backend calls only "
+                             "the endpoints a registered job declared (rota_agent.WorkloadClient(..., app=, "
+                             "endpoints=))", job_id=job_id)
+        if not job.endpoints:
+            raise BadBackendConfig(f"{where}: the job registered no endpoints; register its servers' base URLs "
+                                   "with its WorkloadChannel (rota_agent.WorkloadClient(..., app=, endpoints=))",
+                                   job_id=job_id)
+        config = config or pb.AppEndpointConfig()
+        if config.app and config.app != job.app:
+            raise BadBackendConfig(f"{where}: app={config.app} is not the app the job registered ({job.app})",
+                                   job_id=job_id)
+        asked = list(config.endpoints)
+        if len(asked) > MAX_ENDPOINTS:
+            raise BadBackendConfig(f"{where}: {len(asked)} endpoints; at most {MAX_ENDPOINTS}", job_id=job_id)
+        for ep in asked:
+            if ep.rstrip("/") not in job.endpoints:
+                raise PermissionDenied(f"{where}: endpoint {shown(ep)} is not one the job registered; the agent "
+                                       "calls only its registered endpoints (omit endpoints to use them all)",
                                        job_id=job_id)
-            eps.append(ep.rstrip("/"))
         if config.mode not in (pb.SUSPEND_MODE_UNSPECIFIED, pb.SUSPEND_MODE_OFFLOAD, pb.SUSPEND_MODE_DISCARD):
             raise BadBackendConfig(f"{where}: mode {config.mode} is not a SuspendMode", job_id=job_id)
-        tags = tuple(config.tags)
-        if any(not t.strip() for t in tags):
-            raise BadBackendConfig(f"{where}: empty tag in {list(tags)!r}", job_id=job_id)
-        return EndpointPlan(config.app, tuple(eps), config.mode or pb.SUSPEND_MODE_OFFLOAD, tags)
+        mode = config.mode or job.capabilities.default_mode or pb.SUSPEND_MODE_OFFLOAD
+        eps = tuple(dict.fromkeys(ep.rstrip("/") for ep in asked)) or job.endpoints
+        return EndpointPlan(job.app, eps, mode, _check_tags(config.tags, where, job_id))
 
-    def _http(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
+    def _http(self, method: str, url: str, body: dict[str, Any] | None = None, *, detail: bool = True) -> Any:
+        """One call. ``detail``: put the server's answer (or the network error) in a failure's message;
+        off for the agent's operations, whose errors go back to remote callers."""
         data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
         req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                raw = resp.read()
+            with _OPENER.open(req, timeout=self.timeout_s) as resp:
+                raw = resp.read(MAX_ANSWER + 1)
         except urllib.error.HTTPError as exc:
-            detail = exc.read()[:300].decode(errors="replace")
-            raise BackendFailed(f"{method} {url} answered HTTP {exc.code}: {detail}") from None
+            words = exc.read(300).decode(errors="replace") if detail else ""
+            exc.close()
+            raise BackendFailed(f"{method} {url} answered HTTP {exc.code}" + (f": {words}" if words else "")) \
+                from None
         except (urllib.error.URLError, OSError) as exc:
-            raise BackendFailed(f"{method} {url} failed: {getattr(exc, 'reason', exc)}") from None
+            reason = getattr(exc, "reason", exc)
+            if not detail:
+                log.info("%s %s: no HTTP answer (%r)", method, url, str(reason))
+            raise BackendFailed(f"{method} {url} failed: {reason}" if detail else
+                                f"{method} {url} got no HTTP answer (connection failed or timed out)") from None
+        if len(raw) > MAX_ANSWER:
+            raise BackendFailed(f"{method} {url} answered more than {MAX_ANSWER} bytes; a sleep/wake answer is small")
         try:
             return json.loads(raw) if raw.strip() else None
         except ValueError:
@@ -88,30 +170,56 @@ class AppEndpointBackend:
 
     def step(self, plan: EndpointPlan, endpoint: str, *, sleep: bool) -> None:
         """Sleep (``sleep=True``) or wake one endpoint and check its state, synchronously."""
-        self._one(plan, endpoint, sleep)
+        self._one(plan, endpoint, sleep, True)
 
-    def _one(self, plan: EndpointPlan, ep: str, sleep: bool) -> None:
+    def _one(self, plan: EndpointPlan, ep: str, sleep: bool, detail: bool) -> None:
         if plan.app == pb.APP_SGLANG:
             path = "/release_memory_occupation" if sleep else "/resume_memory_occupation"
-            self._http("POST", ep + path, {"tags": list(plan.tags)} if plan.tags else {})
+            self._http("POST", ep + path, {"tags": list(plan.tags)} if plan.tags else {}, detail=detail)
             return
         if sleep:
             level = 2 if plan.mode == pb.SUSPEND_MODE_DISCARD else 1
-            self._http("POST", f"{ep}/sleep?level={level}")
+            self._http("POST", f"{ep}/sleep?level={level}", detail=detail)
         else:
             query = urllib.parse.urlencode([("tags", t) for t in plan.tags])
-            self._http("POST", ep + "/wake_up" + (f"?{query}" if query else ""))
-        state = self._http("GET", ep + "/is_sleeping")
+            self._http("POST", ep + "/wake_up" + (f"?{query}" if query else ""), detail=detail)
+        state = self._http("GET", ep + "/is_sleeping", detail=detail)
         sleeping = state.get("is_sleeping") if isinstance(state, dict) else None
         if plan.tags and not sleep:
             return  # a partial wake leaves the server reporting sleep until every tag is back
         if sleeping is not sleep:
-            raise BackendFailed(f"{ep}: after {'sleep' if sleep else 'wake_up'} the server reports "
-                                f"is_sleeping={sleeping!r}; expected {sleep}")
+            said = f"is_sleeping={sleeping!r}" if detail or isinstance(sleeping, (bool, type(None))) \
+                else "an is_sleeping that is not a boolean"
+            raise BackendFailed(f"{ep}: after {'sleep' if sleep else 'wake_up'} the server reports {said}; "
+                                f"expected {sleep}")
+
+    def _slot(self, ep: str) -> asyncio.Semaphore:
+        server = urllib.parse.urlsplit(ep).netloc.lower()
+        if len(self._slots) > 4 * MAX_ENDPOINTS * THREADS:  # forget idle servers
+            self._slots = {k: v for k, v in self._slots.items() if v.locked()}
+        return self._slots.setdefault(server, asyncio.Semaphore(1))
+
+    async def _call(self, plan: EndpointPlan, ep: str, sleep: bool) -> None:
+        """One endpoint's step on this backend's threads; its server's slot is held until the thread is done
+        (also when the operation gave up waiting), so a silent server never holds more than one thread."""
+        slot = self._slot(ep)
+        await slot.acquire()
+        loop = asyncio.get_running_loop()
+
+        def free(_: object) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the agent stopped
+                loop.call_soon_threadsafe(slot.release)
+
+        try:
+            work = self._pool.submit(self._one, plan, ep, sleep, False)
+        except BaseException:
+            slot.release()
+            raise
+        work.add_done_callback(free)
+        await asyncio.wrap_future(work)
 
     async def _all(self, job: Job, plan: EndpointPlan, sleep: bool) -> Moved:
-        loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(None, self._one, plan, ep, sleep) for ep in plan.endpoints))
+        await asyncio.gather(*(self._call(plan, ep, sleep) for ep in plan.endpoints))
         return Moved()
 
     async def snapshot(self, job: Job, plan: EndpointPlan) -> Moved:

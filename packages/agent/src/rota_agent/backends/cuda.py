@@ -20,6 +20,12 @@ in a worker thread under a deadline, and a missed deadline faults the job with a
 message naming those causes. The driver call itself cannot be interrupted and may
 still finish later.
 
+Which processes: only a registered job's own. A job's pids are those its
+WorkloadChannels proved through the agent's pid door (:mod:`rota_agent._door`); an
+``explicit_target`` may name those or their descendants, nothing else, and any other
+pid (live or not) is refused with the same PERMISSION_DENIED, so the answer says
+nothing about the node's processes.
+
 Multi-process jobs: every pid is locked before any is checkpointed, and a failure
 part-way rolls back what was done (restore + unlock), best effort.
 
@@ -40,6 +46,8 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 from rota._generated import snapshot_agent_pb2 as pb
+from rota.errors import PermissionDenied
+from rota_agent import _proc
 from rota_agent.backends._base import Job, Moved
 from rota_agent.errors import BackendFailed, BadBackendConfig, UnknownJob, Unsupported, WrongState
 
@@ -49,6 +57,7 @@ MIN_DRIVER = 12080  # cuDriverGetVersion() of the first driver with the checkpoi
 RUNNING, LOCKED, CHECKPOINTED, FAILED = 0, 1, 2, 3  # CUprocessState
 STATE_NAMES = {RUNNING: "RUNNING", LOCKED: "LOCKED", CHECKPOINTED: "CHECKPOINTED", FAILED: "FAILED"}
 CUDA_ERROR_NOT_SUPPORTED = 801
+MAX_PIDS = 256  # explicit pids in one request
 
 
 class CudaError(RuntimeError):
@@ -169,28 +178,42 @@ class CudaBackend:
     # ---------------------------------------------------------- validation
 
     def parse(self, job: Job | None, job_id: str, config: pb.CudaBackendConfig | None) -> tuple[int, ...]:
+        """The pids to park: the job's own proven ones, or explicit ones tied to them.
+
+        An explicit pid is taken only when it is a process the job proved (through the
+        agent's pid door) or a descendant of one. Any other pid, existing or not, gets
+        the same answer, so a caller learns nothing about the node's processes.
+        """
         explicit = tuple(config.explicit_target.pids) if config is not None else ()
+        if len(explicit) > MAX_PIDS:
+            raise BadBackendConfig(f"cuda config of job {job_id!r} names {len(explicit)} pids; at most {MAX_PIDS}",
+                                   job_id=job_id)
         for pid in explicit:
             if pid <= 0:
                 raise BadBackendConfig(f"cuda config of job {job_id!r}: pid {pid} is not a process id; give "
                                        "positive pids in explicit_target.pids (or none to use the job's "
                                        "registered pids)", job_id=job_id)
-        pids = explicit or (job.pids if job is not None else ())
-        if not pids:
-            if job is None:
-                raise UnknownJob(f"job {job_id!r} is not registered with this agent and the cuda config names no "
-                                 "pids; set backend_config.cuda.explicit_target.pids or register the job's "
-                                 "WorkloadChannel", job_id=job_id)
-            raise BadBackendConfig(f"job {job_id!r} registered no pids (its WorkloadChannel sent no rota-pid); "
-                                   "set backend_config.cuda.explicit_target.pids", job_id=job_id)
+        if job is None:
+            raise UnknownJob(f"job {job_id!r} is not registered with this agent; the cuda backend parks only the "
+                             "processes of a registered job: register the job's WorkloadChannel (through the "
+                             "agent's Unix socket, so its pid is proven)", job_id=job_id)
+        own = {pid: start for pid, start in job.proven.items() if _proc.alive(pid, start, self.proc_root)}
+        if not own:
+            raise BadBackendConfig(f"job {job_id!r} has no proven process on this node: its WorkloadChannel "
+                                   "did not come through the agent's pid door (connect with ROTA_AGENT=unix:"
+                                   "<socket dir>/agent.sock, or set ROTA_AGENT_PROOF=<socket dir>/pid.sock)",
+                                   job_id=job_id)
+        for pid in explicit:
+            if not _proc.descends(pid, set(own), self.proc_root):
+                raise PermissionDenied(f"pid {pid} is not a process of job {job_id!r} (neither a process that "
+                                       "registered it nor a descendant of one); the agent parks only its "
+                                       "registered jobs' own processes", job_id=job_id)
+        pids = explicit or tuple(sorted(own))
         if self.machine not in ("x86_64", "AMD64"):
             raise Unsupported(f"whole-process CUDA checkpoint is x86-64 only (this node is {self.machine}); "
                               "use the app_channel backend with an adapter", job_id=job_id)
         for pid in pids:
             maps = os.path.join(self.proc_root, str(pid), "maps")
-            if not os.path.exists(os.path.join(self.proc_root, str(pid))):
-                raise BadBackendConfig(f"cuda config of job {job_id!r}: pid {pid} does not exist on this node "
-                                       "(wrong node, or the process exited)", job_id=job_id)
             try:
                 with open(maps, encoding="utf-8", errors="replace") as f:
                     nccl = any("/dev/shm/nccl-" in line for line in f)
