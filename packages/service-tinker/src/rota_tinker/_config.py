@@ -7,19 +7,25 @@ name the bad value and say how to fix it, so the HTTP layer can trust it.
 Environment variables (read by the CLI only): ``ROTA_TINKER_LISTEN``,
 ``ROTA_TINKER_KEYS`` (``TENANT=tml-KEY,...``), ``ROTA_TINKER_DEVICE``,
 ``ROTA_TINKER_DATA_DIR``, ``ROTA_TINKER_BASE_MODELS``, ``ROTA_TINKER_CAPACITY``, plus
-rota's own ``ROTA_ORCHESTRATOR``/``ROTA_GROUP``.
+rota's own ``ROTA_ORCHESTRATOR``/``ROTA_GROUP``/``ROTA_TOKEN``.
+
+Names and ids are checked whole (``re.fullmatch``: a ``$`` also matches before a
+trailing newline, which once let ``ok\n`` through as a file name).
 """
 
 from __future__ import annotations
 
+import hmac
 import os
 import re
 from dataclasses import dataclass, field
 
-from rota.errors import ConfigError
+from rota._ids import check_id
+from rota.errors import ConfigError, RotaError
 
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 KEY_PREFIX = "tml-"  # the SDK refuses any other API key prefix (tinker.lib._auth_token_provider)
+_KEY = re.compile(r"tml-[A-Za-z0-9_-]{8,200}")
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,7 @@ class BaseModelSpec:
     path: str | None = None
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
+        if not _NAME.fullmatch(self.name):
             raise ConfigError(f"base model name {self.name!r} is malformed: use letters, digits, '.', '_', '-' and "
                               "'/' (e.g. acme/lm-1b)")
         for attr in ("vocab", "dim", "layers", "heads", "max_len"):
@@ -56,7 +62,20 @@ class BaseModelSpec:
                               "state_dict of this shape (rota_tinker.save_base writes one)")
 
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+    def params(self) -> int:
+        """Parameters of the model (rota_tinker._models.TinyLM): embeddings, blocks, final norm, unembedding."""
+        d = self.dim
+        return 2 * self.vocab * d + self.max_len * d + self.layers * (12 * d * d + 9 * d) + 2 * d
+
+    def lora_params(self, rank: int, targets: dict[str, bool]) -> int:
+        """Parameters of LoRA adapters of ``rank`` on ``targets`` (rota_tinker._models.add_lora)."""
+        d = self.dim
+        per_layer = (4 * rank * 2 * d if targets.get("attn") else 0) + (10 * rank * d if targets.get("mlp") else 0)
+        return self.layers * per_layer + (rank * (d + self.vocab) if targets.get("unembed") else 0)
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
+STATE_BYTES_PER_PARAM = 16  # fp32 weight, grad and two Adam moments
 _SPEC_INTS = ("vocab", "dim", "layers", "heads", "max_len", "seed")
 
 
@@ -105,12 +124,13 @@ class Tenant:
     api_key: str
 
     def __post_init__(self) -> None:
-        if not _TENANT.match(self.name):
+        if not _TENANT.fullmatch(self.name):
             raise ConfigError(f"tenant name {self.name!r} is malformed: use 1-63 letters, digits, '_' or '-', "
                               "starting with a letter or digit")
-        if not self.api_key.startswith(KEY_PREFIX) or len(self.api_key) < len(KEY_PREFIX) + 8:
+        if (not self.api_key.startswith(KEY_PREFIX) or len(self.api_key) < len(KEY_PREFIX) + 8
+                or not _KEY.fullmatch(self.api_key)):
             raise ConfigError(f"API key of tenant {self.name!r} must start with {KEY_PREFIX!r} and have at least "
-                              "8 more characters (the tinker SDK refuses other keys)")
+                              "8-200 more letters, digits, '-' or '_' (the tinker SDK refuses other keys)")
 
 
 def parse_keys(text: str) -> list[Tenant]:
@@ -134,7 +154,9 @@ class ServiceConfig:
     data_dir: str
     device: str = "cpu"
     group: str = "tinker"
-    endpoint: str | None = None  # rota orchestrator HOST:PORT; None: ROTA_ORCHESTRATOR or the embedded one
+    # rota orchestrator HOST:PORT (workers present ROTA_TOKEN, a token for job "*" of group); None: the service
+    # runs its own on a Unix socket in a 0700 directory of its own, which no other user can reach
+    endpoint: str | None = None
     base_models: dict[str, BaseModelSpec] = field(default_factory=lambda: dict(DEFAULT_BASE_MODELS))
     long_poll_s: float = 10.0  # retrieve_future waits this long before answering try_again
     max_body_bytes: int = 64 * 1024 * 1024
@@ -150,14 +172,30 @@ class ServiceConfig:
     # tenants' processes can use it; False keeps it (no re-allocation next turn) when all working sets fit.
     release_cached: bool = True
     stop_timeout_s: float = 30.0  # stop(): how long workers (then holders) get to exit before they are killed
-    # Device bytes the tenants' working sets may take together (shared bases aside). > 0: the service
-    # runs its own orchestrator with this capacity, so tenants that fit stay resident between turns
+    # Device bytes the tenants' working sets may take together (shared bases aside). > 0: the service's
+    # own orchestrator knows this capacity, so tenants that fit stay resident between turns
     # (a turn then moves nothing) and only the oldest are parked when the next one does not fit.
     # 0: every switch parks the previous holder. Needs endpoint None (an external orchestrator has
     # its own --capacity).
     capacity_bytes: int = 0
     # Finished futures are forgotten this long after they finish (their results were fetched, or never will be).
     future_ttl_s: float = 900.0
+    # Per-key quotas (past one, a request is refused with 429 saying which and how to free some): live models,
+    # live sessions (training and sampling), and bytes (model state, 16 per trainable parameter plus 4 per
+    # parameter of a private base, and saved sampler weights on disk).
+    max_models: int = 8
+    max_sessions: int = 64
+    max_bytes: int = 64 * 2**30
+    # A session without a heartbeat (the SDK sends one every 10 s) for this long ends: its models are unloaded.
+    session_ttl_s: float = 300.0
+    # HTTP front end (uvicorn): open connections at most; the head of each request must arrive within
+    # header_timeout_s and its body within body_timeout_s; handlers run on http_threads threads; JSON bodies
+    # are at most max_json_bytes (forward_backward protobuf bodies: max_body_bytes).
+    max_connections: int = 2048
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    http_threads: int = 16
+    max_json_bytes: int = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not self.tenants:
@@ -168,7 +206,7 @@ class ServiceConfig:
             raise ConfigError(f"tenant names repeat in {names}; give each tenant one entry")
         if len(set(keys)) != len(keys):
             raise ConfigError("two tenants share one API key; every tenant needs its own key")
-        if not re.match(r"^(cpu|cuda(:\d+)?)$", self.device):
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ConfigError(f"device {self.device!r} not understood; use cpu, cuda or cuda:N")
         if not 0.05 <= self.long_poll_s <= 40:
             raise ConfigError(f"long_poll_s={self.long_poll_s} must be within [0.05, 40] (the SDK waits 45 s)")
@@ -193,12 +231,26 @@ class ServiceConfig:
                               "(rota orchestrator serve --capacity) and drop the service's")
         if not self.future_ttl_s > 0:
             raise ConfigError(f"future_ttl_s={self.future_ttl_s!r} must be > 0 seconds")
+        try:
+            check_id("group", self.group)
+        except RotaError as e:
+            raise ConfigError(f"{e}; fix --group / ROTA_GROUP") from None
+        for name in ("max_models", "max_sessions", "max_bytes", "max_connections", "http_threads",
+                     "max_json_bytes", "max_body_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name}={value!r} must be an integer >= 1")
+        for name in ("session_ttl_s", "header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0 seconds")
         bad = [k for k, spec in self.base_models.items() if k != spec.name]
         if bad:
             raise ConfigError(f"base_models keys {bad} differ from their specs' names; key each spec by its name")
 
-    def tenant_for_key(self, key: str) -> Tenant | None:
+    def tenant_for_key(self, key: bytes) -> Tenant | None:
+        """The tenant of API key ``key`` (raw header bytes); every key is compared in constant time."""
+        found = None
         for t in self.tenants:
-            if t.api_key == key:
-                return t
-        return None
+            if hmac.compare_digest(t.api_key.encode(), key):
+                found = t
+        return found

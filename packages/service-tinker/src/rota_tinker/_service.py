@@ -2,24 +2,30 @@
 
 Who calls it: the official ``tinker`` SDK (``TINKER_BASE_URL=http://HOST:PORT``,
 ``TINKER_API_KEY=tml-...``), started by ``rota tinker serve`` or, in tests, by
-:class:`TinkerService` directly. Built on the standard library's threading HTTP server:
-every request is small (work runs in the workers), and ``retrieve_future`` long-polls in
-its own thread.
+:class:`TinkerService` directly. Served by uvicorn (:mod:`rota_tinker._http`): every
+request is small (work runs in the workers), handlers run on a few threads, and
+``retrieve_future`` long-polls without holding one.
 
 Served routes (all under ``/api/v1``): ``healthz``, ``client/config``,
 ``client/dynamic_config``, ``create_session``, ``session_heartbeat``,
-``sessions/{id}/finish``, ``telemetry``,
-``get_server_capabilities``, ``create_model``, ``get_info``, ``forward_backward``
-(protobuf), ``optim_step``, ``save_weights_for_sampler``, ``create_sampling_session``,
-``samplers/{id}``, ``asample``, ``retrieve_future``.
+``sessions/{id}/finish``, ``telemetry``, ``get_server_capabilities``, ``create_model``,
+``unload_model``, ``get_info``, ``forward_backward`` (protobuf), ``optim_step``,
+``save_weights_for_sampler``, ``DELETE training_runs/{model}/checkpoints/sampler_weights/{name}``,
+``create_sampling_session``, ``samplers/{id}``, ``asample``, ``retrieve_future``.
 
 Rules enforced here:
 
-* ``X-API-Key`` maps to a tenant (401 when missing or unknown); sessions, models,
-  sampling sessions, sampler weights and futures belong to the tenant that created them
-  (403 to any other tenant).
-* Bodies are checked field by field (400 naming the field), content types too (415),
-  unknown ids are 404, unsupported features are 400 saying what is supported.
+* ``X-API-Key`` maps to a tenant (401 when missing or unknown, decided from the headers
+  before any body is read; keys compared with ``hmac.compare_digest``); sessions,
+  models, sampling sessions, sampler weights and futures belong to the tenant that
+  created them (403 to any other tenant).
+* Bodies are limited before they are read (413), checked field by field (400 naming the
+  field: finite numbers, integers in range, token ids in the vocabulary, JSON nesting),
+  content types too (415); unknown ids are 404, unsupported features 400.
+* Per-key quotas (``ServiceConfig.max_models``, ``max_sessions``, ``max_bytes``): past one,
+  429 saying which and how to free some. A session ends when the SDK finishes it or its
+  heartbeats stop for ``session_ttl_s``; its models are then unloaded and its sampling
+  sessions end. ``unload_model`` frees one model, deleting a checkpoint frees its file.
 * Work units go to the tenant's trainer or sampler worker (:mod:`rota_tinker._worker`)
   and come back as futures; a failed unit (or a dead worker) fails its future with an
   error the SDK raises as ``RequestFailedError``.
@@ -27,28 +33,35 @@ Rules enforced here:
   resident base of their (device, base) held by a base-holder process
   (:mod:`rota_tinker._base`), started on first use and stopped after every tenant
   worker (the producer of shared memory outlives its consumers).
-* ``retrieve_future`` holds the request until the result is ready or ``long_poll_s``
-  passes (the SDK re-polls at once after ``try_again``, without sleeping); every
-  request is served by its own thread, so long polls never hold up heartbeats.
+* Turns: without ``ServiceConfig.endpoint`` the service serves its own orchestrator on a
+  Unix socket in a directory only its uid can enter, so no other user can take the
+  tenants' group; with one, workers present ``ROTA_TOKEN``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
-import json
 import logging
-import math
+import os
 import re
 import secrets
+import shutil
+import stat
+import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
+from rota.errors import ConfigError
 from rota_tinker import _wire
-from rota_tinker._config import BaseModelSpec, ServiceConfig, Tenant
+from rota_tinker._config import STATE_BYTES_PER_PARAM, BaseModelSpec, ServiceConfig, Tenant
+from rota_tinker._http import HttpServer, Reply, Request
 from rota_tinker._wire import BadRequest, field_of
 from rota_tinker._worker import WorkerSpec
 from rota_tinker._workers import Future, WorkerHandle, close_all, unit_breakdown
@@ -56,11 +69,14 @@ from rota_tinker._workers import Future, WorkerHandle, close_all, unit_breakdown
 log = logging.getLogger(__name__)
 
 PROTO = "application/x-protobuf"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_PATH = re.compile(r"^tinker://([^/]+)/sampler_weights/([^/]+)$")
-_FINISH = re.compile(r"^/api/v1/sessions/([^/]+)/finish$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # checkpoint names: they become file names
+_ID = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+_PATH = re.compile(rf"tinker://({_ID})/sampler_weights/({_ID})")
 MAX_SAMPLES = 64
 MAX_NEW_TOKENS = 1024
+SEED_BOUNDS = (0, 2**63 - 1)
+# a model's newest ephemeral sampler weights kept; older ones are deleted (an RL loop saves one every step)
+EPHEMERAL_KEEP = 4
 
 # The flags this server answers /client/config with: API keys only (no JWT exchange),
 # the plain httpx transport, uncompressed protobuf forward_backward bodies.
@@ -77,11 +93,21 @@ CLIENT_CONFIG = {
 
 
 @dataclass
+class _Session:
+    session_id: str
+    tenant: str
+    last_seen: float  # monotonic: created, or its last heartbeat
+
+
+@dataclass
 class _Model:
     model_id: str
     tenant: str
     base: BaseModelSpec
     lora: dict[str, Any] | None
+    session_id: str
+    bytes: int  # estimated state: weights, grads, Adam moments (and a private base)
+    ephemeral: list[str] = field(default_factory=list)  # tinker paths of its ephemeral weights, oldest first
 
 
 @dataclass
@@ -91,6 +117,7 @@ class _Weights:
     base: BaseModelSpec
     file: str
     lora: bool  # adapter weights (they go on the shared base), or a full model
+    bytes: int  # the file's size
 
 
 @dataclass
@@ -101,6 +128,26 @@ class _SamplingSession:
     key: str  # weights file, or "base:NAME"
     model_path: str | None
     shareable: bool  # adapter weights or the bare base: sampled on the shared base
+    parent: str  # the training session it was made in (it ends with it)
+
+
+def private_dir(path: str) -> str:
+    """Make ``path`` a directory of this uid with mode 0700 (created so, or tightened); refuse a link or another's."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{path!r} is a symbolic link or not a directory; give a directory of this user")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(f"{path!r} belongs to uid {st.st_uid}, not to this service's uid {os.geteuid()}; give a "
+                          "directory of this user")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        log.warning("%s had mode %o; made it 0700 (only this service reads what it holds)", path,
+                    stat.S_IMODE(st.st_mode))
+        os.chmod(path, 0o700)
+    return path
 
 
 class _State:
@@ -109,13 +156,16 @@ class _State:
     def __init__(self, config: ServiceConfig, endpoint: str | None) -> None:
         self.config = config
         self.lock = threading.Lock()
-        self.sessions: dict[str, str] = {}  # session_id -> tenant
-        self.finished: set[str] = set()  # sessions the client finished (heartbeats then get 410)
+        self.sessions: dict[str, _Session] = {}
+        # sessions that ended (heartbeats then get 410), the latest per tenant, so the SDK stops heart-beating
+        self.finished: dict[str, OrderedDict[str, str]] = {t.name: OrderedDict() for t in config.tenants}
         self.models: dict[str, _Model] = {}
+        self.creating: dict[str, _Model] = {}  # create_model accepted, the worker not done yet (counts for quotas)
         self.weights: dict[str, _Weights] = {}  # tinker:// path -> weights
         self.sampling: dict[str, _SamplingSession] = {}
         self.futures: dict[str, Future] = {}
         self._last_prune = 0.0
+        self._last_sweep = 0.0
         self.forgotten_futures = 0  # finished futures dropped after future_ttl_s
         self.counter = itertools.count(1)
         self.workers: dict[tuple[str, str], WorkerHandle] = {}
@@ -169,6 +219,86 @@ class _State:
             del self.futures[rid]
             self.forgotten_futures += 1
 
+    # ------------------------------------------------------------ quotas
+
+    def usage(self, tenant: str) -> dict[str, int]:
+        """What ``tenant`` holds now: live models (and those being created), sessions, bytes (lock held)."""
+        models = [m for m in (*self.models.values(), *self.creating.values()) if m.tenant == tenant]
+        sessions = sum(s.tenant == tenant for s in self.sessions.values())
+        sessions += sum(s.tenant == tenant for s in self.sampling.values())
+        nbytes = sum(m.bytes for m in models) + sum(w.bytes for w in self.weights.values() if w.tenant == tenant)
+        return {"models": len(models), "sessions": sessions, "bytes": nbytes}
+
+    def check_quota(self, tenant: str, *, models: int = 0, sessions: int = 0, nbytes: int = 0) -> None:
+        """Raise 429 when adding this much would take ``tenant`` past a quota (lock held)."""
+        have = self.usage(tenant)
+        c = self.config
+        if models and have["models"] + models > c.max_models:
+            raise BadRequest(f"tenant {tenant} already holds {have['models']} models, the most one key may hold "
+                             f"(max_models={c.max_models}); unload one (POST /api/v1/unload_model) or finish the "
+                             "session that made it (ServiceClient.close())", status=429)
+        if sessions and have["sessions"] + sessions > c.max_sessions:
+            raise BadRequest(f"tenant {tenant} already has {have['sessions']} live sessions (training and sampling), "
+                             f"the most one key may hold (max_sessions={c.max_sessions}); finish one "
+                             "(ServiceClient.close()) or let idle ones expire", status=429)
+        if nbytes and have["bytes"] + nbytes > c.max_bytes:
+            raise BadRequest(f"tenant {tenant} holds {have['bytes']} bytes of models and saved weights; {nbytes} more "
+                             f"would pass max_bytes={c.max_bytes}; unload a model (POST /api/v1/unload_model) or "
+                             "delete saved weights (RestClient.delete_checkpoint_from_tinker_path)", status=429)
+
+    # ------------------------------------------------------------ freeing
+
+    def sweep(self) -> None:
+        """End sessions whose heartbeats stopped ``session_ttl_s`` ago (at most one scan a second)."""
+        now = time.monotonic()
+        with self.lock:
+            if now - self._last_sweep < 1.0:
+                return
+            self._last_sweep = now
+            stale = [s.session_id for s in self.sessions.values() if now - s.last_seen > self.config.session_ttl_s]
+        for sid in stale:
+            self.end_session(sid, f"no heartbeat for {self.config.session_ttl_s:g} s")
+
+    def end_session(self, sid: str, why: str) -> None:
+        """End a session: its sampling sessions end and its models are unloaded (their quota freed at once)."""
+        with self.lock:
+            session = self.sessions.pop(sid, None)
+            if session is None:
+                return
+            done = self.finished[session.tenant]
+            done[sid] = session.tenant
+            while len(done) > self.config.max_sessions:
+                done.popitem(last=False)
+            for ssid in [k for k, s in self.sampling.items() if s.parent == sid]:
+                del self.sampling[ssid]
+            models = [m for m in self.models.values() if m.session_id == sid]
+        log.info("tenant %s: session %s ended (%s); unloading %d model(s)", session.tenant, sid, why, len(models))
+        for m in models:
+            self.unload(m, self.future(m.tenant, "UnloadModel"))
+
+    def unload(self, m: _Model, fut: Future) -> None:
+        """Forget model ``m`` and its ephemeral weights; its trainer drops it in its next turn."""
+        with self.lock:
+            self.models.pop(m.model_id, None)
+        for path in list(m.ephemeral):
+            self.delete_weights(path)
+        self.workers[(m.tenant, "trainer")].submit(
+            fut, "unload", {"model_id": m.model_id},
+            lambda _result: fut.succeed(json={"model_id": m.model_id, "type": "unload_model"}))
+
+    def delete_weights(self, path: str) -> None:
+        """Delete saved sampler weights: the file, the sampling sessions on it, the sampler's copy."""
+        with self.lock:
+            w = self.weights.pop(path, None)
+            if w is None:
+                return
+            for ssid in [k for k, s in self.sampling.items() if s.model_path == path]:
+                del self.sampling[ssid]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(w.file)
+        fut = self.future(w.tenant, "ForgetWeights")
+        self.workers[(w.tenant, "sampler")].submit(fut, "forget", {"key": w.file}, lambda _r: fut.succeed(json={}))
+
 
 def _start_quietly(handle: WorkerHandle) -> None:
     """Start a worker ahead of its first unit; a failure is kept by the handle and fails that unit instead."""
@@ -176,225 +306,215 @@ def _start_quietly(handle: WorkerHandle) -> None:
         handle.ensure()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    # TCP_NODELAY: a response is headers then body, two sends; with Nagle the body waits for the
-    # client's delayed ACK of the headers (about 40 ms on Linux) on every answer of a held long poll.
-    disable_nagle_algorithm = True
-    server: _Server
+def _json(obj: Any, status: int = 200) -> Reply:
+    return Reply.json(obj, status)
+
+
+class _Api:
+    """The routes. Each handler gets the request, its tenant and its parsed body (or a path argument)."""
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+        self.config = state.config
+        self.pool = ThreadPoolExecutor(max_workers=state.config.http_threads, thread_name_prefix="rota-tinker-http")
 
     # ------------------------------------------------------------ plumbing
 
-    def log_message(self, format: str, *args: Any) -> None:  # route access logs to logging
-        log.debug("%s %s", self.address_string(), format % args)
+    async def __call__(self, req: Request) -> Reply:
+        if req.path == "/api/v1/healthz" and req.method == "GET":
+            return _json({"status": "ok"})
+        want, handler, args = self._route(req.path)
+        if req.method != want:
+            raise BadRequest(f"{req.path} takes {want}, not {req.method}", status=405)
+        tenant = self._tenant(req)  # from the headers alone: a refused caller's body is never read
+        limit = self.config.max_body_bytes if handler is _Api._forward_backward else self.config.max_json_bytes
+        body = await req.body(limit, self.config.body_timeout_s)
+        loop = asyncio.get_running_loop()
+        if handler is _Api._lookup_future:
+            fut = await loop.run_in_executor(self.pool, self._guarded, handler, req, tenant, body)
+            if isinstance(fut, Reply):
+                return fut
+            return await self._retrieve_future(req, fut)
+        return await loop.run_in_executor(self.pool, self._guarded, handler, req, tenant, body, *args)
 
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _json(self, obj: Any, status: int = 200) -> None:
-        self._send(status, json.dumps(obj).encode(), "application/json")
-
-    def _error(self, status: int, message: str) -> None:
-        log.info("%s %s -> %d: %s", self.command, self.path, status, message)
-        self._json({"detail": message, "status": status}, status)
-
-    def _body(self) -> bytes:
-        length = self.headers.get("Content-Length")
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            raise BadRequest("chunked bodies are not supported; send Content-Length", status=411)
-        if length is None:
-            return b""
+    def _guarded(self, fn: Callable[..., Any], req: Request, tenant: Tenant, body: bytes, *args: str) -> Any:
+        """Run a handler on a pool thread; a bug answers 500 without its details (they go to the log)."""
         try:
-            n = int(length)
-        except ValueError as e:
-            raise BadRequest(f"Content-Length {length!r} is not an integer") from e
-        if n < 0 or n > self.server.state.config.max_body_bytes:
-            raise BadRequest(f"body of {n} bytes is over the limit of {self.server.state.config.max_body_bytes}",
-                             status=413)
-        return self.rfile.read(n)
+            self.state.sweep()
+            if fn is _Api._forward_backward:
+                return fn(self, req, tenant, body)
+            if args or req.method == "GET":  # the ids are in the path; a body, if any, says nothing more
+                return fn(self, tenant, *args)
+            return fn(self, tenant, self._json_body(req, body))
+        except BadRequest:
+            raise
+        except Exception:
+            ref = secrets.token_hex(4)
+            log.exception("%s %s failed (error %s)", req.method, req.path, ref)
+            return _json({"detail": f"internal error {ref}; the service's log has the details", "status": 500}, 500)
 
-    def _json_body(self, body: bytes) -> dict[str, Any]:
-        ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        if ctype != "application/json":
-            raise BadRequest(f"Content-Type {ctype or '(none)'!r} is not accepted here; send application/json",
-                             status=415)
-        try:
-            obj = json.loads(_wire.decompress(body, self.headers.get("Content-Encoding", "")) or b"{}")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BadRequest(f"body is not valid JSON ({e})") from e
-        if not isinstance(obj, dict):
-            raise BadRequest(f"body must be a JSON object, got {type(obj).__name__}")
-        return obj
+    def _route(self, path: str) -> tuple[str, Callable[..., Any], tuple[str, ...]]:
+        route = ROUTES.get(path)
+        if route is not None:
+            return route[0], route[1], ()
+        for method, pattern, fn in PATTERNS:
+            m = pattern.fullmatch(path)
+            if m:
+                return method, fn, m.groups()
+        raise BadRequest("no such route; this service serves the tinker SDK's /api/v1 training and sampling routes "
+                         "(see rota_tinker's README)", status=404)
 
-    def _tenant(self) -> Tenant:
-        key = self.headers.get("X-API-Key")
+    def _tenant(self, req: Request) -> Tenant:
+        key = req.headers.get("x-api-key")
         if not key:
             raise BadRequest("X-API-Key header is missing; set TINKER_API_KEY to your tml-... key", status=401)
-        tenant = self.server.state.config.tenant_for_key(key)
+        tenant = self.config.tenant_for_key(key)
         if tenant is None:
-            raise BadRequest(f"API key {key[:8]}... is not known to this service; use the key you were given",
-                             status=401)
+            raise BadRequest("this API key is not known to this service; use the key you were given", status=401)
         return tenant
 
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
-
-    def _dispatch(self, method: str) -> None:
-        path = self.path.split("?", 1)[0]
-        try:
-            body = self._body()
-            if path == "/api/v1/healthz" and method == "GET":
-                self._json({"status": "ok"})
-                return
-            route = ROUTES.get(path)
-            arg = None
-            if route is None and path.startswith("/api/v1/samplers/"):
-                route, arg = ("GET", _Handler._get_sampler), path[len("/api/v1/samplers/"):]
-            finish = _FINISH.match(path)
-            if route is None and finish:
-                route, arg = ("POST", _Handler._finish_session), finish.group(1)
-            if route is None:
-                raise BadRequest(f"no route {path!r}; this service serves the tinker SDK's /api/v1 training and "
-                                 "sampling routes (see rota_tinker's README)", status=404)
-            want, fn = route
-            if method != want:
-                raise BadRequest(f"{path} takes {want}, not {method}", status=405)
-            tenant = self._tenant()
-            if arg is not None:
-                fn(self, tenant, arg)
-            elif want == "GET":
-                fn(self, tenant)
-            elif fn is _Handler._forward_backward:
-                fn(self, tenant, body)
-            else:
-                fn(self, tenant, self._json_body(body))
-        except BadRequest as e:
-            self._error(e.status, str(e))
-        except (BrokenPipeError, ConnectionResetError):
-            log.debug("client went away during %s", path)
-        except Exception as e:  # a bug: answer 500 with what happened rather than dropping the connection
-            log.exception("%s %s failed", method, path)
-            self._error(500, f"internal error: {type(e).__name__}: {e}")
+    def _json_body(self, req: Request, body: bytes) -> dict[str, Any]:
+        ctype = req.header("content-type").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise BadRequest(f"Content-Type {ctype[:60] or '(none)'!r} is not accepted here; send application/json",
+                             status=415)
+        return _wire.parse_json(_wire.decompress(body, req.header("content-encoding"), self.config.max_json_bytes))
 
     # ------------------------------------------------------------ ownership
 
     def _owned(self, table: dict[str, Any], key: str, what: str, tenant: Tenant) -> Any:
-        with self.server.state.lock:
+        with self.state.lock:
             item = table.get(key)
         if item is None:
-            kept = (f" (results are kept {self.server.state.config.future_ttl_s:g} s after they finish)"
+            kept = (f" (results are kept {self.config.future_ttl_s:g} s after they finish)"
                     if what == "request" else "")
-            raise BadRequest(f"{what} {key!r} does not exist{kept}; use an id this service returned", status=404)
-        owner = item if isinstance(item, str) else item.tenant
-        if owner != tenant.name:
-            raise BadRequest(f"{what} {key!r} belongs to another tenant; use your own", status=403)
+            raise BadRequest(f"{what} {key[:140]!r} does not exist{kept}; use an id this service returned",
+                             status=404)
+        if item.tenant != tenant.name:
+            raise BadRequest(f"{what} {key[:140]!r} belongs to another tenant; use your own", status=403)
         return item
 
     def _session(self, tenant: Tenant, body: dict[str, Any]) -> str:
         sid = field_of(body, "session_id", str)
-        self._owned(self.server.state.sessions, sid, "session", tenant)
+        with self.state.lock:
+            ended = sid in self.state.finished[tenant.name]
+        if ended:
+            raise BadRequest(f"session {sid!r} has ended; create a new session", status=410)
+        self._owned(self.state.sessions, sid, "session", tenant)
         return sid
 
     def _model(self, tenant: Tenant, model_id: str) -> _Model:
-        return self._owned(self.server.state.models, model_id, "model", tenant)
+        return self._owned(self.state.models, model_id, "model", tenant)
 
-    def _future_reply(self, fut: Future, model_id: str | None = None, **extra: Any) -> None:
-        self._json({"request_id": fut.request_id, "model_id": model_id, **extra})
+    @staticmethod
+    def _future_reply(fut: Future, model_id: str | None = None, **extra: Any) -> Reply:
+        return _json({"request_id": fut.request_id, "model_id": model_id, **extra})
 
     # ------------------------------------------------------------ session routes
 
-    def _client_config(self, tenant: Tenant, body: dict[str, Any]) -> None:
-        self._json(CLIENT_CONFIG)
+    def _client_config(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
+        return _json(CLIENT_CONFIG)
 
-    def _dynamic_config(self, tenant: Tenant, body: dict[str, Any]) -> None:
-        self._json({"refresh_interval_sec": 300, "sample_cancel_enabled": False})
+    def _dynamic_config(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
+        return _json({"refresh_interval_sec": 300, "sample_cancel_enabled": False})
 
-    def _create_session(self, tenant: Tenant, body: dict[str, Any]) -> None:
+    def _create_session(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
         field_of(body, "sdk_version", str, required=False)
         tags = field_of(body, "tags", list, required=False, default=[])
         if not all(isinstance(t, str) for t in tags):
             raise BadRequest("field 'tags' must be a list of strings")
-        state = self.server.state
+        state = self.state
         sid = state.new_id(f"{tenant.name}-session")
         with state.lock:
-            state.sessions[sid] = tenant.name
+            state.check_quota(tenant.name, sessions=1)
+            state.sessions[sid] = _Session(sid, tenant.name, time.monotonic())
         log.info("tenant %s: session %s", tenant.name, sid)
-        self._json({"type": "create_session", "session_id": sid})
+        return _json({"type": "create_session", "session_id": sid})
 
-    def _heartbeat(self, tenant: Tenant, body: dict[str, Any]) -> None:
-        sid = self._session(tenant, body)
-        if sid in self.server.state.finished:  # the SDK stops its heartbeat loop on 410
-            raise BadRequest(f"session {sid!r} was finished; create a new session", status=410)
-        self._json({"type": "session_heartbeat"})
+    def _heartbeat(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
+        sid = self._session(tenant, body)  # an ended session answers 410: the SDK stops its heartbeat loop
+        with self.state.lock:
+            session = self.state.sessions.get(sid)
+            if session is not None:
+                session.last_seen = time.monotonic()
+        return _json({"type": "session_heartbeat"})
 
-    def _finish_session(self, tenant: Tenant, session_id: str) -> None:
-        """``ServiceClient.close()``: the session ends (its models stay; heartbeats get 410)."""
-        self._owned(self.server.state.sessions, session_id, "session", tenant)
-        with self.server.state.lock:
-            self.server.state.finished.add(session_id)
-        log.info("tenant %s: session %s finished", tenant.name, session_id)
-        self._json({})
+    def _finish_session(self, tenant: Tenant, session_id: str) -> Reply:
+        """``ServiceClient.close()``: the session ends, its models are unloaded; heartbeats then get 410."""
+        with self.state.lock:
+            ended = session_id in self.state.finished[tenant.name]
+        if not ended:
+            self._owned(self.state.sessions, session_id, "session", tenant)
+            self.state.end_session(session_id, "finished by the client")
+        return _json({})
 
-    def _telemetry(self, tenant: Tenant, body: dict[str, Any]) -> None:
-        self._json({"status": "accepted"})
+    def _telemetry(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
+        return _json({"status": "accepted"})
 
-    def _capabilities(self, tenant: Tenant) -> None:
+    def _capabilities(self, tenant: Tenant) -> Reply:
         models = [{"model_name": m.name, "max_context_length": m.max_len, "trainable": True, "sampleable": True}
-                  for m in self.server.state.config.base_models.values()]
-        self._json({"supported_models": models})
+                  for m in self.config.base_models.values()]
+        return _json({"supported_models": models})
 
     # ------------------------------------------------------------ training routes
 
     def _base(self, name: Any) -> BaseModelSpec:
-        spec = self.server.state.config.base_models.get(name) if isinstance(name, str) else None
+        spec = self.config.base_models.get(name) if isinstance(name, str) else None
         if spec is None:
-            raise BadRequest(f"base_model {name!r} is not served here; choose one of "
-                             f"{sorted(self.server.state.config.base_models)}", status=404)
+            shown = repr(name[:140]) if isinstance(name, str) else type(name).__name__
+            raise BadRequest(f"base_model {shown} is not served here; choose one of {sorted(self.config.base_models)}",
+                             status=404)
         return spec
 
-    def _create_model(self, tenant: Tenant, body: dict[str, Any]) -> None:
-        self._session(tenant, body)
+    def _model_bytes(self, base: BaseModelSpec, lora: dict[str, Any] | None) -> int:
+        """Estimated state of a model: 16 bytes per trainable parameter, plus 4 per parameter of a private base."""
+        if lora is None:
+            return STATE_BYTES_PER_PARAM * base.params()
+        private = 0 if self.config.share_lora_base else 4 * base.params()
+        return STATE_BYTES_PER_PARAM * base.lora_params(lora["rank"], lora["targets"]) + private
+
+    def _create_model(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
+        sid = self._session(tenant, body)
         field_of(body, "model_seq_id", int)
         base = self._base(field_of(body, "base_model", str))
         opt = field_of(body, "optimizer_config", dict, required=False, default={"type": "adamw"})
         if opt.get("type", "adamw") != "adamw":
-            raise BadRequest(f"optimizer_config type {opt.get('type')!r} is not supported; use adamw (the default)")
+            raise BadRequest("optimizer_config type is not supported; use adamw (the default)")
         lora_cfg = field_of(body, "lora_config", dict, required=False)
         lora = None
         if lora_cfg is not None:
-            rank = field_of(lora_cfg, "rank", int)
-            if not 1 <= rank <= min(256, base.dim):
-                raise BadRequest(f"lora_config.rank={rank} must be within [1, {min(256, base.dim)}] for "
-                                 f"base model {base.name!r}")
-            seed = field_of(lora_cfg, "seed", int, required=False)
+            rank = field_of(lora_cfg, "rank", int, bounds=(1, min(256, base.dim)))
+            seed = field_of(lora_cfg, "seed", int, required=False, bounds=SEED_BOUNDS)
             targets = {g: field_of(lora_cfg, f"train_{g}", bool, required=False, default=True)
                        for g in ("mlp", "attn", "unembed")}
             if not any(targets.values()):
                 raise BadRequest("lora_config trains nothing; set at least one of train_mlp, train_attn, "
                                  "train_unembed")
             lora = {"rank": rank, "seed": secrets.randbelow(2**31) if seed is None else seed, "targets": targets}
-        state = self.server.state
+        state = self.state
         model_id = state.new_id(f"{tenant.name}-model")
+        model = _Model(model_id, tenant.name, base, lora, sid, self._model_bytes(base, lora))
+        with state.lock:
+            state.check_quota(tenant.name, models=1, nbytes=model.bytes)
+            state.creating[model_id] = model
         fut = state.future(tenant.name, "CreateModel")
         trainer = state.workers[(tenant.name, "trainer")]
 
         def done(result: Any) -> None:
             with state.lock:
-                state.models[model_id] = _Model(model_id, tenant.name, base, lora)
+                state.creating.pop(model_id, None)
+                live = sid in state.sessions
+                if live:
+                    state.models[model_id] = model
+            if not live:  # its session ended meanwhile: nothing may keep the model
+                state.unload(model, state.future(tenant.name, "UnloadModel"))
             fut.succeed(json={"model_id": model_id, "type": "create_model"})
+
+        def failed() -> None:
+            with state.lock:
+                state.creating.pop(model_id, None)
+
+        fut.add_done_callback(lambda: failed() if fut.error is not None else None)
 
         def start() -> None:
             """Off the request thread (starting processes takes seconds): the trainer starts beside the holder."""
@@ -410,48 +530,55 @@ class _Handler(BaseHTTPRequestHandler):
                                                "shared_base": shared}, done, restart=True)
             except Exception as e:  # never leave the future pending
                 log.exception("create_model %s failed to start", model_id)
-                fut.fail(f"create_model could not start: {type(e).__name__}: {e}", "server")
+                fut.fail(f"create_model could not start: {type(e).__name__}", "server")
 
         threading.Thread(target=start, name=f"rota-tinker-create-{model_id}", daemon=True).start()
         log.info("tenant %s: create_model %s (%s, %s)", tenant.name, model_id, base.name,
                  f"lora rank {lora['rank']}" if lora else "full-parameter")
-        self._future_reply(fut, model_id)
+        return self._future_reply(fut, model_id)
 
-    def _get_info(self, tenant: Tenant, body: dict[str, Any]) -> None:
+    def _unload_model(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
+        """Free a model and its ephemeral sampler weights: the quota at once, the memory in its trainer's next turn."""
         m = self._model(tenant, field_of(body, "model_id", str))
-        self._json({"type": "get_info", "model_id": m.model_id, "model_name": m.base.name,
-                    "is_lora": m.lora is not None, "lora_rank": m.lora["rank"] if m.lora else None,
-                    "model_data": {"arch": "rota-tinylm", "model_name": m.base.name, "tokenizer_id": None}})
+        fut = self.state.future(tenant.name, "UnloadModel")
+        self.state.unload(m, fut)
+        log.info("tenant %s: unload_model %s", tenant.name, m.model_id)
+        return self._future_reply(fut, m.model_id)
 
-    def _forward_backward(self, tenant: Tenant, body: bytes) -> None:
-        ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    def _get_info(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
+        m = self._model(tenant, field_of(body, "model_id", str))
+        return _json({"type": "get_info", "model_id": m.model_id, "model_name": m.base.name,
+                      "is_lora": m.lora is not None, "lora_rank": m.lora["rank"] if m.lora else None,
+                      "model_data": {"arch": "rota-tinylm", "model_name": m.base.name, "tokenizer_id": None}})
+
+    def _forward_backward(self, req: Request, tenant: Tenant, body: bytes) -> Reply:
+        ctype = req.header("content-type").split(";")[0].strip().lower()
         if ctype != PROTO:
             raise BadRequest(f"forward_backward takes Content-Type {PROTO} (the tinker SDK's "
-                             f"ForwardBackwardRequest protobuf), not {ctype or '(none)'!r}", status=415)
-        req = _wire.parse_forward_backward(_wire.decompress(body, self.headers.get("Content-Encoding", "")))
-        m = self._model(tenant, req.model_id)
+                             f"ForwardBackwardRequest protobuf), not {ctype[:60] or '(none)'!r}", status=415)
+        fb = _wire.parse_forward_backward(_wire.decompress(body, req.header("content-encoding"),
+                                                           self.config.max_body_bytes))
+        m = self._model(tenant, fb.model_id)
         data = []
-        for i, d in enumerate(req.data):
-            targets = d.inputs["target_tokens"]
-            for name, arr in (("model_input", d.tokens), ("target_tokens", targets)):
-                if arr.min() < 0 or arr.max() >= m.base.vocab:
-                    raise BadRequest(f"data[{i}].{name} has token ids outside [0, {m.base.vocab}) of base model "
-                                     f"{m.base.name!r}")
+        for i, d in enumerate(fb.data):
+            _wire.token_ids(d.tokens, m.base.vocab, f"data[{i}].model_input")
+            inputs = {**d.inputs, "target_tokens": _wire.token_ids(d.inputs["target_tokens"], m.base.vocab,
+                                                                    f"data[{i}].loss_fn_inputs['target_tokens']")}
             if d.tokens.size > m.base.max_len:
                 raise BadRequest(f"data[{i}] has {d.tokens.size} tokens; base model {m.base.name!r} takes at most "
                                  f"{m.base.max_len}")
-            data.append((d.tokens, d.inputs))
-        fut = self.server.state.future(tenant.name, "ForwardBackward")
+            data.append((d.tokens, inputs))
+        fut = self.state.future(tenant.name, "ForwardBackward")
 
         def done(result: Any) -> None:
             fut.succeed(proto=_wire.forward_backward_output(result["logprobs"], result["metrics"]))
 
-        self.server.state.workers[(tenant.name, "trainer")].submit(
+        self.state.workers[(tenant.name, "trainer")].submit(
             fut, "forward_backward",
-            {"model_id": m.model_id, "loss_fn": req.loss_fn, "forward_only": req.forward_only, "data": data}, done)
-        self._future_reply(fut, m.model_id)
+            {"model_id": m.model_id, "loss_fn": fb.loss_fn, "forward_only": fb.forward_only, "data": data}, done)
+        return self._future_reply(fut, m.model_id)
 
-    def _optim_step(self, tenant: Tenant, body: dict[str, Any]) -> None:
+    def _optim_step(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
         m = self._model(tenant, field_of(body, "model_id", str))
         if body.get("optimizer_params") is not None:
             raise BadRequest("optimizer_params (non-Adam optimizers) are not supported; send AdamParams")
@@ -459,87 +586,107 @@ class _Handler(BaseHTTPRequestHandler):
         adam = {k: field_of(p, k, float, required=False, default=d) for k, d in
                 (("learning_rate", 1e-4), ("beta1", 0.9), ("beta2", 0.95), ("eps", 1e-12), ("weight_decay", 0.0),
                  ("grad_clip_norm", 0.0))}
-        bad = [k for k, v in adam.items() if not math.isfinite(v)]
-        if bad:
-            raise BadRequest(f"adam_params {bad} must be finite numbers")
         if adam["learning_rate"] < 0 or adam["eps"] <= 0 or adam["weight_decay"] < 0 or adam["grad_clip_norm"] < 0:
             raise BadRequest(f"adam_params {adam} out of range: learning_rate, weight_decay and grad_clip_norm must "
                              "be >= 0 and eps > 0")
         if not (0 <= adam["beta1"] < 1 and 0 <= adam["beta2"] < 1):
             raise BadRequest(f"adam_params beta1={adam['beta1']}, beta2={adam['beta2']} must be within [0, 1)")
-        fut = self.server.state.future(tenant.name, "OptimStep")
-        self.server.state.workers[(tenant.name, "trainer")].submit(
+        fut = self.state.future(tenant.name, "OptimStep")
+        self.state.workers[(tenant.name, "trainer")].submit(
             fut, "optim_step", {"model_id": m.model_id, "adam": adam},
             lambda result: fut.succeed(json={"metrics": result["metrics"]}))
-        self._future_reply(fut, m.model_id)
+        return self._future_reply(fut, m.model_id)
 
-    def _save_for_sampler(self, tenant: Tenant, body: dict[str, Any]) -> None:
-        state = self.server.state
+    def _save_for_sampler(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
+        state = self.state
         m = self._model(tenant, field_of(body, "model_id", str))
         name = field_of(body, "path", str, required=False)
+        ephemeral = name is None
         if name is None:
             field_of(body, "sampling_session_seq_id", int)
             name = f"ephemeral-{secrets.token_hex(6)}"
-        elif not _NAME.match(name):
-            raise BadRequest(f"path {name!r} is not a valid checkpoint name: use 1-64 letters, digits, '.', '_', '-'")
+        elif not _NAME.fullmatch(name):
+            raise BadRequest(f"path {name[:80]!r} is not a valid checkpoint name: use 1-64 letters, digits, '.', '_', "
+                             "'-', starting with a letter or digit")
         tinker_path = f"tinker://{m.model_id}/sampler_weights/{name}"
-        ephemeral = body.get("path") is None
+        nbytes = 4 * (m.base.params() if m.lora is None else m.base.lora_params(m.lora["rank"], m.lora["targets"]))
+        with state.lock:
+            if tinker_path in state.weights:
+                raise BadRequest(f"{tinker_path} exists; save under another name or delete it first", status=409)
+            state.check_quota(tenant.name, nbytes=nbytes, sessions=1 if ephemeral else 0)
         fut = state.future(tenant.name, "SaveWeightsForSampler")
 
         def done(result: Any) -> None:
+            w = _Weights(tinker_path, tenant.name, m.base, result["file"], m.lora is not None, int(result["bytes"]))
+            older: list[str] = []
             with state.lock:
-                state.weights[tinker_path] = _Weights(tinker_path, tenant.name, m.base, result["file"],
-                                                      m.lora is not None)
+                state.weights[tinker_path] = w
+                if ephemeral:
+                    m.ephemeral.append(tinker_path)
+                    older, m.ephemeral[:] = m.ephemeral[:-EPHEMERAL_KEEP], m.ephemeral[-EPHEMERAL_KEEP:]
+            for path in older:
+                state.delete_weights(path)
             if ephemeral:
-                sid = self._new_sampling_session(tenant, m.base, result["file"], tinker_path, m.lora is not None)
+                sid = self._new_sampling_session(tenant, m.base, w.file, tinker_path, w.lora, m.session_id)
                 fut.succeed(json={"type": "save_weights_for_sampler", "sampling_session_id": sid})
             else:
                 fut.succeed(json={"type": "save_weights_for_sampler", "path": tinker_path})
 
         state.workers[(tenant.name, "trainer")].submit(
             fut, "save_for_sampler", {"model_id": m.model_id, "name": name}, done)
-        self._future_reply(fut, m.model_id)
+        return self._future_reply(fut, m.model_id)
+
+    def _delete_weights(self, tenant: Tenant, model_id: str, name: str) -> Reply:
+        """``RestClient.delete_checkpoint_from_tinker_path``: the file goes, its quota bytes are freed."""
+        path = f"tinker://{model_id}/sampler_weights/{name}"
+        self._owned(self.state.weights, path, "sampler weights", tenant)
+        self.state.delete_weights(path)
+        log.info("tenant %s: deleted %s", tenant.name, path)
+        return _json({})
 
     # ------------------------------------------------------------ sampling routes
 
     def _new_sampling_session(self, tenant: Tenant, base: BaseModelSpec, key: str, model_path: str | None,
-                              shareable: bool) -> str:
-        state = self.server.state
+                              shareable: bool, parent: str) -> str:
+        state = self.state
         sid = state.new_id(f"{tenant.name}-sampler")
         with state.lock:
-            state.sampling[sid] = _SamplingSession(sid, tenant.name, base, key, model_path, shareable)
+            state.sampling[sid] = _SamplingSession(sid, tenant.name, base, key, model_path, shareable, parent)
         return sid
 
     def _weights_for(self, tenant: Tenant, model_path: str) -> _Weights:
-        if not _PATH.match(model_path):
-            raise BadRequest(f"model_path {model_path!r} is not a sampler weights path; use the path "
+        if not _PATH.fullmatch(model_path):
+            raise BadRequest(f"model_path {model_path[:140]!r} is not a sampler weights path; use the path "
                              "save_weights_for_sampler returned (tinker://MODEL/sampler_weights/NAME)")
-        return self._owned(self.server.state.weights, model_path, "sampler weights", tenant)
+        return self._owned(self.state.weights, model_path, "sampler weights", tenant)
 
-    def _create_sampling_session(self, tenant: Tenant, body: dict[str, Any]) -> None:
-        self._session(tenant, body)
+    def _create_sampling_session(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
+        parent = self._session(tenant, body)
         field_of(body, "sampling_session_seq_id", int)
         model_path = field_of(body, "model_path", str, required=False)
         base_name = field_of(body, "base_model", str, required=False)
         if model_path is not None:
             w = self._weights_for(tenant, model_path)
             if base_name is not None and base_name != w.base.name:
-                raise BadRequest(f"base_model {base_name!r} differs from {w.base.name!r} of {model_path!r}; "
+                raise BadRequest(f"base_model {base_name[:140]!r} differs from {w.base.name!r} of {model_path!r}; "
                                  "leave base_model out")
-            sid = self._new_sampling_session(tenant, w.base, w.file, model_path, w.lora)
+            base, key, shareable = w.base, w.file, w.lora
         elif base_name is not None:
             base = self._base(base_name)
-            sid = self._new_sampling_session(tenant, base, f"base:{base.name}", None, True)
+            key, shareable = f"base:{base.name}", True
         else:
             raise BadRequest("give model_path (weights saved for the sampler) or base_model")
-        self._json({"type": "create_sampling_session", "sampling_session_id": sid})
+        with self.state.lock:
+            self.state.check_quota(tenant.name, sessions=1)
+        sid = self._new_sampling_session(tenant, base, key, model_path, shareable, parent)
+        return _json({"type": "create_sampling_session", "sampling_session_id": sid})
 
-    def _get_sampler(self, tenant: Tenant, sampler_id: str) -> None:
-        s = self._owned(self.server.state.sampling, sampler_id, "sampler", tenant)
-        self._json({"sampler_id": s.session_id, "base_model": s.base.name, "model_path": s.model_path})
+    def _get_sampler(self, tenant: Tenant, sampler_id: str) -> Reply:
+        s = self._owned(self.state.sampling, sampler_id, "sampler", tenant)
+        return _json({"sampler_id": s.session_id, "base_model": s.base.name, "model_path": s.model_path})
 
-    def _asample(self, tenant: Tenant, body: dict[str, Any]) -> None:
-        state = self.server.state
+    def _asample(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
+        state = self.state
         sid = field_of(body, "sampling_session_id", str, required=False)
         if sid is not None:
             field_of(body, "seq_id", int)
@@ -559,17 +706,13 @@ class _Handler(BaseHTTPRequestHandler):
                 raise BadRequest(f"{count} is not supported by this service; leave it 0")
         if body.get("target_prompt_logprobs") is not None:
             raise BadRequest("target_prompt_logprobs is not supported by this service")
-        num = field_of(body, "num_samples", int, required=False, default=1)
-        if not 1 <= num <= MAX_SAMPLES:
-            raise BadRequest(f"num_samples={num} must be within [1, {MAX_SAMPLES}]")
-        prompt = _wire.prompt_tokens(body.get("prompt"))
-        if prompt.min() < 0 or prompt.max() >= base.vocab:
-            raise BadRequest(f"prompt has token ids outside [0, {base.vocab}) of base model {base.name!r}")
+        num = field_of(body, "num_samples", int, required=False, default=1, bounds=(1, MAX_SAMPLES))
+        prompt = _wire.prompt_tokens(body.get("prompt"), base.vocab)
         if prompt.size >= base.max_len:
             raise BadRequest(f"prompt has {prompt.size} tokens; base model {base.name!r} takes fewer than "
                              f"{base.max_len}")
         sp = field_of(body, "sampling_params", dict)
-        params = self._sampling_params(sp)
+        params = self._sampling_params(sp, base.vocab)
         seed = params.pop("seed")
         seed = secrets.randbelow(2**31) if seed is None else seed
         fut = state.future(tenant.name, "Sample")
@@ -578,23 +721,22 @@ class _Handler(BaseHTTPRequestHandler):
             shared = state.shared_base(base, shareable)
         except RuntimeError as e:
             fut.fail(f"the shared base {base.name!r} is not available: {e}", "server")
-            self._future_reply(fut, None, sample_sequence_ids=seq_ids)
-            return
+            return self._future_reply(fut, None, sample_sequence_ids=seq_ids)
         state.workers[(tenant.name, "sampler")].submit(
             fut, "sample", {"key": key, "base": base, "prompt": prompt, "params": params, "num_samples": num,
                             "seed": seed, "shared_base": shared},
             lambda result: fut.succeed(proto=_wire.sample_response(result)), restart=True)
-        self._future_reply(fut, None, sample_sequence_ids=seq_ids)
+        return self._future_reply(fut, None, sample_sequence_ids=seq_ids)
 
     @staticmethod
-    def _sampling_params(sp: dict[str, Any]) -> dict[str, Any]:
+    def _sampling_params(sp: dict[str, Any], vocab: int) -> dict[str, Any]:
         max_tokens = field_of(sp, "max_tokens", int, required=False, default=16)
         if not 1 <= max_tokens <= MAX_NEW_TOKENS:
             raise BadRequest(f"sampling_params.max_tokens={max_tokens} must be within [1, {MAX_NEW_TOKENS}]")
         temperature = field_of(sp, "temperature", float, required=False, default=1.0)
         top_k = field_of(sp, "top_k", int, required=False, default=-1)
         top_p = field_of(sp, "top_p", float, required=False, default=1.0)
-        if not (math.isfinite(temperature) and temperature >= 0):
+        if temperature < 0:
             raise BadRequest(f"sampling_params.temperature={temperature} must be a finite number >= 0")
         if not (0 < top_p <= 1):
             raise BadRequest(f"sampling_params.top_p={top_p} must be within (0, 1]")
@@ -604,111 +746,147 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(stop, str) or (isinstance(stop, list) and any(isinstance(s, str) for s in stop)):
             raise BadRequest("sampling_params.stop as strings needs a tokenizer, which this service does not have; "
                              "give stop token ids (a list of integers)")
-        if stop is not None and not (isinstance(stop, list) and all(isinstance(s, int) for s in stop)):
-            raise BadRequest("sampling_params.stop must be a list of token ids")
-        seed = field_of(sp, "seed", int, required=False)
+        if stop is not None and not (isinstance(stop, list) and all(
+                isinstance(s, int) and not isinstance(s, bool) and 0 <= s < vocab for s in stop)):
+            raise BadRequest(f"sampling_params.stop must be a list of token ids in [0, {vocab})")
+        seed = field_of(sp, "seed", int, required=False, bounds=SEED_BOUNDS)
         return {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                 "stop_tokens": stop or [], "seed": seed}
 
     # ------------------------------------------------------------ futures
 
-    def _retrieve_future(self, tenant: Tenant, body: dict[str, Any]) -> None:
+    def _lookup_future(self, tenant: Tenant, body: dict[str, Any]) -> Future:
         rid = field_of(body, "request_id", str)
         field_of(body, "allow_metadata_only", bool, required=False)
-        fut: Future = self._owned(self.server.state.futures, rid, "request", tenant)
-        if not fut.done.wait(self.server.state.config.long_poll_s):
-            self._json({"type": "try_again", "request_id": rid, "queue_state": "active",
-                        "queue_state_reason": "running or waiting for its turn on the GPU"})
-            return
+        return self._owned(self.state.futures, rid, "request", tenant)
+
+    async def _retrieve_future(self, req: Request, fut: Future) -> Reply:
+        """Hold the request until ``fut`` is done or ``long_poll_s`` passes (no thread waits meanwhile)."""
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the service is stopping
+                loop.call_soon_threadsafe(ready.set)
+
+        fut.add_done_callback(wake)
+        try:
+            await asyncio.wait_for(ready.wait(), self.config.long_poll_s)
+        except asyncio.TimeoutError:
+            return _json({"type": "try_again", "request_id": fut.request_id, "queue_state": "active",
+                          "queue_state_reason": "running or waiting for its turn on the GPU"})
+        finally:
+            fut.remove_done_callback(wake)
         if fut.error is not None:
-            self._json({"error": fut.error, "category": fut.category, "request_id": rid})
+            reply = _json({"error": fut.error, "category": fut.category, "request_id": fut.request_id})
         elif fut.proto is not None:
-            accept = self.headers.get("Accept", "")
-            if PROTO not in accept:
-                raise BadRequest(f"the result of {rid} ({fut.kind}) is protobuf; send Accept: {PROTO}", status=406)
-            self._send(200, fut.proto, PROTO)
+            if PROTO not in req.header("accept"):
+                raise BadRequest(f"the result of {fut.request_id} ({fut.kind}) is protobuf; send Accept: {PROTO}",
+                                 status=406)
+            reply = Reply(200, fut.proto, PROTO)
         else:
-            self._json(fut.json)
+            reply = _json(fut.json)
         fut.timing.setdefault("answered", time.monotonic())
+        return reply
 
 
-ROUTES: dict[str, tuple[str, Any]] = {
-    "/api/v1/client/config": ("POST", _Handler._client_config),
-    "/api/v1/client/dynamic_config": ("POST", _Handler._dynamic_config),
-    "/api/v1/create_session": ("POST", _Handler._create_session),
-    "/api/v1/session_heartbeat": ("POST", _Handler._heartbeat),
-    "/api/v1/telemetry": ("POST", _Handler._telemetry),
-    "/api/v1/get_server_capabilities": ("GET", _Handler._capabilities),
-    "/api/v1/create_model": ("POST", _Handler._create_model),
-    "/api/v1/get_info": ("POST", _Handler._get_info),
-    "/api/v1/forward_backward": ("POST", _Handler._forward_backward),
-    "/api/v1/optim_step": ("POST", _Handler._optim_step),
-    "/api/v1/save_weights_for_sampler": ("POST", _Handler._save_for_sampler),
-    "/api/v1/create_sampling_session": ("POST", _Handler._create_sampling_session),
-    "/api/v1/asample": ("POST", _Handler._asample),
-    "/api/v1/retrieve_future": ("POST", _Handler._retrieve_future),
+ROUTES: dict[str, tuple[str, Callable[..., Any]]] = {
+    "/api/v1/client/config": ("POST", _Api._client_config),
+    "/api/v1/client/dynamic_config": ("POST", _Api._dynamic_config),
+    "/api/v1/create_session": ("POST", _Api._create_session),
+    "/api/v1/session_heartbeat": ("POST", _Api._heartbeat),
+    "/api/v1/telemetry": ("POST", _Api._telemetry),
+    "/api/v1/get_server_capabilities": ("GET", _Api._capabilities),
+    "/api/v1/create_model": ("POST", _Api._create_model),
+    "/api/v1/unload_model": ("POST", _Api._unload_model),
+    "/api/v1/get_info": ("POST", _Api._get_info),
+    "/api/v1/forward_backward": ("POST", _Api._forward_backward),
+    "/api/v1/optim_step": ("POST", _Api._optim_step),
+    "/api/v1/save_weights_for_sampler": ("POST", _Api._save_for_sampler),
+    "/api/v1/create_sampling_session": ("POST", _Api._create_sampling_session),
+    "/api/v1/asample": ("POST", _Api._asample),
+    "/api/v1/retrieve_future": ("POST", _Api._lookup_future),
 }
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128  # listen backlog: many SDK clients connect at once (the default 5 drops SYNs)
-    state: _State
+# routes with ids in the path (each id checked whole by its pattern)
+PATTERNS: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [
+    ("GET", re.compile(rf"/api/v1/samplers/({_ID})"), _Api._get_sampler),
+    ("POST", re.compile(rf"/api/v1/sessions/({_ID})/finish"), _Api._finish_session),
+    ("DELETE", re.compile(rf"/api/v1/training_runs/({_ID})/checkpoints/sampler_weights/({_ID})"),
+     _Api._delete_weights),
+]
 
 
 class TinkerService:
     """The service: HTTP front end plus one trainer and one sampler worker per tenant.
 
-    ``with TinkerService(config).running() as url: ...`` serves on ``config``'s address in a
+    ``with TinkerService(config) as svc: ...`` serves on ``svc.url`` in a
     background thread; workers start on a tenant's first work unit and stop with the service.
     """
 
-    endpoint: str | None  # the orchestrator the workers use (None: ROTA_ORCHESTRATOR or the embedded one)
+    endpoint: str  # the orchestrator the workers use: config.endpoint, or the service's own (unix:PATH)
 
     def __init__(self, config: ServiceConfig, host: str = "127.0.0.1", port: int = 0) -> None:
         self._orchestrator = contextlib.ExitStack()
         try:
-            # residency-aware switching needs an orchestrator that knows the device size: the service's own
-            self.endpoint = self._own_orchestrator(config) if config.capacity_bytes else config.endpoint
-            self._httpd = _Server((host, port), _Handler)
+            os.makedirs(config.data_dir, mode=0o700, exist_ok=True)
+            private_dir(config.data_dir)
+            for t in config.tenants:  # the workers write each tenant's files under here (0700 all the way)
+                private_dir(os.path.join(config.data_dir, t.name))
+            self.endpoint = config.endpoint or self._own_orchestrator(config)
+            self.config = config
+            self.state = _State(config, self.endpoint)
+            self.api = _Api(self.state)
+            self._http = HttpServer(self.api, host, port, max_connections=config.max_connections,
+                                    header_timeout_s=config.header_timeout_s, body_timeout_s=config.body_timeout_s)
         except BaseException:
             self._orchestrator.close()
             raise
-        self.config = config
-        self.state = _State(config, self.endpoint)
-        self._httpd.state = self.state
-        self._thread: threading.Thread | None = None
 
     def _own_orchestrator(self, config: ServiceConfig) -> str:
-        """Serve a private orchestrator (loopback, in this process) with ``config.capacity_bytes``; its endpoint."""
+        """Serve a private orchestrator (in this process) on a Unix socket in a new 0700 directory; its endpoint.
+
+        Only this uid can enter the directory, so only this service's workers reach the socket
+        (no token needed: the contract's ``ServerAuth(local=True)``), and two services on one
+        host never share an orchestrator, a group or a job id.
+        """
         from rota._engine import OrchestratorConfig
         from rota._inproc import running_orchestrator
+        from rota.auth import ServerAuth
 
-        endpoint, _engine = self._orchestrator.enter_context(
-            running_orchestrator(OrchestratorConfig(capacity_bytes=config.capacity_bytes)))
-        log.info("own orchestrator at %s, capacity %.1f GiB", endpoint, config.capacity_bytes / 2**30)
+        xdg = os.environ.get("XDG_RUNTIME_DIR")
+        folder = tempfile.mkdtemp(prefix="rota-tinker-", dir=xdg if xdg and os.path.isdir(xdg) else None)
+        self._orchestrator.callback(shutil.rmtree, folder, True)
+        endpoint, _engine = self._orchestrator.enter_context(running_orchestrator(
+            OrchestratorConfig(capacity_bytes=config.capacity_bytes), listen=f"unix:{folder}/orchestrator.sock",
+            auth=ServerAuth(local=True)))
+        log.info("own orchestrator at %s%s", endpoint,
+                 f", capacity {config.capacity_bytes / 2**30:.1f} GiB" if config.capacity_bytes else "")
         return endpoint
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        host, port = self._http.address
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def start(self) -> str:
         """Serve in a background thread; returns the base URL."""
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="rota-tinker-http", daemon=True)
-        self._thread.start()
+        self._http.start()
         log.info("tinker service on %s for tenants %s (device %s, group %s)", self.url,
                  [t.name for t in self.config.tenants], self.config.device, self.config.group)
         return self.url
 
     def serve_forever(self) -> None:
-        """Serve in this thread until :meth:`stop` (or KeyboardInterrupt)."""
-        self._httpd.serve_forever()
+        """Serve in this thread until :meth:`stop` (or SIGINT/SIGTERM)."""
+        self._http.serve_forever()
 
     def worker_pid(self, tenant: str, role: str) -> int | None:
         """The pid of a tenant's trainer or sampler worker (None before its first work unit)."""
         return self.state.workers[(tenant, role)].pid
+
+    def usage(self, tenant: str) -> dict[str, int]:
+        """What ``tenant`` holds against its quotas: models, sessions, bytes."""
+        with self.state.lock:
+            return self.state.usage(tenant)
 
     def base_holder_info(self, base_name: str, *, checksum: bool = False, timeout_s: float = 120.0) -> dict[str, Any]:
         """What the holder of ``base_name`` reports (pid, bytes, its shared segment on CPU, optionally a checksum).
@@ -750,16 +928,14 @@ class TinkerService:
         Workers release their turn and drop shared bases before exiting; one that does not exit
         within ``stop_timeout_s`` is killed. Returns the names of those killed (normally none).
         """
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._http.shutdown()
+        self.api.pool.shutdown(wait=False, cancel_futures=True)
         killed = close_all(self.state.workers.values(), self.config.stop_timeout_s)
         with self.state.lock:
             holders = list(self.state.holders.values())
         killed += close_all(holders, self.config.stop_timeout_s)
         if killed:
             log.warning("stopped; killed %s (they did not exit within %.0f s)", killed, self.config.stop_timeout_s)
-        if self._thread is not None:
-            self._thread.join(10)
         self._orchestrator.close()
         return killed
 

@@ -7,10 +7,16 @@ schema, ``tinker.proto.tinker_public_pb2``. ``ForwardBackwardOutput`` and
 them). Everything else is JSON. Called by :mod:`rota_tinker._service`; no torch here.
 
 Every parse error is a :class:`BadRequest` whose message names the field and the fix.
+Numbers are checked where they are read: JSON ``NaN``/``Infinity`` and nesting deeper
+than :data:`MAX_JSON_DEPTH` are refused, integers must fit their field's range, floats
+must be finite, token ids must be whole numbers inside the vocabulary.
 """
 
 from __future__ import annotations
 
+import io
+import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +30,8 @@ LOSS_INPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "importance_sampling": (("target_tokens", "logprobs", "advantages"), ()),
 }
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
+MAX_JSON_DEPTH = 32  # the SDK's bodies nest 5 deep at most
+INT64 = (-(2**63), 2**63 - 1)
 
 
 class BadRequest(ValueError):
@@ -53,19 +61,58 @@ class FwdBwd:
     data: list[Datum]
 
 
-def decompress(body: bytes, encoding: str) -> bytes:
-    """Undo ``Content-Encoding`` (identity or zstd)."""
+def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """Undo ``Content-Encoding`` (identity or zstd); a body that inflates past ``limit`` bytes is refused (413)."""
     enc = encoding.strip().lower()
     if enc in ("", "identity"):
         return body
     if enc == "zstd":
         import zstandard
 
-        try:
-            return zstandard.ZstdDecompressor().decompress(body, max_output_size=256 * 1024 * 1024)
+        try:  # streamed: a frame that claims (or inflates to) a huge size never gets that much memory
+            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)) as reader:
+                out = reader.read(limit + 1)
         except zstandard.ZstdError as e:
             raise BadRequest(f"body is not valid zstd ({e}); send it uncompressed or compress it with zstd") from e
+        if len(out) > limit:
+            raise BadRequest(f"body inflates to more than {limit} bytes; send less per request", status=413)
+        return out
     raise BadRequest(f"Content-Encoding {encoding!r} is not supported; use zstd or none", status=415)
+
+
+def _no_constant(name: str) -> Any:
+    raise BadRequest(f"body has {name}, which is not a number here; send finite numbers only")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadRequest(f"body has the number {text[:40]!r}, too large for a float; send finite numbers only")
+    return value
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """A JSON object with finite numbers, nested at most :data:`MAX_JSON_DEPTH` deep; BadRequest otherwise."""
+    try:
+        obj = json.loads(body or b"{}", parse_constant=_no_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise BadRequest(f"body nests deeper than {MAX_JSON_DEPTH} levels; the tinker SDK's requests nest "
+                         "5 deep") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        if isinstance(e, BadRequest):
+            raise
+        raise BadRequest(f"body is not valid JSON ({str(e)[:200]})") from None
+    if not isinstance(obj, dict):
+        raise BadRequest(f"body must be a JSON object, got {type(obj).__name__}")
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:  # iterative: the check itself must not recurse
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise BadRequest(f"body nests deeper than {MAX_JSON_DEPTH} levels; the tinker SDK's requests nest "
+                             "5 deep")
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return obj
 
 
 def _tensor(msg: Any, where: str) -> np.ndarray:
@@ -85,6 +132,30 @@ def _tensor(msg: Any, where: str) -> np.ndarray:
     if arr.ndim != 1 and len(shape) > 1:
         raise BadRequest(f"{where}: shape {shape} must be 1-D (one value per target token)")
     return arr
+
+
+def token_ids(arr: np.ndarray, vocab: int, where: str) -> np.ndarray:
+    """``arr`` as int64 token ids in ``[0, vocab)``; floats only when every value is finite and whole."""
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr) | (arr != np.floor(arr))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise BadRequest(f"{where}[{i}] is {float(arr[i])!r}, not a token id; send whole numbers (int64)")
+    outside = (arr < 0) | (arr >= vocab)
+    if outside.any():
+        i = int(np.argmax(outside))
+        raise BadRequest(f"{where}[{i}] is {arr[i].item()!r}, outside [0, {vocab}) of the base model's vocabulary")
+    return arr.astype(np.int64)
+
+
+def finite_values(arr: np.ndarray, where: str) -> np.ndarray:
+    """``arr`` as float32, every value finite (a NaN weight or advantage would poison the model)."""
+    out = arr.astype(np.float32)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise BadRequest(f"{where}[{i}] is {float(arr[i])!r}; send finite numbers")
+    return out
 
 
 def parse_forward_backward(body: bytes) -> FwdBwd:
@@ -128,6 +199,8 @@ def parse_forward_backward(body: bytes) -> FwdBwd:
             if arr.size != tokens.size:
                 raise BadRequest(f"data[{i}].loss_fn_inputs[{n!r}] has {arr.size} values but model_input has "
                                  f"{tokens.size} tokens; give one value per input position")
+            if n != "target_tokens":  # token ids are checked against the model's vocabulary by the caller
+                inputs[n] = finite_values(arr, f"data[{i}].loss_fn_inputs[{n!r}]")
         data.append(Datum(tokens=tokens, inputs=inputs))
     return FwdBwd(model_id=msg.model_id, seq_id=msg.seq_id, loss_fn=msg.loss_fn, forward_only=msg.forward_only,
                   data=data)
@@ -166,8 +239,12 @@ def sample_response(sequences: list[tuple[np.ndarray, np.ndarray, str]]) -> byte
 
 
 def field_of(body: dict[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = True,
-             default: Any = None) -> Any:
-    """``body[name]`` checked against ``kind``; BadRequest naming the field otherwise."""
+             default: Any = None, bounds: tuple[float, float] | None = None) -> Any:
+    """``body[name]`` checked against ``kind``; BadRequest naming the field otherwise.
+
+    Integers must lie within ``bounds`` (default: int64), floats must be finite (and
+    within ``bounds`` when given).
+    """
     if name not in body or body[name] is None:
         if required:
             raise BadRequest(f"field {name!r} is missing; see the tinker SDK's request types")
@@ -177,25 +254,46 @@ def field_of(body: dict[str, Any], name: str, kind: type | tuple[type, ...], *, 
     if isinstance(value, bool) and bool not in kinds:
         raise BadRequest(f"field {name!r} must be {'/'.join(k.__name__ for k in kinds)}, not a boolean")
     if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > 2**1023:
+            raise BadRequest(f"field {name!r} is {_short(value)}, too large for a float; send a finite number")
         value = float(value)
     if not isinstance(value, kinds):
         raise BadRequest(f"field {name!r} must be {'/'.join(k.__name__ for k in kinds)}, "
-                         f"got {type(value).__name__} {value!r:.60}")
+                         f"got {type(value).__name__} {_short(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BadRequest(f"field {name!r} is {value!r}; send a finite number")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        lo, hi = bounds if bounds is not None else (INT64 if isinstance(value, int) else (-math.inf, math.inf))
+        if not lo <= value <= hi:
+            raise BadRequest(f"field {name!r} is {_short(value)}, outside [{lo:g}, {hi:g}]")
     return value
 
 
-def prompt_tokens(prompt: Any) -> np.ndarray:
-    """Tokens of a JSON ``ModelInput`` (``{"chunks": [{"type": "encoded_text", "tokens": [...]}]}``)."""
+def _short(value: Any) -> str:
+    """``repr`` of a caller's value cut short (a 10,000-digit integer is not echoed back whole)."""
+    if isinstance(value, int) and abs(value) >= 10**30:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}..."
+
+
+def prompt_tokens(prompt: Any, vocab: int) -> np.ndarray:
+    """Tokens of a JSON ``ModelInput`` (``{"chunks": [{"type": "encoded_text", "tokens": [...]}]}``), each in
+    ``[0, vocab)``."""
     if not isinstance(prompt, dict) or not isinstance(prompt.get("chunks"), list):
         raise BadRequest("field 'prompt' must be a ModelInput object with a 'chunks' list")
     tokens: list[int] = []
     for j, chunk in enumerate(prompt["chunks"]):
         if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
             kind = chunk.get("type") if isinstance(chunk, dict) else type(chunk).__name__
-            raise BadRequest(f"prompt.chunks[{j}] is a {kind!r} chunk; only encoded_text is supported")
+            raise BadRequest(f"prompt.chunks[{j}] is a {_short(kind)} chunk; only encoded_text is supported")
         toks = chunk.get("tokens")
-        if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+        if not isinstance(toks, list):
             raise BadRequest(f"prompt.chunks[{j}].tokens must be a list of integers")
+        for i, t in enumerate(toks):
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+                raise BadRequest(f"prompt.chunks[{j}].tokens[{i}] is {_short(t)}, not a token id in [0, {vocab}) "
+                                 "of the base model's vocabulary")
         tokens.extend(toks)
     if not tokens:
         raise BadRequest("prompt has no tokens; give at least one")

@@ -32,7 +32,10 @@ On CUDA each worker also reports its **working set** to the orchestrator (footpr
 when it decides which tenants stay resident, so residents never add up past the device.
 
 Saving weights for the sampler needs no device: it is written from the tracked host
-copy (``Tracked.state_dict()``), without a turn.
+copy (``Tracked.state_dict()``), without a turn, to ``DATA_DIR/TENANT/MODEL/NAME.pt``
+(directories 0700, files 0600, created without following links). Unloading a model
+(``unload``) or forgetting a sampler's weights (``forget``) untracks it inside a turn
+(a parked model is restored before it is dropped, so that must not happen outside one).
 
 On exit a worker drops every model and its references to a shared base before its
 process ends, so a CUDA base holder sees its IPC tensors released (the service stops
@@ -41,10 +44,12 @@ tenant workers, waits for them, then the holders).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
 import secrets
+import stat
 import time
 import traceback
 from collections.abc import Callable
@@ -194,7 +199,7 @@ class _Loop:
     def _unit(self, msg: tuple[str, str, dict[str, Any], dict[str, float]]) -> None:
         """One unit; a device unit takes a turn and runs whatever is queued behind it in the same turn."""
         rid, op, args, timing = msg
-        if self.gpu is None or op not in self.worker.DEVICE_OPS:
+        if self.gpu is None or not self.worker.needs_turn(op, args):
             self._reply(rid, self._call(op, args, timing), timing)
             return
         t0 = time.monotonic()
@@ -288,6 +293,14 @@ class _Base:
         self.device = torch.device(spec.device)
         self.models: dict[str, Any] = {}
 
+    def needs_turn(self, op: str, args: dict[str, Any]) -> bool:
+        """Whether ``op`` must run inside a turn (dropping a model nobody holds needs none)."""
+        if op == "unload":
+            return args["model_id"] in self.models
+        if op == "forget":
+            return args["key"] in getattr(self, "tracked", {})
+        return op in self.DEVICE_OPS
+
     def close(self) -> None:
         """Drop every model and this process's references to shared bases (a CUDA holder then sees them released)."""
         import torch
@@ -313,7 +326,7 @@ class _Trained:
 class Trainer(_Base):
     """Holds the tenant's training models; forward_backward / optim_step / save for sampler."""
 
-    DEVICE_OPS = frozenset({"create", "forward_backward", "optim_step"})
+    DEVICE_OPS = frozenset({"create", "forward_backward", "optim_step", "unload"})
     models: dict[str, _Trained]
 
     def op_create(self, model_id: str, base: Any, lora: dict[str, Any] | None,
@@ -383,24 +396,53 @@ class Trainer(_Base):
         metrics = {} if norm is None else {"grad_norm:mean": norm}
         return {"metrics": metrics}
 
+    def op_unload(self, model_id: str) -> dict[str, Any]:
+        """Drop a model (in a turn: untracking restores a parked model first); nothing to do if it is gone."""
+        entry = self.models.pop(model_id, None)
+        if entry is not None:
+            entry.tracked.untrack()
+            del entry
+            gc.collect()
+        return {}
+
     def op_save_for_sampler(self, model_id: str, name: str) -> dict[str, Any]:
         import torch
 
         entry = self._get(model_id)
         state = entry.tracked.state_dict()  # from the parked host copy when parked: no turn, no device
         folder = os.path.join(self.spec.data_dir, self.spec.tenant, model_id)
-        os.makedirs(folder, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            raise RuntimeError(f"{folder} is not a 0700 directory of this uid; refusing to write weights there")
         path = os.path.join(folder, f"{name}.pt")
         tmp = f"{path}.{secrets.token_hex(4)}.tmp"
-        torch.save({"weights": state["model"], "lora": entry.lora}, tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"weights": state["model"], "lora": entry.lora}, f)
+            size = f.tell()
         os.replace(tmp, path)
-        return {"file": path, "from_parked": state["rota"]["from_parked"]}
+        return {"file": path, "bytes": size, "from_parked": state["rota"]["from_parked"]}
 
 
 class Sampler(_Base):
     """Holds the tenant's sampling models (one per sampling session's weights: file or "base:NAME" -> model)."""
 
-    DEVICE_OPS = frozenset({"sample"})
+    DEVICE_OPS = frozenset({"sample", "forget"})
+
+    def __init__(self, spec: WorkerSpec, gpu: Any) -> None:
+        super().__init__(spec, gpu)
+        self.tracked: dict[str, Any] = {}  # key -> its Tracked (not for a bare shared base: nothing is parked)
+
+    def op_forget(self, key: str) -> dict[str, Any]:
+        """Drop the model of deleted weights (in a turn when it is tracked); nothing to do if it was never loaded."""
+        tracked = self.tracked.pop(key, None)
+        if tracked is not None:
+            tracked.untrack()
+        if self.models.pop(key, None) is not None:
+            gc.collect()
+        return {}
 
     def _load(self, key: str, base: Any, shared_base: str | None) -> Any:
         """The model of ``key``; ``shared_base`` (LoRA weights or the bare base only): attach to the shared base."""
@@ -425,8 +467,8 @@ class Sampler(_Base):
         for p in model.parameters():
             p.requires_grad_(False)
         if parked is not None:
-            rota_fsdp.track(self.gpu, parked, None, tags=("weights",), device=self.device,
-                            release_cached=self.spec.release_cached)
+            self.tracked[key] = rota_fsdp.track(self.gpu, parked, None, tags=("weights",), device=self.device,
+                                                release_cached=self.spec.release_cached)
         self.models[key] = model
         return model
 

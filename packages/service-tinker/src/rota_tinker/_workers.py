@@ -46,18 +46,42 @@ class Future:
     # monotonic stamps and durations of this unit: submitted, recv, wait_s, restore_s, compute_s, ... answered
     timing: dict[str, float] = field(default_factory=dict)
     finished_at: float | None = None  # monotonic; the service forgets the future future_ttl_s after it
+    _callbacks: list[Callable[[], None]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def succeed(self, *, proto: bytes | None = None, json: dict[str, Any] | None = None) -> None:
-        if not self.done.is_set():
+        with self._lock:
+            if self.done.is_set():
+                return
             self.proto, self.json = proto, json
-            self.finished_at = time.monotonic()
-            self.done.set()
+            self._finish()
 
     def fail(self, message: str, category: str) -> None:
-        if not self.done.is_set():
+        with self._lock:
+            if self.done.is_set():
+                return
             self.error, self.category = message, category
-            self.finished_at = time.monotonic()
-            self.done.set()
+            self._finish()
+
+    def _finish(self) -> None:
+        self.finished_at = time.monotonic()
+        self.done.set()
+        callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn()
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once the future completes (now, if it has): how a long poll waits without a thread."""
+        with self._lock:
+            if not self.done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn()
+
+    def remove_done_callback(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if fn in self._callbacks:
+                self._callbacks.remove(fn)
 
 
 OnResult = Callable[[Any], None]

@@ -3,14 +3,17 @@
 Flags fall back to environment variables: ``ROTA_TINKER_LISTEN``, ``ROTA_TINKER_KEYS``
 (``TENANT=tml-KEY,...``), ``ROTA_TINKER_DEVICE``, ``ROTA_TINKER_DATA_DIR``,
 ``ROTA_TINKER_BASE_MODELS`` (space-separated specs), ``ROTA_TINKER_CAPACITY``,
-``ROTA_ORCHESTRATOR`` (the rota orchestrator; unset: the embedded one), ``ROTA_GROUP``.
+``ROTA_ORCHESTRATOR`` (a served rota orchestrator, whose token the workers take from
+``ROTA_TOKEN``; unset: the service's own, on a Unix socket only its uid can reach),
+``ROTA_GROUP``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import signal
 import tempfile
+from collections.abc import Callable
 
 import click
 
@@ -25,6 +28,32 @@ def _listen(value: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise click.BadParameter(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:8000)", param_hint="--listen")
     return host, int(port)
+
+
+# (flag, ServiceConfig field, type, default, help): per-key quotas and the HTTP front end's bounds
+_LIMITS = (
+    ("--max-models", "max_models", click.IntRange(min=1), 8,
+     "Models one API key may hold at once (429 past it; unload_model or closing a session frees)."),
+    ("--max-sessions", "max_sessions", click.IntRange(min=1), 64,
+     "Live sessions (training and sampling) one API key may hold at once (429 past it)."),
+    ("--max-bytes", "max_bytes", ByteSize(), "64GiB",
+     "Bytes of model state and saved weights one API key may hold (429 past it)."),
+    ("--session-ttl", "session_ttl_s", click.FloatRange(min=1), 300.0,
+     "Seconds without a heartbeat after which a session ends and its models are unloaded."),
+    ("--max-connections", "max_connections", click.IntRange(min=1), 2048,
+     "Open HTTP connections at most (503 past it)."),
+    ("--header-timeout", "header_timeout_s", click.FloatRange(min=0.1), 10.0,
+     "Seconds a request's head (request line and headers) may take to arrive; then the connection is closed."),
+    ("--body-timeout", "body_timeout_s", click.FloatRange(min=0.1), 60.0,
+     "Seconds a request's body may take to arrive (408 past it)."),
+)
+
+
+def _limit_options(fn: Callable[..., None]) -> Callable[..., None]:
+    """Add the options of :data:`_LIMITS`, each passed to the command under its ServiceConfig field name."""
+    for flag, name, kind, default, text in reversed(_LIMITS):
+        fn = click.option(flag, name, type=kind, default=default, show_default=True, help=text)(fn)
+    return fn
 
 
 @click.command("serve")
@@ -42,8 +71,9 @@ def _listen(value: str) -> tuple[str, int]:
 @click.option("--group", default="tinker", show_default=True, envvar="ROTA_GROUP",
               help="rota group the workers share (env ROTA_GROUP).")
 @click.option("--orchestrator", default=None, envvar="ROTA_ORCHESTRATOR",
-              help="rota orchestrator HOST:PORT (env ROTA_ORCHESTRATOR; unset: the embedded one, or the "
-                   "service's own with --capacity).")
+              help="A served rota orchestrator HOST:PORT (env ROTA_ORCHESTRATOR); the workers present ROTA_TOKEN, a "
+                   "token for job '*' of --group (rota token issue --group G --job '*'). Unset: the service runs "
+                   "its own on a Unix socket in a 0700 directory, which no other user can reach.")
 @click.option("--capacity", type=ByteSize(), default="0", show_default=True, envvar="ROTA_TINKER_CAPACITY",
               help="Device bytes the tenants' working sets may take together, shared bases aside (e.g. 120GiB). "
                    "Set: the service runs its own orchestrator, tenants that fit stay resident between turns and "
@@ -63,9 +93,10 @@ def _listen(value: str) -> tuple[str, int]:
               help="Seconds retrieve_future waits before answering try_again.")
 @click.option("--worker-start-timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
               help="Seconds a tenant's worker process may take to start (torch import, CUDA init, the base).")
+@_limit_options
 def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, base_models: tuple[str, ...], group: str,
               orchestrator: str | None, capacity: int, units_per_turn: int, keep_cache: bool, share_base: bool,
-              data_dir: str | None, long_poll: float, worker_start_timeout: float) -> None:
+              data_dir: str | None, long_poll: float, worker_start_timeout: float, **limits: float) -> None:
     """Serve the tinker SDK's training and sampling API; each API key is a tenant.
 
     \b
@@ -88,18 +119,23 @@ def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, base_models: t
                                device=device, group=group, endpoint=orchestrator or None, long_poll_s=long_poll,
                                base_models={s.name: s for s in specs} if specs else dict(DEFAULT_BASE_MODELS),
                                capacity_bytes=capacity, units_per_turn=units_per_turn, release_cached=not keep_cache,
-                               share_lora_base=share_base, worker_start_timeout_s=worker_start_timeout)
+                               share_lora_base=share_base, worker_start_timeout_s=worker_start_timeout,
+                               **limits)  # type: ignore[arg-type]
     except RotaError as e:
         raise click.UsageError(str(e)) from e
-    os.makedirs(config.data_dir, exist_ok=True)
     try:
         service = TinkerService(config, host, port)
+    except RotaError as e:
+        raise click.UsageError(str(e)) from e
     except OSError as e:
         raise click.ClickException(f"cannot listen on {listen}: {e}") from e
-    turns = (f"own orchestrator {service.endpoint}, capacity {capacity / 2**30:.1f} GiB" if capacity
-             else f"orchestrator {service.endpoint or 'ROTA_ORCHESTRATOR or the embedded one'}")
+    turns = (f"orchestrator {service.endpoint}" if orchestrator else
+             f"own orchestrator {service.endpoint}" + (f", capacity {capacity / 2**30:.1f} GiB" if capacity else ""))
     click.echo(f"rota tinker: serving {service.url} for tenants {[t.name for t in config.tenants]} on {device}, "
                f"base models {sorted(config.base_models)}, {turns} (TINKER_BASE_URL={service.url})", err=True)
+    # uvicorn stops serving on SIGINT/SIGTERM, then raises the signal again: make SIGTERM end here too, so the
+    # workers are stopped and the private orchestrator's directory removed (SIGINT is KeyboardInterrupt already)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         service.serve_forever()
     except KeyboardInterrupt:
