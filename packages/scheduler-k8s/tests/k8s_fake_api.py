@@ -11,11 +11,17 @@ loopback:
   older than the kept history gets an ERROR event with code 410 (Gone), as the real
   server answers after compaction;
 * ``GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`` — one
-  ResourceClaim as stored, or a 404 Status (``rota k8s tenant --check-claim``).
+  ResourceClaim as stored, or a 404 Status (``rota k8s tenant --check-claim``);
+* ``POST /api/v1/namespaces/{ns}/secrets``, ``PUT`` and ``DELETE .../secrets/{name}`` —
+  the controller's job-token Secrets: 409 AlreadyExists on a second create, 404 on a
+  missing one, and 403 Forbidden outside :attr:`secret_namespaces` (a stand-in for the
+  controller's Roles: RBAC itself is not emulated). There is no GET of a Secret: the
+  controller may not read them; tests look at :attr:`secrets`.
 
-Pods and claims are plain dicts; tests change them with :meth:`create_pod`,
+Pods, claims and Secrets are plain dicts; tests change them with :meth:`create_pod`,
 :meth:`update_pod`, :meth:`delete_pod` and :meth:`put_claim`. It is not a general
-fake: no other resources or verbs, no auth, no field selectors, no server-side apply.
+fake: no other resources or verbs, no authentication, no field selectors, no
+server-side apply.
 """
 
 from __future__ import annotations
@@ -52,6 +58,10 @@ class FakeKubeApi:
         self.rv = 100
         self.pods: dict[tuple[str, str], Pod] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.secret_namespaces: set[str] | None = None  # None: writes allowed everywhere
+        self.secret_writes: list[tuple[str, str, str]] = []  # (verb, namespace, name) done, for tests
+        self.secret_refusals: list[tuple[str, str, str]] = []  # (verb, namespace, name) answered 403
         self.history: list[tuple[int, str, Pod]] = []
         self.oldest_rv = self.rv  # watches from before this get 410 Gone
         self.requests: list[tuple[str, dict[str, str]]] = []
@@ -67,6 +77,15 @@ class FakeKubeApi:
 
             def do_GET(self) -> None:
                 fake._serve(self)
+
+            def do_POST(self) -> None:
+                fake._write_secret(self, "POST")
+
+            def do_PUT(self) -> None:
+                fake._write_secret(self, "PUT")
+
+            def do_DELETE(self) -> None:
+                fake._write_secret(self, "DELETE")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -100,11 +119,13 @@ class FakeKubeApi:
         self.cond.notify_all()
 
     def create_pod(self, name: str, *, namespace: str = "default", labels: dict[str, str] | None = None,
-                   phase: str = "Running", node: str = "gpu-node-1") -> Pod:
+                   phase: str = "Running", node: str = "gpu-node-1",
+                   owner: dict[str, Any] | None = None) -> Pod:
         with self.cond:
             pod: Pod = {"apiVersion": "v1", "kind": "Pod",
                         "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
-                                     "labels": dict(labels or {})},
+                                     "labels": dict(labels or {}),
+                                     **({"ownerReferences": [dict(owner, controller=True)]} if owner else {})},
                         "spec": {"nodeName": node, "containers": [{"name": "tenant", "image": "tenant:1"}]},
                         "status": {"phase": phase}}
             self.pods[(namespace, name)] = pod
@@ -129,6 +150,11 @@ class FakeKubeApi:
             meta = claim["metadata"]
             self.claims[(meta.get("namespace", "default"), meta["name"])] = copy.deepcopy(claim)
 
+    def secret(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        """A stored Secret (a copy), or None."""
+        with self.cond:
+            return copy.deepcopy(self.secrets.get((namespace, name)))
+
     def compact(self) -> None:
         """Forget the event history: watches from an older resourceVersion get 410 Gone."""
         with self.cond:
@@ -152,9 +178,7 @@ class FakeKubeApi:
             with self.cond:
                 claim = copy.deepcopy(self.claims.get((parts[4], parts[6])))
             if claim is None:
-                self._json(h, 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
-                                    "reason": "NotFound",
-                                    "message": f'resourceclaims.resource.k8s.io "{parts[6]}" not found'})
+                self._status(h, 404, "NotFound", f'resourceclaims.resource.k8s.io "{parts[6]}" not found')
             else:
                 self._json(h, 200, claim)
             return
@@ -163,8 +187,7 @@ class FakeKubeApi:
         elif len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
             namespace = parts[3]
         else:
-            self._json(h, 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
-                                "reason": "NotFound", "message": f"FakeKubeApi does not serve {url.path}"})
+            self._status(h, 404, "NotFound", f"FakeKubeApi does not serve {url.path}")
             return
         selector = query.get("labelSelector", "")
 
@@ -178,13 +201,52 @@ class FakeKubeApi:
         with self.cond:
             if self.fail_next_lists > 0:
                 self.fail_next_lists -= 1
-                self._json(h, 500, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 500,
-                                    "reason": "InternalError", "message": "injected by FakeKubeApi"})
+                self._status(h, 500, "InternalError", "injected by FakeKubeApi")
                 return
             items = [copy.deepcopy(p) for p in self.pods.values() if wanted(p)]
             body = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)},
                     "items": items}
         self._json(h, 200, body)
+
+    @staticmethod
+    def _status(h: BaseHTTPRequestHandler, code: int, reason: str, message: str) -> None:
+        FakeKubeApi._json(h, code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                                    "reason": reason, "message": message})
+
+    def _write_secret(self, h: BaseHTTPRequestHandler, verb: str) -> None:
+        """POST/PUT/DELETE of a Secret, as the real server answers them (minus RBAC and validation)."""
+        url = urlparse(h.path)
+        parts = url.path.strip("/").split("/")
+        length = int(h.headers.get("Content-Length") or 0)
+        body = json.loads(h.rfile.read(length) or b"{}") if length else {}
+        if not (len(parts) in (5, 6) and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "secrets"
+                and (len(parts) == 6) == (verb != "POST")):
+            self._status(h, 405, "MethodNotAllowed", f"FakeKubeApi does not serve {verb} {url.path}")
+            return
+        ns = parts[3]
+        name = parts[5] if len(parts) == 6 else (body.get("metadata") or {}).get("name", "")
+        with self.cond:
+            if self.secret_namespaces is not None and ns not in self.secret_namespaces:
+                self.secret_refusals.append((verb, ns, name))
+                self._status(h, 403, "Forbidden", f'secrets "{name}" is forbidden: cannot {verb.lower()} '
+                             f'resource "secrets" in the namespace "{ns}"')
+                return
+            exists = (ns, name) in self.secrets
+            if verb == "POST" and exists:
+                self._status(h, 409, "AlreadyExists", f'secrets "{name}" already exists')
+                return
+            if verb in ("PUT", "DELETE") and not exists:
+                self._status(h, 404, "NotFound", f'secrets "{name}" not found')
+                return
+            self.secret_writes.append((verb, ns, name))
+            if verb == "DELETE":
+                del self.secrets[(ns, name)]
+                self._json(h, 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+                return
+            self.rv += 1
+            body.setdefault("metadata", {}).update(namespace=ns, resourceVersion=str(self.rv))
+            self.secrets[(ns, name)] = copy.deepcopy(body)
+        self._json(h, 201 if verb == "POST" else 200, body)
 
     @staticmethod
     def _json(h: BaseHTTPRequestHandler, code: int, body: dict[str, Any]) -> None:

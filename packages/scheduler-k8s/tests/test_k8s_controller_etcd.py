@@ -40,19 +40,20 @@ def test_deleted_pod_releases_its_turn_in_the_etcd_backed_orchestrator(
         ctl = Controller(core_api, grpc_evictor(endpoint), watch_timeout=2, retry_delay=0.2)
         thread = threading.Thread(target=ctl.run, daemon=True)
         thread.start()
-        a, b = Tenant(endpoint, "a", "grp0"), Tenant(endpoint, "b", "grp0")
+        # rota's ids of pods in namespace "default": default.<label>
+        a, b = Tenant(endpoint, "default.a", "default.grp0"), Tenant(endpoint, "default.b", "default.grp0")
         try:
             fake_api.create_pod("a-0", labels={JOB_LABEL: "a", GROUP_LABEL: "grp0"})
             fake_api.create_pod("b-0", labels={JOB_LABEL: "b", GROUP_LABEL: "grp0"})
             assert a.acquire_in_background().granted.wait(30), a.error
             b.acquire_in_background()
-            wait_for(lambda: list(group_status(endpoint, "grp0").queue) == ["b"], "b to queue")
-            wait_for(lambda: ctl.tracker.alive("grp0", "a"), "the controller to see a")
+            wait_for(lambda: list(group_status(endpoint, "default.grp0").queue) == ["default.b"], "b to queue")
+            wait_for(lambda: ctl.tracker.alive("default", "grp0", "a"), "the controller to see a")
 
             fake_api.delete_pod("a-0")
 
             assert b.granted.wait(30), f"{b.error}\n{orch.log_tail()}"
-            assert group_status(endpoint, "grp0").holder == "b"
+            assert group_status(endpoint, "default.grp0").holder == "default.b"
         finally:
             ctl.stop()
             thread.join(15)

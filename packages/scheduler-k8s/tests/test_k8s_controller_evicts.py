@@ -22,10 +22,17 @@ from rota_k8s.controller import Controller, grpc_evictor
 from rota_k8s.manifests import GROUP_LABEL, JOB_LABEL
 
 G = "grp0"
+NS = "default"  # FakeKubeApi's pods' namespace: rota knows their jobs as default.<label>
+RG = f"{NS}.{G}"
 
 
 def labels(job: str, group: str = G) -> dict[str, str]:
     return {JOB_LABEL: job, GROUP_LABEL: group}
+
+
+def rid(job: str) -> str:
+    """rota's id of the job labelled ``job`` in namespace default."""
+    return f"{NS}.{job}"
 
 
 @pytest.fixture
@@ -39,12 +46,12 @@ def controller(core_api: Any, orchestrator: tuple[str, Any]) -> Iterator[Control
     assert not thread.is_alive(), "controller did not stop"
 
 
-def holder(engine: Any, group: str = G) -> str:
+def holder(engine: Any, group: str = RG) -> str:
     g = engine.groups.get(group)
     return g.holder if g else ""
 
 
-def queue(engine: Any, group: str = G) -> list[str]:
+def queue(engine: Any, group: str = RG) -> list[str]:
     g = engine.groups.get(group)
     return [w.job_id for w in g.queue] if g else []
 
@@ -53,10 +60,10 @@ def hold_and_wait(tenants: Any, engine: Any, fake_api: FakeKubeApi) -> tuple[Any
     """a holds the group, b waits; both have running pods."""
     fake_api.create_pod("a-0", labels=labels("a"))
     fake_api.create_pod("b-0", labels=labels("b"))
-    a = tenants("a", G).acquire_in_background()
+    a = tenants(rid("a"), RG).acquire_in_background()
     assert a.granted.wait(30), a.error
-    b = tenants("b", G).acquire_in_background()
-    wait_for(lambda: queue(engine) == ["b"], "b to queue behind a")
+    b = tenants(rid("b"), RG).acquire_in_background()
+    wait_for(lambda: queue(engine) == [rid("b")], "b to queue behind a")
     return a, b
 
 
@@ -65,15 +72,15 @@ def test_deleted_holder_pod_releases_its_turn_to_the_next_waiter(
     _, engine = orchestrator
     _a, b = hold_and_wait(tenants, engine, fake_api)
     wait_for(lambda: fake_api.watch_count() >= 1, "the controller to watch")
-    assert holder(engine) == "a" and not b.granted.is_set()
+    assert holder(engine) == rid("a") and not b.granted.is_set()
 
     fake_api.delete_pod("a-0")
 
     assert b.granted.wait(30), f"b was not granted after a's pod was deleted: {b.error}"
-    assert holder(engine) == "b"
+    assert holder(engine) == rid("b")
     # the grant may reach b before the controller has recorded the answer to its Evict
     wait_for(lambda: controller.evicted, "the controller to record the eviction")
-    assert [(e.group_id, e.job_id) for e in controller.evicted] == [(G, "a")]
+    assert [(e.group_id, e.job_id) for e in controller.evicted] == [(RG, rid("a"))]
     assert "deleted" in controller.evicted[0].reason
 
 
@@ -85,7 +92,7 @@ def test_waiter_pod_deleted_leaves_the_queue_and_holder_keeps_the_group(
     fake_api.delete_pod("b-0")
 
     wait_for(lambda: queue(engine) == [], "b to leave the queue")
-    assert holder(engine) == "a"
+    assert holder(engine) == rid("a")
     wait_for(lambda: b.error is not None, "b's Acquire to fail")
 
 
@@ -94,15 +101,15 @@ def test_kubelet_eviction_and_node_loss_release_turns(
     _, engine = orchestrator
     _a, b = hold_and_wait(tenants, engine, fake_api)
     fake_api.create_pod("c-0", labels=labels("c"), node="gpu-node-2")
-    c = tenants("c", G).acquire_in_background()
-    wait_for(lambda: queue(engine) == ["b", "c"], "c to queue behind b")
+    c = tenants(rid("c"), RG).acquire_in_background()
+    wait_for(lambda: queue(engine) == [rid("b"), rid("c")], "c to queue behind b")
 
     def evicted(pod: dict[str, Any]) -> None:
         pod["status"] = {"phase": "Failed", "reason": "Evicted", "message": "The node was low on memory."}
 
     fake_api.update_pod("a-0", evicted)
     assert b.granted.wait(30), b.error
-    assert holder(engine) == "b"
+    assert holder(engine) == rid("b")
 
     # b's node stops answering; the taint manager marks its pod for deletion, which
     # kubelet can never confirm: the controller must not wait for DELETED.
@@ -114,10 +121,11 @@ def test_kubelet_eviction_and_node_loss_release_turns(
 
     fake_api.update_pod("b-0", node_lost)
     assert c.granted.wait(30), c.error
-    assert holder(engine) == "c"
-    wait_for(lambda: {"a", "b"} <= {e.job_id for e in controller.evicted}, "the controller to record both evictions")
+    assert holder(engine) == rid("c")
+    wait_for(lambda: {rid("a"), rid("b")} <= {e.job_id for e in controller.evicted},
+             "the controller to record both evictions")
     reasons = {e.job_id: e.reason for e in controller.evicted}
-    assert "Evicted" in reasons["a"] and "node is lost" in reasons["b"]
+    assert "Evicted" in reasons[rid("a")] and "node is lost" in reasons[rid("b")]
 
 
 def test_graceful_termination_keeps_the_turn_until_the_pod_is_gone(
@@ -132,8 +140,8 @@ def test_graceful_termination_keeps_the_turn_until_the_pod_is_gone(
     # A later event proves the controller has processed the terminating one.
     fake_api.create_pod("other", labels={"unrelated": "x"})
     fake_api.create_pod("z-0", labels=labels("z", "grp-other"))
-    wait_for(lambda: controller.tracker.alive("grp-other", "z"), "the controller to see later events")
-    assert holder(engine) == "a" and controller.evicted == []
+    wait_for(lambda: controller.tracker.alive(NS, "grp-other", "z"), "the controller to see later events")
+    assert holder(engine) == rid("a") and controller.evicted == []
 
     fake_api.delete_pod("a-0")
     assert b.granted.wait(30), b.error
@@ -144,13 +152,13 @@ def test_job_with_two_rank_pods_is_evicted_only_when_both_are_gone(
     _, engine = orchestrator
     _, b = hold_and_wait(tenants, engine, fake_api)
     fake_api.create_pod("a-1", labels=labels("a"))
-    wait_for(lambda: sum(1 for p in controller.tracker.pods.values() if p.key == (G, "a")) == 2,
+    wait_for(lambda: sum(1 for p in controller.tracker.pods.values() if p.key == (NS, G, "a")) == 2,
              "the controller to see both ranks of a")
 
     fake_api.delete_pod("a-0")
     fake_api.create_pod("z-0", labels=labels("z", "grp-other"))
-    wait_for(lambda: controller.tracker.alive("grp-other", "z"), "the controller to see later events")
-    assert holder(engine) == "a" and not b.granted.is_set()
+    wait_for(lambda: controller.tracker.alive(NS, "grp-other", "z"), "the controller to see later events")
+    assert holder(engine) == rid("a") and not b.granted.is_set()
 
     fake_api.delete_pod("a-1")
     assert b.granted.wait(30), b.error
@@ -160,7 +168,7 @@ def test_pod_deleted_during_a_watch_gap_is_evicted_after_relisting(
         fake_api: FakeKubeApi, orchestrator: tuple[str, Any], tenants: Any, controller: Controller) -> None:
     _, engine = orchestrator
     _, b = hold_and_wait(tenants, engine, fake_api)
-    wait_for(lambda: controller.tracker.alive(G, "a"), "the controller to see a")
+    wait_for(lambda: controller.tracker.alive(NS, G, "a"), "the controller to see a")
     lists_before = sum(1 for _, q in fake_api.requests if "watch" not in q)
 
     # The pod vanishes and the history is compacted: the running watch ends and the
@@ -170,7 +178,7 @@ def test_pod_deleted_during_a_watch_gap_is_evicted_after_relisting(
     fake_api.compact()
 
     assert b.granted.wait(30), b.error
-    assert holder(engine) == "b"
+    assert holder(engine) == rid("b")
     assert sum(1 for _, q in fake_api.requests if "watch" not in q) > lists_before
     wait_for(lambda: controller.evicted, "the controller to record the eviction")
     assert "watch was down" in controller.evicted[0].reason
@@ -196,11 +204,11 @@ def test_eviction_is_retried_while_the_orchestrator_is_unreachable(
     thread.start()
     try:
         _, b = hold_and_wait(tenants, engine, fake_api)
-        wait_for(lambda: ctl.tracker.alive(G, "a"), "the controller to see a")
+        wait_for(lambda: ctl.tracker.alive(NS, G, "a"), "the controller to see a")
         fake_api.delete_pod("a-0")
         assert b.granted.wait(30), b.error
         wait_for(lambda: ctl.pending == {}, "the controller to clear the done eviction")
-        assert calls[:3] == ["a", "a", "a"]
+        assert calls[:3] == [rid("a")] * 3
     finally:
         ctl.stop()
         thread.join(15)
@@ -215,7 +223,7 @@ def test_controller_survives_api_errors(
     thread.start()
     try:
         _, b = hold_and_wait(tenants, engine, fake_api)
-        wait_for(lambda: ctl.tracker.alive(G, "a"), "the controller to list after two 500s")
+        wait_for(lambda: ctl.tracker.alive(NS, G, "a"), "the controller to list after two 500s")
         fake_api.delete_pod("a-0")
         assert b.granted.wait(30), b.error
     finally:

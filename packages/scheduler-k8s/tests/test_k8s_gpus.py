@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from k8s_checks import pod_specs, roundtrip
+from k8s_checks import pod_env, pod_specs, roundtrip
 from k8s_fake_api import FakeKubeApi
 
 from rota.errors import InvalidArgument
@@ -102,10 +102,11 @@ def test_multi_gpu_pod_leaves_ranks_to_torch_distributed(rota_cli: Any, kind: st
     assert result.exit_code == 0, result.output
     claim, workload = yaml.safe_load_all(result.stdout)
     assert claim["spec"]["devices"]["requests"][0]["exactly"]["count"] == 4
-    (_, _, ps), = pod_specs([workload])
+    (_, meta, ps), = pod_specs([workload])
     env = env_of(ps)
     assert "ROTA_RANK" not in env and "ROTA_WORLD_SIZE" not in env
-    assert env["ROTA_GROUP"] == "grp0" and "fieldRef" in env["ROTA_TENANT"]
+    seen = pod_env({**meta, "namespace": "default"}, ps, secrets={("rota-token-ddp-1", "token"): "T"})
+    assert (seen["ROTA_GROUP"], seen["ROTA_TENANT"]) == ("default.grp0", "default.ddp-1")
     assert ps["resourceClaims"] == [{"name": "gpu", "resourceClaimName": "rota-group-grp0"}]
     if kind == "job":
         assert workload["spec"]["completions"] == workload["spec"]["parallelism"] == 1
@@ -120,24 +121,22 @@ def test_one_gpu_jobs_keep_one_rank_per_pod() -> None:
 
 
 def test_torchrun_in_a_multi_gpu_pod_is_one_job_of_n_ranks(orchestrator: tuple[str, Any], tmp_path: Path) -> None:
-    """The pod's literal env, a real torchrun with 2 local ranks (CPU, gloo), a real orchestrator."""
+    """The pod's env as the kubelet gives it, a real torchrun with 2 local ranks (CPU, gloo), a real orchestrator
+    (served without credentials here, so the pod is rendered without its token)."""
     endpoint, engine = orchestrator
-    (_, meta, ps), = pod_specs([tenant(spec(gpus=2, orchestrator=endpoint, job_id="ddp-7"))[1]])
+    (_, meta, ps), = pod_specs([tenant(spec(gpus=2, orchestrator=endpoint, job_id="ddp-7", token=False))[1]])
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
-    for e in ps["containers"][0]["env"]:
-        if "value" in e and "$(" not in e["value"]:
-            env[e["name"]] = e["value"]
-    env["ROTA_TENANT"] = meta["labels"]["timeslice.io/job-id"]  # what the downward API gives the pod
+    env.update(pod_env({**meta, "namespace": "default", "name": "ddp-7-0"}, ps))
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           str(WORKER), str(tmp_path)], env=env, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [(r["rank"], r["world"], r["torch_rank"], r["local_rank"]) for r in ranks] == [(0, 2, 0, 0), (1, 2, 1, 1)]
-    assert {(r["tenant"], r["group"]) for r in ranks} == {("ddp-7", "grp0")}
+    assert {(r["tenant"], r["group"]) for r in ranks} == {("default.ddp-7", "default.grp0")}
     assert ranks[0]["tokens"] == ranks[1]["tokens"] and [n for _, n in ranks[0]["tokens"]] == [2, 2]
     assert ranks[0]["rota_env"] == []
-    rec = engine.groups["grp0"].tenants["ddp-7"]
+    rec = engine.groups["default.grp0"].tenants["default.ddp-7"]
     assert (rec.world_size, rec.turns) == (2, 2)  # one job of two ranks, queued once per turn
 
 

@@ -44,7 +44,7 @@ def test_tracker_evicts_once_when_the_last_pod_of_a_job_dies() -> None:
     assert t.observe("ADDED", pod("a-1", uid="2")) == []
     assert t.observe("DELETED", pod("a-0", uid="1")) == []
     (e,) = t.observe("MODIFIED", pod("a-1", uid="2", phase="Failed"))
-    assert (e.group_id, e.job_id) == ("g", "a") and "failed" in e.reason
+    assert (e.group_id, e.job_id) == ("ns.g", "ns.a") and "failed" in e.reason and e.key == ("ns", "g", "a")
     assert t.observe("DELETED", pod("a-1", uid="2", phase="Failed")) == []  # already dead: no second eviction
 
 
@@ -55,14 +55,14 @@ def test_tracker_ignores_unlabelled_pods_and_keeps_groups_apart() -> None:
     assert t.observe("ADDED", stray) == [] and t.pods == {}
     t.observe("ADDED", pod("a-0", group="g1"))
     t.observe("ADDED", pod("a-1", group="g2", uid="x"))
-    assert t.observe("DELETED", pod("a-0", group="g1")) == [Eviction("g1", "a", "pod ns/a-0 deleted")]
-    assert t.alive("g2", "a")
+    assert t.observe("DELETED", pod("a-0", group="g1")) == [Eviction("ns.g1", "ns.a", "pod ns/a-0 deleted")]
+    assert t.alive("ns", "g2", "a")
 
 
 def test_resync_evicts_vanished_and_dead_jobs_only() -> None:
     t = PodTracker()
     t.resync([pod("a-0", "a"), pod("b-0", "b"), pod("c-0", "c")])
     out = t.resync([pod("b-0", "b", phase="Failed"), pod("c-0", "c"), pod("d-0", "d", phase="Succeeded")])
-    assert [(e.job_id, e.reason.split(" ")[0]) for e in out] == [("a", "pod"), ("b", "pod"), ("d", "pod")]
+    assert [(e.job_id, e.reason.split(" ")[0]) for e in out] == [("ns.a", "pod"), ("ns.b", "pod"), ("ns.d", "pod")]
     assert "watch was down" in out[0].reason and "failed" in out[1].reason and "succeeded" in out[2].reason
-    assert t.alive("g", "c") and not t.alive("g", "a")
+    assert t.alive("ns", "g", "c") and not t.alive("ns", "g", "a")

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from k8s_checks import pod_specs, roundtrip
+from k8s_checks import pod_env, pod_specs, restricted_problems, roundtrip
 
 from rota._plugins import new_plugin_manager
 from rota._types import TurnRequest
@@ -46,21 +46,35 @@ def test_tenants_of_a_group_share_one_claim() -> None:
 
 
 def test_labels_and_rota_env_from_the_pod() -> None:
-    objs = tenant(spec(world_size=4, priority=3, orchestrator="orch.example:50051"))
+    objs = tenant(spec(world_size=4, priority=3, orchestrator="orch.example:50051", namespace="team-a"))
     job = objs[1]
     assert job["kind"] == "Job" and job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
     _, meta, ps = pod_specs(objs)[0]
     assert meta["labels"][JOB_LABEL] == "ppo-1" and meta["labels"][GROUP_LABEL] == "grp0"
     env = env_of(ps)
-    assert env["ROTA_GROUP"] == "grp0" and env["ROTA_ORCHESTRATOR"] == "orch.example:50051"
+    assert env["ROTA_ORCHESTRATOR"] == "orch.example:50051"
     assert env["ROTA_WORLD_SIZE"] == "4" and env["ROTA_PRIORITY"] == "3"
-    assert env["ROTA_TENANT"] == {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_LABEL}']"}}
+    assert env["ROTA_K8S_JOB"] == {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_LABEL}']"}}
     assert env["ROTA_RANK"] == {"fieldRef": {
         "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
-    assert env["ROTA_AGENT"] == "$(ROTA_HOST_IP):9001"
-    names = [e["name"] for e in ps["containers"][0]["env"]]
-    assert names.index("ROTA_HOST_IP") < names.index("ROTA_AGENT")  # $(VAR) needs it defined first
+    assert env["ROTA_TOKEN"] == {"secretKeyRef": {"name": "rota-token-ppo-1", "key": "token"}}
+    assert env["ROTA_AGENT"] == "rota-agent.rota-system-agent.svc:9001"
+    # what the process sees: rota's ids are namespace.label, from the pod itself
+    seen = pod_env({**job["metadata"], "annotations": {"batch.kubernetes.io/job-completion-index": "2"}}, ps,
+                   secrets={("rota-token-ppo-1", "token"): "T"})
+    assert (seen["ROTA_GROUP"], seen["ROTA_TENANT"], seen["ROTA_RANK"], seen["ROTA_TOKEN"]) == \
+        ("team-a.grp0", "team-a.ppo-1", "2", "T")
+
+
+def test_tenant_pods_run_as_non_root_without_privileges() -> None:
+    (_, _, ps), = pod_specs(tenant(spec(run_as_user=4242)))
+    assert ps["securityContext"]["runAsUser"] == 4242 and ps["automountServiceAccountToken"] is False
+    assert restricted_problems(ps) == []
+    with pytest.raises(InvalidArgument, match="never run as root"):
+        tenant(spec(run_as_user=0))
+    (_, _, plain), = pod_specs(tenant(spec(token=False)))
+    assert "ROTA_TOKEN" not in env_of(plain)
 
 
 @pytest.mark.parametrize("kind", ["Job", "Pod"])
@@ -78,6 +92,8 @@ def test_tenant_objects_validate_and_roundtrip(kind: str) -> None:
     ({"kind": "Pod", "world_size": 2}, "needs kind Job"),
     ({"command": ()}, "after '--'"),
     ({"env": {"ROTA_GROUP": "other"}}, "set by rota"),
+    ({"env": {"ROTA_TOKEN": "forged"}}, "set by rota"),
+    ({"namespace": "Team_A"}, "DNS-1123"),
 ])
 def test_bad_tenants_are_refused_with_the_reason(kw: dict[str, Any], words: str) -> None:
     with pytest.raises(InvalidArgument, match=words):

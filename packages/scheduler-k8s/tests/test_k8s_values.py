@@ -19,6 +19,18 @@ from rota_k8s.cli import k8s
     ({"imagePullPolicy": "Sometimes"}, "imagePullPolicy", "IfNotPresent"),
     ({"etcd": {"replicas": 2}}, "etcd.replicas", "odd"),
     ({"etcd": {"endpoints": ["etcd:2379"]}}, "etcd.endpoints", "client URL"),
+    ({"etcd": {"endpoints": ["http://etcd:2379"]}}, "etcd.endpoints", "only reached over TLS"),
+    ({"etcd": {"endpoints": ["https://etcd:2379\n"]}}, "etcd.endpoints", "client URL"),
+    ({"etcd": {"clientSecret": "Etcd_Client"}}, "etcd.clientSecret", "Secret name"),
+    ({"auth": {"secretName": ""}}, "auth.secretName", "Secret name"),
+    ({"auth": {"tokenTtl": "forever"}}, "auth.tokenTtl", "duration"),
+    ({"tenantNamespaces": []}, "tenantNamespaces", "at least one"),
+    ({"tenantNamespaces": ["team-a", "Team_B"]}, "tenantNamespaces", "DNS-1123"),
+    ({"tenantNamespaces": ["rota-system"]}, "tenantNamespaces", "rota's own"),
+    ({"tenantNamespaces": ["rota-system-agent"]}, "tenantNamespaces", "rota's own"),
+    ({"tenantNamespaces": ["a", "a"]}, "tenantNamespaces", "twice"),
+    ({"agent": {"namespace": "rota-system"}}, "agent.namespace", "of its own"),
+    ({"namespace": "n" * 60}, "agent.namespace", "shorter"),
     ({"etcd": {"storage": "lots"}}, "etcd.storage", "quantity"),
     ({"orchestrator": {"replicas": 0}}, "orchestrator.replicas", "between 1 and 9"),
     ({"orchestrator": {"policy": "lifo"}}, "orchestrator.policy", "fifo, priority, fair"),
@@ -87,12 +99,12 @@ def test_cli_bad_flag_syntax_is_named(rota_cli: Any) -> None:
 def test_cli_writes_one_file_per_object_with_output_dir(tmp_path: Path, rota_cli: Any) -> None:
     out = tmp_path / "manifests"
     result = CliRunner().invoke(rota_cli, ["k8s", "render", "-o", str(out), "--namespace", "gpus",
-                                      "--etcd", "http://etcd.infra:2379", "--kube-version", "1.34"])
+                                      "--etcd", "https://etcd.infra:2379", "--kube-version", "1.34"])
     assert result.exit_code == 0, result.output
     files = sorted(out.iterdir())
     objs = [yaml.safe_load(p.read_text()) for p in files]
     assert objs == render(load_values(overrides={"namespace": "gpus",
-                                                 "etcd": {"endpoints": ["http://etcd.infra:2379"]}}))
+                                                 "etcd": {"endpoints": ["https://etcd.infra:2379"]}}))
     assert files[0].name == "00-namespace-gpus.yaml"
     assert "StatefulSet" not in {o["kind"] for o in objs}
 
@@ -102,3 +114,14 @@ def test_cli_stdout_is_an_apply_ready_stream(rota_cli: Any) -> None:
     assert result.exit_code == 0, result.output
     docs = list(yaml.safe_load_all(result.stdout))
     assert docs == render(load_values(overrides={"image": "reg.example/rota:2"}))
+
+
+def test_cli_tenant_and_agent_namespaces(rota_cli: Any) -> None:
+    result = CliRunner().invoke(rota_cli, ["k8s", "render", "--tenant-namespace", "team-a", "--tenant-namespace",
+                                           "team-b", "--agent-namespace", "gpu-agents", "--kube-version", "1.34"])
+    assert result.exit_code == 0, result.output
+    docs = list(yaml.safe_load_all(result.stdout))
+    assert docs == render(load_values(overrides={"tenantNamespaces": ["team-a", "team-b"],
+                                                 "agent": {"namespace": "gpu-agents"}}))
+    assert {o["metadata"]["namespace"] for o in docs if o["kind"] == "Role"} == {"team-a", "team-b"}
+    assert next(o for o in docs if o["kind"] == "DaemonSet")["metadata"]["namespace"] == "gpu-agents"

@@ -12,12 +12,18 @@ The YAML shape (every key optional)::
     image: rota:0.1.0
     imagePullPolicy: IfNotPresent
     logLevel: info
+    tenantNamespaces: [default]  # namespaces whose pods may use rota (RBAC, NetworkPolicy, tokens)
+    auth:
+      secretName: rota-auth  # Secret (key "key") holding the auth key, in both rota namespaces
+      tokenTtl: 30d          # lifetime of each job's token (ROTA_TOKEN is read when the pod starts)
     etcd:
-      endpoints: []          # non-empty: use this etcd, render no StatefulSet
+      endpoints: []          # non-empty: use this etcd (https:// only), render no StatefulSet
       replicas: 3
       image: registry.k8s.io/etcd:3.5.21-0
       storage: 1Gi
       storageClassName: ""
+      serverSecret: rota-etcd-server  # tls.crt/tls.key/ca.crt of the members (client and peer TLS)
+      clientSecret: rota-etcd-client  # tls.crt/tls.key/ca.crt the orchestrator presents to etcd
     orchestrator:
       replicas: 2
       policy: fifo           # fifo | priority | fair
@@ -25,6 +31,7 @@ The YAML shape (every key optional)::
       parkTimeout: 120       # seconds a park may take before the job is FAULTED
       maxTurn: 0             # seconds a holder may keep a group while others wait (0 = no limit)
     agent:
+      namespace: ""          # default: <namespace>-agent (Pod Security "privileged": hostPID, SYS_PTRACE)
       port: 9001
       nodeSelector: {nvidia.com/gpu.present: "true"}
       runtimeClassName: ""   # e.g. nvidia, where the GPU runtime needs it
@@ -39,9 +46,10 @@ from typing import Any
 
 import yaml
 
+from rota.auth import parse_ttl
 from rota.errors import ConfigError
 
-__all__ = ["AgentValues", "EtcdValues", "OrchestratorValues", "Values", "ValuesError", "load_values"]
+__all__ = ["AgentValues", "AuthValues", "EtcdValues", "OrchestratorValues", "Values", "ValuesError", "load_values"]
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -49,7 +57,7 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:@+-]*[A-Za-z0-9_]$", re.I)
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?$")
+_URL = re.compile(r"https://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?")  # fullmatch: etcd is reached over TLS only
 POLICIES = ("fifo", "priority", "fair")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -74,6 +82,16 @@ class EtcdValues:
     image: str = "registry.k8s.io/etcd:3.5.21-0"
     storage: str = "1Gi"
     storageClassName: str = ""
+    serverSecret: str = "rota-etcd-server"
+    clientSecret: str = "rota-etcd-client"
+
+
+@dataclass(frozen=True)
+class AuthValues:
+    """Where the auth key is (a Secret made by the operator, never rendered) and how long job tokens live."""
+
+    secretName: str = "rota-auth"
+    tokenTtl: str = "30d"
 
 
 @dataclass(frozen=True)
@@ -89,8 +107,9 @@ class OrchestratorValues:
 
 @dataclass(frozen=True)
 class AgentValues:
-    """The per-GPU-node snapshot agent DaemonSet."""
+    """The per-GPU-node snapshot agent DaemonSet, in a namespace of its own."""
 
+    namespace: str = ""
     port: int = 9001
     nodeSelector: dict[str, str] = field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
     runtimeClassName: str = ""
@@ -104,6 +123,8 @@ class Values:
     image: str = "rota:0.1.0"
     imagePullPolicy: str = "IfNotPresent"
     logLevel: str = "info"
+    tenantNamespaces: tuple[str, ...] = ("default",)
+    auth: AuthValues = field(default_factory=AuthValues)
     etcd: EtcdValues = field(default_factory=EtcdValues)
     orchestrator: OrchestratorValues = field(default_factory=OrchestratorValues)
     agent: AgentValues = field(default_factory=AgentValues)
@@ -117,14 +138,20 @@ class Values:
         """Client URLs the orchestrator is given (ours, through the headless Service, or theirs)."""
         if self.etcd.endpoints:
             return list(self.etcd.endpoints)
-        return [f"http://rota-etcd-{i}.rota-etcd.{self.namespace}.svc:2379" for i in range(self.etcd.replicas)]
+        return [f"https://rota-etcd-{i}.rota-etcd.{self.namespace}.svc:2379" for i in range(self.etcd.replicas)]
+
+    @property
+    def agent_namespace(self) -> str:
+        """Namespace of the agent DaemonSet: the only one that must allow privileged pods."""
+        return self.agent.namespace or f"{self.namespace}-agent"
 
     def orchestrator_address(self) -> str:
         """In-cluster address of the orchestrator Service, for tenants and the controller."""
         return f"rota-orchestrator.{self.namespace}.svc:50051"
 
 
-_SECTIONS: dict[str, type] = {"etcd": EtcdValues, "orchestrator": OrchestratorValues, "agent": AgentValues}
+_SECTIONS: dict[str, type] = {"auth": AuthValues, "etcd": EtcdValues, "orchestrator": OrchestratorValues,
+                              "agent": AgentValues}
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -225,26 +252,33 @@ def _typed(problems: list[tuple[str, str]], key: str, value: Any, default: Any) 
 
 def _check(v: Values) -> list[tuple[str, str]]:
     p: list[tuple[str, str]] = []
-    if not _DNS_LABEL.match(v.namespace):
-        p.append(("namespace", f"{v.namespace!r} is not a DNS-1123 label (lowercase letters, digits, '-', "
-                  "at most 63, starting and ending with a letter or digit)"))
     for key, image in (("image", v.image), ("etcd.image", v.etcd.image)):
-        if not image or not _IMAGE.match(image) or " " in image:
+        if not image or not _IMAGE.fullmatch(image) or " " in image:
             p.append((key, f"{image!r} is not a container image reference (e.g. registry.example/rota:0.1.0)"))
     if v.imagePullPolicy not in PULL_POLICIES:
         p.append(("imagePullPolicy", f"{v.imagePullPolicy!r}; choose one of {', '.join(PULL_POLICIES)}"))
     if v.logLevel not in LOG_LEVELS:
         p.append(("logLevel", f"{v.logLevel!r}; choose one of {', '.join(LOG_LEVELS)}"))
     for url in v.etcd.endpoints:
-        if not _URL.match(url):
-            p.append(("etcd.endpoints", f"{url!r} is not an etcd client URL (e.g. http://etcd.example:2379)"))
+        if not _URL.fullmatch(url):
+            p.append(("etcd.endpoints", f"{url!r} is not an https:// etcd client URL (e.g. https://etcd.example:2379): "
+                      "rota's state is only reached over TLS with a client certificate (etcd.clientSecret)"))
+    for key, name in (("etcd.serverSecret", v.etcd.serverSecret), ("etcd.clientSecret", v.etcd.clientSecret),
+                      ("auth.secretName", v.auth.secretName)):
+        if not _DNS_SUBDOMAIN.fullmatch(name):
+            p.append((key, f"{name!r} is not a Secret name (a DNS-1123 subdomain)"))
+    try:
+        parse_ttl(v.auth.tokenTtl)
+    except ConfigError:
+        p.append(("auth.tokenTtl", f"{v.auth.tokenTtl!r} is not a duration of at most a year (e.g. 30d, 12h)"))
+    p.extend(_namespace_problems(v))
     if not v.etcd.endpoints:
         if v.etcd.replicas < 1 or v.etcd.replicas % 2 == 0 or v.etcd.replicas > 9:
             p.append(("etcd.replicas", f"{v.etcd.replicas} must be odd and between 1 and 9 "
                       "(an even member count adds no fault tolerance)"))
-        if not _QUANTITY.match(v.etcd.storage):
+        if not _QUANTITY.fullmatch(v.etcd.storage):
             p.append(("etcd.storage", f"{v.etcd.storage!r} is not a Kubernetes quantity (e.g. 1Gi)"))
-        if v.etcd.storageClassName and not _DNS_SUBDOMAIN.match(v.etcd.storageClassName):
+        if v.etcd.storageClassName and not _DNS_SUBDOMAIN.fullmatch(v.etcd.storageClassName):
             p.append(("etcd.storageClassName", f"{v.etcd.storageClassName!r} is not a DNS-1123 subdomain"))
     o = v.orchestrator
     if not 1 <= o.replicas <= 9:
@@ -263,18 +297,50 @@ def _check(v: Values) -> list[tuple[str, str]]:
     for k, val in a.nodeSelector.items():
         name = k.rsplit("/", 1)[-1]
         prefix = k.rsplit("/", 1)[0] if "/" in k else ""
-        if not _LABEL_NAME.match(name) or (prefix and not _DNS_SUBDOMAIN.match(prefix)):
+        if not _LABEL_NAME.fullmatch(name) or (prefix and not _DNS_SUBDOMAIN.fullmatch(prefix)):
             p.append(("agent.nodeSelector", f"{k!r} is not a label key"))
-        if not _LABEL_VALUE.match(val):
+        if not _LABEL_VALUE.fullmatch(val):
             p.append(("agent.nodeSelector", f"{k}={val!r}: value is not a label value"))
-    if a.runtimeClassName and not _DNS_SUBDOMAIN.match(a.runtimeClassName):
+    if a.runtimeClassName and not _DNS_SUBDOMAIN.fullmatch(a.runtimeClassName):
         p.append(("agent.runtimeClassName", f"{a.runtimeClassName!r} is not a DNS-1123 subdomain"))
     return p
 
 
+def _namespace_problems(v: Values) -> list[tuple[str, str]]:
+    """rota's two namespaces and the tenants' must be valid and apart: a tenant in rota's namespace could
+    mount the auth key Secret, one in the agent's would escape Pod Security's restricted profile."""
+    p: list[tuple[str, str]] = []
+    what = "is not a DNS-1123 label (lowercase letters, digits, '-', at most 63, starting and ending with a " \
+           "letter or digit)"
+    if not _DNS_LABEL.fullmatch(v.namespace):
+        p.append(("namespace", f"{v.namespace!r} {what}"))
+        if not v.agent.namespace:
+            return p  # the agent's, derived from it, is bad for the same reason
+    if not _DNS_LABEL.fullmatch(v.agent_namespace):
+        p.append(("agent.namespace", f"{v.agent_namespace!r} {what}; set agent.namespace to a shorter name"))
+    elif v.agent_namespace == v.namespace:
+        p.append(("agent.namespace", f"{v.agent_namespace!r} is rota's own namespace; the agent needs a namespace of "
+                  "its own (Pod Security 'privileged'), so the rest of rota stays 'restricted'"))
+    if not v.tenantNamespaces:
+        p.append(("tenantNamespaces", "is empty: name at least one namespace whose pods may use rota"))
+    for ns in v.tenantNamespaces:
+        if not _DNS_LABEL.fullmatch(ns):
+            p.append(("tenantNamespaces", f"{ns!r} {what}"))
+        elif ns in (v.namespace, v.agent_namespace):
+            p.append(("tenantNamespaces", f"{ns!r} is one of rota's own namespaces; run tenants in another one"))
+    if len(set(v.tenantNamespaces)) != len(v.tenantNamespaces):
+        p.append(("tenantNamespaces", "names a namespace twice"))
+    return p
+
+
+def dns_label_ok(text: str) -> bool:
+    """True when ``text`` is a DNS-1123 label (a namespace name, for one)."""
+    return bool(_DNS_LABEL.fullmatch(text))
+
+
 def label_value_problem(kind: str, value: str) -> str | None:
     """Why ``value`` cannot be a Kubernetes label value, or None if it can."""
-    if not value or not _LABEL_VALUE.match(value):
+    if not value or not _LABEL_VALUE.fullmatch(value):
         return (f"{kind} {value!r} cannot be a Kubernetes label value: use 1-63 letters, digits, '-', '_', '.', "
                 "starting and ending with a letter or digit")
     return None

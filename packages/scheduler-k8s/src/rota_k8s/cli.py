@@ -7,7 +7,8 @@ A thin click layer over :mod:`rota_k8s.manifests`, :mod:`rota_k8s._values` and
 object has been validated.
 
 Environment: ROTA_ORCHESTRATOR (orchestrator address for ``status``, ``controller``
-and tenants), ROTA_GROUP (default ``--group``), ROTA_LOG_LEVEL (``kubectl rota`` only).
+and tenants), ROTA_GROUP (default ``--group``), ROTA_AUTH_KEY (the controller's
+``--auth-key``), ROTA_TOKEN (``status``'s credential), ROTA_LOG_LEVEL (``kubectl rota`` only).
 """
 
 from __future__ import annotations
@@ -77,10 +78,15 @@ def k8s() -> None:
 @click.option("-f", "--values", "values_file", type=click.Path(dir_okay=False),
               help="YAML values file (see README 'Kubernetes'); flags override it.")
 @click.option("--namespace", help="Namespace of rota's own objects [rota-system].")
+@click.option("--tenant-namespace", "tenant_namespaces", multiple=True, metavar="NS",
+              help="Namespace whose pods may use rota (repeatable) [default]: the controller watches it, writes job "
+              "tokens there, and the NetworkPolicies admit its tenant pods.")
+@click.option("--agent-namespace", help="Namespace of the agent DaemonSet, the only privileged one "
+              "[NAMESPACE-agent].")
 @click.option("--image", help="rota image for orchestrator, controller and agent [rota:0.1.0].")
 @click.option("--image-pull-policy", help="Always, IfNotPresent or Never [IfNotPresent].")
-@click.option("--etcd", "etcd_endpoints", help="Comma-separated URLs of an existing etcd: no etcd StatefulSet "
-              "is rendered.")
+@click.option("--etcd", "etcd_endpoints", help="Comma-separated https:// URLs of an existing etcd: no etcd "
+              "StatefulSet is rendered (the orchestrator presents etcd.clientSecret's certificate).")
 @click.option("--etcd-replicas", type=int, help="Members of the rendered etcd StatefulSet (odd) [3].")
 @click.option("--orchestrator-replicas", type=int, help="Orchestrator replicas (leader-elected) [2].")
 @click.option("--policy", help="fifo, priority or fair [fifo].")
@@ -89,30 +95,35 @@ def k8s() -> None:
 @click.option("--max-turn", type=float, help="Seconds a holder may keep a group while others wait; 0 = no limit.")
 @click.option("--node-selector", multiple=True, metavar="KEY=VALUE",
               help="Nodes that get an agent (repeatable; replaces the default nvidia.com/gpu.present=true).")
-@click.option("--agent-port", type=int, help="Agent gRPC port, also its hostPort [9001].")
+@click.option("--agent-port", type=int, help="Agent gRPC port [9001].")
 @click.option("-o", "--output-dir", type=click.Path(file_okay=False), help="Write one file per object here.")
 @_versions_option
 @click.option("--validate/--no-validate", default=True, show_default=True,
               help="Check every object against the official Kubernetes schemas before printing.")
-def render_cmd(values_file: str | None, namespace: str | None, image: str | None, image_pull_policy: str | None,
+def render_cmd(values_file: str | None, namespace: str | None, tenant_namespaces: tuple[str, ...],
+               agent_namespace: str | None, image: str | None, image_pull_policy: str | None,
                etcd_endpoints: str | None, etcd_replicas: int | None, orchestrator_replicas: int | None,
                policy: str | None, ttl: float | None, park_timeout: float | None, max_turn: float | None,
                node_selector: tuple[str, ...], agent_port: int | None, output_dir: str | None,
                versions: tuple[str, ...], validate: bool) -> None:
     """Print everything a cluster needs, for `| kubectl apply -f -`.
 
-    Namespace, RBAC, etcd (3 members) or a pointer to yours, the orchestrator
-    Deployment (2 replicas) with the pod controller, the agent DaemonSet on GPU
-    nodes, Services and PodDisruptionBudgets.
+    Namespaces (Pod Security labels), RBAC, NetworkPolicies, etcd (3 members, mutual
+    TLS) or a pointer to yours, the orchestrator Deployment (2 replicas) with the pod
+    controller, the agent DaemonSet on GPU nodes, Services and PodDisruptionBudgets.
+    Secrets are referenced, never rendered: make the auth key and etcd's certificates
+    first (README 'Credentials').
     """
     overrides: dict[str, Any] = {}
-    flat = {"namespace": namespace, "image": image, "imagePullPolicy": image_pull_policy}
+    flat = {"namespace": namespace, "image": image, "imagePullPolicy": image_pull_policy,
+            "tenantNamespaces": list(tenant_namespaces) or None}
     overrides.update({k: v for k, v in flat.items() if v is not None})
     sections = {
         "etcd": {"endpoints": etcd_endpoints, "replicas": etcd_replicas},
         "orchestrator": {"replicas": orchestrator_replicas, "policy": policy, "ttl": ttl,
                          "parkTimeout": park_timeout, "maxTurn": max_turn},
-        "agent": {"port": agent_port, "nodeSelector": _key_values("--node-selector", node_selector) or None},
+        "agent": {"port": agent_port, "nodeSelector": _key_values("--node-selector", node_selector) or None,
+                  "namespace": agent_namespace},
     }
     for name, section in sections.items():
         given = {k: v for k, v in section.items() if v is not None}
@@ -141,7 +152,8 @@ def render_cmd(values_file: str | None, namespace: str | None, image: str | None
               "--gpus > 1.")
 @click.option("--orchestrator", type=Endpoint(), default="rota-orchestrator.rota-system.svc:50051",
               show_default=True, help="Orchestrator address as seen from the tenant pod.")
-@click.option("--agent-port", type=int, default=9001, show_default=True, help="Agent hostPort on each node.")
+@click.option("--agent", default="rota-agent.rota-system-agent.svc:9001", show_default=True, type=Endpoint(),
+              help="The agent's Service as seen from the tenant pod (it routes to the agent of the pod's node).")
 @click.option("--claim", default="", help="Use this existing ResourceClaim instead of the group's own.")
 @click.option("--with-claim/--no-claim", default=True, show_default=True,
               help="Also print the group's ResourceClaim (applying it again is a no-op).")
@@ -152,6 +164,11 @@ def render_cmd(values_file: str | None, namespace: str | None, image: str | None
               help="kubeconfig for --check-claim (default: in-cluster service account, else $KUBECONFIG or "
               "~/.kube/config).")
 @click.option("--context", "kube_context", help="kubeconfig context for --check-claim.")
+@click.option("--run-as-user", type=int, default=1000, show_default=True,
+              help="uid of the tenant's processes (never 0: tenant pods pass Pod Security 'restricted').")
+@click.option("--token/--no-token", default=True, show_default=True,
+              help="ROTA_TOKEN from the job's Secret rota-token-JOB, which the controller writes when it sees the pod. "
+              "--no-token only for an orchestrator served with --insecure.")
 @click.option("--priority", type=int, default=0, help="ROTA_PRIORITY (priority policy).")
 @click.option("--weight", type=float, default=1.0, help="ROTA_WEIGHT (fair-share policy).")
 @click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Extra environment (repeatable).")
@@ -160,15 +177,18 @@ def render_cmd(values_file: str | None, namespace: str | None, image: str | None
               help="Check the objects against the official Kubernetes schemas before printing.")
 @click.argument("command", nargs=-1, required=True)
 def tenant_cmd(group: str, image: str, job_id: str | None, namespace: str, kind: str, gpus: int, ranks: int,
-               orchestrator: str, agent_port: int, claim: str, with_claim: bool, check_claim: bool,
-               kubeconfig: str | None, kube_context: str | None, priority: int, weight: float,
+               orchestrator: str, agent: str, claim: str, with_claim: bool, check_claim: bool,
+               kubeconfig: str | None, kube_context: str | None, run_as_user: int, token: bool, priority: int,
+               weight: float,
                env: tuple[str, ...], versions: tuple[str, ...], validate: bool, command: tuple[str, ...]) -> None:
     """Print a tenant workload of GROUP running COMMAND (give it after `--`).
 
     Every tenant of a group references the group's one DRA ResourceClaim
     (resource.k8s.io/v1, device class gpu.nvidia.com, --gpus devices of one node),
-    so they share its GPUs and take turns through rota. The pods get ROTA_* env; the
-    tenant id comes from the pod's timeslice.io/job-id label through the downward API.
+    so they share its GPUs and take turns through rota. The pods get ROTA_* env; rota's
+    ids are NAMESPACE.GROUP and NAMESPACE.JOB, from the pod's namespace and labels through
+    the downward API, and ROTA_TOKEN comes from the job's Secret (rota-token-JOB), which
+    the controller writes. The pods run as --run-as-user, never root.
 
     \b
     Ranks and GPUs:
@@ -191,7 +211,7 @@ def tenant_cmd(group: str, image: str, job_id: str | None, namespace: str, kind:
         scheduler="k8s")
     spec = TenantSpec(group_id=group, job_id=job_id, image=image, command=command, namespace=namespace,
                       kind="Job" if kind == "job" else "Pod", world_size=ranks, gpus=gpus, orchestrator=orchestrator,
-                      agent_port=agent_port,
+                      agent=agent, run_as_user=run_as_user, token=token,
                       claim=claim or (placement.details.get("resourceClaimName", "") if placement else ""),
                       priority=priority, weight=weight, env=_key_values("--env", env))
     try:
@@ -225,27 +245,64 @@ def _check_claim(spec: TenantSpec, kubeconfig: str | None, kube_context: str | N
 @k8s.command("controller")
 @click.option("--orchestrator", "endpoint", type=Endpoint(), required=True, envvar="ROTA_ORCHESTRATOR",
               help="Orchestrator to send Evict to (env ROTA_ORCHESTRATOR).")
-@click.option("--namespace", default="", help="Watch tenant pods of this namespace only. Default: all.")
+@click.option("--namespace", "namespaces", multiple=True, metavar="NS",
+              help="Watch tenant pods of this namespace (repeatable; one watch each). Default: all namespaces.")
+@click.option("--auth-key", default="", envvar="ROTA_AUTH_KEY", type=click.Path(dir_okay=False),
+              help="The orchestrator's auth key (env ROTA_AUTH_KEY): each job's token is issued with it into the "
+              "Secret rota-token-JOB of the job's namespace, and Evict carries an admin token made with it.")
+@click.option("--token-ttl", default="30d", show_default=True,
+              help="Lifetime of job tokens; a pod reads ROTA_TOKEN when it starts, so make it outlast the jobs.")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Use this kubeconfig instead of the "
               "in-cluster service account.")
 @click.option("--context", help="kubeconfig context.")
 @click.option("--watch-timeout", type=click.IntRange(1, 3600), default=60, show_default=True,
               help="Seconds per watch request before it is renewed (pending evictions retry then too).")
-def controller_cmd(endpoint: str, namespace: str, kubeconfig: str | None, context: str | None,
-                   watch_timeout: int) -> None:
-    """Watch tenant pods; release the turn of jobs whose pods are deleted, evicted or lost."""
-    from rota_k8s.controller import Controller, core_api_from_environment, grpc_evictor
+def controller_cmd(endpoint: str, namespaces: tuple[str, ...], auth_key: str, token_ttl: str,
+                   kubeconfig: str | None, context: str | None, watch_timeout: int) -> None:
+    """Watch tenant pods; issue each job its token; release the turn of jobs whose pods are deleted, evicted or lost."""
+    from rota.auth import load_key, parse_ttl
+    from rota_k8s._values import dns_label_ok
+    from rota_k8s.controller import Controller, TokenSecrets, core_api_from_environment, grpc_evictor
 
+    for ns in namespaces:
+        if not dns_label_ok(ns):
+            raise click.BadParameter(f"{ns!r} is not a namespace name (a DNS-1123 label)", param_hint="--namespace")
+    try:
+        key = load_key(auth_key) if auth_key else None
+        ttl = parse_ttl(token_ttl)
+    except RotaError as exc:
+        raise click.UsageError(str(exc)) from None
     try:
         api = core_api_from_environment(kubeconfig, context)
     except Exception as exc:
         raise click.ClickException(f"no Kubernetes configuration: {exc}") from None
-    ctl = Controller(api, grpc_evictor(endpoint), namespace=namespace, watch_timeout=watch_timeout)
+    tokens = TokenSecrets(api, key, ttl_s=ttl) if key else None
+    ctl = Controller(api, grpc_evictor(endpoint, key=key), namespaces=namespaces, tokens=tokens,
+                     watch_timeout=watch_timeout)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: ctl.stop())
     click.echo(f"rota k8s controller: watching pods labelled timeslice.io/group in "
-               f"{namespace or 'all namespaces'}, evicting through {endpoint}", err=True)
+               f"{', '.join(namespaces) or 'all namespaces'}, evicting through {endpoint}"
+               f"{', issuing job tokens' if tokens else ' without credentials (no --auth-key)'}", err=True)
     ctl.run()
+
+
+@k8s.command("install-key")
+@click.argument("source", type=click.Path(dir_okay=False))
+@click.argument("dest", type=click.Path(dir_okay=False))
+def install_key_cmd(source: str, dest: str) -> None:
+    """Copy the auth key SOURCE (a mounted Secret) to DEST as an owner-only file (an init container's job).
+
+    Kubernetes mounts Secrets through links and group-readable, which rota's servers
+    refuse; DEST (mode 0600, in a memory emptyDir) is what --auth-key then reads.
+    """
+    from rota_k8s._keys import install_key
+
+    try:
+        install_key(source, dest)
+    except RotaError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"rota: auth key installed at {dest}", err=True)
 
 
 @k8s.command("status")
@@ -255,7 +312,11 @@ def controller_cmd(endpoint: str, namespace: str, kubeconfig: str | None, contex
               "`kubectl -n rota-system port-forward svc/rota-orchestrator 50051`.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status_cmd(group: str, endpoint: str | None, as_json: bool) -> None:
-    """Holder, queue and per-tenant accounting of GROUP (or every group)."""
+    """Holder, queue and per-tenant accounting of GROUP (or every group).
+
+    The orchestrator checks credentials: set ROTA_TOKEN to an admin token
+    (`rota token issue --auth-key KEY --admin`), or to a job's token to see its group.
+    """
     from google.protobuf.json_format import MessageToDict
 
     from rota.cli.status import fetch_status, render_table

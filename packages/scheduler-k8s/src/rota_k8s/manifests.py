@@ -1,7 +1,7 @@
 """The Kubernetes objects rota needs, as plain dicts ready for ``kubectl apply``.
 
-:func:`render` builds the cluster side (namespace, RBAC, etcd, orchestrator with
-its pod-watching controller, agent DaemonSet, PodDisruptionBudgets); :func:`tenant`
+:func:`render` builds the cluster side (namespaces, RBAC, NetworkPolicies, etcd, the
+orchestrator with its pod-watching controller, the agent DaemonSet, PodDisruptionBudgets); :func:`tenant`
 builds one tenant workload and its group's shared DRA ResourceClaim. Both are pure
 functions of validated input, so tests and ``rota k8s render`` see the same objects,
 and :mod:`rota_k8s._validate` checks them against the official OpenAPI schemas.
@@ -19,12 +19,20 @@ starts one process per GPU (``torchrun --nproc-per-node N``); the pod gets no
 ROTA_WORLD_SIZE/ROTA_RANK, so ``rota.connect()`` takes each process's rank and the
 world size from torchrun's ``RANK``/``WORLD_SIZE`` (or torch.distributed).
 
-Security model: the orchestrator and controller run as non-root with no capabilities
-and a read-only root filesystem; the controller may only get/list/watch pods. The
-agent needs exactly two things for whole-process parking (the CUDA driver's
-checkpoint API on tenant processes of other pods): the host PID namespace to see
-those processes, and CAP_SYS_PTRACE to act on them. It is not privileged, cannot
-escalate, mounts no host paths and no API token.
+Security model (issue 17): every tenant may be another team. A job's identity is its
+namespace and its label (:func:`rota_ids`); the controller issues each job a token for
+exactly that identity into a Secret of the job's namespace (:func:`token_secret_name`),
+read by the pod as ROTA_TOKEN. The orchestrator and the agent check tokens against the
+auth key, a Secret the operator creates (never rendered); etcd takes only clients and
+peers with a certificate of its CA. NetworkPolicies admit only the paths rota uses.
+rota's namespace enforces Pod Security ``restricted``: orchestrator, controller and etcd
+run as non-root with no capabilities, a read-only root filesystem and RuntimeDefault
+seccomp; the controller may read pods and write (never read) Secrets in the tenant
+namespaces only. The agent lives in a namespace of its own, ``privileged``, because
+whole-process parking (the CUDA driver's checkpoint API on tenant processes of other
+pods) needs the host PID namespace and CAP_SYS_PTRACE; it is not privileged otherwise,
+cannot escalate, mounts no host paths and no API token, and binds its pod's address
+only. Tenant pods pass ``restricted``.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ import yaml
 
 from rota._ids import check_id
 from rota.errors import InvalidArgument
-from rota_k8s._values import Values, dns_label, label_value_problem
+from rota_k8s._values import Values, dns_label, dns_label_ok, label_value_problem
 
 __all__ = [
     "CLAIM_API_VERSION",
@@ -46,12 +54,15 @@ __all__ = [
     "GROUP_LABEL",
     "JOB_LABEL",
     "MAX_GPUS",
+    "TOKEN_KEY",
     "TenantSpec",
     "claim_name",
     "render",
     "resource_claim",
+    "rota_ids",
     "tenant",
     "to_yaml",
+    "token_secret_name",
 ]
 
 JOB_LABEL = "timeslice.io/job-id"
@@ -98,6 +109,15 @@ _RESTRICTED = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "a
                "seccompProfile": {"type": "RuntimeDefault"}}
 
 
+def _http_probes(port: int, *, ready: str, live: str, initial: int = 5) -> Obj:
+    return {
+        "readinessProbe": {"httpGet": {"port": port, "path": ready}, "initialDelaySeconds": initial,
+                           "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": {"port": port, "path": live}, "initialDelaySeconds": initial + 10,
+                          "periodSeconds": 10, "failureThreshold": 6},
+    }
+
+
 def _pdb(name: str, component: str, ns: str, **budget: Any) -> Obj:
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(name, component, ns),
             "spec": {**budget, "selector": {"matchLabels": _selector(component)}}}
@@ -105,12 +125,22 @@ def _pdb(name: str, component: str, ns: str, **budget: Any) -> Obj:
 
 # ------------------------------------------------------------------ cluster side
 
+AUTH_DIR = "/etc/rota/auth"  # the owner-only copy of the auth key (memory emptyDir): --auth-key AUTH_DIR/key
+AUTH_SECRET_DIR = "/etc/rota/auth-secret"  # the Secret as Kubernetes mounts it: read by the init container only
+ETCD_CLIENT_DIR = "/etc/rota/etcd-tls"  # the orchestrator's etcd client certificate (ROTA_ETCD_CA/CERT/KEY)
+ETCD_TLS_DIR = "/etc/etcd/tls"  # the members' certificate, for clients and peers
+SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the in-cluster client looks
+ETCD_METRICS_PORT = 2381  # plain HTTP /health for the kubelet's probes only (no NetworkPolicy peer may reach it)
+TENANT_SELECTOR = {"matchExpressions": [{"key": GROUP_LABEL, "operator": "Exists"}]}
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server
+_RUNTIME_DEFAULT = {"type": "RuntimeDefault"}
+
 
 def render(values: Values) -> list[Obj]:
-    """Every object of a rota installation, in apply order (namespace first)."""
-    ns = values.namespace
-    objs: list[Obj] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(ns, "namespace")}]
+    """Every object of a rota installation, in apply order (namespaces first)."""
+    objs: list[Obj] = [_namespace(values.namespace, "restricted"), _namespace(values.agent_namespace, "privileged")]
     objs += _rbac(values)
+    objs += _network_policies(values)
     if not values.external_etcd:
         objs += _etcd(values)
     objs += _orchestrator(values)
@@ -118,35 +148,96 @@ def render(values: Values) -> list[Obj]:
     return objs
 
 
+def _namespace(name: str, pod_security: str) -> Obj:
+    """A namespace whose Pod Security Admission level is enforced (and audited and warned about)."""
+    meta = _meta(name, "namespace")
+    meta["labels"].update({f"pod-security.kubernetes.io/{mode}": pod_security for mode in ("enforce", "audit", "warn")})
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+
+
 def _rbac(v: Values) -> list[Obj]:
+    """Service accounts, and the controller's rights: in tenant namespaces only, pods read, token Secrets written.
+
+    There is no ClusterRole: the controller watches each tenant namespace on its own, and
+    may create, replace and delete Secrets there (one per job, holding its token) but never
+    read one.
+    """
     ns = v.namespace
-    return [
+    name = f"rota-controller-{ns}"
+    objs: list[Obj] = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta("rota-orchestrator", "orchestrator", ns),
-         "automountServiceAccountToken": True},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta("rota-agent", "agent", ns),
+         "automountServiceAccountToken": False},  # projected into the controller container only
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta("rota-agent", "agent", v.agent_namespace),
          "automountServiceAccountToken": False},
-        # Tenants run in any namespace, so the controller watches pods cluster-wide; read-only.
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": _meta(f"rota-controller-{ns}", "controller"),
-         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": _meta(f"rota-controller-{ns}", "controller"),
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": f"rota-controller-{ns}"},
-         "subjects": [{"kind": "ServiceAccount", "name": "rota-orchestrator", "namespace": ns}]},
     ]
+    for tenant_ns in v.tenantNamespaces:
+        objs += [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(name, "controller",
+                                                                                             tenant_ns),
+             "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                       {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "update", "delete"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": _meta(name, "controller", tenant_ns),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+             "subjects": [{"kind": "ServiceAccount", "name": "rota-orchestrator", "namespace": ns}]},
+        ]
+    return objs
+
+
+def _tenant_peer(v: Values) -> Obj:
+    """Tenant pods (labelled with a group) of the tenant namespaces."""
+    return {"namespaceSelector": {"matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "In",
+                                                        "values": list(v.tenantNamespaces)}]},
+            "podSelector": TENANT_SELECTOR}
+
+
+def _policy(name: str, ns: str, component: str, selector: Obj, ingress: list[Obj]) -> Obj:
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(name, component, ns),
+            "spec": {"podSelector": selector, "policyTypes": ["Ingress"], "ingress": ingress}}
+
+
+def _network_policies(v: Values) -> list[Obj]:
+    """Who may connect to what: each rota namespace denies all ingress but the paths rota uses.
+
+    etcd: its client port from the orchestrator, its peer port from its members. The
+    orchestrator: from tenant pods of the tenant namespaces and from itself (the controller
+    beside it goes through the Service). The agent: from the orchestrator and from tenant pods
+    (they open their WorkloadChannel to it). The kubelet's probes come from the node, which
+    no NetworkPolicy can refuse.
+    """
+    ns, agent_ns = v.namespace, v.agent_namespace
+    orchestrator = {"podSelector": {"matchLabels": _selector("orchestrator")}}
+    objs = [_policy("rota-default-deny", ns, "network", {}, []),
+            _policy("rota-default-deny", agent_ns, "network", {}, [])]
+    if not v.external_etcd:
+        objs.append(_policy("rota-etcd", ns, "etcd", {"matchLabels": _selector("etcd")}, [
+            {"from": [orchestrator], "ports": [{"protocol": "TCP", "port": 2379}]},
+            {"from": [{"podSelector": {"matchLabels": _selector("etcd")}}], "ports": [{"protocol": "TCP",
+                                                                                       "port": 2380}]}]))
+    objs.append(_policy("rota-orchestrator", ns, "orchestrator", {"matchLabels": _selector("orchestrator")}, [
+        {"from": [orchestrator, _tenant_peer(v)], "ports": [{"protocol": "TCP", "port": 50051}]}]))
+    rota_orchestrator = {**orchestrator, "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: ns}}}
+    objs.append(_policy("rota-agent", agent_ns, "agent", {"matchLabels": _selector("agent")}, [
+        {"from": [rota_orchestrator, _tenant_peer(v)], "ports": [{"protocol": "TCP", "port": v.agent.port}]}]))
+    return objs
 
 
 def _etcd(v: Values) -> list[Obj]:
     ns, e = v.namespace, v.etcd
-    peers = ",".join(f"rota-etcd-{i}=http://rota-etcd-{i}.rota-etcd.{ns}.svc:2380" for i in range(e.replicas))
-    # No shell: Kubernetes expands $(POD_NAME) from the container's env.
+    peers = ",".join(f"rota-etcd-{i}=https://rota-etcd-{i}.rota-etcd.{ns}.svc:2380" for i in range(e.replicas))
+    # No shell: Kubernetes expands $(POD_NAME) from the container's env. Clients and peers
+    # must present a certificate signed by the CA of the members' Secret (mutual TLS).
     command = [
         "etcd", "--name=$(POD_NAME)", "--data-dir=/var/lib/etcd/data",
-        "--listen-client-urls=http://0.0.0.0:2379", "--listen-peer-urls=http://0.0.0.0:2380",
-        f"--advertise-client-urls=http://$(POD_NAME).rota-etcd.{ns}.svc:2379",
-        f"--initial-advertise-peer-urls=http://$(POD_NAME).rota-etcd.{ns}.svc:2380",
+        "--listen-client-urls=https://0.0.0.0:2379", "--listen-peer-urls=https://0.0.0.0:2380",
+        f"--advertise-client-urls=https://$(POD_NAME).rota-etcd.{ns}.svc:2379",
+        f"--initial-advertise-peer-urls=https://$(POD_NAME).rota-etcd.{ns}.svc:2380",
         f"--initial-cluster={peers}", "--initial-cluster-state=new", f"--initial-cluster-token=rota-etcd-{ns}",
+        "--client-cert-auth=true", f"--trusted-ca-file={ETCD_TLS_DIR}/ca.crt",
+        f"--cert-file={ETCD_TLS_DIR}/tls.crt", f"--key-file={ETCD_TLS_DIR}/tls.key",
+        "--peer-client-cert-auth=true", f"--peer-trusted-ca-file={ETCD_TLS_DIR}/ca.crt",
+        f"--peer-cert-file={ETCD_TLS_DIR}/tls.crt", f"--peer-key-file={ETCD_TLS_DIR}/tls.key",
+        f"--listen-metrics-urls=http://0.0.0.0:{ETCD_METRICS_PORT}",
     ]
     pvc: Obj = {"metadata": {"name": "data"},
                 "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": e.storage}}}}
@@ -166,19 +257,23 @@ def _etcd(v: Values) -> list[Obj]:
                  "metadata": {"labels": _labels("etcd")},
                  "spec": {
                      "automountServiceAccountToken": False,
-                     "securityContext": {"fsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+                     "securityContext": {"runAsNonRoot": True, "fsGroup": 65532, "seccompProfile": _RUNTIME_DEFAULT},
                      "affinity": _spread("etcd"),
+                     "volumes": [_secret_volume("tls", e.serverSecret)],
                      "containers": [{
                          "name": "etcd", "image": e.image, "imagePullPolicy": v.imagePullPolicy,
                          "command": command,
                          "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
                          "ports": [{"name": "client", "containerPort": 2379},
-                                   {"name": "peer", "containerPort": 2380}],
-                         # etcd serves grpc.health.v1 on its client port.
-                         **_grpc_probes(2379, initial=10),
+                                   {"name": "peer", "containerPort": 2380},
+                                   {"name": "metrics", "containerPort": ETCD_METRICS_PORT}],
+                         # The kubelet's gRPC probes speak no TLS: probe etcd's plain /health listener.
+                         **_http_probes(ETCD_METRICS_PORT, ready="/health", live="/health?serializable=true",
+                                        initial=10),
                          "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
                          "securityContext": dict(_RESTRICTED),
-                         "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
+                         "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"},
+                                          {"name": "tls", "mountPath": ETCD_TLS_DIR, "readOnly": True}],
                      }],
                  },
              },
@@ -189,19 +284,65 @@ def _etcd(v: Values) -> list[Obj]:
     ]
 
 
+def _secret_volume(name: str, secret: str, *, mode: int = 0o440, items: list[Obj] | None = None) -> Obj:
+    """A Secret volume: group-readable (the pod's fsGroup) at most, never world-readable."""
+    source: Obj = {"secretName": secret, "defaultMode": mode}
+    if items:
+        source["items"] = items
+    return {"name": name, "secret": source}
+
+
+def _auth_key_volumes(v: Values, *, mode: int) -> list[Obj]:
+    """The auth key Secret (only its ``key``), and the memory-backed directory its owner-only copy goes to."""
+    return [_secret_volume("auth-secret", v.auth.secretName, mode=mode, items=[{"key": "key", "path": "key"}]),
+            {"name": "auth", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+
+
+def _install_key(v: Values, security: Obj) -> Obj:
+    """Init container: copy the Secret's key to an owner-only file, as ``rota.auth.load_key`` demands.
+
+    Kubernetes mounts a Secret through symbolic links and, for a non-root user, group-readable
+    at best; the key file the servers read must be a regular file of mode 0600.
+    """
+    return {"name": "install-auth-key", "image": v.image, "imagePullPolicy": v.imagePullPolicy,
+            "command": ["rota", "--log-level", v.logLevel, "k8s", "install-key", f"{AUTH_SECRET_DIR}/key",
+                        f"{AUTH_DIR}/key"],
+            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+            "securityContext": dict(security),
+            "volumeMounts": [{"name": "auth-secret", "mountPath": AUTH_SECRET_DIR, "readOnly": True},
+                             {"name": "auth", "mountPath": AUTH_DIR}]}
+
+
+_AUTH_MOUNT = {"name": "auth", "mountPath": AUTH_DIR, "readOnly": True}
+
+
 def _spread(component: str) -> Obj:
     return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
         "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
                                            "labelSelector": {"matchLabels": _selector(component)}}}]}}
 
 
+def _api_access_volume() -> Obj:
+    """What automounting the service account token gives, as a volume mounted into the controller only."""
+    return {"name": "kube-api-access", "projected": {"defaultMode": 0o444, "sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}
+
+
 def _orchestrator(v: Values) -> list[Obj]:
     ns, o = v.namespace, v.orchestrator
     serve = ["rota", "--log-level", v.logLevel, "orchestrator", "serve", "--listen", "0.0.0.0:50051",
+             "--auth-key", f"{AUTH_DIR}/key",
              "--etcd", ",".join(v.etcd_urls()), "--policy", o.policy, "--ttl", _num(o.ttl),
              "--park-timeout", _num(o.parkTimeout), "--max-turn", _num(o.maxTurn)]
     controller = ["rota", "--log-level", v.logLevel, "k8s", "controller",
-                  "--orchestrator", v.orchestrator_address()]
+                  "--orchestrator", v.orchestrator_address(), "--auth-key", f"{AUTH_DIR}/key",
+                  "--token-ttl", v.auth.tokenTtl]
+    for tenant_ns in v.tenantNamespaces:
+        controller += ["--namespace", tenant_ns]
+    etcd_env = [{"name": f"ROTA_ETCD_{part.upper()}", "value": f"{ETCD_CLIENT_DIR}/{file}"}
+                for part, file in (("ca", "ca.crt"), ("cert", "tls.crt"), ("key", "tls.key"))]
     return [
         {"apiVersion": "v1", "kind": "Service", "metadata": _meta("rota-orchestrator", "orchestrator", ns),
          "spec": {"selector": _selector("orchestrator"),
@@ -215,8 +356,13 @@ def _orchestrator(v: Values) -> list[Obj]:
                  "metadata": {"labels": _labels("orchestrator")},
                  "spec": {
                      "serviceAccountName": "rota-orchestrator",
-                     "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                     "automountServiceAccountToken": False,
+                     # fsGroup: the Secrets' files are readable by the pod's group (mode 0440), not by all.
+                     "securityContext": {"runAsNonRoot": True, "fsGroup": 65532, "seccompProfile": _RUNTIME_DEFAULT},
                      "affinity": _spread("orchestrator"),
+                     "volumes": [*_auth_key_volumes(v, mode=0o440), _secret_volume("etcd-tls", v.etcd.clientSecret),
+                                 _api_access_volume()],
+                     "initContainers": [_install_key(v, _RESTRICTED)],
                      "containers": [
                          {
                              # Replicas elect a leader through etcd; only the leader grants, and the
@@ -224,19 +370,24 @@ def _orchestrator(v: Values) -> list[Obj]:
                              # service) is SERVING on the leader only, so the Service sends clients
                              # there; liveness checks the process ("" is SERVING on every replica).
                              "name": "orchestrator", "image": v.image, "imagePullPolicy": v.imagePullPolicy,
-                             "command": serve,
+                             "command": serve, "env": etcd_env,
                              "ports": [{"name": "grpc", "containerPort": 50051}],
                              **_grpc_probes(50051, ready_service=ORCHESTRATOR_SERVICE),
                              "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
                              "securityContext": dict(_RESTRICTED),
+                             "volumeMounts": [_AUTH_MOUNT, {"name": "etcd-tls", "mountPath": ETCD_CLIENT_DIR,
+                                                            "readOnly": True}],
                          },
                          {
-                             # Releases the turns of tenant pods that are deleted, evicted or whose
+                             # Issues each tenant job's token into a Secret of its namespace, and
+                             # releases the turns of tenant pods that are deleted, evicted or whose
                              # node is lost. Evict is idempotent, so every replica may run one.
                              "name": "controller", "image": v.image, "imagePullPolicy": v.imagePullPolicy,
                              "command": controller,
                              "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}},
                              "securityContext": dict(_RESTRICTED),
+                             "volumeMounts": [_AUTH_MOUNT, {"name": "kube-api-access", "mountPath": SA_TOKEN_DIR,
+                                                            "readOnly": True}],
                          },
                      ],
                  },
@@ -247,7 +398,9 @@ def _orchestrator(v: Values) -> list[Obj]:
 
 
 def _agent(v: Values) -> list[Obj]:
-    ns, a = v.namespace, v.agent
+    ns, a = v.agent_namespace, v.agent
+    root = {"runAsUser": 0, "runAsNonRoot": False, "privileged": False, "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}, "seccompProfile": _RUNTIME_DEFAULT}
     spec: Obj = {
         "serviceAccountName": "rota-agent",
         "automountServiceAccountToken": False,
@@ -255,21 +408,28 @@ def _agent(v: Values) -> list[Obj]:
         "hostPID": True,
         "nodeSelector": dict(a.nodeSelector),
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "volumes": _auth_key_volumes(v, mode=0o400),
+        # root reads the root-owned 0400 Secret file; the agent runs as root anyway (see below).
+        "initContainers": [_install_key(v, root)],
         "containers": [{
             "name": "agent", "image": v.image, "imagePullPolicy": v.imagePullPolicy,
-            "command": ["rota", "--log-level", v.logLevel, "agent", "serve", "--listen", f"0.0.0.0:{a.port}"],
-            "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            # Bound to the pod's own address (no hostPort, nothing on the node's interfaces);
+            # tenants reach their node's agent through the rota-agent Service (internalTrafficPolicy
+            # Local), the NetworkPolicy admits only the orchestrator and tenant pods, and every
+            # call carries a token checked against the auth key. No Unix sockets (--socket-dir ""):
+            # restricted tenant pods cannot mount a host directory to reach a pid door, so the
+            # agent acts on no tenant pid, only through the jobs' WorkloadChannels.
+            "command": ["rota", "--log-level", v.logLevel, "agent", "serve", "--listen", f"$(POD_IP):{a.port}",
+                        "--auth-key", f"{AUTH_DIR}/key", "--socket-dir", ""],
+            "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                     {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
                     {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}],
-            # hostPort: tenants reach their node's agent at $(HOST_IP):port.
-            "ports": [{"name": "grpc", "containerPort": a.port, "hostPort": a.port}],
+            "ports": [{"name": "grpc", "containerPort": a.port}],
             **_grpc_probes(a.port),
             "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
-            "securityContext": {
-                "runAsUser": 0, "runAsNonRoot": False, "privileged": False, "allowPrivilegeEscalation": False,
-                "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]},
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
+            "securityContext": {**root, "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]}},
+            "volumeMounts": [_AUTH_MOUNT],
         }],
     }
     if a.runtimeClassName:
@@ -290,6 +450,25 @@ def _num(x: float) -> str:
 
 
 # ------------------------------------------------------------------ tenant side
+
+
+def rota_ids(namespace: str, group: str, job: str) -> tuple[str, str]:
+    """rota's (group id, job id) of a tenant pod: its namespace, a dot, and its label.
+
+    A job is who may act for it, so its identity includes the namespace: the same
+    ``timeslice.io/job-id`` in another team's namespace is another job, with another
+    token. Groups too: a group is its ResourceClaim, and claims belong to one namespace.
+    Namespaces hold no dot, so the id splits back unambiguously.
+    """
+    return f"{namespace}.{group}", f"{namespace}.{job}"
+
+
+def token_secret_name(job_id: str) -> str:
+    """Name of the Secret (in the tenant's namespace) holding the token of job ``job_id`` (its label value)."""
+    return dns_label(job_id, prefix="rota-token-")
+
+
+TOKEN_KEY = "token"  # the key of that Secret's data
 
 
 def claim_name(group_id: str) -> str:
@@ -314,7 +493,8 @@ class TenantSpec:
 
     ``gpus`` is the GPU count of the group's claim (every tenant of a group must give
     the same); with more than one GPU the job is one pod (``world_size`` 1) whose
-    processes take their ranks from torch.distributed.
+    processes take their ranks from torch.distributed. ``token``: the pod reads
+    ROTA_TOKEN from the job's Secret, which the controller creates.
     """
 
     group_id: str
@@ -326,11 +506,13 @@ class TenantSpec:
     world_size: int = 1  # pods of a Job, one rank each
     gpus: int = 1
     orchestrator: str = "rota-orchestrator.rota-system.svc:50051"
-    agent_port: int = 9001
+    agent: str = "rota-agent.rota-system-agent.svc:9001"
     claim: str = ""  # ResourceClaim name; default: the group's claim_name()
     priority: int = 0
     weight: float = 1.0
     env: dict[str, str] = field(default_factory=dict)
+    run_as_user: int = 1000
+    token: bool = True
 
     def check(self) -> None:
         """Raise InvalidArgument naming the first bad field."""
@@ -340,6 +522,9 @@ class TenantSpec:
             problem = label_value_problem(kind, value)
             if problem:
                 raise InvalidArgument(problem, job_id=self.job_id, group_id=self.group_id)
+        if not isinstance(self.namespace, str) or not dns_label_ok(self.namespace):
+            raise InvalidArgument(f"namespace {self.namespace!r} is not a DNS-1123 label (lowercase letters, "
+                                  "digits, '-', at most 63)", job_id=self.job_id, group_id=self.group_id)
         if self.kind not in ("Job", "Pod"):
             raise InvalidArgument(f"kind {self.kind!r}: choose Job or Pod", job_id=self.job_id,
                                   group_id=self.group_id)
@@ -358,6 +543,11 @@ class TenantSpec:
                 f"{self.world_size} ranks (pods) with {self.gpus} GPUs: the group's GPUs are one node's and every pod "
                 f"of the job would see all of them; run one pod (--ranks 1) that starts one process per GPU, e.g. "
                 f"`torchrun --nproc-per-node {self.gpus} ...`", job_id=self.job_id, group_id=self.group_id)
+        if isinstance(self.run_as_user, bool) or not isinstance(self.run_as_user, int) \
+                or not 1 <= self.run_as_user <= 2**31 - 1:
+            raise InvalidArgument(f"run as user {self.run_as_user!r}: give a uid from 1 to {2**31 - 1}; tenant pods "
+                                  "never run as root (Pod Security 'restricted')", job_id=self.job_id,
+                                  group_id=self.group_id)
         if not self.command:
             raise InvalidArgument("no command given: put it after '--'", job_id=self.job_id,
                                   group_id=self.group_id)
@@ -374,29 +564,43 @@ class TenantSpec:
                                       group_id=self.group_id)
 
 
-_ROTA_ENV = ("ROTA_GROUP", "ROTA_TENANT", "ROTA_ORCHESTRATOR", "ROTA_WORLD_SIZE", "ROTA_RANK", "ROTA_AGENT")
+_ROTA_ENV = ("ROTA_GROUP", "ROTA_TENANT", "ROTA_ORCHESTRATOR", "ROTA_WORLD_SIZE", "ROTA_RANK", "ROTA_AGENT",
+             "ROTA_TOKEN", "ROTA_K8S_NAMESPACE", "ROTA_K8S_GROUP", "ROTA_K8S_JOB")
+
+
+def _field(path: str) -> Obj:
+    return {"fieldRef": {"fieldPath": path}}
 
 
 def _tenant_env(t: TenantSpec) -> list[Obj]:
     env: list[Obj] = [
-        {"name": "ROTA_GROUP", "value": t.group_id},
-        # The tenant id comes from the pod's own label, so a relabelled pod and rota agree.
-        {"name": "ROTA_TENANT", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_LABEL}']"}}},
+        # rota's ids come from the pod's own namespace and labels, so a relabelled pod, the
+        # controller (which issues the token for them) and rota agree: see rota_ids().
+        {"name": "ROTA_K8S_NAMESPACE", "valueFrom": _field("metadata.namespace")},
+        {"name": "ROTA_K8S_GROUP", "valueFrom": _field(f"metadata.labels['{GROUP_LABEL}']")},
+        {"name": "ROTA_K8S_JOB", "valueFrom": _field(f"metadata.labels['{JOB_LABEL}']")},
+        {"name": "ROTA_GROUP", "value": "$(ROTA_K8S_NAMESPACE).$(ROTA_K8S_GROUP)"},
+        {"name": "ROTA_TENANT", "value": "$(ROTA_K8S_NAMESPACE).$(ROTA_K8S_JOB)"},
         {"name": "ROTA_ORCHESTRATOR", "value": t.orchestrator},
     ]
+    if t.token:
+        # The controller writes this Secret when it sees the job's first pod; the kubelet
+        # starts the container once it exists.
+        env.append({"name": "ROTA_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": token_secret_name(t.job_id), "key": TOKEN_KEY}}})
     # One pod, several GPUs: its processes (torchrun's) are the ranks, and only
     # torch.distributed knows them; a pod-wide ROTA_RANK would give all of them rank 0.
     if t.gpus == 1:
         env.append({"name": "ROTA_WORLD_SIZE", "value": str(t.world_size)})
         if t.kind == "Job":
-            env.append({"name": "ROTA_RANK", "valueFrom": {"fieldRef": {
-                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
+            env.append({"name": "ROTA_RANK",
+                        "valueFrom": _field("metadata.annotations['batch.kubernetes.io/job-completion-index']")})
         else:
             env.append({"name": "ROTA_RANK", "value": "0"})
     env += [
-        {"name": "ROTA_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "ROTA_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
-        {"name": "ROTA_AGENT", "value": f"$(ROTA_HOST_IP):{t.agent_port}"},
+        {"name": "ROTA_POD_NAME", "valueFrom": _field("metadata.name")},
+        {"name": "ROTA_HOST_IP", "valueFrom": _field("status.hostIP")},
+        {"name": "ROTA_AGENT", "value": t.agent},
     ]
     if t.priority:
         env.append({"name": "ROTA_PRIORITY", "value": str(t.priority)})
@@ -414,7 +618,8 @@ def tenant(t: TenantSpec, *, with_claim: bool = True) -> list[Obj]:
     land on the node where the claim's GPUs are allocated and see the same devices.
     A tenant with another ``gpus`` renders another spec for the same claim, which the
     API server refuses (the spec is immutable); ``rota k8s tenant --check-claim``
-    refuses it before anything is printed.
+    refuses it before anything is printed. The pod passes Pod Security's ``restricted``
+    profile: not root, no privilege escalation, no capabilities, RuntimeDefault seccomp.
     """
     t.check()
     claim = t.claim or claim_name(t.group_id)
@@ -422,10 +627,15 @@ def tenant(t: TenantSpec, *, with_claim: bool = True) -> list[Obj]:
               "app.kubernetes.io/part-of": PART_OF, "app.kubernetes.io/component": "tenant"}
     pod_spec: Obj = {
         "restartPolicy": "Never",
+        "automountServiceAccountToken": False,  # a tenant has no business with the API server
+        "securityContext": {"runAsNonRoot": True, "runAsUser": t.run_as_user, "runAsGroup": t.run_as_user,
+                            "fsGroup": t.run_as_user, "seccompProfile": _RUNTIME_DEFAULT},
         "resourceClaims": [{"name": CLAIM_REQUEST, "resourceClaimName": claim}],
         "containers": [{
             "name": "tenant", "image": t.image, "command": list(t.command), "env": _tenant_env(t),
             "resources": {"claims": [{"name": CLAIM_REQUEST}]},
+            "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]}, "seccompProfile": _RUNTIME_DEFAULT},
         }],
     }
     name = dns_label(t.job_id)
