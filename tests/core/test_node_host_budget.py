@@ -1,8 +1,10 @@
-"""The node-wide host budget across real processes: the ledger refuses, spills, and forgets the dead."""
+"""The node-wide host budget across real processes: the ledger refuses, spills, and forgets the dead;
+a stuck lock is named, unsafe directories are refused, other uids are read again."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,9 +13,10 @@ import textwrap
 import pytest
 
 from rota.errors import ConfigError
-from rota.tensors import HostBudgetExceeded, HostPool, node_host_bytes
+from rota.tensors import HostBudgetExceeded, HostPool, _ledger, node_host_bytes
 
 MB = 1 << 20
+NOBODY = 65534
 
 HOLDER = textwrap.dedent("""
     import sys, time
@@ -88,3 +91,83 @@ def test_bad_node_budget_and_ledger_dir_name_the_value(monkeypatch, tmp_path):
     monkeypatch.setenv("ROTA_NODE_LEDGER_DIR", str(blocker / "sub"))
     with pytest.raises(ConfigError, match=r"ROTA_NODE_LEDGER_DIR=.*cannot be created"):
         HostPool(pin=False).reserve(MB)
+
+
+def test_a_stuck_lock_of_this_user_fails_in_time_naming_its_holder(ledger, monkeypatch):
+    HostPool(pin=False, spill_dir="").reserve(MB)  # creates this uid's directory and lock
+    lock = ledger / str(os.geteuid()) / "lock"
+    stuck = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, time
+        f = open({str(lock)!r}, "r+")
+        fcntl.flock(f, fcntl.LOCK_EX)
+        print("locked", flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert stuck.stdout is not None and stuck.stdout.readline().strip() == "locked"
+        monkeypatch.setattr(_ledger, "LOCK_TIMEOUT_S", 0.3)
+        with pytest.raises(_ledger.LedgerBusy, match=rf"{lock} has been held by pid {stuck.pid} for more than 0.3 s"):
+            HostPool(pin=False, spill_dir="").reserve(MB)
+    finally:
+        stuck.kill()
+        stuck.wait()
+    HostPool(pin=False, spill_dir="").reserve(MB)  # the lock died with its holder
+
+
+def test_unsafe_ledger_directories_are_refused(ledger, tmp_path, monkeypatch):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.setenv("ROTA_NODE_LEDGER_DIR", str(tmp_path / "link"))
+    with pytest.raises(ConfigError, match="is a symbolic link or not a directory"):
+        node_host_bytes()
+    real.chmod(0o777)
+    monkeypatch.setenv("ROTA_NODE_LEDGER_DIR", str(real))
+    with pytest.raises(ConfigError, match=r"writable by others without the sticky bit \(mode 777\)"):
+        node_host_bytes()
+    if os.geteuid() != 0:
+        return
+    os.chown(real, NOBODY, NOBODY)
+    with pytest.raises(ConfigError, match=rf"is owned by uid {NOBODY}, not root or you"):
+        node_host_bytes()
+    real.chmod(0o1777)
+    os.chown(real, 0, 0)
+    squatted = real / "0"
+    squatted.mkdir()
+    os.chown(squatted, NOBODY, NOBODY)  # another user made this uid's directory first
+    with pytest.raises(ConfigError, match=r"/0' is owned by uid 65534 with mode 755; it must be yours"):
+        node_host_bytes()
+    assert list(squatted.iterdir()) == []  # nothing was written into it
+
+
+def test_another_uid_growing_meanwhile_shrinks_this_claim(ledger, monkeypatch):
+    """Other uids do not take this uid's lock: a claim is re-checked once it is visible to them.
+
+    The other uid's growth is made to land between this process's first read and its
+    record (a hook on ``record``: the race, forced); its entry is real, for a live
+    process of uid 65534.
+    """
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run a process as another uid")
+    other = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sleep", "60"])
+    try:
+        node_host_bytes()  # creates the root
+        their_dir = ledger / str(NOBODY)
+        their_dir.mkdir()
+        os.chown(their_dir, NOBODY, NOBODY)
+        real_record = _ledger.NodeLedger.record
+
+        def record_after_the_other_uid_grew(self, nbytes):
+            entry = their_dir / str(other.pid)
+            if not entry.exists():
+                entry.write_text(f"{_ledger._start_time(other.pid)} {50 * MB}\n")
+                os.chown(entry, NOBODY, NOBODY)
+            real_record(self, nbytes)
+
+        monkeypatch.setattr(_ledger.NodeLedger, "record", record_after_the_other_uid_grew)
+        with pytest.raises(HostBudgetExceeded, match=r"other rota processes on this node hold 0\.052 GB"):
+            HostPool(pin=False, spill_dir="").reserve(60 * MB)
+        assert node_host_bytes() == {other.pid: 50 * MB, os.getpid(): 0}  # the claim was withdrawn
+    finally:
+        other.kill()
+        other.wait()

@@ -3,7 +3,9 @@
 Both are session-scoped: the daemons take a couple of seconds to start and every test
 uses its own group ids. The orchestrator runs as ``rota orchestrator serve`` in a
 subprocess with a long TTL (60 s), so a test that sees a group freed within its
-timeout knows the SPANK epilog (Evict) did it, not the TTL.
+timeout knows the SPANK epilog (Evict) did it, not the TTL. It checks credentials
+(``--auth-key``): the cluster's plugin gives each job its token, and this test process
+holds an admin token in ``ROTA_TOKEN``, as an operator's shell would.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from rota import auth
 from rota.testing import free_port
 from rota_slurm._orchestrator import group_status
 from rota_slurm.testing import SlurmCluster, missing_binaries
@@ -27,13 +30,25 @@ ROTA = str(Path(sys.executable).parent / "rota")
 
 
 @pytest.fixture(scope="session")
-def orchestrator() -> Iterator[str]:
+def auth_key() -> Iterator[Path]:
+    """The orchestrator's auth key (mode 0600), as an admin would keep it under /etc/rota."""
+    keydir = Path(tempfile.mkdtemp(prefix="rota-key-"))
+    auth.generate_key(str(keydir / "auth.key"))
+    yield keydir / "auth.key"
+    shutil.rmtree(keydir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def orchestrator(auth_key: Path) -> Iterator[str]:
     """Endpoint of a served orchestrator; its log is at ``orchestrator.log`` in the tmp dir."""
     endpoint = f"127.0.0.1:{free_port()}"
     logdir = Path(tempfile.mkdtemp(prefix="rota-orch-"))
+    admin = pytest.MonkeyPatch()
+    admin.setenv("ROTA_TOKEN", auth.issue(auth.load_key(str(auth_key)), admin=True))
     with open(logdir / "orchestrator.log", "wb") as out:
         proc = subprocess.Popen([ROTA, "--log-level", "info", "orchestrator", "serve", "--listen", endpoint,
-                                 "--ttl", "60"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                 "--ttl", "60", "--auth-key", str(auth_key)], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -48,6 +63,7 @@ def orchestrator() -> Iterator[str]:
         _LOGS["orchestrator"] = logdir / "orchestrator.log"
         yield endpoint
     finally:
+        admin.undo()
         proc.terminate()
         try:
             proc.wait(timeout=10)
@@ -67,8 +83,8 @@ def orchestrator_log(orchestrator: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def slurm(orchestrator: str) -> Iterator[SlurmCluster]:
-    """A running two-node Slurm cluster whose SPANK plugin points jobs at ``orchestrator``."""
+def slurm(orchestrator: str, auth_key: Path) -> Iterator[SlurmCluster]:
+    """A running two-node Slurm cluster whose SPANK plugin points jobs at ``orchestrator`` with their tokens."""
     missing = missing_binaries()
     if missing:
         pytest.skip(f"Slurm test cluster needs {', '.join(missing)} (scripts/services.sh install)")
@@ -76,7 +92,7 @@ def slurm(orchestrator: str) -> Iterator[SlurmCluster]:
         pytest.skip("Slurm test cluster needs root")
     root = Path(tempfile.mkdtemp(prefix="rota-slurm-"))
     cluster = SlurmCluster(root, nodes=("n1", "n2"), gpus_per_node=2, shards_per_gpu=4, cpus_per_node=4,
-                           orchestrator=orchestrator)
+                           orchestrator=orchestrator, auth_key=str(auth_key))
     cluster.start()
     try:
         yield cluster

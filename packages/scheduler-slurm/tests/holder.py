@@ -1,8 +1,9 @@
 """A tenant that takes its turn and never gives it back (for the clean-up tests).
 
 ``python holder.py rota MARKER`` holds through ``rota.connect()`` (a rota.v1 session);
-``python holder.py v1alpha1 MARKER [--exit]`` holds through the plain v1alpha1 Acquire,
-which has no session, so only the Slurm epilog's Evict can free the group. MARKER is
+``python holder.py v1alpha1 MARKER [--exit]`` holds through the plain v1alpha1 Acquire
+(with the job's ROTA_TOKEN), which has no session, so only the Slurm epilog's Evict can
+free the group. MARKER is
 written once the turn is held; with ``--exit`` the job ends while still holding.
 """
 
@@ -21,12 +22,11 @@ def main() -> None:
         gpu = rota.connect()
         gpu.acquire()
     else:
-        import grpc
-
+        from rota import auth
         from rota._generated import timeslice_orchestrator_pb2 as v1a
         from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
 
-        with grpc.insecure_channel(os.environ["ROTA_ORCHESTRATOR"]) as ch:
+        with auth.channel(os.environ["ROTA_ORCHESTRATOR"]) as ch:
             stub = v1a_grpc.TimeSliceOrchestratorServiceStub(ch)
             stub.Acquire(v1a.AcquireRequest(job_id=os.environ["ROTA_TENANT"], group_id=os.environ["ROTA_GROUP"]),
                          timeout=60)

@@ -99,17 +99,18 @@ def test_epilog_without_group_is_a_noop(rota_slurm_cli) -> None:  # type: ignore
     assert res.exit_code == 0 and res.output == ""
 
 
-def test_epilog_evicts_waiting_job(orchestrator: str, rota_slurm_cli) -> None:  # type: ignore[no-untyped-def]
-    import grpc
-
+def test_epilog_evicts_at_the_plugstack_orchestrator(orchestrator: str, rota_slurm_cli) -> None:  # type: ignore[no-untyped-def]
+    """As a site Epilog= script: job and group from the env, orchestrator and key from plugstack.conf."""
+    from rota import auth
     from rota._generated import timeslice_orchestrator_pb2 as v1a
     from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
 
-    with grpc.insecure_channel(orchestrator) as ch:
+    with auth.channel(orchestrator) as ch:  # the admin token of this process
         v1a_grpc.TimeSliceOrchestratorServiceStub(ch).Acquire(v1a.AcquireRequest(job_id="900001", group_id="ep-g"),
                                                                timeout=30)
     res = CliRunner().invoke(rota_slurm_cli, ["slurm", "epilog"], env={
-        "SLURM_JOB_ID": "900001", "SPANK_ROTA_GROUP": "ep-g", "SPANK_ROTA_ORCHESTRATOR": orchestrator})
+        "SLURM_JOB_ID": "900001", "SPANK_ROTA_GROUP": "ep-g", "ROTA_TOKEN": "",
+        "SPANK_ROTA_ORCHESTRATOR": "127.0.0.1:9", "ROTA_ORCHESTRATOR": "127.0.0.1:9"})  # ignored
     assert res.exit_code == 0, res.output
     assert "holder=True" in res.output
     assert group_status(orchestrator, "ep-g")[0].holder == ""

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from rota import TurnRequest
+from rota import TurnRequest, auth
 from rota._plugins import new_plugin_manager
 from rota.cli.main import cli
+from rota.errors import ConfigError
 from rota_slurm import GresLayout, PlugstackLine, conflicts, gres_conf, write_plugstack
 from rota_slurm._slurm import SlurmJob, _job_from_json, parse_gres_detail
+from rota_slurm._spank import plugstack_path, read_plugstack
 from rota_slurm.plugin import rota_cli
 
 
@@ -58,7 +61,7 @@ def test_plugin_is_listed(rota_cli_with_slurm) -> None:  # type: ignore[no-untyp
     assert res.exit_code == 0 and "rota-scheduler-slurm" in res.output
 
 
-def test_write_plugstack_keeps_other_lines_and_replaces_ours(tmp_path: Path) -> None:
+def test_write_plugstack_keeps_other_lines_and_replaces_ours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     conf = tmp_path / "plugstack.conf"
     conf.write_text("optional /usr/lib/other.so x=1\n")
     write_plugstack(conf, PlugstackLine(Path("/opt/rota_spank.so"), orchestrator="o:1"))
@@ -67,18 +70,34 @@ def test_write_plugstack_keeps_other_lines_and_replaces_ours(tmp_path: Path) -> 
     assert lines[0] == "optional /usr/lib/other.so x=1"
     assert lines[-1] == "required /opt/rota_spank.so orchestrator=o:2 rota=/bin/rota"
     assert sum("rota_spank.so" in line for line in lines) == 1
+    write_plugstack(conf, PlugstackLine(Path("/opt/rota_spank.so"), orchestrator="o:3", python="/py",
+                                        auth_key="/etc/rota/auth.key"))
+    slurm_conf = tmp_path / "slurm.conf"
+    slurm_conf.write_text(f"ClusterName=c\nPlugStackConfig={conf}  # rota's line is here\n")
+    monkeypatch.setenv("SLURM_CONF", str(slurm_conf))
+    assert plugstack_path() == conf
+    assert read_plugstack(conf) == {"orchestrator": "o:3", "python": "/py", "auth_key": "/etc/rota/auth.key"}
+    with pytest.raises(ConfigError, match="contains white space"):
+        PlugstackLine(Path("/opt/rota_spank.so"), auth_key="/etc/my keys/k").render()
 
 
 def test_install_spank_builds_and_writes(tmp_path: Path, rota_cli_with_slurm) -> None:  # type: ignore[no-untyped-def]
     if not Path("/usr/include/slurm/spank.h").exists():
         pytest.skip("slurm/spank.h missing (Debian libslurm-dev)")
-    conf = tmp_path / "plugstack.conf"
+    conf, key = tmp_path / "plugstack.conf", tmp_path / "auth.key"
+    auth.generate_key(str(key))
     res = CliRunner().invoke(rota_cli_with_slurm, ["slurm", "install-spank", "--dest", str(tmp_path / "lib"),
-                                                   "--plugstack", str(conf), "--orchestrator", "10.0.0.1:50051"])
+                                                   "--plugstack", str(conf), "--orchestrator", "10.0.0.1:50051",
+                                                   "--auth-key", str(key)])
     assert res.exit_code == 0, res.output
     so = tmp_path / "lib" / "rota_spank.so"
     assert so.read_bytes()[:4] == b"\x7fELF"
     assert f"required {so} orchestrator=10.0.0.1:50051 rota=" in conf.read_text()
+    assert read_plugstack(conf)["auth_key"] == str(key) and read_plugstack(conf)["python"] == sys.executable
+    key.chmod(0o644)  # every job's token could be forged by whoever reads it
+    res = CliRunner().invoke(rota_cli_with_slurm, ["slurm", "install-spank", "--dest", str(tmp_path / "lib"),
+                                                   "--auth-key", str(key)])
+    assert res.exit_code == 1 and "is readable by others (mode 644)" in res.output
     printed = CliRunner().invoke(rota_cli_with_slurm, ["slurm", "install-spank", "--dest", str(tmp_path / "lib")])
     assert printed.output.startswith(f"required {so}")
 
@@ -116,20 +135,20 @@ def test_submit_accepts_placeholders(rota_cli_with_slurm) -> None:  # type: igno
 
 def test_epilog_with_gpu_sets_evicts_the_job_from_its_nodes_matching_groups(
         orchestrator: str, rota_cli_with_slurm) -> None:  # type: ignore[no-untyped-def]
-    import grpc
-
+    from rota import auth
     from rota._generated import timeslice_orchestrator_pb2 as v1a
     from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
     from rota_slurm._orchestrator import group_status
 
     held = {"epg2-n1-gpu0": "900002", "epg2-n1-gpu0_1": "900002", "epg2-n2-gpu0": "900002",
             "epg2-n1-gpu1": "900003", "epg2x-n1-gpu0": "900002"}
-    with grpc.insecure_channel(orchestrator) as ch:  # v1alpha1: no session, only Evict frees these
+    epilog = ["slurm", "epilog", "--orchestrator", orchestrator]  # the token: this process's admin ROTA_TOKEN
+    with auth.channel(orchestrator) as ch:  # v1alpha1: no session, only Evict frees these
         stub = v1a_grpc.TimeSliceOrchestratorServiceStub(ch)
         for group, job in held.items():
             stub.Acquire(v1a.AcquireRequest(job_id=job, group_id=group), timeout=30)
-    res = CliRunner().invoke(rota_cli_with_slurm, ["slurm", "epilog"], env={
-        "SLURM_JOB_ID": "900002", "SPANK_ROTA_GROUP": "epg2-%n-%g", "SPANK_ROTA_ORCHESTRATOR": orchestrator,
+    res = CliRunner().invoke(rota_cli_with_slurm, epilog, env={
+        "SLURM_JOB_ID": "900002", "SPANK_ROTA_GROUP": "epg2-%n-%g",
         "SLURMD_NODENAME": "n1"})
     assert res.exit_code == 0, res.output
     assert sorted(res.output.splitlines()) == ["job 900002 left group epg2-n1-gpu0 (holder=True, queued=False)",
@@ -137,11 +156,11 @@ def test_epilog_with_gpu_sets_evicts_the_job_from_its_nodes_matching_groups(
     holders = {g.group_id: g.holder for g in group_status(orchestrator) if g.group_id in held}
     assert holders == {"epg2-n1-gpu0": "", "epg2-n1-gpu0_1": "", "epg2-n2-gpu0": "900002", "epg2-n1-gpu1": "900003",
                        "epg2x-n1-gpu0": "900002"}
-    again = CliRunner().invoke(rota_cli_with_slurm, ["slurm", "epilog"], env={
-        "SLURM_JOB_ID": "900002", "SPANK_ROTA_GROUP": "epg2-%n-%g", "SPANK_ROTA_ORCHESTRATOR": orchestrator,
+    again = CliRunner().invoke(rota_cli_with_slurm, epilog, env={
+        "SLURM_JOB_ID": "900002", "SPANK_ROTA_GROUP": "epg2-%n-%g",
         "SLURMD_NODENAME": "n1"})
     assert again.exit_code == 0 and again.output == "job 900002 was in no group matching epg2-n1-%g\n"
-    no_node = CliRunner().invoke(rota_cli_with_slurm, ["slurm", "epilog"], env={
-        "SLURM_JOB_ID": "900002", "SPANK_ROTA_GROUP": "epg2-%n-%g", "SPANK_ROTA_ORCHESTRATOR": orchestrator,
+    no_node = CliRunner().invoke(rota_cli_with_slurm, epilog, env={
+        "SLURM_JOB_ID": "900002", "SPANK_ROTA_GROUP": "epg2-%n-%g",
         "SLURMD_NODENAME": ""})
     assert no_node.exit_code == 1 and "SLURMD_NODENAME is unset" in no_node.output

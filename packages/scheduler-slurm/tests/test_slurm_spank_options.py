@@ -1,4 +1,4 @@
-"""The SPANK plugin on a real cluster: options validated at submit, ROTA_* env in jobs."""
+"""The SPANK plugin on a real cluster: options validated at submit, ROTA_* env (and the job's token) in jobs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import json
 import sys
 from pathlib import Path
 
+import jwt
 import pytest
 
+from rota import auth
 from rota_slurm.testing import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -31,10 +33,14 @@ def _labelled(stdout: str) -> dict[int, dict[str, str]]:
     return {int(label): json.loads(env) for label, env in rows}
 
 
-def test_sbatch_sets_rota_env(slurm: SlurmCluster, orchestrator: str, outdir: Path) -> None:
-    # ROTA_RANK/ROTA_WORLD_SIZE from the submitting shell must not reach a one-task step
-    job = slurm.sbatch("--timeslice=envg", "--timeslice-priority=7", "--gres=shard:1", "-w", "n1",
-                       "--export=ALL,ROTA_RANK=3,ROTA_WORLD_SIZE=5", "-o", str(outdir / "%j.out"),
+def _token_of(env: dict[str, str], auth_key: Path) -> auth.Principal:
+    return auth.verify(auth.load_key(str(auth_key)), env["ROTA_TOKEN"])
+
+
+def test_sbatch_sets_rota_env(slurm: SlurmCluster, orchestrator: str, auth_key: Path, outdir: Path) -> None:
+    # ROTA_RANK/ROTA_WORLD_SIZE (and a token) from the submitting shell must not reach a one-task step
+    job = slurm.sbatch("--timeslice=envg", "--timeslice-priority=7", "--gres=shard:1", "-w", "n1", "-t", "30",
+                       "--export=ALL,ROTA_RANK=3,ROTA_WORLD_SIZE=5,ROTA_TOKEN=forged", "-o", str(outdir / "%j.out"),
                        "--wrap", PRINT_ENV)
     slurm.wait_jobs([job], timeout=60)
     env = _env_of(outdir / f"{job}.out")
@@ -45,6 +51,10 @@ def test_sbatch_sets_rota_env(slurm: SlurmCluster, orchestrator: str, outdir: Pa
     # one process: its ranks are its own (torch.distributed under torchrun), not the job's task count
     assert "ROTA_RANK" not in env and "ROTA_WORLD_SIZE" not in env
     assert env["CUDA_VISIBLE_DEVICES"] in ("0", "1")
+    claims = _token_of(env, auth_key)  # the plugin's token replaced the forged one: this job, this group
+    assert (claims.group, claims.job, claims.admin) == ("envg", job, False)
+    lifetime = jwt.decode(env["ROTA_TOKEN"], options={"verify_signature": False})
+    assert 30 * 60 <= lifetime["exp"] - lifetime["iat"] <= 40 * 60 + 5  # the time limit (-t 30) plus 10 minutes
 
 
 def test_job_without_timeslice_gets_no_rota_env(slurm: SlurmCluster, outdir: Path) -> None:
@@ -72,7 +82,13 @@ def test_group_per_node_placeholder(slurm: SlurmCluster, outdir: Path) -> None:
         {"n1": "node-n1", "n2": "node-n2"}
 
 
-def test_group_per_gpu_set(slurm: SlurmCluster, outdir: Path) -> None:
+def _token_matches(env: dict[str, str], auth_key: Path) -> bool:
+    """The step's token acts for exactly the group and job the plugin named in this env."""
+    claims = _token_of(env, auth_key)
+    return (claims.group, claims.job) == (env["ROTA_GROUP"], env["ROTA_TENANT"])
+
+
+def test_group_per_gpu_set(slurm: SlurmCluster, auth_key: Path, outdir: Path) -> None:
     """`%g` names the GPUs a job's GRES sit on: one shard, two whole GPUs, one GPU per task."""
     shard = slurm.sbatch("--timeslice=gs-%n-%g", "--gres=shard:1", "-w", "n1", "-o", str(outdir / "shard.out"),
                          "--wrap", PRINT_ENV)
@@ -93,6 +109,8 @@ def test_group_per_gpu_set(slurm: SlurmCluster, outdir: Path) -> None:
     assert sorted(t["CUDA_VISIBLE_DEVICES"] for t in tasks.values()) == ["0", "1"]
     assert {t["ROTA_GROUP"] for t in tasks.values()} == {"gs-n2-gpu0_1"}
     assert [tasks[r]["ROTA_RANK"] for r in (0, 1)] == ["0", "1"]
+    # every step's token names the group its own GPUs gave it
+    assert all(_token_matches(env, auth_key) for env in [one, batch, *ranks, *tasks.values()])
 
 
 def test_placeholders_need_one_node_and_gpus(slurm: SlurmCluster, outdir: Path) -> None:

@@ -2,7 +2,8 @@
 
 An admin installs three things (see the package README, section "Slurm")::
 
-    rota slurm install-spank --plugstack /etc/slurm/plugstack.conf --orchestrator orch:50051
+    rota slurm install-spank --plugstack /etc/slurm/plugstack.conf --orchestrator orch:50051 \
+        --auth-key /etc/rota/auth.key
     rota slurm conf --gpus 8 --tenants-per-gpu 4      # GRES lines for gres.conf/slurm.conf
     systemctl restart slurmctld slurmd
 
@@ -12,10 +13,12 @@ then users submit tenants that share a GPU and take turns on it::
 
 The SPANK plugin (C, built by ``install-spank`` against the cluster's ``slurm/spank.h``)
 validates the options at submit time, sets ROTA_GROUP, ROTA_TENANT (the job id),
-ROTA_ORCHESTRATOR, and in steps of several tasks ROTA_RANK and ROTA_WORLD_SIZE in the
-job, and when the job ends or is cancelled calls ``rota slurm epilog``, which evicts it
-from its group. ``--timeslice=%n-%g`` names the group after the node and the GPUs the
-job's GRES sit on (``n1-gpu0_1``): one group per GPU set.
+ROTA_ORCHESTRATOR, ROTA_TOKEN (a token for this job only, issued as root from the auth
+key), and in steps of several tasks ROTA_RANK and ROTA_WORLD_SIZE in the job, and when
+the job ends or is cancelled calls ``rota slurm epilog``, which evicts it from its group
+at the orchestrator named in plugstack.conf (never one the job's environment names).
+``--timeslice=%n-%g`` names the group after the node and the GPUs the job's GRES sit on
+(``n1-gpu0_1``): one group per GPU set.
 """
 
 from rota_slurm._conf import GresLayout, gres_conf, node_line, slurm_conf_lines

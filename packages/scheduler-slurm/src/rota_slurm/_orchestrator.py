@@ -3,7 +3,8 @@
 Only this module opens gRPC channels in rota_slurm. ``evict`` is what the SPANK
 plugin's job epilog (through ``rota slurm epilog``) and a site Epilog= script call when
 a job ends, is cancelled or times out, so its turn is released and it leaves the queue
-without waiting for the orchestrator's TTL.
+without waiting for the orchestrator's TTL. Both need an admin token (``token=``, default
+``ROTA_TOKEN``); channels use TLS when ``ROTA_TLS_CA`` is set (:func:`rota.auth.channel`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import grpc
 
 from rota._generated import rota_v1_pb2 as pb
 from rota._generated import rota_v1_pb2_grpc as pb_grpc
+from rota.auth import channel
 from rota.errors import NotFound, RotaError, TransientError, from_rpc_error
 
 log = logging.getLogger(__name__)
@@ -30,15 +32,16 @@ class EvictResult:
     was_queued: bool
 
 
-def evict(endpoint: str, job_id: str, group_id: str, *, reason: str, timeout: float = 15.0) -> EvictResult:
+def evict(endpoint: str, job_id: str, group_id: str, *, reason: str, timeout: float = 15.0,
+          token: str | None = None) -> EvictResult:
     """Remove ``job_id`` from ``group_id`` at ``endpoint``; retry transient errors until ``timeout``.
 
     A group the orchestrator does not know (the job never acquired) is not an error.
     """
     deadline = time.monotonic() + timeout
     delay = 0.1
-    with grpc.insecure_channel(endpoint) as channel:
-        stub = pb_grpc.RotaServiceStub(channel)
+    with channel(endpoint, token=token) as ch:
+        stub = pb_grpc.RotaServiceStub(ch)
         while True:
             left = deadline - time.monotonic()
             try:
@@ -57,7 +60,7 @@ def evict(endpoint: str, job_id: str, group_id: str, *, reason: str, timeout: fl
 
 
 def evict_matching(endpoint: str, job_id: str, pattern: re.Pattern[str], *, reason: str,
-                   timeout: float = 15.0) -> dict[str, EvictResult]:
+                   timeout: float = 15.0, token: str | None = None) -> dict[str, EvictResult]:
     """Evict ``job_id`` from every group whose id matches ``pattern`` and where the job is still in play.
 
     For groups named per GPU set (``%g``): each step of a job had the group of its own
@@ -66,18 +69,19 @@ def evict_matching(endpoint: str, job_id: str, pattern: re.Pattern[str], *, reas
     one ``lost``). Returns group id -> result.
     """
     deadline = time.monotonic() + timeout
-    found = [g.group_id for g in group_status(endpoint, timeout=timeout) if pattern.match(g.group_id)
+    found = [g.group_id for g in group_status(endpoint, timeout=timeout, token=token) if pattern.match(g.group_id)
              and (g.holder == job_id or job_id in g.queue
                   or any(t.job_id == job_id and t.state not in ("idle", "lost") for t in g.tenants))]
-    return {group: evict(endpoint, job_id, group, reason=reason, timeout=max(deadline - time.monotonic(), 1.0))
-            for group in found}
+    return {group: evict(endpoint, job_id, group, reason=reason, timeout=max(deadline - time.monotonic(), 1.0),
+                         token=token) for group in found}
 
 
-def group_status(endpoint: str, group_id: str = "", timeout: float = 10.0) -> list[pb.GroupInfo]:
+def group_status(endpoint: str, group_id: str = "", timeout: float = 10.0,
+                 token: str | None = None) -> list[pb.GroupInfo]:
     """Holder, queue and tenants of one group (or all groups) at ``endpoint``."""
-    with grpc.insecure_channel(endpoint) as channel:
+    with channel(endpoint, token=token) as ch:
         try:
-            reply = pb_grpc.RotaServiceStub(channel).Status(pb.StatusRequest(group_id=group_id), timeout=timeout)
+            reply = pb_grpc.RotaServiceStub(ch).Status(pb.StatusRequest(group_id=group_id), timeout=timeout)
         except grpc.RpcError as exc:
             err = from_rpc_error(exc, group_id=group_id)
             if isinstance(err, NotFound):

@@ -7,6 +7,10 @@ compiler. The ``.so`` is written beside its final name and renamed into place, b
 slurmd and running steps may have the old one mapped.
 
 Environment: ``CC`` picks the compiler (default ``cc``, then ``gcc``).
+
+:func:`read_plugstack` reads rota's arguments back from plugstack.conf: the job epilog
+takes the orchestrator and the auth key from there and nowhere else, since the
+job-control environment it runs with is the submitting user's.
 """
 
 from __future__ import annotations
@@ -82,16 +86,49 @@ class PlugstackLine:
     rota: str = ""
     epilog_timeout: int = 20
     required: bool = True
+    python: str = ""  # the Python rota is installed in: issues each job's token (with auth_key)
+    auth_key: str = ""  # the orchestrator's auth key, readable by root only
+    tls_ca: str = ""  # the orchestrator's TLS CA, given to jobs and the epilog
 
     def render(self) -> str:
         parts = ["required" if self.required else "optional", str(self.so_path)]
-        if self.orchestrator:
-            parts.append(f"orchestrator={self.orchestrator}")
-        if self.rota:
-            parts.append(f"rota={self.rota}")
+        for name in ("orchestrator", "rota", "python", "auth_key", "tls_ca"):
+            value = getattr(self, name)
+            if any(c.isspace() for c in value):
+                raise ConfigError(f"plugstack.conf argument {name}={value!r} contains white space, which "
+                                  "plugstack.conf cannot quote; use a path without spaces")
+            if value:
+                parts.append(f"{name}={value}")
         if self.epilog_timeout != 20:
             parts.append(f"epilog_timeout={self.epilog_timeout}")
         return " ".join(parts)
+
+
+def plugstack_path() -> Path:
+    """The plugstack.conf slurmd reads: ``PlugStackConfig`` of slurm.conf ($SLURM_CONF), else beside slurm.conf."""
+    conf = Path(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    try:
+        lines = conf.read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        key, _, value = line.split("#", 1)[0].strip().partition("=")
+        if key.strip().lower() == "plugstackconfig" and value.strip():
+            return Path(value.strip())
+    return conf.with_name("plugstack.conf")
+
+
+def read_plugstack(path: Path) -> dict[str, str]:
+    """The ``key=value`` arguments of rota's line in ``path`` ({} if the file or the line is missing)."""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        words = line.split("#", 1)[0].split()
+        if len(words) >= 2 and words[0] in ("required", "optional") and Path(words[1]).name == PLUGIN_NAME:
+            return dict(w.split("=", 1) for w in words[2:] if "=" in w)
+    return {}
 
 
 def write_plugstack(path: Path, line: PlugstackLine) -> None:

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import click
 
+from rota import auth
+from rota._client import check_endpoint
 from rota.cli.options import Endpoint
 from rota.errors import RotaError
-from rota_slurm import _groups, _orchestrator, _place, _slurm, _spank, _status
+from rota_slurm import _groups, _orchestrator, _place, _slurm, _spank, _status, _token
 from rota_slurm._conf import GresLayout, gres_conf, slurm_conf_lines
 
 log = logging.getLogger(__name__)
@@ -40,24 +42,38 @@ def slurm() -> None:
 @click.option("--dest", type=click.Path(path_type=Path), default=DEFAULT_LIB_DIR, show_default=True,
               help="Directory (or .so path) for the compiled plugin; must be readable on every node.")
 @click.option("--rota", "rota_exe", default="", help="rota executable the job epilog runs (default: this one).")
+@click.option("--auth-key", type=click.Path(dir_okay=False), default="",
+              help="The orchestrator's auth key (rota token keygen; mode 0600, on every node): each job step gets "
+              "ROTA_TOKEN for its own job, the epilog an admin token. Without it jobs get no token.")
+@click.option("--tls-ca", type=click.Path(dir_okay=False), default="",
+              help="The orchestrator's TLS CA certificate: jobs and the epilog get ROTA_TLS_CA.")
 @click.option("--include-dir", multiple=True, help="Extra -I directory holding slurm/spank.h.")
 @click.option("--optional", is_flag=True, help="Mark the plugin optional: jobs still run if it fails to load.")
-def install_spank(plugstack: Path | None, orchestrator: str | None, dest: Path, rota_exe: str,
-                  include_dir: tuple[str, ...], optional: bool) -> None:
+def install_spank(plugstack: Path | None, orchestrator: str | None, dest: Path, rota_exe: str, auth_key: str,
+                  tls_ca: str, include_dir: tuple[str, ...], optional: bool) -> None:
     """Compile the SPANK plugin against slurm/spank.h and print or write its plugstack.conf line."""
     try:
+        if auth_key:
+            auth.load_key(auth_key)  # refuses a key others may read, now rather than in every job
+            auth_key = os.path.abspath(auth_key)
         so = _spank.build(dest, include_dirs=include_dir)
+        line = _spank.PlugstackLine(so, orchestrator=orchestrator or "",
+                                    rota=rota_exe or _spank.default_rota_executable(), required=not optional,
+                                    python=sys.executable, auth_key=auth_key,
+                                    tls_ca=os.path.abspath(tls_ca) if tls_ca else "")
+        text = line.render()
     except RotaError as exc:
         raise click.ClickException(str(exc)) from None
     if not orchestrator:
-        log.warning("no --orchestrator: jobs on each node share that node's embedded orchestrator only")
-    line = _spank.PlugstackLine(so, orchestrator=orchestrator or "", rota=rota_exe or _spank.default_rota_executable(),
-                                required=not optional)
+        log.warning("no --orchestrator: jobs on each node share that node's embedded orchestrator only, and the "
+                    "job epilog evicts nothing")
+    elif not auth_key:
+        log.warning("no --auth-key: jobs get no token, so the orchestrator must run with --insecure")
     if plugstack is None:
-        click.echo(line.render())
+        click.echo(text)
         return
     _spank.write_plugstack(plugstack, line)
-    click.echo(f"built {so}; wrote to {plugstack}: {line.render()}", err=True)
+    click.echo(f"built {so}; wrote to {plugstack}: {text}", err=True)
     click.echo("slurm.conf needs PlugStackConfig pointing there (default /etc/slurm/plugstack.conf); "
                "restart slurmd on every node (scontrol reconfigure is not enough for slurmd).", err=True)
 
@@ -171,28 +187,72 @@ def _env(*names: str) -> str:
     return next((os.environ[n] for n in names if os.environ.get(n)), "")
 
 
+@slurm.command("token")
+@click.option("--auth-key", type=click.Path(dir_okay=False), required=True, help="The orchestrator's auth key.")
+@click.option("--group", required=True, help="The job's time-slice group (expanded: no %n/%g).")
+@click.option("--job", required=True, help="The Slurm job id.")
+@click.option("--max-ttl", default=_token.DEFAULT_MAX_TTL, show_default=True,
+              help="Longest lifetime; a job's token lives as long as the job may still run, plus 10 minutes.")
+def token(auth_key: str, group: str, job: str, max_ttl: str) -> None:
+    """Print the token the SPANK plugin gives JOB of GROUP (ROTA_TOKEN): valid for that job only."""
+    try:
+        click.echo(_token.job_token(auth_key, group, job, max_ttl_s=auth.parse_ttl(max_ttl),
+                                    left_s=_token.time_left(job)))
+    except RotaError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @slurm.command("epilog")
 @click.option("--job", default=lambda: os.environ.get("SLURM_JOB_ID", ""),
               help="Slurm job id (default $SLURM_JOB_ID).")
 @click.option("--group", default=lambda: _env("SPANK_ROTA_GROUP", "SLURM_SPANK_ROTA_GROUP"),
               help="Time-slice group (default $SPANK_ROTA_GROUP, set by the SPANK plugin).")
-@click.option("--orchestrator", "endpoint",
-              default=lambda: _env("SPANK_ROTA_ORCHESTRATOR", "SLURM_SPANK_ROTA_ORCHESTRATOR", "ROTA_ORCHESTRATOR"),
-              help="Orchestrator (default $SPANK_ROTA_ORCHESTRATOR, then $ROTA_ORCHESTRATOR).")
+@click.option("--orchestrator", "endpoint", type=Endpoint(), default=None,
+              help="Orchestrator (default: orchestrator= of rota's line in plugstack.conf; never the environment, "
+              "which the job's user controls).")
+@click.option("--auth-key", type=click.Path(dir_okay=False), default=None,
+              help="Evict with an admin token made from this key (default: auth_key= in plugstack.conf, else "
+              "$ROTA_TOKEN).")
+@click.option("--plugstack", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="plugstack.conf to read (default: PlugStackConfig of $SLURM_CONF's slurm.conf).")
 @click.option("--timeout", type=float, default=15.0, show_default=True, help="Give up after this many seconds.")
-def epilog(job: str, group: str, endpoint: str, timeout: float) -> None:
+def epilog(job: str, group: str, endpoint: str | None, auth_key: str | None, plugstack: Path | None,
+           timeout: float) -> None:
     """Release JOB's turn and drop it from GROUP's queue (the job ended or was cancelled).
 
     Run by the SPANK plugin at the end of every --timeslice job; usable as (part of) a
     Slurm Epilog= script too. A job without a group is a no-op. %n in GROUP is this
     node ($SLURMD_NODENAME); with %g (the GPU set of each step), the job leaves every
     group of the orchestrator that GROUP can name and that knows the job.
+
+    It runs as root with an environment the job's user shaped (SPANK_*), so the
+    orchestrator, and the key its admin token is made from, come from the command line
+    or plugstack.conf only; without an orchestrator there, nothing is evicted (exit 0,
+    so the node is not drained) and the reason is logged.
     """
     if not group:
         return
-    if not job or not endpoint:
-        raise click.ClickException(f"epilog needs a job id and an orchestrator (job={job!r}, "
-                                   f"orchestrator={endpoint!r})")
+    if endpoint is None or auth_key is None:
+        path = plugstack or _spank.plugstack_path()
+        args = _spank.read_plugstack(path)
+        endpoint = endpoint or args.get("orchestrator", "")
+        auth_key = args.get("auth_key", "") if auth_key is None else auth_key
+        if not endpoint:
+            log.warning("epilog of job %s: no --orchestrator and no orchestrator= in %s; nothing evicted (the job's "
+                        "environment is never trusted to name the orchestrator)", job, path)
+            click.echo(f"job {job}: not evicted: no orchestrator= in {path}", err=True)
+            return
+        try:
+            endpoint = check_endpoint(endpoint, f"orchestrator= in {path}")
+        except RotaError as exc:
+            raise click.ClickException(str(exc)) from None
+    if not job:
+        raise click.ClickException("epilog needs a job id: pass --job or set SLURM_JOB_ID")
+    try:
+        # an admin token for this one call; without a key, the site's own ROTA_TOKEN (or none: --insecure)
+        token = auth.issue(auth.load_key(auth_key), admin=True, ttl_s=timeout + 60) if auth_key else None
+    except RotaError as exc:
+        raise click.ClickException(f"epilog of job {job}: {exc}") from None
     node = os.environ.get("SLURMD_NODENAME", "")
     if "%n" in group and not node:
         raise click.ClickException(f"group {group!r} names the node (%n) but SLURMD_NODENAME is unset: run this "
@@ -202,9 +262,9 @@ def epilog(job: str, group: str, endpoint: str, timeout: float) -> None:
     try:
         if "%g" in group:
             results = _orchestrator.evict_matching(endpoint, job, _groups.pattern_regex(group), reason=reason,
-                                                   timeout=timeout)
+                                                   timeout=timeout, token=token)
         else:
-            results = {group: _orchestrator.evict(endpoint, job, group, reason=reason, timeout=timeout)}
+            results = {group: _orchestrator.evict(endpoint, job, group, reason=reason, timeout=timeout, token=token)}
     except RotaError as exc:
         raise click.ClickException(f"evict of job {job} from group {group} failed: {exc}") from None
     if not results:

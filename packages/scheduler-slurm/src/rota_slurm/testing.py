@@ -24,6 +24,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ class SlurmCluster:
     shards_per_gpu: int = 4
     cpus_per_node: int = 4
     orchestrator: str = ""
+    auth_key: str = ""  # the orchestrator's key: jobs get ROTA_TOKEN, the epilog an admin token
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     # ------------------------------------------------------------ paths, env
@@ -178,7 +180,8 @@ class SlurmCluster:
         (self.root / "etc" / "gres.conf").write_text(gres_conf(layout))
         so = build(self.root / "lib" / "rota_spank.so")
         write_plugstack(self.root / "etc" / "plugstack.conf",
-                        PlugstackLine(so, orchestrator=self.orchestrator, rota=default_rota_executable()))
+                        PlugstackLine(so, orchestrator=self.orchestrator, rota=default_rota_executable(),
+                                      python=sys.executable, auth_key=self.auth_key))
         r = self.root
         ports = [first_node_port] + [_free_port() for _ in self.nodes[1:]]
         nodes = "\n".join(

@@ -2,26 +2,66 @@
 
 A per-process budget cannot stop five tenants on one node from pinning 40 GB each on
 a 128 GB host: the node swaps, then the OOM killer picks one. So every host pool also
-records its process's in-memory bytes in a small file under one node-local directory
-(``ROTA_NODE_LEDGER_DIR``, default ``/dev/shm/rota-host-ledger``), and a pool that
-grows checks the sum of every *live* process's entry against the node budget
-(``ROTA_NODE_HOST_BUDGET_BYTES``; 0 or unset = none). An ``flock`` on the directory's
-lock file makes check-and-record atomic across processes; entries of processes that
-died (pid gone, or reused: the start time differs) are dropped when read. No server
-is needed, so ``rota-core`` alone enforces it.
+records its process's in-memory bytes in the node ledger, and a pool that grows checks
+the sum of every *live* process's entry against the node budget
+(``ROTA_NODE_HOST_BUDGET_BYTES``; 0 or unset = none). No server is needed, so
+``rota-core`` alone enforces it.
+
+Every local user may be another tenant, so nobody writes where another uid writes:
+
+* ``ROTA_NODE_LEDGER_DIR`` (default ``/dev/shm/rota-host-ledger``) is the node's root,
+  owned by root (created ``1777`` by a root process, or by an admin) or by this user
+  alone (a private ledger); one writable by others must be sticky, and a link or a root
+  owned by another user is refused.
+* Each uid records only in its own directory ``<root>/<uid>``, owned by it, mode 0755:
+  only that uid writes there; every rota process reads every uid's entries, so the node
+  budget counts all users (an entry tells no more than ``/proc`` already does).
+* A process locks only its own uid's ``lock`` (mode 0600: no other uid can open it,
+  so none can block it), waits at most ``LOCK_TIMEOUT_S`` and then names the holder;
+  writes its entry through an ``O_EXCL|O_NOFOLLOW`` temp file; prunes dead or bad
+  entries of its own uid.
+* Another uid's entry counts only if it is a regular file owned by that uid (read with
+  ``O_NOFOLLOW|O_NONBLOCK``, at most 64 bytes), names a live process of that uid (pid
+  and start time) and holds a byte count between 0 and the node's memory plus swap.
+  Anything else is ignored and logged once. A uid can thus only count bytes against
+  its own live processes, which it could as well allocate.
+
+The locks are per uid, so across uids check-and-record is not atomic: a pool that
+grows records its claim, reads the others again and shrinks its claim if they grew
+meanwhile (:meth:`rota.tensors._pool.HostPool._plan`): two uids racing for the last
+room may both get less, never both the last room.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import logging
 import os
+import re
+import stat
+import time
 from collections.abc import Iterator
 
-from rota.errors import ConfigError
+from rota.errors import ConfigError, TransientError
 from rota.tensors._guard import env_number
 
+log = logging.getLogger(__name__)
+
 DEFAULT_DIR = "/dev/shm/rota-host-ledger"
+LOCK = "lock"
+LOCK_TIMEOUT_S = 10.0  # the lock is held for a check and a record only, never an allocation
+MAX_ENTRY_BYTES = 64  # "<start time> <bytes>\n" is far shorter
+MAX_ENTRIES = 4096  # entries read per uid: a uid cannot make every reader walk a huge directory
+MAX_WARNED = 256
+_ENTRY = re.compile(r"([0-9]{1,20}) ([0-9]{1,20})\n?")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_warned: set[tuple[str, str, str]] = set()
+
+
+class LedgerBusy(TransientError):
+    """The ledger's lock of this uid stayed held past the timeout (a stuck rota process of this user)."""
 
 
 def node_budget() -> int:
@@ -29,81 +69,266 @@ def node_budget() -> int:
     return int(env_number("ROTA_NODE_HOST_BUDGET_BYTES", 0, integer=True))
 
 
-def ledger_dir() -> str:
-    """``ROTA_NODE_LEDGER_DIR`` (default under /dev/shm), created if missing; a clear error if unusable."""
+def _fix(path: str) -> str:
+    return (f"ask an admin to create it as root (install -d -m 1777 -o root {path}, e.g. from systemd-tmpfiles), "
+            "or set ROTA_NODE_LEDGER_DIR to a directory of your own")
+
+
+def _open_root() -> tuple[str, int]:
+    """The node's ledger root (created if missing), opened without following a link and checked."""
     path = os.environ.get("ROTA_NODE_LEDGER_DIR") or DEFAULT_DIR
+    uid = os.geteuid()
     try:
-        os.makedirs(path, mode=0o1777, exist_ok=True)
+        created = _mkdir(path, 0o1777 if uid == 0 else 0o755)
     except OSError as exc:
         raise ConfigError(f"ROTA_NODE_LEDGER_DIR={path!r} cannot be created ({exc.strerror}); point it at a "
-                          "writable node-local directory") from None
-    if not os.access(path, os.W_OK):
-        raise ConfigError(f"ROTA_NODE_LEDGER_DIR={path!r} is not writable; point it at a writable node-local "
-                          "directory shared by every rota process of this node")
-    return path
+                          "node-local directory") from None
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError as exc:
+        why = "is a symbolic link or not a directory" if exc.errno in (errno.ENOTDIR, errno.ELOOP) else \
+            f"cannot be opened ({exc.strerror})"
+        raise ConfigError(f"ROTA_NODE_LEDGER_DIR={path!r} {why}; point it at a node-local directory") from None
+    try:
+        st = os.fstat(fd)
+        if created:
+            os.fchmod(fd, 0o1777 if uid == 0 else 0o755)  # the umask may have narrowed it
+        elif st.st_uid not in (0, uid):
+            raise ConfigError(f"ROTA_NODE_LEDGER_DIR={path!r} is owned by uid {st.st_uid}, not root or you: "
+                              f"another user may have planted it; {_fix(path)}")
+        elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise ConfigError(f"ROTA_NODE_LEDGER_DIR={path!r} is writable by others without the sticky bit "
+                              f"(mode {stat.S_IMODE(st.st_mode):o}): anyone could replace another user's entries; "
+                              f"chmod 1777 {path}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return path, fd
+
+
+def _mkdir(path: str, mode: int, dir_fd: int | None = None) -> bool:
+    """Create a directory; False if something (checked by the caller) is already there."""
+    try:
+        os.mkdir(path, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _open_own(root: str, root_fd: int) -> int:
+    """This uid's directory under the root: created 0755, refused if another uid owns it or others may write it."""
+    uid = os.geteuid()
+    name = str(uid)
+    path = os.path.join(root, name)
+    try:
+        created = _mkdir(name, 0o755, dir_fd=root_fd)
+    except PermissionError:
+        raise ConfigError(f"the node ledger {root!r} does not let uid {uid} make its directory in it; "
+                          f"{_fix(root)} (chmod 1777 {root} if it is root's)") from None
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=root_fd)
+    except OSError as exc:
+        raise ConfigError(f"node ledger directory {path!r} cannot be used ({exc.strerror}); it must be a "
+                          "directory of yours, not a link: remove it") from None
+    st = os.fstat(fd)
+    if created:
+        os.fchmod(fd, 0o755)
+    elif st.st_uid != uid or st.st_mode & 0o022:
+        os.close(fd)
+        raise ConfigError(f"node ledger directory {path!r} is owned by uid {st.st_uid} with mode "
+                          f"{stat.S_IMODE(st.st_mode):o}; it must be yours and writable by you only: another user "
+                          "may have planted it, remove it (as root)")
+    return fd
+
+
+def _proc_start_and_uid(pid: int) -> tuple[str, int]:
+    """The process's start time in clock ticks and its effective uid (/proc); ("", -1) if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]
+        with open(f"/proc/{pid}/status") as f:
+            uid = next(int(line.split()[2]) for line in f if line.startswith("Uid:"))
+    except (OSError, IndexError, ValueError, StopIteration):
+        return "", -1
+    return start, uid
 
 
 def _start_time(pid: int) -> str:
-    """The process's start time in clock ticks (/proc), so a reused pid is not mistaken for the old one."""
+    """The process's start time, so a reused pid is not mistaken for the old one."""
+    return _proc_start_and_uid(pid)[0]
+
+
+def _memory_bound() -> int:
+    """No entry may claim more than the node's memory and swap together."""
+    total = 0
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(("MemTotal:", "SwapTotal:")):
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return total or 1 << 50
+
+
+def _ignore(where: str, name: str, why: str) -> None:
+    """Log a bad entry once (at most MAX_WARNED of them: another uid must not grow this process's memory)."""
+    key = (where, name, why)
+    if key not in _warned and len(_warned) < MAX_WARNED:
+        _warned.add(key)
+        log.warning("node ledger: ignoring entry %r in %s: %s%s", name, where, why,
+                    "; further bad entries are ignored silently" if len(_warned) == MAX_WARNED else "")
 
 
 class NodeLedger:
-    """The ledger while its lock is held: read other processes' bytes, record this one's."""
+    """The ledger while this uid's lock is held: read every live process's bytes, record this one's."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, root_fd: int, own_fd: int) -> None:
         self.path = path
         self.pid = os.getpid()
+        self.uid = os.geteuid()
+        self._root_fd, self._own_fd = root_fd, own_fd
 
     def entries(self) -> dict[int, int]:
-        """Bytes per live process (dead or reused pids are removed)."""
+        """Bytes per live rota process of every uid; this uid's dead or bad entries are removed."""
         out: dict[int, int] = {}
-        for name in os.listdir(self.path):
-            if not name.isdigit():
-                continue
-            file = os.path.join(self.path, name)
+        bound = _memory_bound()
+        uids = sorted(n for n in os.listdir(self._root_fd) if n.isdigit())
+        if len(uids) > MAX_ENTRIES:
+            _ignore(self.path, "*", f"{len(uids)} uid directories; only the first {MAX_ENTRIES} are read")
+        for name in uids[:MAX_ENTRIES]:
             try:
-                with open(file) as f:
-                    start, nbytes = f.read().split()
-                pid = int(name)
-                alive = _start_time(pid) == start
-                value = int(nbytes)
-            except (OSError, ValueError):
+                st = os.stat(name, dir_fd=self._root_fd, follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode):
+                    continue
+                fd = self._own_fd if name == str(self.uid) else os.open(name, _DIR_FLAGS, dir_fd=self._root_fd)
+            except OSError:
                 continue
-            if alive:
-                out[pid] = value
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(file)
+            try:
+                where = os.path.join(self.path, name)
+                if name != str(os.fstat(fd).st_uid):
+                    _ignore(self.path, name, f"directory owned by uid {os.fstat(fd).st_uid}, not uid {name}")
+                    continue
+                out.update(self._read_dir(fd, int(name), where, bound))
+            finally:
+                if fd != self._own_fd:
+                    os.close(fd)
         return out
+
+    def _read_dir(self, fd: int, uid: int, where: str, bound: int) -> dict[int, int]:
+        own = uid == self.uid
+        out: dict[int, int] = {}
+        # another uid's "<pid>.tmp" is its record in progress (it holds its own lock, not ours)
+        names = sorted(n for n in os.listdir(fd) if n != LOCK and (own or not n.endswith(".tmp")))
+        if len(names) > MAX_ENTRIES:
+            _ignore(where, "*", f"{len(names)} entries; only the first {MAX_ENTRIES} are read")
+        for name in names[:MAX_ENTRIES]:
+            pid, nbytes, why = self._read_entry(fd, name, uid, bound)
+            if not why:
+                out[pid] = nbytes
+            elif own:  # dead, reused or broken: this uid's own entries are pruned
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=fd)
+            elif why != "process gone":
+                _ignore(where, name, why)
+        return out
+
+    @staticmethod
+    def _read_entry(dir_fd: int, name: str, uid: int, bound: int) -> tuple[int, int, str]:
+        """(pid, bytes, "") for a valid entry of a live process of ``uid``, else (0, 0, why)."""
+        if not name.isdigit() or name != str(int(name)) or int(name) <= 0:
+            return 0, 0, "not a pid"
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError as exc:
+            return 0, 0, f"cannot be opened ({exc.strerror})"
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                return 0, 0, f"not a regular file of uid {uid}"
+            raw = os.read(fd, MAX_ENTRY_BYTES + 1)
+        finally:
+            os.close(fd)
+        match = _ENTRY.fullmatch(raw.decode("ascii", "replace")) if len(raw) <= MAX_ENTRY_BYTES else None
+        if match is None:
+            return 0, 0, "malformed (want '<start time> <bytes>')"
+        nbytes = int(match.group(2))
+        if nbytes > bound:
+            return 0, 0, f"claims {nbytes} bytes, more than this node's memory and swap ({bound})"
+        pid = int(name)
+        start, owner = _proc_start_and_uid(pid)
+        if start != match.group(1):
+            return 0, 0, "process gone"
+        if owner != uid:
+            return 0, 0, f"pid {pid} belongs to uid {owner}, not {uid}"
+        return pid, nbytes, ""
 
     def others(self) -> int:
         """In-memory host bytes of every other live rota process on this node."""
         return sum(n for pid, n in self.entries().items() if pid != self.pid)
 
     def record(self, nbytes: int) -> None:
-        """This process now holds ``nbytes`` of host memory in pools (atomic replace)."""
-        file = os.path.join(self.path, str(self.pid))
-        tmp = f"{file}.tmp"
-        with open(tmp, "w") as f:
+        """This process now holds ``nbytes`` of host memory in pools (atomic replace, in this uid's directory)."""
+        if nbytes < 0:
+            raise ValueError(f"host bytes {nbytes} < 0")
+        name = str(self.pid)
+        tmp = f"{name}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=self._own_fd)  # a reused pid's leftover; only this uid writes here
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=self._own_fd)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, 0o644)  # readable by every uid's rota, whatever the umask
             f.write(f"{_start_time(self.pid)} {nbytes}\n")
-        os.replace(tmp, file)
+        os.replace(tmp, name, src_dir_fd=self._own_fd, dst_dir_fd=self._own_fd)
+
+
+def _lock_holder(fd: int) -> str:
+    """Who holds the flock on ``fd``'s file, from /proc/locks ("pid N"), for the error message."""
+    ino = os.fstat(fd).st_ino
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 5 and fields[1] == "FLOCK" and fields[5].endswith(f":{ino}"):
+                    return f"pid {fields[4]}"
+    except OSError:
+        pass
+    return "another process of this user"
+
+
+def _lock(fd: int, path: str) -> None:
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise LedgerBusy(f"the node ledger's lock {path} has been held by {_lock_holder(fd)} for more "
+                                 f"than {LOCK_TIMEOUT_S:g} s; that process of yours is stuck: end it") from None
+            time.sleep(0.01)
 
 
 @contextlib.contextmanager
 def locked_ledger() -> Iterator[NodeLedger]:
-    """The node ledger under its exclusive lock (held only for a check and a record, never an allocation)."""
-    path = ledger_dir()
-    with open(os.path.join(path, "lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    """The node ledger under this uid's exclusive lock (held only for a check and a record, never an allocation)."""
+    root, root_fd = _open_root()
+    own_fd = lock_fd = -1
+    try:
+        own_fd = _open_own(root, root_fd)
+        lock_path = os.path.join(root, str(os.geteuid()), LOCK)
         try:
-            yield NodeLedger(path)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            lock_fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=own_fd)
+        except OSError as exc:
+            raise ConfigError(f"node ledger lock {lock_path!r} cannot be opened ({exc.strerror}); remove it") \
+                from None
+        _lock(lock_fd, lock_path)
+        yield NodeLedger(root, root_fd, own_fd)
+    finally:
+        for fd in (lock_fd, own_fd, root_fd):
+            if fd >= 0:
+                os.close(fd)  # closing the lock's descriptor releases the lock
 
 
 def node_host_bytes() -> dict[int, int]:

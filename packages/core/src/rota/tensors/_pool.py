@@ -16,6 +16,12 @@ memory-mapped file, so copies go through the page cache at disk speed, counted i
 :attr:`HostPool.spilled_bytes`) or, with no spill directory, raises
 :class:`HostBudgetExceeded` naming the numbers and both fixes.
 
+Spill files hold a tenant's parked state and may live in a directory other users can
+write (``/tmp``), so a file is never reached by name: it is made without one
+(``O_TMPFILE``, else created ``O_EXCL`` and unlinked at once) in the directory opened
+without following links, and mapped through its descriptor. The directory must be this
+user's, or root's and sticky if others may write it; anything else is refused.
+
 Used by :class:`rota.tensors.TensorParker`; thread-safe (a background reservation may
 race with the first park, which waits for it).
 """
@@ -23,9 +29,12 @@ race with the first park, which waits for it).
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
+import mmap
 import os
-import tempfile
+import secrets
+import stat
 import threading
 import time
 import weakref
@@ -34,7 +43,7 @@ import torch
 
 from rota.errors import ConfigError, PermanentError
 from rota.tensors._guard import env_number
-from rota.tensors._ledger import locked_ledger, node_budget
+from rota.tensors._ledger import LedgerBusy, locked_ledger, node_budget
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +69,43 @@ def host_bytes_in_use() -> tuple[int, int]:
 
 
 def _check_spill_dir(path: str, source: str) -> str:
-    if path and not os.path.isdir(path):
-        raise ConfigError(f"{source}={path!r} is not a directory; create it or point {source} at one")
+    if path:
+        os.close(_open_spill_dir(path, source))
     return path
+
+
+def _open_spill_dir(path: str, source: str) -> int:
+    """The spill directory, opened without following a link; refused unless only this user (or root, sticky) may
+    replace entries in it."""
+    if os.path.islink(path):
+        raise ConfigError(f"{source}={path!r} is a symbolic link; point {source} at the directory itself")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        raise ConfigError(f"{source}={path!r} is not a directory; create it or point {source} at one") from None
+    st = os.fstat(fd)
+    why = ""
+    if st.st_uid not in (0, os.geteuid()):
+        why = f"is owned by uid {st.st_uid}, who could swap the files in it"
+    elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        why = f"is writable by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o})"
+    if why:
+        os.close(fd)
+        raise ConfigError(f"{source}={path!r} {why}; use a directory of your own (mkdir -m 700 DIR)")
+    return fd
+
+
+def _nameless_file(dir_fd: int) -> int:
+    """A new file in the directory that no other process can open by name (O_TMPFILE, else O_EXCL + unlink)."""
+    try:
+        return os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
+    name = f"rota-spill-{secrets.token_hex(8)}.bin"  # the filesystem has no O_TMPFILE
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    os.unlink(name, dir_fd=dir_fd)  # only we (or root) may rename in this directory: this is our file
+    return fd
 
 
 CHUNK = 1 << 30  # pinning holds the GIL: pin 1 GiB at a time so heartbeats keep flowing
@@ -102,10 +145,10 @@ class HostPool:
         self.budget_bytes = int(env_number("ROTA_HOST_BUDGET_BYTES", 0, integer=True)) if budget_bytes is None \
             else budget_bytes
         self.node_budget_bytes = node_budget()
+        self._spill_source = "ROTA_SPILL_DIR" if spill_dir is None else "spill_dir"
         self.spill_dir = _check_spill_dir(os.environ.get("ROTA_SPILL_DIR", "") if spill_dir is None else spill_dir,
-                                          "ROTA_SPILL_DIR" if spill_dir is None else "spill_dir")
+                                          self._spill_source)
         self.spilled_bytes = 0  # part of the capacity that lives in spill files
-        self._spill_files: list[str] = []
         self._error: BaseException | None = None
         _pools.add(self)
 
@@ -191,16 +234,27 @@ class HostPool:
     def _plan(self, missing: int) -> int:
         """Bytes of ``missing`` that go in memory (the rest spills); recorded in the node ledger first.
 
-        Check and record happen under the ledger's lock so two processes cannot both
-        take the last of the node budget; the allocation itself happens after.
+        Check and record happen under this uid's ledger lock so two of its processes
+        cannot both take the last of the node budget; other uids' processes are read
+        again after the record and the claim shrinks if they grew meanwhile (see
+        :mod:`rota.tensors._ledger`). The allocation itself happens after.
         """
         if not self.node_budget_bytes:
             planned = self._in_memory_part(missing, 0)
             self._record(host_bytes_in_use()[0] + planned)
             return planned
         with locked_ledger() as ledger:
-            planned = self._in_memory_part(missing, ledger.others())
+            others = ledger.others()
+            planned = self._in_memory_part(missing, others)
             ledger.record(host_bytes_in_use()[0] + planned)
+            later = ledger.others()  # other uids take their own locks: look again now that our claim shows
+            if later > others:
+                try:
+                    planned = self._in_memory_part(missing, later)
+                except HostBudgetExceeded:
+                    ledger.record(host_bytes_in_use()[0])  # our claim withdrawn
+                    raise
+                ledger.record(host_bytes_in_use()[0] + planned)
             return planned
 
     def _in_memory_part(self, missing: int, others_on_node: int) -> int:
@@ -229,17 +283,23 @@ class HostPool:
         try:
             with locked_ledger() as ledger:
                 ledger.record(nbytes)
-        except (ConfigError, OSError) as exc:
+        except (ConfigError, LedgerBusy, OSError) as exc:
             if self.node_budget_bytes:
                 raise
             log.debug("host pool: node ledger not updated: %s", exc)
 
     def _spill_chunk(self, size: int) -> torch.Tensor:
-        fd, path = tempfile.mkstemp(prefix="rota-spill-", suffix=".bin", dir=self.spill_dir)
-        os.close(fd)
-        self._spill_files.append(path)
-        chunk = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
-        os.unlink(path)  # the mapping keeps it alive; nothing is left behind when the process ends
+        dir_fd = _open_spill_dir(self.spill_dir, self._spill_source)  # checked again: it may have changed since
+        try:
+            fd = _nameless_file(dir_fd)
+        finally:
+            os.close(dir_fd)
+        try:
+            os.ftruncate(fd, size)
+            mapping = mmap.mmap(fd, size)  # shared, read-write; the tensor keeps it (and so the file) alive
+        finally:
+            os.close(fd)
+        chunk = torch.frombuffer(mapping, dtype=torch.uint8)
         self.spilled_bytes += size
         return chunk
 

@@ -9,23 +9,35 @@
  *   allocator (sbatch/salloc) and local (srun): validates the options (a bad value
  *       fails the submission with the message below) and records the group in the
  *       job-control environment (SPANK_ROTA_GROUP), which Slurm's Prolog/Epilog see.
- *   remote (slurmstepd), user_init: sets ROTA_TENANT (the job id: the same on every
- *       rank and node), ROTA_ORCHESTRATOR, ROTA_PRIORITY, and notes the step's GPUs;
+ *   remote (slurmstepd), init_post_opt (still root): with auth_key= in plugstack.conf,
+ *       issues the step's token, for this job and its group on this node, valid for the
+ *       job's time left (`PYTHON -I -m rota_slurm._token`, which reads the root-only key),
+ *       and sets it as ROTA_TOKEN: the job acts for itself and for no other job.
+ *       user_init: sets ROTA_TENANT (the job id: the same on every rank and node),
+ *       ROTA_ORCHESTRATOR, ROTA_TLS_CA, ROTA_PRIORITY, and notes the step's GPUs;
  *       task_init sets ROTA_GROUP per task and, in a step of several tasks, ROTA_RANK
  *       (SLURM_PROCID) and ROTA_WORLD_SIZE (SLURM_NTASKS). A step of one task (the
  *       batch script, `srun -n1`) gets neither: its one process may start several
  *       ranks itself (torchrun), whose ranks rota.connect() then takes from
  *       torch.distributed. `rota.connect()` needs no arguments.
  *   job script (slurmd, end of the job on each node), job_epilog: runs
- *       `ROTA slurm epilog --job ID --group GROUP --orchestrator ADDR`, which calls the
- *       orchestrator's Evict: the job's turn is released and it leaves the queue, also
- *       after scancel or a time limit. A node that dies is covered by the
- *       orchestrator's session TTL.
+ *       `ROTA slurm epilog --job ID --group GROUP --orchestrator ADDR [--auth-key KEY]`,
+ *       which calls the orchestrator's Evict with an admin token made from KEY: the
+ *       job's turn is released and it leaves the queue, also after scancel or a time
+ *       limit. A node that dies is covered by the orchestrator's session TTL.
+ *       The orchestrator comes from plugstack.conf only: the epilog runs as root with
+ *       the job-control environment, which the submitting user controls (SPANK_*), so
+ *       without orchestrator= it evicts nothing and says why. Helpers run with a fixed
+ *       environment (PATH, SLURM_CONF, SLURMD_NODENAME, ROTA_TLS_CA), never the job's.
  *
  * plugstack.conf arguments (written by `rota slurm install-spank`):
  *   orchestrator=ADDR   host:port or unix:PATH given to jobs as ROTA_ORCHESTRATOR
  *   rota=PATH           the `rota` executable used by the epilog (default: rota in PATH)
- *   epilog_timeout=S    seconds the epilog may take (default 20)
+ *   python=PATH         the Python that has rota installed (issues tokens; needed with auth_key=)
+ *   auth_key=PATH       the orchestrator's auth key (root only, mode 0600): jobs get ROTA_TOKEN,
+ *                       the epilog an admin token
+ *   tls_ca=PATH         the orchestrator's TLS CA: jobs and the epilog get ROTA_TLS_CA
+ *   epilog_timeout=S    seconds the epilog, or the token issuer, may take (default 20)
  *
  * A group may contain `%n`, replaced by the node name (SLURMD_NODENAME): one group per
  * node, e.g. `--timeslice=gpu-%n`; and `%g`, replaced by the set of GPUs the step's
@@ -42,8 +54,10 @@
  * Options must be registered with spank_option_register() from slurm_spank_init():
  * an exported spank_options table alone is ignored by sbatch/salloc (Slurm 22.05).
  */
+#define _GNU_SOURCE /* execvpe */
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -70,6 +84,9 @@ static long opt_priority = 0;
 static int have_priority = 0;
 static char arg_orchestrator[ROTA_ARG_MAX] = "";
 static char arg_rota[ROTA_ARG_MAX] = "rota";
+static char arg_python[ROTA_ARG_MAX] = "";
+static char arg_auth_key[ROTA_ARG_MAX] = "";
+static char arg_tls_ca[ROTA_ARG_MAX] = "";
 static int arg_epilog_timeout = 20;
 static char step_gpus[ROTA_ID_MAX + 1] = ""; /* `gpu0_1`: this node's GPUs of the step, for %g */
 static char step_gpus_why[160] = "";         /* why step_gpus is empty */
@@ -162,6 +179,9 @@ static void parse_args(int ac, char **av)
 {
     int i;
     arg_orchestrator[0] = '\0';
+    arg_python[0] = '\0';
+    arg_auth_key[0] = '\0';
+    arg_tls_ca[0] = '\0';
     snprintf(arg_rota, sizeof(arg_rota), "%s", "rota");
     arg_epilog_timeout = 20;
     for (i = 0; i < ac; i++) {
@@ -169,6 +189,12 @@ static void parse_args(int ac, char **av)
             snprintf(arg_orchestrator, sizeof(arg_orchestrator), "%s", av[i] + 13);
         else if (strncmp(av[i], "rota=", 5) == 0)
             snprintf(arg_rota, sizeof(arg_rota), "%s", av[i] + 5);
+        else if (strncmp(av[i], "python=", 7) == 0)
+            snprintf(arg_python, sizeof(arg_python), "%s", av[i] + 7);
+        else if (strncmp(av[i], "auth_key=", 9) == 0)
+            snprintf(arg_auth_key, sizeof(arg_auth_key), "%s", av[i] + 9);
+        else if (strncmp(av[i], "tls_ca=", 7) == 0)
+            snprintf(arg_tls_ca, sizeof(arg_tls_ca), "%s", av[i] + 7);
         else if (strncmp(av[i], "epilog_timeout=", 15) == 0)
             arg_epilog_timeout = atoi(av[i] + 15) > 0 ? atoi(av[i] + 15) : 20;
         else if (spank_context() == S_CTX_SLURMD)
@@ -319,16 +345,211 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
     return ESPANK_SUCCESS;
 }
 
+/* The group of this step on this node: GROUP with %n and %g expanded. Returns NULL, or
+ * why there is none (the step spans several nodes with %n/%g, has no GPUs for %g, or the
+ * name is invalid) for the caller to report. node gets the node name. */
+static const char *step_group(spank_t sp, int batch, char *node, size_t nlen, char *group, size_t glen)
+{
+    static char why[512];
+    uint32_t nodes = 1;
+    node[0] = '\0';
+    if (spank_getenv(sp, "SLURMD_NODENAME", node, (int)nlen) != ESPANK_SUCCESS && getenv("SLURMD_NODENAME"))
+        snprintf(node, nlen, "%s", getenv("SLURMD_NODENAME"));
+    /* The batch script is one process on one node, whatever the job's -n and -N. */
+    if (!batch && (spank_get_item(sp, S_JOB_NNODES, &nodes) != ESPANK_SUCCESS || nodes == 0))
+        nodes = 1;
+    if (nodes > 1 && (strstr(opt_group, "%n") || strstr(opt_group, "%g"))) {
+        snprintf(why, sizeof(why), "rota: --timeslice=%s names one node's group, but this step runs on %u nodes and "
+                 "all its ranks must share one group: give a group without %%n/%%g (e.g. --timeslice=g0)",
+                 opt_group, nodes);
+        return why;
+    }
+    if (strstr(opt_group, "%g") && step_gpus[0] == '\0') {
+        snprintf(why, sizeof(why), "rota: --timeslice=%s uses %%g, but the step has no GPUs on node '%s' (%s): ask "
+                 "for GPUs with --gres=shard:N or --gres=gpu:N, or give a group without %%g",
+                 opt_group, node, step_gpus_why);
+        return why;
+    }
+    if (expand_group(node, step_gpus, group, glen) != 0) {
+        snprintf(why, sizeof(why), "rota: --timeslice=%s gives an invalid group on node '%s'", opt_group, node);
+        return why;
+    }
+    return NULL;
+}
+
+static int is_batch_step(spank_t sp)
+{
+    uint32_t step = 0;
+    return spank_get_item(sp, S_JOB_STEPID, &step) == ESPANK_SUCCESS && step == SLURM_BATCH_SCRIPT;
+}
+
+/* Run argv (argv[0] looked up in PATH) as a helper: stdin from /dev/null, in "/", with a
+ * fixed environment: never the job's or the submitting user's, which may name another
+ * orchestrator or Python modules. Its stdout goes to out (up to len - 1 bytes,
+ * NUL-terminated) or, without out, to /dev/null; its stderr to the caller's. Killed after
+ * arg_epilog_timeout seconds. Returns the wait status, or -1. */
+static int run_helper(char *const argv[], char *out, size_t len)
+{
+    static char env_conf[PATH_MAX + 16], env_node[300], env_ca[ROTA_ARG_MAX + 16];
+    char *envp[6];
+    int e = 0, status = 0, waited_ms = 0, pipefd[2] = {-1, -1};
+    size_t got = 0;
+    pid_t pid;
+    envp[e++] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    if (getenv("SLURM_CONF")) {
+        snprintf(env_conf, sizeof(env_conf), "SLURM_CONF=%s", getenv("SLURM_CONF"));
+        envp[e++] = env_conf;
+    }
+    if (getenv("SLURMD_NODENAME")) {
+        snprintf(env_node, sizeof(env_node), "SLURMD_NODENAME=%s", getenv("SLURMD_NODENAME"));
+        envp[e++] = env_node;
+    }
+    if (arg_tls_ca[0]) {
+        snprintf(env_ca, sizeof(env_ca), "ROTA_TLS_CA=%s", arg_tls_ca);
+        envp[e++] = env_ca;
+    }
+    envp[e] = NULL;
+    if (out != NULL && pipe(pipefd) != 0)
+        return -1;
+    pid = fork();
+    if (pid < 0) {
+        slurm_error("rota: fork for %s failed: %s", argv[0], strerror(errno));
+        if (out != NULL) {
+            close(pipefd[0]);
+            close(pipefd[1]);
+        }
+        return -1;
+    }
+    if (pid == 0) {
+        int fd = open("/dev/null", O_RDWR);
+        if (fd >= 0)
+            dup2(fd, 0);
+        if (out != NULL) {
+            dup2(pipefd[1], 1);
+            close(pipefd[0]);
+        } else if (fd >= 0) {
+            dup2(fd, 1);
+        }
+        setpgid(0, 0);
+        if (chdir("/") != 0)
+            _exit(126);
+        execvpe(argv[0], argv, envp);
+        _exit(127);
+    }
+    if (out != NULL) {
+        close(pipefd[1]);
+        out[0] = '\0';
+    }
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (waited_ms >= arg_epilog_timeout * 1000) {
+            kill(-pid, SIGKILL);
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            if (out != NULL)
+                close(pipefd[0]);
+            slurm_error("rota: `%s` timed out after %d s (epilog_timeout= in plugstack.conf)", argv[0],
+                        arg_epilog_timeout);
+            return -1;
+        }
+        if (out != NULL && pipefd[0] >= 0) {
+            struct pollfd p = {pipefd[0], POLLIN, 0};
+            if (poll(&p, 1, 50) > 0) {
+                char sink[256];
+                int room = got + 1 < len;
+                ssize_t n = room ? read(pipefd[0], out + got, len - 1 - got) : read(pipefd[0], sink, sizeof(sink));
+                if (n > 0 && room) {
+                    got += (size_t)n;
+                    out[got] = '\0';
+                } else if (n == 0) {
+                    close(pipefd[0]);
+                    pipefd[0] = -1;
+                }
+            }
+        } else {
+            struct timespec ts = {0, 50 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        waited_ms += 50;
+    }
+    if (out != NULL && pipefd[0] >= 0) { /* what it wrote just before it exited */
+        ssize_t n;
+        while (got + 1 < len && (n = read(pipefd[0], out + got, len - 1 - got)) > 0)
+            got += (size_t)n;
+        out[got] = '\0';
+        close(pipefd[0]);
+    }
+    return status;
+}
+
+/* The step's token: `PYTHON -I -m rota_slurm._token --auth-key KEY --group G --job J`
+ * (the key is root's; this runs before privileges are dropped), into ROTA_TOKEN. A
+ * step whose group cannot be named gets none: task_init refuses it with the reason. */
+static int issue_token(spank_t sp)
+{
+    uint32_t job_id = 0;
+    char node[256], group[ROTA_ID_MAX + 1], job[32], out[4200];
+    char *argv[14];
+    const char *why;
+    size_t i, n;
+    int a = 0, status;
+    if (!arg_auth_key[0])
+        return ESPANK_SUCCESS;
+    if (!arg_python[0]) {
+        slurm_error("rota: plugstack.conf has auth_key= but no python=: add python=PATH (the Python rota is "
+                    "installed in; `rota slurm install-spank --auth-key` writes both)");
+        return -1;
+    }
+    if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS) {
+        slurm_error("rota: cannot read the job id");
+        return -1;
+    }
+    if (strstr(opt_group, "%g"))
+        load_step_gpus(sp);
+    why = step_group(sp, is_batch_step(sp), node, sizeof(node), group, sizeof(group));
+    if (why != NULL)
+        return ESPANK_SUCCESS;
+    snprintf(job, sizeof(job), "%u", job_id);
+    argv[a++] = arg_python;
+    argv[a++] = "-I";
+    argv[a++] = "-m";
+    argv[a++] = "rota_slurm._token";
+    argv[a++] = "--auth-key";
+    argv[a++] = arg_auth_key;
+    argv[a++] = "--group";
+    argv[a++] = group;
+    argv[a++] = "--job";
+    argv[a++] = job;
+    argv[a] = NULL;
+    status = run_helper(argv, out, sizeof(out));
+    n = strlen(out);
+    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == '\r'))
+        out[--n] = '\0';
+    for (i = 0; i < n && status == 0; i++) /* a JWT: base64url parts joined by dots, nothing else */
+        if (!((out[i] >= 'a' && out[i] <= 'z') || (out[i] >= 'A' && out[i] <= 'Z') || (out[i] >= '0' && out[i] <= '9')
+              || out[i] == '-' || out[i] == '_' || out[i] == '.'))
+            status = -2;
+    if (status != 0 || n == 0) {
+        slurm_error("rota: could not issue job %s's token for group %s (status %d): %.300s", job, group, status,
+                    status == -2 ? "the issuer printed more than a token" : out);
+        return -1;
+    }
+    spank_setenv(sp, "ROTA_TOKEN", out, 1);
+    return ESPANK_SUCCESS;
+}
+
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
     parse_args(ac, av);
+    if (spank_context() == S_CTX_REMOTE) {
+        load_options(sp);
+        return have_group ? issue_token(sp) : ESPANK_SUCCESS;
+    }
     if (!have_group)
         return ESPANK_SUCCESS;
     if (spank_context() == S_CTX_ALLOCATOR || spank_context() == S_CTX_LOCAL) {
-        /* Seen by Slurm's Prolog/Epilog scripts as SPANK_ROTA_GROUP (`rota slurm epilog`). */
+        /* Seen by Slurm's Prolog/Epilog scripts as SPANK_ROTA_GROUP (`rota slurm epilog`). The
+         * orchestrator is not passed this way: the submitting user controls this environment. */
         spank_job_control_setenv(sp, "ROTA_GROUP", opt_group, 1);
-        if (arg_orchestrator[0])
-            spank_job_control_setenv(sp, "ROTA_ORCHESTRATOR", arg_orchestrator, 1);
     }
     return ESPANK_SUCCESS;
 }
@@ -354,6 +575,8 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
     spank_setenv(sp, "ROTA_TENANT", buf, 1);
     if (arg_orchestrator[0])
         spank_setenv(sp, "ROTA_ORCHESTRATOR", arg_orchestrator, 1);
+    if (arg_tls_ca[0])
+        spank_setenv(sp, "ROTA_TLS_CA", arg_tls_ca, 1);
     if (have_priority) {
         snprintf(buf, sizeof(buf), "%ld", opt_priority);
         spank_setenv(sp, "ROTA_PRIORITY", buf, 1);
@@ -365,39 +588,24 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
  * the step's GPUs were noted in user_init, for %g), rank and world size. */
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
-    uint32_t rank = 0, world = 1, nodes = 1, step = 0;
-    char node[256] = "", group[ROTA_ID_MAX + 1], buf[32];
+    uint32_t rank = 0, world = 1;
+    char node[256], group[ROTA_ID_MAX + 1], buf[32];
+    const char *why;
+    int batch;
     (void)ac;
     (void)av;
     if (!spank_remote(sp) || !have_group)
         return ESPANK_SUCCESS;
-    if (spank_getenv(sp, "SLURMD_NODENAME", node, sizeof(node)) != ESPANK_SUCCESS && getenv("SLURMD_NODENAME"))
-        snprintf(node, sizeof(node), "%s", getenv("SLURMD_NODENAME"));
-    /* The batch script is one process on one node, whatever the job's -n and -N. */
-    if (spank_get_item(sp, S_JOB_STEPID, &step) == ESPANK_SUCCESS && step == SLURM_BATCH_SCRIPT) {
-        nodes = 1;
-    } else {
-        if (spank_get_item(sp, S_JOB_NNODES, &nodes) != ESPANK_SUCCESS || nodes == 0)
-            nodes = 1;
+    batch = is_batch_step(sp);
+    if (!batch) {
         if (spank_get_item(sp, S_TASK_GLOBAL_ID, &rank) != ESPANK_SUCCESS)
             rank = 0;
         if (spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &world) != ESPANK_SUCCESS || world == 0)
             world = 1;
     }
-    if (nodes > 1 && (strstr(opt_group, "%n") || strstr(opt_group, "%g"))) {
-        slurm_error("rota: --timeslice=%s names one node's group, but this step runs on %u nodes and all "
-                    "its ranks must share one group: give a group without %%n/%%g (e.g. --timeslice=g0)",
-                    opt_group, nodes);
-        return -1;
-    }
-    if (strstr(opt_group, "%g") && step_gpus[0] == '\0') {
-        slurm_error("rota: --timeslice=%s uses %%g, but the step has no GPUs on node '%s' (%s): ask for "
-                    "GPUs with --gres=shard:N or --gres=gpu:N, or give a group without %%g",
-                    opt_group, node, step_gpus_why);
-        return -1;
-    }
-    if (expand_group(node, step_gpus, group, sizeof(group)) != 0) {
-        slurm_error("rota: --timeslice=%s gives an invalid group on node '%s'", opt_group, node);
+    why = step_group(sp, batch, node, sizeof(node), group, sizeof(group));
+    if (why != NULL) {
+        slurm_error("%s", why);
         return -1;
     }
     spank_setenv(sp, "ROTA_GROUP", group, 1);
@@ -416,10 +624,8 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 /* Run `rota slurm epilog ...` with a deadline; never block slurmd for longer. */
 static int run_epilog(const char *job, const char *group)
 {
-    pid_t pid;
-    int status = 0, waited_ms = 0;
-    char *argv[12];
-    int a = 0;
+    int status, a = 0;
+    char *argv[14];
     argv[a++] = arg_rota;
     argv[a++] = "slurm";
     argv[a++] = "epilog";
@@ -427,39 +633,16 @@ static int run_epilog(const char *job, const char *group)
     argv[a++] = (char *)job;
     argv[a++] = "--group";
     argv[a++] = (char *)group;
-    if (arg_orchestrator[0]) {
-        argv[a++] = "--orchestrator";
-        argv[a++] = arg_orchestrator;
+    argv[a++] = "--orchestrator";
+    argv[a++] = arg_orchestrator;
+    if (arg_auth_key[0]) {
+        argv[a++] = "--auth-key";
+        argv[a++] = arg_auth_key;
     }
     argv[a] = NULL;
-    pid = fork();
-    if (pid < 0) {
-        slurm_error("rota: fork for epilog failed: %s", strerror(errno));
+    status = run_helper(argv, NULL, 0);
+    if (status == -1)
         return -1;
-    }
-    if (pid == 0) {
-        int fd = open("/dev/null", O_RDWR);
-        if (fd >= 0) {
-            dup2(fd, 0);
-            dup2(fd, 1);
-        }
-        setpgid(0, 0);
-        execvp(argv[0], argv);
-        _exit(127);
-    }
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-        struct timespec ts = {0, 50 * 1000 * 1000};
-        if (waited_ms >= arg_epilog_timeout * 1000) {
-            kill(-pid, SIGKILL);
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            slurm_error("rota: epilog for job %s group %s timed out after %d s", job, group,
-                        arg_epilog_timeout);
-            return -1;
-        }
-        nanosleep(&ts, NULL);
-        waited_ms += 50;
-    }
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         slurm_error("rota: `%s slurm epilog --job %s --group %s` failed (status %d)", arg_rota, job,
                     group, status);
@@ -481,6 +664,14 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
     if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS) {
         const char *env = getenv("SLURM_JOB_ID");
         job_id = env ? (uint32_t)strtoul(env, NULL, 10) : 0;
+    }
+    if (!arg_orchestrator[0]) {
+        /* The job-control environment (SPANK_ROTA_ORCHESTRATOR...) comes from the submitting
+         * user: root's Evict, and its admin token, must not go where it says. */
+        slurm_info("rota: job %u: no orchestrator= in plugstack.conf, so its epilog evicts nothing (the job's own "
+                   "environment is not trusted to name one); its turn ends with its session or the orchestrator's "
+                   "TTL", job_id);
+        return ESPANK_SUCCESS;
     }
     if (job_id != 0 && strstr(opt_group, "%g")) {
         /* Each step had the group of its own GPUs: `rota slurm epilog` evicts the job from
