@@ -189,13 +189,13 @@ def test_row9_a_grant_whose_acquire_ended_goes_to_the_next_waiter(served):
 def test_row10_idle_groups_are_collected_and_status_is_paged(served):
     endpoint, engine = served
     admin = stub(endpoint, token(admin=True))
-    for i in range(700):
-        g = admin.Acquire(pb.TurnRequest(job_id="j", group_id=f"grp{i:04d}"), timeout=5)
-        admin.Release(pb.ReleaseRequest(job_id="j", group_id=f"grp{i:04d}", token=g.token), timeout=5)
-    first = admin.Status(pb.StatusRequest(), timeout=5)
+    grants = [admin.Acquire(pb.TurnRequest(job_id="j", group_id=f"grp{i:04d}"), timeout=5) for i in range(700)]
+    first = admin.Status(pb.StatusRequest(), timeout=5)  # every group held: none is idle yet
     assert len(first.groups) == 500 and first.next_page_token  # bounded, the rest on the next page
     rest = admin.Status(pb.StatusRequest(page_token=first.next_page_token), timeout=5)
     assert len(rest.groups) == 200 and not rest.next_page_token
+    for i, g in enumerate(grants):
+        admin.Release(pb.ReleaseRequest(job_id="j", group_id=f"grp{i:04d}", token=g.token), timeout=5)
     deadline = time.monotonic() + 10
     while engine.groups and time.monotonic() < deadline:  # idle for idle_group_ttl_s (1 s): forgotten
         time.sleep(0.2)

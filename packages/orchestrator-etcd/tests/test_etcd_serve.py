@@ -45,7 +45,7 @@ def test_fifo_turns_fencing_tokens_and_status_from_etcd(etcd, tmp_path, child_en
             waiting.append(Background(lambda gpu=gpu: (gpu.acquire(), order.append(gpu.tenant))[0]))
             time.sleep(0.3)
         st = status_json(etcd, child_env, "g")["groups"][0]
-        assert (st["holder"], st["token"], st["queue"]) == ("t0", "1", ["t1", "t2"])
+        assert (st["holder"], st["token"], st["queue"]) == ("t0", 1, ["t1", "t2"])
         gpus[0].release()
         assert waiting[0].result().token == 2
         gpus[1].release()
@@ -53,7 +53,7 @@ def test_fifo_turns_fencing_tokens_and_status_from_etcd(etcd, tmp_path, child_en
         assert order == ["t1", "t2"]
         gpus[2].release()
         st = status_json(etcd, child_env)["groups"][0]
-        assert st["token"] == "3" and st.get("holder", "") == "" and st["switches"] == "2"
+        assert st["token"] == 3 and st["holder"] == "" and st["switches"] == 2
     finally:
         for gpu in gpus:
             gpu.close()

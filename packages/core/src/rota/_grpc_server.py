@@ -69,15 +69,10 @@ def rpc_errors(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any
 
 def server_tls(cert: str, key: str, client_ca: str = "") -> grpc.ServerCredentials:
     """TLS for a server from PEM files; with ``client_ca`` every client must present a certificate it signed."""
-    def read(path: str, flag: str) -> bytes:
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except OSError as exc:
-            raise InvalidArgument(f"{flag} {path!r} cannot be read ({exc.strerror}); give a PEM file") from None
+    from rota.auth import read_pem
 
-    return grpc.ssl_server_credentials([(read(key, "--tls-key"), read(cert, "--tls-cert"))],
-                                       root_certificates=read(client_ca, "--tls-client-ca") if client_ca else None,
+    return grpc.ssl_server_credentials([(read_pem(key, "--tls-key"), read_pem(cert, "--tls-cert"))],
+                                       root_certificates=read_pem(client_ca, "--tls-client-ca") if client_ca else None,
                                        require_client_auth=bool(client_ca))
 
 

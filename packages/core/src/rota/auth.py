@@ -245,12 +245,13 @@ class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercepto
         return continuation(self._with(details), requests)
 
 
-def _read(path: str, what: str) -> bytes:
+def read_pem(path: str, what: str) -> bytes:
+    """The bytes of a PEM file a setting (``what``: a flag or env var) names; a clear error if unreadable."""
     try:
         with open(path, "rb") as f:
             return f.read()
     except OSError as exc:
-        raise ConfigError(f"{what}={path!r} cannot be read ({exc.strerror}); point it at a PEM file") from None
+        raise ConfigError(f"{what} {path!r} cannot be read ({exc.strerror}); give a PEM file") from None
 
 
 def tls_credentials() -> grpc.ChannelCredentials | None:
@@ -265,9 +266,9 @@ def tls_credentials() -> grpc.ChannelCredentials | None:
         return None
     if bool(cert) != bool(key):
         raise ConfigError("set both ROTA_TLS_CERT and ROTA_TLS_KEY (a client certificate and its key), or neither")
-    return grpc.ssl_channel_credentials(root_certificates=_read(ca, "ROTA_TLS_CA"),
-                                        private_key=_read(key, "ROTA_TLS_KEY") if key else None,
-                                        certificate_chain=_read(cert, "ROTA_TLS_CERT") if cert else None)
+    return grpc.ssl_channel_credentials(root_certificates=read_pem(ca, "ROTA_TLS_CA"),
+                                        private_key=read_pem(key, "ROTA_TLS_KEY") if key else None,
+                                        certificate_chain=read_pem(cert, "ROTA_TLS_CERT") if cert else None)
 
 
 def env_token() -> str:
@@ -306,5 +307,6 @@ def parse_ttl(text: str) -> float:
 
 __all__ = ["ANY_JOB", "INSECURE_ADMIN", "LOCAL_ADMIN", "PermissionDenied", "Principal", "ServerAuth",
            "Unauthenticated", "bearer", "channel",
-           "env_token", "generate_key", "issue", "load_key", "parse_ttl", "tls_credentials", "token_from_metadata",
+           "env_token", "generate_key", "issue", "load_key", "parse_ttl", "read_pem", "tls_credentials",
+           "token_from_metadata",
            "verify"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,6 +28,7 @@ from urllib.parse import urlsplit
 import grpc
 from aetcd import rpc
 
+from rota.auth import read_pem
 from rota.errors import ConfigError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,18 @@ _REQUIRE_LEADER = (("hasleader", "true"),)
 
 def parse_endpoints(url: str) -> list[str]:
     """``"http://a:2379,b:2379"`` -> ``["a:2379", "b:2379"]``; ConfigError on bad input."""
+    return [ep for ep, _ in _parse(url)]
+
+
+def uses_tls(url: str) -> bool:
+    """True for ``https://`` members (then all of them must be); ConfigError when they are mixed."""
+    schemes = {tls for _, tls in _parse(url)}
+    if len(schemes) > 1:
+        raise ConfigError(f"--etcd {url!r} mixes http:// and https:// members; a cluster speaks one of them")
+    return schemes == {True}
+
+
+def _parse(url: str) -> list[tuple[str, bool]]:
     out = []
     for part in (p.strip() for p in str(url).split(",")):
         if not part:
@@ -58,14 +72,33 @@ def parse_endpoints(url: str) -> list[str]:
             port = u.port or 2379
         except ValueError:
             u, port = None, 0
-        if u is None or u.scheme not in ("http", "etcd") or not u.hostname or (u.path not in ("", "/")):
-            raise ConfigError(f"--etcd {url!r}: {part!r} is not an etcd client URL; write http://HOST:PORT "
-                              "(comma-separated for several members; https is not supported yet)")
+        if u is None or u.scheme not in ("http", "https", "etcd") or not u.hostname or (u.path not in ("", "/")):
+            raise ConfigError(f"--etcd {url!r}: {part!r} is not an etcd client URL; write http://HOST:PORT or "
+                              "https://HOST:PORT (comma-separated for several members)")
         host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
-        out.append(f"{host}:{port}")
+        out.append((f"{host}:{port}", u.scheme == "https"))
     if not out:
         raise ConfigError(f"--etcd {url!r} names no endpoint; write e.g. http://127.0.0.1:2379")
     return out
+
+
+def tls_credentials(url: str) -> grpc.ChannelCredentials | None:
+    """Client TLS for ``https://`` members from ROTA_ETCD_CA (the cluster's CA) and, when etcd checks client
+    certificates, ROTA_ETCD_CERT + ROTA_ETCD_KEY (PEM files). None for http://."""
+    ca, cert, key = (os.environ.get(f"ROTA_ETCD_{k}", "") for k in ("CA", "CERT", "KEY"))
+    if not uses_tls(url):
+        if ca or cert or key:
+            raise ConfigError(f"ROTA_ETCD_CA/CERT/KEY are set but --etcd {url!r} is http://; use https:// URLs")
+        return None
+    if not ca:
+        raise ConfigError(f"--etcd {url!r} is https:// but ROTA_ETCD_CA is not set; point it at the cluster's CA "
+                          "certificate (PEM)")
+    if bool(cert) != bool(key):
+        raise ConfigError("set both ROTA_ETCD_CERT and ROTA_ETCD_KEY (the client certificate and its key), or neither")
+
+    return grpc.ssl_channel_credentials(root_certificates=read_pem(ca, "ROTA_ETCD_CA"),
+                                        private_key=read_pem(key, "ROTA_ETCD_KEY") if key else None,
+                                        certificate_chain=read_pem(cert, "ROTA_ETCD_CERT") if cert else None)
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -109,17 +142,20 @@ class EtcdClient:
     there until ``timeout``; writes only when the caller says a retry is safe.
     """
 
-    def __init__(self, endpoints: Sequence[str], *, timeout: float = 2.0) -> None:
+    def __init__(self, endpoints: Sequence[str], *, timeout: float = 2.0,
+                 tls: grpc.ChannelCredentials | None = None) -> None:
         if not endpoints:
             raise ConfigError("no etcd endpoint given")
         self.endpoints = list(endpoints)
         self.timeout = timeout
+        self.tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._current = 0
         self._closed = False
 
     def describe(self) -> str:
-        return ", ".join(f"http://{e}" for e in self.endpoints)
+        scheme = "https" if self.tls is not None else "http"
+        return ", ".join(f"{scheme}://{e}" for e in self.endpoints)
 
     # ------------------------------------------------------------- plumbing
 
@@ -127,7 +163,11 @@ class EtcdClient:
         ep = self.endpoints[self._current if index is None else index % len(self.endpoints)]
         ch = self._channels.get(ep)
         if ch is None:
-            ch = self._channels[ep] = grpc.aio.insecure_channel(ep, options=_CHANNEL_OPTIONS)
+            if self.tls is not None:
+                ch = grpc.aio.secure_channel(ep, self.tls, options=_CHANNEL_OPTIONS)
+            else:
+                ch = grpc.aio.insecure_channel(ep, options=_CHANNEL_OPTIONS)
+            self._channels[ep] = ch
         return ch
 
     def rotate(self) -> None:

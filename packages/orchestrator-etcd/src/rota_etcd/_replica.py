@@ -174,6 +174,7 @@ class Replica:
                 return
             engine = EtcdOrchestrator(self.config, self.store.begin_term(term, self.config.ttl_s),
                                       name=f"etcd leader {self.address}")
+            engine.metrics = getattr(self, "metrics", None)  # the replica's /metrics, fed by whichever term leads
             try:
                 await engine.start()
             except RotaError as exc:

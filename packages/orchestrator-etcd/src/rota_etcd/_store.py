@@ -58,6 +58,7 @@ from rota_etcd._etcd import (
     op_get,
     op_put,
     parse_endpoints,
+    tls_credentials,
 )
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ class EtcdStore:
     def __init__(self, url: str, *, prefix: str | None = None) -> None:
         self.url = url
         self.endpoints = parse_endpoints(url)
+        self.tls = tls_credentials(url)  # https:// members: ROTA_ETCD_CA (+ CERT/KEY for client-cert auth)
         raw_prefix = prefix if prefix is not None else os.environ.get("ROTA_ETCD_PREFIX", "/rota")
         self.prefix = "/" + raw_prefix.strip("/") + "/" if raw_prefix.strip("/") else "/"
         self.timeout = _env_float("ROTA_ETCD_TIMEOUT", 2.0, 0.1)
@@ -201,7 +203,7 @@ class EtcdStore:
     async def connect(self, timeout: float | None = None) -> EtcdClient:
         """Reach etcd, or raise Unavailable naming every endpoint tried."""
         if self.client is None:
-            self.client = EtcdClient(self.endpoints, timeout=self.timeout)
+            self.client = EtcdClient(self.endpoints, timeout=self.timeout, tls=self.tls)
             self.keeper = LeaseKeeper(self.client)
         try:
             await self.client.status(timeout=timeout or max(self.timeout, 3.0))
