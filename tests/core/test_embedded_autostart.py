@@ -4,6 +4,7 @@ reads it; it exits by itself when idle."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -43,7 +44,8 @@ def test_first_clients_start_exactly_one_orchestrator(child_env, tmp_path):
     status = subprocess.run([sys.executable, "-m", "rota", "status", "auto", "--json"], env=child_env,
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stderr
-    assert '"group_id": "auto"' in status.stdout and '"turns": "3"' in status.stdout
+    (group,) = json.loads(status.stdout)["groups"]
+    assert group["group_id"] == "auto" and [t["turns"] for t in group["tenants"]] == [3, 3, 3]
     os.kill(pids[0], 15)
 
 

@@ -16,6 +16,8 @@ Environment (each value is checked; a bad one raises :class:`rota.errors.ConfigE
     ROTA_PRIORITY      integer, higher first under the priority policy (default 0)
     ROTA_WEIGHT        positive share under the fair-share policy (default 1)
     ROTA_HEARTBEAT_S   seconds between heartbeats (default 1)
+    ROTA_CONNECT_TIMEOUT_S   seconds the first turn waits for the orchestrator before it fails
+                       with the address and where it came from (default 30)
     ROTA_TOKEN         bearer token for an orchestrator that checks credentials (rota.auth)
     ROTA_TLS_CA, ROTA_TLS_CERT, ROTA_TLS_KEY   TLS to the orchestrator (CA; client cert for mTLS)
     ROTA_RESIDUE_MAX_BYTES   device bytes a park may leave behind before it is a fault
@@ -60,11 +62,21 @@ import pluggy
 from rota._ids import check_id
 from rota._plugins import plugin_manager
 from rota._types import Grant, ParkPlan, ParkResult, ReleaseInfo, TurnRequest
-from rota.errors import ConfigError, Faulted, InvalidArgument, NotLeader, RotaError, from_rpc_error
+from rota.errors import (
+    ConfigError,
+    Faulted,
+    InvalidArgument,
+    NotLeader,
+    RotaError,
+    TransientError,
+    Unavailable,
+    from_rpc_error,
+)
 
 log = logging.getLogger(__name__)
 
-ATTACH_WAIT_S = 30.0  # how long a first acquire waits for the session to be registered
+CONNECT_TIMEOUT_S = 30.0  # default ROTA_CONNECT_TIMEOUT_S: how long a first acquire waits for the orchestrator
+RECONNECT_LOG_EVERY_S = 30.0  # a session that keeps failing logs once, then a summary this often
 
 
 STATS_KEEP = 10_000  # entries each TurnStats record keeps: a long-running tenant must not grow without bound
@@ -110,12 +122,15 @@ class Gpu:
 
     def __init__(self, group: str, tenant: str, endpoint: str, *, rank: int = 0, world_size: int = 1,
                  priority: int = 0, weight: float = 1.0, heartbeat_s: float = 1.0,
-                 pm: pluggy.PluginManager | None = None, footprint_hint: int = 0, token: str | None = None) -> None:
+                 pm: pluggy.PluginManager | None = None, footprint_hint: int = 0, token: str | None = None,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S, endpoint_source: str = "endpoint") -> None:
         self.group = check_id("group", group, job_id=tenant, group_id=group)
         self.tenant = check_id("tenant", tenant, job_id=tenant, group_id=group)
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is outside world size {world_size} (job={tenant!r}, group={group!r})")
         self.endpoint, self.rank, self.world_size = endpoint, rank, world_size
+        self.connect_timeout_s, self.endpoint_source = connect_timeout_s, endpoint_source
+        self._session_error: RotaError | None = None  # why the session last failed (for a clear acquire error)
         self.priority, self.weight, self.heartbeat_s = priority, weight, heartbeat_s
         if footprint_hint < 0:
             raise ConfigError(f"footprint_hint={footprint_hint!r} must be >= 0 bytes (0 = none)")
@@ -159,11 +174,20 @@ class Gpu:
             return self.grant
         req = TurnRequest(self.tenant, self.group, self.priority, self.weight, self.world_size, self.rank,
                           self.footprint_bytes())
-        if not self._attached.wait(ATTACH_WAIT_S):  # else the orchestrator could not park us later
-            log.warning("%r: session not attached after %.0f s; acquiring anyway", self, ATTACH_WAIT_S)
+        self._wait_attached()  # else the orchestrator could not park us later
         t0 = time.monotonic()
-        grant = self.pm.hook.rota_acquire(request=req, tenant=self)
+        waiting = threading.Timer(1.0, log.info, ("job %s rank %d: waiting for a turn in group %s", self.tenant,
+                                                  self.rank, self.group))
+        waiting.daemon = True
+        waiting.start()
+        try:
+            grant = self.pm.hook.rota_acquire(request=req, tenant=self)
+        finally:
+            waiting.cancel()
         t1 = time.monotonic()
+        if t1 - t0 >= 1.0:
+            log.info("job %s rank %d: got its turn in group %s after %.1f s", self.tenant, self.rank, self.group,
+                     t1 - t0)
         self.stats.events.append(("wait", t0, t1))
         with self._state_lock:
             if self.parked:  # not restored ahead of the grant (by a prefetch): restore now
@@ -186,6 +210,22 @@ class Gpu:
         self.stats.waits_ms.append(grant.waited_ms)
         self.pm.hook.rota_turn_started(tenant=self, grant=grant)
         return grant
+
+    def _wait_attached(self) -> None:
+        """Wait for the session to be registered; a refusal or silence past the connect timeout is an error
+        naming the address and where it came from (an unreachable orchestrator must not hang a job)."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        while not self._attached.wait(0.05):
+            err = self._session_error
+            where = f"{self.endpoint} (from {self.endpoint_source})"
+            if err is not None and not isinstance(err, TransientError):
+                raise type(err)(f"the orchestrator at {where} refused job {self.tenant!r}: {err}",
+                                job_id=self.tenant, group_id=self.group)
+            if time.monotonic() > deadline:
+                cause = f": {err}" if err is not None else ""
+                raise Unavailable(f"no orchestrator answered at {where} within {self.connect_timeout_s:g} s (set "
+                                  f"ROTA_CONNECT_TIMEOUT_S to wait longer){cause}; check that it runs and that the "
+                                  "address is right", job_id=self.tenant, group_id=self.group)
 
     def release(self) -> ReleaseInfo:
         """End this rank's turn. Returns at once; parking (if any) happens later."""
@@ -379,6 +419,7 @@ class Gpu:
         """Keep one Attach stream open, reconnecting until closed."""
         from rota._generated import rota_v1_pb2 as pb
 
+        failures, logged = 0, 0.0
         while not self._closed.is_set():
             hello = pb.TenantMessage(hello=pb.Hello(job_id=self.tenant, group_id=self.group, rank=self.rank,
                                                     world_size=self.world_size, pid=os.getpid(),
@@ -393,10 +434,15 @@ class Gpu:
                 if self._closed.is_set():
                     return
                 err = from_rpc_error(exc, job_id=self.tenant, group_id=self.group)
+                self._session_error = err
                 if isinstance(err, NotLeader):
                     self.follow_leader(err.leader)
-                else:
-                    log.warning("rota session of %s lost (%s); reconnecting", self.tenant, exc.code())
+                else:  # once, then a summary every RECONNECT_LOG_EVERY_S: a long outage must not flood the log
+                    failures += 1
+                    if failures == 1 or time.monotonic() - logged > RECONNECT_LOG_EVERY_S:
+                        log.warning("rota session of %s at %s lost (%s: %s); reconnecting (%d attempts so far)",
+                                    self.tenant, self._target, exc.code().name, err, failures)
+                        logged = time.monotonic()
             time.sleep(0.2)
 
     def _session_messages(self, hello: object) -> Iterator[object]:
@@ -418,6 +464,7 @@ class Gpu:
 
         kind = cmd.WhichOneof("command")
         if kind is None:  # the orchestrator's "attached" acknowledgement
+            self._session_error = None
             self._attached.set()
             return
         if kind == "yield_soon":
@@ -521,7 +568,23 @@ def residue_fault(result: ParkResult, limit: int) -> str:
 
 
 def _residue_max() -> int:
-    return _env_int("ROTA_RESIDUE_MAX_BYTES", 256 << 20, minimum=0)
+    return env_bytes("ROTA_RESIDUE_MAX_BYTES", 256 << 20)
+
+
+def env_bytes(name: str, default: int) -> int:
+    """A byte count from ``name`` in the units every rota size takes (``256MiB``, ``12GB``, ``1000000``)."""
+    from rota._units import parse_bytes
+
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = parse_bytes(raw.strip(), what=name)
+    except InvalidArgument:
+        raise ConfigError(f"{name}={raw!r} is not a size; write e.g. 256MiB, 12GB or 1000000, or unset it") from None
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} is negative; give a size >= 0 or unset it")
+    return value
 
 
 def _channel(endpoint: str, token: str = "") -> grpc.Channel:
@@ -593,6 +656,9 @@ def _ranks() -> tuple[int, int]:
         if rank >= world:
             raise ConfigError(f"RANK={rank} must be below WORLD_SIZE={world} (set by torchrun)")
         return rank, world
+    if os.environ.get("ROTA_RANK") and not os.environ.get("ROTA_WORLD_SIZE"):
+        raise ConfigError(f"ROTA_RANK={os.environ['ROTA_RANK']!r} is set but ROTA_WORLD_SIZE is not; set both (the "
+                          "job's ranks) or neither")
     if os.environ.get("ROTA_WORLD_SIZE"):
         world = _env_int("ROTA_WORLD_SIZE", 1, minimum=1)
         rank = _env_int("ROTA_RANK", 0, minimum=0)
@@ -634,10 +700,12 @@ def connect(group: str | None = None, tenant: str | None = None, endpoint: str |
     else:
         from rota._local import ensure_local_orchestrator
 
-        endpoint = ensure_local_orchestrator()
+        endpoint, source = ensure_local_orchestrator(), "this host's embedded orchestrator"
+    _residue_max()  # checked now, not at the first park
     prio = priority if priority is not None else _env_int("ROTA_PRIORITY", 0, minimum=-(2**31))
     share = weight if weight is not None else _env_float("ROTA_WEIGHT", 1.0)
     if share <= 0:
         raise ConfigError(f"weight {share!r} must be > 0")
     return Gpu(group, tenant, endpoint, rank=rank, world_size=world, priority=prio, weight=share,
-               heartbeat_s=_env_float("ROTA_HEARTBEAT_S", 1.0), footprint_hint=footprint_hint, token=token)
+               heartbeat_s=_env_float("ROTA_HEARTBEAT_S", 1.0), footprint_hint=footprint_hint, token=token,
+               connect_timeout_s=_env_float("ROTA_CONNECT_TIMEOUT_S", CONNECT_TIMEOUT_S), endpoint_source=source)

@@ -199,6 +199,7 @@ class Orchestrator:
         self._tasks: list[asyncio.Task] = []
         self._idle_since = time.monotonic()
         self.stopped = asyncio.Event()
+        self.metrics: Any = None  # an OrchestratorMetrics when /metrics is served (rota._metrics)
         self.agents = AgentLinks(self.config.agents, self.config.park_timeout_s,
                                  auth_key=self.config.agent_auth_key) if self.config.agents else None
 
@@ -479,9 +480,10 @@ class Orchestrator:
         if create is None:
             create = not self.config.groups
         if not create:
-            known = ", ".join(sorted(self.groups)) or "none"
-            raise NotFound(f"group {group_id!r} does not exist (known: {known}); this orchestrator "
-                           "serves a fixed list of groups (--groups)", group_id=group_id)
+            known = ", ".join(sorted(self.groups)[:20]) or "none"
+            why = ("this orchestrator serves a fixed list of groups (--groups)" if self.config.groups else
+                   "a group exists from its first acquire until it has been idle for a while")
+            raise NotFound(f"group {group_id!r} does not exist (known: {known}); {why}", group_id=group_id)
         g = GroupState(group_id, created=time.monotonic())
         await self.store.commit(g)
         self.groups[group_id] = g
@@ -545,6 +547,8 @@ class Orchestrator:
                     g.abort_switch()
                     continue
                 grant = g.complete_grant(time.monotonic(), prefetch=self.config.prefetch_on)
+                if self.metrics is not None:
+                    self.metrics.granted(group_id, grant.waited_ms / 1000.0)
                 try:
                     await self.store.commit(g)
                 except RotaError as exc:  # not durable: undo nothing visible, fail the waiter
@@ -633,6 +637,8 @@ class Orchestrator:
         waiting for a grant that can no longer come; acquiring again retries.
         """
         for job, (ok, error, nbytes, seconds) in zip(jobs, results, strict=False):
+            if self.metrics is not None:
+                self.metrics.parked(g.group_id, ok, nbytes, seconds)
             if ok:
                 g.mark_parked(job, nbytes, seconds)
                 continue
@@ -838,7 +844,12 @@ class AgentLinks:
             st = await self._stub(endpoint).Status(spb.StatusRequest(), timeout=self.STATUS_TIMEOUT_S,
                                                    metadata=self._metadata())
         except grpc.RpcError as exc:
-            log.warning("agent %s did not answer Status (%s); ignoring it for now", endpoint, exc.code())
+            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                log.error("agent %s refused this orchestrator's credential (%s: %s): the jobs it holds are NOT "
+                          "parked by it; start it with the orchestrator's --auth-key", endpoint, exc.code().name,
+                          exc.details())
+            else:
+                log.warning("agent %s did not answer Status (%s); ignoring it for now", endpoint, exc.code())
             return []
         return [(j.job_id, j.state) for j in st.job_statuses]
 

@@ -321,7 +321,7 @@ def group_info(g: GroupState, policy: str = "", *, viewer: Principal = LOCAL_ADM
             park_p99_ms=percentile(parks, 99), parked_bytes=rec.parked_bytes, footprint_bytes=rec.footprint_bytes,
             priority=rec.priority, weight=rec.weight, host_bytes=rec.host_bytes, spilled_bytes=rec.spilled_bytes,
             residue_bytes=rec.residue_bytes, fault=rec.fault))
-    return pb.GroupInfo(group_id=g.group_id, state=g.status_name(), holder=hide(g.holder),
+    return pb.GroupInfo(group_id=g.group_id, state=g.state(), holder=hide(g.holder),
                         token=g.token if viewer.admin else 0,
                         queue=[hide(w.job_id) for w in g.queue], loaded_job=hide(g.loaded_job),
                         resident_jobs=[hide(j) for j in g.residents],

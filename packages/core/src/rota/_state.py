@@ -109,12 +109,17 @@ class GroupState:
         return Grant(job_id=self.holder, group_id=self.group_id, token=self.token)
 
     def status_name(self) -> str:
-        """The v1alpha1 GroupStatus.State name for this group."""
+        """The v1alpha1 GroupStatus.State name for this group (the wire's; :meth:`state` is the plain one)."""
         if self.switching_to:
             return "SWITCHING"
         if self.holder:
             return "LOCKED"
         return "IDLE_YIELDED" if self.residents else "IDLE"
+
+    def state(self) -> str:
+        """What ``rota status`` shows: held, switching, idle-resident (jobs on the device, none holding), idle."""
+        return {"SWITCHING": "switching", "LOCKED": "held", "IDLE_YIELDED": "idle-resident",
+                "IDLE": "idle"}[self.status_name()]
 
     # ---------------------------------------------------------- transitions
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import sys
 
@@ -16,7 +17,23 @@ from rota.cli.token import token
 from rota.errors import RotaError
 
 
+def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """``rota --version``: every installed rota distribution and its version (core and plugins)."""
+    if not value or ctx.resilient_parsing:
+        return
+    seen: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith("rota-") and name != "rota-workspace":  # the repository's own dev tooling is none
+            seen[name] = dist.version
+    for name in sorted(seen):
+        click.echo(f"{name} {seen[name]}")
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_versions,
+              help="Print the version of every installed rota distribution and exit.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning",
               envvar="ROTA_LOG_LEVEL", show_default=True, help="Logging verbosity (env ROTA_LOG_LEVEL).")
 def cli(log_level: str) -> None:

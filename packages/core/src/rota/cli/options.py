@@ -17,8 +17,13 @@ class Endpoint(click.ParamType):
     name = "HOST:PORT"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        source = "endpoint"
+        if param is not None:  # name what the user typed or set: the flag, or the env var it came from
+            source = param.opts[0] if param.opts else param.name or source
+            if ctx is not None and ctx.get_parameter_source(param.name or "") == click.core.ParameterSource.ENVIRONMENT:
+                source = getattr(param, "envvar", None) or source
         try:
-            return check_endpoint(str(value), f"--{param.name if param else 'endpoint'}")
+            return check_endpoint(str(value), source)
         except RotaError as exc:
             self.fail(str(exc), param, ctx)
 

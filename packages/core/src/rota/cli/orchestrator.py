@@ -62,12 +62,16 @@ def orchestrator() -> None:
 @click.option("--tls-key", default="", type=click.Path(dir_okay=False), help="The private key of --tls-cert (PEM).")
 @click.option("--tls-client-ca", default="", type=click.Path(dir_okay=False),
               help="Also require client certificates signed by this CA (mTLS; clients set ROTA_TLS_CERT/KEY).")
+@click.option("--metrics-listen", default="", envvar="ROTA_METRICS_LISTEN",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (turn waits and parks as histograms, "
+              "grants, holder per group, tenant states; env ROTA_METRICS_LISTEN). Default: none.")
 @click.option("--insecure", is_flag=True,
               help="Serve TCP without checking callers: anyone who can connect may act for any job. Only for "
               "trusted single-team setups and unmodified v1alpha1 clients; a warning is printed at every start.")
 def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float, park_timeout: float,
               v1_max_turn: float, capacity: int, resident_first: float, prefetch: bool | None, idle_exit: float,
-              etcd: str, auth_key: str, tls_cert: str, tls_key: str, tls_client_ca: str, insecure: bool) -> None:
+              etcd: str, auth_key: str, tls_cert: str, tls_key: str, tls_client_ca: str, metrics_listen: str,
+              insecure: bool) -> None:
     """Serve the v1alpha1 orchestrator API and rota.v1 (fencing, sessions, status).
 
     Without --etcd, state lives in this process (the embedded orchestrator that
@@ -101,7 +105,31 @@ def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float
         server_auth, tls = _security(listen, key, tls_cert, tls_key, tls_client_ca, insecure)
     except RotaError as exc:
         raise click.UsageError(str(exc)) from None
+    if metrics_listen:
+        _serve_metrics(engine, metrics_listen)
     asyncio.run(_run(engine, listen, server_auth, tls))
+
+
+def _serve_metrics(engine: Orchestrator, listen: str) -> None:
+    """``/metrics`` of ``engine`` (an HA replica: of the engine that leads now) on ``HOST:PORT``."""
+    from rota._metrics import OrchestratorMetrics
+
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"{listen!r} is not HOST:PORT (e.g. 0.0.0.0:9464)", param_hint="--metrics-listen")
+
+    def groups() -> dict:
+        current = getattr(engine, "engine", engine)  # a replica leads through its current engine, else none
+        return dict(getattr(current, "groups", None) or {})
+
+    metrics = OrchestratorMetrics(groups)
+    engine.metrics = metrics  # type: ignore[attr-defined]  # a replica hands it to each engine it leads with
+    try:
+        metrics.serve(host, int(port))
+    except OSError as exc:
+        raise click.BadParameter(f"cannot serve metrics on {listen}: {exc.strerror}",
+                                 param_hint="--metrics-listen") from None
+    click.echo(f"rota orchestrator: metrics at http://{listen}/metrics", err=True)
 
 
 def _security(listen: str, key: bytes | None, tls_cert: str, tls_key: str, tls_client_ca: str,

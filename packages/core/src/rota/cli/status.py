@@ -8,7 +8,6 @@ import os
 
 import click
 import grpc
-from google.protobuf.json_format import MessageToDict
 
 from rota import auth
 from rota._generated import rota_v1_pb2 as pb
@@ -173,9 +172,29 @@ def status(ctx: click.Context, group: str, endpoint: str | None, etcd: str, as_j
     _show(reply, as_json, prometheus)
 
 
+SCHEMA = "rota.status/v1"  # documented in status.schema.json beside this module
+
+
+def status_json(reply: pb.StatusReply) -> dict:
+    """``rota status --json``: every key present, numbers as numbers (see status.schema.json)."""
+    def plain(msg: object) -> dict:
+        out: dict = {}
+        for field in msg.DESCRIPTOR.fields:  # type: ignore[attr-defined]
+            value = getattr(msg, field.name)
+            if field.message_type is not None:
+                out[field.name] = [plain(v) for v in value]
+            elif field.label == field.LABEL_REPEATED:
+                out[field.name] = list(value)
+            else:
+                out[field.name] = value
+        return out
+
+    return {"schema": SCHEMA, "orchestrator": reply.orchestrator, "groups": [plain(g) for g in reply.groups]}
+
+
 def _show(reply: pb.StatusReply, as_json: bool, prometheus: bool) -> None:
     if as_json:
-        click.echo(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
+        click.echo(json.dumps(status_json(reply), indent=2))
     elif prometheus:
         click.echo(prometheus_text(reply), nl=False)
     else:
