@@ -57,10 +57,22 @@ def test_submit_and_status(slurm: SlurmCluster, orchestrator: str, outdir: Path,
         assert {r["nodes"] for r in rows.values()} == {"n2"}
         table = runner.invoke(rota_slurm_cli, ["slurm", "status", "--orchestrator", orchestrator])
         assert "holding" in table.output and "waiting" in table.output
+        # without --orchestrator: the one in the cluster's plugstack.conf, found through $SLURM_CONF
+        found = runner.invoke(rota_slurm_cli, ["slurm", "status", "--group", "cli-g"],
+                              env={"SLURM_CONF": str(slurm.conf), "ROTA_ORCHESTRATOR": None})
+        assert found.exit_code == 0 and "holding" in found.output, found.output
     finally:
         slurm.run("scancel", *jobs)
         slurm.wait_jobs(jobs, timeout=60)
     _until(lambda: not group_status(orchestrator, "cli-g")[0].holder, "group cli-g freed", timeout=30)
+
+
+def test_status_without_an_orchestrator_anywhere_says_where_to_put_it(rota_slurm_cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"PlugStackConfig={tmp_path / 'plugstack.conf'}\n")
+    res = CliRunner().invoke(rota_slurm_cli, ["slurm", "status"], env={"SLURM_CONF": str(conf),
+                                                                       "ROTA_ORCHESTRATOR": None})
+    assert res.exit_code == 2 and "no orchestrator= on rota's line" in res.output and "plugstack.conf" in res.output
 
 
 def test_submit_rejects_bad_group(rota_slurm_cli) -> None:  # type: ignore[no-untyped-def]

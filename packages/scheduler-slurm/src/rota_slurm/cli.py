@@ -141,14 +141,22 @@ def submit(group: str, tenants: int, node: str, shards: int, priority: int, forc
 
 
 @slurm.command("status")
-@click.option("--orchestrator", "endpoint", type=Endpoint(), envvar="ROTA_ORCHESTRATOR", required=True,
-              help="Orchestrator address (env ROTA_ORCHESTRATOR).")
+@click.option("--orchestrator", "endpoint", type=Endpoint(), envvar="ROTA_ORCHESTRATOR", default=None,
+              help="Orchestrator address (env ROTA_ORCHESTRATOR). Default: the orchestrator= of rota's line in "
+              "plugstack.conf (PlugStackConfig of $SLURM_CONF).")
 @click.option("--group", default="", help="Only this group.")
 @click.option("--backend", type=click.Choice(["cli", "pyslurm", "auto"]), default=None,
               help="How to read Slurm's jobs (default cli; env ROTA_SLURM_BACKEND).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def status(endpoint: str, group: str, backend: str | None, as_json: bool) -> None:
+def status(endpoint: str | None, group: str, backend: str | None, as_json: bool) -> None:
     """Slurm jobs joined with their time-slice group: who holds, who waits, job state."""
+    if endpoint is None:
+        path = _spank.plugstack_path()
+        endpoint = _spank.read_plugstack(path).get("orchestrator", "")
+        if not endpoint:
+            raise click.UsageError(f"no --orchestrator and no orchestrator= on rota's line in {path}; pass "
+                                   "--orchestrator HOST:PORT or install the plugin with `rota slurm install-spank "
+                                   "--orchestrator HOST:PORT`")
     try:
         jobs = _slurm.backend(backend or "").jobs()
         groups = _orchestrator.group_status(endpoint, group)
