@@ -128,7 +128,7 @@ def test_row5_attach_as_another_job_is_refused(victim_holds):
 
 
 def test_row6_a_second_session_for_a_live_rank_does_not_displace_it(victim_holds):
-    endpoint, engine, victim, grant = victim_holds
+    endpoint, engine, _victim, grant = victim_holds
     refused(lambda: _attach(endpoint, token("mallory"), "victim", 4242), grpc.StatusCode.PERMISSION_DENIED)
     # even with the victim's own token (leaked to another process), a second session is refused
     refused(lambda: _attach(endpoint, token("victim"), "victim", os.getpid() + 1), grpc.StatusCode.ALREADY_EXISTS)
