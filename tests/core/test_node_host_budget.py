@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -151,6 +152,9 @@ def test_another_uid_growing_meanwhile_shrinks_this_claim(ledger, monkeypatch):
         pytest.skip("needs root and setpriv to run a process as another uid")
     other = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sleep", "60"])
     try:
+        deadline = time.monotonic() + 10  # setpriv runs as root for a moment before it becomes that uid
+        while os.stat(f"/proc/{other.pid}").st_uid != NOBODY and time.monotonic() < deadline:
+            time.sleep(0.01)
         node_host_bytes()  # creates the root
         their_dir = ledger / str(NOBODY)
         their_dir.mkdir()
