@@ -145,25 +145,24 @@ def _wait_kept(kept: Any) -> None:
 
 def _drop_fsdp_comm_state(modules: list[torch.nn.Module]) -> None:
     """Wait for and free the collective buffers FSDP2 keeps between iterations (caches, see module docs)."""
-    wait = _wait_kept
     for m in modules:
         state = m._get_fsdp_state()  # type: ignore[operator]
         ctx = getattr(state, "_comm_ctx", None)
         if ctx is None:
             continue
         if getattr(ctx, "all_gather_state", None) is not None:
-            wait(ctx.all_gather_state)
+            _wait_kept(ctx.all_gather_state)
             ctx.all_gather_state = None
         if getattr(ctx, "reduce_scatter_state", None) is not None:  # torch <= 2.11: one kept input
-            wait(ctx.reduce_scatter_state)
+            _wait_kept(ctx.reduce_scatter_state)
             ctx.reduce_scatter_state = None
         for kept in getattr(ctx, "reduce_scatter_states", None) or []:  # torch >= 2.12: a list
-            wait(kept)
+            _wait_kept(kept)
         if getattr(ctx, "reduce_scatter_states", None):
             ctx.reduce_scatter_states.clear()
         for group in _fsdp_param_groups(state):
             if getattr(group, "_all_reduce_state", None) is not None:
-                wait(group._all_reduce_state)
+                _wait_kept(group._all_reduce_state)
                 group._all_reduce_state = None
 
 
@@ -333,10 +332,11 @@ class Tracked:
             return {}
         with _lock:
             others = [t for t in _models.values() if t.active]
-        skip = set(self._module_attr_storages())
+        attrs = self._module_attr_storages()
+        skip = set(attrs)
         for t in others:  # every tenant's tracked tensors in this process, parked or resident
             skip |= set(t.parker._storages()) | set(t.parker._slots)
-        known = {**self._module_attr_names(), **_fsdp_names(_fsdp_modules(self.model))}
+        known = {key: name for key, (name, _) in attrs.items()} | _fsdp_names(_fsdp_modules(self.model))
         return name_untracked(self.device, skip - set(known), known=known)
 
     def _module_attr_storages(self) -> dict[int, tuple[str, int]]:
@@ -353,9 +353,6 @@ class Tracked:
                 if storage.nbytes() and storage._cdata not in out:
                     out[storage._cdata] = (f"{path + '.' if path else ''}{attr}", storage.nbytes())
         return out
-
-    def _module_attr_names(self) -> dict[int, str]:
-        return {k: name for k, (name, _) in self._module_attr_storages().items()}
 
     def untracked_residue(self) -> dict[str, int]:
         """``untracked:MODULE.ATTR`` -> device bytes of tensors on the model's modules that rota does not park.

@@ -84,13 +84,14 @@ from typing import Any
 import grpc
 
 from rota import nvml as _nvml
+from rota import proc as _proc
 from rota._generated import snapshot_agent_pb2 as pb
 from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
 from rota._grpc_server import rpc_errors
 from rota._ids import check_id, shown
 from rota.auth import Principal, ServerAuth
 from rota.errors import InvalidArgument, PermissionDenied, RotaError
-from rota_agent import _proc, _residue
+from rota_agent import _residue
 from rota_agent._door import Door, Proof
 from rota_agent._generated import agent_ext_pb2 as ext
 from rota_agent.backends import Backend, Channel, Job, default_backends

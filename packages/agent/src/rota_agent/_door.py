@@ -28,7 +28,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from rota_agent import _proc
+from rota import proc as _proc
 
 log = logging.getLogger(__name__)
 

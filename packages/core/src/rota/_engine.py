@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import os
 import time
 import uuid
@@ -724,17 +725,22 @@ class Orchestrator:
     async def _collect(self, now: float) -> None:
         """Forget tenants that ended long ago and groups with nothing in them (bounded memory and Status)."""
         cfg = self.config
+        busy: dict[str, set[str]] = {}  # group -> jobs with a live session or a pending acquire (one pass)
+        for (gid, job), ss in self._sessions.items():
+            if ss:
+                busy.setdefault(gid, set()).add(job)
+        for gid, job in self._grants:
+            busy.setdefault(gid, set()).add(job)
         for g in list(self.groups.values()):
             if g.group_id in cfg.groups:
                 continue
-            live = {job for (gid, job), ss in self._sessions.items() if gid == g.group_id and ss}
-            waiting = {job for gid, job in self._grants if gid == g.group_id}
+            keep = busy.get(g.group_id, set())
             if cfg.ended_tenant_ttl_s and any(now - r.last_active > cfg.ended_tenant_ttl_s for r in g.tenants.values()):
                 async with self._lock(g.group_id):
-                    if g.collect(now, cfg.ended_tenant_ttl_s, keep=live | waiting):
+                    if g.collect(now, cfg.ended_tenant_ttl_s, keep=keep):
                         await self.store.commit(g)
             idle = g.idle_since()
-            if not cfg.idle_group_ttl_s or idle is None or live or waiting or now - idle <= cfg.idle_group_ttl_s:
+            if not cfg.idle_group_ttl_s or idle is None or keep or now - idle <= cfg.idle_group_ttl_s:
                 continue
             async with self._lock(g.group_id):
                 if g.idle_since() is None or self.groups.get(g.group_id) is not g:
@@ -910,15 +916,29 @@ class AgentLinks:
             await ch.close()  # type: ignore[attr-defined]
 
 
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
+MAX_WEIGHT = 1e6
+MAX_BYTES = 1 << 50  # a byte count from a caller (footprint, host memory): 1 PiB
+
+
+def check_bytes(name: str, value: int) -> int:
+    """A byte count from a caller: >= 0 and at most :data:`MAX_BYTES`."""
+    if not 0 <= value <= MAX_BYTES:
+        raise InvalidArgument(f"{name} {value} must be between 0 and {MAX_BYTES} bytes")
+    return value
+
+
 def _check_request(req: TurnRequest) -> None:
+    """Every number of an acquire bounded: impossible ranks, extreme priorities, NaN or infinite weights refused."""
     where = f"(job={req.job_id!r}, group={req.group_id!r})"
     if req.world_size < 0 or (req.world_size and not 0 <= req.rank < req.world_size):
         raise InvalidArgument(f"rank {req.rank} / world_size {req.world_size} is impossible {where}; "
                               "need 0 <= rank < world_size")
-    if req.weight < 0:
-        raise InvalidArgument(f"weight {req.weight!r} is negative {where}; use a positive share")
-    if req.footprint_bytes < 0:
-        raise InvalidArgument(f"footprint_bytes {req.footprint_bytes} is negative {where}")
+    if not MIN_PRIORITY <= req.priority <= MAX_PRIORITY:
+        raise InvalidArgument(f"priority {req.priority} is out of range {where}; use {MIN_PRIORITY}..{MAX_PRIORITY}")
+    if not math.isfinite(req.weight) or not 0 < req.weight <= MAX_WEIGHT:
+        raise InvalidArgument(f"weight {req.weight!r} must be a finite number in (0, {MAX_WEIGHT:g}] {where}")
+    check_bytes("footprint_bytes", req.footprint_bytes)
 
 
 __all__ = ["AgentLinks", "Faulted", "GroupStore", "MemoryStore", "Orchestrator", "OrchestratorConfig", "Session"]

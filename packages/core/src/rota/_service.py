@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -18,7 +17,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2_grpc
 
-from rota._engine import Orchestrator
+from rota._engine import Orchestrator, check_bytes
 from rota._generated import rota_v1_pb2 as pb
 from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota._generated import timeslice_orchestrator_pb2 as v1a
@@ -137,23 +136,10 @@ def _hider(who: Principal) -> Any:
     return hide
 
 
-def _check_turn_request(request: pb.TurnRequest) -> TurnRequest:
-    """A TurnRequest from the wire, with every number bounded (NaN, infinities and extremes refused)."""
-    if not MIN_PRIORITY <= request.priority <= MAX_PRIORITY:
-        raise InvalidArgument(f"priority {request.priority} is out of range; use {MIN_PRIORITY}..{MAX_PRIORITY}")
-    weight = request.weight or 1.0
-    if not math.isfinite(weight) or not 0 < weight <= MAX_WEIGHT:
-        raise InvalidArgument(f"weight {request.weight!r} must be a finite number in (0, {MAX_WEIGHT:g}]")
-    check_bytes("footprint_bytes", request.footprint_bytes)
-    return TurnRequest(request.job_id, request.group_id, request.priority, weight, request.world_size or 1,
-                       request.rank, request.footprint_bytes)
-
-
-def check_bytes(name: str, value: int) -> int:
-    """A byte count from a caller: >= 0 and below :data:`MAX_BYTES`."""
-    if not 0 <= value <= MAX_BYTES:
-        raise InvalidArgument(f"{name} {value} must be between 0 and {MAX_BYTES} bytes")
-    return value
+def _turn_request(request: pb.TurnRequest) -> TurnRequest:
+    """A TurnRequest from the wire (the engine bounds every number of it)."""
+    return TurnRequest(request.job_id, request.group_id, request.priority, request.weight or 1.0,
+                       request.world_size or 1, request.rank, request.footprint_bytes)
 
 
 class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
@@ -162,7 +148,7 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
     @rpc_errors
     async def Acquire(self, request: pb.TurnRequest, context: Any) -> pb.Grant:
         self.acting_for(context, request.group_id, request.job_id, "acquire for")
-        g = await self.delivered(context, _check_turn_request(request))
+        g = await self.delivered(context, _turn_request(request))
         return pb.Grant(token=g.token, waited_ms=g.waited_ms, context_restored=g.context_restored,
                         ttl_ms=g.ttl_ms, max_turn_ms=g.max_turn_ms)
 
@@ -289,9 +275,6 @@ DEADLINE_MARGIN_S = 0.05  # an Acquire gives up this long before its caller's de
 OTHER_JOB = "(another job)"  # what a tenant sees of the other jobs of its group
 STATUS_MAX_GROUPS = 500  # groups per Status reply; more come in pages
 MAX_REQUEST = 8 << 20  # bytes of one request message (larger: RESOURCE_EXHAUSTED before it is read)
-MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
-MAX_WEIGHT = 1e6
-MAX_BYTES = 1 << 50  # a byte count from a caller (footprint, host memory): 1 PiB
 
 
 def bounded_text(text: str, limit: int = REASON_MAX_CHARS) -> str:

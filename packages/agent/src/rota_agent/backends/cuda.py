@@ -45,9 +45,9 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
+from rota import proc as _proc
 from rota._generated import snapshot_agent_pb2 as pb
 from rota.errors import PermissionDenied
-from rota_agent import _proc
 from rota_agent.backends._base import Job, Moved
 from rota_agent.errors import BackendFailed, BadBackendConfig, UnknownJob, Unsupported, WrongState
 

@@ -44,6 +44,7 @@ import stat
 import time
 from collections.abc import Iterator
 
+from rota import proc
 from rota.errors import ConfigError, TransientError
 from rota.tensors._guard import env_number
 
@@ -143,19 +144,19 @@ def _open_own(root: str, root_fd: int) -> int:
 
 def _proc_start_and_uid(pid: int) -> tuple[str, int]:
     """The process's start time in clock ticks and its effective uid (/proc); ("", -1) if it is gone."""
+    start = _start_time(pid)
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            start = f.read().rsplit(")", 1)[1].split()[19]
         with open(f"/proc/{pid}/status") as f:
             uid = next(int(line.split()[2]) for line in f if line.startswith("Uid:"))
     except (OSError, IndexError, ValueError, StopIteration):
         return "", -1
-    return start, uid
+    return (start, uid) if start else ("", -1)
 
 
 def _start_time(pid: int) -> str:
-    """The process's start time, so a reused pid is not mistaken for the old one."""
-    return _proc_start_and_uid(pid)[0]
+    """The process's start time, so a reused pid is not mistaken for the old one ("" if it is gone)."""
+    start = proc.start_time(pid)
+    return "" if start is None else str(start)
 
 
 def _memory_bound() -> int:

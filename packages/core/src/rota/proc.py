@@ -1,9 +1,10 @@
 """What ``/proc`` says about a process: its start time and its parent.
 
-The agent acts only on processes a registered job proved are its own (see
-:mod:`rota_agent._door`). A pid alone is not an identity, since pids are reused; a pid
-with its start time (field 22 of ``/proc/PID/stat``, clock ticks since boot) is: a
-process that exited and whose pid went to another has a different start time.
+A pid alone is not an identity, since pids are reused; a pid with its start time
+(field 22 of ``/proc/PID/stat``, clock ticks since boot) is: a process that exited and
+whose pid went to another has a different start time. Used by the node agent (it acts
+only on processes a registered job proved are its own) and by the node host ledger (an
+entry counts only for the live process that wrote it).
 """
 
 from __future__ import annotations
