@@ -192,6 +192,7 @@ class Agent:
         self.name = name
         self.accelerators = accelerators
         self.jobs: dict[str, Job] = {}
+        self.metrics: Any = None  # rota_agent._metrics.AgentMetrics, when served (--metrics-listen)
         self.ops: collections.OrderedDict[str, Operation] = collections.OrderedDict()
         self._tasks: set[asyncio.Task] = set()
 
@@ -431,6 +432,9 @@ class Agent:
         finally:
             op.finished = time.monotonic()
             job.op = None
+            if self.metrics is not None:
+                self.metrics.finished(op.kind, op.backend, op.status == pb.OPERATION_STATUS_COMPLETE,
+                                      op.finished - op.started, op.device_bytes)
             if not job.channels and job.state != pb.JOB_STATE_FAULTED and job.default_backend == "app_channel" \
                     and self.jobs.get(job.job_id) is job:
                 del self.jobs[job.job_id]

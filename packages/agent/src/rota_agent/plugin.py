@@ -72,8 +72,11 @@ def agent() -> None:
               help="Device bytes a parked job may leave behind (NVML per pid for whole-process parks, the adapters' "
                    "report for app_channel); more FAILs the snapshot and FAULTs the job. 0 = off "
                    "[default: env ROTA_RESIDUE_MAX_BYTES, else 268435456 = 256 MiB].")
+@click.option("--metrics-listen", default="", metavar="HOST:PORT",
+              help="Serve Prometheus /metrics here (parks and restores, their seconds, bytes moved, jobs by state, "
+                   "residue). It has no authentication: bind it where only your Prometheus reaches.")
 def serve_cmd(listen: str, auth_key: str, insecure: bool, socket_dir: str | None, op_timeout: float,
-              step_timeout: float, forget_after: float, residue_max_bytes: int | None) -> None:
+              step_timeout: float, forget_after: float, residue_max_bytes: int | None, metrics_listen: str) -> None:
     """Serve SnapshotAgentService and grpc.health.v1 until SIGINT/SIGTERM."""
     from rota.errors import ConfigError
     from rota_agent._agent import Agent
@@ -86,7 +89,26 @@ def serve_cmd(listen: str, auth_key: str, insecure: bool, socket_dir: str | None
                   residue_max_bytes=residue_max_bytes, keep_closed_s=forget_after)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    if metrics_listen:
+        _serve_metrics(a, metrics_listen)
     asyncio.run(_serve(a, listen, auth, default_socket_dir() if socket_dir is None else socket_dir))
+
+
+def _serve_metrics(a: Any, listen: str) -> None:
+    """``/metrics`` of agent ``a`` on ``HOST:PORT`` (prometheus-client's server, a thread of its own)."""
+    from rota_agent._metrics import AgentMetrics
+
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"{listen!r} is not HOST:PORT (e.g. 0.0.0.0:9464)", param_hint="--metrics-listen")
+    metrics = AgentMetrics(lambda: a.jobs)
+    try:
+        metrics.serve(host.strip("[]"), int(port))
+    except OSError as exc:
+        raise click.BadParameter(f"cannot serve metrics on {listen}: {exc.strerror}",
+                                 param_hint="--metrics-listen") from None
+    a.metrics = metrics
+    click.echo(f"rota agent: metrics at http://{listen}/metrics", err=True)
 
 
 def is_loopback(listen: str) -> bool:
