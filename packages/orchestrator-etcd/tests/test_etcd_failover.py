@@ -17,7 +17,7 @@ import rota
 from rota._generated import timeslice_orchestrator_pb2 as v1a
 from rota_etcd.testing import OrchestratorProcess, leader_of
 
-LEADER_SERVICE = "rota.v1.RotaService"
+LEADER_SERVICE = "rota.leader"
 
 
 def replicas(etcd, tmp_path, child_env, n: int = 2) -> list[OrchestratorProcess]:
@@ -84,12 +84,16 @@ def test_followers_refuse_with_the_leader_address_and_rota_clients_follow(etcd3,
             # reads are answered by followers too, from etcd
             assert list(stub.ListGroups(v1a.ListGroupsRequest(), timeout=5).group_ids) == []
 
-        # grpc.health.v1: the orchestrator services are SERVING on the leader only (a readiness
-        # probe on them routes clients to it); the process ("") is SERVING everywhere (liveness)
+        # grpc.health.v1: the orchestrator services are SERVING on every replica that answers (the
+        # follower redirects: a readiness probe on them keeps both in the Service); "rota.leader"
+        # only on the leader; the process ("") everywhere (liveness)
         service = "timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService"
-        assert health(leader.endpoint, service) == health_pb2.HealthCheckResponse.SERVING
-        assert health(follower.endpoint, service) == health_pb2.HealthCheckResponse.NOT_SERVING
-        assert health(follower.endpoint, "") == health_pb2.HealthCheckResponse.SERVING
+        serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+        assert health(leader.endpoint, service) == serving
+        assert eventually(lambda: health(follower.endpoint, service) == serving, 10, "the follower ready")
+        assert health(leader.endpoint, LEADER_SERVICE) == serving
+        assert health(follower.endpoint, LEADER_SERVICE) == not_serving
+        assert health(follower.endpoint, "") == serving
 
         gpu = rota.connect(group="g", tenant="j", endpoint=endpoints([follower, leader]))  # follower listed first
         try:

@@ -28,7 +28,7 @@ TENANT_STATES = ("holding", "waiting", "resident", "parked", "faulted", "lost", 
 class OrchestratorMetrics:
     """Counters and histograms fed by the engine, plus gauges read from its groups at scrape time."""
 
-    def __init__(self, groups: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, groups: Callable[[], dict[str, Any]], leading: Callable[[], bool] = lambda: True) -> None:
         self.registry = CollectorRegistry()
         self.wait = Histogram("rota_turn_wait_seconds", "Time from a job's acquire to its grant.", ["group"],
                               buckets=WAIT_BUCKETS, registry=self.registry)
@@ -39,7 +39,7 @@ class OrchestratorMetrics:
                              registry=self.registry)
         self.bytes_parked = Counter("rota_parked_bytes", "Bytes moved to host memory by parks.", ["group"],
                                     registry=self.registry)
-        self.registry.register(_StateCollector(groups))
+        self.registry.register(_StateCollector(groups, leading))
 
     def granted(self, group: str, waited_s: float) -> None:
         self.grants.labels(group).inc()
@@ -60,10 +60,12 @@ class OrchestratorMetrics:
 class _StateCollector:
     """Gauges of the groups as they are now: holder, waiters, busy time, tenant states and memory."""
 
-    def __init__(self, groups: Callable[[], dict[str, Any]]) -> None:
-        self.groups = groups
+    def __init__(self, groups: Callable[[], dict[str, Any]], leading: Callable[[], bool]) -> None:
+        self.groups, self.leading = groups, leading
 
     def collect(self) -> Iterator[Any]:
+        yield GaugeMetricFamily("rota_orchestrator_leader", "1 while this orchestrator grants turns (an HA replica: "
+                                "while it leads).", value=1 if self.leading() else 0)
         holder = GaugeMetricFamily("rota_group_holder", "1 for the job that holds the group.", labels=["group", "job"])
         waiters = GaugeMetricFamily("rota_group_waiters", "Jobs waiting for the group.", labels=["group"])
         busy = CounterMetricFamily("rota_group_busy_seconds", "Seconds some job held the group.", labels=["group"])

@@ -319,6 +319,10 @@ SERVICE_NAMES = (
     v1a.DESCRIPTOR.services_by_name["TimeSliceOrchestratorService"].full_name,
     pb.DESCRIPTOR.services_by_name["RotaService"].full_name,
 )
+# grpc.health.v1 names: SERVICE_NAMES are SERVING where calls are answered (a follower
+# replica answers too: reads itself, the rest redirected to the leader); LEADER_HEALTH is
+# SERVING only where turns are granted (a single orchestrator, or the leading replica).
+LEADER_HEALTH = "rota.leader"
 
 
 async def serve(engine: Orchestrator, listen: str, *, extra: Callable[[grpc.aio.Server], None] | None = None,
@@ -333,7 +337,7 @@ async def serve(engine: Orchestrator, listen: str, *, extra: Callable[[grpc.aio.
                              options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_REQUEST)])
     v1a_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(TimeSliceService(engine, auth), server)
     pb_grpc.add_RotaServiceServicer_to_server(RotaService(engine, auth), server)
-    health = await health_servicer(SERVICE_NAMES)
+    health = await health_servicer((*SERVICE_NAMES, LEADER_HEALTH))
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     engine.health = health  # type: ignore[attr-defined]  # HA stores flip it to NOT_SERVING on followers
     if extra is not None:

@@ -8,6 +8,10 @@ Each replica:
   Acquire, Yield, Release, Evict and Attach with UNAVAILABLE naming the leader
   (:class:`rota.errors.NotLeader`; rota clients follow it) and serves status reads
   from etcd;
+* reports through grpc.health.v1: the orchestrator services are SERVING while it
+  answers calls — it leads, or it follows a leader it knows (readiness: a Service may
+  send clients to any ready replica) — and ``rota.leader`` is SERVING only while it
+  leads (:meth:`Replica.health_states`);
 * when it wins a term, loads every group from etcd into a fresh
   :class:`EtcdOrchestrator` (the core engine, writing through a term-bound store)
   and serves from it;
@@ -135,6 +139,8 @@ class Replica:
         self.term: Term | None = None
         self._owner: weakref.WeakKeyDictionary[Session, EtcdOrchestrator] = weakref.WeakKeyDictionary()
         self._task: asyncio.Task | None = None
+        self._health_task: asyncio.Task | None = None
+        self._published: tuple[bool, bool] | None = None
         self.health: Any = None  # grpc.health.v1 servicer, set by rota._service.serve
 
     @property
@@ -152,11 +158,14 @@ class Replica:
         """Check that etcd answers (a clear error naming the endpoints if not), then
         campaign in the background; serving starts at once, as a follower."""
         await self.store.connect()
-        await self._set_serving(False)
+        await self._publish_health()
         self._task = asyncio.create_task(self._lead(), name="rota-etcd-replica")
+        self._health_task = asyncio.create_task(self._keep_health(), name="rota-etcd-health")
 
     async def stop(self) -> None:
         self.stopped.set()
+        if self._health_task is not None:
+            self._health_task.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -182,7 +191,7 @@ class Replica:
                 await self._step_down(engine, term, str(exc))
                 continue
             self.engine, self.term = engine, term
-            await self._set_serving(True)
+            await self._publish_health()
             log.info("replica %s serves as leader (term %d, %d groups)", self.address, term.revision,
                      len(engine.groups))
             why = await self._watch_term(term)
@@ -203,7 +212,7 @@ class Replica:
     async def _step_down(self, engine: EtcdOrchestrator, term: Term, why: str) -> None:
         if self.engine is engine:
             self.engine = None
-            await self._set_serving(False)
+            await self._publish_health()
             log.warning("replica %s stops leading (term %d): %s", self.address, term.revision, why)
         term.end(why)
         if self.store.keeper is not None:
@@ -214,18 +223,44 @@ class Replica:
         with contextlib.suppress(Exception):
             await engine.stop()
 
-    async def _set_serving(self, leading: bool) -> None:
-        """grpc.health.v1: the orchestrator services are SERVING on the leader only (so a
-        readiness probe on them sends clients there); the process itself ("") stays SERVING."""
-        if self.health is None:
+    @property
+    def leading(self) -> bool:
+        """True while this replica grants turns (its term is alive)."""
+        return self.engine is not None and self.term is not None and not self.term.lost.is_set()
+
+    def health_states(self) -> tuple[bool, bool]:
+        """(ready, leading): ready while calls here are answered — by this replica as leader, or
+        redirected to a leader this follower knows (none is known while etcd is unreachable or
+        during an election)."""
+        leader = self.leader_address
+        return self.leading or bool(leader and leader != self.address), self.leading
+
+    async def _publish_health(self) -> None:
+        """grpc.health.v1: the orchestrator services SERVING while ready, ``rota.leader`` while
+        leading; the process itself ("") stays SERVING (liveness)."""
+        states = self.health_states()
+        if self.health is None or states == self._published:
             return
         from grpc_health.v1 import health_pb2
 
-        from rota._service import SERVICE_NAMES
+        from rota._service import LEADER_HEALTH, SERVICE_NAMES
 
-        status = health_pb2.HealthCheckResponse.SERVING if leading else health_pb2.HealthCheckResponse.NOT_SERVING
+        def status(on: bool) -> int:
+            return health_pb2.HealthCheckResponse.SERVING if on else health_pb2.HealthCheckResponse.NOT_SERVING
+
+        ready, leading = states
         for name in SERVICE_NAMES:
-            await self.health.set(name, status)
+            await self.health.set(name, status(ready))
+        await self.health.set(LEADER_HEALTH, status(leading))
+        if self._published is not None and ready != self._published[0]:
+            log.info("replica %s is %s", self.address, "ready" if ready else "not ready (no leader known)")
+        self._published = states
+
+    async def _keep_health(self) -> None:
+        """Follow the election's view of the leader (it changes outside this replica's terms)."""
+        while not self.stopped.is_set():
+            await self._publish_health()
+            await asyncio.sleep(0.2)
 
     # --------------------------------------------------- the engine's API
 

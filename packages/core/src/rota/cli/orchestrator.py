@@ -122,7 +122,7 @@ def _serve_metrics(engine: Orchestrator, listen: str) -> None:
         current = getattr(engine, "engine", engine)  # a replica leads through its current engine, else none
         return dict(getattr(current, "groups", None) or {})
 
-    metrics = OrchestratorMetrics(groups)
+    metrics = OrchestratorMetrics(groups, leading=lambda: bool(getattr(engine, "leading", True)))
     engine.metrics = metrics  # type: ignore[attr-defined]  # a replica hands it to each engine it leads with
     try:
         metrics.serve(host, int(port))
