@@ -238,9 +238,10 @@ def check_rendered_objects(objs: list[dict[str, Any]]) -> None:
     # etcd's clients: https only, with the orchestrator's certificate from its Secret.
     urls = serve[serve.index("--etcd") + 1].split(",")
     assert urls and all(u.startswith("https://") for u in urls)
-    env = {e["name"]: e["value"] for e in orch["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in orch["containers"][0]["env"]}
     assert env == {"ROTA_ETCD_CA": "/etc/rota/etcd-tls/ca.crt", "ROTA_ETCD_CERT": "/etc/rota/etcd-tls/tls.crt",
-                   "ROTA_ETCD_KEY": "/etc/rota/etcd-tls/tls.key"}
+                   "ROTA_ETCD_KEY": "/etc/rota/etcd-tls/tls.key",
+                   "POD_IP": None, "ROTA_ADVERTISE": "$(POD_IP):50051"}  # followers redirect to the leader's pod
 
 
 @pytest.mark.skipif(shutil.which("etcd") is None or shutil.which("openssl") is None,

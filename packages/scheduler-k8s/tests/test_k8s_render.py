@@ -28,7 +28,7 @@ def test_every_object_has_identity_and_labels(objs: list[dict[str, Any]]) -> Non
     for o in objs:
         assert o["apiVersion"] and o["kind"] and o["metadata"]["name"], o
         assert o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "rota", o["metadata"]
-        if o["kind"] == "Namespace":
+        if o["kind"] in ("Namespace", "PriorityClass"):  # cluster-scoped
             assert "namespace" not in o["metadata"]
         elif o["metadata"]["labels"]["app.kubernetes.io/component"] == "agent":
             assert o["metadata"]["namespace"] == "rota-system-agent", o["metadata"]
@@ -46,7 +46,8 @@ def test_the_expected_objects_are_rendered(objs: list[dict[str, Any]]) -> None:
         ("NetworkPolicy", "rota-etcd"), ("NetworkPolicy", "rota-orchestrator"), ("NetworkPolicy", "rota-agent"),
         ("Service", "rota-etcd"), ("StatefulSet", "rota-etcd"), ("PodDisruptionBudget", "rota-etcd"),
         ("Service", "rota-orchestrator"), ("Deployment", "rota-orchestrator"),
-        ("PodDisruptionBudget", "rota-orchestrator"), ("Service", "rota-agent"), ("DaemonSet", "rota-agent")])
+        ("PodDisruptionBudget", "rota-orchestrator"), ("Service", "rota-agent"), ("DaemonSet", "rota-agent"),
+        ("PriorityClass", "rota-critical"), ("ResourceClaimTemplate", "rota-agent-gpus")])
     assert [o["kind"] for o in objs[:2]] == ["Namespace", "Namespace"]  # applied first
     assert "Secret" not in {o["kind"] for o in objs}  # keys and certificates are the operator's, never rendered
     assert by_kind(objs, "StatefulSet")[0]["spec"]["replicas"] == 3

@@ -69,8 +69,12 @@ def validate_objects(objs: Sequence[dict[str, Any]], versions: Iterable[str] | N
             except kubernetes_validate.ValidationError as exc:
                 path = "/".join(str(p) for p in exc.path)
                 problems.append((_name(obj), f"{path or '(root)'}: {exc.message}"))
-            except kubernetes_validate.SchemaNotFoundError as exc:
-                problems.append((_name(obj), f"no schema: {exc}"))
+            except kubernetes_validate.SchemaNotFoundError:
+                problems.append((_name(obj), f"Kubernetes {version} has no {obj.get('apiVersion')} "
+                                 f"{obj.get('kind')} (rota needs {MIN_VERSION} or later)"))
+            except _kv.VersionNotSupportedError:
+                raise ConfigError(f"kubernetes-validate {kubernetes_validate.__version__} has no schemas for "
+                                  f"Kubernetes {version}; choose one of {', '.join(supported_versions())}") from None
         if problems:
             raise ManifestError(problems, version)
         log.debug("%d objects valid for Kubernetes %s", len(objs), version)

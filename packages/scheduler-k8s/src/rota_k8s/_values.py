@@ -9,9 +9,15 @@ file are errors too: a typo must not silently fall back to a default.
 The YAML shape (every key optional)::
 
     namespace: rota-system
-    image: rota:0.1.0
+    image: rota:0.1.0        # what `rota k8s image` builds from the repository's Dockerfile (push it, then name it)
     imagePullPolicy: IfNotPresent
     logLevel: info
+    metricsPort: 9464        # /metrics of the orchestrator and the agent (0: none)
+    metricsNamespaces: []    # namespaces whose pods may scrape it (NetworkPolicy), e.g. [monitoring]
+    priorityClass:
+      name: rota-critical    # given to etcd, the orchestrator and the agent ("" = none)
+      value: 1000000
+      create: true           # false: the class exists already (e.g. system-node-critical)
     tenantNamespaces: [default]  # namespaces whose pods may use rota (RBAC, NetworkPolicy, tokens)
     auth:
       secretName: rota-auth  # Secret (key "key") holding the auth key, in both rota namespaces
@@ -21,6 +27,7 @@ The YAML shape (every key optional)::
       replicas: 3
       image: registry.k8s.io/etcd:3.5.21-0
       storage: 1Gi
+      memoryLimit: 2Gi
       storageClassName: ""
       serverSecret: rota-etcd-server  # tls.crt/tls.key/ca.crt of the members (client and peer TLS)
       clientSecret: rota-etcd-client  # tls.crt/tls.key/ca.crt the orchestrator presents to etcd
@@ -30,11 +37,15 @@ The YAML shape (every key optional)::
       ttl: 10                # seconds without heartbeat before a tenant loses its turn
       parkTimeout: 120       # seconds a park may take before the job is FAULTED
       maxTurn: 0             # seconds a holder may keep a group while others wait (0 = no limit)
+      memoryLimit: 1Gi
     agent:
       namespace: ""          # default: <namespace>-agent (Pod Security "privileged": hostPID, SYS_PTRACE)
       port: 9001
       nodeSelector: {nvidia.com/gpu.present: "true"}
-      runtimeClassName: ""   # e.g. nvidia, where the GPU runtime needs it
+      gpuAccess: dra         # dra: a DRA admin-access claim on all of the node's GPUs (Kubernetes 1.34+,
+                             # NVIDIA DRA driver); runtimeClass: NVIDIA_VISIBLE_DEVICES=all under runtimeClassName
+      runtimeClassName: ""   # e.g. nvidia (the NVIDIA container toolkit's RuntimeClass); needed for runtimeClass
+      memoryLimit: 1Gi
 """
 
 from __future__ import annotations
@@ -48,18 +59,20 @@ import yaml
 
 from rota.auth import parse_ttl
 from rota.errors import ConfigError
+from rota_k8s._image import default_image, image_problem
 
-__all__ = ["AgentValues", "AuthValues", "EtcdValues", "OrchestratorValues", "Values", "ValuesError", "load_values"]
+__all__ = ["AgentValues", "AuthValues", "EtcdValues", "OrchestratorValues", "PriorityClassValues", "Values",
+           "ValuesError", "load_values"]
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:@+-]*[A-Za-z0-9_]$", re.I)
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _URL = re.compile(r"https://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?")  # fullmatch: etcd is reached over TLS only
 POLICIES = ("fifo", "priority", "fair")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+GPU_ACCESS = ("dra", "runtimeClass")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -82,6 +95,7 @@ class EtcdValues:
     image: str = "registry.k8s.io/etcd:3.5.21-0"
     storage: str = "1Gi"
     storageClassName: str = ""
+    memoryLimit: str = "2Gi"
     serverSecret: str = "rota-etcd-server"
     clientSecret: str = "rota-etcd-client"
 
@@ -103,6 +117,7 @@ class OrchestratorValues:
     ttl: float = 10.0
     parkTimeout: float = 120.0
     maxTurn: float = 0.0
+    memoryLimit: str = "1Gi"
 
 
 @dataclass(frozen=True)
@@ -112,7 +127,18 @@ class AgentValues:
     namespace: str = ""
     port: int = 9001
     nodeSelector: dict[str, str] = field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
+    gpuAccess: str = "dra"
     runtimeClassName: str = ""
+    memoryLimit: str = "1Gi"
+
+
+@dataclass(frozen=True)
+class PriorityClassValues:
+    """The PriorityClass of rota's own pods (a node's agent must not be preempted by the tenants it serves)."""
+
+    name: str = "rota-critical"
+    value: int = 1_000_000
+    create: bool = True
 
 
 @dataclass(frozen=True)
@@ -120,10 +146,13 @@ class Values:
     """Everything ``rota k8s render`` needs. Build with :func:`load_values` (validates)."""
 
     namespace: str = "rota-system"
-    image: str = "rota:0.1.0"
+    image: str = field(default_factory=default_image)
     imagePullPolicy: str = "IfNotPresent"
     logLevel: str = "info"
+    metricsPort: int = 9464
+    metricsNamespaces: tuple[str, ...] = ()
     tenantNamespaces: tuple[str, ...] = ("default",)
+    priorityClass: PriorityClassValues = field(default_factory=PriorityClassValues)
     auth: AuthValues = field(default_factory=AuthValues)
     etcd: EtcdValues = field(default_factory=EtcdValues)
     orchestrator: OrchestratorValues = field(default_factory=OrchestratorValues)
@@ -151,7 +180,7 @@ class Values:
 
 
 _SECTIONS: dict[str, type] = {"auth": AuthValues, "etcd": EtcdValues, "orchestrator": OrchestratorValues,
-                              "agent": AgentValues}
+                              "agent": AgentValues, "priorityClass": PriorityClassValues}
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -253,8 +282,27 @@ def _typed(problems: list[tuple[str, str]], key: str, value: Any, default: Any) 
 def _check(v: Values) -> list[tuple[str, str]]:
     p: list[tuple[str, str]] = []
     for key, image in (("image", v.image), ("etcd.image", v.etcd.image)):
-        if not image or not _IMAGE.fullmatch(image) or " " in image:
-            p.append((key, f"{image!r} is not a container image reference (e.g. registry.example/rota:0.1.0)"))
+        problem = image_problem(image)
+        if problem:
+            p.append((key, f"{image!r} is not a container image reference: it {problem}"))
+    for key, quantity in (("etcd.memoryLimit", v.etcd.memoryLimit), ("agent.memoryLimit", v.agent.memoryLimit),
+                          ("orchestrator.memoryLimit", v.orchestrator.memoryLimit)):
+        if not _QUANTITY.fullmatch(quantity):
+            p.append((key, f"{quantity!r} is not a Kubernetes quantity (e.g. 1Gi)"))
+    if v.metricsPort and (not 1024 <= v.metricsPort <= 65535 or v.metricsPort in (50051, v.agent.port)):
+        p.append(("metricsPort", f"{v.metricsPort} must be 0 (no /metrics) or a free port between 1024 and 65535"))
+    for ns in v.metricsNamespaces:
+        if not _DNS_LABEL.fullmatch(ns):
+            p.append(("metricsNamespaces", f"{ns!r} is not a namespace name (a DNS-1123 label)"))
+    pc = v.priorityClass
+    if pc.name and not _DNS_SUBDOMAIN.fullmatch(pc.name):
+        p.append(("priorityClass.name", f"{pc.name!r} is not a DNS-1123 subdomain"))
+    if pc.create and pc.name.startswith("system-"):
+        p.append(("priorityClass.name", f"{pc.name!r}: names starting with 'system-' are Kubernetes' own; set "
+                  "priorityClass.create to false to use it"))
+    if not 0 <= pc.value <= 1_000_000_000:
+        p.append(("priorityClass.value", f"{pc.value} must be between 0 and 1000000000 (higher is reserved for "
+                  "system classes)"))
     if v.imagePullPolicy not in PULL_POLICIES:
         p.append(("imagePullPolicy", f"{v.imagePullPolicy!r}; choose one of {', '.join(PULL_POLICIES)}"))
     if v.logLevel not in LOG_LEVELS:
@@ -303,6 +351,12 @@ def _check(v: Values) -> list[tuple[str, str]]:
             p.append(("agent.nodeSelector", f"{k}={val!r}: value is not a label value"))
     if a.runtimeClassName and not _DNS_SUBDOMAIN.fullmatch(a.runtimeClassName):
         p.append(("agent.runtimeClassName", f"{a.runtimeClassName!r} is not a DNS-1123 subdomain"))
+    if a.gpuAccess not in GPU_ACCESS:
+        p.append(("agent.gpuAccess", f"{a.gpuAccess!r}; choose dra (a DRA admin-access claim, Kubernetes 1.34+) or "
+                  "runtimeClass (with agent.runtimeClassName)"))
+    elif a.gpuAccess == "runtimeClass" and not a.runtimeClassName:
+        p.append(("agent.gpuAccess", "runtimeClass needs agent.runtimeClassName (e.g. nvidia): without the NVIDIA "
+                  "runtime, NVIDIA_VISIBLE_DEVICES gives the agent no GPU"))
     return p
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import sys
@@ -28,7 +29,7 @@ from rota._plugins import plugin_manager
 from rota._types import TurnRequest
 from rota.cli.options import Endpoint
 from rota.errors import InvalidArgument, RotaError
-from rota_k8s._validate import ManifestError, supported_versions, validate_objects
+from rota_k8s._validate import MIN_VERSION, ManifestError, supported_versions, validate_objects
 from rota_k8s._values import ValuesError, load_values
 from rota_k8s.manifests import MAX_GPUS, TenantSpec, claim_name, render, tenant, to_yaml
 
@@ -63,8 +64,26 @@ def _emit(objs: list[dict[str, Any]], out_dir: str | None, versions: tuple[str, 
     click.echo(f"wrote {len(objs)} objects to {path}/ (kubectl apply -f {path}/)", err=True)
 
 
+def _kube_versions(_ctx: click.Context, _param: click.Parameter, given: tuple[str, ...]) -> tuple[str, ...]:
+    """``--kube-version`` values as minor versions this installation can validate against (one-line errors)."""
+    known = supported_versions()
+    out = []
+    for text in given:
+        match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)?", text.strip())
+        if not match:
+            raise click.ClickException(f"--kube-version {text!r} is not a Kubernetes version; give MAJOR.MINOR, "
+                                       f"one of {', '.join(known)}")
+        minor = f"{int(match[1])}.{int(match[2])}"
+        if minor not in known:
+            raise click.ClickException(
+                f"--kube-version {text!r} cannot be checked: rota's manifests need Kubernetes {MIN_VERSION} or later "
+                f"(resource.k8s.io/v1, DRA) and this kubernetes-validate knows {', '.join(known)}")
+        out.append(minor)
+    return tuple(out)
+
+
 _versions_option = click.option(
-    "--kube-version", "versions", multiple=True, metavar="1.34",
+    "--kube-version", "versions", multiple=True, metavar="1.34", callback=_kube_versions,
     help="Validate against this Kubernetes minor version (repeatable). Default: every one from 1.34 on "
     "that kubernetes-validate knows.")
 
@@ -333,6 +352,41 @@ def status_cmd(group: str, endpoint: str | None, as_json: bool) -> None:
         click.echo(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
     else:
         click.echo(render_table(reply))
+
+
+@k8s.command("image")
+@click.option("--tag", default="", help="Image tag [rota:VERSION, the manifests' default --image].")
+@click.option("--context", "context_dir", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="A checkout of the rota repository (its root holds the Dockerfile).")
+@click.option("--build", is_flag=True, help="Run the build with docker (or podman) instead of printing it.")
+def image_cmd(tag: str, context_dir: str, build: bool) -> None:
+    """Build the rota image (orchestrator, controller, agent) from the repository's Dockerfile.
+
+    Prints the command unless --build. Push the image where your nodes pull from and
+    render with it: `rota k8s render --image REGISTRY/rota:VERSION`.
+    """
+    import shutil
+    import subprocess
+
+    from rota_k8s._image import default_image, image_problem
+
+    tag = tag or default_image()
+    problem = image_problem(tag)
+    if problem:
+        raise click.ClickException(f"--tag {tag!r} is not a container image reference: it {problem}")
+    dockerfile = Path(context_dir) / "Dockerfile"
+    tool = shutil.which("docker") or shutil.which("podman") or "docker"
+    argv = [Path(tool).name, "build", "-t", tag, "-f", str(dockerfile), context_dir]
+    if not build:
+        click.echo(" ".join(argv))
+        click.echo(f"# then: docker push REGISTRY/{tag} (after docker tag) and rota k8s render --image "
+                   f"REGISTRY/{tag}", err=True)
+        return
+    if not dockerfile.is_file():
+        raise click.ClickException(f"{dockerfile} not found: give --context, a checkout of the rota repository")
+    if not shutil.which(tool):
+        raise click.ClickException("neither docker nor podman is on PATH; run the printed command where one is")
+    sys.exit(subprocess.call([tool, *argv[1:]]))
 
 
 @k8s.command("versions")

@@ -45,6 +45,7 @@ import yaml
 
 from rota._ids import check_id
 from rota.errors import InvalidArgument
+from rota_k8s._image import image_problem
 from rota_k8s._values import Values, dns_label, dns_label_ok, label_value_problem
 
 __all__ = [
@@ -73,8 +74,11 @@ CLAIM_API_VERSION = "resource.k8s.io/v1"
 DEVICE_CLASS = "gpu.nvidia.com"
 CLAIM_REQUEST = "gpu"
 PART_OF = "rota"
-# grpc.health.v1 service that is SERVING only on the orchestrator replica that leads (rota_etcd)
+# grpc.health.v1 names (rota._service): the orchestrator service is SERVING on every replica that
+# answers (the leader, and followers that know it and redirect: readiness); rota.leader on the leader only.
 ORCHESTRATOR_SERVICE = "timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService"
+LEADER_HEALTH = "rota.leader"
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"  # lets a namespace's claims ask for admin access
 Obj = dict[str, Any]
 
 
@@ -118,6 +122,12 @@ def _http_probes(port: int, *, ready: str, live: str, initial: int = 5) -> Obj:
     }
 
 
+def _resources(cpu: str, memory: str, memory_limit: str) -> Obj:
+    """Requests, and a memory limit. No CPU limit: throttling would delay heartbeats and grants, and a
+    turn's timing is what rota is for; the requests reserve what each needs."""
+    return {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory_limit}}
+
+
 def _pdb(name: str, component: str, ns: str, **budget: Any) -> Obj:
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(name, component, ns),
             "spec": {**budget, "selector": {"matchLabels": _selector(component)}}}
@@ -138,7 +148,15 @@ _RUNTIME_DEFAULT = {"type": "RuntimeDefault"}
 
 def render(values: Values) -> list[Obj]:
     """Every object of a rota installation, in apply order (namespaces first)."""
-    objs: list[Obj] = [_namespace(values.namespace, "restricted"), _namespace(values.agent_namespace, "privileged")]
+    objs: list[Obj] = [_namespace(values.namespace, "restricted"),
+                       _namespace(values.agent_namespace, "privileged",
+                                  admin_access=values.agent.gpuAccess == "dra")]
+    pc = values.priorityClass
+    if pc.name and pc.create:
+        objs.append({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                     "metadata": _meta(pc.name, "priority"), "value": pc.value,
+                     "preemptionPolicy": "PreemptLowerPriority", "globalDefault": False,
+                     "description": "rota: etcd, orchestrator and node agents, scheduled before their tenants"})
     objs += _rbac(values)
     objs += _network_policies(values)
     if not values.external_etcd:
@@ -148,10 +166,13 @@ def render(values: Values) -> list[Obj]:
     return objs
 
 
-def _namespace(name: str, pod_security: str) -> Obj:
-    """A namespace whose Pod Security Admission level is enforced (and audited and warned about)."""
+def _namespace(name: str, pod_security: str, *, admin_access: bool = False) -> Obj:
+    """A namespace whose Pod Security Admission level is enforced (and audited and warned about);
+    ``admin_access``: its ResourceClaims may ask for DRA admin access (the agent's, to every GPU of its node)."""
     meta = _meta(name, "namespace")
     meta["labels"].update({f"pod-security.kubernetes.io/{mode}": pod_security for mode in ("enforce", "audit", "warn")})
+    if admin_access:
+        meta["labels"][ADMIN_ACCESS_LABEL] = "true"
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
 
 
@@ -214,12 +235,31 @@ def _network_policies(v: Values) -> list[Obj]:
             {"from": [orchestrator], "ports": [{"protocol": "TCP", "port": 2379}]},
             {"from": [{"podSelector": {"matchLabels": _selector("etcd")}}], "ports": [{"protocol": "TCP",
                                                                                        "port": 2380}]}]))
+    scrape = _scrapers(v)
     objs.append(_policy("rota-orchestrator", ns, "orchestrator", {"matchLabels": _selector("orchestrator")}, [
-        {"from": [orchestrator, _tenant_peer(v)], "ports": [{"protocol": "TCP", "port": 50051}]}]))
+        {"from": [orchestrator, _tenant_peer(v)], "ports": [{"protocol": "TCP", "port": 50051}]}, *scrape]))
     rota_orchestrator = {**orchestrator, "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: ns}}}
     objs.append(_policy("rota-agent", agent_ns, "agent", {"matchLabels": _selector("agent")}, [
-        {"from": [rota_orchestrator, _tenant_peer(v)], "ports": [{"protocol": "TCP", "port": v.agent.port}]}]))
+        {"from": [rota_orchestrator, _tenant_peer(v)], "ports": [{"protocol": "TCP", "port": v.agent.port}]},
+        *scrape]))
     return objs
+
+
+def _scrapers(v: Values) -> list[Obj]:
+    """Ingress to /metrics from the pods of ``metricsNamespaces`` (e.g. Prometheus'); none when empty."""
+    if not v.metricsPort or not v.metricsNamespaces:
+        return []
+    return [{"from": [{"namespaceSelector": {"matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "In",
+                                                                   "values": list(v.metricsNamespaces)}]}}],
+             "ports": [{"protocol": "TCP", "port": v.metricsPort}]}]
+
+
+def _priority(v: Values) -> Obj:
+    return {"priorityClassName": v.priorityClass.name} if v.priorityClass.name else {}
+
+
+def _metrics_port(v: Values) -> list[Obj]:
+    return [{"name": "metrics", "containerPort": v.metricsPort}] if v.metricsPort else []
 
 
 def _etcd(v: Values) -> list[Obj]:
@@ -257,6 +297,7 @@ def _etcd(v: Values) -> list[Obj]:
                  "metadata": {"labels": _labels("etcd")},
                  "spec": {
                      "automountServiceAccountToken": False,
+                     **_priority(v),
                      "securityContext": {"runAsNonRoot": True, "fsGroup": 65532, "seccompProfile": _RUNTIME_DEFAULT},
                      "affinity": _spread("etcd"),
                      "volumes": [_secret_volume("tls", e.serverSecret)],
@@ -270,7 +311,7 @@ def _etcd(v: Values) -> list[Obj]:
                          # The kubelet's gRPC probes speak no TLS: probe etcd's plain /health listener.
                          **_http_probes(ETCD_METRICS_PORT, ready="/health", live="/health?serializable=true",
                                         initial=10),
-                         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                         "resources": _resources("100m", "256Mi", e.memoryLimit),
                          "securityContext": dict(_RESTRICTED),
                          "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"},
                                           {"name": "tls", "mountPath": ETCD_TLS_DIR, "readOnly": True}],
@@ -307,7 +348,7 @@ def _install_key(v: Values, security: Obj) -> Obj:
     return {"name": "install-auth-key", "image": v.image, "imagePullPolicy": v.imagePullPolicy,
             "command": ["rota", "--log-level", v.logLevel, "k8s", "install-key", f"{AUTH_SECRET_DIR}/key",
                         f"{AUTH_DIR}/key"],
-            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+            "resources": _resources("10m", "32Mi", "64Mi"),
             "securityContext": dict(security),
             "volumeMounts": [{"name": "auth-secret", "mountPath": AUTH_SECRET_DIR, "readOnly": True},
                              {"name": "auth", "mountPath": AUTH_DIR}]}
@@ -336,13 +377,19 @@ def _orchestrator(v: Values) -> list[Obj]:
              "--auth-key", f"{AUTH_DIR}/key",
              "--etcd", ",".join(v.etcd_urls()), "--policy", o.policy, "--ttl", _num(o.ttl),
              "--park-timeout", _num(o.parkTimeout), "--max-turn", _num(o.maxTurn)]
+    if v.metricsPort:
+        serve += ["--metrics-listen", f"0.0.0.0:{v.metricsPort}"]
     controller = ["rota", "--log-level", v.logLevel, "k8s", "controller",
                   "--orchestrator", v.orchestrator_address(), "--auth-key", f"{AUTH_DIR}/key",
                   "--token-ttl", v.auth.tokenTtl]
     for tenant_ns in v.tenantNamespaces:
         controller += ["--namespace", tenant_ns]
-    etcd_env = [{"name": f"ROTA_ETCD_{part.upper()}", "value": f"{ETCD_CLIENT_DIR}/{file}"}
-                for part, file in (("ca", "ca.crt"), ("cert", "tls.crt"), ("key", "tls.key"))]
+    # A follower redirects clients to the leader's advertised address: its pod IP (the
+    # NetworkPolicy admits tenants to every replica), not the Service, which may pick a follower.
+    env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+           {"name": "ROTA_ADVERTISE", "value": "$(POD_IP):50051"}]
+    env += [{"name": f"ROTA_ETCD_{part.upper()}", "value": f"{ETCD_CLIENT_DIR}/{file}"}
+            for part, file in (("ca", "ca.crt"), ("cert", "tls.crt"), ("key", "tls.key"))]
     return [
         {"apiVersion": "v1", "kind": "Service", "metadata": _meta("rota-orchestrator", "orchestrator", ns),
          "spec": {"selector": _selector("orchestrator"),
@@ -357,6 +404,7 @@ def _orchestrator(v: Values) -> list[Obj]:
                  "spec": {
                      "serviceAccountName": "rota-orchestrator",
                      "automountServiceAccountToken": False,
+                     **_priority(v),
                      # fsGroup: the Secrets' files are readable by the pod's group (mode 0440), not by all.
                      "securityContext": {"runAsNonRoot": True, "fsGroup": 65532, "seccompProfile": _RUNTIME_DEFAULT},
                      "affinity": _spread("orchestrator"),
@@ -367,13 +415,17 @@ def _orchestrator(v: Values) -> list[Obj]:
                          {
                              # Replicas elect a leader through etcd; only the leader grants, and the
                              # fencing token proves it. Readiness (grpc health of the orchestrator
-                             # service) is SERVING on the leader only, so the Service sends clients
-                             # there; liveness checks the process ("" is SERVING on every replica).
+                             # service) is SERVING on every replica that answers: the leader, and
+                             # followers that know it (they serve status from etcd and send the rest
+                             # to the leader with a rota-leader trailer, which clients follow). So a
+                             # rollout's new pod becomes ready as a follower, and a drain may take
+                             # either. Which one leads: grpc health "rota.leader", the metric
+                             # rota_orchestrator_leader, `kubectl rota status`. Liveness: "" (the process).
                              "name": "orchestrator", "image": v.image, "imagePullPolicy": v.imagePullPolicy,
-                             "command": serve, "env": etcd_env,
-                             "ports": [{"name": "grpc", "containerPort": 50051}],
+                             "command": serve, "env": env,
+                             "ports": [{"name": "grpc", "containerPort": 50051}, *_metrics_port(v)],
                              **_grpc_probes(50051, ready_service=ORCHESTRATOR_SERVICE),
-                             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                             "resources": _resources("100m", "128Mi", o.memoryLimit),
                              "securityContext": dict(_RESTRICTED),
                              "volumeMounts": [_AUTH_MOUNT, {"name": "etcd-tls", "mountPath": ETCD_CLIENT_DIR,
                                                             "readOnly": True}],
@@ -384,7 +436,7 @@ def _orchestrator(v: Values) -> list[Obj]:
                              # node is lost. Evict is idempotent, so every replica may run one.
                              "name": "controller", "image": v.image, "imagePullPolicy": v.imagePullPolicy,
                              "command": controller,
-                             "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}},
+                             "resources": _resources("20m", "64Mi", "256Mi"),
                              "securityContext": dict(_RESTRICTED),
                              "volumeMounts": [_AUTH_MOUNT, {"name": "kube-api-access", "mountPath": SA_TOKEN_DIR,
                                                             "readOnly": True}],
@@ -393,17 +445,48 @@ def _orchestrator(v: Values) -> list[Obj]:
                  },
              },
          }},
-        _pdb("rota-orchestrator", "orchestrator", ns, minAvailable=1),
+        # One replica at a time may go (a drain, a node upgrade); the other keeps answering
+        # and, if the leader went, takes over within the election TTL.
+        _pdb("rota-orchestrator", "orchestrator", ns, maxUnavailable=1),
     ]
+
+
+AGENT_CLAIM = "gpus"  # the agent pod's claim (DRA admin access to every GPU of its node)
+
+
+def _agent_gpu_claim(v: Values) -> Obj:
+    """A ResourceClaimTemplate: each agent pod gets admin access to all GPUs of class gpu.nvidia.com on its node.
+
+    Admin access (``adminAccess: true``, for monitoring and management services) sees the
+    devices without taking them from the tenants' own claims; Kubernetes grants it only in
+    namespaces labelled ``resource.kubernetes.io/admin-access=true`` (the agent's).
+    """
+    return {"apiVersion": CLAIM_API_VERSION, "kind": "ResourceClaimTemplate",
+            "metadata": _meta("rota-agent-gpus", "agent", v.agent_namespace),
+            "spec": {"spec": {"devices": {"requests": [{"name": AGENT_CLAIM, "exactly": {
+                "deviceClassName": DEVICE_CLASS, "allocationMode": "All", "adminAccess": True}}]}}}}
 
 
 def _agent(v: Values) -> list[Obj]:
     ns, a = v.agent_namespace, v.agent
+    command = ["rota", "--log-level", v.logLevel, "agent", "serve", "--listen", f"$(POD_IP):{a.port}",
+               "--auth-key", f"{AUTH_DIR}/key", "--socket-dir", ""]
+    if v.metricsPort:
+        command += ["--metrics-listen", f"$(POD_IP):{v.metricsPort}"]
+    env: list[Obj] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                      {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    resources = _resources("50m", "128Mi", a.memoryLimit)
+    if a.gpuAccess == "dra":
+        resources["claims"] = [{"name": AGENT_CLAIM}]
+    else:  # the NVIDIA container runtime (its RuntimeClass) reads these and mounts every GPU of the node
+        env += [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
     root = {"runAsUser": 0, "runAsNonRoot": False, "privileged": False, "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}, "seccompProfile": _RUNTIME_DEFAULT}
     spec: Obj = {
         "serviceAccountName": "rota-agent",
         "automountServiceAccountToken": False,
+        **_priority(v),
         # Whole-process parking acts on tenant processes in other pods of the node.
         "hostPID": True,
         "nodeSelector": dict(a.nodeSelector),
@@ -419,22 +502,23 @@ def _agent(v: Values) -> list[Obj]:
             # call carries a token checked against the auth key. No Unix sockets (--socket-dir ""):
             # restricted tenant pods cannot mount a host directory to reach a pid door, so the
             # agent acts on no tenant pid, only through the jobs' WorkloadChannels.
-            "command": ["rota", "--log-level", v.logLevel, "agent", "serve", "--listen", f"$(POD_IP):{a.port}",
-                        "--auth-key", f"{AUTH_DIR}/key", "--socket-dir", ""],
-            "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                    {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-                    {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}],
-            "ports": [{"name": "grpc", "containerPort": a.port}],
+            "command": command,
+            "env": env,
+            "ports": [{"name": "grpc", "containerPort": a.port}, *_metrics_port(v)],
             **_grpc_probes(a.port),
-            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+            "resources": resources,
             "securityContext": {**root, "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]}},
             "volumeMounts": [_AUTH_MOUNT],
         }],
     }
     if a.runtimeClassName:
         spec["runtimeClassName"] = a.runtimeClassName
+    objs: list[Obj] = []
+    if a.gpuAccess == "dra":
+        spec["resourceClaims"] = [{"name": AGENT_CLAIM, "resourceClaimTemplateName": "rota-agent-gpus"}]
+        objs.append(_agent_gpu_claim(v))
     return [
+        *objs,
         {"apiVersion": "v1", "kind": "Service", "metadata": _meta("rota-agent", "agent", ns),
          "spec": {"selector": _selector("agent"), "internalTrafficPolicy": "Local",
                   "ports": [{"name": "grpc", "port": a.port, "targetPort": a.port, "appProtocol": "grpc"}]}},
@@ -551,8 +635,9 @@ class TenantSpec:
         if not self.command:
             raise InvalidArgument("no command given: put it after '--'", job_id=self.job_id,
                                   group_id=self.group_id)
-        if not self.image or " " in self.image:
-            raise InvalidArgument(f"image {self.image!r} is not a container image reference",
+        problem = image_problem(self.image)
+        if problem:
+            raise InvalidArgument(f"image {self.image!r} is not a container image reference: it {problem}",
                                   job_id=self.job_id, group_id=self.group_id)
         for k in self.env:
             if self.gpus > 1 and k in ("ROTA_WORLD_SIZE", "ROTA_RANK"):
