@@ -327,31 +327,57 @@ def install_key_cmd(source: str, dest: str) -> None:
 @k8s.command("status")
 @click.argument("group", required=False, default="")
 @click.option("--orchestrator", "endpoint", type=Endpoint(), envvar="ROTA_ORCHESTRATOR",
-              help="Orchestrator address (env ROTA_ORCHESTRATOR), e.g. 127.0.0.1:50051 after "
-              "`kubectl -n rota-system port-forward svc/rota-orchestrator 50051`.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def status_cmd(group: str, endpoint: str | None, as_json: bool) -> None:
+              help="Orchestrator address (env ROTA_ORCHESTRATOR). Default: a ready orchestrator pod of --namespace, "
+              "reached through the API server (a port-forward, as `kubectl port-forward` makes).")
+@click.option("--namespace", default="rota-system", show_default=True, help="rota's namespace in the cluster.")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), help="kubeconfig [$KUBECONFIG or ~/.kube/config].")
+@click.option("--context", "kube_context", help="kubeconfig context.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (the schema of `rota status --json`).")
+@click.option("--prometheus", is_flag=True, help="Print Prometheus text-format metrics.")
+def status_cmd(group: str, endpoint: str | None, namespace: str, kubeconfig: str | None, kube_context: str | None,
+               as_json: bool, prometheus: bool) -> None:
     """Holder, queue and per-tenant accounting of GROUP (or every group).
 
     The orchestrator checks credentials: set ROTA_TOKEN to an admin token
     (`rota token issue --auth-key KEY --admin`), or to a job's token to see its group.
     """
-    from google.protobuf.json_format import MessageToDict
+    from rota.cli.status import fetch_status, prometheus_text, render_table, status_json
+    from rota_k8s._portforward import PodForward, ready_pod
+    from rota_k8s._values import dns_label_ok
 
-    from rota.cli.status import fetch_status, render_table
-
-    if not endpoint:
-        raise click.UsageError("say where the orchestrator is: run `kubectl -n rota-system port-forward "
-                               "svc/rota-orchestrator 50051` and pass --orchestrator 127.0.0.1:50051 "
-                               "(or set ROTA_ORCHESTRATOR)")
+    if as_json and prometheus:
+        raise click.UsageError("choose one of --json and --prometheus")
     try:
-        reply = fetch_status(endpoint, group)
+        if endpoint:
+            where, reply = endpoint, fetch_status(endpoint, group)
+        else:
+            if not dns_label_ok(namespace):
+                raise click.BadParameter(f"{namespace!r} is not a namespace name", param_hint="--namespace")
+            api = _core_api(kubeconfig, kube_context)
+            pod = ready_pod(api, namespace)
+            where = f"pod {namespace}/{pod}"
+            with PodForward(api, namespace, pod, 50051) as forward:
+                reply = fetch_status(forward.address, group)
     except RotaError as exc:
-        raise click.ClickException(f"{endpoint}: {exc}") from None
+        raise click.ClickException(f"{endpoint or 'the orchestrator'}: {exc}") from None
+    log.info("status from %s", where)
     if as_json:
-        click.echo(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
+        click.echo(json.dumps(status_json(reply), indent=2))
+    elif prometheus:
+        click.echo(prometheus_text(reply), nl=False)
     else:
         click.echo(render_table(reply))
+
+
+def _core_api(kubeconfig: str | None, kube_context: str | None) -> Any:
+    """CoreV1Api from the kubeconfig (or in-cluster); one-line error naming the problem."""
+    from rota_k8s.controller import core_api_from_environment
+
+    try:
+        return core_api_from_environment(kubeconfig, kube_context)
+    except Exception as exc:
+        raise click.ClickException(f"no Kubernetes configuration ({exc}); give --kubeconfig/--context, or "
+                                   "--orchestrator HOST:PORT") from None
 
 
 @k8s.command("image")

@@ -1,0 +1,61 @@
+"""The repository's Dockerfile builds what the rendered manifests run.
+
+No container engine runs on the test machines, so the image itself is not built here;
+these checks read the Dockerfile: a pinned Python, two stages, a non-root user that
+matches the pods' runAsUser, and every rota package whose command the manifests run
+installed from this repository.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from k8s_checks import pod_specs
+
+from rota_k8s import load_values, render
+
+ROOT = Path(__file__).resolve().parents[3]
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+# what each rendered rota command needs installed, by the package folder that provides it
+NEEDS = {"agent": "packages/agent", "k8s": "packages/scheduler-k8s", "--etcd": "packages/orchestrator-etcd"}
+
+
+def instructions(name: str) -> list[str]:
+    joined = DOCKERFILE.replace("\\\n", " ")
+    return [line.split(None, 1)[1] for line in joined.splitlines() if line.split(None, 1)[:1] == [name]]
+
+
+def test_python_is_pinned_and_the_build_has_two_stages() -> None:
+    (version,) = [a.split("=", 1)[1] for a in instructions("ARG") if a.startswith("PYTHON_VERSION=")]
+    assert re.fullmatch(r"3\.1[0-9]\.[0-9]+", version), version  # an exact patch release
+    froms = instructions("FROM")
+    assert len(froms) == 2 and all(f.startswith("python:${PYTHON_VERSION}-slim-") for f in froms)
+    assert froms[0].endswith(" AS build")
+    assert "--from=build /opt/rota /opt/rota" in instructions("COPY")[-1]
+
+
+def test_runs_as_the_non_root_user_the_pods_declare() -> None:
+    (user,) = instructions("USER")
+    uid = int(user.split(":")[0])
+    assert uid != 0
+    objs = render(load_values())
+    for name, _, spec in pod_specs(objs):
+        for c in spec["containers"]:
+            if c["image"] == load_values().image and name != "rota-agent":  # the agent runs as root on purpose
+                assert c["securityContext"]["runAsUser"] == uid, (name, c["name"])
+
+
+def test_every_package_the_manifests_run_is_installed_from_the_repository() -> None:
+    objs = render(load_values())
+    commands = [c["command"] for _, _, spec in pod_specs(objs)
+                for c in [*spec.get("initContainers", []), *spec["containers"]] if c["command"][0] == "rota"]
+    needed = {"packages/core"} | {folder for cmd in commands for word, folder in NEEDS.items() if word in cmd}
+    assert needed == {"packages/core", *NEEDS.values()}
+    copied = {c.split()[0] for c in instructions("COPY") if c.startswith("packages/")}
+    (install,) = [r for r in instructions("RUN") if "pip install" in r]
+    assert needed <= copied
+    for folder in needed:
+        assert re.search(rf"\./{folder}(\[\w+\])?\"?(\s|$)", install), folder
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    assert all(f"!{folder}" in ignore for folder in needed)
