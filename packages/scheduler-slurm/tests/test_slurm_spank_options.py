@@ -63,6 +63,21 @@ def test_job_without_timeslice_gets_no_rota_env(slurm: SlurmCluster, outdir: Pat
     assert not any(k.startswith("ROTA_") for k in _env_of(outdir / f"{job}.out"))
 
 
+def test_timeslice_without_a_gpu_request_is_warned_about_in_the_job_output(slurm: SlurmCluster,
+                                                                            outdir: Path) -> None:
+    bare = slurm.sbatch("--timeslice=nogpu", "-w", "n1", "-o", str(outdir / "bare.out"), "-e",
+                        str(outdir / "bare.err"), "--wrap", PRINT_ENV)
+    shard = slurm.sbatch("--timeslice=nogpu", "--gres=shard:1", "-w", "n1", "-o", str(outdir / "shard.out"), "-e",
+                         str(outdir / "shard.err"), "--wrap", PRINT_ENV)
+    slurm.wait_jobs([bare, shard], timeout=60)
+    warning = "rota: warning: --timeslice=nogpu without a GPU request: Slurm gave this step no GPU"
+    err = (outdir / "bare.err").read_text()
+    assert warning in err and "--gres=shard:1" in err and err.count("rota: warning") == 1
+    assert "CUDA_VISIBLE_DEVICES" not in _env_of(outdir / "bare.out")  # what the warning is about
+    assert "rota: warning" not in (outdir / "shard.err").read_text()
+    assert _env_of(outdir / "shard.out")["ROTA_GROUP"] == "nogpu"  # warned, not refused: it still runs
+
+
 def test_srun_ranks_share_tenant(slurm: SlurmCluster) -> None:
     res = slurm.run("srun", "--timeslice=rankg", "-n", "3", "-w", "n1", "--label", sys.executable, "-c",
                     "import os; print(os.environ['ROTA_TENANT'], os.environ['ROTA_RANK'], "

@@ -175,6 +175,69 @@ def status(endpoint: str | None, group: str, backend: str | None, as_json: bool)
         log.warning("%s", p.message())
 
 
+@slurm.command("quickstart")
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--orchestrator", type=Endpoint(), envvar="ROTA_ORCHESTRATOR", required=True,
+              help="The orchestrator jobs use (env ROTA_ORCHESTRATOR), e.g. 127.0.0.1:50051.")
+@click.option("--auth-key", type=click.Path(exists=True, dir_okay=False), default="",
+              help="The orchestrator's auth key: jobs get their own ROTA_TOKEN, the epilog an admin token.")
+@click.option("--gpus", type=click.IntRange(1, 16), default=2, show_default=True, help="Fake GPUs of the node.")
+@click.option("--tenants-per-gpu", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Shards per GPU: tenants that may share one.")
+def quickstart(folder: Path, orchestrator: str, auth_key: str, gpus: int, tenants_per_gpu: int) -> None:
+    """Run a throw-away one-node Slurm cluster with rota's plugin in FOLDER, until Ctrl-C.
+
+    For trying rota on Slurm on any Linux machine, GPUs or not: its own munged,
+    slurmctld and slurmd (loopback ports, nothing system-wide touched), --gpus fake GPU
+    devices with shards (jobs get CUDA_VISIBLE_DEVICES; torch then finds no CUDA and
+    uses the CPU), and the SPANK plugin built from this package. Needs root and the
+    Debian/Ubuntu packages munge slurmctld slurmd slurm-client libslurm-dev gcc.
+    """
+    import signal
+    import threading
+
+    from rota_slurm.testing import SlurmCluster, missing_binaries
+
+    missing = missing_binaries()
+    if missing:
+        raise click.ClickException(f"not installed: {', '.join(missing)}; on Debian/Ubuntu: apt-get install munge "
+                                   "slurmctld slurmd slurm-client libslurm-dev gcc")
+    if os.geteuid() != 0:
+        raise click.ClickException("the cluster needs root (slurmd starts jobs as their users; the fake GPUs are "
+                                   "made with mknod): run it with sudo")
+    if auth_key:
+        try:
+            auth.load_key(auth_key)
+        except RotaError as exc:
+            raise click.UsageError(str(exc)) from None
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    cluster = SlurmCluster(folder.resolve(), nodes=("n1",), gpus_per_node=gpus, shards_per_gpu=tenants_per_gpu,
+                           cpus_per_node=max(2, os.cpu_count() or 2), orchestrator=orchestrator,
+                           auth_key=str(Path(auth_key).resolve()) if auth_key else "")
+    try:
+        cluster.start()
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        cluster.stop()
+        raise click.ClickException(f"the cluster did not start: {exc}") from None
+    click.echo(f"""rota quickstart: one-node Slurm cluster up ({gpus} fake GPUs x {tenants_per_gpu} shards), jobs use \
+the orchestrator at {orchestrator}. In another shell:
+
+  export SLURM_CONF={cluster.conf}
+  sbatch --timeslice=g0 --gres=shard:1 --wrap 'python3 -c "import rota; g = rota.connect(); g.acquire(); print(1)"'
+  rota slurm status
+
+Ctrl-C stops the cluster; logs are in {cluster.root / 'log'}.""", err=False)
+    sys.stdout.flush()
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        cluster.stop()
+        click.echo("rota quickstart: cluster stopped", err=True)
+
+
 @slurm.command("check")
 @click.option("--backend", type=click.Choice(["cli", "pyslurm", "auto"]), default=None)
 def check(backend: str | None) -> None:

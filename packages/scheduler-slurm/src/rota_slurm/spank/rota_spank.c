@@ -584,6 +584,18 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
     return ESPANK_SUCCESS;
 }
 
+/* True when Slurm gave the step a GPU or a shard of one: it then sets one of these. */
+static int step_has_gpus(spank_t sp)
+{
+    char value[64];
+    const char *names[] = {"SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"};
+    size_t i;
+    for (i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (spank_getenv(sp, names[i], value, sizeof(value)) == ESPANK_SUCCESS && value[0] != '\0')
+            return 1;
+    return 0;
+}
+
 /* Called in each task before exec: the group (SLURMD_NODENAME is known here, for %n;
  * the step's GPUs were noted in user_init, for %g), rank and world size. */
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
@@ -609,6 +621,10 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
         return -1;
     }
     spank_setenv(sp, "ROTA_GROUP", group, 1);
+    if (rank == 0 && !step_has_gpus(sp)) /* the task's stderr is the job's by now: the user reads it there */
+        fprintf(stderr, "rota: warning: --timeslice=%s without a GPU request: Slurm gave this step no GPU (no "
+                "CUDA_VISIBLE_DEVICES), so it sees none, or, on a node without ConstrainDevices, every GPU outside "
+                "Slurm's allocation; submit with --gres=shard:1 (a share of one GPU) or --gres=gpu:N\n", opt_group);
     if (world > 1) {
         snprintf(buf, sizeof(buf), "%u", rank);
         spank_setenv(sp, "ROTA_RANK", buf, 1);
