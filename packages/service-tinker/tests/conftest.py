@@ -19,6 +19,7 @@ from rota.testing import running_orchestrator
 from rota_tinker import DEFAULT_BASE_MODELS, ServiceConfig, Tenant, TinkerService
 
 os.environ["TINKER_TELEMETRY"] = "0"  # the SDK's telemetry is accepted by the service, but keep it quiet
+os.environ["HF_HUB_OFFLINE"] = "1"  # no test downloads anything: models are built in the tests
 
 
 

@@ -83,7 +83,7 @@ def test_bad_fields_are_named(service: TinkerService, client: Callable[[str], ti
     tc = sc.create_lora_training_client(base_model="rota/tiny", rank=2, seed=3).result(timeout=120)
     big = types.Datum(model_input=types.ModelInput.from_ints([1, 500]),
                       loss_fn_inputs={"target_tokens": types.TensorData(data=[1, 2], dtype="int64", shape=[2])})
-    with pytest.raises(tinker.BadRequestError, match=r"outside \[0, 128\)"):
+    with pytest.raises(tinker.BadRequestError, match=r"vocabulary of 128 tokens \[0, 128\)"):
         tc.forward_backward([big], "cross_entropy").result(timeout=60)
     short = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
                         loss_fn_inputs={"target_tokens": types.TensorData(data=[1, 2], dtype="int64", shape=[2])})

@@ -12,7 +12,7 @@ import tinker
 from tinker_testlib import KEYS, batch
 
 from rota_tinker import DEFAULT_BASE_MODELS, BaseModelSpec, TinkerService
-from rota_tinker._models import TinyLM, add_lora
+from rota_tinker._models import TinyLM, adapters_of, add_lora
 from rota_tinker._service import EPHEMERAL_KEEP
 
 TIMEOUT = 120
@@ -26,7 +26,7 @@ def test_state_estimates_count_the_real_parameters(spec: BaseModelSpec) -> None:
     assert spec.params() == sum(p.numel() for p in model.parameters())
     for targets in ({"attn": True, "mlp": True, "unembed": True}, {"attn": False, "mlp": True, "unembed": False},
                     {"attn": True, "mlp": False, "unembed": True}):
-        adapters = add_lora(TinyLM(spec), 3, 0, targets)
+        adapters = adapters_of(add_lora(TinyLM(spec), 3, 0, targets))
         assert spec.lora_params(3, targets) == sum(p.numel() for p in adapters.parameters())
 
 

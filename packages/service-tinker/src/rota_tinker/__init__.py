@@ -21,10 +21,11 @@ from rota_tinker._config import (
     parse_base_model,
     parse_keys,
 )
+from rota_tinker._hf import HfModelSpec, find_models, search_dirs
 from rota_tinker._service import TinkerService
 
-__all__ = ["DEFAULT_BASE_MODELS", "BaseModelSpec", "ServiceConfig", "Tenant", "TinkerService", "parse_base_model",
-           "parse_keys", "save_base"]
+__all__ = ["DEFAULT_BASE_MODELS", "BaseModelSpec", "HfModelSpec", "ServiceConfig", "Tenant", "TinkerService",
+           "find_models", "parse_base_model", "parse_keys", "save_base", "search_dirs"]
 
 
 def save_base(spec: BaseModelSpec, path: str) -> None:

@@ -34,9 +34,31 @@ from typing import Any
 
 log = logging.getLogger("rota_tinker.base")
 
-ALIGN = 64  # elements: each weight starts 256-byte aligned in the flat tensor, like the caching allocator's blocks
-_attached: dict[tuple[str, str], tuple[Any, dict[str, tuple[int, tuple[int, ...]]]]] = {}
+ALIGN = 256  # bytes: each tensor starts 256-byte aligned in the flat byte tensor, like the caching allocator's blocks
+Layout = dict[str, tuple[int, tuple[int, ...], str]]  # name -> (byte offset, shape, dtype name)
+_attached: dict[tuple[str, str], tuple[Any, Layout]] = {}
 _attach_lock = threading.Lock()
+
+
+def tensor_layout(model: Any) -> tuple[Layout, dict[int, Any]]:
+    """Where each parameter and buffer of ``model`` goes in one flat byte tensor; tied tensors share a place.
+
+    Non-persistent buffers (rotary frequencies) are included: a model built on ``meta`` has none of them.
+    """
+    layout: Layout = {}
+    tensors: dict[int, Any] = {}  # byte offset -> the tensor stored there
+    seen: dict[int, int] = {}
+    total = 0
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for name, t in named:
+        if id(t) in seen:
+            off = seen[id(t)]
+        else:
+            off = seen[id(t)] = total
+            total += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+            tensors[off] = t
+        layout[name] = (off, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+    return layout, tensors
 
 
 def segment_of(address: int) -> dict[str, Any] | None:
@@ -63,18 +85,15 @@ class BaseHolder:
         self.spec, self.base = spec, spec.base
         self.device = torch.device(spec.device)
         model = build_base(self.base, torch.device("cpu"))  # seeded on CPU: the same bytes on every device
-        self.layout: dict[str, tuple[int, tuple[int, ...]]] = {}
-        total = 0
-        for name, t in model.state_dict().items():
-            self.layout[name] = (total, tuple(t.shape))
-            total += -(-t.numel() // ALIGN) * ALIGN
-        self.flat = torch.zeros(total, dtype=torch.float32, device=self.device)
+        self.layout, tensors = tensor_layout(model)
+        total = max((off + t.numel() * t.element_size() for off, t in tensors.items()), default=0)
+        self.flat = torch.zeros(total, dtype=torch.uint8, device=self.device)
         if self.device.type == "cpu":
             self.flat.share_memory_()
-        for name, t in model.state_dict().items():
-            off = self.layout[name][0]
-            self.flat[off:off + t.numel()].copy_(t.reshape(-1))
-        del model
+        for off, t in tensors.items():
+            raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+            self.flat[off:off + raw.numel()].copy_(raw)
+        del model, tensors
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.checksum = self._checksum()
@@ -145,7 +164,7 @@ def attach(base: Any, device: Any, address: str) -> Any:
     import torch.multiprocessing  # registers the tensor reductions that Connection.recv uses
     from torch import nn
 
-    from rota_tinker._models import TinyLM
+    from rota_tinker._models import meta_model
 
     key = (base.name, str(device))
     want = torch.device(device)
@@ -167,20 +186,20 @@ def attach(base: Any, device: Any, address: str) -> Any:
                 raise RuntimeError(f"base {base.name!r} is held on {flat.device}, this worker runs on {device}")
             _attached[key] = (flat, layout)
         flat, layout = _attached[key]
-    with torch.device("meta"):
-        model = TinyLM(base)
-    for name, (off, shape) in layout.items():
+    model = meta_model(base)
+    for name, (off, shape, dtype) in layout.items():
         owner, _, leaf = name.rpartition(".")
+        kind = getattr(torch, dtype)
         numel = 1
-        for s in shape:
-            numel *= s
-        view = flat[off:off + numel].view(shape)
+        for dim in shape:
+            numel *= dim
+        view = flat[off:off + numel * kind.itemsize].view(kind).view(shape)
         module = model.get_submodule(owner)
         if leaf in module._buffers:
             module._buffers[leaf] = view
         else:
             module._parameters[leaf] = nn.Parameter(view, requires_grad=False)
-    left = [n for n, t in model.state_dict().items() if t.is_meta]
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise RuntimeError(f"base {base.name!r} from {address} lacks {left[:4]}: holder and worker disagree on it")
     return model

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from rota._ids import check_id
 from rota.errors import ConfigError, RotaError
+from rota_tinker._hf import HfModelSpec
 
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 KEY_PREFIX = "tml-"  # the SDK refuses any other API key prefix (tinker.lib._auth_token_provider)
@@ -157,7 +158,9 @@ class ServiceConfig:
     # rota orchestrator HOST:PORT (workers present ROTA_TOKEN, a token for job "*" of group); None: the service
     # runs its own on a Unix socket in a 0700 directory of its own, which no other user can reach
     endpoint: str | None = None
-    base_models: dict[str, BaseModelSpec] = field(default_factory=lambda: dict(DEFAULT_BASE_MODELS))
+    # what tenants may train on: Hugging Face models by hub name (rota_tinker.find_models) and/or test specs
+    base_models: dict[str, BaseModelSpec | HfModelSpec] = field(default_factory=lambda: dict(DEFAULT_BASE_MODELS))
+    model_dirs: tuple[str, ...] = ()  # the directories searched for base_models (named when a model is not found)
     long_poll_s: float = 10.0  # retrieve_future waits this long before answering try_again
     max_body_bytes: int = 64 * 1024 * 1024
     worker_start_timeout_s: float = 120.0

@@ -64,6 +64,7 @@ class Request:
     receive: Callable[[], Awaitable[dict[str, Any]]]
     body_read: bool = False
     data: bytes = field(default=b"", repr=False)
+    query: str = ""  # the raw query string (listing routes read limit and offset from it)
 
     def header(self, name: str) -> str:
         return self.headers.get(name, b"").decode("latin-1")
@@ -185,13 +186,14 @@ class HttpServer:
                 await _send(send, reply, close=True)
                 return
             headers[key] = value
-        request = Request(scope["method"], scope["path"], headers, receive)
+        request = Request(scope["method"], scope["path"], headers, receive,
+                          query=scope.get("query_string", b"").decode("latin-1")[:1024])
         try:
             reply = await self.app(request)
         except BadRequest as e:
             log.info("%s %s -> %d: %s", request.method, request.path, e.status, e)
             reply = Reply.json({"detail": str(e), "status": e.status}, e.status)
-            if e.status == 429:  # a quota: retrying does not help until the tenant frees something (the SDK obeys)
+            if e.status in (429, 501):  # a quota or a missing feature: retrying does not help (the SDK obeys)
                 reply.headers = ((b"x-should-retry", b"false"),)
         except ConnectionResetError:
             log.debug("client went away during %s", request.path)

@@ -1,10 +1,14 @@
-"""The models behind the service: a small causal transformer, LoRA adapters, losses, sampling.
+"""The models behind the service: Hugging Face causal LMs (and a small test transformer), peft LoRA, losses,
+sampling.
 
 Imported only by worker processes (:mod:`rota_tinker._worker`); the HTTP process builds no
 model (it still has torch loaded when torch is installed: the tinker SDK's types import it).
-Weights are random-init from the base model's seed (no hub downloads) or loaded from a
-local file, so the same base model name gives the same weights in every process, and a
-LoRA tenant's sampler can rebuild the base and load only the adapter.
+A Hugging Face model (:class:`rota_tinker._hf.HfModelSpec`) is built with
+``transformers.AutoModelForCausalLM`` from its local snapshot, in the dtype its config names
+(never downloaded); the test transformer :class:`TinyLM` is random-init from its seed or
+loaded from a local file. Either way the same base model name gives the same weights in every
+process, so a LoRA tenant's sampler can rebuild the base and load only the adapter. LoRA
+adapters are ``peft``'s (:func:`add_lora`).
 
 Everything here is deterministic on CPU (fixed seeds, one thread): a loop run alone and
 the same loop run time-sliced beside another tenant give bit-identical losses.
@@ -12,7 +16,6 @@ the same loop run time-sliced beside another tenant give bit-identical losses.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -21,25 +24,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from rota_tinker._config import BaseModelSpec
+from rota_tinker._hf import HfModelSpec
 
-LORA_TARGETS = {"attn": ("q", "k", "v", "o"), "mlp": ("up", "down"), "unembed": ("unembed",)}
-
-
-class LoraLinear(nn.Module):
-    """``base(x) + (x @ A.T @ B.T) * alpha / rank``; B starts at zero so the adapter starts as a no-op."""
-
-    def __init__(self, base: nn.Linear, rank: int, generator: torch.Generator) -> None:
-        super().__init__()
-        self.base = base
-        self.rank = rank
-        self.scale = 32.0 / rank
-        a = torch.empty(rank, base.in_features)
-        nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
-        self.lora_a = nn.Parameter(a.to(base.weight.device))
-        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + (x @ self.lora_a.t() @ self.lora_b.t()) * self.scale
+# LoRA target groups (the SDK's train_attn / train_mlp / train_unembed) -> leaf names of linears, per family
+LORA_TARGETS = {"attn": ("q", "k", "v", "o", "q_proj", "k_proj", "v_proj", "o_proj"),
+                "mlp": ("up", "down", "gate_proj", "up_proj", "down_proj"), "unembed": ("unembed", "lm_head")}
+LORA_ALPHA = 32
 
 
 class Block(nn.Module):
@@ -71,7 +61,7 @@ class TinyLM(nn.Module):
         self.ln = nn.LayerNorm(spec.dim)
         self.unembed = nn.Linear(spec.dim, spec.vocab, bias=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, **_: Any) -> torch.Tensor:
         pos = torch.arange(tokens.shape[-1], device=tokens.device)
         x = self.tok(tokens) + self.pos(pos)
         for blk in self.blocks:
@@ -79,8 +69,10 @@ class TinyLM(nn.Module):
         return self.unembed(self.ln(x))
 
 
-def build_base(spec: BaseModelSpec, device: torch.device) -> TinyLM:
+def build_base(spec: BaseModelSpec | HfModelSpec, device: torch.device) -> nn.Module:
     """The base model: its weights from ``spec.path`` if given, else a function of ``spec.seed`` only."""
+    if isinstance(spec, HfModelSpec):
+        return _build_hf(spec, device)
     if spec.path is not None:
         with torch.device("meta"):
             model = TinyLM(spec)
@@ -124,73 +116,153 @@ def save_base(spec: BaseModelSpec, path: str) -> None:
     torch.save(build_base(spec, torch.device("cpu")).state_dict(), path)
 
 
-def add_lora(model: TinyLM, rank: int, seed: int, targets: dict[str, bool]) -> nn.ModuleDict:
-    """Wrap the chosen linears of ``model`` in :class:`LoraLinear`; returns the adapters (what is trained/parked)."""
-    gen = torch.Generator().manual_seed(seed)
-    adapters: dict[str, LoraLinear] = {}
-    owners: list[tuple[str, nn.Module]] = [(f"blocks.{i}", blk) for i, blk in enumerate(model.blocks)]
-    for group, names in LORA_TARGETS.items():
-        if not targets.get(group):
-            continue
-        for name in names:
-            if group == "unembed":
-                lora = LoraLinear(model.unembed, rank, gen)
-                model.unembed = lora  # type: ignore[assignment]
-                adapters["unembed"] = lora
-                continue
-            for prefix, blk in owners:
-                lora = LoraLinear(getattr(blk, name), rank, gen)
-                setattr(blk, name, lora)
-                adapters[f"{prefix}.{name}".replace(".", "_")] = lora
-    for p in model.parameters():
-        p.requires_grad_(False)
+def _hf_config(spec: HfModelSpec) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(spec.path, local_files_only=True)
+
+
+def _build_hf(spec: HfModelSpec, device: torch.device) -> nn.Module:
+    """``AutoModelForCausalLM`` from the snapshot, in the config's dtype (random-init from the seed without weights)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    dtype = getattr(torch, spec.dtype)
+    if spec.has_weights:
+        model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, local_files_only=True)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            model = AutoModelForCausalLM.from_config(_hf_config(spec), dtype=dtype)
+    return model.to(device).eval()
+
+
+def meta_model(spec: BaseModelSpec | HfModelSpec) -> nn.Module:
+    """The model's modules on ``meta`` (no memory): :func:`rota_tinker._base.attach` points them at a shared copy."""
+    with torch.device("meta"):
+        if isinstance(spec, HfModelSpec):
+            from transformers import AutoModelForCausalLM
+
+            return AutoModelForCausalLM.from_config(_hf_config(spec), dtype=getattr(torch, spec.dtype)).eval()
+        return TinyLM(spec)
+
+
+def lora_config(model: nn.Module, rank: int, targets: dict[str, bool]) -> Any:
+    """peft's ``LoraConfig`` for ``rank`` on the linears of the chosen groups that ``model`` has."""
+    import peft
+
+    leaves = {name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    wanted = sorted({n for g, names in LORA_TARGETS.items() if targets.get(g) for n in names} & leaves)
+    if not wanted:
+        raise ValueError(f"no linear of {type(model).__name__} matches LoRA targets {targets}")
+    return peft.LoraConfig(r=rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=wanted)
+
+
+def add_lora(model: nn.Module, rank: int, seed: int, targets: dict[str, bool]) -> Any:
+    """``model`` with peft LoRA adapters on the chosen groups (initialised from ``seed``): a ``peft.PeftModel``.
+
+    The base's parameters are frozen; :func:`adapters_of` gives the adapters (what is trained and parked).
+    """
+    import peft
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return peft.get_peft_model(model, lora_config(model, rank, targets))
+
+
+def adapters_of(peft_model: Any) -> nn.ModuleDict:
+    """The LoRA A/B linears of ``peft_model`` in one module (the same tensors: tracking this parks only them)."""
+    from peft.tuners.lora import LoraLayer
+
     trainable = nn.ModuleDict()
-    for key, lora in adapters.items():
-        lora.lora_a.requires_grad_(True)
-        lora.lora_b.requires_grad_(True)
-        holder = nn.Module()
-        holder.lora_a, holder.lora_b = lora.lora_a, lora.lora_b  # the adapter's own tensors, not the base
-        trainable[key] = holder
+    for name, m in peft_model.named_modules():
+        if isinstance(m, LoraLayer) and "default" in m.lora_A:
+            holder = nn.Module()
+            holder.lora_A, holder.lora_B = m.lora_A["default"], m.lora_B["default"]
+            trainable[name.replace(".", "_")] = holder
     return trainable
+
+
+def logits_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits ``[T, vocab]`` (float32) of one sequence ``tokens`` ``[T]``."""
+    out = model(tokens.unsqueeze(0), use_cache=False)
+    return (out.logits if hasattr(out, "logits") else out)[0].float()
 
 
 def token_logprobs(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(targets[t] | tokens[:t+1]) for each position t."""
-    logits = model(tokens.unsqueeze(0))[0].float()
+    logits = logits_of(model, tokens)
     return torch.gather(F.log_softmax(logits, dim=-1), 1, targets.unsqueeze(1)).squeeze(1)
 
 
-def datum_loss(loss_fn: str, lp: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Tinker's losses, summed over tokens: cross_entropy (weighted NLL), importance_sampling."""
+# loss_fn -> its loss_fn_config keys and their defaults (the Tinker docs' values)
+LOSS_CONFIG: dict[str, dict[str, float]] = {
+    "cross_entropy": {}, "importance_sampling": {},
+    "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    "cispo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    "dro": {"beta": 0.05},
+}
+
+
+def datum_loss(loss_fn: str, lp: torch.Tensor, inputs: dict[str, torch.Tensor],
+               config: dict[str, float] | None = None) -> torch.Tensor:
+    """Tinker's built-in losses, summed over tokens (formulas of the Tinker docs' "Loss functions")."""
+    cfg = {**LOSS_CONFIG.get(loss_fn, {}), **(config or {})}
     if loss_fn == "cross_entropy":
         weights = inputs.get("weights")
         return -(lp * weights).sum() if weights is not None else -lp.sum()
+    if loss_fn not in LOSS_CONFIG:
+        raise ValueError(f"loss_fn {loss_fn!r} not supported")
+    sampled, adv = inputs["logprobs"], inputs["advantages"]
+    ratio = torch.exp(lp - sampled)
     if loss_fn == "importance_sampling":
-        ratio = torch.exp(lp - inputs["logprobs"])
-        return -(ratio * inputs["advantages"]).sum()
-    raise ValueError(f"loss_fn {loss_fn!r} not supported")
+        return -(ratio * adv).sum()
+    if loss_fn == "dro":
+        return -(lp * adv - 0.5 * cfg["beta"] * (lp - sampled) ** 2).sum()
+    clipped = torch.clamp(ratio, cfg["clip_low_threshold"], cfg["clip_high_threshold"])
+    if loss_fn == "ppo":
+        return -torch.min(ratio * adv, clipped * adv).sum()
+    return -(clipped.detach() * lp * adv).sum()  # cispo
+
+
+def _stopped_by_text(tokenizer: Any, toks: list[int], stops: list[str]) -> bool:
+    """Whether the text of ``toks`` contains a stop string (the token that completes one is kept)."""
+    text = tokenizer.decode(toks, skip_special_tokens=False)
+    return any(s in text for s in stops)
 
 
 @torch.no_grad()
-def sample(model: nn.Module, prompt: np.ndarray, params: dict[str, Any], num_samples: int,
-           seed: int, device: torch.device, max_len: int) -> list[tuple[np.ndarray, np.ndarray, str]]:
-    """Autoregressive sampling with temperature/top-k/top-p, stop tokens and max_tokens; seeded."""
+def sample(model: nn.Module, prompt: np.ndarray, params: dict[str, Any], num_samples: int, seed: int,
+           device: torch.device, max_len: int, tokenizer: Any = None) -> dict[str, Any]:
+    """Autoregressive sampling with temperature/top-k/top-p, stop tokens and strings, max_tokens; seeded.
+
+    ``{"sequences": [(tokens, logprobs, "stop" | "length"), ...], "prompt_logprobs": array | None}``;
+    prompt logprobs (``params["prompt_logprobs"]``) are NaN for the first token.
+    """
     gen = torch.Generator(device="cpu").manual_seed(seed)
     temperature = float(params.get("temperature", 1.0))
     top_k = int(params.get("top_k", -1))
     top_p = float(params.get("top_p", 1.0))
     max_tokens = int(params.get("max_tokens") or 16)
     stop = set(params.get("stop_tokens") or ())
+    stop_strings = list(params.get("stop_strings") or ())
+    prompt_t = torch.as_tensor(prompt, dtype=torch.long, device=device)
+    prompt_lp = None
+    if params.get("prompt_logprobs"):
+        logp = F.log_softmax(logits_of(model, prompt_t), dim=-1)
+        picked = torch.gather(logp[:-1], 1, prompt_t[1:].unsqueeze(1)).squeeze(1).cpu().numpy()
+        prompt_lp = np.concatenate([[np.nan], picked]).astype(np.float32)
     out = []
     for _ in range(num_samples):
-        seq = torch.as_tensor(prompt, dtype=torch.long, device=device)
+        seq = prompt_t
         toks: list[int] = []
         lps: list[float] = []
         reason = "length"
         for _step in range(max_tokens):
             if seq.numel() >= max_len:
                 break
-            logits = model(seq.unsqueeze(0))[0, -1].float().cpu()
+            logits = logits_of(model, seq)[-1].cpu()
             logp = F.log_softmax(logits, dim=-1)
             if temperature <= 0:
                 nxt = int(torch.argmax(logp))
@@ -208,8 +280,8 @@ def sample(model: nn.Module, prompt: np.ndarray, params: dict[str, Any], num_sam
             toks.append(nxt)
             lps.append(float(logp[nxt]))
             seq = torch.cat([seq, torch.tensor([nxt], device=device)])
-            if nxt in stop:
+            if nxt in stop or (stop_strings and _stopped_by_text(tokenizer, toks, stop_strings)):
                 reason = "stop"
                 break
         out.append((np.asarray(toks, np.int32), np.asarray(lps, np.float32), reason))
-    return out
+    return {"sequences": out, "prompt_logprobs": prompt_lp}

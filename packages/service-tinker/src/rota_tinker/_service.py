@@ -59,8 +59,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rota.errors import ConfigError
-from rota_tinker import _wire
+from rota_tinker import _checkpoints, _wire
 from rota_tinker._config import STATE_BYTES_PER_PARAM, BaseModelSpec, ServiceConfig, Tenant
+from rota_tinker._hf import HfModelSpec
 from rota_tinker._http import HttpServer, Reply, Request
 from rota_tinker._wire import BadRequest, field_of
 from rota_tinker._worker import WorkerSpec
@@ -69,8 +70,8 @@ from rota_tinker._workers import Future, WorkerHandle, close_all, unit_breakdown
 log = logging.getLogger(__name__)
 
 PROTO = "application/x-protobuf"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # checkpoint names: they become file names
-_ID = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+_NAME = _checkpoints.NAME  # checkpoint names: they become file names
+_ID = _checkpoints.ID
 _PATH = re.compile(rf"tinker://({_ID})/sampler_weights/({_ID})")
 MAX_SAMPLES = 64
 MAX_NEW_TOKENS = 1024
@@ -118,6 +119,8 @@ class _Weights:
     file: str
     lora: bool  # adapter weights (they go on the shared base), or a full model
     bytes: int  # the file's size
+    ephemeral: bool = False  # saved for a sampling client only (not listed as a checkpoint)
+    created: float = field(default_factory=time.time)
 
 
 @dataclass
@@ -162,6 +165,7 @@ class _State:
         self.models: dict[str, _Model] = {}
         self.creating: dict[str, _Model] = {}  # create_model accepted, the worker not done yet (counts for quotas)
         self.weights: dict[str, _Weights] = {}  # tinker:// path -> weights
+        self.runs = _checkpoints.Runs()  # training runs and training checkpoints (save_state)
         self.sampling: dict[str, _SamplingSession] = {}
         self.futures: dict[str, Future] = {}
         self._last_prune = 0.0
@@ -227,6 +231,7 @@ class _State:
         sessions = sum(s.tenant == tenant for s in self.sessions.values())
         sessions += sum(s.tenant == tenant for s in self.sampling.values())
         nbytes = sum(m.bytes for m in models) + sum(w.bytes for w in self.weights.values() if w.tenant == tenant)
+        nbytes += self.runs.bytes_of(tenant)
         return {"models": len(models), "sessions": sessions, "bytes": nbytes}
 
     def check_quota(self, tenant: str, *, models: int = 0, sessions: int = 0, nbytes: int = 0) -> None:
@@ -306,11 +311,42 @@ def _start_quietly(handle: WorkerHandle) -> None:
         handle.ensure()
 
 
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+
+
+def _stops(stop: Any, base: BaseModelSpec | HfModelSpec) -> tuple[list[int], list[str]]:
+    """``SamplingParams.stop`` -> (stop token ids, stop strings).
+
+    ``None``: the model's end-of-sequence tokens; ``[]``: no stop; a string or a list of strings:
+    matched on the decoded text by the model's own tokenizer; a list of ids: those tokens.
+    """
+    if stop is None:
+        return list(getattr(base, "eos_ids", ())), []
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, list) or len(items) > MAX_STOPS:
+        raise BadRequest(f"sampling_params.stop must be a string or a list of at most {MAX_STOPS} strings or token "
+                         "ids")
+    if all(isinstance(s, str) for s in items) and items:
+        if getattr(base, "tokenizer_id", None) is None:
+            raise BadRequest(f"sampling_params.stop as strings needs a tokenizer; base model {base.name!r} has none "
+                             "in its folder: give stop token ids (a list of integers)")
+        bad = [i for i, s in enumerate(items) if not 1 <= len(s) <= MAX_STOP_CHARS]
+        if bad:
+            raise BadRequest(f"sampling_params.stop[{bad[0]}] must have 1-{MAX_STOP_CHARS} characters")
+        return [], list(items)
+    for i, s in enumerate(items):
+        if not isinstance(s, int) or isinstance(s, bool) or not 0 <= s < base.vocab:
+            raise BadRequest(f"sampling_params.stop[{i}] is {str(s)[:40]!r}: give all strings or all token ids of the "
+                             f"base model's vocabulary of {base.vocab} tokens [0, {base.vocab})")
+    return list(items), []
+
+
 def _json(obj: Any, status: int = 200) -> Reply:
     return Reply.json(obj, status)
 
 
-class _Api:
+class _Api(_checkpoints.CheckpointRoutes):
     """The routes. Each handler gets the request, its tenant and its parsed body (or a path argument)."""
 
     def __init__(self, state: _State) -> None:
@@ -343,6 +379,8 @@ class _Api:
             self.state.sweep()
             if fn is _Api._forward_backward:
                 return fn(self, req, tenant, body)
+            if fn in _checkpoints.WITH_QUERY:
+                return fn(self, tenant, req.query)
             if args or req.method == "GET":  # the ids are in the path; a body, if any, says nothing more
                 return fn(self, tenant, *args)
             return fn(self, tenant, self._json_body(req, body))
@@ -354,6 +392,9 @@ class _Api:
             return _json({"detail": f"internal error {ref}; the service's log has the details", "status": 500}, 500)
 
     def _route(self, path: str) -> tuple[str, Callable[..., Any], tuple[str, ...]]:
+        if UNSUPPORTED.fullmatch(path):
+            raise BadRequest(f"{path[:120]} is not implemented by this service (rota-service-tinker); see its README "
+                             "for what is served", status=501)
         route = ROUTES.get(path)
         if route is not None:
             return route[0], route[1], ()
@@ -404,7 +445,10 @@ class _Api:
         return sid
 
     def _model(self, tenant: Tenant, model_id: str) -> _Model:
-        return self._owned(self.state.models, model_id, "model", tenant)
+        m = self._owned(self.state.models, model_id, "model", tenant)
+        with self.state.lock:
+            self.state.runs.touch(model_id)
+        return m
 
     @staticmethod
     def _future_reply(fut: Future, model_id: str | None = None, **extra: Any) -> Reply:
@@ -458,15 +502,18 @@ class _Api:
 
     # ------------------------------------------------------------ training routes
 
-    def _base(self, name: Any) -> BaseModelSpec:
+    def _base(self, name: Any) -> BaseModelSpec | HfModelSpec:
         spec = self.config.base_models.get(name) if isinstance(name, str) else None
         if spec is None:
             shown = repr(name[:140]) if isinstance(name, str) else type(name).__name__
-            raise BadRequest(f"base_model {shown} is not served here; choose one of {sorted(self.config.base_models)}",
-                             status=404)
+            searched = (f"; searched {list(self.config.model_dirs)} for Hugging Face snapshots (hub cache "
+                        "models--ORG--NAME/snapshots/REV or plain folders ORG/NAME with config.json; nothing is "
+                        "downloaded: put the snapshot in one of them)") if self.config.model_dirs else ""
+            raise BadRequest(f"base_model {shown} is not served here; choose one of {sorted(self.config.base_models)}"
+                             f"{searched}", status=404)
         return spec
 
-    def _model_bytes(self, base: BaseModelSpec, lora: dict[str, Any] | None) -> int:
+    def _model_bytes(self, base: BaseModelSpec | HfModelSpec, lora: dict[str, Any] | None) -> int:
         """Estimated state of a model: 16 bytes per trainable parameter, plus 4 per parameter of a private base."""
         if lora is None:
             return STATE_BYTES_PER_PARAM * base.params()
@@ -491,10 +538,21 @@ class _Api:
                 raise BadRequest("lora_config trains nothing; set at least one of train_mlp, train_attn, "
                                  "train_unembed")
             lora = {"rank": rank, "seed": secrets.randbelow(2**31) if seed is None else seed, "targets": targets}
+        model_id = self.state.new_id(f"{tenant.name}-model")
+        fut = self._start_model(tenant, sid, model_id, base, lora, field_of(body, "user_metadata", dict,
+                                                                           required=False),
+                                {"model_id": model_id, "type": "create_model"})
+        return self._future_reply(fut, model_id)
+
+    def _start_model(self, tenant: Tenant, sid: str, model_id: str, base: BaseModelSpec | HfModelSpec,
+                     lora: dict[str, Any] | None, metadata: dict[str, Any] | None, answer: dict[str, Any],
+                     load: dict[str, Any] | None = None) -> Future:
+        """Create model ``model_id`` in the tenant's trainer (from checkpoint ``load`` if given); its future."""
         state = self.state
-        model_id = state.new_id(f"{tenant.name}-model")
         model = _Model(model_id, tenant.name, base, lora, sid, self._model_bytes(base, lora))
         with state.lock:
+            if model_id in state.models or model_id in state.creating:
+                raise BadRequest(f"model {model_id[:140]!r} exists already; use a new model_seq_id", status=409)
             state.check_quota(tenant.name, models=1, nbytes=model.bytes)
             state.creating[model_id] = model
         fut = state.future(tenant.name, "CreateModel")
@@ -506,9 +564,10 @@ class _Api:
                 live = sid in state.sessions
                 if live:
                     state.models[model_id] = model
+                    state.runs.record(model, _checkpoints.user_metadata(metadata))
             if not live:  # its session ended meanwhile: nothing may keep the model
                 state.unload(model, state.future(tenant.name, "UnloadModel"))
-            fut.succeed(json={"model_id": model_id, "type": "create_model"})
+            fut.succeed(json=answer)
 
         def failed() -> None:
             with state.lock:
@@ -527,15 +586,15 @@ class _Api:
                     fut.fail(f"the shared base {base.name!r} is not available: {e}", "server")
                     return
                 trainer.submit(fut, "create", {"model_id": model_id, "base": base, "lora": lora,
-                                               "shared_base": shared}, done, restart=True)
+                                               "shared_base": shared, "load": load}, done, restart=True)
             except Exception as e:  # never leave the future pending
                 log.exception("create_model %s failed to start", model_id)
                 fut.fail(f"create_model could not start: {type(e).__name__}", "server")
 
         threading.Thread(target=start, name=f"rota-tinker-create-{model_id}", daemon=True).start()
-        log.info("tenant %s: create_model %s (%s, %s)", tenant.name, model_id, base.name,
-                 f"lora rank {lora['rank']}" if lora else "full-parameter")
-        return self._future_reply(fut, model_id)
+        log.info("tenant %s: model %s (%s, %s%s)", tenant.name, model_id, base.name,
+                 f"lora rank {lora['rank']}" if lora else "full-parameter", ", from a checkpoint" if load else "")
+        return fut
 
     def _unload_model(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
         """Free a model and its ephemeral sampler weights: the quota at once, the memory in its trainer's next turn."""
@@ -547,9 +606,11 @@ class _Api:
 
     def _get_info(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
         m = self._model(tenant, field_of(body, "model_id", str))
+        hf = isinstance(m.base, HfModelSpec)
         return _json({"type": "get_info", "model_id": m.model_id, "model_name": m.base.name,
                       "is_lora": m.lora is not None, "lora_rank": m.lora["rank"] if m.lora else None,
-                      "model_data": {"arch": "rota-tinylm", "model_name": m.base.name, "tokenizer_id": None}})
+                      "model_data": {"arch": "hf-causal-lm" if hf else "rota-tinylm", "model_name": m.base.name,
+                                     "tokenizer_id": m.base.tokenizer_id if hf else None}})
 
     def _forward_backward(self, req: Request, tenant: Tenant, body: bytes) -> Reply:
         ctype = req.header("content-type").split(";")[0].strip().lower()
@@ -575,7 +636,8 @@ class _Api:
 
         self.state.workers[(tenant.name, "trainer")].submit(
             fut, "forward_backward",
-            {"model_id": m.model_id, "loss_fn": fb.loss_fn, "forward_only": fb.forward_only, "data": data}, done)
+            {"model_id": m.model_id, "loss_fn": fb.loss_fn, "forward_only": fb.forward_only, "data": data,
+             "loss_config": fb.loss_config}, done)
         return self._future_reply(fut, m.model_id)
 
     def _optim_step(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
@@ -617,7 +679,8 @@ class _Api:
         fut = state.future(tenant.name, "SaveWeightsForSampler")
 
         def done(result: Any) -> None:
-            w = _Weights(tinker_path, tenant.name, m.base, result["file"], m.lora is not None, int(result["bytes"]))
+            w = _Weights(tinker_path, tenant.name, m.base, result["file"], m.lora is not None, int(result["bytes"]),
+                         ephemeral)
             older: list[str] = []
             with state.lock:
                 state.weights[tinker_path] = w
@@ -635,14 +698,6 @@ class _Api:
         state.workers[(tenant.name, "trainer")].submit(
             fut, "save_for_sampler", {"model_id": m.model_id, "name": name}, done)
         return self._future_reply(fut, m.model_id)
-
-    def _delete_weights(self, tenant: Tenant, model_id: str, name: str) -> Reply:
-        """``RestClient.delete_checkpoint_from_tinker_path``: the file goes, its quota bytes are freed."""
-        path = f"tinker://{model_id}/sampler_weights/{name}"
-        self._owned(self.state.weights, path, "sampler weights", tenant)
-        self.state.delete_weights(path)
-        log.info("tenant %s: deleted %s", tenant.name, path)
-        return _json({})
 
     # ------------------------------------------------------------ sampling routes
 
@@ -698,21 +753,24 @@ class _Api:
         else:
             base = self._base(field_of(body, "base_model", str))
             key, shareable = f"base:{base.name}", True
-        for flag in ("prompt_logprobs", "record_stability_info"):
-            if field_of(body, flag, bool, required=False, default=False):
-                raise BadRequest(f"{flag}=true is not supported by this service; leave it false")
+        prompt_logprobs = field_of(body, "prompt_logprobs", bool, required=False, default=False)
+        if field_of(body, "record_stability_info", bool, required=False, default=False):
+            raise BadRequest("record_stability_info=true is not implemented by this service; leave it false",
+                             status=501)
         for count in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
             if field_of(body, count, int, required=False, default=0):
-                raise BadRequest(f"{count} is not supported by this service; leave it 0")
+                raise BadRequest(f"{count} is not implemented by this service; leave it 0 (prompt_logprobs=true "
+                                 "gives each prompt token's logprob)", status=501)
         if body.get("target_prompt_logprobs") is not None:
-            raise BadRequest("target_prompt_logprobs is not supported by this service")
+            raise BadRequest("target_prompt_logprobs is not implemented by this service", status=501)
         num = field_of(body, "num_samples", int, required=False, default=1, bounds=(1, MAX_SAMPLES))
         prompt = _wire.prompt_tokens(body.get("prompt"), base.vocab)
         if prompt.size >= base.max_len:
             raise BadRequest(f"prompt has {prompt.size} tokens; base model {base.name!r} takes fewer than "
                              f"{base.max_len}")
         sp = field_of(body, "sampling_params", dict)
-        params = self._sampling_params(sp, base.vocab)
+        params = self._sampling_params(sp, base)
+        params["prompt_logprobs"] = prompt_logprobs
         seed = params.pop("seed")
         seed = secrets.randbelow(2**31) if seed is None else seed
         fut = state.future(tenant.name, "Sample")
@@ -729,7 +787,7 @@ class _Api:
         return self._future_reply(fut, None, sample_sequence_ids=seq_ids)
 
     @staticmethod
-    def _sampling_params(sp: dict[str, Any], vocab: int) -> dict[str, Any]:
+    def _sampling_params(sp: dict[str, Any], base: BaseModelSpec | HfModelSpec) -> dict[str, Any]:
         max_tokens = field_of(sp, "max_tokens", int, required=False, default=16)
         if not 1 <= max_tokens <= MAX_NEW_TOKENS:
             raise BadRequest(f"sampling_params.max_tokens={max_tokens} must be within [1, {MAX_NEW_TOKENS}]")
@@ -742,16 +800,10 @@ class _Api:
             raise BadRequest(f"sampling_params.top_p={top_p} must be within (0, 1]")
         if top_k == 0 or top_k < -1:
             raise BadRequest(f"sampling_params.top_k={top_k} must be -1 (no limit) or >= 1")
-        stop = sp.get("stop")
-        if isinstance(stop, str) or (isinstance(stop, list) and any(isinstance(s, str) for s in stop)):
-            raise BadRequest("sampling_params.stop as strings needs a tokenizer, which this service does not have; "
-                             "give stop token ids (a list of integers)")
-        if stop is not None and not (isinstance(stop, list) and all(
-                isinstance(s, int) and not isinstance(s, bool) and 0 <= s < vocab for s in stop)):
-            raise BadRequest(f"sampling_params.stop must be a list of token ids in [0, {vocab})")
+        stop_tokens, stop_strings = _stops(sp.get("stop"), base)
         seed = field_of(sp, "seed", int, required=False, bounds=SEED_BOUNDS)
         return {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-                "stop_tokens": stop or [], "seed": seed}
+                "stop_tokens": stop_tokens, "stop_strings": stop_strings, "seed": seed}
 
     # ------------------------------------------------------------ futures
 
@@ -811,9 +863,14 @@ ROUTES: dict[str, tuple[str, Callable[..., Any]]] = {
 PATTERNS: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [
     ("GET", re.compile(rf"/api/v1/samplers/({_ID})"), _Api._get_sampler),
     ("POST", re.compile(rf"/api/v1/sessions/({_ID})/finish"), _Api._finish_session),
-    ("DELETE", re.compile(rf"/api/v1/training_runs/({_ID})/checkpoints/sampler_weights/({_ID})"),
-     _Api._delete_weights),
+    *_checkpoints.PATTERNS,
 ]
+ROUTES.update(_checkpoints.ROUTES)
+# routes of the SDK this service does not implement: 501 naming them (the SDK does not retry a 501)
+UNSUPPORTED = re.compile(r"/api/v1/(save_weights_external|copy_weights|join_sampling_session|retrieve_futures|"
+                         r"cancel_future|create_custom_loss|auth/token|weights_info|sessions/search|audit|billing/.*|"
+                         r"sessions/[^/]+/(project|trace_export)|training_runs/[^/]+/checkpoints/[^/]+/[^/]+/"
+                         r"(publish|ttl|external_weights_urls))")
 
 
 class TinkerService:

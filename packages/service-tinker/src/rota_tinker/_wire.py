@@ -23,12 +23,16 @@ from typing import Any
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
-LOSS_FNS = ("cross_entropy", "importance_sampling")
+_RL_INPUTS = (("target_tokens", "logprobs", "advantages"), ())
 # loss_fn -> (required inputs, optional inputs); all per-token tensors of the target length
 LOSS_INPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "cross_entropy": (("target_tokens",), ("weights",)),
-    "importance_sampling": (("target_tokens", "logprobs", "advantages"), ()),
+    "importance_sampling": _RL_INPUTS, "ppo": _RL_INPUTS, "cispo": _RL_INPUTS, "dro": _RL_INPUTS,
 }
+LOSS_FNS = tuple(LOSS_INPUTS)
+# loss_fn -> the loss_fn_config keys it takes (see rota_tinker._models.LOSS_CONFIG for their defaults)
+_CLIP = ("clip_low_threshold", "clip_high_threshold")
+LOSS_CONFIG_KEYS = {"cross_entropy": (), "importance_sampling": (), "ppo": _CLIP, "cispo": _CLIP, "dro": ("beta",)}
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 MAX_JSON_DEPTH = 32  # the SDK's bodies nest 5 deep at most
 INT64 = (-(2**63), 2**63 - 1)
@@ -59,6 +63,7 @@ class FwdBwd:
     loss_fn: str
     forward_only: bool
     data: list[Datum]
+    loss_config: dict[str, float]
 
 
 def decompress(body: bytes, encoding: str, limit: int) -> bytes:
@@ -144,7 +149,8 @@ def token_ids(arr: np.ndarray, vocab: int, where: str) -> np.ndarray:
     outside = (arr < 0) | (arr >= vocab)
     if outside.any():
         i = int(np.argmax(outside))
-        raise BadRequest(f"{where}[{i}] is {arr[i].item()!r}, outside [0, {vocab}) of the base model's vocabulary")
+        raise BadRequest(f"{where}[{i}] is {arr[i].item()!r}, outside the base model's vocabulary of {vocab} tokens "
+                         f"[0, {vocab})")
     return arr.astype(np.int64)
 
 
@@ -169,7 +175,17 @@ def parse_forward_backward(body: bytes) -> FwdBwd:
     if not msg.model_id:
         raise BadRequest("model_id is empty; pass the model_id returned by create_model")
     if msg.loss_fn not in LOSS_FNS:
-        raise BadRequest(f"loss_fn {msg.loss_fn!r} is not supported; use one of {list(LOSS_FNS)}")
+        status = 501 if msg.loss_fn in ("gspo", "stable_reinforce", "custom") else 400
+        raise BadRequest(f"loss_fn {msg.loss_fn[:60]!r} is not supported by this service; use one of {list(LOSS_FNS)} "
+                         "(forward_backward_custom works: the SDK computes a custom loss on the client)", status=status)
+    loss_config: dict[str, float] = {}
+    for key, value in msg.loss_fn_config.items():
+        if key not in LOSS_CONFIG_KEYS[msg.loss_fn]:
+            raise BadRequest(f"loss_fn_config key {key[:60]!r} is not one of {list(LOSS_CONFIG_KEYS[msg.loss_fn])} "
+                             f"taken by loss_fn {msg.loss_fn!r}")
+        if not math.isfinite(value):
+            raise BadRequest(f"loss_fn_config[{key!r}] is {value!r}; send a finite number")
+        loss_config[key] = float(value)
     if not msg.data:
         raise BadRequest("data is empty; send at least one Datum")
     required, optional = LOSS_INPUTS[msg.loss_fn]
@@ -203,7 +219,7 @@ def parse_forward_backward(body: bytes) -> FwdBwd:
                 inputs[n] = finite_values(arr, f"data[{i}].loss_fn_inputs[{n!r}]")
         data.append(Datum(tokens=tokens, inputs=inputs))
     return FwdBwd(model_id=msg.model_id, seq_id=msg.seq_id, loss_fn=msg.loss_fn, forward_only=msg.forward_only,
-                  data=data)
+                  data=data, loss_config=loss_config)
 
 
 def forward_backward_output(logprobs: list[np.ndarray], metrics: dict[str, float]) -> bytes:
@@ -224,10 +240,12 @@ def forward_backward_output(logprobs: list[np.ndarray], metrics: dict[str, float
     return out.SerializeToString()
 
 
-def sample_response(sequences: list[tuple[np.ndarray, np.ndarray, str]]) -> bytes:
-    """``SampleResponse`` protobuf from ``(tokens, logprobs, stop_reason)`` per sequence."""
+def sample_response(result: dict[str, Any]) -> bytes:
+    """``SampleResponse`` protobuf from ``{"sequences": [(tokens, logprobs, stop_reason)], "prompt_logprobs"}``."""
     out = pb.SampleResponse()
-    for tokens, logprobs, stop in sequences:
+    if result.get("prompt_logprobs") is not None:
+        out.prompt_logprobs = np.asarray(result["prompt_logprobs"], dtype=np.float32).tobytes()
+    for tokens, logprobs, stop in result["sequences"]:
         seq = out.sequences.add()
         seq.stop_reason = pb.STOP_REASON_STOP if stop == "stop" else pb.STOP_REASON_LENGTH
         seq.tokens = np.asarray(tokens, dtype=np.int32).tobytes()
@@ -292,8 +310,8 @@ def prompt_tokens(prompt: Any, vocab: int) -> np.ndarray:
             raise BadRequest(f"prompt.chunks[{j}].tokens must be a list of integers")
         for i, t in enumerate(toks):
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
-                raise BadRequest(f"prompt.chunks[{j}].tokens[{i}] is {_short(t)}, not a token id in [0, {vocab}) "
-                                 "of the base model's vocabulary")
+                raise BadRequest(f"prompt.chunks[{j}].tokens[{i}] is {_short(t)}, not a token id of the base model's "
+                                 f"vocabulary of {vocab} tokens [0, {vocab})")
         tokens.extend(toks)
     if not tokens:
         raise BadRequest("prompt has no tokens; give at least one")

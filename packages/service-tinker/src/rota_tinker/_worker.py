@@ -44,12 +44,10 @@ tenant workers, waits for them, then the holders).
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
 import secrets
-import stat
 import time
 import traceback
 from collections.abc import Callable
@@ -87,6 +85,7 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
     t0 = time.monotonic()
     logging.basicConfig(level=os.environ.get("ROTA_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s {spec.tenant}.{spec.role} %(levelname)s %(name)s: %(message)s")
+    os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is ever downloaded: models come from their local snapshots
     import torch
 
     import rota
@@ -326,26 +325,33 @@ class _Trained:
 class Trainer(_Base):
     """Holds the tenant's training models; forward_backward / optim_step / save for sampler."""
 
-    DEVICE_OPS = frozenset({"create", "forward_backward", "optim_step", "unload"})
+    DEVICE_OPS = frozenset({"create", "forward_backward", "optim_step", "unload", "save_state", "load_state"})
     models: dict[str, _Trained]
 
     def op_create(self, model_id: str, base: Any, lora: dict[str, Any] | None,
-                  shared_base: str | None = None) -> dict[str, Any]:
-        """Build a model; a LoRA model with ``shared_base`` (a holder's address) attaches to the shared base."""
+                  shared_base: str | None = None, load: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Build a model; a LoRA model with ``shared_base`` (a holder's address) attaches to the shared base.
+
+        ``load`` (``{"folder", "optimizer"}``): start from that training checkpoint (``load_weights``).
+        """
         import torch
 
         import rota_fsdp
-        from rota_tinker._models import add_lora
+        from rota_tinker._models import adapters_of, add_lora
 
         model = _base_model(base, self.device, shared_base if lora is not None else None)
         if lora is not None:
-            trainable = add_lora(model, lora["rank"], lora["seed"], lora["targets"])
+            model = add_lora(model, lora["rank"], lora["seed"], lora["targets"])
+            trainable = adapters_of(model)
         else:
             trainable = model
-        opt = torch.optim.AdamW(trainable.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+        opt = torch.optim.AdamW([p for p in trainable.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.95),
+                                eps=1e-12, weight_decay=0.0)
         tracked = rota_fsdp.track(self.gpu, trainable, opt, device=self.device, release_cached=self.spec.release_cached)
         self.models[model_id] = _Trained(model, trainable, opt, tracked, lora)
-        n = sum(p.numel() for p in trainable.parameters())
+        if load is not None:
+            self.op_load_state(model_id, **load)
+        n = sum(p.numel() for p in trainable.parameters() if p.requires_grad)
         log.info("model %s: %s, %d trainable parameters", model_id, "lora" if lora else "full", n)
         return {"trainable_params": n}
 
@@ -356,7 +362,8 @@ class Trainer(_Base):
         return entry
 
     def op_forward_backward(self, model_id: str, loss_fn: str, forward_only: bool,
-                            data: list[tuple[Any, dict[str, Any]]]) -> dict[str, Any]:
+                            data: list[tuple[Any, dict[str, Any]]],
+                            loss_config: dict[str, float] | None = None) -> dict[str, Any]:
         import torch
 
         from rota_tinker._models import datum_loss, token_logprobs
@@ -371,10 +378,10 @@ class Trainer(_Base):
             if forward_only:
                 with torch.no_grad():
                     lp = token_logprobs(entry.model, toks, targets)
-                    loss = datum_loss(loss_fn, lp, ins)
+                    loss = datum_loss(loss_fn, lp, ins, loss_config)
             else:
                 lp = token_logprobs(entry.model, toks, targets)
-                loss = datum_loss(loss_fn, lp, ins)
+                loss = datum_loss(loss_fn, lp, ins, loss_config)
                 loss.backward()
             total += float(loss.detach())
             logprobs.append(lp.detach().float().cpu().numpy())
@@ -384,7 +391,7 @@ class Trainer(_Base):
         import torch
 
         entry = self._get(model_id)
-        params = [p for p in entry.trainable.parameters() if p.requires_grad]
+        params = [p for group in entry.optimizer.param_groups for p in group["params"]]
         norm = None
         if adam["grad_clip_norm"] > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(params, adam["grad_clip_norm"]))
@@ -405,17 +412,36 @@ class Trainer(_Base):
             gc.collect()
         return {}
 
+    def op_save_state(self, model_id: str, name: str, base: Any) -> dict[str, Any]:
+        """Write a training checkpoint (weights and optimizer state) to ``MODEL/weights/NAME`` (in a turn)."""
+        from rota_tinker import _state_files
+
+        entry = self._get(model_id)
+        folder = _state_files.private_folder(os.path.join(self._model_folder(model_id), "weights"))
+        path = os.path.join(folder, name)
+        return {"folder": path, "bytes": _state_files.write(path, entry, base)}
+
+    def op_load_state(self, model_id: str, folder: str, optimizer: bool) -> dict[str, Any]:
+        """Load a training checkpoint into the model in place (in a turn)."""
+        from rota_tinker import _state_files
+
+        try:
+            _state_files.read(folder, self._get(model_id), optimizer)
+        except (ValueError, FileNotFoundError) as e:
+            raise UserError(str(e)) from e
+        return {}
+
+    def _model_folder(self, model_id: str) -> str:
+        from rota_tinker._state_files import private_folder
+
+        return private_folder(os.path.join(self.spec.data_dir, self.spec.tenant, model_id))
+
     def op_save_for_sampler(self, model_id: str, name: str) -> dict[str, Any]:
         import torch
 
         entry = self._get(model_id)
         state = entry.tracked.state_dict()  # from the parked host copy when parked: no turn, no device
-        folder = os.path.join(self.spec.data_dir, self.spec.tenant, model_id)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(folder, 0o700)
-        st = os.lstat(folder)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-            raise RuntimeError(f"{folder} is not a 0700 directory of this uid; refusing to write weights there")
+        folder = self._model_folder(model_id)
         path = os.path.join(folder, f"{name}.pt")
         tmp = f"{path}.{secrets.token_hex(4)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -434,6 +460,7 @@ class Sampler(_Base):
     def __init__(self, spec: WorkerSpec, gpu: Any) -> None:
         super().__init__(spec, gpu)
         self.tracked: dict[str, Any] = {}  # key -> its Tracked (not for a bare shared base: nothing is parked)
+        self.tokenizers: dict[str, Any] = {}  # base model name -> its tokenizer (loaded for stop strings)
 
     def op_forget(self, key: str) -> dict[str, Any]:
         """Drop the model of deleted weights (in a turn when it is tracked); nothing to do if it was never loaded."""
@@ -449,7 +476,7 @@ class Sampler(_Base):
         import torch
 
         import rota_fsdp
-        from rota_tinker._models import add_lora
+        from rota_tinker._models import adapters_of, add_lora
 
         if key in self.models:
             return self.models[key]
@@ -459,7 +486,8 @@ class Sampler(_Base):
             saved = torch.load(key, map_location=self.device, weights_only=True)
             if saved["lora"] is not None:
                 lora = saved["lora"]
-                parked = add_lora(model, lora["rank"], lora["seed"], lora["targets"])
+                model = add_lora(model, lora["rank"], lora["seed"], lora["targets"])
+                parked = adapters_of(model)
             elif shared_base:
                 raise UserError(f"{key} holds full-parameter weights; they cannot go on a shared base")
             (parked or model).load_state_dict(saved["weights"])
@@ -473,8 +501,17 @@ class Sampler(_Base):
         return model
 
     def op_sample(self, key: str, base: Any, prompt: Any, params: dict[str, Any], num_samples: int,
-                  seed: int, shared_base: str | None = None) -> list[Any]:
+                  seed: int, shared_base: str | None = None) -> dict[str, Any]:
         from rota_tinker._models import sample
 
         model = self._load(key, base, shared_base)
-        return sample(model, prompt, params, num_samples, seed, self.device, base.max_len)
+        tokenizer = self._tokenizer(base) if params.get("stop_strings") else None
+        return sample(model, prompt, params, num_samples, seed, self.device, base.max_len, tokenizer)
+
+    def _tokenizer(self, base: Any) -> Any:
+        """The base model's own tokenizer (from its snapshot, offline), for stop strings."""
+        if base.name not in self.tokenizers:
+            from transformers import AutoTokenizer
+
+            self.tokenizers[base.name] = AutoTokenizer.from_pretrained(base.path, local_files_only=True)
+        return self.tokenizers[base.name]

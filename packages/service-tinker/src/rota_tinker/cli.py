@@ -63,11 +63,17 @@ def _limit_options(fn: Callable[..., None]) -> Callable[..., None]:
               help="NAME=tml-KEY; repeat per tenant (env ROTA_TINKER_KEYS, comma-separated).")
 @click.option("--device", default="cpu", show_default=True, envvar="ROTA_TINKER_DEVICE",
               help="Device of every worker: cpu, cuda or cuda:N (env ROTA_TINKER_DEVICE).")
+@click.option("--model-dir", "model_dirs", multiple=True, envvar="ROTA_TINKER_MODEL_DIRS",
+              type=click.Path(exists=True, file_okay=False),
+              help="A directory of Hugging Face model snapshots (hub cache models--ORG--NAME/snapshots/REV, or plain "
+                   "folders ORG/NAME with config.json and *.safetensors): every causal LM in it is served under its "
+                   "hub name. Repeat per directory (env ROTA_TINKER_MODEL_DIRS, ':'-separated); the hub cache "
+                   "(HF_HUB_CACHE, else HF_HOME/hub) is searched too. Nothing is downloaded.")
 @click.option("--base-model", "base_models", multiple=True, envvar="ROTA_TINKER_BASE_MODELS",
-              help="A base model tenants may train on, as NAME:vocab=V,dim=D,layers=L,heads=H[,max_len=N]"
+              help="A small test transformer tenants may train on, as NAME:vocab=V,dim=D,layers=L,heads=H[,max_len=N]"
                    "[,seed=S][,path=FILE] (FILE: a torch.save'd state_dict of that shape, loaded instead of "
                    "random init from SEED). Repeat per model (env ROTA_TINKER_BASE_MODELS, space-separated). "
-                   "Default: rota/tiny and rota/small.")
+                   "Without these and without any Hugging Face model found: rota/tiny and rota/small.")
 @click.option("--group", default="tinker", show_default=True, envvar="ROTA_GROUP",
               help="rota group the workers share (env ROTA_GROUP).")
 @click.option("--orchestrator", default=None, envvar="ROTA_ORCHESTRATOR",
@@ -94,17 +100,19 @@ def _limit_options(fn: Callable[..., None]) -> Callable[..., None]:
 @click.option("--worker-start-timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
               help="Seconds a tenant's worker process may take to start (torch import, CUDA init, the base).")
 @_limit_options
-def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, base_models: tuple[str, ...], group: str,
+def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, model_dirs: tuple[str, ...],
+              base_models: tuple[str, ...], group: str,
               orchestrator: str | None, capacity: int, units_per_turn: int, keep_cache: bool, share_base: bool,
               data_dir: str | None, long_poll: float, worker_start_timeout: float, **limits: float) -> None:
     """Serve the tinker SDK's training and sampling API; each API key is a tenant.
 
     \b
     rota tinker serve --tenant alice=tml-alice-key-1 --tenant bob=tml-bob-key-22 --device cuda:0 \\
-        --base-model acme/lm:vocab=32000,dim=2048,layers=8,heads=16 --capacity 120GiB
+        --model-dir /models --capacity 120GiB
     TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-alice-key-1 python my_loop.py
     """
     from rota_tinker._config import DEFAULT_BASE_MODELS, ServiceConfig, parse_base_model, parse_keys
+    from rota_tinker._hf import find_models, search_dirs
     from rota_tinker._service import TinkerService
 
     host, port = _listen(listen)
@@ -115,9 +123,15 @@ def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, base_models: t
         if len(set(names)) != len(names):
             raise click.BadParameter(f"base model names repeat in {names}; give each model one --base-model",
                                      param_hint="--base-model")
+        dirs = search_dirs([d for item in model_dirs for d in item.split(":") if d])
+        models: dict = {**find_models(dirs), **{s.name: s for s in specs}}
+        if not models:
+            log.warning("no Hugging Face causal LM found in %s; serving the test models %s", dirs,
+                        sorted(DEFAULT_BASE_MODELS))
+            models = dict(DEFAULT_BASE_MODELS)
         config = ServiceConfig(tenants=tuple(parsed), data_dir=data_dir or tempfile.mkdtemp(prefix="rota-tinker-"),
                                device=device, group=group, endpoint=orchestrator or None, long_poll_s=long_poll,
-                               base_models={s.name: s for s in specs} if specs else dict(DEFAULT_BASE_MODELS),
+                               base_models=models, model_dirs=tuple(dirs),
                                capacity_bytes=capacity, units_per_turn=units_per_turn, release_cached=not keep_cache,
                                share_lora_base=share_base, worker_start_timeout_s=worker_start_timeout,
                                **limits)  # type: ignore[arg-type]

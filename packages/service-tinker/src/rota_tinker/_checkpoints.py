@@ -1,0 +1,329 @@
+"""Training runs and checkpoints: ``save_state``/``load_state``, listing, deleting and downloading them.
+
+The routes here are part of :class:`rota_tinker._service._Api` (a mixin: they use its state,
+ownership checks and worker handles). Served (under ``/api/v1``):
+
+* ``save_weights`` (``TrainingClient.save_state``): a training checkpoint
+  ``tinker://MODEL/weights/NAME`` (weights and optimizer state, written by the trainer in a
+  turn; files in :mod:`rota_tinker._state_files`);
+* ``load_weights``: into an existing model (``model_id``), or as a new model
+  ``SESSION:train:SEQ`` (``ServiceClient.create_training_client_from_state[_with_optimizer]``
+  send ``session_id`` and ``model_seq_id``, and address the model by that id from then on);
+* ``GET training_runs`` (``limit``, ``offset``), ``GET training_runs/{id}``,
+  ``GET training_runs/{id}/checkpoints``, ``GET checkpoints``, ``GET sessions``,
+  ``GET sessions/{id}``: the caller's own runs, checkpoints and sessions only;
+* ``DELETE training_runs/{id}/checkpoints/{weights|sampler_weights}/{name}``;
+* ``GET training_runs/{id}/checkpoints/weights/{name}/archive``: the checkpoint's folder as an
+  uncompressed tar (``adapter_model.safetensors`` + ``adapter_config.json`` for LoRA,
+  ``config.json`` + ``*.safetensors`` + tokenizer files for full models), at most
+  :data:`MAX_ARCHIVE_BYTES`.
+
+Every id and name is checked whole; folders are derived from them by the service (never taken
+from a caller), and another tenant's run or checkpoint answers 403 like every other object.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import os
+import re
+import secrets
+import shutil
+import tarfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+from rota_tinker._http import Reply
+from rota_tinker._wire import BadRequest, field_of
+
+ID = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"  # model ids; ':' for the SDK's "SESSION:train:N"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # checkpoint names: they become file names
+TRAINING_PATH = re.compile(rf"tinker://({ID})/weights/([A-Za-z0-9][A-Za-z0-9._-]{{0,63}})")
+MAX_ARCHIVE_BYTES = 2 * 2**30  # a bigger checkpoint is copied from the service's data dir instead
+MAX_RUNS = 10_000  # run records kept per service (oldest forgotten first; their checkpoints stay listed)
+MAX_LIST = 1000
+
+
+def user_metadata(value: Any) -> dict[str, str] | None:
+    """A caller's ``user_metadata``: at most 32 string keys and values of 1-256 characters, else BadRequest."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > 32 or not all(
+            isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 256 and len(v) <= 256
+            for k, v in value.items()):
+        raise BadRequest("user_metadata must map at most 32 strings of 1-256 characters to strings of at most 256")
+    return dict(value)
+
+
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat()
+
+
+@dataclass
+class Run:
+    """A training run (one model, live or unloaded) as ``RestClient`` lists it."""
+
+    model_id: str
+    tenant: str
+    base: str
+    lora_rank: int | None
+    created: float = field(default_factory=time.time)
+    last_request: float = field(default_factory=time.time)
+    user_metadata: dict[str, str] | None = None
+
+
+@dataclass
+class Checkpoint:
+    """A training checkpoint: ``tinker://RUN/weights/NAME`` in ``folder``."""
+
+    path: str
+    tenant: str
+    run: str
+    name: str
+    base: Any  # the BaseModelSpec / HfModelSpec it was trained on
+    lora: dict[str, Any] | None
+    folder: str
+    bytes: int
+    created: float = field(default_factory=time.time)
+    user_metadata: dict[str, str] | None = None
+
+
+class Runs:
+    """The service's run and checkpoint records (guarded by the service state's lock)."""
+
+    def __init__(self) -> None:
+        self.runs: OrderedDict[str, Run] = OrderedDict()
+        self.checkpoints: dict[str, Checkpoint] = {}  # tinker path -> training checkpoint
+
+    def record(self, model: Any, metadata: dict[str, str] | None) -> None:
+        self.runs[model.model_id] = Run(model.model_id, model.tenant, model.base.name,
+                                        model.lora["rank"] if model.lora else None, user_metadata=metadata)
+        while len(self.runs) > MAX_RUNS:
+            self.runs.popitem(last=False)
+
+    def touch(self, model_id: str) -> None:
+        run = self.runs.get(model_id)
+        if run is not None:
+            run.last_request = time.time()
+
+    def bytes_of(self, tenant: str) -> int:
+        return sum(c.bytes for c in self.checkpoints.values() if c.tenant == tenant)
+
+
+def _page(query: str) -> tuple[int, int]:
+    """``limit`` and ``offset`` from a query string (limit 1-1000, default 20; offset >= 0)."""
+    args = parse_qs(query, max_num_fields=8)
+    try:
+        limit = int(args.get("limit", ["20"])[0])
+        offset = int(args.get("offset", ["0"])[0])
+    except ValueError:
+        raise BadRequest("limit and offset must be integers") from None
+    if not 1 <= limit <= MAX_LIST or offset < 0:
+        raise BadRequest(f"limit must be within [1, {MAX_LIST}] and offset >= 0")
+    return limit, offset
+
+
+class CheckpointRoutes:
+    """The checkpoint and listing routes of :class:`rota_tinker._service._Api`."""
+
+    state: Any
+    config: Any
+
+    # ------------------------------------------------------------ save / load
+
+    def _save_state(self, tenant: Any, body: dict[str, Any]) -> Reply:
+        state = self.state
+        m = self._model(tenant, field_of(body, "model_id", str))  # type: ignore[attr-defined]
+        name = field_of(body, "path", str, required=False) or f"state-{secrets.token_hex(4)}"
+        if not NAME.fullmatch(name):
+            raise BadRequest(f"path {name[:80]!r} is not a valid checkpoint name: use 1-64 letters, digits, '.', '_', "
+                             "'-', starting with a letter or digit")
+        field_of(body, "ttl_seconds", int, required=False, bounds=(3600, 10 * 366 * 86400))
+        overwrite = field_of(body, "overwrite", bool, required=False, default=False)
+        metadata = user_metadata(body.get("user_metadata"))
+        path = f"tinker://{m.model_id}/weights/{name}"
+        with state.lock:
+            old = state.runs.checkpoints.get(path)
+            if old is not None and not overwrite:
+                raise BadRequest(f"{path} exists; save under another name or pass overwrite=True", status=409)
+            state.check_quota(tenant.name, nbytes=max(0, m.bytes - (old.bytes if old else 0)))
+        fut = state.future(tenant.name, "SaveWeights")
+
+        def done(result: Any) -> None:
+            ck = Checkpoint(path, tenant.name, m.model_id, name, m.base, m.lora, result["folder"], int(result["bytes"]),
+                            user_metadata=metadata)
+            with state.lock:
+                state.runs.checkpoints[path] = ck
+                state.runs.touch(m.model_id)
+            fut.succeed(json={"path": path, "type": "save_weights"})
+
+        state.workers[(tenant.name, "trainer")].submit(
+            fut, "save_state", {"model_id": m.model_id, "name": name, "base": m.base}, done)
+        return self._future_reply(fut, m.model_id)  # type: ignore[attr-defined]
+
+    def _checkpoint(self, tenant: Any, path: Any) -> Checkpoint:
+        if not isinstance(path, str) or not TRAINING_PATH.fullmatch(path):
+            shown = path[:140] if isinstance(path, str) else type(path).__name__
+            raise BadRequest(f"path {shown!r} is not a training checkpoint; use the path save_state returned "
+                             "(tinker://MODEL/weights/NAME)")
+        return self._owned(self.state.runs.checkpoints, path, "checkpoint", tenant)  # type: ignore[attr-defined]
+
+    def _load_weights(self, tenant: Any, body: dict[str, Any]) -> Reply:
+        ck = self._checkpoint(tenant, field_of(body, "path", str))
+        optimizer = field_of(body, "optimizer", bool, required=False, default=False)
+        if body.get("weights_access_token") is not None:
+            raise BadRequest("weights_access_token (another account's checkpoints) is not implemented by this "
+                             "service; load your own checkpoints", status=501)
+        answer = {"path": ck.path, "type": "load_weights"}
+        if body.get("session_id") is not None:  # create-via-load: the SDK names the model SESSION:train:SEQ
+            sid = self._session(tenant, body)  # type: ignore[attr-defined]
+            seq = field_of(body, "model_seq_id", int, bounds=(0, 2**31))
+            base = body.get("base_model")
+            if base is not None and base != ck.base.name:
+                raise BadRequest(f"base_model {str(base)[:140]!r} differs from {ck.base.name!r} of {ck.path}; leave "
+                                 "base_model out")
+            opt = field_of(body, "optimizer_config", dict, required=False, default={"type": "adamw"})
+            if opt.get("type", "adamw") != "adamw":
+                raise BadRequest("optimizer_config type is not supported; use adamw (the default)")
+            model_id = f"{sid}:train:{seq}"
+            answer["model_id"] = model_id
+            fut = self._start_model(tenant, sid, model_id, ck.base, ck.lora,  # type: ignore[attr-defined]
+                                    user_metadata(body.get("user_metadata")), answer,
+                                    {"folder": ck.folder, "optimizer": optimizer})
+            return self._future_reply(fut, model_id)  # type: ignore[attr-defined]
+        m = self._model(tenant, field_of(body, "model_id", str))  # type: ignore[attr-defined]
+        if m.base.name != ck.base.name or _adapters(m.lora) != _adapters(ck.lora):
+            raise BadRequest(f"{ck.path} was saved from a {_kind(ck.base.name, ck.lora)} model; {m.model_id} is a "
+                             f"{_kind(m.base.name, m.lora)} one: load it into a model of the same kind, or with "
+                             "create_training_client_from_state")
+        answer["model_id"] = m.model_id
+        fut = self.state.future(tenant.name, "LoadWeights")
+        self.state.workers[(tenant.name, "trainer")].submit(
+            fut, "load_state", {"model_id": m.model_id, "folder": ck.folder, "optimizer": optimizer},
+            lambda _r: fut.succeed(json=answer))
+        return self._future_reply(fut, m.model_id)  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------ listing
+
+    def _run_json(self, run: Run) -> dict[str, Any]:
+        cks = self._checkpoints_of(run.tenant, run.model_id)
+        last = {kind: max((c for c in cks if c["checkpoint_type"] == kind), key=lambda c: c["time"], default=None)
+                for kind in ("training", "sampler")}
+        return {"training_run_id": run.model_id, "base_model": run.base, "model_owner": run.tenant,
+                "is_lora": run.lora_rank is not None, "corrupted": False, "lora_rank": run.lora_rank,
+                "last_request_time": _iso(run.last_request), "last_checkpoint": last["training"],
+                "last_sampler_checkpoint": last["sampler"], "user_metadata": run.user_metadata}
+
+    def _checkpoints_of(self, tenant: str, run: str | None) -> list[dict[str, Any]]:
+        """The tenant's training and (named) sampler checkpoints, of one run or all, oldest first (lock taken)."""
+        state = self.state
+        with state.lock:
+            training = [c for c in state.runs.checkpoints.values() if c.tenant == tenant and run in (None, c.run)]
+            sampler = [w for w in state.weights.values() if w.tenant == tenant and not w.ephemeral
+                       and run in (None, w.path.split("/")[2])]
+        out = [{"checkpoint_id": f"weights/{c.name}", "checkpoint_type": "training", "time": _iso(c.created),
+                "tinker_path": c.path, "size_bytes": c.bytes, "public": False, "user_metadata": c.user_metadata}
+               for c in training]
+        out += [{"checkpoint_id": f"sampler_weights/{w.path.rsplit('/', 1)[1]}", "checkpoint_type": "sampler",
+                 "time": _iso(w.created), "tinker_path": w.path, "size_bytes": w.bytes, "public": False}
+                for w in sampler]
+        return sorted(out, key=lambda c: c["time"])
+
+    def _run(self, tenant: Any, run_id: str) -> Run:
+        return self._owned(self.state.runs.runs, run_id, "training run", tenant)  # type: ignore[attr-defined]
+
+    def _list_runs(self, tenant: Any, query: str) -> Reply:
+        limit, offset = _page(query)
+        with self.state.lock:
+            runs = [r for r in self.state.runs.runs.values() if r.tenant == tenant.name]
+        runs.sort(key=lambda r: r.created, reverse=True)
+        return Reply.json({"training_runs": [self._run_json(r) for r in runs[offset:offset + limit]],
+                           "cursor": {"offset": offset, "limit": limit, "total_count": len(runs)}})
+
+    def _get_run(self, tenant: Any, run_id: str) -> Reply:
+        return Reply.json(self._run_json(self._run(tenant, run_id)))
+
+    def _list_run_checkpoints(self, tenant: Any, run_id: str) -> Reply:
+        self._run(tenant, run_id)
+        return Reply.json({"checkpoints": self._checkpoints_of(tenant.name, run_id)})
+
+    def _list_user_checkpoints(self, tenant: Any, query: str) -> Reply:
+        limit, offset = _page(query)
+        cks = self._checkpoints_of(tenant.name, None)[::-1]
+        return Reply.json({"checkpoints": cks[offset:offset + limit],
+                           "cursor": {"offset": offset, "limit": limit, "total_count": len(cks)}})
+
+    def _list_sessions(self, tenant: Any, query: str) -> Reply:
+        limit, offset = _page(query)
+        with self.state.lock:
+            ids = [sid for sid, s in self.state.sessions.items() if s.tenant == tenant.name]
+        return Reply.json({"sessions": ids[offset:offset + limit]})
+
+    def _get_session(self, tenant: Any, session_id: str) -> Reply:
+        self._owned(self.state.sessions, session_id, "session", tenant)  # type: ignore[attr-defined]
+        with self.state.lock:
+            runs = [m.model_id for m in self.state.models.values() if m.session_id == session_id]
+            samplers = [s.session_id for s in self.state.sampling.values() if s.parent == session_id]
+        return Reply.json({"training_run_ids": runs, "sampler_ids": samplers})
+
+    # ------------------------------------------------------------ delete / download
+
+    def _delete_checkpoint(self, tenant: Any, run_id: str, kind: str, name: str) -> Reply:
+        """``RestClient.delete_checkpoint[_from_tinker_path]``: the files go, their quota bytes are freed."""
+        path = f"tinker://{run_id}/{kind}/{name}"
+        if kind == "sampler_weights":
+            self._owned(self.state.weights, path, "sampler weights", tenant)  # type: ignore[attr-defined]
+            self.state.delete_weights(path)
+            return Reply.json({})
+        ck = self._checkpoint(tenant, path)
+        with self.state.lock:
+            self.state.runs.checkpoints.pop(path, None)
+        threading.Thread(target=shutil.rmtree, args=(ck.folder, True), daemon=True).start()
+        return Reply.json({})
+
+    def _archive(self, tenant: Any, run_id: str, name: str) -> Reply:
+        """The checkpoint's folder as a tar: peft / transformers ``from_pretrained`` load what it holds."""
+        ck = self._checkpoint(tenant, f"tinker://{run_id}/weights/{name}")
+        if ck.bytes > MAX_ARCHIVE_BYTES:
+            raise BadRequest(f"{ck.path} has {ck.bytes} bytes, over the {MAX_ARCHIVE_BYTES}-byte download limit; copy "
+                             "it from the service's data directory instead", status=501)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for entry in sorted(os.listdir(ck.folder)):
+                full = os.path.join(ck.folder, entry)
+                if os.path.isfile(full) and not os.path.islink(full):
+                    tar.add(full, arcname=f"{name}/{entry}", recursive=False)
+        return Reply(200, buf.getvalue(), "application/x-tar")
+
+
+def _adapters(lora: dict[str, Any] | None) -> tuple[Any, ...] | None:
+    """What a checkpoint's tensors depend on: LoRA rank and targets (not the init seed)."""
+    return None if lora is None else (lora["rank"], sorted(k for k, v in lora["targets"].items() if v))
+
+
+def _kind(base: str, lora: dict[str, Any] | None) -> str:
+    return f"{base} LoRA rank {lora['rank']}" if lora else f"{base} full-parameter"
+
+
+# routes with ids in the path (each checked whole); "query" handlers also get the query string
+PATTERNS = [
+    ("GET", re.compile(rf"/api/v1/training_runs/({ID})"), CheckpointRoutes._get_run),
+    ("GET", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints"), CheckpointRoutes._list_run_checkpoints),
+    ("DELETE", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/(weights|sampler_weights)/({ID})"),
+     CheckpointRoutes._delete_checkpoint),
+    ("GET", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/weights/({ID})/archive"), CheckpointRoutes._archive),
+    ("GET", re.compile(rf"/api/v1/sessions/({ID})"), CheckpointRoutes._get_session),
+]
+ROUTES = {
+    "/api/v1/save_weights": ("POST", CheckpointRoutes._save_state),
+    "/api/v1/load_weights": ("POST", CheckpointRoutes._load_weights),
+    "/api/v1/training_runs": ("GET", CheckpointRoutes._list_runs),
+    "/api/v1/checkpoints": ("GET", CheckpointRoutes._list_user_checkpoints),
+    "/api/v1/sessions": ("GET", CheckpointRoutes._list_sessions),
+}
+WITH_QUERY = (CheckpointRoutes._list_runs, CheckpointRoutes._list_user_checkpoints, CheckpointRoutes._list_sessions)

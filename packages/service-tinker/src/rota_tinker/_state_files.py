@@ -1,0 +1,111 @@
+"""Training checkpoints on disk (``save_state`` / ``load_state``): the files a user can also load without rota.
+
+Written and read by a tenant's trainer (:mod:`rota_tinker._worker`), inside a turn (the model is
+on its device). One folder per checkpoint, ``DATA_DIR/TENANT/MODEL/weights/NAME/``:
+
+* a LoRA model: ``adapter_config.json`` + ``adapter_model.safetensors``, written by peft's
+  ``save_pretrained`` (``peft.PeftModel.from_pretrained(base, folder)`` loads them);
+* a full-parameter Hugging Face model: ``config.json`` + ``*.safetensors`` from transformers'
+  ``save_pretrained``, plus the base's tokenizer files (``AutoModelForCausalLM.from_pretrained``
+  loads it); the test transformer: ``model.safetensors`` of its state dict;
+* ``optimizer.pt``: the AdamW state (moments and step counts), so a resumed run continues
+  bit-identically; ``rota.json``: the base model's name and the LoRA settings.
+
+Folders are 0700 and files 0600; a checkpoint is written to a temporary folder and renamed
+into place, so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import stat
+from typing import Any
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "chat_template.jinja", "generation_config.json")
+
+
+def private_folder(path: str) -> str:
+    """Create ``path`` 0700 if missing; refuse one that is a link, another uid's, or open to others."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise RuntimeError(f"{path} is not a 0700 directory of this uid; refusing to write weights there")
+    return path
+
+
+def write(folder: str, entry: Any, base: Any) -> int:
+    """Write ``entry`` (the trainer's model) as checkpoint ``folder`` (replaced if it exists); its size in bytes."""
+    import torch
+
+    tmp = f"{folder}.{secrets.token_hex(4)}.tmp"
+    os.mkdir(tmp, 0o700)
+    try:
+        if entry.lora is not None:
+            entry.model.peft_config["default"].base_model_name_or_path = base.name
+            entry.model.save_pretrained(tmp)
+        elif hasattr(entry.model, "save_pretrained"):
+            entry.model.save_pretrained(tmp)
+            for name in TOKENIZER_FILES:
+                src = os.path.join(base.path, name)
+                if os.path.isfile(src):
+                    shutil.copyfile(src, os.path.join(tmp, name))
+        else:
+            from safetensors.torch import save_file
+
+            save_file({k: v.detach().contiguous() for k, v in entry.model.state_dict().items()},
+                      os.path.join(tmp, "model.safetensors"))
+        torch.save(entry.optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+        with open(os.path.join(tmp, "rota.json"), "w") as f:
+            json.dump({"base_model": base.name, "lora": entry.lora}, f)
+        size = 0
+        for name in os.listdir(tmp):
+            path = os.path.join(tmp, name)
+            os.chmod(path, 0o600)
+            size += os.path.getsize(path)
+        if os.path.isdir(folder):
+            shutil.rmtree(folder)
+        os.rename(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return size
+
+
+def read(folder: str, entry: Any, optimizer: bool) -> None:
+    """Load checkpoint ``folder`` into ``entry`` in place (its tensors stay tracked); the optimizer state too,
+    or a fresh one (``optimizer=False``)."""
+    import torch
+    from safetensors.torch import load_file
+
+    if entry.lora is not None:
+        import peft
+
+        adapters = load_file(os.path.join(folder, "adapter_model.safetensors"))
+        result = peft.set_peft_model_state_dict(entry.model, adapters)
+        if result.unexpected_keys:
+            raise ValueError(f"checkpoint {os.path.basename(folder)} holds adapters this model lacks: "
+                             f"{result.unexpected_keys[:4]}")
+    else:
+        state: dict[str, Any] = {}
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".safetensors"):
+                state.update(load_file(os.path.join(folder, name)))
+        result = entry.model.load_state_dict(state, strict=False)
+        tied = {k for k, t in entry.model.state_dict().items() if k not in state and any(
+            t.data_ptr() == s.data_ptr() for s in entry.model.state_dict().values() if s is not t)}
+        missing = [k for k in result.missing_keys if k not in tied]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"checkpoint {os.path.basename(folder)} does not fit this model: missing {missing[:4]}, "
+                             f"unexpected {result.unexpected_keys[:4]}")
+    if optimizer:
+        entry.optimizer.load_state_dict(torch.load(os.path.join(folder, "optimizer.pt"), map_location="cpu",
+                                                   weights_only=True))
+    else:
+        entry.optimizer.state.clear()

@@ -1,0 +1,302 @@
+"""Real Hugging Face models (tiny Qwen3 and Llama configs, random weights, a tokenizer trained here) served by their
+hub names from a hub cache and a plain model folder, driven by the real tinker SDK: tokenizer offline, LoRA (peft) and
+full-parameter tenants, all losses, stop strings, prompt logprobs, save/load state, listing and archives."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tinker
+import torch
+from tinker import types
+from tinker_testlib import KEYS, full_training_client, hf_snapshot, hub_cache_snapshot
+
+from rota._engine import OrchestratorConfig
+from rota.testing import running_orchestrator
+from rota_tinker import ServiceConfig, Tenant, TinkerService, find_models, search_dirs
+
+TIMEOUT = 180
+QWEN = "acme/Qwen3-Tiny"  # in the hub cache (models--acme--Qwen3-Tiny/snapshots/REV)
+LLAMA = "acme/Llama-Tiny"  # a plain folder MODEL_DIR/acme/Llama-Tiny, tied embeddings
+TEXT = "hello world, stop here. the quick brown fox jumps over the lazy dog."
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    root = tmp_path_factory.mktemp("hf")
+    cache, model_dir = root / "cache", root / "models"
+    hub_cache_snapshot(cache, QWEN, seed=1)
+    hf_snapshot(model_dir / "acme" / "Llama-Tiny", arch="llama", seed=2, tie=True)
+    (model_dir / "not-a-model").mkdir()
+    yield cache, model_dir
+
+
+@pytest.fixture(scope="module")
+def hf_service(dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerService]:
+    searched = search_dirs([str(dirs[1]), str(dirs[0])])
+    with running_orchestrator(OrchestratorConfig(ttl_s=10.0, park_timeout_s=60.0)) as (endpoint, _engine):
+        config = ServiceConfig(tenants=tuple(Tenant(n, k) for n, k in KEYS.items()),
+                               data_dir=str(tmp_path_factory.mktemp("tinker-hf")), endpoint=endpoint,
+                               group="tinker-hf", long_poll_s=2.0, base_models=find_models(searched),
+                               model_dirs=tuple(searched))
+        with TinkerService(config) as svc:
+            yield svc
+
+
+@pytest.fixture(scope="module")
+def sc(hf_service: TinkerService) -> Iterator[dict[str, tinker.ServiceClient]]:
+    clients = {t: tinker.ServiceClient(base_url=hf_service.url, api_key=k) for t, k in KEYS.items()}
+    yield clients
+
+
+def tokenizer(service: TinkerService, name: str = QWEN) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(service.config.base_models[name].path)
+
+
+def datum(ids: list[int]) -> types.Datum:
+    return types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                       loss_fn_inputs={"target_tokens": np.asarray(ids[1:], np.int64),
+                                       "weights": np.ones(len(ids) - 1, np.float32)})
+
+
+def steps(tc: object, data: list[types.Datum], n: int, lr: float = 1e-2) -> list[float]:
+    out = []
+    for _ in range(n):
+        fb = tc.forward_backward(data, "cross_entropy")  # type: ignore[attr-defined]
+        op = tc.optim_step(types.AdamParams(learning_rate=lr))  # type: ignore[attr-defined]
+        out.append(fb.result(timeout=TIMEOUT).metrics["loss:sum"])
+        op.result(timeout=TIMEOUT)
+    return out
+
+
+def test_models_are_found_by_hub_name_and_listed(dirs: tuple[Path, Path], hf_service: TinkerService,
+                                                 sc: dict[str, tinker.ServiceClient]) -> None:
+    assert search_dirs([str(dirs[1])], {"HF_HUB_CACHE": str(dirs[0])}) == [str(dirs[1]), str(dirs[0])]
+    assert search_dirs([], {"HF_HOME": "/srv/hf"}) == ["/srv/hf/hub"]
+    found = find_models(search_dirs([str(dirs[1])], {"HF_HUB_CACHE": str(dirs[0])}))
+    assert sorted(found) == [LLAMA, QWEN]
+    assert found[QWEN].tokenizer_id == QWEN  # hub cache: the hub name loads from a shared cache
+    assert found[LLAMA].tokenizer_id == str(dirs[1] / "acme" / "Llama-Tiny")  # plain folder: its path
+    caps = tinker.RestClient(base_url=hf_service.url, api_key=KEYS["alice"]).get_server_capabilities().result(
+        timeout=TIMEOUT)
+    assert {(m.model_name, m.max_context_length) for m in caps.supported_models} == {(QWEN, 128), (LLAMA, 128)}
+    with pytest.raises(tinker.NotFoundError) as e:
+        sc["alice"].create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result(timeout=TIMEOUT)
+    assert "Qwen/Qwen3-8B" in str(e.value) and str(dirs[1]) in str(e.value) and str(dirs[0]) in str(e.value)
+
+
+def test_sdk_get_tokenizer_loads_offline_on_a_client_sharing_the_cache(dirs: tuple[Path, Path],
+                                                                      hf_service: TinkerService) -> None:
+    """A user's process (HF_HUB_OFFLINE=1, the service's hub cache): TrainingClient.get_tokenizer() and
+    SamplingClient.get_tokenizer() load both models' tokenizers, the plain-folder one by the path get_info gives."""
+    script = (
+        "import json, sys, tinker\n"
+        "sc = tinker.ServiceClient(base_url=sys.argv[1], api_key=sys.argv[2])\n"
+        "out = {}\n"
+        f"for name in ({QWEN!r}, {LLAMA!r}):\n"
+        "    tc = sc.create_lora_training_client(base_model=name, rank=2).result(timeout=300)\n"
+        f"    out[name] = [tc.get_info().model_data.tokenizer_id, tc.get_tokenizer().encode({TEXT!r})]\n"
+        f"sampler = sc.create_sampling_client(base_model={QWEN!r})\n"
+        f"out['sampler'] = sampler.get_tokenizer().encode({TEXT!r})\n"
+        "print(json.dumps(out))\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(dirs[0]), "TINKER_TELEMETRY": "0"}
+    env.pop("HF_HOME", None)
+    proc = subprocess.run([sys.executable, "-c", script, hf_service.url, KEYS["bob"]], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    ids = tokenizer(hf_service).encode(TEXT)
+    assert out[QWEN] == [QWEN, ids] and out["sampler"] == ids
+    assert out[LLAMA] == [str(dirs[1] / "acme" / "Llama-Tiny"), tokenizer(hf_service, LLAMA).encode(TEXT)]
+
+
+def test_vocab_checks_stop_strings_and_prompt_logprobs(sc: dict[str, tinker.ServiceClient],
+                                                       hf_service: TinkerService) -> None:
+    tc = sc["alice"].create_lora_training_client(base_model=QWEN, rank=4, seed=1).result(timeout=TIMEOUT)
+    tok = tokenizer(hf_service)
+    vocab = len(tok)
+    r = httpx.post(f"{hf_service.url}/api/v1/asample", headers={"X-API-Key": KEYS["alice"]}, timeout=30, json={
+        "base_model": QWEN, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, vocab]}]},
+        "sampling_params": {}})
+    assert r.status_code == 400 and f"vocabulary of {vocab} tokens" in r.json()["detail"]
+    with pytest.raises(tinker.BadRequestError, match=f"vocabulary of {vocab} tokens"):
+        tc.forward_backward([datum([1, 2, vocab + 5])], "cross_entropy").result(timeout=TIMEOUT)
+    sampler = tc.save_weights_and_get_sampling_client().result(timeout=TIMEOUT)
+    prompt = types.ModelInput.from_ints(tok.encode("hello"))
+    free = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=12, seed=5, stop=[])).result(timeout=TIMEOUT)
+    toks = list(free.sequences[0].tokens)
+    assert free.sequences[0].stop_reason == "length" and len(toks) == 12
+    stop = tok.decode(toks[:5])[-3:]  # a string that the same seeded sample produces by its 5th token
+    first = next(i for i in range(1, 13) if stop in tok.decode(toks[:i]))
+    got = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=12, seed=5, stop=stop)).result(timeout=TIMEOUT)
+    seq = got.sequences[0]
+    assert seq.stop_reason == "stop" and list(seq.tokens) == toks[:first]  # ends with the token completing it
+    ids = tok.encode(TEXT)
+    lps = sampler.compute_logprobs(types.ModelInput.from_ints(ids)).result(timeout=TIMEOUT)
+    fwd = tc.forward([datum(ids)], "cross_entropy").result(timeout=TIMEOUT)
+    assert lps[0] is None
+    np.testing.assert_allclose(lps[1:], fwd.loss_fn_outputs[0]["logprobs"].tolist(), rtol=0, atol=1e-5)
+
+
+def _run(sc: tinker.ServiceClient, mode: str, data: list[types.Datum]) -> list[float]:
+    tc = (full_training_client(sc, LLAMA) if mode == "full"
+          else sc.create_lora_training_client(base_model=QWEN, rank=4, seed=3).result(timeout=TIMEOUT))
+    return steps(tc, data, 4)
+
+
+def test_lora_and_full_tenants_concurrently_equal_alone(sc: dict[str, tinker.ServiceClient],
+                                                        hf_service: TinkerService) -> None:
+    data = [datum(tokenizer(hf_service).encode(TEXT))]
+    results: dict[str, list[float]] = {}
+    errors: list[BaseException] = []
+
+    def run(tenant: str, mode: str) -> None:
+        try:
+            results[tenant] = _run(sc[tenant], mode, data)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=a) for a in (("bob", "full"), ("carol", "lora"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert not errors, errors
+    assert results["bob"] == _run(sc["bob"], "full", data)
+    assert results["carol"] == _run(sc["carol"], "lora", data)
+    assert results["bob"][-1] < results["bob"][0] and results["carol"][-1] < results["carol"][0]
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_save_state_resumes_bit_identically_and_archives_load_outside(
+        mode: str, sc: dict[str, tinker.ServiceClient], hf_service: TinkerService) -> None:
+    """save_state -> create_training_client_from_state_with_optimizer continues exactly like the original; the
+    downloaded archive loads with peft (adapter) / transformers (full) and gives the service's logprobs."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    client = sc["dave"]
+    tok = tokenizer(hf_service)
+    data = [datum(tok.encode(TEXT))]
+    tc = (client.create_lora_training_client(base_model=QWEN, rank=4, seed=9).result(timeout=TIMEOUT)
+          if mode == "lora" else full_training_client(client, QWEN))
+    steps(tc, data, 2)
+    path = tc.save_state(f"ck-{mode}").result(timeout=TIMEOUT).path
+    assert path == f"tinker://{tc.model_id}/weights/ck-{mode}"
+    ids = tok.encode(TEXT)
+    service_lp = tc.forward([datum(ids)], "cross_entropy").result(timeout=TIMEOUT).loss_fn_outputs[0]["logprobs"]
+    original = steps(tc, data, 3)
+    resumed_tc = client.create_training_client_from_state_with_optimizer(path).result(timeout=TIMEOUT)
+    assert resumed_tc.model_id.endswith(":train:" + resumed_tc.model_id.rsplit(":", 1)[1])
+    assert steps(resumed_tc, data, 3) == original
+    weights_only = client.create_training_client_from_state(path).result(timeout=TIMEOUT)
+    assert steps(weights_only, data, 3) != original  # a fresh optimizer: not the same steps
+
+    run_id = tc.model_id
+    r = httpx.get(f"{hf_service.url}/api/v1/training_runs/{run_id}/checkpoints/weights/ck-{mode}/archive",
+                  headers={"X-API-Key": KEYS["dave"]}, timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-tar"
+    out = Path(hf_service.config.data_dir).parent / f"download-{mode}"
+    with tarfile.open(fileobj=io.BytesIO(r.content)) as tar:
+        tar.extractall(out, filter="data")
+    folder = out / f"ck-{mode}"
+    if mode == "lora":
+        import peft
+
+        assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(folder))
+        base = AutoModelForCausalLM.from_pretrained(hf_service.config.base_models[QWEN].path)
+        model = peft.PeftModel.from_pretrained(base, str(folder))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(folder))
+        assert AutoTokenizer.from_pretrained(str(folder)).encode(TEXT) == ids
+    with torch.no_grad():
+        logits = model(torch.tensor([ids[:-1]])).logits[0].float()
+    local = torch.gather(torch.log_softmax(logits, -1), 1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1)
+    np.testing.assert_allclose(local.numpy(), np.asarray(service_lp.tolist()), rtol=0, atol=1e-5)
+
+
+def test_rl_losses_follow_their_formulas(sc: dict[str, tinker.ServiceClient], hf_service: TinkerService) -> None:
+    """importance_sampling, ppo, cispo and dro: the loss the service reports is the docs' formula of its logprobs."""
+    ids = tokenizer(hf_service).encode(TEXT)
+    tc = sc["alice"].create_lora_training_client(base_model=QWEN, rank=2, seed=4).result(timeout=TIMEOUT)
+    n = len(ids) - 1
+    rng = np.random.default_rng(0)
+    old = rng.normal(-5.0, 0.5, n).astype(np.float32)
+    adv = rng.normal(0.0, 1.0, n).astype(np.float32)
+    rl = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                     loss_fn_inputs={"target_tokens": np.asarray(ids[1:], np.int64), "logprobs": old,
+                                     "advantages": adv})
+    lp = np.asarray(tc.forward([datum(ids)], "cross_entropy").result(timeout=TIMEOUT)
+                    .loss_fn_outputs[0]["logprobs"].tolist(), np.float64)
+    ratio = np.exp(lp - old)
+    expect = {"importance_sampling": (-(ratio * adv).sum(), None),
+              "ppo": (-np.minimum(ratio * adv, np.clip(ratio, 0.9, 1.1) * adv).sum(),
+                      {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
+              "cispo": (-(np.clip(ratio, 0.8, 1.2) * lp * adv).sum(), None),
+              "dro": (-(lp * adv - 0.5 * 0.1 * (lp - old) ** 2).sum(), {"beta": 0.1})}
+    for loss_fn, (value, config) in expect.items():
+        out = tc.forward([rl], loss_fn, loss_fn_config=config).result(timeout=TIMEOUT)
+        assert out.metrics["loss:sum"] == pytest.approx(value, rel=1e-4), loss_fn
+    with pytest.raises(tinker.BadRequestError, match="loss_fn_config key 'beta'"):
+        tc.forward([rl], "ppo", loss_fn_config={"beta": 1.0}).result(timeout=TIMEOUT)
+
+
+def test_runs_checkpoints_and_sessions_are_listed(sc: dict[str, tinker.ServiceClient],
+                                                  hf_service: TinkerService) -> None:
+    client = sc["carol"]
+    tc = client.create_lora_training_client(base_model=LLAMA, rank=2, seed=1).result(timeout=TIMEOUT)
+    tc.save_state("listed").result(timeout=TIMEOUT)
+    tc.save_weights_for_sampler("listed-sampler").result(timeout=TIMEOUT)
+    rest = tinker.RestClient(base_url=hf_service.url, api_key=KEYS["carol"])
+    runs = rest.list_training_runs(limit=100).result(timeout=TIMEOUT)
+    assert tc.model_id in [r.training_run_id for r in runs.training_runs]
+    assert all(r.model_owner == "carol" for r in runs.training_runs)
+    run = rest.get_training_run(tc.model_id).result(timeout=TIMEOUT)
+    assert run.base_model == LLAMA and run.is_lora and run.lora_rank == 2
+    assert run.last_checkpoint is not None and run.last_checkpoint.tinker_path.endswith("/weights/listed")
+    cks = rest.list_checkpoints(tc.model_id).result(timeout=TIMEOUT).checkpoints
+    assert sorted((c.checkpoint_type, c.checkpoint_id) for c in cks) == [
+        ("sampler", "sampler_weights/listed-sampler"), ("training", "weights/listed")]
+    assert client.holder.get_session_id() in rest.list_sessions().result(timeout=TIMEOUT).sessions
+    rest.delete_checkpoint_from_tinker_path(f"tinker://{tc.model_id}/weights/listed").result(timeout=TIMEOUT)
+    assert [c.checkpoint_type for c in rest.list_checkpoints(tc.model_id).result(timeout=TIMEOUT).checkpoints] == [
+        "sampler"]
+
+
+def test_unsupported_features_answer_501_naming_them(hf_service: TinkerService) -> None:
+    key = {"X-API-Key": KEYS["alice"]}
+    r = httpx.post(f"{hf_service.url}/api/v1/copy_weights", headers=key, json={}, timeout=30)
+    assert r.status_code == 501 and "copy_weights" in r.json()["detail"]
+    r = httpx.post(f"{hf_service.url}/api/v1/asample", headers=key, timeout=30, json={
+        "base_model": QWEN, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+        "sampling_params": {}, "topk_prompt_logprobs": 3})
+    assert r.status_code == 501 and "topk_prompt_logprobs" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("arch,tie,weights", [("qwen3", False, True), ("llama", True, True), ("qwen3", True, False),
+                                              ("llama", False, False)])
+def test_state_estimates_count_the_real_parameters(tmp_path: Path, arch: str, tie: bool, weights: bool) -> None:
+    """The byte quota's estimate counts exactly what the workers build: from safetensors headers, or (random init,
+    no weights in the folder) from the config; LoRA parameters as peft makes them."""
+    from rota_tinker._models import adapters_of, add_lora, build_base
+
+    spec = find_models([str(hf_snapshot(tmp_path / "m", arch=arch, tie=tie, weights=weights).parent)])["m"]
+    assert spec.has_weights is weights
+    model = build_base(spec, torch.device("cpu"))
+    assert spec.params() == sum(p.numel() for p in model.parameters())
+    for targets in ({"attn": True, "mlp": True, "unembed": True}, {"attn": False, "mlp": True, "unembed": False}):
+        adapters = adapters_of(add_lora(build_base(spec, torch.device("cpu")), 3, 0, targets))
+        assert spec.lora_params(3, targets) == sum(p.numel() for p in adapters.parameters())
