@@ -21,11 +21,12 @@ import pytest
 import tinker
 import torch
 from tinker import types
-from tinker_testlib import KEYS, full_training_client, hf_snapshot, hub_cache_snapshot
+from tinker_testlib import KEYS, full_training_client
 
 from rota._engine import OrchestratorConfig
 from rota.testing import running_orchestrator
 from rota_tinker import ServiceConfig, Tenant, TinkerService, find_models, search_dirs
+from rota_tinker.testing import hf_snapshot, hub_cache_snapshot
 
 TIMEOUT = 180
 QWEN = "acme/Qwen3-Tiny"  # in the hub cache (models--acme--Qwen3-Tiny/snapshots/REV)

@@ -1,0 +1,153 @@
+"""Training checkpoints, runs and archives of the Tinker service against callers who reach for what is not theirs.
+
+The service runs as users run it: ``python -m rota serve tinker --model-dir DIR`` in its own
+process, serving a tiny real Hugging Face model (built here, never downloaded) under its hub
+name. One tenant saves a checkpoint; another tries to list, read, load, download and delete it,
+and anyone tries names and paths that would leave the service's data directory. Each attack
+fails with a clear status and the victim's files and records are unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+tinker = pytest.importorskip("tinker")
+pytest.importorskip("peft")
+from tinker import types  # noqa: E402
+
+from rota_tinker.testing import hub_cache_snapshot  # noqa: E402
+
+KEYS = {"alice": "tml-alice-checkpoint-0123", "mallory": "tml-mallory-checkpoint-01"}
+MODEL = "acme/Qwen3-Tiny"
+TIMEOUT = 180
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen
+    url: str
+    data_dir: Path
+
+    def get(self, route: str, key: str | None, **kw: object) -> httpx.Response:
+        headers = {"X-API-Key": key} if key else {}
+        return httpx.get(f"{self.url}/api/v1/{route}", headers=headers, timeout=60, **kw)
+
+    def post(self, route: str, key: str, body: object) -> httpx.Response:
+        return httpx.post(f"{self.url}/api/v1/{route}", json=body, headers={"X-API-Key": key}, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    root = tmp_path_factory.mktemp("tinker-ck")
+    hub_cache_snapshot(root / "models", MODEL)
+    data = root / "data"
+    cmd = [sys.executable, "-m", "rota", "serve", "tinker", "--listen", "127.0.0.1:0", "--data-dir", str(data),
+           "--model-dir", str(root / "models"), "--long-poll", "2",
+           *(a for name, key in KEYS.items() for a in ("--tenant", f"{name}={key}"))]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROTA_", "TINKER_", "HF_"))}
+    env.update(TINKER_TELEMETRY="0", HF_HUB_CACHE=str(root / "empty-cache"), HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def drain() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+            if "rota tinker: serving" in line:
+                started.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        assert started.wait(60), "".join(lines)
+        head = next(line for line in lines if "rota tinker: serving" in line)
+        assert MODEL in head, head
+        yield Served(proc, re.search(r"serving (http://\S+) ", head).group(1), data)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def victim(served: Served) -> dict[str, str]:
+    """alice's model, trained a step and saved as checkpoint ``good``: its run id and tinker path."""
+    sc = tinker.ServiceClient(base_url=served.url, api_key=KEYS["alice"])
+    tc = sc.create_lora_training_client(base_model=MODEL, rank=2, seed=1).result(timeout=TIMEOUT)
+    ids = list(range(3, 20))
+    datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                        loss_fn_inputs={"target_tokens": np.asarray(ids[1:], np.int64)})
+    tc.forward_backward([datum], "cross_entropy").result(timeout=TIMEOUT)
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=TIMEOUT)
+    path = tc.save_state("good").result(timeout=TIMEOUT).path
+    return {"run": tc.model_id, "path": path, "session": sc.holder.get_session_id()}
+
+
+def _files(served: Served) -> list[str]:
+    return sorted(str(p.relative_to(served.data_dir)) for p in served.data_dir.rglob("*"))
+
+
+def test_another_tenant_cannot_list_read_load_download_or_delete(served: Served, victim: dict) -> None:
+    before = _files(served)
+    run, path, mallory = victim["run"], victim["path"], KEYS["mallory"]
+    listed = served.get("training_runs", mallory).json()
+    assert listed["training_runs"] == [] and listed["cursor"]["total_count"] == 0
+    assert served.get("checkpoints", mallory).json()["checkpoints"] == []
+    assert victim["session"] not in served.get("sessions", mallory).json()["sessions"]
+    for route in (f"training_runs/{run}", f"training_runs/{run}/checkpoints",
+                  f"training_runs/{run}/checkpoints/weights/good/archive", f"sessions/{victim['session']}"):
+        r = served.get(route, mallory)
+        assert r.status_code == 403 and "another tenant" in r.json()["detail"], (route, r.text)
+    r = httpx.delete(f"{served.url}/api/v1/training_runs/{run}/checkpoints/weights/good",
+                     headers={"X-API-Key": mallory}, timeout=30)
+    assert r.status_code == 403
+    sc = tinker.ServiceClient(base_url=served.url, api_key=mallory)
+    with pytest.raises(tinker.PermissionDeniedError):
+        sc.create_training_client_from_state_with_optimizer(path).result(timeout=TIMEOUT)
+    assert served.get(f"training_runs/{run}/checkpoints", KEYS["alice"]).json()["checkpoints"][0]["tinker_path"] == path
+    assert _files(served) == before
+    r = served.get(f"training_runs/{run}/checkpoints/weights/good/archive", None)
+    assert r.status_code == 401
+
+
+@pytest.mark.parametrize("name", ["../../mallory", "..", "a/b", "ok\n", ".hidden", "x" * 65, "con:1"])
+def test_checkpoint_names_that_leave_the_folder_are_refused(served: Served, victim: dict, name: str) -> None:
+    before = _files(served)
+    r = served.post("save_weights", KEYS["alice"], {"model_id": victim["run"], "path": name})
+    assert r.status_code == 400 and "not a valid checkpoint name" in r.json()["detail"], r.text
+    assert _files(served) == before
+
+
+@pytest.mark.parametrize("path", ["tinker://{run}/weights/../../../etc", "tinker://{run}/weights/good/../x",
+                                  "tinker://../weights/good", "file:///etc/passwd", "tinker://{run}/weights/good\n",
+                                  "/tmp/{run}"])
+def test_load_paths_are_checked_whole(served: Served, victim: dict, path: str) -> None:
+    r = served.post("load_weights", KEYS["alice"], {"model_id": victim["run"], "path": path.format(run=victim["run"]),
+                                                    "optimizer": True})
+    assert r.status_code == 400 and "not a training checkpoint" in r.json()["detail"], r.text
+
+
+def test_archive_and_listing_routes_take_no_traversal(served: Served, victim: dict) -> None:
+    alice, run = KEYS["alice"], victim["run"]
+    for route in (f"training_runs/{run}/checkpoints/weights/..%2F..%2Fdata/archive",
+                  f"training_runs/{run}/checkpoints/weights/../archive", "training_runs/..%2Fmallory/checkpoints"):
+        assert served.get(route, alice).status_code in (400, 404), route
+    for query in ("limit=0", "limit=100000", "offset=-1", "limit=abc"):
+        r = served.get(f"training_runs?{query}", alice)
+        assert r.status_code == 400 and "limit" in r.json()["detail"], (query, r.text)
+    assert served.get(f"training_runs/{run}/checkpoints/weights/good/archive", alice).status_code == 200
