@@ -123,3 +123,4 @@ def test_metrics_endpoint_is_scraped_and_parsed(tmp_path):
     assert [(s.labels["job"], s.value) for s in holder] == [("trainer", 1)]
     states = {s.labels["state"]: s.value for s in families["rota_tenant_state"].samples}
     assert states["holding"] == 1 and sum(states.values()) == 1
+    assert families["rota_orchestrator_leader"].samples[0].value == 1  # a single orchestrator always grants

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -18,8 +19,10 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 import rota
+from rota.testing import free_port
 from rota_k8s import load_values, render
 from rota_k8s.manifests import LEADER_HEALTH
 
@@ -67,8 +70,10 @@ class Deployment:
 
     def start_pod(self) -> Any:
         self.made += 1
-        pod = etcd_testing.OrchestratorProcess(self.etcd_url, self.folder / f"pod{self.made}.log", args=["--ttl", "3"],
-                                               env=self.env).start()
+        metrics = f"127.0.0.1:{free_port()}"
+        pod = etcd_testing.OrchestratorProcess(self.etcd_url, self.folder / f"pod{self.made}.log",
+                                               args=["--ttl", "3", "--metrics-listen", metrics], env=self.env).start()
+        pod.metrics_url = f"http://{metrics}/metrics"
         self.pods.append(pod)
         return pod
 
@@ -113,6 +118,7 @@ def test_two_replicas_become_ready_roll_out_and_drain(deployment: Deployment) ->
     assert all(answers(p.endpoint, d.live_service) for p in old)
     (leader,) = d.leaders()
     (follower,) = [p for p in old if p is not leader]
+    assert (leader_metric(leader), leader_metric(follower)) == (1, 0)  # the leader indicator, for Prometheus
 
     # The Service may send a client to the follower: it redirects, and the client gets its turn.
     gpu = rota.connect(group="g", tenant="t1", endpoint=follower.endpoint)
@@ -145,6 +151,12 @@ def test_two_replicas_become_ready_roll_out_and_drain(deployment: Deployment) ->
         gpu.release()
     finally:
         gpu.close()
+
+
+def leader_metric(pod: Any) -> float:
+    with urllib.request.urlopen(pod.metrics_url, timeout=10) as resp:
+        families = {f.name: f for f in text_string_to_metric_families(resp.read().decode())}
+    return families["rota_orchestrator_leader"].samples[0].value
 
 
 def test_a_replica_without_etcd_is_live_but_not_ready(deployment: Deployment, tmp_path) -> None:
