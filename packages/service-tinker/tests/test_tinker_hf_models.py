@@ -301,3 +301,35 @@ def test_state_estimates_count_the_real_parameters(tmp_path: Path, arch: str, ti
     for targets in ({"attn": True, "mlp": True, "unembed": True}, {"attn": False, "mlp": True, "unembed": False}):
         adapters = adapters_of(add_lora(build_base(spec, torch.device("cpu")), 3, 0, targets))
         assert spec.lora_params(3, targets) == sum(p.numel() for p in adapters.parameters())
+
+
+def _sl_loop(service: TinkerService, cache: Path, log_path: Path, data: Path, *extra: str) -> list[dict]:
+    """Run the cookbook-style ``sl_loop.py`` as a user would (its own process, the SDK, offline hub cache)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "TINKER_API_KEY": KEYS["bob"],
+           "TINKER_TELEMETRY": "0"}
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("sl_loop.py")), f"base_url={service.url}",
+                           f"model_name={QWEN}", f"log_path={log_path}", f"data={data}", *extra], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def test_cookbook_style_sl_loop_trains_checkpoints_and_resumes(dirs: tuple[Path, Path], hf_service: TinkerService,
+                                                               tmp_path: Path) -> None:
+    """The cookbook's sl_loop shape, unchanged but for base_url and model_name: it trains (mean NLL falls), saves
+    state and sampler weights, and a run stopped after 3 batches resumes from its last state exactly as the
+    uninterrupted run went on."""
+    data = tmp_path / "conversations.jsonl"
+    talks = [[{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello, how can i help?"}],
+             [{"role": "user", "content": "say it"}, {"role": "assistant", "content": "the quick brown fox."}]]
+    data.write_text("".join(json.dumps({"messages": talks[i % 2]}) + "\n" for i in range(12)))
+    whole = _sl_loop(hf_service, dirs[0], tmp_path / "whole", data)
+    assert [r["step"] for r in whole] == list(range(6))
+    assert whole[-1]["train_mean_nll"] < whole[0]["train_mean_nll"]
+    saved = [json.loads(line) for line in (tmp_path / "whole" / "checkpoints.jsonl").read_text().splitlines()]
+    assert [r["name"] for r in saved] == ["000002", "000004", "final"]
+    assert saved[-1]["sampler_path"].endswith("/sampler_weights/final")
+    first = _sl_loop(hf_service, dirs[0], tmp_path / "cut", data, "stop_after=3")
+    rest = _sl_loop(hf_service, dirs[0], tmp_path / "cut", data)
+    assert [r["step"] for r in first] == [0, 1, 2] and [r["step"] for r in rest] == [2, 3, 4, 5]
+    assert [r["train_mean_nll"] for r in first + rest[1:]] == [r["train_mean_nll"] for r in whole]
