@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -101,12 +103,22 @@ def test_cli_writes_one_file_per_object_with_output_dir(tmp_path: Path, rota_cli
     result = CliRunner().invoke(rota_cli, ["k8s", "render", "-o", str(out), "--namespace", "gpus",
                                       "--etcd", "https://etcd.infra:2379", "--kube-version", "1.34"])
     assert result.exit_code == 0, result.output
-    files = sorted(out.iterdir())
+    files = sorted(p for p in out.iterdir() if p.name != "kustomization.yaml")
     objs = [yaml.safe_load(p.read_text()) for p in files]
     assert objs == render(load_values(overrides={"namespace": "gpus",
                                                  "etcd": {"endpoints": ["https://etcd.infra:2379"]}}))
     assert files[0].name == "00-namespace-gpus.yaml"
     assert "StatefulSet" not in {o["kind"] for o in objs}
+    # a kustomize base of exactly those files, in apply order (kubectl apply -k)
+    base = yaml.safe_load((out / "kustomization.yaml").read_text())
+    assert base == {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                    "resources": [p.name for p in files]}
+    kubectl = shutil.which("kubectl")
+    if kubectl:  # the real kustomize (built into kubectl) builds the base back into the same objects
+        built = subprocess.run([kubectl, "kustomize", str(out)], capture_output=True, text=True, timeout=120)
+        assert built.returncode == 0, built.stderr
+        key = lambda o: (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])  # noqa: E731
+        assert sorted(yaml.safe_load_all(built.stdout), key=key) == sorted(objs, key=key)
 
 
 def test_cli_stdout_is_an_apply_ready_stream(rota_cli: Any) -> None:

@@ -58,10 +58,15 @@ def _emit(objs: list[dict[str, Any]], out_dir: str | None, versions: tuple[str, 
         return
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)
+    names = []
     for i, obj in enumerate(objs):
-        name = f"{i:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
-        (path / name).write_text(to_yaml([obj]))
-    click.echo(f"wrote {len(objs)} objects to {path}/ (kubectl apply -f {path}/)", err=True)
+        names.append(f"{i:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml")
+        (path / names[-1]).write_text(to_yaml([obj]))
+    # A kustomize base of the same objects: overlays patch it (kubectl apply -k) without re-rendering.
+    (path / "kustomization.yaml").write_text(to_yaml([{"apiVersion": "kustomize.config.k8s.io/v1beta1",
+                                                       "kind": "Kustomization", "resources": names}]))
+    click.echo(f"wrote {len(objs)} objects and a kustomization.yaml to {path}/ (kubectl apply -k {path}/)",
+               err=True)
 
 
 def _kube_versions(_ctx: click.Context, _param: click.Parameter, given: tuple[str, ...]) -> tuple[str, ...]:
