@@ -59,6 +59,12 @@ the run goes on.
     # think 8x the step, and the memory sharing saves (an unshared point)
     python bench/tinker_density.py --device cuda:0 --tenants 4,6,8 --think-ratio 8 --steps 10 --unshared 4 \\
         --out bench/results/tinker-density-h200-r8.json
+    # H200: a Qwen3-1.7B-shaped bf16 base (random init from its config), 1 to 10 tenants, think 4x the step
+    python bench/tinker_density.py --device cuda:0 --model qwen3-1.7b --tenants 1,2,4,6,8,10 --steps 12 \\
+        --point-timeout-s 300 --out bench/results/tinker-density-h200-qwen3-1.7b.json
+    # CPU smoke run of the same path (a tiny Qwen3 shape)
+    python bench/tinker_density.py --device cpu --model qwen3-tiny --dtype float32 --batch 2 --seq-len 16 \\
+        --tenants 1,2 --steps 3 --warmup 1
     # CPU smoke run (about a minute)
     python bench/tinker_density.py --device cpu --vocab 256 --dim 64 --layers 2 --heads 2 --batch 2 \\
         --seq-len 16 --tenants 1,2 --steps 3 --warmup 1 --unshared 2
@@ -85,7 +91,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from rota_tinker.testing import QWEN3_SHAPES
+
 log = logging.getLogger("tinker_density")
+_HF_SPECS: dict[tuple[str, str], object] = {}  # (shape, dtype) -> its spec: one snapshot per run
 
 DEFINITION = ("density = largest tested N such that, for it and every smaller tested N, the median per-step latency "
               "(forward_backward+optim_step, all tenants' measured steps) is <= tolerance x the N=1 median (one "
@@ -188,7 +197,7 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
     from tinker import types
 
     from rota.testing import running_orchestrator
-    from rota_tinker import BaseModelSpec, ServiceConfig, Tenant, TinkerService
+    from rota_tinker import ServiceConfig, Tenant, TinkerService
 
     deadline = time.monotonic() + args.point_timeout_s
 
@@ -196,11 +205,10 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
         """Seconds a wait may still take (at least 1, so a late wait fails by timing out, not at once)."""
         return max(1.0, deadline - time.monotonic())
 
-    spec = BaseModelSpec("bench/lm", vocab=args.vocab, dim=args.dim, layers=args.layers, heads=args.heads,
-                         max_len=max(256, args.seq_len), seed=0)
+    spec = base_spec(args)
     tenants = tuple(Tenant(f"t{i}", f"tml-bench-tenant-{i:04d}") for i in range(n))
     idle = _device_used(args.device)
-    base_bytes = sum(p.numel() for p in _param_shapes(spec)) * 4
+    base_bytes = base_spec_bytes(spec)
     capacity = _capacity(args, n, base_bytes)
     data = _batch(spec.vocab, args.seq_len, args.batch, seed=0)
     stage = ["starting the service"]
@@ -212,7 +220,7 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
                                long_poll_s=5.0, base_models={spec.name: spec}, share_lora_base=share,
                                worker_start_timeout_s=min(300.0, args.point_timeout_s),
                                units_per_turn=args.units_per_turn, release_cached=not args.keep_cache,
-                               stop_timeout_s=20.0, capacity_bytes=capacity)
+                               stop_timeout_s=20.0, capacity_bytes=capacity, max_bytes=2**50)
         with TinkerService(config) as svc, _Peak(args.device) as peak:
             t_start = time.perf_counter()
             clients = [tinker.ServiceClient(base_url=svc.url, api_key=t.api_key) for t in tenants]
@@ -286,6 +294,7 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
             "per_tenant_median_s": {k: statistics.median(v) for k, v in lat.items()},
             "aggregate_steps_per_s": steps / window,
             "aggregate_tokens_per_s": steps * args.batch * args.seq_len / window,
+            "base_model": getattr(spec, "name", None), "base_params": spec.params(),  # type: ignore[attr-defined]
             "worker_start_s": start_s, "worker_starts": starts, "capacity_bytes": capacity, "base_bytes": base_bytes,
             "holder_bytes": holder["bytes"] if holder else None,
             "device_mem_idle_bytes": idle, "device_mem_peak_bytes": peak.peak,
@@ -333,14 +342,33 @@ def _describe(pt: dict) -> str:
     return "\n".join(lines)
 
 
-def _param_shapes(spec: object) -> list:
-    """The base's parameters on ``meta`` (sizes only, nothing allocated): for base_bytes."""
+def base_spec(args: argparse.Namespace) -> object:
+    """The base model of a run: ``--model toy`` (rota's small test transformer of ``--vocab/--dim/...``) or a
+    Qwen3 shape (``--model qwen3-1.7b``): a Hugging Face config-only snapshot the service random-inits, in
+    ``--dtype``, served from a hub cache made here (made once per run)."""
+    from rota_tinker import BaseModelSpec
+    from rota_tinker.testing import qwen3_shaped
+
+    if args.model == "toy":
+        return BaseModelSpec("bench/lm", vocab=args.vocab, dim=args.dim, layers=args.layers, heads=args.heads,
+                             max_len=max(256, args.seq_len), seed=0)
+    key = (args.model, args.dtype)
+    if key not in _HF_SPECS:
+        _HF_SPECS[key] = qwen3_shaped(tempfile.mkdtemp(prefix="tinker-bench-hub-"), args.model, args.dtype)
+    return _HF_SPECS[key]
+
+
+def base_spec_bytes(spec: object) -> int:
+    """Bytes of the base's weights (fp32 for the toy model, the config's dtype for a Hugging Face one)."""
     import torch
 
+    from rota_tinker import HfModelSpec
     from rota_tinker._models import TinyLM
 
+    if isinstance(spec, HfModelSpec):
+        return spec.params() * getattr(torch, spec.dtype).itemsize
     with torch.device("meta"):
-        return list(TinyLM(spec).parameters())  # type: ignore[arg-type]
+        return sum(p.numel() for p in TinyLM(spec).parameters()) * 4  # type: ignore[arg-type]
 
 
 def _in_threads(fn: Callable[[int], None], n: int, deadline: float, stage: list[str]) -> None:
@@ -385,6 +413,11 @@ def _point(n: int, args: argparse.Namespace, think_s: float | None, share: bool 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda:0", help="cpu, cuda or cuda:N (every worker and the base holder)")
+    p.add_argument("--model", default="toy", choices=("toy", *QWEN3_SHAPES),
+                   help="base model: toy (rota's test transformer of --vocab/--dim/--layers/--heads) or a Qwen3 "
+                        "shape (a Hugging Face config-only snapshot, random init, served by its hub name)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                   help="dtype of a Qwen3-shaped base (its config's dtype)")
     p.add_argument("--vocab", type=int, default=32000, help="base model: vocabulary size")
     p.add_argument("--dim", type=int, default=2048, help="base model: width")
     p.add_argument("--layers", type=int, default=8, help="base model: transformer blocks")
@@ -434,7 +467,7 @@ def main() -> None:
         p.error("--units-per-turn must be >= 1 and --point-timeout-s > 0")
     if args.dim % args.heads:
         p.error(f"--dim {args.dim} must be a multiple of --heads {args.heads}")
-    if args.rank > args.dim:
+    if args.rank > args.dim and args.model == "toy":
         p.error(f"--rank {args.rank} must be <= --dim {args.dim}")
     if (args.think_s is not None and args.think_s < 0) or args.think_ratio < 0:
         p.error("--think-s and --think-ratio must be >= 0")

@@ -174,6 +174,9 @@ class ServiceConfig:
     # After a park, hand the tenant's cached device memory back (torch.cuda.empty_cache) so other
     # tenants' processes can use it; False keeps it (no re-allocation next turn) when all working sets fit.
     release_cached: bool = True
+    # Workers use torch's deterministic algorithms (and cuBLAS's fixed workspace): on CUDA a run alone and the same
+    # run time-sliced beside others then give bit-identical losses (CPU is deterministic already), a little slower.
+    deterministic: bool = False
     stop_timeout_s: float = 30.0  # stop(): how long workers (then holders) get to exit before they are killed
     # Device bytes the tenants' working sets may take together (shared bases aside). > 0: the service's
     # own orchestrator knows this capacity, so tenants that fit stay resident between turns

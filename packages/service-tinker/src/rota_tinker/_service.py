@@ -177,7 +177,8 @@ class _State:
             for role in ("trainer", "sampler"):
                 spec = WorkerSpec(tenant=t.name, role=role, group=config.group, endpoint=endpoint,
                                   device=config.device, data_dir=config.data_dir, torch_threads=config.torch_threads,
-                                  units_per_turn=config.units_per_turn, release_cached=config.release_cached)
+                                  units_per_turn=config.units_per_turn, release_cached=config.release_cached,
+                                  deterministic=config.deterministic)
                 self.workers[(t.name, role)] = WorkerHandle(spec, config.worker_start_timeout_s)
         self.holders: dict[str, WorkerHandle] = {}  # base name -> its holder on config.device
 

@@ -74,6 +74,7 @@ class WorkerSpec:
     base: Any = None  # the BaseModelSpec a base holder holds (role "base" only)
     units_per_turn: int = 4  # queued units of this tenant that may share one turn
     release_cached: bool = True  # empty the CUDA cache after each park (ServiceConfig.release_cached)
+    deterministic: bool = False  # torch.use_deterministic_algorithms (ServiceConfig.deterministic)
 
 
 class UserError(Exception):
@@ -86,12 +87,16 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
     logging.basicConfig(level=os.environ.get("ROTA_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s {spec.tenant}.{spec.role} %(levelname)s %(name)s: %(message)s")
     os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is ever downloaded: models come from their local snapshots
+    if spec.deterministic:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # before CUDA starts: cuBLAS's reproducible mode
     import torch
 
     import rota
 
     imported = time.monotonic()
     torch.set_num_threads(spec.torch_threads)
+    if spec.deterministic:
+        torch.use_deterministic_algorithms(True)
     gpu, working = None, None
     try:
         if spec.role == "base":

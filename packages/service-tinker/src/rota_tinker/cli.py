@@ -90,6 +90,9 @@ def _limit_options(fn: Callable[..., None]) -> Callable[..., None]:
 @click.option("--keep-cache/--release-cache", default=False, show_default=True,
               help="After a park, keep the tenant's CUDA cache (no re-allocation next turn) or hand it back so "
                    "other tenants' processes can use it.")
+@click.option("--deterministic", is_flag=True, default=False,
+              help="Workers use torch's deterministic algorithms: on CUDA a tenant's losses are then bit-identical "
+                   "whether it runs alone or beside others (a little slower).")
 @click.option("--share-base/--no-share-base", default=True, show_default=True,
               help="LoRA tenants of one base model share one resident copy (a base-holder process) or load "
                    "their own.")
@@ -102,7 +105,8 @@ def _limit_options(fn: Callable[..., None]) -> Callable[..., None]:
 @_limit_options
 def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, model_dirs: tuple[str, ...],
               base_models: tuple[str, ...], group: str,
-              orchestrator: str | None, capacity: int, units_per_turn: int, keep_cache: bool, share_base: bool,
+              orchestrator: str | None, capacity: int, units_per_turn: int, keep_cache: bool, deterministic: bool,
+              share_base: bool,
               data_dir: str | None, long_poll: float, worker_start_timeout: float, **limits: float) -> None:
     """Serve the tinker SDK's training and sampling API; each API key is a tenant.
 
@@ -133,7 +137,8 @@ def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, model_dirs: tu
                                device=device, group=group, endpoint=orchestrator or None, long_poll_s=long_poll,
                                base_models=models, model_dirs=tuple(dirs),
                                capacity_bytes=capacity, units_per_turn=units_per_turn, release_cached=not keep_cache,
-                               share_lora_base=share_base, worker_start_timeout_s=worker_start_timeout,
+                               share_lora_base=share_base, deterministic=deterministic,
+                               worker_start_timeout_s=worker_start_timeout,
                                **limits)  # type: ignore[arg-type]
     except RotaError as e:
         raise click.UsageError(str(e)) from e

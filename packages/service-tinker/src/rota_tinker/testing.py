@@ -9,8 +9,23 @@ serves it under ``ORG/NAME`` and the SDK's ``get_tokenizer()`` loads it offline.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
+
+from rota_tinker._hf import HfModelSpec, find_models
+
+# Shapes of Qwen3 models (their hub config.json), for config-only snapshots the service random-inits
+QWEN3_SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3-tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, vocab_size=1024),
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936),
+    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936),
+}
 
 SENTENCES = ["the quick brown fox jumps over the lazy dog.", "hello world, stop here.", "a tiny model learns to talk.",
              "user: hi there\nassistant: hello, how can i help?"]
@@ -62,3 +77,36 @@ def hub_cache_snapshot(cache: str | Path, name: str, **kwargs: Any) -> Path:
     (repo / "refs").mkdir(parents=True, exist_ok=True)
     (repo / "refs" / "main").write_text("0123abcd")
     return hf_snapshot(repo / "snapshots" / "0123abcd", **kwargs)
+
+
+def qwen3_shaped(cache: str | Path, shape: str, dtype: str = "bfloat16") -> HfModelSpec:
+    """A config-only hub-cache snapshot ``bench/SHAPE`` of a Qwen3 shape (random init from seed 0), as served."""
+    hub_cache_snapshot(cache, f"bench/{shape}", weights=False, dtype=dtype, tie=True, max_position_embeddings=40960,
+                       **QWEN3_SHAPES[shape])
+    return find_models([str(cache)])[f"bench/{shape}"]
+
+
+def full_training_client(sc: Any, base_model: str, timeout_s: float = 120) -> Any:
+    """A full-parameter TrainingClient: create_model without lora_config, through the SDK's own client.
+
+    The SDK's public helpers only create LoRA models; the wire (CreateModelRequest.lora_config
+    is optional) also allows full-parameter ones, which this service serves.
+    """
+    from tinker import types
+    from tinker.lib.api_future_impl import _APIFuture
+    from tinker.lib.client_connection_pool_type import ClientConnectionPoolType
+    from tinker.lib.public_interfaces.training_client import TrainingClient, fetch_training_info
+
+    holder = sc.holder
+    seq = holder.get_training_client_id()
+
+    async def create() -> TrainingClient:
+        with holder.aclient(ClientConnectionPoolType.TRAIN) as c:
+            untyped = await c.models.create(request=types.CreateModelRequest(
+                session_id=holder.get_session_id(), model_seq_id=seq, base_model=base_model, lora_config=None))
+        resp = await _APIFuture(types.CreateModelResponse, holder, untyped, request_start_time=time.time(),
+                                request_type="CreateModel").result_async()
+        info = await fetch_training_info(holder, resp.model_id)
+        return TrainingClient(holder, model_seq_id=seq, model_id=resp.model_id, info=info)
+
+    return holder.run_coroutine_threadsafe(create()).result(timeout=timeout_s)
