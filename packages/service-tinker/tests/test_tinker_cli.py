@@ -52,3 +52,11 @@ def test_bad_base_models_and_capacity_are_refused_naming_the_value(tmp_path: obj
         assert r.exit_code == 2 and message in r.output, (flags, r.output)
     r = runner.invoke(cli, [*ok, "--base-model", "a:vocab=3", "--base-model", "a:vocab=4"])
     assert r.exit_code == 2 and "base model names repeat" in r.output
+
+
+def test_model_dirs_are_checked_and_listed_in_help(tmp_path: object) -> None:
+    runner = CliRunner(env={"ROTA_TINKER_KEYS": None, "ROTA_TINKER_MODEL_DIRS": None})
+    r = runner.invoke(cli, ["serve", "tinker", "--tenant", "alice=tml-aaaaaaaaaa", "--model-dir", "/no/such/dir"])
+    assert r.exit_code == 2 and "'/no/such/dir' does not exist" in r.output, r.output
+    r = runner.invoke(cli, ["serve", "tinker", "--help"])
+    assert r.exit_code == 0 and "--model-dir" in r.output and "--deterministic" in r.output
