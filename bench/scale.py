@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="length of the steady phase (default 20)")
     ap.add_argument("--etcd", default="", help="etcd URL (default: start a one-member etcd on loopback)")
     ap.add_argument("--out", default="bench/results/scale-etcd-cpu.json")
+    ap.add_argument("--profile", default="", help="record the orchestrator with py-spy into this flame graph (SVG)")
     ap.add_argument("--_worker", nargs=5, help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns._worker:
@@ -97,8 +99,10 @@ def main() -> None:
         url = etcd.url
     endpoint = f"127.0.0.1:{free_port()}"
     env = dict(os.environ, ROTA_ETCD_PREFIX=f"/rota-scale-{os.getpid()}")
-    server = subprocess.Popen([sys.executable, "-m", "rota", "orchestrator", "serve", "--etcd", url, "--listen",
-                               endpoint], stderr=subprocess.DEVNULL, env=env)
+    cmd = [sys.executable, "-m", "rota", "orchestrator", "serve", "--etcd", url, "--listen", endpoint, "--insecure"]
+    if ns.profile:
+        cmd = ["py-spy", "record", "--rate", "200", "--format", os.environ.get("SCALE_PYSPY_FORMAT", "flamegraph"), "-o", ns.profile, "--", *cmd]
+    server = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, env=env)
     try:
         from rota._local import is_serving
 
@@ -123,8 +127,8 @@ def main() -> None:
                 sys.exit(f"a client process failed with exit code {p.returncode}")
             results.append(json.loads(out))
     finally:
-        server.terminate()
-        server.wait(10)
+        server.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+        server.wait(30)
         if etcd is not None:
             etcd.stop()
 
