@@ -180,6 +180,8 @@ def test_lora_and_full_tenants_concurrently_equal_alone(sc: dict[str, tinker.Ser
     assert results["bob"] == _run(sc["bob"], "full", data)
     assert results["carol"] == _run(sc["carol"], "lora", data)
     assert results["bob"][-1] < results["bob"][0] and results["carol"][-1] < results["carol"][0]
+    for tenant in ("bob", "carol"):  # they took turns: each one's state was parked (a failed park would move nothing)
+        assert any(u["parked_bytes"] > 0 for u in hf_service.unit_timings() if u["tenant"] == tenant), tenant
 
 
 @pytest.mark.parametrize("mode", ["lora", "full"])
@@ -202,7 +204,15 @@ def test_save_state_resumes_bit_identically_and_archives_load_outside(
     original = steps(tc, data, 3)
     resumed_tc = client.create_training_client_from_state_with_optimizer(path).result(timeout=TIMEOUT)
     assert resumed_tc.model_id.endswith(":train:" + resumed_tc.model_id.rsplit(":", 1)[1])
-    assert steps(resumed_tc, data, 3) == original
+    resumed = steps(resumed_tc, data, 1)
+    # the sampler's turn parks the resumed model (weights, grads, the loaded Adam state) and restores it after
+    sampler = client.create_sampling_client(base_model=QWEN).result(timeout=TIMEOUT)
+    sampler.sample(types.ModelInput.from_ints(ids[:4]), 1, types.SamplingParams(max_tokens=2, seed=1)).result(
+        timeout=TIMEOUT)
+    assert resumed + steps(resumed_tc, data, 2) == original
+    parked = [u for u in hf_service.unit_timings() if u["tenant"] == "dave" and u["kind"] == "ForwardBackward"]
+    assert max(parked, key=lambda u: u["submitted"])["parked_bytes"] == 0  # nothing since
+    assert any(u["parked_bytes"] > 0 for u in parked[-3:])  # the park around the sample moved the loaded state
     weights_only = client.create_training_client_from_state(path).result(timeout=TIMEOUT)
     assert steps(weights_only, data, 3) != original  # a fresh optimizer: not the same steps
 

@@ -135,7 +135,14 @@ def _build_hf(spec: HfModelSpec, device: torch.device) -> nn.Module:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
             model = AutoModelForCausalLM.from_config(_hf_config(spec), dtype=dtype)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if device.type == "cpu" and spec.has_weights:  # own storages, not the safetensors mapping: parking resizes them
+        with torch.no_grad():
+            for p in model.parameters():  # each Parameter once: tied weights stay one tensor
+                p.data = p.data.clone()
+            for m in model.modules():
+                m._buffers.update({k: b.clone() for k, b in m._buffers.items() if b is not None})
+    return model
 
 
 def meta_model(spec: BaseModelSpec | HfModelSpec) -> nn.Module:

@@ -105,7 +105,10 @@ def read(folder: str, entry: Any, optimizer: bool) -> None:
             raise ValueError(f"checkpoint {os.path.basename(folder)} does not fit this model: missing {missing[:4]}, "
                              f"unexpected {result.unexpected_keys[:4]}")
     if optimizer:
-        entry.optimizer.load_state_dict(torch.load(os.path.join(folder, "optimizer.pt"), map_location="cpu",
-                                                   weights_only=True))
+        saved = torch.load(os.path.join(folder, "optimizer.pt"), map_location="cpu", weights_only=True)
+        # fresh tensors: the loaded ones' storages cannot be resized, which parking them needs
+        saved["state"] = {i: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in st.items()}
+                          for i, st in saved["state"].items()}
+        entry.optimizer.load_state_dict(saved)
     else:
         entry.optimizer.state.clear()
