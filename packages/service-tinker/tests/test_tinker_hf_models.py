@@ -343,3 +343,17 @@ def test_cookbook_style_sl_loop_trains_checkpoints_and_resumes(dirs: tuple[Path,
     rest = _sl_loop(hf_service, dirs[0], tmp_path / "cut", data)
     assert [r["step"] for r in first] == [0, 1, 2] and [r["step"] for r in rest] == [2, 3, 4, 5]
     assert [r["train_mean_nll"] for r in first + rest[1:]] == [r["train_mean_nll"] for r in whole]
+
+
+def test_readme_quick_start_runs(dirs: tuple[Path, Path], hf_service: TinkerService, tmp_path: Path) -> None:
+    """The README's quick start, in a user's process, with only its URL and model name replaced."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "quick_start.py"
+    script.write_text(code.replace("http://127.0.0.1:8000", hf_service.url).replace("Qwen/Qwen3-0.6B", QWEN))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(dirs[0]), "TINKER_API_KEY": KEYS["alice"],
+           "TINKER_TELEMETRY": "0"}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [float(line.split()[1]) for line in proc.stdout.splitlines()[:10]]
+    assert len(losses) == 10 and losses[-1] < losses[0]
