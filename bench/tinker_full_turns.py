@@ -36,24 +36,11 @@ import tempfile
 import threading
 import time
 
-import numpy as np
+from tinker_density import _batch  # the same random next-token batches as the density bench
 
 from rota_tinker.testing import QWEN3_SHAPES
 
 log = logging.getLogger("tinker_full_turns")
-
-
-def _data(vocab: int, batch: int, length: int, seed: int) -> list:
-    from tinker import types
-
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(batch):
-        toks = rng.integers(0, vocab, size=length + 1)
-        target = types.TensorData.from_numpy(toks[1:].astype(np.int64))
-        out.append(types.Datum(model_input=types.ModelInput.from_ints(toks[:-1].tolist()),
-                               loss_fn_inputs={"target_tokens": target}))
-    return out
 
 
 def run(specs: dict, tenants: list[tuple[str, str]], args: argparse.Namespace) -> tuple[dict, list[dict]]:
@@ -76,7 +63,7 @@ def run(specs: dict, tenants: list[tuple[str, str]], args: argparse.Namespace) -
         def train(tenant: str, base: str) -> None:
             try:
                 tc = full_training_client(clients[tenant], base, timeout_s=1200)
-                data = _data(specs[base].vocab, args.batch, args.seq_len, seed=int(tenant[1:]))
+                data = _batch(specs[base].vocab, args.seq_len, args.batch, seed=int(tenant[1:]))
                 out = []
                 for _ in range(args.steps):
                     fb = tc.forward_backward(data, "cross_entropy")
