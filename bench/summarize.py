@@ -53,25 +53,34 @@ def _multigpu_rows() -> None:
               f"{d['all_bit_identical']}, hung: {d['hung'] or 'none'} | {path.name} |")
 
 
+# A time-sliced-only run -> the run of the same configuration (and code) whose serial and dedicated runs it uses.
+TIMESLICED_ONLY = {"demo-2gpu-20GB-park.json": "demo-2gpu-20GB-v1.json",
+                   "demo-2gpu-60GB-timesliced.json": "demo-2gpu-60GB-swap.json"}
+
+
 def _two_gpu_experiment() -> None:
     """The seed's experiment on two GPUs: GPU-hours of dedicated, serial and time-sliced, one line per run."""
-    runs = sorted(RESULTS.glob("demo-2gpu-*GB.json")) + sorted(RESULTS.glob("demo-2gpu-*GB-park.json"))
+    runs = sorted(RESULTS.glob("demo-2gpu-*.json"))
     if not runs:
         return
-    print("| run (2 x H200, 3 jobs, 40 steps) | dedicated: GPUs, makespan, GPU-h | serial | time-sliced | "
+    print("| run (2 x H200, 3 jobs) | dedicated: GPUs, makespan, GPU-h | serial | time-sliced | "
           "time-sliced / serial makespan | GPU-h vs dedicated | trainer GPU busy | bit-identical | source |")
     print("|---|---|---|---|---|---|---|---|---|")
     for path in runs:
         d = json.loads(path.read_text())
-        ref = d if "serial" in d else _load(path.name.replace("-park", ""))  # a time-sliced-only run
+        ref = d if "serial" in d else _load(TIMESLICED_ONLY[path.name])
         ts, ser, ded = d["timesliced"], ref["serial"], ref["dedicated"]
         gb = d["config"]["trainer_state_bytes"] / 1e9
         cap = ts["capacity_bytes"]
         policy = ts["how"].rsplit("(", 1)[-1].removesuffix(")")  # e.g. "priority+resident-first policy"
-        how = f"{gb:.1f} GB trainers, " + (f"--capacity {cap / 1e9:.0f}GB" if cap else "no capacity: every switch "
-                                           "parks") + f", {policy}"
-        curves = ref["curves"]["dedicated"]
-        same = all(curves[k] == v for k, v in d["curves"]["timesliced"].items())
+        sft_turns = d["config"].get("sft_turns", 1)  # runs before --sft-turns took one turn per SFT step
+        room = f"--capacity {cap / 1e9:.0f}GB" if cap else "no capacity: every switch parks"
+        how = f"{d['config']['steps']} steps, {gb:.1f} GB trainers, SFT step in {sft_turns} turn(s), {room}, {policy}"
+        if "curves" in ref:
+            curves = ref["curves"]["dedicated"]
+            same: object = all(curves[k] == v for k, v in d["curves"]["timesliced"].items())
+        else:  # an early run recorded only the verdict
+            same = all(t["bit_identical"] for t in d["tenants"])
 
         def cell(m: dict) -> str:
             return f"{m['devices']}, {m['makespan_s']:.1f} s, {m['gpu_hours']:.4f}"

@@ -120,16 +120,32 @@ def test_park_past_its_deadline_frees_nothing():
     assert not parker.parked and w.untyped_storage().nbytes() == 4096 * 4
 
 
-def test_restore_without_room_allocates_nothing():
+def test_restore_without_room_allocates_nothing(monkeypatch):
+    monkeypatch.setenv("ROTA_RESTORE_ROOM_WAIT_S", "0.1")
     free = [100]
     parker, w, g = _parker(free_bytes=lambda device: free[0])
     parker.park()
-    with pytest.raises(NoRoom, match="restore needs"):
+    with pytest.raises(NoRoom, match=r"restore needs.*after waiting 0.1 s \(ROTA_RESTORE_ROOM_WAIT_S\)"):
         parker.restore()
     assert parker.parked and w.untyped_storage().nbytes() == 0 and g.untyped_storage().nbytes() == 0
     free[0] = 1 << 30
     parker.restore()
     assert not parker.parked
+
+
+def test_restore_waits_for_memory_another_process_is_giving_back():
+    """A tenant that just ended frees its device memory a moment after the orchestrator knows: the next
+    restore, granted in that moment, waits for the room instead of failing the turn."""
+    reads = []
+
+    def free_bytes(device):  # the fake driver: room appears at the fourth reading
+        reads.append(device)
+        return 100 if len(reads) < 4 else 1 << 30
+
+    parker, w, _ = _parker(free_bytes=free_bytes)
+    parker.park()
+    parker.restore()
+    assert not parker.parked and w.untyped_storage().nbytes() == 4096 * 4 and len(reads) == 4
 
 
 def test_restore_is_staged_weights_and_optimizer_before_caches(monkeypatch):

@@ -128,3 +128,27 @@ def test_resident_first_end_to_end_grants_the_parked_job_once_due():
         for j in gpus:
             states[j].close()
             gpus[j].close()
+
+
+def test_resident_first_lets_a_parked_job_displace_only_lower_priority_residents():
+    """Three 60-byte jobs, room for two: a parked high-priority job is served at once when parking a
+    low-priority resident makes room, and the switch parks that one, not its high-priority peer."""
+    from rota.policies import Priority, ResidentFirst
+
+    g = GroupState("g")
+    for job, state, prio in (("rl-b", "parked", 1), ("rl-a", "resident", 1), ("sft", "resident", 0)):
+        rec = g.tenant(job)
+        rec.state, rec.priority, rec.footprint_bytes = state, prio, 60
+    g.residents = ["rl-a", "sft"]  # rl-a became resident first: oldest-first would park it
+    policy = ResidentFirst(Priority(), patience_s=60.0, capacity_bytes=130)
+    rl_b = Waiter("rl-b", 1, 0.0, priority=1)
+    assert policy.choose([rl_b], g.tenants, 1.0) is rl_b  # long before its patience: it outranks sft
+    g.queue.append(rl_b)
+    assert g.begin_switch(rl_b, 130) == ["sft"]  # the lower priority goes to the host, rl-a stays
+    sft = Waiter("sft", 2, 0.0, priority=0)
+    for job, state in (("rl-b", "resident"), ("sft", "parked")):
+        g.tenant(job).state = state
+    assert policy.choose([sft], g.tenants, 59.0) is None  # low priority: waits for room (or its patience)
+    assert policy.choose([sft], g.tenants, 60.0) is sft
+    g.tenant("sft").priority = 1  # equal priorities: nobody displaces anybody
+    assert policy.choose([Waiter("sft", 3, 0.0, priority=1)], g.tenants, 1.0) is None

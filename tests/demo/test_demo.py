@@ -25,6 +25,7 @@ def test_demo_small_run_is_bit_identical_and_reports_everything(tmp_path):
     assert summary["serial"]["makespan_s"] > 0 and 0 < summary["timesliced"]["busy_fraction"] <= 1
     assert [t["name"] for t in summary["tenants"]] == ["rl-a", "rl-b", "sft"]
     assert all(t["bit_identical"] is True for t in summary["tenants"])
+    assert summary["config"]["sft_turns"] == 4  # SFT steps split into 4 turns, in every mode alike
     ts = summary["timesliced"]
     assert ts["switches"] > 0
     if "rota_fsdp" in ts["adapters"]:  # with the adapter installed, switches really park and restore
@@ -39,6 +40,7 @@ def test_demo_small_run_is_bit_identical_and_reports_everything(tmp_path):
     (["--modes", "fast"], "choose from dedicated, serial, timesliced"),
     (["--state", "huge"], "'huge' is not a size"),
     (["--device", "tpu"], "use cpu or cuda"),
+    (["--sft-turns", "5"], "divide --batch 64"),
 ])
 def test_demo_rejects_bad_options(args, needle):
     r = subprocess.run([sys.executable, "-m", "rota", "demo", *args], capture_output=True, text=True, timeout=120)

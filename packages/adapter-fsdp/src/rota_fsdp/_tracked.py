@@ -336,8 +336,8 @@ class Tracked:
         skip = set(attrs)
         for t in others:  # every tenant's tracked tensors in this process, parked or resident
             skip |= set(t.parker._storages()) | set(t.parker._slots)
-        known = {key: name for key, (name, _) in attrs.items()} | _fsdp_names(_fsdp_modules(self.model))
-        return name_untracked(self.device, skip - set(known), known=known)
+        fsdp = {k: n for k, n in _fsdp_names(_fsdp_modules(self.model)).items() if k not in attrs}
+        return name_untracked(self.device, skip - set(fsdp), known=fsdp)  # module attributes: named already
 
     def _module_attr_storages(self) -> dict[int, tuple[str, int]]:
         """storage key -> (``MODULE.ATTR``, bytes) of plain tensor attributes of the model's modules on its device."""

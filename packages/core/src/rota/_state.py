@@ -157,7 +157,7 @@ class GroupState:
 
         Only with everything known: a device size, the job's footprint and every
         resident's footprint (a resident reporting 0 might hold anything). Residents are
-        parked oldest first, as a switch would, but never the holder and never a job that
+        parked in :meth:`park_order`, as a switch would, but never the holder and never a job that
         waits for a turn itself: those keep their place, and if the job does not fit
         beside them it is not prefetched. An empty list means it fits as things are.
         """
@@ -171,13 +171,20 @@ class GroupState:
             return None
         total = rec.footprint_bytes + sum(held.values()) + self.residue_off(job_id)
         evict: list[str] = []
-        for job in self.residents:
+        for job in self.park_order():
             if total <= capacity_bytes:
                 break
             if job != self.holder and self.queued(job) is None:
                 evict.append(job)
                 total -= held[job]
         return evict if total <= capacity_bytes else None
+
+    def park_order(self) -> list[str]:
+        """Residents in the order they are parked to make room: lowest priority first, then oldest first.
+
+        So a high-priority job that needs room displaces low-priority residents, not its peers.
+        """
+        return sorted(self.residents, key=lambda job: self.tenant(job).priority)
 
     def residue_off(self, incoming: str) -> int:
         """Device bytes that live, non-resident tenants left behind at their last park (not ``incoming``'s).
@@ -209,12 +216,12 @@ class GroupState:
         """
         assert self.ready_for_grant() and chosen in self.queue
         self.switching_to = chosen.job_id
-        others = [j for j in self.residents if j != chosen.job_id]
+        others = [j for j in self.park_order() if j != chosen.job_id]
         need = self.tenant(chosen.job_id).footprint_bytes
         evict: list[str] = []
         if capacity_bytes > 0:
             total = need + sum(self.tenant(j).footprint_bytes for j in others) + self.residue_off(chosen.job_id)
-            for job in others:  # park oldest residents first until everything fits
+            for job in others:  # park residents in park order until everything fits
                 if total <= capacity_bytes:
                     break
                 evict.append(job)

@@ -84,6 +84,11 @@ class ResidentFirst:
     waited ``patience_s`` (or no other job is on the device): a job that does not fit
     waits for room instead of trading places at every turn. ``patience_s`` bounds how
     long a parked job can be passed over. Use the orchestrator's own ``--capacity``.
+
+    Priorities decide who stays: a parked waiter that fits once residents of lower
+    priority are parked is served like a resident (the switch parks those, lowest
+    priority first), so high-priority jobs end up resident together and low-priority
+    ones wait for room.
     """
 
     base: Policy
@@ -112,7 +117,14 @@ class ResidentFirst:
             return resident(job) or (rec is not None and rec.footprint_bytes > 0 and self.capacity_bytes > 0
                                      and held + rec.footprint_bytes <= self.capacity_bytes)
 
-        on_device = [w for w in queue if cheap(w.job_id)]
+        def outranks(w: Waiter) -> bool:  # fits once lower-priority residents are parked
+            rec = tenants.get(w.job_id)
+            if rec is None or rec.footprint_bytes <= 0 or self.capacity_bytes <= 0:
+                return False
+            lower = sum(r.footprint_bytes for r in tenants.values() if resident(r.job_id) and r.priority < w.priority)
+            return lower > 0 and held - lower + rec.footprint_bytes <= self.capacity_bytes
+
+        on_device = [w for w in queue if cheap(w.job_id) or outranks(w)]
         if on_device:
             return self.base.choose(on_device, tenants, now)
         if not any(resident(job) for job in tenants):  # nothing to wait for: the device is free

@@ -37,6 +37,10 @@ from rota.errors import RotaError
               help="Time-sliced turn order: priority runs the RL jobs' turns first (each RL step waits for its "
               "own sampler and trainer in turn) and lets SFT fill the gaps; fifo is first come, first served.")
 @resident_first_option()
+@click.option("--sft-turns", type=click.IntRange(min=1), default=4, show_default=True,
+              help="The SFT trainer splits each step into this many microbatches (gradient accumulation), one "
+              "turn each, so an RL turn waits one microbatch at most. Every mode runs the same split, so the "
+              "losses compare bit for bit; it must divide --batch.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--host-memory", default="",
               help="Host memory the run may use (e.g. 120GB); the demo refuses to start if its estimate is larger. "
@@ -45,7 +49,7 @@ from rota.errors import RotaError
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=".",
               show_default=True, help="Where demo.json and demo-timeline.png go.")
 def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_size: str, batch: int, seq: int,
-         capacity: str, off_device: float, modes: str, policy: str, resident_first: float, seed: int,
+         capacity: str, off_device: float, modes: str, policy: str, resident_first: float, sft_turns: int, seed: int,
          host_memory: str, out_dir: pathlib.Path) -> None:
     """Three real training jobs take turns on shared devices; compare with dedicated and serial.
 
@@ -81,7 +85,8 @@ def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_s
         raise click.UsageError(f"--host-memory {host_memory!r} must be > 0 (omit it to read MemAvailable)")
     cfg = DemoConfig(steps=steps, groups=groups, device=device, size=size, off_device_s=off_device, seed=seed,
                      modes=tuple(m.strip() for m in modes.split(",") if m.strip()), capacity_bytes=capacity_bytes,
-                     host_memory_bytes=host_memory_bytes, policy=policy, resident_first_s=resident_first)
+                     host_memory_bytes=host_memory_bytes, policy=policy, resident_first_s=resident_first,
+                     sft_turns=sft_turns)
     try:
         cfg.check()
     except RotaError as exc:

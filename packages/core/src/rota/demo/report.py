@@ -36,6 +36,7 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
     """The numbers of demo.json."""
     out: dict[str, Any] = {"device": cfg.device, "config": {
         "steps": cfg.steps, "groups": cfg.groups, "off_device_s": cfg.off_device_s, "seed": cfg.seed,
+        "policy": cfg.policy, "resident_first_s": cfg.resident_first_s, "sft_turns": cfg.sft_turns,
         "model": cfg.size.__dict__, "trainer_state_bytes": cfg.size.trainer_state_bytes,
         "push_buffer_bytes": cfg.size.push_bytes}}
     for mode, res in results.items():

@@ -63,6 +63,7 @@ class DemoConfig:
     host_memory_bytes: int = 0  # host memory the run may use; 0 = read MemAvailable (or the cgroup's room)
     policy: str = "priority"  # time-sliced: "priority" (RL trainers and samplers before SFT's) or "fifo"
     resident_first_s: float = 0.0  # > 0 (with capacity_bytes): resident waiters first, parked ones after this long
+    sft_turns: int = 4  # the SFT trainer's microbatches per step, a turn each (same sequence in every mode)
 
     def check(self) -> None:
         if self.steps < 1:
@@ -80,6 +81,9 @@ class DemoConfig:
         if self.resident_first_s < 0 or (self.resident_first_s and not self.capacity_bytes):
             raise InvalidArgument(f"--resident-first {self.resident_first_s:g} needs --capacity and must be >= 0 "
                                   "seconds (without the device's size nobody stays resident)")
+        if self.sft_turns < 1 or self.size.batch % self.sft_turns:
+            raise InvalidArgument(f"--sft-turns {self.sft_turns} must be >= 1 and divide --batch {self.size.batch} "
+                                  "(each turn takes an equal microbatch)")
         if self.policy not in POLICIES:
             raise InvalidArgument(f"--policy {self.policy!r}: choose from {', '.join(POLICIES)}")
         if self.host_memory_bytes < 0:
@@ -127,7 +131,7 @@ def _specs(cfg: DemoConfig, jobs: tuple[tuple[str, str], ...], endpoint: str | N
                                     size=cfg.size, device=_device_of(role, cfg), group=_group_of(role, cfg),
                                     endpoint=endpoint, off_device_s=cfg.off_device_s,
                                     eval_every=cfg.eval_every(), record_digests=cfg.record_digests,
-                                    priority=POLICIES[cfg.policy][kind],
+                                    priority=POLICIES[cfg.policy][kind], sft_turns=cfg.sft_turns,
                                     prepare_pool=role == "trainer" or cfg.capacity_bytes == 0))
     return specs
 
@@ -141,35 +145,41 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    go = ctx.Event()
+    go, finish = ctx.Event(), ctx.Event()
     procs = []
+    priority: dict[str, int] = {}  # process name -> its job's priority
     pushes: list[WeightPush] = []
     by_job: dict[str, list[WorkerSpec]] = {}
     for s in specs:
         by_job.setdefault(s.job, []).append(s)
     try:
         for job_specs in by_job.values():
+            priority.update({s.name: s.priority for s in job_specs})
             trainer = next(s for s in job_specs if s.role == "trainer")
             sampler = next(s for s in job_specs if s.role == "sampler")
             push = WeightPush.create(ctx, trainer.size.push_bytes)
             pushes.append(push)
             to_trainer_r, to_trainer_w = ctx.Pipe(duplex=False)
             to_sampler_r, to_sampler_w = ctx.Pipe(duplex=False)
-            procs.append(ctx.Process(target=worker_main, args=(trainer, to_trainer_r, to_sampler_w, results, go, push),
-                                     name=trainer.name, daemon=True))
-            procs.append(ctx.Process(target=worker_main, args=(sampler, to_sampler_r, to_trainer_w, results, go, push),
-                                     name=sampler.name, daemon=True))
-        for p in procs:
-            p.start()
+            for spec, inbox, outbox in ((trainer, to_trainer_r, to_sampler_w), (sampler, to_sampler_r, to_trainer_w)):
+                procs.append(ctx.Process(target=worker_main, args=(spec, inbox, outbox, results, go, push, finish),
+                                         name=spec.name, daemon=True))
+        # Setup in rising priority: the last to build stays resident (earlier ones may be parked to make
+        # room), so the clock starts with the jobs that run first on the device, as in the runs alone.
+        for prio in sorted(set(priority.values())):
+            batch = [p for p in procs if priority[p.name] == prio]
+            for p in batch:
+                p.start()
+            _collect(results, batch, {"ready"}, len(batch), progress, label)
         for push in pushes:  # both workers hold their own handle now; the buffer goes when they exit
             push.close()
-        _collect(results, procs, {"ready"}, len(procs), progress, label)
         if on_go is not None:
             on_go()
         start = time.monotonic()
         go.set()
         reports = _collect(results, procs, {"done"}, len(procs), progress, label)
     finally:
+        finish.set()  # every worker reported (or one died): all exit now, after the measured run
         for push in pushes:
             push.close()
         for p in procs:

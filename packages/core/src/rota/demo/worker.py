@@ -49,6 +49,7 @@ class WorkerSpec:
     priority: int = 0  # under the priority policy, higher runs first
     token: str = ""  # proves to the orchestrator that this worker may act for its job (rota.auth)
     prepare_pool: bool = True  # pin the host pool during setup (False: it grows at a first park, if any)
+    sft_turns: int = 1  # SFT trainer: microbatches per step, each in its own turn (the last also updates)
 
     @property
     def name(self) -> str:
@@ -157,8 +158,14 @@ class _Device:
         self.gpu.close()
 
 
-def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any, push: WeightPush) -> None:
-    """Process entry point: build, report ready, wait for go, run, report."""
+def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any, push: WeightPush,
+                finish: Any = None) -> None:
+    """Process entry point: build, report ready, wait for go, run, report, then wait for ``finish`` to exit.
+
+    Why wait: a process that exits unregisters its pinned host pools and destroys its CUDA
+    context, which stalled the other tenants' CUDA calls on that device for seconds (60 GB
+    tenants on an H200). The run ends at the last report, as each job alone does; exits come after.
+    """
     import torch
 
     torch.set_num_threads(1)
@@ -191,8 +198,30 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
         run(spec, model, opt, dev, inbox, outbox, results, push, report)
     finally:
         report.end = time.monotonic()
+        _free_device_state(model, opt)
         dev.close()
     results.put(("done", spec.name, report))
+    if finish is not None:
+        finish.wait(timeout=3600)
+
+
+def _free_device_state(model: Any, opt: Any) -> None:
+    """At the end of the run, give the job's device memory back to the driver before its session ends.
+
+    Why: a process's memory otherwise goes only when it exits, seconds later with tens of
+    GB of pinned host pools to unregister, and the job granted next (told that this one
+    ended) would wait for room meanwhile.
+    """
+    import torch
+
+    tensors = [*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None)]
+    if opt is not None:
+        tensors += [v for state in opt.state.values() for v in state.values() if torch.is_tensor(v)]
+    for t in tensors:
+        if t.is_cuda:
+            t.untyped_storage().resize_(0)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _warm_up(spec: WorkerSpec, model: Any, opt: Any) -> None:
@@ -223,7 +252,7 @@ def _warm_up(spec: WorkerSpec, model: Any, opt: Any) -> None:
     if spec.kind == "rl":
         w.reinforce_step(model, opt, zeros, torch.zeros(size.batch, device=device))
     else:
-        w.sft_step(model, opt, zeros, zeros)
+        w.sft_step(model, opt, zeros, zeros, spec.sft_turns)
     for g, lr in zip(opt.param_groups, lrs, strict=True):
         g["lr"] = lr
     for p in model.parameters():
@@ -316,8 +345,15 @@ def _sft_trainer(spec, model, opt, dev, inbox, outbox, results, push, report) ->
         if pushing:
             push.claim()  # before the turn: waits only if the eval sampler still reads the previous push
         publish = (lambda: _publish(spec, model, push, report)) if pushing else None
-        with dev.phase(after=publish):
-            loss = w.sft_step(model, opt, x.to(spec.device), y.to(spec.device))
+        loss, parts = 0.0, spec.sft_turns
+        for i, (xi, yi) in enumerate(zip(x.chunk(parts), y.chunk(parts), strict=True)):
+            last = i == parts - 1
+            with dev.phase(after=publish if last else None):  # a waiting RL job waits one microbatch at most
+                if i == 0:
+                    opt.zero_grad(set_to_none=False)
+                loss += w.sft_accumulate(model, xi.to(spec.device), yi.to(spec.device), parts)
+                if last:
+                    opt.step()
         report.values.append(loss)
         results.put(("progress", spec.name, (step, loss)))
         if pushing:

@@ -128,12 +128,25 @@ def sft_batch(size: ModelSize, seed: int, step: int) -> tuple[torch.Tensor, torc
     return x, (x * 3 + 1) % size.vocab
 
 
-def sft_step(model: Policy, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
-    loss = nn.functional.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
-    opt.zero_grad(set_to_none=False)
+def sft_accumulate(model: Policy, x: torch.Tensor, y: torch.Tensor, parts: int) -> float:
+    """Forward and backward one of ``parts`` equal microbatches into the grads; returns its share of the loss.
+
+    An SFT step is ``parts`` of these (grads zeroed before the first) and one optimizer
+    step: the job can give the device back between microbatches, so a waiting RL job
+    waits at most one microbatch. Every mode runs the same sequence, so the numbers do
+    not depend on whether the turns were shared.
+    """
+    loss = nn.functional.cross_entropy(model(x).float().flatten(0, 1), y.flatten()) / parts
     loss.backward()
-    opt.step()
     return float(loss.item())
+
+
+def sft_step(model: Policy, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, parts: int = 1) -> float:
+    """A whole SFT step (``parts`` microbatches, then the update) without giving the device back."""
+    opt.zero_grad(set_to_none=False)
+    loss = sum(sft_accumulate(model, xi, yi, parts) for xi, yi in zip(x.chunk(parts), y.chunk(parts), strict=True))
+    opt.step()
+    return loss
 
 
 @torch.no_grad()

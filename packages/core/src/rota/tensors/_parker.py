@@ -166,6 +166,7 @@ class TensorParker:
         check_non_negative("deadline_s", deadline_s)
         self.deadline_s = deadline_s if deadline_s is not None else env_number("ROTA_SWITCH_DEADLINE_S", 0.0)
         self.free_bytes = free_bytes
+        self.room_wait_s = env_number("ROTA_RESTORE_ROOM_WAIT_S", 10.0)  # how long a restore waits for free memory
         self._on_discard: dict[str, str | Callable[[], None]] = {}
         self.last_residue: dict[str, int] = {}
 
@@ -424,10 +425,11 @@ class TensorParker:
             self._check_sample(self._sample)
             verify_s = time.perf_counter() - tv
         need = sum(sl.nbytes for sl in slots)
-        free = self.free_bytes(self.device)
+        free = self._wait_for_room(need, deadline)
         if free is not None and need > free:
             raise NoRoom(f"parker {self.name!r}: restore needs {need / 1e9:.3f} GB on {self.device} but only "
-                         f"{free / 1e9:.3f} GB is free; nothing was allocated, the tenant stays parked")
+                         f"{free / 1e9:.3f} GB is free after waiting {self.room_wait_s:g} s "
+                         "(ROTA_RESTORE_ROOM_WAIT_S); nothing was allocated, the tenant stays parked")
         deadline.check("checks before allocating")
         if self.cuda and self.release_cached:
             self._reserve_segment(slots)
@@ -441,6 +443,20 @@ class TensorParker:
                 sl.storage.resize_(0)
             raise
         return _Job("restore", slots, t0, deadline=deadline, verify_s=verify_s)
+
+    def _wait_for_room(self, need: int, deadline: Deadline) -> int | None:
+        """The device's free bytes, polled until ``need`` fits, ``room_wait_s`` passes or the deadline nears.
+
+        Why: a tenant that has just ended (or parked through another process) gives its
+        memory back to the driver a moment after the orchestrator learns it is gone; a
+        restore granted in that moment waits for it instead of failing the turn.
+        """
+        free = self.free_bytes(self.device)
+        until = time.monotonic() + min(self.room_wait_s, max(deadline.left(), 0.0))
+        while free is not None and need > free and time.monotonic() < until:
+            time.sleep(0.05)
+            free = self.free_bytes(self.device)
+        return free
 
     def _reserve_segment(self, slots: list[_Slot]) -> None:
         """Ask the driver once for the restore's large storages, then hand the block to the caching allocator.
