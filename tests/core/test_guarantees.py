@@ -178,6 +178,8 @@ def test_bad_budget_and_spill_dir_name_the_value(monkeypatch, tmp_path):
     monkeypatch.setenv("ROTA_HOST_BUDGET_BYTES", "lots")
     with pytest.raises(ConfigError, match="ROTA_HOST_BUDGET_BYTES='lots'"):
         HostPool(pin=False)
+    monkeypatch.setenv("ROTA_HOST_BUDGET_BYTES", "12GB")  # the units of --capacity and every other size
+    assert HostPool(pin=False).budget_bytes == 12 * 10**9
     monkeypatch.delenv("ROTA_HOST_BUDGET_BYTES")
     monkeypatch.setenv("ROTA_SPILL_DIR", str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match=r"ROTA_SPILL_DIR=.*not a directory"):

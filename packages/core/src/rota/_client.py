@@ -62,6 +62,7 @@ import pluggy
 from rota._ids import check_id
 from rota._plugins import plugin_manager
 from rota._types import Grant, ParkPlan, ParkResult, ReleaseInfo, TurnRequest
+from rota._units import env_bytes
 from rota.errors import (
     ConfigError,
     Faulted,
@@ -569,22 +570,6 @@ def residue_fault(result: ParkResult, limit: int) -> str:
 
 def _residue_max() -> int:
     return env_bytes("ROTA_RESIDUE_MAX_BYTES", 256 << 20)
-
-
-def env_bytes(name: str, default: int) -> int:
-    """A byte count from ``name`` in the units every rota size takes (``256MiB``, ``12GB``, ``1000000``)."""
-    from rota._units import parse_bytes
-
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = parse_bytes(raw.strip(), what=name)
-    except InvalidArgument:
-        raise ConfigError(f"{name}={raw!r} is not a size; write e.g. 256MiB, 12GB or 1000000, or unset it") from None
-    if value < 0:
-        raise ConfigError(f"{name}={raw!r} is negative; give a size >= 0 or unset it")
-    return value
 
 
 def _channel(endpoint: str, token: str = "") -> grpc.Channel:

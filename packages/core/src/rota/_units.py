@@ -1,10 +1,11 @@
-"""Byte sizes and percentiles, as users write and read them."""
+"""Byte sizes and percentiles, as users write and read them (flags and env vars alike)."""
 
 from __future__ import annotations
 
+import os
 import re
 
-from rota.errors import InvalidArgument
+from rota.errors import ConfigError, InvalidArgument
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -36,3 +37,16 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     idx = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return float(ordered[idx])
+
+
+def env_bytes(name: str, default: int) -> int:
+    """A byte count from env var ``name`` in the units every rota size takes (``256MiB``, ``12GB``, ``1000000``)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    if raw.strip().startswith("-"):
+        raise ConfigError(f"{name}={raw!r} is negative; give a size >= 0 (e.g. 12GB) or unset it")
+    try:
+        return parse_bytes(raw.strip(), what=name)
+    except InvalidArgument:
+        raise ConfigError(f"{name}={raw!r} is not a size; write e.g. 256MiB, 12GB or 1000000, or unset it") from None

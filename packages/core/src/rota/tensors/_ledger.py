@@ -45,8 +45,8 @@ import time
 from collections.abc import Iterator
 
 from rota import proc
+from rota._units import env_bytes
 from rota.errors import ConfigError, TransientError
-from rota.tensors._guard import env_number
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class LedgerBusy(TransientError):
 
 def node_budget() -> int:
     """``ROTA_NODE_HOST_BUDGET_BYTES`` (0 = no node budget), validated."""
-    return int(env_number("ROTA_NODE_HOST_BUDGET_BYTES", 0, integer=True))
+    return env_bytes("ROTA_NODE_HOST_BUDGET_BYTES", 0)
 
 
 def _fix(path: str) -> str:

@@ -41,8 +41,8 @@ import weakref
 
 import torch
 
+from rota._units import env_bytes
 from rota.errors import ConfigError, PermanentError
-from rota.tensors._guard import env_number
 from rota.tensors._ledger import LedgerBusy, locked_ledger, node_budget
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class HostPool:
         self._pending: threading.Thread | None = None
         if budget_bytes is not None and budget_bytes < 0:
             raise ConfigError(f"budget_bytes={budget_bytes!r} is negative; pass bytes >= 0 (0 = no budget)")
-        self.budget_bytes = int(env_number("ROTA_HOST_BUDGET_BYTES", 0, integer=True)) if budget_bytes is None \
+        self.budget_bytes = env_bytes("ROTA_HOST_BUDGET_BYTES", 0) if budget_bytes is None \
             else budget_bytes
         self.node_budget_bytes = node_budget()
         self._spill_source = "ROTA_SPILL_DIR" if spill_dir is None else "spill_dir"
