@@ -124,3 +124,32 @@ def test_metrics_endpoint_is_scraped_and_parsed(tmp_path):
     states = {s.labels["state"]: s.value for s in families["rota_tenant_state"].samples}
     assert states["holding"] == 1 and sum(states.values()) == 1
     assert families["rota_orchestrator_leader"].samples[0].value == 1  # a single orchestrator always grants
+
+
+def test_ended_tenants_leave_the_status_after_their_grace_and_are_counted():
+    """A tenant that closed its session is forgotten once ended_tenant_ttl_s passes (the group it used stays,
+    with its other tenant), and rota_tenants_collected counts it."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from rota._engine import OrchestratorConfig
+    from rota._metrics import OrchestratorMetrics
+    from rota.testing import running_orchestrator
+
+    config = OrchestratorConfig(ended_tenant_ttl_s=0.5, idle_group_ttl_s=0)
+    with running_orchestrator(config) as (ep, eng):
+        eng.metrics = OrchestratorMetrics(lambda: eng.groups)
+        stays, leaves = (rota.connect(group="g", tenant=t, endpoint=ep) for t in ("stays", "leaves"))
+        for gpu in (stays, leaves):
+            with gpu.turn():
+                pass
+        leaves.close()
+        deadline = time.monotonic() + 15
+        while "leaves" in eng.groups["g"].tenants and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert set(eng.groups["g"].tenants) == {"stays"}
+        text = generate_latest(eng.metrics.registry).decode()
+        stays.close()
+    counted = {s.labels["group"]: s.value for f in text_string_to_metric_families(text)
+               for s in f.samples if s.name == "rota_tenants_collected_total"}
+    assert counted == {"g": 1.0}

@@ -737,8 +737,11 @@ class Orchestrator:
             keep = busy.get(g.group_id, set())
             if cfg.ended_tenant_ttl_s and any(now - r.last_active > cfg.ended_tenant_ttl_s for r in g.tenants.values()):
                 async with self._lock(g.group_id):
-                    if g.collect(now, cfg.ended_tenant_ttl_s, keep=keep):
+                    gone = g.collect(now, cfg.ended_tenant_ttl_s, keep=keep)
+                    if gone:
                         await self.store.commit(g)
+                        if self.metrics is not None:
+                            self.metrics.collected(g.group_id, len(gone))
             idle = g.idle_since()
             if not cfg.idle_group_ttl_s or idle is None or keep or now - idle <= cfg.idle_group_ttl_s:
                 continue

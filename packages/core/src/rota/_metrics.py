@@ -39,6 +39,8 @@ class OrchestratorMetrics:
                              registry=self.registry)
         self.bytes_parked = Counter("rota_parked_bytes", "Bytes moved to host memory by parks.", ["group"],
                                     registry=self.registry)
+        self.tenants_collected = Counter("rota_tenants_collected", "Ended tenants forgotten after their grace "
+                                         "period (10 minutes by default).", ["group"], registry=self.registry)
         self.registry.register(_StateCollector(groups, leading))
 
     def granted(self, group: str, waited_s: float) -> None:
@@ -50,6 +52,9 @@ class OrchestratorMetrics:
         if ok:
             self.park.labels(group).observe(max(0.0, seconds))
             self.bytes_parked.labels(group).inc(max(0, nbytes))
+
+    def collected(self, group: str, tenants: int) -> None:
+        self.tenants_collected.labels(group).inc(tenants)
 
     def serve(self, host: str, port: int) -> Any:
         """Start the HTTP endpoint (``/metrics``) on a thread of its own; returns the server."""
