@@ -22,6 +22,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rota.errors import Unavailable
@@ -31,29 +32,40 @@ from rota_etcd._store import EtcdStore, Term
 log = logging.getLogger(__name__)
 
 VALIDITY_MARGIN_S = 0.75  # a leader stops this long before its lease could expire in etcd
+DEFER_S = 0.5  # a replica that should not lead a shard waits this long before campaigning for it
 
 
 class Election:
     """One replica's view of the election: campaign, observe the leader, resign."""
 
-    def __init__(self, store: EtcdStore, identity: dict[str, Any]) -> None:
+    def __init__(self, store: EtcdStore, identity: dict[str, Any], key: bytes | None = None) -> None:
         self.store = store
         self.identity = identity
+        self.key = key or store.leader_key  # one shard's leader key (see rota_etcd._shards)
         self.leader: dict[str, Any] | None = None  # last known leader (maybe us)
 
     @property
     def ttl_s(self) -> float:
         return self.store.leader_ttl
 
-    async def campaign(self, stop: asyncio.Event) -> Term | None:
+    async def campaign(self, stop: asyncio.Event, eager: Callable[[], bool] = lambda: True) -> Term | None:
         """Return a new term once this replica wins; None if ``stop`` is set first.
+
+        While ``eager()`` is false (another live replica should lead this shard) the
+        replica waits :data:`DEFER_S` before each try, so that one wins first; it
+        still wins a key nobody takes.
 
         etcd being unreachable is not an error here: the replica keeps trying (and
         answers UNAVAILABLE meanwhile), so service resumes when etcd returns.
         """
-        key = self.store.leader_key
+        key = self.key
         delay = 0.1
         while not stop.is_set():
+            if not eager():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), DEFER_S)
+                if stop.is_set():
+                    return None
             try:
                 client = self.store.client or await self.store.connect()
                 lease, granted = await client.lease_grant(max(2, round(self.ttl_s)))
@@ -97,7 +109,7 @@ class Election:
                 else:
                     self.leader = _decode(ev.kv.value)
 
-        watch = Watch(self.store.client, self.store.leader_key, revision, on_events, exact=True)
+        watch = Watch(self.store.client, self.key, revision, on_events, exact=True)
         try:
             waiters = [asyncio.create_task(vacant.wait()), asyncio.create_task(stop.wait())]
             # also re-check now and then, in case the watch missed a beat
@@ -120,7 +132,7 @@ class Election:
         if client is None:
             return
         with contextlib.suppress(Unavailable):
-            await client.txn([cmp_create(self.store.leader_key, term.revision)], [op_delete(self.store.leader_key)],
+            await client.txn([cmp_create(self.key, term.revision)], [op_delete(self.key)],
                              what="resigning leadership")
             await client.lease_revoke(term.lease)
         if self.leader and self.leader.get("id") == self.identity["id"]:

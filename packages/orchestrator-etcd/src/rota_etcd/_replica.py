@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -37,6 +38,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from rota._engine import Orchestrator, OrchestratorConfig, Session
@@ -45,6 +47,7 @@ from rota._state import GroupState
 from rota._types import Grant, ReleaseInfo, TurnRequest
 from rota.errors import NotLeader, RotaError, Unavailable
 from rota_etcd._election import Election
+from rota_etcd._shards import assign
 from rota_etcd._store import EtcdStore, Term, TermStore
 
 log = logging.getLogger(__name__)
@@ -123,8 +126,31 @@ class EtcdOrchestrator(Orchestrator):
                              lost=True)
 
 
+@dataclass
+class _Shard:
+    """One shard of the groups as this replica sees it: its election, and its engine while leading it."""
+
+    index: int
+    election: Election
+    engine: EtcdOrchestrator | None = None
+    term: Term | None = None
+
+    @property
+    def leading(self) -> bool:
+        return self.engine is not None and self.term is not None and not self.term.lost.is_set()
+
+
 class Replica:
-    """An orchestrator replica; quacks like :class:`rota._engine.Orchestrator`."""
+    """An orchestrator replica; quacks like :class:`rota._engine.Orchestrator`.
+
+    With ``ROTA_ETCD_SHARDS`` N > 1 it campaigns for each of the N shards (first for
+    those :func:`rota_etcd._shards.assign` gives it among the live replicas, after
+    :data:`rota_etcd._election.DEFER_S` for the others), leads each shard it wins
+    with an engine of its own, gives a shard back when a live replica that should
+    lead it appears, and redirects calls for the other shards' groups to their leaders.
+    """
+
+    MEMBER_POLL_S = 0.5  # how often the live replicas are re-read
 
     def __init__(self, store: EtcdStore, config: OrchestratorConfig, *, listen: str,
                  advertise: str | None = None) -> None:
@@ -132,21 +158,45 @@ class Replica:
         self.store, self.config, self.listen = store, config, listen
         self.address = advertise or advertised_address(listen)
         self.id = f"{socket.gethostname().split('.')[0]}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.election = Election(store, {"id": self.id, "address": self.address, "host": socket.gethostname(),
-                                         "pid": os.getpid()})
+        self.identity = {"id": self.id, "address": self.address, "host": socket.gethostname(), "pid": os.getpid()}
+        self.shards = [_Shard(i, Election(store, self.identity, store.shard_leader_key(i)))
+                       for i in range(store.shards)]
+        self.members: list[str] = [self.id]  # live replica ids (this one until etcd says more)
         self.stopped = asyncio.Event()
-        self.engine: EtcdOrchestrator | None = None
-        self.term: Term | None = None
         self._owner: weakref.WeakKeyDictionary[Session, EtcdOrchestrator] = weakref.WeakKeyDictionary()
-        self._task: asyncio.Task | None = None
-        self._health_task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self._published: tuple[bool, bool] | None = None
+        self._member_lease = 0
         self.health: Any = None  # grpc.health.v1 servicer, set by rota._service.serve
 
     @property
+    def election(self) -> Election:
+        return self.shards[0].election
+
+    @property
+    def engine(self) -> Any:
+        """What /metrics reads led groups from: the engine when groups are not sharded, else this replica."""
+        if len(self.shards) == 1:
+            return self.shards[0].engine
+        return self if self.leading else None
+
+    @property
+    def groups(self) -> dict[str, GroupState]:
+        """The groups of every shard this replica leads."""
+        out: dict[str, GroupState] = {}
+        for sh in self.shards:
+            if sh.engine is not None:
+                out.update(sh.engine.groups)
+        return out
+
+    @property
     def name(self) -> str:
-        role = f"leader (term {self.term.revision})" if self.engine is not None and self.term else "follower"
-        return f"etcd {role} {self.address}"
+        led = [sh for sh in self.shards if sh.leading]
+        if not led:
+            return f"etcd follower {self.address}"
+        if len(self.shards) == 1:
+            return f"etcd leader (term {led[0].term.revision}) {self.address}"  # type: ignore[union-attr]
+        return f"etcd leader of {len(led)}/{len(self.shards)} shards {self.address}"
 
     @property
     def leader_address(self) -> str:
@@ -158,62 +208,78 @@ class Replica:
         """Check that etcd answers (a clear error naming the endpoints if not), then
         campaign in the background; serving starts at once, as a follower."""
         await self.store.connect()
+        await self.store.check_shards()
         await self._publish_health()
-        self._task = asyncio.create_task(self._lead(), name="rota-etcd-replica")
-        self._health_task = asyncio.create_task(self._keep_health(), name="rota-etcd-health")
+        if len(self.shards) > 1:
+            await self._refresh_members()
+            self._tasks.append(asyncio.create_task(self._keep_members(), name="rota-etcd-members"))
+        self._tasks += [asyncio.create_task(self._lead(sh), name=f"rota-etcd-shard-{sh.index}") for sh in self.shards]
+        self._tasks.append(asyncio.create_task(self._keep_health(), name="rota-etcd-health"))
 
     async def stop(self) -> None:
         self.stopped.set()
-        if self._health_task is not None:
-            self._health_task.cancel()
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        engine, term = self.engine, self.term
-        if engine is not None and term is not None:
-            await self._step_down(engine, term, "replica stopping")
-            await self.election.resign(term)
+                await task
+        for sh in self.shards:
+            engine, term = sh.engine, sh.term
+            if engine is not None and term is not None:
+                await self._step_down(sh, engine, term, "replica stopping")
+                await sh.election.resign(term)
+        if self._member_lease and self.store.client is not None:
+            with contextlib.suppress(Unavailable):
+                await self.store.client.lease_revoke(self._member_lease)
         await self.store.close()
 
-    async def _lead(self) -> None:
+    def should_lead(self, shard: int) -> bool:
+        """True when the balanced assignment over the live replicas gives ``shard`` to this one."""
+        return len(self.shards) == 1 or assign(len(self.shards), self.members).get(shard) == self.id
+
+    async def _lead(self, sh: _Shard) -> None:
         while not self.stopped.is_set():
-            term = await self.election.campaign(self.stopped)
+            term = await sh.election.campaign(self.stopped, lambda: self.should_lead(sh.index))
             if term is None:
                 return
-            engine = EtcdOrchestrator(self.config, self.store.begin_term(term, self.config.ttl_s),
+            engine = EtcdOrchestrator(self.config, self.store.begin_term(term, self.config.ttl_s, sh.index),
                                       name=f"etcd leader {self.address}")
             engine.metrics = getattr(self, "metrics", None)  # the replica's /metrics, fed by whichever term leads
             try:
                 await engine.start()
             except RotaError as exc:
-                log.error("replica %s won term %d but could not load state: %s", self.address, term.revision, exc)
-                await self._step_down(engine, term, str(exc))
+                log.error("replica %s won term %d of shard %d but could not load state: %s", self.address,
+                          term.revision, sh.index, exc)
+                await self._step_down(sh, engine, term, str(exc))
                 continue
-            self.engine, self.term = engine, term
+            sh.engine, sh.term = engine, term
             await self._publish_health()
-            log.info("replica %s serves as leader (term %d, %d groups)", self.address, term.revision,
-                     len(engine.groups))
-            why = await self._watch_term(term)
-            await self._step_down(engine, term, why)
+            log.info("replica %s serves as leader of shard %d (term %d, %d groups)", self.address, sh.index,
+                     term.revision, len(engine.groups))
+            why = await self._watch_term(sh, term)
+            await self._step_down(sh, engine, term, why)
+            if why.startswith("handed over"):
+                await sh.election.resign(term)
 
-    async def _watch_term(self, term: Term) -> str:
-        """Return why the term ended (lease lost or not refreshed in time, commit refused, stop)."""
+    async def _watch_term(self, sh: _Shard, term: Term) -> str:
+        """Return why the term ended (lease lost or not refreshed in time, commit refused, handed over, stop)."""
         while not self.stopped.is_set():
             if term.lost.is_set():
                 return term.why
-            if not self.election.still_valid(term):
+            if not sh.election.still_valid(term):
                 term.end("the leader lease could not be refreshed in time (etcd unreachable?)")
                 return term.why
+            if not self.should_lead(sh.index):
+                return f"handed over to replica {assign(len(self.shards), self.members).get(sh.index)}"
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(term.lost.wait(), 0.1)
         return "replica stopping"
 
-    async def _step_down(self, engine: EtcdOrchestrator, term: Term, why: str) -> None:
-        if self.engine is engine:
-            self.engine = None
+    async def _step_down(self, sh: _Shard, engine: EtcdOrchestrator, term: Term, why: str) -> None:
+        if sh.engine is engine:
+            sh.engine = None
             await self._publish_health()
-            log.warning("replica %s stops leading (term %d): %s", self.address, term.revision, why)
+            log.warning("replica %s stops leading shard %d (term %d): %s", self.address, sh.index, term.revision, why)
         term.end(why)
         if self.store.keeper is not None:
             self.store.keeper.drop(term.lease)
@@ -223,17 +289,44 @@ class Replica:
         with contextlib.suppress(Exception):
             await engine.stop()
 
+    # ------------------------------------------------------ live replicas
+
+    async def _refresh_members(self) -> None:
+        """Register this replica (on a lease of its own) and re-read the live ones."""
+        client = self.store.client or await self.store.connect()
+        keeper = self.store.keeper
+        assert keeper is not None
+        if not self._member_lease or self._member_lease not in keeper.kept():
+            lease, granted = await client.lease_grant(max(2, round(self.store.leader_ttl)))
+            await client.put(self.store.replicas_prefix + self.id.encode(), json.dumps(self.identity).encode(),
+                             lease=lease)
+            keeper.keep(lease, granted, None)
+            self._member_lease = lease
+        reply = await client.get(self.store.replicas_prefix, prefix=True)
+        ids = sorted(kv.key.decode().rsplit("/", 1)[1] for kv in reply.kvs)
+        self.members = ids if self.id in ids else sorted([*ids, self.id])
+
+    async def _keep_members(self) -> None:
+        while not self.stopped.is_set():
+            await asyncio.sleep(self.MEMBER_POLL_S)
+            try:
+                await self._refresh_members()
+            except Unavailable as exc:
+                log.warning("replica %s cannot list the live replicas: %s", self.address, exc)
+
     @property
     def leading(self) -> bool:
-        """True while this replica grants turns (its term is alive)."""
-        return self.engine is not None and self.term is not None and not self.term.lost.is_set()
+        """True while this replica grants turns (it leads at least one shard)."""
+        return any(sh.leading for sh in self.shards)
 
     def health_states(self) -> tuple[bool, bool]:
         """(ready, leading): ready while calls here are answered — by this replica as leader, or
         redirected to a leader this follower knows (none is known while etcd is unreachable or
         during an election)."""
-        leader = self.leader_address
-        return self.leading or bool(leader and leader != self.address), self.leading
+        if self.leading:
+            return True, True
+        known = [(sh.election.leader or {}).get("address", "") for sh in self.shards]
+        return all(a and a != self.address for a in known), False
 
     async def _publish_health(self) -> None:
         """grpc.health.v1: the orchestrator services SERVING while ready, ``rota.leader`` while
@@ -265,16 +358,23 @@ class Replica:
     # --------------------------------------------------- the engine's API
 
     def _leading(self, job_id: str = "", group_id: str = "") -> EtcdOrchestrator:
-        engine = self.engine
-        if engine is not None and self.term is not None and not self.term.lost.is_set():
+        sh = self.shards[self.store.shard_of(group_id)]
+        engine = sh.engine
+        if engine is not None and sh.leading:
             return engine
-        leader = self.leader_address
+        leader = (sh.election.leader or {}).get("address", "")
         if leader == self.address:
             leader = ""  # our own stale record: no leader known right now
         where = f"the leader is at {leader}" if leader else "no leader is elected yet"
+        if len(self.shards) > 1:
+            where = f"{where} for shard {sh.index} of group {group_id!r}"
         raise NotLeader(f"orchestrator {self.address} does not lead ({where}); retry there "
                         f"(job={job_id!r}, group={group_id!r}). rota clients follow the leader by themselves",
                         leader=leader, job_id=job_id, group_id=group_id)
+
+    def _led(self, group_id: str) -> EtcdOrchestrator | None:
+        sh = self.shards[self.store.shard_of(group_id)]
+        return sh.engine if sh.leading else None
 
     async def acquire(self, req: TurnRequest) -> Grant:
         check_pair(req.job_id, req.group_id)
@@ -289,7 +389,7 @@ class Replica:
                                                                  footprint_bytes=footprint_bytes)
 
     async def abandon(self, job_id: str, group_id: str, token: int) -> None:
-        engine = self.engine
+        engine = self._led(group_id)
         if engine is not None:
             await engine.abandon(job_id, group_id, token)
 
@@ -299,14 +399,14 @@ class Replica:
             return await self._leading(job_id, group_id).evict(job_id, group_id, reason=reason, lost=lost)
 
     async def status(self, group_id: str = "") -> list[GroupState]:
-        engine = self.engine
+        engine = self._led(group_id) if group_id else self.shards[0].engine if len(self.shards) == 1 else None
         if engine is not None:
             return await engine.status(group_id)
-        return await self.store.status(group_id)  # followers read what the leader committed
+        return await self.store.status(group_id)  # what the leaders committed
 
     async def agent_job_states(self, group_id: str) -> list[tuple[str, str, str]]:
-        """Node agents' view of the group's jobs (the leader asks them; followers know none)."""
-        engine = self.engine
+        """Node agents' view of the group's jobs (the group's leader asks them; followers know none)."""
+        engine = self._led(group_id)
         return await engine.agent_job_states(group_id) if engine is not None else []
 
     async def attach(self, job_id: str, group_id: str, rank: int, pid: int, footprint_bytes: int, *,
@@ -319,24 +419,28 @@ class Replica:
         log.debug("session of job %s rank %d (pid %d) attached to group %s", job_id, rank, pid, group_id)
         return s
 
+    def _current(self, engine: EtcdOrchestrator | None) -> bool:
+        return engine is not None and any(sh.engine is engine for sh in self.shards)
+
     def heartbeat(self, s: Session, footprint_bytes: int, memory: tuple[int, int, int] | None = None) -> None:
         engine = self._owner.get(s)
-        if engine is not None and engine is self.engine:
+        if engine is not None and self._current(engine):
             engine.heartbeat(s, footprint_bytes, memory)
 
     def command_result(self, command_id: str, ok: bool, error: str, nbytes: int, seconds: float) -> None:
-        if self.engine is not None:
-            self.engine.command_result(command_id, ok, error, nbytes, seconds)
+        for sh in self.shards:
+            if sh.engine is not None:
+                sh.engine.command_result(command_id, ok, error, nbytes, seconds)
 
     async def fault_rank(self, s: Session, reason: str) -> None:
         engine = self._owner.get(s)
-        if engine is not None and engine is self.engine:
+        if engine is not None and self._current(engine):
             await engine.fault_rank(s, reason)
 
     async def detach(self, s: Session, why: str, *, clean: bool = False) -> None:
         engine = self._owner.pop(s, None)
         log.debug("session of job %s rank %d in group %s ended (%s)", s.job_id, s.rank, s.group_id, why)
-        if engine is not None and engine is self.engine:
+        if engine is not None and self._current(engine):
             await engine.detach(s, why, clean=clean)
         else:
             s.alive = False  # a session of an ended term: the next leader judges the job

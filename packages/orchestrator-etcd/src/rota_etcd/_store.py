@@ -27,6 +27,12 @@ Environment:
     ROTA_ETCD_PREFIX      key prefix (default ``/rota``), to share one etcd
     ROTA_ETCD_TIMEOUT     seconds an etcd call may take before UNAVAILABLE (default 2)
     ROTA_ETCD_LEADER_TTL  seconds a dead leader keeps its term (default 5, at least 2)
+    ROTA_ETCD_SHARDS      shards the groups are split into, each led by one replica
+                          (default 1: one leader for all; the same on every replica)
+
+With ``ROTA_ETCD_SHARDS`` N > 1 each shard has its own ``PREFIX shards/S/leader`` key
+(S = 0..N-1, see :mod:`rota_etcd._shards`), term and fencing; ``PREFIX shardcount``
+records N, and ``PREFIX replicas/ID`` lists the live replicas (on their leases).
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from rota_etcd._etcd import (
     parse_endpoints,
     tls_credentials,
 )
+from rota_etcd._shards import shard_of
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +85,14 @@ def _env_float(name: str, default: float, minimum: float) -> float:
     if value < minimum:
         raise ConfigError(f"{name}={raw!r} is below {minimum:g}; set seconds >= {minimum:g} or unset it")
     return value
+
+
+def _env_shards() -> int:
+    raw = os.environ.get("ROTA_ETCD_SHARDS", "").strip() or "1"
+    if not raw.isdigit() or not 1 <= int(raw) <= 1024:
+        raise ConfigError(f"ROTA_ETCD_SHARDS={raw!r} is not a shard count; set a whole number from 1 to 1024 "
+                          "(the same on every replica) or unset it")
+    return int(raw)
 
 
 # ----------------------------------------------------------------- encoding
@@ -176,6 +191,7 @@ class EtcdStore:
         self.prefix = "/" + raw_prefix.strip("/") + "/" if raw_prefix.strip("/") else "/"
         self.timeout = _env_float("ROTA_ETCD_TIMEOUT", 2.0, 0.1)
         self.leader_ttl = _env_float("ROTA_ETCD_LEADER_TTL", 5.0, 2.0)
+        self.shards = _env_shards()
         self.client: EtcdClient | None = None
         self.keeper: LeaseKeeper | None = None
 
@@ -183,6 +199,17 @@ class EtcdStore:
     @property
     def leader_key(self) -> bytes:
         return f"{self.prefix}leader".encode()
+
+    def shard_leader_key(self, shard: int) -> bytes:
+        """The leader key of ``shard`` (the one ``PREFIX leader`` when groups are not sharded)."""
+        return self.leader_key if self.shards == 1 else f"{self.prefix}shards/{shard}/leader".encode()
+
+    @property
+    def replicas_prefix(self) -> bytes:
+        return f"{self.prefix}replicas/".encode()
+
+    def shard_of(self, group_id: str) -> int:
+        return shard_of(group_id, self.shards)
 
     def group_key(self, group_id: str) -> bytes:
         return f"{self.prefix}groups/{group_id}".encode()
@@ -218,6 +245,21 @@ class EtcdStore:
         if self.client is not None:
             await self.client.close()
         self.client = self.keeper = None
+
+    async def check_shards(self) -> None:
+        """Record ROTA_ETCD_SHARDS in etcd, or refuse to run with a count other than the recorded one
+        (two counts would give one group two leaders)."""
+        client = self.client or await self.connect()
+        key = f"{self.prefix}shardcount".encode()
+        reply = await client.txn([cmp_create(key, 0)], [op_put(key, str(self.shards).encode())], [op_get(key)],
+                                 what="recording the shard count", retry=True)
+        if reply.succeeded:
+            return
+        kvs = reply.responses[0].response_range.kvs
+        recorded = kvs[0].value.decode(errors="replace") if kvs else ""
+        if kvs and recorded != str(self.shards):
+            raise ConfigError(f"ROTA_ETCD_SHARDS={self.shards} but the replicas under {self.prefix!r} in etcd use "
+                              f"{recorded}; set ROTA_ETCD_SHARDS={recorded} on every replica")
 
     def make_orchestrator(self, config: OrchestratorConfig, *, listen: str, advertise: str | None = None) -> Any:
         """The HA replica that serves ``config`` on ``listen`` (see :mod:`rota_etcd._replica`)."""
@@ -269,16 +311,17 @@ class EtcdStore:
             return [groups[group_id]]
         return [groups[k] for k in sorted(groups)]
 
-    def begin_term(self, term: Term, turn_ttl_s: float) -> TermStore:
-        return TermStore(self, term, turn_ttl_s)
+    def begin_term(self, term: Term, turn_ttl_s: float, shard: int = 0) -> TermStore:
+        return TermStore(self, term, turn_ttl_s, shard)
 
 
 class TermStore:
     """The store an elected leader's engine writes through, valid for one term only."""
 
-    def __init__(self, parent: EtcdStore, term: Term, turn_ttl_s: float) -> None:
+    def __init__(self, parent: EtcdStore, term: Term, turn_ttl_s: float, shard: int = 0) -> None:
         assert parent.client is not None and parent.keeper is not None
-        self.parent, self.term = parent, term
+        self.parent, self.term, self.shard = parent, term, shard
+        self.leader_key = parent.shard_leader_key(shard)
         self.client, self.keeper = parent.client, parent.keeper
         self.turn_ttl = max(2, math.ceil(turn_ttl_s))
         self.revs: dict[str, int] = {}  # group -> mod_revision this term expects
@@ -293,8 +336,10 @@ class TermStore:
 
     async def load_all(self) -> dict[str, GroupState]:
         snap = await self.parent.read()
-        self.revs, self.revision = snap.revs, snap.revision
-        old = snap.turns
+        mine = self._mine
+        snap.groups = {g: state for g, state in snap.groups.items() if mine(g)}
+        self.revs, self.revision = {g: r for g, r in snap.revs.items() if mine(g)}, snap.revision
+        old = {g: turn for g, turn in snap.turns.items() if mine(g)}
         # Nobody refreshed turn leases while no orchestrator led, however long that was:
         # an expiry then says nothing about the tenant. Every holder gets a fresh lease,
         # i.e. one TTL from now to show it lives (as the engine gives it to re-attach).
@@ -324,8 +369,8 @@ class TermStore:
         try:
             # Retried across members: the compares make a double application impossible.
             reply = await self.client.txn(
-                [cmp_create(self.parent.leader_key, self.term.revision), cmp_mod(key, self.revs.get(g, 0))],
-                ops, [op_get(self.parent.leader_key), op_get(key)], what=f"the commit of group {g!r}", retry=True)
+                [cmp_create(self.leader_key, self.term.revision), cmp_mod(key, self.revs.get(g, 0))],
+                ops, [op_get(self.leader_key), op_get(key)], what=f"the commit of group {g!r}", retry=True)
         except Unavailable as exc:
             self.term.end(f"commit of group {g!r} failed: {exc}")
             if new is not old and new is not None:
@@ -357,7 +402,7 @@ class TermStore:
         self._check_term(group_id)
         key = self.parent.group_key(group_id)
         reply = await self.client.txn(
-            [cmp_create(self.parent.leader_key, self.term.revision), cmp_mod(key, self.revs.get(group_id, 0))],
+            [cmp_create(self.leader_key, self.term.revision), cmp_mod(key, self.revs.get(group_id, 0))],
             [op_delete(key)], [], what=f"forgetting group {group_id!r}", retry=True)
         if not reply.succeeded:
             raise Unavailable(f"etcd refused to forget group {group_id!r}: this replica's leadership ended or "
@@ -374,13 +419,16 @@ class TermStore:
 
     # ------------------------------------------------------------- extras
 
+    def _mine(self, group_id: str) -> bool:
+        return self.parent.shard_of(group_id) == self.shard
+
     async def verify(self, group_id: str) -> None:
         """Prove (one linearizable round trip) that this term still leads and the group
         is as this term last wrote it; else end the term and raise Unavailable."""
         self._check_term(group_id)
         key = self.parent.group_key(group_id)
         try:
-            reply = await self.client.txn([cmp_create(self.parent.leader_key, self.term.revision),
+            reply = await self.client.txn([cmp_create(self.leader_key, self.term.revision),
                                            cmp_mod(key, self.revs.get(group_id, 0))], [],
                                           what=f"the leadership check for group {group_id!r}", retry=True)
         except Unavailable as exc:
@@ -416,7 +464,7 @@ class TermStore:
         """Fresh turn leases for (group, job, token) holders, in one transaction."""
         leases = await asyncio.gather(*(self._turn_lease() for _ in holders))
         reply = await self.client.txn(
-            [cmp_create(self.parent.leader_key, self.term.revision)],
+            [cmp_create(self.leader_key, self.term.revision)],
             [op_put(self.parent.turn_key(g), _turn_value(job, token), lease)
              for (g, job, token), lease in zip(holders, leases, strict=True)],
             what="restoring turn leases", retry=True)
@@ -448,6 +496,8 @@ class TermStore:
                 if ev.type != ev.DELETE or not ev.prev_kv.value:
                     continue
                 group = ev.kv.key.decode().rsplit("/", 1)[1]
+                if not self._mine(group):
+                    continue  # another shard's turn
                 try:
                     d = json.loads(ev.prev_kv.value)
                     await on_expired(group, d["job"], int(d["token"]))

@@ -227,6 +227,25 @@ def leader_of(etcd_url: str, prefix: str = "/rota") -> dict | None:
     return None
 
 
+def shard_leaders(etcd_url: str, prefix: str = "/rota") -> dict[int, str]:
+    """shard -> its leader's address, as etcd has it with ROTA_ETCD_SHARDS > 1 (synchronous, for tests)."""
+    import json
+
+    from aetcd import rpc
+
+    from rota_etcd._etcd import parse_endpoints, prefix_end
+
+    key = f"/{prefix.strip('/')}/shards/".replace("//", "/").encode()
+    for ep in parse_endpoints(etcd_url):
+        with grpc.insecure_channel(ep) as ch:
+            try:
+                reply = rpc.KVStub(ch).Range(rpc.RangeRequest(key=key, range_end=prefix_end(key)), timeout=2)
+            except grpc.RpcError:
+                continue
+            return {int(kv.key.decode().split("/")[-2]): json.loads(kv.value)["address"] for kv in reply.kvs}
+    return {}
+
+
 @contextlib.contextmanager
 def replicas(etcd_url: str, folder: os.PathLike | str, n: int = 2, **kw: object) -> Iterator[list[OrchestratorProcess]]:
     """``n`` orchestrator replicas against one etcd, stopped on exit."""
