@@ -357,3 +357,27 @@ def test_readme_quick_start_runs(dirs: tuple[Path, Path], hf_service: TinkerServ
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [float(line.split()[1]) for line in proc.stdout.splitlines()[:10]]
     assert len(losses) == 10 and losses[-1] < losses[0]
+
+
+def test_forward_backward_custom_trains_like_its_builtin_twin(sc: dict[str, tinker.ServiceClient],
+                                                              hf_service: TinkerService) -> None:
+    """The SDK's client-side custom loss (a forward, then cross_entropy with weights -dC/dlogprobs): a custom
+    negative log-likelihood moves a model exactly as far as cross_entropy moves its twin (same LoRA seed)."""
+    ids = tokenizer(hf_service).encode(TEXT)
+    data = [datum(ids)]
+    twins = [sc["carol"].create_lora_training_client(base_model=QWEN, rank=2, seed=21).result(timeout=TIMEOUT)
+             for _ in range(2)]
+
+    def nll(batch: list, logprobs: list) -> tuple[torch.Tensor, dict[str, float]]:
+        loss = -sum(lp.sum() for lp in logprobs)
+        return loss, {"nll": float(loss)}
+
+    custom = twins[0].forward_backward_custom(data, nll).result(timeout=TIMEOUT)
+    builtin = twins[1].forward_backward(data, "cross_entropy").result(timeout=TIMEOUT)
+    assert custom.metrics["nll"] == pytest.approx(builtin.metrics["loss:sum"], rel=1e-6)
+    for tc in twins:
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=TIMEOUT)
+    after = [np.asarray(tc.forward(data, "cross_entropy").result(timeout=TIMEOUT).loss_fn_outputs[0]["logprobs"]
+                        .tolist()) for tc in twins]
+    np.testing.assert_allclose(after[0], after[1], rtol=0, atol=1e-6)
+    assert after[0].sum() > -builtin.metrics["loss:sum"]  # and it did learn
