@@ -141,6 +141,13 @@ def test_vocab_checks_stop_strings_and_prompt_logprobs(sc: dict[str, tinker.Serv
     free = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=12, seed=5, stop=[])).result(timeout=TIMEOUT)
     toks = list(free.sequences[0].tokens)
     assert free.sequences[0].stop_reason == "length" and len(toks) == 12
+    # two sequences decoded as one batch on the KV cache: each one's logprobs are what a full forward gives
+    pair = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=8, seed=6, stop=[])).result(timeout=TIMEOUT)
+    assert list(pair.sequences[0].tokens) != list(pair.sequences[1].tokens)
+    for s in pair.sequences:
+        whole = prompt.to_ints() + list(s.tokens)
+        full = tc.forward([datum(whole)], "cross_entropy").result(timeout=TIMEOUT).loss_fn_outputs[0]["logprobs"]
+        np.testing.assert_allclose(s.logprobs, full.tolist()[-8:], rtol=0, atol=1e-4)
     stop = tok.decode(toks[:5])[-3:]  # a string that the same seeded sample produces by its 5th token
     first = next(i for i in range(1, 13) if stop in tok.decode(toks[:i]))
     got = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=12, seed=5, stop=stop)).result(timeout=TIMEOUT)

@@ -239,11 +239,58 @@ def _stopped_by_text(tokenizer: Any, toks: list[int], stops: list[str]) -> bool:
     return any(s in text for s in stops)
 
 
+def _pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, gen: torch.Generator) -> int:
+    """One token from one row of logits: greedy at temperature 0, else top-k / top-p filtered, seeded."""
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    scaled = logits / temperature
+    if top_k > 0:
+        kth = torch.topk(scaled, min(top_k, scaled.numel())).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = F.softmax(scaled, dim=-1)
+    if top_p < 1.0:
+        sp, idx = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sp, 0) - sp < top_p
+        probs = torch.zeros_like(probs).scatter(0, idx[keep], sp[keep])
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+class _Decoder:
+    """Next-token logits of a batch of sequences that share a prompt and grow together.
+
+    A Hugging Face model (it has a ``config``) keeps its KV cache between steps; the test
+    transformer recomputes the whole sequence.
+    """
+
+    def __init__(self, model: nn.Module, prompt: torch.Tensor, batch: int) -> None:
+        self.model = model
+        self.cached = getattr(model, "config", None) is not None
+        self.seqs = prompt.unsqueeze(0).repeat(batch, 1)
+        self.past: Any = None
+
+    @property
+    def length(self) -> int:
+        return self.seqs.shape[1]
+
+    def logits(self) -> torch.Tensor:
+        """``[batch, vocab]`` float32 logits of each sequence's next token (on the CPU)."""
+        if self.cached:
+            fresh = self.seqs if self.past is None else self.seqs[:, -1:]
+            out = self.model(fresh, past_key_values=self.past, use_cache=True)
+            self.past = out.past_key_values
+            return out.logits[:, -1].float().cpu()
+        return self.model(self.seqs)[:, -1].float().cpu()
+
+    def append(self, tokens: list[int]) -> None:
+        self.seqs = torch.cat([self.seqs, torch.tensor(tokens, device=self.seqs.device).unsqueeze(1)], dim=1)
+
+
 @torch.no_grad()
 def sample(model: nn.Module, prompt: np.ndarray, params: dict[str, Any], num_samples: int, seed: int,
            device: torch.device, max_len: int, tokenizer: Any = None) -> dict[str, Any]:
     """Autoregressive sampling with temperature/top-k/top-p, stop tokens and strings, max_tokens; seeded.
 
+    The ``num_samples`` sequences are decoded as one batch (a KV cache for Hugging Face models).
     ``{"sequences": [(tokens, logprobs, "stop" | "length"), ...], "prompt_logprobs": array | None}``;
     prompt logprobs (``params["prompt_logprobs"]``) are NaN for the first token.
     """
@@ -260,35 +307,28 @@ def sample(model: nn.Module, prompt: np.ndarray, params: dict[str, Any], num_sam
         logp = F.log_softmax(logits_of(model, prompt_t), dim=-1)
         picked = torch.gather(logp[:-1], 1, prompt_t[1:].unsqueeze(1)).squeeze(1).cpu().numpy()
         prompt_lp = np.concatenate([[np.nan], picked]).astype(np.float32)
-    out = []
-    for _ in range(num_samples):
-        seq = prompt_t
-        toks: list[int] = []
-        lps: list[float] = []
-        reason = "length"
-        for _step in range(max_tokens):
-            if seq.numel() >= max_len:
-                break
-            logits = logits_of(model, seq)[-1].cpu()
-            logp = F.log_softmax(logits, dim=-1)
-            if temperature <= 0:
-                nxt = int(torch.argmax(logp))
-            else:
-                scaled = logits / temperature
-                if top_k > 0:
-                    kth = torch.topk(scaled, min(top_k, scaled.numel())).values[-1]
-                    scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-                probs = F.softmax(scaled, dim=-1)
-                if top_p < 1.0:
-                    sp, idx = torch.sort(probs, descending=True)
-                    keep = torch.cumsum(sp, 0) - sp < top_p
-                    probs = torch.zeros_like(probs).scatter(0, idx[keep], sp[keep])
-                nxt = int(torch.multinomial(probs, 1, generator=gen))
-            toks.append(nxt)
-            lps.append(float(logp[nxt]))
-            seq = torch.cat([seq, torch.tensor([nxt], device=device)])
-            if nxt in stop or (stop_strings and _stopped_by_text(tokenizer, toks, stop_strings)):
-                reason = "stop"
-                break
-        out.append((np.asarray(toks, np.int32), np.asarray(lps, np.float32), reason))
+    decoder = _Decoder(model, prompt_t, num_samples)
+    toks: list[list[int]] = [[] for _ in range(num_samples)]
+    lps: list[list[float]] = [[] for _ in range(num_samples)]
+    reasons = ["length"] * num_samples
+    alive = [True] * num_samples
+    for _step in range(max_tokens):
+        if decoder.length >= max_len or not any(alive):
+            break
+        logits = decoder.logits()
+        logp = F.log_softmax(logits, dim=-1)
+        nxt = []
+        for b in range(num_samples):
+            if not alive[b]:
+                nxt.append(0)  # a finished sequence's row is fed anything; its tokens are no longer read
+                continue
+            t = _pick(logits[b], temperature, top_k, top_p, gen)
+            toks[b].append(t)
+            lps[b].append(float(logp[b, t]))
+            nxt.append(t)
+            if t in stop or (stop_strings and _stopped_by_text(tokenizer, toks[b], stop_strings)):
+                alive[b], reasons[b] = False, "stop"
+        decoder.append(nxt)
+    out = [(np.asarray(t, np.int32), np.asarray(lp, np.float32), r)
+           for t, lp, r in zip(toks, lps, reasons, strict=True)]
     return {"sequences": out, "prompt_logprobs": prompt_lp}
