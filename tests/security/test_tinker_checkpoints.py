@@ -151,3 +151,25 @@ def test_archive_and_listing_routes_take_no_traversal(served: Served, victim: di
         r = served.get(f"training_runs?{query}", alice)
         assert r.status_code == 400 and "limit" in r.json()["detail"], (query, r.text)
     assert served.get(f"training_runs/{run}/checkpoints/weights/good/archive", alice).status_code == 200
+
+
+def test_one_tenant_cannot_push_out_another_tenants_runs() -> None:
+    """Run records are capped per tenant: a tenant creating models without end forgets only its own oldest runs."""
+    from rota_tinker import DEFAULT_BASE_MODELS
+    from rota_tinker._checkpoints import MAX_RUNS, Runs
+    from rota_tinker._service import _Model
+
+    runs, base = Runs(), DEFAULT_BASE_MODELS["rota/tiny"]
+    runs.record(_Model("victim-run", "alice", base, None, "s1", 0), None)
+    for i in range(MAX_RUNS + 5):
+        runs.record(_Model(f"flood-{i}", "mallory", base, None, "s2", 0), None)
+    assert "victim-run" in runs.runs
+    flood = [k for k, r in runs.runs.items() if r.tenant == "mallory"]
+    assert len(flood) == MAX_RUNS and flood[0] == "flood-5"
+
+
+def test_hostile_query_strings_are_400(served: Served, victim: dict) -> None:
+    many = "&".join(f"k{i}=1" for i in range(50))
+    for query in (many, "limit=1e3", "offset=" + "9" * 5000):
+        r = served.get(f"training_runs?{query}", KEYS["alice"])
+        assert r.status_code == 400, (query[:40], r.text)

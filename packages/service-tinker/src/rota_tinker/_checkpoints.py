@@ -45,7 +45,8 @@ ID = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"  # model ids; ':' for the SDK's "SESSI
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # checkpoint names: they become file names
 TRAINING_PATH = re.compile(rf"tinker://({ID})/weights/([A-Za-z0-9][A-Za-z0-9._-]{{0,63}})")
 MAX_ARCHIVE_BYTES = 2 * 2**30  # a bigger checkpoint is copied from the service's data dir instead
-MAX_RUNS = 10_000  # run records kept per service (oldest forgotten first; their checkpoints stay listed)
+ARCHIVES_AT_ONCE = 2  # archives built in memory at the same time, service-wide (more: 429, try again)
+MAX_RUNS = 1000  # run records kept per tenant (its oldest forgotten first; their checkpoints stay listed)
 MAX_LIST = 1000
 
 
@@ -99,12 +100,15 @@ class Runs:
     def __init__(self) -> None:
         self.runs: OrderedDict[str, Run] = OrderedDict()
         self.checkpoints: dict[str, Checkpoint] = {}  # tinker path -> training checkpoint
+        self.archives = threading.BoundedSemaphore(ARCHIVES_AT_ONCE)
 
     def record(self, model: Any, metadata: dict[str, str] | None) -> None:
+        """Remember a new run; past MAX_RUNS of its tenant, that tenant's oldest is forgotten (no one else's)."""
         self.runs[model.model_id] = Run(model.model_id, model.tenant, model.base.name,
                                         model.lora["rank"] if model.lora else None, user_metadata=metadata)
-        while len(self.runs) > MAX_RUNS:
-            self.runs.popitem(last=False)
+        mine = [k for k, r in self.runs.items() if r.tenant == model.tenant]
+        for k in mine[:max(0, len(mine) - MAX_RUNS)]:
+            del self.runs[k]
 
     def touch(self, model_id: str) -> None:
         run = self.runs.get(model_id)
@@ -117,14 +121,14 @@ class Runs:
 
 def _page(query: str) -> tuple[int, int]:
     """``limit`` and ``offset`` from a query string (limit 1-1000, default 20; offset >= 0)."""
-    args = parse_qs(query, max_num_fields=8)
     try:
+        args = parse_qs(query, max_num_fields=8)
         limit = int(args.get("limit", ["20"])[0])
         offset = int(args.get("offset", ["0"])[0])
     except ValueError:
         raise BadRequest("limit and offset must be integers") from None
-    if not 1 <= limit <= MAX_LIST or offset < 0:
-        raise BadRequest(f"limit must be within [1, {MAX_LIST}] and offset >= 0")
+    if not 1 <= limit <= MAX_LIST or not 0 <= offset <= 10**9:
+        raise BadRequest(f"limit must be within [1, {MAX_LIST}] and offset within [0, 1e9]")
     return limit, offset
 
 
@@ -292,13 +296,18 @@ class CheckpointRoutes:
         if ck.bytes > MAX_ARCHIVE_BYTES:
             raise BadRequest(f"{ck.path} has {ck.bytes} bytes, over the {MAX_ARCHIVE_BYTES}-byte download limit; copy "
                              "it from the service's data directory instead", status=501)
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for entry in sorted(os.listdir(ck.folder)):
-                full = os.path.join(ck.folder, entry)
-                if os.path.isfile(full) and not os.path.islink(full):
-                    tar.add(full, arcname=f"{name}/{entry}", recursive=False)
-        return Reply(200, buf.getvalue(), "application/x-tar")
+        if not self.state.runs.archives.acquire(blocking=False):
+            raise BadRequest(f"{ARCHIVES_AT_ONCE} archives are being built already; try again shortly", status=429)
+        try:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                for entry in sorted(os.listdir(ck.folder)):
+                    full = os.path.join(ck.folder, entry)
+                    if os.path.isfile(full) and not os.path.islink(full):
+                        tar.add(full, arcname=f"{name}/{entry}", recursive=False)
+            return Reply(200, buf.getvalue(), "application/x-tar")
+        finally:
+            self.state.runs.archives.release()
 
 
 def _adapters(lora: dict[str, Any] | None) -> tuple[Any, ...] | None:
