@@ -2,8 +2,10 @@
 
 Tenant processes loop acquire -> work -> release on two groups against three
 orchestrator replicas and a 3-member etcd cluster, while a seeded chaos loop kills a
-tenant (and starts a new one), the current leader (and restarts it), or one etcd
-member (and restarts it). Every turn is logged by the tenant that got it; the checker
+tenant (and starts a new one), the leader of one group's shard (and restarts it), or
+one etcd member (and restarts it). The replicas split the groups into SHARDS shards
+(ROTA_ETCD_SHARDS) and the two groups lie in different ones, so leaders of several
+shards come and go. Every turn is logged by the tenant that got it; the checker
 then proves, per group:
 
 * no two turns overlap in time (a turn ends when its tenant logs the end of its work,
@@ -31,11 +33,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from rota_etcd.testing import OrchestratorProcess, leader_of
+from rota_etcd._shards import shard_of
+from rota_etcd.testing import OrchestratorProcess, shard_leaders
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GROUPS = ("fa", "fb")
 TENANTS_PER_GROUP = 3
+SHARDS = 4  # "fa" and "fb" lie in shards 0 and 2
 STARVE_S = 30.0  # an acquire asked this long before the end must have been granted
 
 
@@ -142,6 +146,8 @@ def test_random_kills_of_tenants_leader_and_etcd_members_never_break_mutual_excl
     seed = int(os.environ.get("ROTA_FAULT_SEED", "20240611"))
     seconds = float(os.environ.get("ROTA_FAULT_SECONDS", "60"))
     chaos = Chaos(random.Random(seed))
+    child_env = dict(child_env, ROTA_ETCD_SHARDS=str(SHARDS))
+    assert len({shard_of(g, SHARDS) for g in GROUPS}) == len(GROUPS)
     orchs = [OrchestratorProcess(etcd3.url, tmp_path / f"orch{i}.log", args=["--ttl", "3"], env=child_env)
              for i in range(3)]
     for o in orchs:
@@ -171,8 +177,8 @@ def test_random_kills_of_tenants_leader_and_etcd_members_never_break_mutual_excl
                 slots[(group, slot)] = tenants.spawn(group, slot)
                 chaos.note(f"killed tenant {job}; started {slots[(group, slot)]}")
             elif kind == "leader" and orch_down is None:
-                rec = leader_of(etcd3.url, prefix)
-                leader = next((o for o in orchs if rec and rec["address"] == o.endpoint and o.running), None)
+                address = shard_leaders(etcd3.url, prefix).get(shard_of(chaos.rng.choice(GROUPS), SHARDS))
+                leader = next((o for o in orchs if address == o.endpoint and o.running), None)
                 if leader is None:
                     continue
                 leader.kill(signal.SIGKILL)
