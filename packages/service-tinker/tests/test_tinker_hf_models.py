@@ -305,19 +305,28 @@ def test_unsupported_features_answer_501_naming_them(hf_service: TinkerService) 
 
 
 @pytest.mark.parametrize("arch,tie,weights", [("qwen3", False, True), ("llama", True, True), ("qwen3", True, False),
-                                              ("llama", False, False)])
+                                              ("llama", False, False), ("qwen2", False, True), ("qwen2", True, False),
+                                              ("gemma", True, True), ("gemma3_text", True, False)])
 def test_state_estimates_count_the_real_parameters(tmp_path: Path, arch: str, tie: bool, weights: bool) -> None:
-    """The byte quota's estimate counts exactly what the workers build: from safetensors headers, or (random init,
-    no weights in the folder) from the config; LoRA parameters as peft makes them."""
-    from rota_tinker._models import adapters_of, add_lora, build_base
+    """Qwen3, Llama, Qwen2.5 (qwen2) and Gemma families build and train; the byte quota's estimate counts exactly
+    what the workers build: from safetensors headers, or (random init, no weights in the folder) on a meta model;
+    LoRA parameters as peft makes them."""
+    from rota_tinker._models import adapters_of, add_lora, build_base, token_logprobs
 
     spec = find_models([str(hf_snapshot(tmp_path / "m", arch=arch, tie=tie, weights=weights).parent)])["m"]
     assert spec.has_weights is weights
     model = build_base(spec, torch.device("cpu"))
     assert spec.params() == sum(p.numel() for p in model.parameters())
     for targets in ({"attn": True, "mlp": True, "unembed": True}, {"attn": False, "mlp": True, "unembed": False}):
-        adapters = adapters_of(add_lora(build_base(spec, torch.device("cpu")), 3, 0, targets))
+        peft_model = add_lora(build_base(spec, torch.device("cpu")), 3, 0, targets)
+        adapters = adapters_of(peft_model)
         assert spec.lora_params(3, targets) == sum(p.numel() for p in adapters.parameters())
+    ids = torch.arange(1, 12)
+    loss = -token_logprobs(peft_model, ids[:-1], ids[1:]).sum()
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = {n: p.grad for n, p in adapters.named_parameters() if "lora_B" in n}  # B starts at 0: A gets none yet
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads.values())
 
 
 def _sl_loop(service: TinkerService, cache: Path, log_path: Path, data: Path, *extra: str) -> list[dict]:

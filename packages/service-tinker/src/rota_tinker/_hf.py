@@ -1,7 +1,8 @@
 """Hugging Face causal LMs served by their hub name, found in local directories (never downloaded).
 
-Read by the HTTP process (no torch, no transformers here: only ``config.json`` and the
-safetensors headers are read). Two layouts are recognised under each directory searched:
+Read by the HTTP process: ``config.json`` and the safetensors headers (a config-only snapshot is
+counted on a model built on ``meta``, which imports transformers). Two layouts are recognised
+under each directory searched:
 
 * the hub cache (``models--Org--Name/snapshots/REV/``, ``REV`` from ``refs/main`` when it
   names a snapshot, else the newest snapshot), also below a ``hub/`` folder (``HF_HOME``);
@@ -182,13 +183,8 @@ def read_snapshot(name: str, folder: str, *, hub: bool) -> HfModelSpec | None:
               ("attn", heads * head_dim, dim), ("mlp", dim, inter), ("mlp", dim, inter), ("mlp", inter, dim),
               ("unembed", dim, vocab))
     files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
-    tied = bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
-    if files:
-        n_params = sum(_safetensors_numel(os.path.join(folder, f)) for f in files)
-    else:  # random init: count from the config (embeddings, attention, MLP, norms, head)
-        per_layer = sum(i * o for _, i, o in shapes[:-1]) + 2 * dim + (2 * head_dim if "qwen3" in
-                                                                          str(cfg.get("model_type")) else 0)
-        n_params = vocab * dim * (1 if tied else 2) + layers * per_layer + dim
+    n_params = (sum(_safetensors_numel(os.path.join(folder, f)) for f in files) if files
+                else _meta_params(name, folder))
     eos: list[int] = []
     gen = os.path.join(folder, "generation_config.json")
     for source in (cfg, _load_json(gen) if os.path.isfile(gen) else {}):
@@ -200,6 +196,21 @@ def read_snapshot(name: str, folder: str, *, hub: bool) -> HfModelSpec | None:
     return HfModelSpec(name=name, path=folder, vocab=vocab, max_len=num("max_position_embeddings", 2048), dim=dim,
                        layers=layers, dtype=dtype, n_params=n_params, lora_shapes=shapes, eos_ids=tuple(eos),
                        tokenizer_id=(name if hub else folder) if has_tokenizer else None, has_weights=bool(files))
+
+
+def _meta_params(name: str, folder: str) -> int:
+    """Parameters of a config-only snapshot, counted on a model built on ``meta`` (nothing allocated)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as e:  # an architecture this transformers does not know, a bad config
+        raise ConfigError(f"model {name!r} ({folder}): transformers cannot build it ({type(e).__name__}: {e})") \
+            from None
+    return sum(p.numel() for p in model.parameters())
 
 
 def _safetensors_numel(path: str) -> int:

@@ -48,9 +48,10 @@ def hf_tokenizer(vocab: int = 300) -> Any:
 
 def hf_snapshot(folder: str | Path, arch: str = "qwen3", *, seed: int = 0, hidden: int = 32, layers: int = 2,
                 tie: bool = False, dtype: str = "float32", weights: bool = True, **shape: Any) -> Path:
-    """A tiny real Hugging Face causal LM (random weights from ``seed``, a local tokenizer) saved in ``folder``."""
+    """A tiny real Hugging Face causal LM of model type ``arch`` (random weights from ``seed``, a local tokenizer)
+    saved in ``folder``; ``weights=False`` saves its config alone."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -59,13 +60,13 @@ def hf_snapshot(folder: str | Path, arch: str = "qwen3", *, seed: int = 0, hidde
                   num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=128,
                   tie_word_embeddings=tie, eos_token_id=tok.eos_token_id, dtype=dtype)
     common.update(shape)  # e.g. a real model's shape: hidden_size, intermediate_size, heads, vocab_size
-    config = Qwen3Config(**common) if arch == "qwen3" else LlamaConfig(**common)
+    config = AutoConfig.for_model(arch, **common)  # qwen3, llama, qwen2, gemma, gemma3_text, mistral, ...
     if weights:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).save_pretrained(folder)
     else:  # a config alone (as a hub config.json has it): the service random-inits it from seed 0
-        config.architectures = ["Qwen3ForCausalLM" if arch == "qwen3" else "LlamaForCausalLM"]
+        config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
         config.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
