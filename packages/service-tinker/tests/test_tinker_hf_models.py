@@ -187,6 +187,8 @@ def test_lora_and_full_tenants_concurrently_equal_alone(sc: dict[str, tinker.Ser
     assert results["bob"] == _run(sc["bob"], "full", data)
     assert results["carol"] == _run(sc["carol"], "lora", data)
     assert results["bob"][-1] < results["bob"][0] and results["carol"][-1] < results["carol"][0]
+    holder = hf_service.base_holder_info(QWEN, checksum=True)  # LoRA tenants train on the one shared copy...
+    assert holder["unchanged"] and holder["bytes"] >= 4 * hf_service.config.base_models[QWEN].params()  # ...untouched
     for tenant in ("bob", "carol"):  # they took turns: each one's state was parked (a failed park would move nothing)
         assert any(u["parked_bytes"] > 0 for u in hf_service.unit_timings() if u["tenant"] == tenant), tenant
 
