@@ -130,11 +130,11 @@ def _build_hf(spec: HfModelSpec, device: torch.device) -> nn.Module:
     hf_logging.disable_progress_bar()
     dtype = getattr(torch, spec.dtype)
     if spec.has_weights:
-        model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, local_files_only=True, **_attention())
     else:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
-            model = AutoModelForCausalLM.from_config(_hf_config(spec), dtype=dtype)
+            model = AutoModelForCausalLM.from_config(_hf_config(spec), dtype=dtype, **_attention())
     model = model.to(device).eval()
     if device.type == "cpu" and spec.has_weights:  # own storages, not the safetensors mapping: parking resizes them
         with torch.no_grad():
@@ -145,13 +145,20 @@ def _build_hf(spec: HfModelSpec, device: torch.device) -> nn.Module:
     return model
 
 
+def _attention() -> dict[str, str]:
+    """With torch's deterministic algorithms on (``ServiceConfig.deterministic``), plain attention: the fused
+    kernels' backward passes are not all deterministic on CUDA. Otherwise the model's default."""
+    return {"attn_implementation": "eager"} if torch.are_deterministic_algorithms_enabled() else {}
+
+
 def meta_model(spec: BaseModelSpec | HfModelSpec) -> nn.Module:
     """The model's modules on ``meta`` (no memory): :func:`rota_tinker._base.attach` points them at a shared copy."""
     with torch.device("meta"):
         if isinstance(spec, HfModelSpec):
             from transformers import AutoModelForCausalLM
 
-            return AutoModelForCausalLM.from_config(_hf_config(spec), dtype=getattr(torch, spec.dtype)).eval()
+            return AutoModelForCausalLM.from_config(_hf_config(spec), dtype=getattr(torch, spec.dtype),
+                                                    **_attention()).eval()
         return TinyLM(spec)
 
 
