@@ -304,6 +304,19 @@ def test_unsupported_features_answer_501_naming_them(hf_service: TinkerService) 
         "base_model": QWEN, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
         "sampling_params": {}, "topk_prompt_logprobs": 3})
     assert r.status_code == 501 and "topk_prompt_logprobs" in r.json()["detail"]
+    r = httpx.post(f"{hf_service.url}/api/v1/asample", headers=key, timeout=30, json={
+        "base_model": QWEN, "prompt": {"chunks": [{"type": "image", "data": "", "format": "png"}]},
+        "sampling_params": {}})
+    assert r.status_code == 501 and "'image' chunk" in r.json()["detail"]
+    r = httpx.post(f"{hf_service.url}/api/v1/optim_step", headers=key, timeout=30, json={
+        "model_id": "x", "optimizer_params": {"type": "sgd"}})
+    assert r.status_code in (403, 404)  # the model is checked first; with a real one:
+    tc = tinker.ServiceClient(base_url=hf_service.url, api_key=KEYS["alice"]).create_lora_training_client(
+        base_model=QWEN, rank=2).result(timeout=TIMEOUT)
+    r = httpx.post(f"{hf_service.url}/api/v1/optim_step", headers=key, timeout=30, json={
+        "model_id": tc.model_id, "optimizer_params": {"type": "sgd"}})
+    assert r.status_code == 501 and "optimizer_params" in r.json()["detail"]
+    assert r.headers["x-should-retry"] == "false"
 
 
 @pytest.mark.parametrize("arch,tie,weights", [("qwen3", False, True), ("llama", True, True), ("qwen3", True, False),

@@ -193,7 +193,8 @@ class CheckpointRoutes:
                                  "base_model out")
             opt = field_of(body, "optimizer_config", dict, required=False, default={"type": "adamw"})
             if opt.get("type", "adamw") != "adamw":
-                raise BadRequest("optimizer_config type is not supported; use adamw (the default)")
+                raise BadRequest("optimizer_config type is not implemented by this service; use adamw (the default)",
+                                 status=501)
             model_id = f"{sid}:train:{seq}"
             answer["model_id"] = model_id
             fut = self._start_model(tenant, sid, model_id, ck.base, ck.lora,  # type: ignore[attr-defined]

@@ -527,7 +527,8 @@ class _Api(_checkpoints.CheckpointRoutes):
         base = self._base(field_of(body, "base_model", str))
         opt = field_of(body, "optimizer_config", dict, required=False, default={"type": "adamw"})
         if opt.get("type", "adamw") != "adamw":
-            raise BadRequest("optimizer_config type is not supported; use adamw (the default)")
+            raise BadRequest("optimizer_config type is not implemented by this service; use adamw (the default)",
+                             status=501)
         lora_cfg = field_of(body, "lora_config", dict, required=False)
         lora = None
         if lora_cfg is not None:
@@ -644,7 +645,8 @@ class _Api(_checkpoints.CheckpointRoutes):
     def _optim_step(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
         m = self._model(tenant, field_of(body, "model_id", str))
         if body.get("optimizer_params") is not None:
-            raise BadRequest("optimizer_params (non-Adam optimizers) are not supported; send AdamParams")
+            raise BadRequest("optimizer_params (non-Adam optimizers) are not implemented by this service; send "
+                             "AdamParams", status=501)
         p = field_of(body, "adam_params", dict)
         adam = {k: field_of(p, k, float, required=False, default=d) for k, d in
                 (("learning_rate", 1e-4), ("beta1", 0.9), ("beta2", 0.95), ("eps", 1e-12), ("weight_decay", 0.0),

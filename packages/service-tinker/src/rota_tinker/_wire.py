@@ -121,9 +121,10 @@ def parse_json(body: bytes) -> dict[str, Any]:
 
 
 def _tensor(msg: Any, where: str) -> np.ndarray:
-    if msg.WhichOneof("encoding") != "dense":
-        raise BadRequest(f"{where}: only dense tensors are supported (got {msg.WhichOneof('encoding')}); "
-                         "send a dense TensorData")
+    encoding = msg.WhichOneof("encoding")
+    if encoding != "dense":
+        raise BadRequest(f"{where}: only dense tensors are implemented by this service (got {encoding}); send a "
+                         "dense TensorData", status=400 if encoding is None else 501)
     dtype = _DTYPES.get(msg.dtype)
     if dtype is None:
         raise BadRequest(f"{where}: dtype {pb.DType.Name(msg.dtype) if msg.dtype in pb.DType.values() else msg.dtype} "
@@ -195,7 +196,8 @@ def parse_forward_backward(body: bytes) -> FwdBwd:
         for j, chunk in enumerate(d.model_input):
             kind = chunk.WhichOneof("chunk")
             if kind != "encoded_text":
-                raise BadRequest(f"data[{i}].model_input[{j}] is a {kind} chunk; only encoded_text is supported")
+                raise BadRequest(f"data[{i}].model_input[{j}] is a {kind} chunk; this service implements only "
+                                 "encoded_text (text models)", status=501)
             if len(chunk.encoded_text.tokens) % 4:
                 raise BadRequest(f"data[{i}].model_input[{j}].tokens is not int32-packed")
             parts.append(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32))
@@ -304,7 +306,8 @@ def prompt_tokens(prompt: Any, vocab: int) -> np.ndarray:
     for j, chunk in enumerate(prompt["chunks"]):
         if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
             kind = chunk.get("type") if isinstance(chunk, dict) else type(chunk).__name__
-            raise BadRequest(f"prompt.chunks[{j}] is a {_short(kind)} chunk; only encoded_text is supported")
+            raise BadRequest(f"prompt.chunks[{j}] is a {_short(kind)} chunk; this service implements only "
+                             "encoded_text (text models)", status=501)
         toks = chunk.get("tokens")
         if not isinstance(toks, list):
             raise BadRequest(f"prompt.chunks[{j}].tokens must be a list of integers")
