@@ -56,10 +56,10 @@ def test_bad_environment_is_refused_at_connect(monkeypatch, env, needle):
 
 
 def test_sizes_take_units_everywhere(monkeypatch):
-    from rota._client import _residue_max
+    from rota.residue import residue_max_bytes
 
     monkeypatch.setenv("ROTA_RESIDUE_MAX_BYTES", "512MiB")
-    assert _residue_max() == 512 << 20
+    assert residue_max_bytes() == 512 << 20
 
 
 def test_status_json_follows_its_schema_with_numbers_as_numbers(tmp_path):

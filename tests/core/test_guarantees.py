@@ -189,7 +189,7 @@ def test_bad_budget_and_spill_dir_name_the_value(monkeypatch, tmp_path):
 def test_residue_fault_names_tensors_and_reports_memory_outside_the_allocator_uncounted():
     """The message a user sees after a park that left 2 GiB: who holds it, and NCCL's share apart."""
     from rota import ParkResult
-    from rota._client import residue_fault
+    from rota.residue import residue_fault
 
     result = ParkResult(residue={
         "untracked:FSDPCommContext.reduce_scatter_state.reduce_scatter_input (float32[553648128])": 2112 << 20,

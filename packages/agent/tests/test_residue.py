@@ -132,8 +132,10 @@ def test_zero_limit_turns_the_check_off(target, socket_dir):
 def test_bad_limits_name_the_value(monkeypatch):
     with pytest.raises(ConfigError, match=r"residue_max_bytes=-1 .*0 disables"):
         Agent(residue_max_bytes=-1)
-    monkeypatch.setenv("ROTA_RESIDUE_MAX_BYTES", "1.5GB")
-    with pytest.raises(ConfigError, match=r"ROTA_RESIDUE_MAX_BYTES='1.5GB' is not an integer"):
+    monkeypatch.setenv("ROTA_RESIDUE_MAX_BYTES", "lots")
+    with pytest.raises(ConfigError, match=r"ROTA_RESIDUE_MAX_BYTES='lots' is not a size"):
         Agent()
     monkeypatch.setenv("ROTA_RESIDUE_MAX_BYTES", "4096")
     assert Agent().residue_max_bytes == 4096
+    monkeypatch.setenv("ROTA_RESIDUE_MAX_BYTES", "1.5GB")  # the same units as core's limit
+    assert Agent().residue_max_bytes == 1_500_000_000

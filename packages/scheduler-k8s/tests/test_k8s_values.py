@@ -11,6 +11,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from rota import hookimpl, plugin_manager
 from rota_k8s import ValuesError, load_values, render
 from rota_k8s.cli import k8s
 
@@ -35,7 +36,7 @@ from rota_k8s.cli import k8s
     ({"namespace": "n" * 60}, "agent.namespace", "shorter"),
     ({"etcd": {"storage": "lots"}}, "etcd.storage", "quantity"),
     ({"orchestrator": {"replicas": 0}}, "orchestrator.replicas", "between 1 and 9"),
-    ({"orchestrator": {"policy": "lifo"}}, "orchestrator.policy", "fifo, priority, fair"),
+    ({"orchestrator": {"policy": "lifo"}}, "orchestrator.policy", "fair, fifo, priority"),
     ({"orchestrator": {"ttl": 0}}, "orchestrator.ttl", "> 0"),
     ({"orchestrator": {"parkTimeout": "soon"}}, "orchestrator.parkTimeout", "not a float"),
     ({"orchestrator": {"maxTurn": -1}}, "orchestrator.maxTurn", ">= 0"),
@@ -137,3 +138,23 @@ def test_cli_tenant_and_agent_namespaces(rota_cli: Any) -> None:
                                                  "agent": {"namespace": "gpu-agents"}}))
     assert {o["metadata"]["namespace"] for o in docs if o["kind"] == "Role"} == {"team-a", "team-b"}
     assert next(o for o in docs if o["kind"] == "DaemonSet")["metadata"]["namespace"] == "gpu-agents"
+
+
+class _LotteryPolicies:
+    """A third party's policy plugin, registered the way an installed distribution's would be."""
+
+    @staticmethod
+    @hookimpl
+    def rota_register_policies(register):
+        register("lottery", lambda max_turn_s=0.0: None)
+
+
+def test_a_policy_an_installed_plugin_registers_is_accepted():
+    pm = plugin_manager()
+    with pytest.raises(ValuesError):
+        load_values(overrides={"orchestrator": {"policy": "lottery"}})
+    pm.register(_LotteryPolicies, name="test-lottery")
+    try:
+        assert load_values(overrides={"orchestrator": {"policy": "lottery"}}).orchestrator.policy == "lottery"
+    finally:
+        pm.unregister(name="test-lottery")

@@ -39,12 +39,24 @@ def auth_key() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def orchestrator(auth_key: Path) -> Iterator[str]:
+def admin_token(auth_key: Path) -> str:
+    return auth.issue(auth.load_key(str(auth_key)), admin=True)
+
+
+@pytest.fixture(autouse=True)
+def _operator_shell(admin_token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Slurm test runs as an operator's shell would, with an admin token in ``ROTA_TOKEN``; the tests
+    of other packages (run later in the same session) never see it."""
+    monkeypatch.setenv("ROTA_TOKEN", admin_token)
+
+
+@pytest.fixture(scope="session")
+def orchestrator(auth_key: Path, admin_token: str) -> Iterator[str]:
     """Endpoint of a served orchestrator; its log is at ``orchestrator.log`` in the tmp dir."""
     endpoint = f"127.0.0.1:{free_port()}"
     logdir = Path(tempfile.mkdtemp(prefix="rota-orch-"))
-    admin = pytest.MonkeyPatch()
-    admin.setenv("ROTA_TOKEN", auth.issue(auth.load_key(str(auth_key)), admin=True))
+    admin = pytest.MonkeyPatch()  # only while it starts: the tests get the token from _operator_shell
+    admin.setenv("ROTA_TOKEN", admin_token)
     with open(logdir / "orchestrator.log", "wb") as out:
         proc = subprocess.Popen([ROTA, "--log-level", "info", "orchestrator", "serve", "--listen", endpoint,
                                  "--ttl", "60", "--auth-key", str(auth_key)], stdout=out, stderr=subprocess.STDOUT,
@@ -60,6 +72,7 @@ def orchestrator(auth_key: Path) -> Iterator[str]:
                     raise RuntimeError("orchestrator did not start:\n"
                                        + (logdir / "orchestrator.log").read_text()) from None
                 time.sleep(0.1)
+        admin.undo()
         _LOGS["orchestrator"] = logdir / "orchestrator.log"
         yield endpoint
     finally:

@@ -28,7 +28,7 @@ What is parked, per tag:
 * ``optimizer`` — every tensor in ``optimizer.state``, re-read on each park because
   optimizers create their state lazily on the first step.
 
-Switch guarantees (see :mod:`rota.tensors._guard`): every park reports its residue —
+Switch guarantees (see :mod:`rota.tensors`): every park reports its residue —
 tracked tags still on the device, and ``untracked:MODULE.ATTR`` for tensors hanging off
 the model's modules on its device that are neither parameters nor buffers (a
 "forgotten" tensor), plus allocator totals on CUDA; the client faults the park when
@@ -61,9 +61,7 @@ import torch
 
 from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument, TransientError
-from rota.tensors import TensorParker, name_untracked, outside_allocator_bytes
-from rota.tensors._parker import local_tensor
-from rota.tensors._pool import align
+from rota.tensors import TensorParker, align, local_tensor, name_untracked, outside_allocator_bytes
 
 log = logging.getLogger(__name__)
 
@@ -335,7 +333,7 @@ class Tracked:
         attrs = self._module_attr_storages()
         skip = set(attrs)
         for t in others:  # every tenant's tracked tensors in this process, parked or resident
-            skip |= set(t.parker._storages()) | set(t.parker._slots)
+            skip |= t.parker.tracked_keys()
         fsdp = {k: n for k, n in _fsdp_names(_fsdp_modules(self.model)).items() if k not in attrs}
         return name_untracked(self.device, skip - set(fsdp), known=fsdp)  # module attributes: named already
 
@@ -360,7 +358,7 @@ class Tracked:
         These are plain tensor attributes (not parameters or buffers) such as a cache
         a module keeps on ``self``: they stay on the device across a park.
         """
-        tracked = {k for k in self.parker._storages()} | set(self.parker._slots)
+        tracked = self.parker.tracked_keys()
         return {f"untracked:{name}": n for key, (name, n) in self._module_attr_storages().items()
                 if key not in tracked}
 
@@ -413,7 +411,7 @@ class Tracked:
         counter each (other optimizers grow the pool once, at the first park after a step).
         """
         fp = dict.fromkeys(TAGS, 0)  # slot sizes as the pool carves them (aligned)
-        for s, tag, _ in self.parker._storages().values():
+        for s, tag, _ in self.parker.storages().values():
             fp[tag] += align(s.nbytes())
         total = fp["weights"] + fp["optimizer"]
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -434,7 +432,7 @@ class Tracked:
         (plain tensors, not ``DTensor``); ``"rota"`` says so, with rank and world size.
         """
         self._check_active()
-        with self.parker._lock:
+        with self.parker.lock:
             model_sd = {k: self._host(v) for k, v in self.model.state_dict(keep_vars=True).items()}
             out: dict[str, Any] = {"model": model_sd}
             if self.optimizer is not None:

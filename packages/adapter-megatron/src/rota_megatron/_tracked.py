@@ -43,8 +43,7 @@ import torch
 
 import rota_fsdp._tracked as _registry  # the one table of tracked models/params, shared with rota_fsdp
 from rota import Gpu
-from rota.tensors._parker import local_tensor
-from rota.tensors._pool import align
+from rota.tensors import align, local_tensor
 from rota_fsdp import TAGS, AlreadyTracked, DeviceMismatch, Tracked, TrackingError
 from rota_fsdp._tracked import check_tags
 
@@ -172,7 +171,7 @@ class MegatronTracked(Tracked):
         moments per main param, plus ``.grad`` of parameters that Megatron DDP does not
         manage (no ``main_grad``): they appear at the first backward.
         """
-        total = sum(align(s.nbytes()) for s, _, _ in self.parker._storages().values())
+        total = sum(align(s.nbytes()) for s, _, _ in self.parker.storages().values())
         for leaf in leaf_optimizers(self.optimizer):
             inner = _inner(leaf)
             params = _main_params(leaf)

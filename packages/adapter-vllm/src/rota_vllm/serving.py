@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -48,8 +47,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
-from rota._generated import snapshot_agent_pb2 as pb
 from rota.errors import InvalidArgument, PermanentError, RotaError
+from rota.rpc import free_port
+from rota.wire import snapshot_agent_pb2 as pb
 from rota_agent.backends.app_endpoint import AppEndpointBackend, EndpointPlan
 
 log = logging.getLogger(__name__)
@@ -258,7 +258,7 @@ def wait_attached(gpu: Gpu, timeout_s: float = 30.0) -> None:
     The orchestrator parks a resident only over a live session; a request served
     before the session is attached could otherwise hold the GPU unparkable.
     """
-    from rota._generated import rota_v1_pb2 as v1
+    from rota.wire import rota_v1_pb2 as v1
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -486,12 +486,6 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
 
 
 # ---------------------------------------------------------------------- supervisor
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

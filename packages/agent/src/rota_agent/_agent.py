@@ -39,7 +39,7 @@ that do exist, in the one order they may nest (outer first):
    one-time ``nvmlInit``; a leaf: nothing is taken while it is held and it is never
    taken on the loop.
 3. tenant side, on the WorkloadClient thread of a process (``rota_agent.client``):
-   ``Gpu._state_lock`` (core, by ``gpu.park`` / :func:`~rota_agent.client.restore_gpu`)
+   the client's state lock (core, by ``gpu.park`` / ``gpu.restore``)
    then the adapters' own locks (e.g. ``TensorParker._lock``) inside the hooks, the
    same order as core's ``acquire``. The client holds no lock while it talks to the agent.
 
@@ -85,12 +85,12 @@ import grpc
 
 from rota import nvml as _nvml
 from rota import proc as _proc
-from rota._generated import snapshot_agent_pb2 as pb
-from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
-from rota._grpc_server import rpc_errors
-from rota._ids import check_id, shown
 from rota.auth import Principal, ServerAuth
+from rota.config import check_id, shown
 from rota.errors import InvalidArgument, PermissionDenied, RotaError
+from rota.rpc import rpc_errors
+from rota.wire import snapshot_agent_pb2 as pb
+from rota.wire import snapshot_agent_pb2_grpc as pb_grpc
 from rota_agent import _residue
 from rota_agent._door import Door, Proof
 from rota_agent._generated import agent_ext_pb2 as ext

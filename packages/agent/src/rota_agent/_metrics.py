@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
-from rota._generated import snapshot_agent_pb2 as pb
+from rota.wire import snapshot_agent_pb2 as pb
 
 __all__ = ["AgentMetrics"]
 

@@ -10,7 +10,7 @@ snapshot. Two sources, both kept in the report by key:
   injectable reader (:func:`rota.nvml.process_bytes_by_pid`; tests pass a fake).
 
 What is *counted* against the threshold: the adapters' part as core counts it
-(:func:`rota._client.residue_fault`: the larger of the named bytes and the allocator's
+(:func:`rota.residue.residue_fault`: the larger of the named bytes and the allocator's
 ``process:allocated``), and, for whole-process backends (``cuda``, where the driver
 releases the context too), the NVML bytes of the pids. For backends whose process
 stays alive (``app_channel``...), NVML bytes include the CUDA context (hundreds of MiB
@@ -22,7 +22,7 @@ v1alpha1 peers ignore; :func:`attach` and :func:`read` do the appending and read
 
 Environment:
     ROTA_RESIDUE_MAX_BYTES  device bytes a park may leave behind before it is a fault
-                            (integer >= 0, 0 = off; default 268435456 = 256 MiB, as in core)
+                            (a size such as 256MiB, 0 = off; default 256 MiB, as in core)
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from typing import TypeVar
 
 from google.protobuf.message import Message
 
-from rota._client import _env_int, residue_counted, residue_fault
-from rota._types import ParkResult
 from rota.errors import ConfigError
+from rota.residue import DEFAULT_RESIDUE_MAX_BYTES as DEFAULT_RESIDUE_MAX
+from rota.residue import RESIDUE_ENV, residue_counted, residue_fault, residue_max_bytes
+from rota.types import ParkResult
 from rota_agent._generated import agent_ext_pb2 as ext
 
-DEFAULT_RESIDUE_MAX = 256 << 20  # same default as core's (rota.tensors._guard, not imported: it needs torch)
-ENV = "ROTA_RESIDUE_MAX_BYTES"
+ENV = RESIDUE_ENV
 NVML_PREFIX = "nvml:pid:"
 
 M = TypeVar("M", bound=Message)
@@ -49,7 +49,7 @@ ProcessReader = Callable[[tuple[int, ...]], "dict[int, int] | None"]  # pid -> d
 def residue_max(value: int | None = None) -> int:
     """``value`` (a flag) when given, else ``ROTA_RESIDUE_MAX_BYTES`` (default 256 MiB), validated."""
     if value is None:
-        return _env_int(ENV, DEFAULT_RESIDUE_MAX, minimum=0)
+        return residue_max_bytes()
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"residue_max_bytes={value!r} is not an integer >= 0; pass bytes (0 disables the check) "
                           f"or leave it unset to use {ENV}")

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
-from rota._generated import snapshot_agent_pb2 as pb
-from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
-from rota._grpc_server import bind, free_port, health_servicer, serve_in_thread
 from rota.auth import ServerAuth
 from rota.errors import ConfigError
+from rota.rpc import bind, free_port, health_servicer, serve_in_thread
+from rota.wire import snapshot_agent_pb2 as pb
+from rota.wire import snapshot_agent_pb2_grpc as pb_grpc
 from rota_agent._agent import Agent, AgentService
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SnapshotAgentService"].full_name

@@ -46,18 +46,17 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from rota._client import check_endpoint
-from rota._generated import snapshot_agent_pb2 as pb
-from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
-from rota._ids import check_id
-from rota._types import ParkMode, ParkPlan, ParkResult
 from rota.auth import bearer, env_token
+from rota.config import check_endpoint, check_id
 from rota.errors import ConfigError, RotaError, from_rpc_error
+from rota.types import ParkMode, ParkPlan, ParkResult
+from rota.wire import snapshot_agent_pb2 as pb
+from rota.wire import snapshot_agent_pb2_grpc as pb_grpc
 from rota_agent import _door, _residue
 from rota_agent._generated import agent_ext_pb2 as ext
 
 if TYPE_CHECKING:
-    from rota._client import Gpu
+    from rota import Gpu
 
 log = logging.getLogger(__name__)
 
@@ -221,23 +220,9 @@ class WorkloadClient:
 
 
 def restore_gpu(gpu: Gpu, plan: ParkPlan | None = None) -> ParkResult:
-    """Run ``gpu``'s restore hooks now (between turns), as ``acquire`` would after a grant.
-
-    Core's :class:`rota.Gpu` restores lazily in ``acquire``; the agent restores ahead of
-    the grant so the restore overlaps the previous holder's park. Uses the client's
-    state lock, so it never races ``acquire`` or ``park``.
-    """
-    with gpu._state_lock:
-        if not gpu.parked:
-            return ParkResult()
-        if gpu.grant is not None:
-            raise RuntimeError(f"job {gpu.tenant!r} holds group {gpu.group!r}; nothing to restore mid-turn")
-        t0 = time.monotonic()
-        result = gpu._run_snapshot_hooks(gpu.pm.hook.rota_restore, plan or ParkPlan())
-        gpu.stats.restores.append(result)
-        gpu.stats.events.append(("restore", t0, time.monotonic()))
-        gpu.parked = False
-        return result
+    """Restore ``gpu`` now, between turns, ahead of the grant, so the restore overlaps the previous
+    holder's park (:meth:`rota.Gpu.restore`: never races ``acquire`` or ``park``)."""
+    return gpu.restore(plan)
 
 
 def park_gpu(gpu: Gpu, plan: ParkPlan) -> ParkResult:
@@ -247,15 +232,7 @@ def park_gpu(gpu: Gpu, plan: ParkPlan) -> ParkResult:
     park's, whose residue is still on the device (so a retried snapshot re-checks it).
     A park that fails on core's own residue check keeps its result on the exception.
     """
-    with gpu._state_lock:  # as gpu.park does; held across the check so no turn starts in between
-        if gpu.parked:
-            return gpu.last_park
-        try:
-            return gpu._park_locked(plan)
-        except RotaError as exc:
-            if gpu.parked:  # parked, but refused (ResidueError): the agent needs the residue too
-                exc.park_result = gpu.last_park  # type: ignore[attr-defined]
-            raise
+    return gpu.park(plan)
 
 
 def _plan(mode: int, tags: tuple[str, ...]) -> ParkPlan:

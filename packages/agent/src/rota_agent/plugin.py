@@ -16,7 +16,7 @@ Environment:
     ROTA_AUTH_KEY         default of ``--auth-key`` (the orchestrator's key file)
     ROTA_AGENT_SOCKET_DIR default of ``--socket-dir``
     ROTA_AGENT_OP_TIMEOUT default of ``--op-timeout`` (seconds, > 0)
-    ROTA_RESIDUE_MAX_BYTES default of ``--residue-max-bytes`` (integer >= 0, 0 = off; 256 MiB)
+    ROTA_RESIDUE_MAX_BYTES default of ``--residue-max-bytes`` (a size such as 256MiB, 0 = off; 256 MiB)
     ROTA_AGENT            default of ``rota agent status --agent``
     ROTA_TOKEN            the token ``rota agent status`` shows (an admin token sees every job)
     ROTA_AGENTS           agents the orchestrator talks to (also set by ``--agent``)
@@ -36,7 +36,7 @@ import click
 import grpc
 
 from rota import hookimpl
-from rota.cli.options import Endpoint
+from rota.cli.options import ByteSize, Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +68,10 @@ def agent() -> None:
 @click.option("--forget-after", type=click.FloatRange(min=0), default=300.0, show_default=True,
               help="Seconds a job whose WorkloadChannels all closed stays listed (its fault, its parked state) "
                    "before the agent forgets it.")
-@click.option("--residue-max-bytes", type=click.IntRange(min=0), default=None,
+@click.option("--residue-max-bytes", type=ByteSize(), default=None,
               help="Device bytes a parked job may leave behind (NVML per pid for whole-process parks, the adapters' "
                    "report for app_channel); more FAILs the snapshot and FAULTs the job. 0 = off "
-                   "[default: env ROTA_RESIDUE_MAX_BYTES, else 268435456 = 256 MiB].")
+                   "A size (256MiB, 1GB, 1000000) [default: env ROTA_RESIDUE_MAX_BYTES, else 256 MiB].")
 @click.option("--metrics-listen", default="", metavar="HOST:PORT",
               help="Serve Prometheus /metrics here (parks and restores, their seconds, bytes moved, jobs by state, "
                    "residue). It has no authentication: bind it where only your Prometheus reaches.")
@@ -169,9 +169,9 @@ async def _serve(a: Any, listen: str, auth: Any, socket_dir: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status_cmd(endpoint: str, as_json: bool) -> None:
     """Show the agent's jobs and accelerators."""
-    from rota._generated import snapshot_agent_pb2 as pb
-    from rota._generated import snapshot_agent_pb2_grpc as pb_grpc
     from rota.auth import bearer, env_token
+    from rota.wire import snapshot_agent_pb2 as pb
+    from rota.wire import snapshot_agent_pb2_grpc as pb_grpc
 
     token = env_token()
     with grpc.insecure_channel(endpoint) as ch:

@@ -21,7 +21,7 @@ Environment (each value is checked; a bad one raises :class:`rota.errors.ConfigE
     ROTA_TOKEN         bearer token for an orchestrator that checks credentials (rota.auth)
     ROTA_TLS_CA, ROTA_TLS_CERT, ROTA_TLS_KEY   TLS to the orchestrator (CA; client cert for mTLS)
     ROTA_RESIDUE_MAX_BYTES   device bytes a park may leave behind before it is a fault
-                       (default 256 MiB; see :func:`residue_fault`)
+                       (default 256 MiB; see :func:`rota.residue.residue_fault`)
 
 Switch guarantees on this side: a park whose adapters report more residue than
 ``ROTA_RESIDUE_MAX_BYTES`` is reported to the orchestrator as failed, naming what
@@ -53,7 +53,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -62,7 +62,7 @@ import pluggy
 from rota._ids import check_id
 from rota._plugins import plugin_manager
 from rota._types import Grant, ParkPlan, ParkResult, ReleaseInfo, TurnRequest
-from rota._units import env_bytes
+from rota.config import check_endpoint, env_float, env_int
 from rota.errors import (
     ConfigError,
     Faulted,
@@ -73,6 +73,7 @@ from rota.errors import (
     Unavailable,
     from_rpc_error,
 )
+from rota.residue import ResidueError, residue_fault, residue_left, residue_max_bytes
 
 log = logging.getLogger(__name__)
 
@@ -324,9 +325,27 @@ class Gpu:
             self.stub = rota_v1_pb2_grpc.RotaServiceStub(self._channel)
 
     def park(self, plan: ParkPlan | None = None) -> ParkResult:
-        """Park this tenant's tracked state now (normally the orchestrator asks for it)."""
+        """Park this tenant's tracked state now (normally the orchestrator asks for it).
+
+        Parking an already parked tenant moves nothing and returns :attr:`last_park`, whose
+        residue is still on the device. A park over ``ROTA_RESIDUE_MAX_BYTES`` raises
+        :class:`rota.residue.ResidueError` (the state is parked) carrying ``park_result``.
+        """
         with self._state_lock:
+            if self.parked:
+                return self.last_park
             return self._park_locked(plan or ParkPlan())
+
+    def restore(self, plan: ParkPlan | None = None) -> ParkResult:
+        """Restore parked state now, between turns, as :meth:`acquire` would after its grant.
+
+        For whoever restores ahead of the grant (the node agent, so the restore overlaps
+        the previous holder's park). Nothing to do when not parked; refused mid-turn.
+        """
+        with self._state_lock:
+            if self.parked and self.grant is not None:
+                raise InvalidArgument(f"job {self.tenant!r} holds group {self.group!r}; nothing to restore mid-turn")
+            return self._restore_locked(plan or ParkPlan())
 
     def close(self) -> None:
         """Leave: release a held turn, end the session (the orchestrator forgets this job)."""
@@ -363,10 +382,12 @@ class Gpu:
         self.stats.events.append(("park", t0, time.monotonic()))
         self.parked = True
         self.last_park = result
-        fault = residue_fault(result, _residue_max())
+        fault = residue_fault(result, residue_max_bytes())
         if fault:
             log.error("job %s rank %d in group %s: %s", self.tenant, self.rank, self.group, fault)
-            raise ResidueError(fault, job_id=self.tenant, group_id=self.group)
+            err = ResidueError(fault, job_id=self.tenant, group_id=self.group)
+            err.park_result = result  # type: ignore[attr-defined]
+            raise err
         return result
 
     def _restore_locked(self, plan: ParkPlan) -> ParkResult:
@@ -522,56 +543,6 @@ class Gpu:
             return 0
 
 
-class ResidueError(RotaError):
-    """A park left more on the device than ``ROTA_RESIDUE_MAX_BYTES`` allows (the state is parked)."""
-
-
-def attributed_residue(residue: Mapping[str, int]) -> dict[str, int]:
-    """The residue adapters name (tracked tags, ``untracked:...``), without the allocator's ``process:`` totals."""
-    return {k: v for k, v in residue.items() if not k.startswith("process:") and v > 0}
-
-
-def residue_counted(residue: Mapping[str, int]) -> int:
-    """What the residue limit counts: the named bytes, or the allocator's ``process:allocated`` if more."""
-    return max(sum(attributed_residue(residue).values()), residue.get("process:allocated", 0))
-
-
-def residue_left(result: ParkResult) -> int:
-    """Device bytes a park left behind: what adapters attribute, or what the allocator still holds if more."""
-    held = result.residue.get("process:reserved", result.residue.get("process:allocated", 0))
-    return max(sum(attributed_residue(result.residue).values()), held)
-
-
-def residue_fault(result: ParkResult, limit: int) -> str:
-    """A message naming what stayed on the device, or "" when the residue is within ``limit``.
-
-    The residue counted is the larger of what adapters attribute (tracked tags still
-    held, ``untracked:...`` tensors) and the allocator's total (``process:allocated``).
-    """
-    named = attributed_residue(result.residue)
-    left = residue_counted(result.residue)
-    if limit <= 0 or left <= limit:
-        return ""
-    what = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sorted(named.items(), key=lambda kv: -kv[1])[:8])
-    alloc = result.residue.get("process:allocated")
-    if alloc is not None:
-        what += f"{'; ' if what else ''}allocator: {alloc / 2**20:.1f} MiB allocated, " \
-                f"{result.residue.get('process:reserved', 0) / 2**20:.1f} MiB reserved"
-    outside = result.residue.get("process:outside_allocator")
-    if outside is not None:  # CUDA context, NCCL, library handles: reported, never counted
-        growth = result.residue.get("process:outside_allocator_growth")
-        what += f"; outside torch's allocator (not counted): {outside / 2**20:.1f} MiB" + \
-                (f", {growth / 2**20:.1f} MiB of it since the tenant was tracked (NCCL, handles)"
-                 if growth is not None else "")
-    return (f"park left {left / 2**20:.1f} MiB on the device (limit {limit / 2**20:.1f} MiB, "
-            f"ROTA_RESIDUE_MAX_BYTES): {what or 'unattributed'}; track or free it (e.g. register it as a buffer or "
-            "delete it before the turn ends)")
-
-
-def _residue_max() -> int:
-    return env_bytes("ROTA_RESIDUE_MAX_BYTES", 256 << 20)
-
-
 def _channel(endpoint: str, token: str = "") -> grpc.Channel:
     """A channel to one endpoint, or to several replicas (comma-separated) with failover; every call
     carries ``token`` (TLS from ``ROTA_TLS_*``, see :func:`rota.auth.channel`)."""
@@ -588,46 +559,6 @@ def _channel(endpoint: str, token: str = "") -> grpc.Channel:
     return auth.channel(endpoints[0], token=token, options=options)
 
 
-def check_endpoint(value: str, source: str) -> str:
-    """Validate an orchestrator address given by ``source`` (a flag or env var name)."""
-    for part in value.split(","):
-        part = part.strip()
-        if part.startswith("unix:") and len(part) > 5:
-            continue
-        host, _, port = part.rpartition(":")
-        if host and port.isdigit() and 0 < int(port) < 65536:
-            continue
-        raise ConfigError(f"{source}={value!r}: {part!r} is not host:port or unix:PATH "
-                          "(e.g. 127.0.0.1:50051)")
-    return value
-
-
-def _env_int(name: str, default: int, *, minimum: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer; set it to an integer >= {minimum} or unset it") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={raw!r} is below {minimum}; set it to an integer >= {minimum} or unset it")
-    return value
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number; set a positive number or unset it") from None
-    if not value > 0:
-        raise ConfigError(f"{name}={raw!r} must be > 0; set a positive number or unset it")
-    return value
-
-
 def _ranks() -> tuple[int, int]:
     """(rank, world size): torchrun's, ROTA_RANK/ROTA_WORLD_SIZE, torch.distributed's, else (0, 1).
 
@@ -636,8 +567,8 @@ def _ranks() -> tuple[int, int]:
     launcher (a Slurm task, a pod) and would give every worker the same rank.
     """
     if os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get("WORLD_SIZE"):
-        world = _env_int("WORLD_SIZE", 1, minimum=1)
-        rank = _env_int("RANK", 0, minimum=0)
+        world = env_int("WORLD_SIZE", 1, minimum=1)
+        rank = env_int("RANK", 0, minimum=0)
         if rank >= world:
             raise ConfigError(f"RANK={rank} must be below WORLD_SIZE={world} (set by torchrun)")
         return rank, world
@@ -645,8 +576,8 @@ def _ranks() -> tuple[int, int]:
         raise ConfigError(f"ROTA_RANK={os.environ['ROTA_RANK']!r} is set but ROTA_WORLD_SIZE is not; set both (the "
                           "job's ranks) or neither")
     if os.environ.get("ROTA_WORLD_SIZE"):
-        world = _env_int("ROTA_WORLD_SIZE", 1, minimum=1)
-        rank = _env_int("ROTA_RANK", 0, minimum=0)
+        world = env_int("ROTA_WORLD_SIZE", 1, minimum=1)
+        rank = env_int("ROTA_RANK", 0, minimum=0)
         if rank >= world:
             raise ConfigError(f"ROTA_RANK={rank} must be below ROTA_WORLD_SIZE={world}")
         return rank, world
@@ -686,11 +617,11 @@ def connect(group: str | None = None, tenant: str | None = None, endpoint: str |
         from rota._local import ensure_local_orchestrator
 
         endpoint, source = ensure_local_orchestrator(), "this host's embedded orchestrator"
-    _residue_max()  # checked now, not at the first park
-    prio = priority if priority is not None else _env_int("ROTA_PRIORITY", 0, minimum=-(2**31))
-    share = weight if weight is not None else _env_float("ROTA_WEIGHT", 1.0)
+    residue_max_bytes()  # checked now, not at the first park
+    prio = priority if priority is not None else env_int("ROTA_PRIORITY", 0, minimum=-(2**31))
+    share = weight if weight is not None else env_float("ROTA_WEIGHT", 1.0)
     if share <= 0:
         raise ConfigError(f"weight {share!r} must be > 0")
     return Gpu(group, tenant, endpoint, rank=rank, world_size=world, priority=prio, weight=share,
-               heartbeat_s=_env_float("ROTA_HEARTBEAT_S", 1.0), footprint_hint=footprint_hint, token=token,
-               connect_timeout_s=_env_float("ROTA_CONNECT_TIMEOUT_S", CONNECT_TIMEOUT_S), endpoint_source=source)
+               heartbeat_s=env_float("ROTA_HEARTBEAT_S", 1.0), footprint_hint=footprint_hint, token=token,
+               connect_timeout_s=env_float("ROTA_CONNECT_TIMEOUT_S", CONNECT_TIMEOUT_S), endpoint_source=source)

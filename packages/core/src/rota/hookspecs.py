@@ -1,9 +1,10 @@
 """rota's hook contract: what a plugin may implement, and when rota calls it.
 
 Plugins are distributions that register a module or object under the entry-point
-group ``rota`` (see :mod:`rota._plugins`). Hooks are grouped by side:
+group ``rota`` (``rota plugins`` lists them). Hooks are grouped by side:
 
-* lease side — who holds a group (the embedded orchestrator, ``rota_etcd``);
+* lease side — who holds a group (``rota_acquire``/``rota_release``: a plugin may replace
+  the gRPC client; ``rota_store``: where an orchestrator keeps group state, ``rota_etcd``);
 * snapshot side — moving a tenant's device state out and back (adapters, agent);
 * placement side — where tenants run (``rota_slurm``, ``rota_k8s``);
 * registration — policies and CLI commands plugins add;
@@ -22,9 +23,9 @@ import pluggy
 if TYPE_CHECKING:
     import click
 
-    from rota._client import Gpu
-    from rota._engine import GroupStore
-    from rota._types import Grant, ParkPlan, ParkResult, Placement, ReleaseInfo, TurnRequest
+    from rota import Gpu
+    from rota.orchestrator import GroupStore
+    from rota.types import Grant, ParkPlan, ParkResult, Placement, ReleaseInfo, TurnRequest
 
 hookspec = pluggy.HookspecMarker("rota")
 hookimpl = pluggy.HookimplMarker("rota")
@@ -72,7 +73,7 @@ def rota_store(url: str) -> GroupStore | None:
     Without any plugin answering, the orchestrator keeps state in memory.
 
     :param url: comma-separated store endpoints as the user gave them.
-    :returns: a :class:`rota._engine.GroupStore`, or None if this plugin does not
+    :returns: a :class:`rota.orchestrator.GroupStore`, or None if this plugin does not
         serve that kind of URL.
 
     Stops at first non-None result.
@@ -126,8 +127,9 @@ def rota_footprint(tenant: Gpu) -> dict[str, int] | None:
 def rota_place(request: TurnRequest, scheduler: str) -> Placement | None:
     """Decide where a tenant of ``request.group_id`` runs under ``scheduler``.
 
-    Called by scheduler plugins' CLIs (``rota slurm``, ``rota k8s``) when they
-    render a job.
+    Called by ``rota k8s tenant`` (scheduler ``"k8s"``, answered by rota_k8s) when it
+    renders a tenant's pod. rota_slurm answers ``"slurm"`` for other callers; rota itself
+    places Slurm jobs through the SPANK plugin, not through this hook.
 
     :param request: the tenant to place.
     :param scheduler: ``"slurm"``, ``"k8s"`` or another plugin's name.

@@ -33,7 +33,7 @@ The YAML shape (every key optional)::
       clientSecret: rota-etcd-client  # tls.crt/tls.key/ca.crt the orchestrator presents to etcd
     orchestrator:
       replicas: 2
-      policy: fifo           # fifo | priority | fair
+      policy: fifo           # fifo | priority | fair | a plugin's policy
       ttl: 10                # seconds without heartbeat before a tenant loses its turn
       parkTimeout: 120       # seconds a park may take before the job is FAULTED
       maxTurn: 0             # seconds a holder may keep a group while others wait (0 = no limit)
@@ -57,8 +57,10 @@ from typing import Any
 
 import yaml
 
+from rota import plugin_manager
 from rota.auth import parse_ttl
 from rota.errors import ConfigError
+from rota.policies import available_policies
 from rota_k8s._image import default_image, image_problem
 
 __all__ = ["AgentValues", "AuthValues", "EtcdValues", "OrchestratorValues", "PriorityClassValues", "Values",
@@ -70,7 +72,6 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _URL = re.compile(r"https://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?")  # fullmatch: etcd is reached over TLS only
-POLICIES = ("fifo", "priority", "fair")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 GPU_ACCESS = ("dra", "runtimeClass")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -331,8 +332,10 @@ def _check(v: Values) -> list[tuple[str, str]]:
     o = v.orchestrator
     if not 1 <= o.replicas <= 9:
         p.append(("orchestrator.replicas", f"{o.replicas} must be between 1 and 9"))
-    if o.policy not in POLICIES:
-        p.append(("orchestrator.policy", f"{o.policy!r}; choose one of {', '.join(POLICIES)}"))
+    policies = sorted(available_policies(plugin_manager()))  # built-in and every installed plugin's
+    if o.policy not in policies:
+        p.append(("orchestrator.policy", f"{o.policy!r}; choose one of {', '.join(policies)} (policies of the "
+                  "plugins installed here, which the image must also have)"))
     if not 0 < o.ttl <= 3600:
         p.append(("orchestrator.ttl", f"{o.ttl} seconds must be > 0 and <= 3600"))
     if not 0 < o.parkTimeout <= 3600:

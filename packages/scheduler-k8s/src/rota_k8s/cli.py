@@ -25,10 +25,10 @@ from typing import Any
 
 import click
 
-from rota._plugins import plugin_manager
-from rota._types import TurnRequest
+from rota import plugin_manager
 from rota.cli.options import Endpoint
 from rota.errors import InvalidArgument, RotaError
+from rota.types import TurnRequest
 from rota_k8s._validate import MIN_VERSION, ManifestError, supported_versions, validate_objects
 from rota_k8s._values import ValuesError, load_values
 from rota_k8s.manifests import MAX_GPUS, TenantSpec, claim_name, render, tenant, to_yaml
@@ -113,7 +113,7 @@ def k8s() -> None:
               "StatefulSet is rendered (the orchestrator presents etcd.clientSecret's certificate).")
 @click.option("--etcd-replicas", type=int, help="Members of the rendered etcd StatefulSet (odd) [3].")
 @click.option("--orchestrator-replicas", type=int, help="Orchestrator replicas (leader-elected) [2].")
-@click.option("--policy", help="fifo, priority or fair [fifo].")
+@click.option("--policy", help="fifo, priority, fair or a policy an installed plugin registers [fifo].")
 @click.option("--ttl", type=float, help="Seconds without heartbeat before a tenant loses its turn [10].")
 @click.option("--park-timeout", type=float, help="Seconds a park may take before the job is FAULTED [120].")
 @click.option("--max-turn", type=float, help="Seconds a holder may keep a group while others wait; 0 = no limit.")

@@ -54,9 +54,9 @@ from typing import Any
 import grpc
 
 from rota import auth
-from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota.errors import PermanentError, RotaError, TransientError, from_rpc_error
+from rota.wire import rota_v1_pb2 as pb
+from rota.wire import rota_v1_pb2_grpc as pb_grpc
 from rota_k8s._values import dns_label_ok, label_value_problem
 from rota_k8s.manifests import GROUP_LABEL, JOB_LABEL, PART_OF, TOKEN_KEY, rota_ids, token_secret_name
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from rota._ids import check_id
+from rota.config import check_id
 from rota.errors import InvalidArgument
 from rota_k8s._image import image_problem
 from rota_k8s._values import Values, dns_label, dns_label_ok, label_value_problem

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rota import hookimpl
-from rota._types import Placement, TurnRequest
+from rota.types import Placement, TurnRequest
 from rota_k8s.manifests import CLAIM_API_VERSION, CLAIM_REQUEST, DEVICE_CLASS, GROUP_LABEL, JOB_LABEL, claim_name
 
 if TYPE_CHECKING:

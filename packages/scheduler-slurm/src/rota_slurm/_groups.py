@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from rota._ids import check_id
+from rota.config import check_id
 from rota.errors import InvalidArgument
 
 __all__ = ["GPU_SET", "check_pattern", "expand_node", "pattern_regex"]

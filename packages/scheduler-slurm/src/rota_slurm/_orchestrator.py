@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota.auth import channel
 from rota.errors import NotFound, RotaError, TransientError, from_rpc_error
+from rota.wire import rota_v1_pb2 as pb
+from rota.wire import rota_v1_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

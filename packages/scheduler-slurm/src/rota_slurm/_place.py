@@ -9,7 +9,7 @@ after the node and GPUs the job lands on (``%n-%g``, expanded by the SPANK plugi
 
 from __future__ import annotations
 
-from rota._types import Placement, TurnRequest
+from rota.types import Placement, TurnRequest
 from rota_slurm._groups import check_pattern
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import click
 
 from rota import auth
-from rota._client import check_endpoint
 from rota.cli.options import Endpoint
+from rota.config import check_endpoint
 from rota.errors import RotaError
 from rota_slurm import _groups, _orchestrator, _place, _slurm, _spank, _status, _token
 from rota_slurm._conf import GresLayout, gres_conf, slurm_conf_lines

@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from rota import hookimpl
-from rota._types import Placement, TurnRequest
+from rota.types import Placement, TurnRequest
 
 
 @hookimpl

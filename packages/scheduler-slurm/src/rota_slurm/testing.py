@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rota.rpc import free_port
 from rota_slurm._conf import GresLayout, gres_conf, node_line
 from rota_slurm._spank import PlugstackLine, build, default_rota_executable, write_plugstack
 
@@ -46,12 +47,6 @@ def _bin(name: str) -> str | None:
 def missing_binaries() -> list[str]:
     """Binaries a cluster needs that are not installed (empty when it can start)."""
     return [b for b in BINARIES if _bin(b) is None]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -169,7 +164,7 @@ class SlurmCluster:
             (self.root / d).mkdir(parents=True, exist_ok=True)
         os.chmod(self.root / "munge", 0o700)
         host = socket.gethostname().split(".")[0]
-        ctld_port, first_node_port = _free_port(), _free_port()
+        ctld_port, first_node_port = free_port(), free_port()
         layout = GresLayout(gpus=self.gpus_per_node, shards_per_gpu=self.shards_per_gpu,
                             device_glob=str(self.root / "dev" / "nvidia"))
         for i in range(self.gpus_per_node):  # fake GPUs: character devices, major 195 like nvidia's
@@ -183,7 +178,7 @@ class SlurmCluster:
                         PlugstackLine(so, orchestrator=self.orchestrator, rota=default_rota_executable(),
                                       python=sys.executable, auth_key=self.auth_key))
         r = self.root
-        ports = [first_node_port] + [_free_port() for _ in self.nodes[1:]]
+        ports = [first_node_port] + [free_port() for _ in self.nodes[1:]]
         nodes = "\n".join(
             node_line(n, layout, cpus=self.cpus_per_node, memory_mb=2000,
                       extra=f"NodeHostname={host} NodeAddr=127.0.0.1 Port={port}")

@@ -17,7 +17,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from rota._generated import snapshot_agent_pb2 as pb
+from rota.wire import snapshot_agent_pb2 as pb
 
 
 @dataclass

@@ -23,8 +23,8 @@ import asyncio
 import uuid
 from typing import Any, ClassVar
 
-from rota._generated import snapshot_agent_pb2 as pb
-from rota._ids import shown
+from rota.config import shown
+from rota.wire import snapshot_agent_pb2 as pb
 from rota_agent import _residue
 from rota_agent._generated import agent_ext_pb2 as ext
 from rota_agent.backends._base import Channel, Job, Moved

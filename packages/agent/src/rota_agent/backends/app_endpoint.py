@@ -34,9 +34,9 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rota._generated import snapshot_agent_pb2 as pb
-from rota._ids import shown
+from rota.config import shown
 from rota.errors import PermissionDenied
+from rota.wire import snapshot_agent_pb2 as pb
 from rota_agent.backends._base import Job, Moved
 from rota_agent.errors import BackendFailed, BadBackendConfig, UnknownJob
 

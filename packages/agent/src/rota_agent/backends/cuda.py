@@ -46,8 +46,8 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 from rota import proc as _proc
-from rota._generated import snapshot_agent_pb2 as pb
 from rota.errors import PermissionDenied
+from rota.wire import snapshot_agent_pb2 as pb
 from rota_agent.backends._base import Job, Moved
 from rota_agent.errors import BackendFailed, BadBackendConfig, UnknownJob, Unsupported, WrongState
 

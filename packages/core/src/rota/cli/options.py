@@ -37,7 +37,7 @@ class ByteSize(click.ParamType):
         if isinstance(value, int):
             return value
         try:
-            return parse_bytes(value, what=f"--{param.name if param else 'size'}")
+            return parse_bytes(value, what=param.opts[0] if param is not None and param.opts else "size")
         except RotaError as exc:
             self.fail(str(exc), param, ctx)
 

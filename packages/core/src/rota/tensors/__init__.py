@@ -22,12 +22,13 @@ any torch adapter); nothing outside ``rota.tensors`` imports it.
 
 from __future__ import annotations
 
-from rota.tensors._guard import DiscardedTag, NoRoom, ResidueError, SwitchError, SwitchTimeout, VerifyError
+from rota.residue import ResidueError
+from rota.tensors._guard import DiscardedTag, NoRoom, SwitchError, SwitchTimeout, VerifyError
 from rota.tensors._ledger import node_host_bytes
-from rota.tensors._parker import NamedTensors, TensorParker, overlap
-from rota.tensors._pool import HostBudgetExceeded, HostPool, host_bytes_in_use
+from rota.tensors._parker import NamedTensors, TensorParker, local_tensor, overlap
+from rota.tensors._pool import HostBudgetExceeded, HostPool, align, host_bytes_in_use
 from rota.tensors._residue import name_untracked, outside_allocator_bytes, process_device_bytes
 
 __all__ = ["DiscardedTag", "HostBudgetExceeded", "HostPool", "NamedTensors", "NoRoom", "ResidueError", "SwitchError",
-           "SwitchTimeout", "TensorParker", "VerifyError", "host_bytes_in_use", "name_untracked", "node_host_bytes",
-           "outside_allocator_bytes", "overlap", "process_device_bytes"]
+           "SwitchTimeout", "TensorParker", "VerifyError", "align", "host_bytes_in_use", "local_tensor",
+           "name_untracked", "node_host_bytes", "outside_allocator_bytes", "overlap", "process_device_bytes"]

@@ -27,7 +27,7 @@ Environment (each value is validated; errors name the value and the fix):
     ROTA_VERIFY              off | sample | full (default sample)
     ROTA_SWITCH_DEADLINE_S   seconds one park or restore may take (default 0 = none)
     ROTA_RESIDUE_MAX_BYTES   device bytes a parked tenant may leave behind before the
-                             park is a fault (default 268435456 = 256 MiB)
+                             park is a fault (a size; default 256 MiB; see rota.residue)
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from rota.errors import ConfigError, PermanentError, TransientError
 VERIFY_MODES = ("off", "sample", "full")
 SAMPLES = 16  # windows hashed per region in sample mode
 WINDOW = 64  # bytes per window
-DEFAULT_RESIDUE_MAX = 256 << 20
 
 
 class SwitchError(PermanentError):
@@ -55,10 +54,6 @@ class VerifyError(SwitchError):
 
 class DiscardedTag(SwitchError):
     """A tag parked in discard mode has no way to be re-created: it is not presented as restored."""
-
-
-class ResidueError(SwitchError):
-    """A park left more device memory behind than the configured threshold allows."""
 
 
 class SwitchTimeout(TransientError):
@@ -165,5 +160,5 @@ def device_free_bytes(device: torch.device) -> int | None:
     return int(free + max(cached, 0))
 
 
-__all__ = ["DiscardedTag", "NoRoom", "ResidueError", "SwitchError", "SwitchTimeout", "VerifyError",
+__all__ = ["DiscardedTag", "NoRoom", "SwitchError", "SwitchTimeout", "VerifyError",
            "check_verify", "env_verify"]

@@ -218,7 +218,17 @@ class TensorParker:
 
     # ------------------------------------------------------------------ sizes
 
-    def _storages(self, tags: Iterable[str] | None = None) -> dict[int, tuple[torch.UntypedStorage, str, str]]:
+    @property
+    def lock(self) -> threading.RLock:
+        """Held by every park and restore: hold it to read the tracked tensors while nothing moves them."""
+        return self._lock
+
+    def tracked_keys(self) -> set[int]:
+        """Storage keys (``untyped_storage()._cdata``) this parker parks: on the device now, or parked."""
+        with self._lock:
+            return set(self.storages()) | set(self._slots)
+
+    def storages(self, tags: Iterable[str] | None = None) -> dict[int, tuple[torch.UntypedStorage, str, str]]:
         """Distinct storages on our device: key -> (storage, owning tag, first tensor name)."""
         out: dict[int, tuple[torch.UntypedStorage, str, str]] = {}
         for tag, name, t in self.named_tensors(tags):
@@ -236,14 +246,14 @@ class TensorParker:
             if self._parked:
                 return dict(self._resident_by_tag)
             sizes = dict.fromkeys(self._sources, 0)
-            for s, tag, _ in self._storages().values():
+            for s, tag, _ in self.storages().values():
                 sizes[tag] += s.nbytes()
             return sizes
 
     def device_bytes(self) -> dict[str, int]:
         """Device bytes per tag held *now* (zero for parked storages)."""
         sizes = dict.fromkeys(self._sources, 0)
-        for s, tag, _ in self._storages().values():
+        for s, tag, _ in self.storages().values():
             sizes[tag] += s.nbytes()
         return sizes
 
@@ -255,7 +265,7 @@ class TensorParker:
         Returns seconds spent (0 when in the background or nothing to grow).
         """
         if nbytes is None:
-            nbytes = sum(align(s.nbytes()) for s, _, _ in self._storages().values())
+            nbytes = sum(align(s.nbytes()) for s, _, _ in self.storages().values())
         if background:
             self.pool.reserve_async(nbytes)
             return 0.0
@@ -356,7 +366,7 @@ class TensorParker:
             return _Job("noop", [], t0)
         deadline = Deadline(self.deadline_s if deadline_s is None else deadline_s, f"park of {self.name!r}")
         drop = set(discard)
-        found = self._storages(tags)
+        found = self.storages(tags)
         slots: list[_Slot] = []
         need = 0
         for s, tag, name in found.values():

@@ -1,0 +1,12 @@
+"""The contract's data types: what hooks receive and return, and what policies see.
+
+Plugins and policies import these from here (``rota.types``); the names are stable.
+"""
+
+from __future__ import annotations
+
+from rota._state import TenantRecord, Waiter
+from rota._types import Grant, ParkMode, ParkPlan, ParkResult, Placement, ReleaseInfo, TurnRequest
+
+__all__ = ["Grant", "ParkMode", "ParkPlan", "ParkResult", "Placement", "ReleaseInfo", "TenantRecord", "TurnRequest",
+           "Waiter"]
