@@ -18,7 +18,7 @@ from rota.hookspecs import hookimpl
 if TYPE_CHECKING:
     import pluggy
 
-    from rota._state import TenantRecord, Waiter
+    from rota.types import TenantRecord, Waiter
 
 
 class Policy(Protocol):
