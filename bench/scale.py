@@ -22,7 +22,7 @@ intervals of one group overlapping, or one token granted twice: must be 0).
 Writes JSON (default bench/results/scale-etcd-cpu.json) with the machine's core count.
 
     python bench/scale.py [--tenants 1000] [--groups 100] [--workers 4] [--seconds 20] [--replicas 1,2,3]
-                          [--shards 12] [--leader-ttl 3] [--kill] [--profile SVG]
+                          [--shards 12] [--leader-ttl 5] [--kill] [--profile SVG]
 """
 
 from __future__ import annotations
@@ -75,9 +75,17 @@ async def worker(endpoints: list[str], tenants: list[tuple[str, str]], start_at:
     turns: list[tuple[str, str, int, float, float, float]] = []  # group, job, token, asked, granted, released
     release_errors: list[str] = []
 
-    async def turn(job: str, group: str) -> float:
+    acquire_timeouts = [0]
+
+    async def turn(job: str, group: str) -> float | None:
         asked, t0 = time.time(), time.perf_counter()
-        grant = await call("Acquire", pb.TurnRequest(job_id=job, group_id=group), group)
+        try:
+            grant = await call("Acquire", pb.TurnRequest(job_id=job, group_id=group), group)
+        except grpc.aio.AioRpcError as exc:  # not granted within 120 s: counted, and the tenant asks again
+            if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+            acquire_timeouts[0] += 1
+            return None
         took = time.perf_counter() - t0
         granted = released = time.time()  # released: when the Release is first sent (the turn ends after it)
         try:
@@ -91,7 +99,7 @@ async def worker(endpoints: list[str], tenants: list[tuple[str, str]], start_at:
         await ch.channel_ready()
     await asyncio.sleep(max(0.0, start_at - time.time()))
     t0 = time.perf_counter()
-    burst = await asyncio.gather(*(turn(j, g) for j, g in tenants))
+    burst = [x for x in await asyncio.gather(*(turn(j, g) for j, g in tenants)) if x is not None]
     burst_s = time.perf_counter() - t0
     if os.environ.get("SCALE_MARKS"):  # tell the parent the steady phase begins (it times the kill by it)
         open(os.path.join(os.environ["SCALE_MARKS"], f"{os.getpid()}.steady"), "w").close()
@@ -103,7 +111,9 @@ async def worker(endpoints: list[str], tenants: list[tuple[str, str]], start_at:
 
     async def loop(job: str, group: str, out: list[float]) -> None:
         while time.perf_counter() < deadline:
-            out.append(await turn(job, group))
+            took = await turn(job, group)
+            if took is not None:
+                out.append(took)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(loop(j, g, steady) for j, g in tenants), loop(probe, probe, probes))
@@ -112,12 +122,15 @@ async def worker(endpoints: list[str], tenants: list[tuple[str, str]], start_at:
         await ch.close()
     return {"burst": burst, "burst_s": burst_s, "steady": steady, "steady_s": steady_s, "probe": probes,
             "steady_from": steady_from, "turns": turns, "release_errors": release_errors,
-            "redirects": redirects[0]}
+            "redirects": redirects[0], "acquire_timeouts": acquire_timeouts[0]}
 
 
-def shard_leaders(url: str, prefix: str) -> dict[int, str]:
+def shard_leaders(url: str, prefix: str, shards: int) -> dict[int, str]:
+    from rota_etcd.testing import leader_of
     from rota_etcd.testing import shard_leaders as read
 
+    if shards == 1:
+        return {0: rec["address"]} if (rec := leader_of(url, prefix)) else {}
     return read(url, prefix)
 
 
@@ -145,11 +158,13 @@ def run_once(ns: argparse.Namespace, url: str, replicas: int, kill: bool) -> dic
         if ns.profile and i == 0:
             cmd = ["py-spy", "record", "--rate", "200", "--format", os.environ.get("SCALE_PYSPY_FORMAT", "flamegraph"),
                    "-o", ns.profile, "--", *cmd]
-        servers.append(subprocess.Popen(cmd, stderr=subprocess.DEVNULL, env=env))
+        log = open(os.path.join(ns.logs, f"replica-{replicas}{'-kill' if kill else ''}-{i}.log"), "ab") \
+            if ns.logs else subprocess.DEVNULL
+        servers.append(subprocess.Popen(cmd, stderr=log, env=env))
     try:
         deadline = time.monotonic() + 60
         while True:  # every shard led, and every replica leading its share
-            leaders = shard_leaders(url, prefix)
+            leaders = shard_leaders(url, prefix, ns.shards)
             if len(leaders) == ns.shards and set(leaders.values()) == set(endpoints):
                 break
             if time.monotonic() > deadline or any(s.poll() is not None for s in servers):
@@ -175,7 +190,7 @@ def run_once(ns: argparse.Namespace, url: str, replicas: int, kill: bool) -> dic
                     break
                 time.sleep(0.05)
             time.sleep(ns.seconds / 2)
-            before = shard_leaders(url, prefix)
+            before = shard_leaders(url, prefix, ns.shards)
             victim = before[shard_of("probe-0", ns.shards)]
             killed = {"replica": victim, "at": time.time(),
                       "shards": sorted(s for s, ep in before.items() if ep == victim)}
@@ -213,6 +228,7 @@ def run_once(ns: argparse.Namespace, url: str, replicas: int, kill: bool) -> dic
         "double_grants": double_grants(turns),
         "release_errors": sum(len(r["release_errors"]) for r in results),
         "redirects": sum(r["redirects"] for r in results),
+        "acquire_timeouts_120s": sum(r["acquire_timeouts"] for r in results),
     }
     if killed is not None:
         from rota_etcd._shards import shard_of
@@ -239,10 +255,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="length of the steady phase (default 20)")
     ap.add_argument("--replicas", default="1,2,3", help="replica counts to run (default 1,2,3)")
     ap.add_argument("--shards", type=int, default=12, help="ROTA_ETCD_SHARDS (default 12)")
-    ap.add_argument("--leader-ttl", type=float, default=3.0, help="ROTA_ETCD_LEADER_TTL seconds (default 3)")
+    ap.add_argument("--leader-ttl", type=float, default=5.0, help="ROTA_ETCD_LEADER_TTL s (default 5, its default)")
     ap.add_argument("--kill", action="store_true", help="also run the largest count killing a shard leader")
     ap.add_argument("--etcd", default="", help="etcd URL (default: start a one-member etcd on loopback)")
     ap.add_argument("--out", default="bench/results/scale-etcd-cpu.json")
+    ap.add_argument("--logs", default="", help="write each replica's log into this folder")
     ap.add_argument("--profile", default="", help="record the first replica with py-spy into this flame graph (SVG)")
     ap.add_argument("--_worker", nargs=5, help=argparse.SUPPRESS)
     ns = ap.parse_args()

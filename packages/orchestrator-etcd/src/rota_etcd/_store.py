@@ -72,6 +72,7 @@ log = logging.getLogger(__name__)
 
 STORED_SAMPLES = 32  # recent waits/parks per tenant kept in etcd (the leader keeps more in memory)
 SPARE_LEASES = 2  # turn leases granted ahead, so a grant costs one etcd round trip, not two
+MAX_SPARE_LEASES = 16  # ended turns' leases kept for reuse, at most
 
 
 def _env_float(name: str, default: float, minimum: float) -> float:
@@ -389,8 +390,7 @@ class TermStore:
         self.revs[g] = revision
         if new is not old:
             if old is not None:
-                self.keeper.drop(old.lease)
-                self._spawn(self.client.lease_revoke(old.lease))
+                self._recycle(old.lease)
             if new is not None:
                 self.turns[g] = new
                 self.keeper.keep(new.lease, self.turn_ttl, None)
@@ -455,6 +455,17 @@ class TermStore:
                 self._spares.append(lease)
         finally:
             self._refilling = False
+
+    def _recycle(self, lease: int) -> None:
+        """An ended turn's lease (its key now deleted or moved to the next turn's lease) becomes a spare
+        while it is still kept alive: the next grant then needs no LeaseGrant and this one no LeaseRevoke."""
+        if lease in self.keeper.kept() and len(self._spares) < MAX_SPARE_LEASES and not self.term.lost.is_set():
+            self.keeper.drop(lease)
+            self.keeper.keep(lease, self.turn_ttl, self._spare_gone)
+            self._spares.append(lease)
+            return
+        self.keeper.drop(lease)
+        self._spawn(self.client.lease_revoke(lease))
 
     def _spare_gone(self, lease: int) -> None:
         if lease in self._spares:
