@@ -7,10 +7,14 @@ where it came from, and says what to write instead.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 from rota._ids import check_id, check_pair, shown
 from rota._units import env_bytes, parse_bytes, percentile
 from rota.errors import ConfigError
+
+_N = TypeVar("_N", int, float)
 
 __all__ = ["check_endpoint", "check_id", "check_pair", "env_bytes", "env_float", "env_int", "parse_bytes",
            "percentile", "shown"]
@@ -32,27 +36,27 @@ def check_endpoint(value: str, source: str) -> str:
 
 def env_int(name: str, default: int, *, minimum: int) -> int:
     """An integer >= ``minimum`` from env var ``name`` (``default`` when unset), or a ConfigError naming it."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer; set it to an integer >= {minimum} or unset it") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={raw!r} is below {minimum}; set it to an integer >= {minimum} or unset it")
-    return value
+    return _env_number(name, default, int, f"an integer >= {minimum}", lambda v: v >= minimum, f"is below {minimum}")
 
 
-def env_float(name: str, default: float) -> float:
-    """A number > 0 from env var ``name`` (``default`` when unset), or a ConfigError naming it."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    """A number from env var ``name`` (``default`` when unset): > 0, or >= ``minimum`` when given."""
+    if minimum is None:
+        return _env_number(name, default, float, "a positive number", lambda v: v > 0, "must be > 0")
+    return _env_number(name, default, float, f"a number >= {minimum:g}", lambda v: v >= minimum,
+                       f"is below {minimum:g}")
+
+
+def _env_number(name: str, default: _N, parse: Callable[[str], _N], want: str, ok: Callable[[_N], bool],
+                why: str) -> _N:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
         return default
     try:
-        value = float(raw)
+        value = parse(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number; set a positive number or unset it") from None
-    if not value > 0:
-        raise ConfigError(f"{name}={raw!r} must be > 0; set a positive number or unset it")
+        kind = "an integer" if parse is int else "a number"
+        raise ConfigError(f"{name}={raw!r} is not {kind}; set it to {want} or unset it") from None
+    if not ok(value):
+        raise ConfigError(f"{name}={raw!r} {why}; set it to {want} or unset it")
     return value
