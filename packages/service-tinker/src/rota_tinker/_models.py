@@ -204,10 +204,16 @@ def logits_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return (out.logits if hasattr(out, "logits") else out)[0].float()
 
 
+def batch_logprobs(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``[B, T]``: log p(targets[b, t] | tokens[b, :t+1]) for a batch of sequences of one length."""
+    out = model(tokens, use_cache=False)
+    logits = (out.logits if hasattr(out, "logits") else out).float()
+    return torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(2)).squeeze(2)
+
+
 def token_logprobs(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(targets[t] | tokens[:t+1]) for each position t."""
-    logits = logits_of(model, tokens)
-    return torch.gather(F.log_softmax(logits, dim=-1), 1, targets.unsqueeze(1)).squeeze(1)
+    return batch_logprobs(model, tokens.unsqueeze(0), targets.unsqueeze(0))[0]
 
 
 # loss_fn -> its loss_fn_config keys and their defaults (the Tinker docs' values)

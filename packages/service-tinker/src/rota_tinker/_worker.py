@@ -55,6 +55,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+import numpy as np
+
 from rota import hookimpl
 
 log = logging.getLogger("rota_tinker.worker")
@@ -369,28 +371,37 @@ class Trainer(_Base):
     def op_forward_backward(self, model_id: str, loss_fn: str, forward_only: bool,
                             data: list[tuple[Any, dict[str, Any]]],
                             loss_config: dict[str, float] | None = None) -> dict[str, Any]:
+        """Per-datum logprobs and the summed loss; data of one length run as one batch (one backward each)."""
+        import contextlib
+
         import torch
 
-        from rota_tinker._models import datum_loss, token_logprobs
+        from rota_tinker._models import batch_logprobs, datum_loss
 
         entry = self._get(model_id)
-        logprobs, total = [], 0.0
-        for tokens, inputs in data:
-            toks = torch.as_tensor(tokens, dtype=torch.long, device=self.device)
-            ins = {k: torch.as_tensor(v, device=self.device) for k, v in inputs.items()}
-            targets = ins.pop("target_tokens").long()
-            ins = {k: v.float() for k, v in ins.items()}
-            if forward_only:
-                with torch.no_grad():
-                    lp = token_logprobs(entry.model, toks, targets)
-                    loss = datum_loss(loss_fn, lp, ins, loss_config)
-            else:
-                lp = token_logprobs(entry.model, toks, targets)
-                loss = datum_loss(loss_fn, lp, ins, loss_config)
+        logprobs: list[Any] = [None] * len(data)
+        losses = [0.0] * len(data)
+        by_length: dict[int, list[int]] = {}
+        for i, (tokens, _) in enumerate(data):
+            by_length.setdefault(len(tokens), []).append(i)
+        for rows in by_length.values():
+            toks = torch.as_tensor(np.stack([data[i][0] for i in rows]), dtype=torch.long, device=self.device)
+            targets = torch.as_tensor(np.stack([data[i][1]["target_tokens"] for i in rows]), dtype=torch.long,
+                                      device=self.device)
+            with torch.no_grad() if forward_only else contextlib.nullcontext():
+                lp = batch_logprobs(entry.model, toks, targets)
+                loss = 0
+                for b, i in enumerate(rows):
+                    ins = {k: torch.as_tensor(v, device=self.device).float() for k, v in data[i][1].items()
+                           if k != "target_tokens"}
+                    one = datum_loss(loss_fn, lp[b], ins, loss_config)
+                    losses[i] = float(one.detach())
+                    loss = loss + one
+            if not forward_only:
                 loss.backward()
-            total += float(loss.detach())
-            logprobs.append(lp.detach().float().cpu().numpy())
-        return {"logprobs": logprobs, "metrics": {"loss:sum": total}}
+            for b, i in enumerate(rows):
+                logprobs[i] = lp[b].detach().float().cpu().numpy()
+        return {"logprobs": logprobs, "metrics": {"loss:sum": sum(losses)}}
 
     def op_optim_step(self, model_id: str, adam: dict[str, float]) -> dict[str, Any]:
         import torch
