@@ -173,3 +173,11 @@ def test_hostile_query_strings_are_400(served: Served, victim: dict) -> None:
     for query in (many, "limit=1e3", "offset=" + "9" * 5000):
         r = served.get(f"training_runs?{query}", KEYS["alice"])
         assert r.status_code == 400, (query[:40], r.text)
+
+
+def test_bad_user_metadata_is_refused_before_anything_starts(served: Served, victim: dict) -> None:
+    sid = victim["session"]
+    for meta in ({"k": "v" * 300}, {str(i): "v" for i in range(40)}, {"k": 1}, ["k"]):
+        r = served.post("create_model", KEYS["alice"], {"session_id": sid, "model_seq_id": 99, "base_model": MODEL,
+                                                        "lora_config": {"rank": 2}, "user_metadata": meta})
+        assert r.status_code == 400 and "user_metadata" in r.json()["detail"], (meta, r.text)

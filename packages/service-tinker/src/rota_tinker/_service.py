@@ -541,13 +541,12 @@ class _Api(_checkpoints.CheckpointRoutes):
                                  "train_unembed")
             lora = {"rank": rank, "seed": secrets.randbelow(2**31) if seed is None else seed, "targets": targets}
         model_id = self.state.new_id(f"{tenant.name}-model")
-        fut = self._start_model(tenant, sid, model_id, base, lora, field_of(body, "user_metadata", dict,
-                                                                           required=False),
-                                {"model_id": model_id, "type": "create_model"})
+        fut = self._start_model(tenant, sid, model_id, base, lora, _checkpoints.user_metadata(
+            body.get("user_metadata")), {"model_id": model_id, "type": "create_model"})
         return self._future_reply(fut, model_id)
 
     def _start_model(self, tenant: Tenant, sid: str, model_id: str, base: BaseModelSpec | HfModelSpec,
-                     lora: dict[str, Any] | None, metadata: dict[str, Any] | None, answer: dict[str, Any],
+                     lora: dict[str, Any] | None, metadata: dict[str, str] | None, answer: dict[str, Any],
                      load: dict[str, Any] | None = None) -> Future:
         """Create model ``model_id`` in the tenant's trainer (from checkpoint ``load`` if given); its future."""
         state = self.state
@@ -566,7 +565,7 @@ class _Api(_checkpoints.CheckpointRoutes):
                 live = sid in state.sessions
                 if live:
                     state.models[model_id] = model
-                    state.runs.record(model, _checkpoints.user_metadata(metadata))
+                    state.runs.record(model, metadata)
             if not live:  # its session ended meanwhile: nothing may keep the model
                 state.unload(model, state.future(tenant.name, "UnloadModel"))
             fut.succeed(json=answer)
