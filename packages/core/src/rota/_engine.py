@@ -222,6 +222,7 @@ class Orchestrator:
         self._tasks.append(asyncio.create_task(self._watchdog()))
 
     async def stop(self) -> None:
+        self.stopped.set()  # first: an acquire committing meanwhile then fails instead of waiting forever
         for t in self._tasks + list(self._drivers.values()) + [t for _, t in self._prefetching.values()]:
             t.cancel()
         for fut in self._grants.values():
@@ -229,7 +230,6 @@ class Orchestrator:
                 _fail(fut, Unavailable("orchestrator is shutting down; retry against its successor"))
         if self.agents is not None:
             await self.agents.close()
-        self.stopped.set()
 
     # ------------------------------------------------------------------ API
 
@@ -259,6 +259,9 @@ class Orchestrator:
             if grant is not None:
                 return grant, None
             await self.store.commit(g)
+            if self.stopped.is_set():  # stopped while this committed: nothing here would ever grant it
+                raise Unavailable(f"orchestrator {self.name} stopped; retry against its successor (job="
+                                  f"{req.job_id!r}, group={req.group_id!r})", job_id=req.job_id, group_id=req.group_id)
             key = (req.group_id, req.job_id)
             fut = self._grants.get(key)
             if fut is None or fut.done():
