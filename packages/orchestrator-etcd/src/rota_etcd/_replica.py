@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -146,8 +147,9 @@ class Replica:
     With ``ROTA_ETCD_SHARDS`` N > 1 it campaigns for each of the N shards (first for
     those :func:`rota_etcd._shards.assign` gives it among the live replicas, after
     :data:`rota_etcd._election.DEFER_S` for the others), leads each shard it wins
-    with an engine of its own, gives a shard back when a live replica that should
-    lead it appears, and redirects calls for the other shards' groups to their leaders.
+    with an engine of its own, gives shards not assigned to it back while it leads
+    more than its share (a replica joined), and redirects calls for the other
+    shards' groups to their leaders.
     """
 
     MEMBER_POLL_S = 0.5  # how often the live replicas are re-read
@@ -233,6 +235,11 @@ class Replica:
                 await self.store.client.lease_revoke(self._member_lease)
         await self.store.close()
 
+    def _over_share(self) -> bool:
+        """True while this replica leads more than its share, ceil(shards / live replicas): only then
+        does it hand shards over (so a replica's death moves its shards, not the survivors')."""
+        return sum(sh.leading for sh in self.shards) > math.ceil(len(self.shards) / max(1, len(self.members)))
+
     def should_lead(self, shard: int) -> bool:
         """True when the balanced assignment over the live replicas gives ``shard`` to this one."""
         return len(self.shards) == 1 or assign(len(self.shards), self.members).get(shard) == self.id
@@ -269,7 +276,7 @@ class Replica:
             if not sh.election.still_valid(term):
                 term.end("the leader lease could not be refreshed in time (etcd unreachable?)")
                 return term.why
-            if not self.should_lead(sh.index):
+            if not self.should_lead(sh.index) and self._over_share():
                 return f"handed over to replica {assign(len(self.shards), self.members).get(sh.index)}"
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(term.lost.wait(), 0.1)
