@@ -48,7 +48,6 @@ import os
 import re
 import secrets
 import shutil
-import stat
 import tempfile
 import threading
 import time
@@ -58,11 +57,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rota.errors import ConfigError
 from rota_tinker import _checkpoints, _wire
 from rota_tinker._config import STATE_BYTES_PER_PARAM, BaseModelSpec, ServiceConfig, Tenant
 from rota_tinker._hf import HfModelSpec
 from rota_tinker._http import HttpServer, Reply, Request
+from rota_tinker._state_files import private_dir
 from rota_tinker._wire import BadRequest, field_of
 from rota_tinker._worker import WorkerSpec
 from rota_tinker._workers import Future, WorkerHandle, close_all, unit_breakdown
@@ -132,25 +131,6 @@ class _SamplingSession:
     model_path: str | None
     shareable: bool  # adapter weights or the bare base: sampled on the shared base
     parent: str  # the training session it was made in (it ends with it)
-
-
-def private_dir(path: str) -> str:
-    """Make ``path`` a directory of this uid with mode 0700 (created so, or tightened); refuse a link or another's."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"{path!r} is a symbolic link or not a directory; give a directory of this user")
-    if st.st_uid != os.geteuid():
-        raise ConfigError(f"{path!r} belongs to uid {st.st_uid}, not to this service's uid {os.geteuid()}; give a "
-                          "directory of this user")
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        log.warning("%s had mode %o; made it 0700 (only this service reads what it holds)", path,
-                    stat.S_IMODE(st.st_mode))
-        os.chmod(path, 0o700)
-    return path
 
 
 class _State:

@@ -11,32 +11,45 @@ on its device). One folder per checkpoint, ``DATA_DIR/TENANT/MODEL/weights/NAME/
 * ``optimizer.pt``: the AdamW state (moments and step counts), so a resumed run continues
   bit-identically; ``rota.json``: the base model's name and the LoRA settings.
 
-Folders are 0700 and files 0600; a checkpoint is written to a temporary folder and renamed
+Folders are 0700 (:func:`private_dir`, also used by the service for the data directory and
+each tenant's) and files 0600; a checkpoint is written to a temporary folder and renamed
 into place, so a reader never sees half of one.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import shutil
 import stat
 from typing import Any
 
+from rota.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "chat_template.jinja", "generation_config.json")
 
 
-def private_folder(path: str) -> str:
-    """Create ``path`` 0700 if missing; refuse one that is a link, another uid's, or open to others."""
+def private_dir(path: str) -> str:
+    """Make ``path`` a directory of this uid with mode 0700 (created so, or tightened); refuse a link or another's."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        raise RuntimeError(f"{path} is not a 0700 directory of this uid; refusing to write weights there")
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{path!r} is a symbolic link or not a directory; give a directory of this user")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(f"{path!r} belongs to uid {st.st_uid}, not to this service's uid {os.geteuid()}; give a "
+                          "directory of this user")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        log.warning("%s had mode %o; made it 0700 (only this service reads what it holds)", path,
+                    stat.S_IMODE(st.st_mode))
+        os.chmod(path, 0o700)
     return path
 
 

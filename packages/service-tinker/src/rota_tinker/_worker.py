@@ -433,7 +433,7 @@ class Trainer(_Base):
         from rota_tinker import _state_files
 
         entry = self._get(model_id)
-        folder = _state_files.private_folder(os.path.join(self._model_folder(model_id), "weights"))
+        folder = _state_files.private_dir(os.path.join(self._model_folder(model_id), "weights"))
         path = os.path.join(folder, name)
         return {"folder": path, "bytes": _state_files.write(path, entry, base)}
 
@@ -448,9 +448,9 @@ class Trainer(_Base):
         return {}
 
     def _model_folder(self, model_id: str) -> str:
-        from rota_tinker._state_files import private_folder
+        from rota_tinker._state_files import private_dir
 
-        return private_folder(os.path.join(self.spec.data_dir, self.spec.tenant, model_id))
+        return private_dir(os.path.join(self.spec.data_dir, self.spec.tenant, model_id))
 
     def op_save_for_sampler(self, model_id: str, name: str) -> dict[str, Any]:
         import torch
