@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from rota._ids import check_id
+from rota.config import check_id
 from rota.errors import ConfigError, RotaError
 from rota_tinker._hf import HfModelSpec
 

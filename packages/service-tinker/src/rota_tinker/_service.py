@@ -888,9 +888,8 @@ class TinkerService:
         (no token needed: the contract's ``ServerAuth(local=True)``), and two services on one
         host never share an orchestrator, a group or a job id.
         """
-        from rota._engine import OrchestratorConfig
-        from rota._inproc import running_orchestrator
         from rota.auth import ServerAuth
+        from rota.orchestrator import OrchestratorConfig, running_orchestrator
 
         xdg = os.environ.get("XDG_RUNTIME_DIR")
         folder = tempfile.mkdtemp(prefix="rota-tinker-", dir=xdg if xdg and os.path.isdir(xdg) else None)
