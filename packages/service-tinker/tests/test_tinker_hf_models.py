@@ -412,3 +412,22 @@ def test_forward_backward_custom_trains_like_its_builtin_twin(sc: dict[str, tink
                         .tolist()) for tc in twins]
     np.testing.assert_allclose(after[0], after[1], rtol=0, atol=1e-6)
     assert after[0].sum() > -builtin.metrics["loss:sum"]  # and it did learn
+
+
+def test_large_requests_run_in_micro_batches_with_the_same_results(sc: dict[str, tinker.ServiceClient],
+                                                                   hf_service: TinkerService) -> None:
+    """70 sequences of 120 tokens (past MICRO_BATCH_TOKENS in one forward): each datum's logprobs and the summed loss
+    are what the sequences give one at a time."""
+    from rota_tinker._worker import MICRO_BATCH_TOKENS
+
+    rng = np.random.default_rng(3)
+    data = [datum(rng.integers(0, 300, size=121).tolist()) for _ in range(70)]
+    assert 70 * 120 > MICRO_BATCH_TOKENS
+    tc = sc["dave"].create_lora_training_client(base_model=QWEN, rank=2, seed=8).result(timeout=TIMEOUT)
+    together = tc.forward(data, "cross_entropy").result(timeout=TIMEOUT)
+    for i in (0, 33, 68, 69):
+        alone = tc.forward([data[i]], "cross_entropy").result(timeout=TIMEOUT)
+        np.testing.assert_allclose(together.loss_fn_outputs[i]["logprobs"].tolist(),
+                                   alone.loss_fn_outputs[0]["logprobs"].tolist(), rtol=0, atol=1e-5)
+    total = sum(-np.sum(out["logprobs"].tolist()) for out in together.loss_fn_outputs)
+    assert together.metrics["loss:sum"] == pytest.approx(total, rel=1e-6)

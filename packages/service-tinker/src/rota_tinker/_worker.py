@@ -79,6 +79,10 @@ class WorkerSpec:
     deterministic: bool = False  # torch.use_deterministic_algorithms (ServiceConfig.deterministic)
 
 
+# tokens of one forward/backward micro-batch: bounds the float32 logits (~5 GB at a 150k vocabulary)
+MICRO_BATCH_TOKENS = 8192
+
+
 class UserError(Exception):
     """The request was wrong (reported to the client with category ``user``)."""
 
@@ -371,7 +375,8 @@ class Trainer(_Base):
     def op_forward_backward(self, model_id: str, loss_fn: str, forward_only: bool,
                             data: list[tuple[Any, dict[str, Any]]],
                             loss_config: dict[str, float] | None = None) -> dict[str, Any]:
-        """Per-datum logprobs and the summed loss; data of one length run as one batch (one backward each)."""
+        """Per-datum logprobs and the summed loss; data of one length run in batches of at most
+        :data:`MICRO_BATCH_TOKENS` tokens (one backward each: their logits are what takes the memory)."""
         import contextlib
 
         import torch
@@ -384,7 +389,9 @@ class Trainer(_Base):
         by_length: dict[int, list[int]] = {}
         for i, (tokens, _) in enumerate(data):
             by_length.setdefault(len(tokens), []).append(i)
-        for rows in by_length.values():
+        batches = [same[k:k + max(1, MICRO_BATCH_TOKENS // length)] for length, same in by_length.items()
+                   for k in range(0, len(same), max(1, MICRO_BATCH_TOKENS // length))]
+        for rows in batches:
             toks = torch.as_tensor(np.stack([data[i][0] for i in rows]), dtype=torch.long, device=self.device)
             targets = torch.as_tensor(np.stack([data[i][1]["target_tokens"] for i in rows]), dtype=torch.long,
                                       device=self.device)
