@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import tarfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import pytest
 import tinker
 import torch
 from tinker import types
-from tinker_testlib import KEYS, full_training_client
+from tinker_testlib import KEYS, concurrently, full_training_client
 
 from rota._engine import OrchestratorConfig
 from rota.testing import running_orchestrator
@@ -169,21 +168,8 @@ def _run(sc: tinker.ServiceClient, mode: str, data: list[types.Datum]) -> list[f
 def test_lora_and_full_tenants_concurrently_equal_alone(sc: dict[str, tinker.ServiceClient],
                                                         hf_service: TinkerService) -> None:
     data = [datum(tokenizer(hf_service).encode(TEXT))]
-    results: dict[str, list[float]] = {}
-    errors: list[BaseException] = []
-
-    def run(tenant: str, mode: str) -> None:
-        try:
-            results[tenant] = _run(sc[tenant], mode, data)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=a) for a in (("bob", "full"), ("carol", "lora"))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
-    assert not errors, errors
+    results = concurrently({"bob": lambda: _run(sc["bob"], "full", data),
+                            "carol": lambda: _run(sc["carol"], "lora", data)})
     assert results["bob"] == _run(sc["bob"], "full", data)
     assert results["carol"] == _run(sc["carol"], "lora", data)
     assert results["bob"][-1] < results["bob"][0] and results["carol"][-1] < results["carol"][0]

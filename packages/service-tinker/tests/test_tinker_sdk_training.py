@@ -3,12 +3,11 @@ and get exactly the numbers the same loops get run alone."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import tinker
 from tinker import types
-from tinker_testlib import batch, full_training_client
+from tinker_testlib import batch, concurrently, full_training_client
 
 STEPS = 6
 TIMEOUT = 120
@@ -41,22 +40,8 @@ def loop(sc: tinker.ServiceClient, mode: str, name: str) -> tuple[list[float], l
 
 
 def test_full_and_lora_tenants_concurrently_equal_alone(client: Callable[[str], tinker.ServiceClient]) -> None:
-    results: dict[str, tuple[list[float], list[list[int]]]] = {}
-    errors: list[BaseException] = []
-
-    def run(tenant: str, mode: str) -> None:
-        try:
-            results[tenant] = loop(client(tenant), mode, "concurrent")
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=a) for a in (("alice", "full"), ("bob", "lora"))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
-    assert not any(t.is_alive() for t in threads)
+    results = concurrently({"alice": lambda: loop(client("alice"), "full", "concurrent"),
+                            "bob": lambda: loop(client("bob"), "lora", "concurrent")}, timeout_s=300)
 
     alone_full = loop(client("alice"), "full", "alone")
     alone_lora = loop(client("bob"), "lora", "alone")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 from tinker import types
 
@@ -25,3 +29,25 @@ def batch(step: int, seed: int, vocab: int = 128, n: int = 2, length: int = 12) 
                             "weights": types.TensorData.from_numpy(np.ones(length, dtype=np.float32))}))
     return out
 
+
+
+def concurrently(calls: dict[str, Callable[[], Any]], timeout_s: float = 600) -> dict[str, Any]:
+    """Run each call in its own thread at once; their results by key (the first error is raised)."""
+    results: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def run(key: str, fn: Callable[[], Any]) -> None:
+        try:
+            results[key] = fn()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=item) for item in calls.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    if errors:
+        raise errors[0]
+    assert not any(t.is_alive() for t in threads), f"still running after {timeout_s} s"
+    return results
