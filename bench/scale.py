@@ -56,8 +56,10 @@ async def worker(endpoints: list[str], tenants: list[tuple[str, str]], start_at:
     where: dict[str, str] = {}  # group -> the replica that last said it leads it
     redirects = [0]
 
-    async def call(method: str, req, group: str):
+    async def call(method: str, req, group: str, tries: list[int] | None = None):
         while True:
+            if tries is not None:
+                tries[0] += 1
             ep = where.setdefault(group, endpoints[hash(group) % len(endpoints)])
             try:
                 return await getattr(stubs[ep], method)(req, timeout=120)
@@ -76,6 +78,7 @@ async def worker(endpoints: list[str], tenants: list[tuple[str, str]], start_at:
     release_errors: list[str] = []
 
     acquire_timeouts = [0]
+    released_before = [0]
 
     async def turn(job: str, group: str) -> float | None:
         asked, t0 = time.time(), time.perf_counter()
@@ -88,10 +91,14 @@ async def worker(endpoints: list[str], tenants: list[tuple[str, str]], start_at:
             return None
         took = time.perf_counter() - t0
         granted = released = time.time()  # released: when the Release is first sent (the turn ends after it)
+        tries = [0]
         try:
-            await call("Release", pb.ReleaseRequest(job_id=job, group_id=group, token=grant.token), group)
+            await call("Release", pb.ReleaseRequest(job_id=job, group_id=group, token=grant.token), group, tries)
         except grpc.aio.AioRpcError as exc:
-            release_errors.append(f"{exc.code().name}: {exc.details()}"[:200])
+            if exc.code() == grpc.StatusCode.PERMISSION_DENIED and tries[0] > 1:
+                released_before[0] += 1  # re-sent after its replica died mid-call: the first try went through
+            else:
+                release_errors.append(f"{exc.code().name}: {exc.details()}"[:200])
         turns.append((group, job, grant.token, asked, granted, released))
         return took
 
@@ -122,7 +129,8 @@ async def worker(endpoints: list[str], tenants: list[tuple[str, str]], start_at:
         await ch.close()
     return {"burst": burst, "burst_s": burst_s, "steady": steady, "steady_s": steady_s, "probe": probes,
             "steady_from": steady_from, "turns": turns, "release_errors": release_errors,
-            "redirects": redirects[0], "acquire_timeouts": acquire_timeouts[0]}
+            "redirects": redirects[0], "acquire_timeouts": acquire_timeouts[0],
+            "released_before": released_before[0]}
 
 
 def shard_leaders(url: str, prefix: str, shards: int) -> dict[int, str]:
@@ -227,6 +235,8 @@ def run_once(ns: argparse.Namespace, url: str, replicas: int, kill: bool) -> dic
                                   "acquire_p99_ms": percentile(probe, 99)},
         "double_grants": double_grants(turns),
         "release_errors": sum(len(r["release_errors"]) for r in results),
+        "release_error_samples": [e for r in results for e in r["release_errors"]][:5],
+        "releases_resent_after_done": sum(r["released_before"] for r in results),
         "redirects": sum(r["redirects"] for r in results),
         "acquire_timeouts_120s": sum(r["acquire_timeouts"] for r in results),
     }

@@ -6,7 +6,9 @@ Three answers, none of them from a live cluster:
   assigned to replicas (``rota_etcd._shards.assign``, what the replicas campaign by):
   groups and tenants per replica (min / max / max over mean);
 * moves on a replica loss: how many shards and groups change leader when one replica
-  dies, next to the floor (the groups the dead replica led);
+  dies, next to the floor (the groups the dead replica led): in the assignment, and as
+  replicas act (survivors keep their shards, handing over only above their share; each
+  of the dead replica's shards goes to its new owner), with the balance after;
 * the event rate: one turn per tenant per --period seconds (an Acquire and a Release,
   each a committed state change) needs tenants * 2 / period events/s in all, and the
   busiest replica's share of that. Then the real core state machine
@@ -97,6 +99,10 @@ def main() -> None:
     moved_groups = sum(1 for g in groups if before[shard[g]] != after[shard[g]])
     floor = group_count[lost]
     after_groups = collections.Counter(after[shard[g]] for g in groups)
+    # what replicas do (rota_etcd._replica): survivors keep their shards (they hand over only above
+    # ceil(shards / replicas)); each of the lost replica's shards goes to its owner in the new assignment
+    kept = {s: (after[s] if before[s] == lost else before[s]) for s in range(ns.shards)}
+    kept_groups = collections.Counter(kept[shard[g]] for g in groups)
 
     events_total = ns.tenants * 2 / ns.period
     busiest = max(replicas, key=lambda r: tenant_count[r])
@@ -118,8 +124,12 @@ def main() -> None:
         "balance": {"groups_per_replica": spread(group_count, replicas),
                     "tenants_per_replica": spread(tenant_count, replicas),
                     "shards_per_replica": spread(collections.Counter(before.values()), replicas)},
-        "replica_loss": {"lost": lost, "shards_moved": len(moved_shards), "groups_moved": moved_groups,
-                         "groups_moved_floor": floor, "groups_per_replica_after": spread(after_groups, replicas[1:])},
+        "replica_loss": {"lost": lost, "groups_moved_floor": floor,
+                         "assignment": {"shards_moved": len(moved_shards), "groups_moved": moved_groups,
+                                        "groups_per_replica_after": spread(after_groups, replicas[1:])},
+                         "replicas_keeping_their_shards": {
+                             "groups_moved": sum(1 for g in groups if kept[shard[g]] != before[shard[g]]),
+                             "groups_per_replica_after": spread(kept_groups, replicas[1:])}},
         "event_rate": {"period_s": ns.period, "events_per_turn": 2, "cluster_events_per_s": round(events_total, 1),
                        "busiest_replica_events_per_s": round(need, 1),
                        "busiest_replica_tenants": tenant_count[busiest], "busiest_replica_groups": len(share)},
@@ -139,7 +149,8 @@ def main() -> None:
     b, m, e, r = result["balance"], result["replica_loss"], result["event_rate"], result["engine_run"]
     print(f"scale-sim: {ns.tenants} tenants / {ns.groups} groups / {ns.replicas} replicas / {ns.shards} shards: groups "
           f"per replica {b['groups_per_replica']['min']}..{b['groups_per_replica']['max']} (max/mean "
-          f"{b['groups_per_replica']['max_over_mean']}); losing one moves {m['groups_moved']} groups (floor "
+          f"{b['groups_per_replica']['max_over_mean']}); losing one moves {m['assignment']['groups_moved']} groups "
+          f"in the assignment, {m['replicas_keeping_their_shards']['groups_moved']} as replicas act (floor "
           f"{m['groups_moved_floor']}); need {e['busiest_replica_events_per_s']:.0f} events/s on the busiest replica; "
           f"its engine alone does {r['events_per_cpu_s']:.0f}/cpu-s ({r['headroom_over_need']}x), encode_state "
           f"{r['encode_state_ms_per_commit']:.3f} ms/commit -> {ns.out}", file=sys.stderr)
