@@ -12,6 +12,8 @@ redirect) and caches that. Each run has two phases:
 * steady: for --seconds, every tenant loops acquire -> release; grants/s and acquire
   latency. Meanwhile one probe tenant per worker, alone in its own group, loops too:
   its acquire latency is what a tenant whose GPU is free waits under that load.
+  --turn-ms makes every tenant hold its turn that long (default 0: turns back to back,
+  a closed loop that saturates the replicas, so every latency is then mostly backlog).
 
 Runs: --replicas (default 1,2,3), then with --kill the largest count again, killing
 (SIGKILL) the replica that leads the first probe's shard halfway through the steady
@@ -22,7 +24,7 @@ intervals of one group overlapping, or one token granted twice: must be 0).
 Writes JSON (default bench/results/scale-etcd-cpu.json) with the machine's core count.
 
     python bench/scale.py [--tenants 1000] [--groups 100] [--workers 4] [--seconds 20] [--replicas 1,2,3]
-                          [--shards 12] [--leader-ttl 5] [--kill] [--profile SVG]
+                          [--shards 12] [--leader-ttl 5] [--turn-ms 0] [--kill] [--profile SVG]
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from rota.testing import free_port
 
 
 async def worker(endpoints: list[str], tenants: list[tuple[str, str]], start_at: float, seconds: float,
-                 probe: str) -> dict:
+                 probe: str, hold_s: float = 0.0) -> dict:
     import grpc
 
     from rota._generated import rota_v1_pb2 as pb
@@ -90,7 +92,10 @@ async def worker(endpoints: list[str], tenants: list[tuple[str, str]], start_at:
             acquire_timeouts[0] += 1
             return None
         took = time.perf_counter() - t0
-        granted = released = time.time()  # released: when the Release is first sent (the turn ends after it)
+        granted = time.time()
+        if hold_s:
+            await asyncio.sleep(hold_s)  # the tenant uses its turn
+        released = time.time()  # when the Release is first sent (the turn ends after it)
         tries = [0]
         try:
             await call("Release", pb.ReleaseRequest(job_id=job, group_id=group, token=grant.token), group, tries)
@@ -187,7 +192,7 @@ def run_once(ns: argparse.Namespace, url: str, replicas: int, kill: bool) -> dic
               f"{ns.workers} client processes{', killing a shard leader' if kill else ''}", file=sys.stderr)
         procs = [subprocess.Popen([sys.executable, __file__, "--_worker", ",".join(endpoints),
                                    ",".join(f"{j}@{g}" for j, g in share), str(start_at), str(ns.seconds),
-                                   f"probe-{w}"], stdout=subprocess.PIPE, text=True, env=env)
+                                   f"probe-{w}", str(ns.turn_ms)], stdout=subprocess.PIPE, text=True, env=env)
                  for w, share in enumerate(shares)]
         killed = None
         if kill:
@@ -271,12 +276,15 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/scale-etcd-cpu.json")
     ap.add_argument("--logs", default="", help="write each replica's log into this folder")
     ap.add_argument("--profile", default="", help="record the first replica with py-spy into this flame graph (SVG)")
-    ap.add_argument("--_worker", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--turn-ms", type=float, default=0.0,
+                    help="how long each tenant holds its turn before releasing (default 0: back to back)")
+    ap.add_argument("--_worker", nargs=6, help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns._worker:
-        endpoints, spec, start, seconds, probe = ns._worker
+        endpoints, spec, start, seconds, probe, hold_ms = ns._worker
         tenants = [tuple(x.split("@")) for x in spec.split(",")]
-        print(json.dumps(asyncio.run(worker(endpoints.split(","), tenants, float(start), float(seconds), probe))))
+        print(json.dumps(asyncio.run(worker(endpoints.split(","), tenants, float(start), float(seconds), probe,
+                                            float(hold_ms) / 1000))))
         return
     counts = [int(x) for x in ns.replicas.split(",") if x.strip()]
     if ns.tenants < ns.groups or ns.groups < 1 or ns.workers < 1 or not counts or min(counts) < 1 or ns.shards < 1:
@@ -299,7 +307,7 @@ def main() -> None:
     result = {
         "benchmark": "scale", "store": "etcd (1 member, loopback)", "tenants": ns.tenants, "groups": ns.groups,
         "client_processes": ns.workers, "cores": os.cpu_count(), "machine": f"{platform.node()} {os.cpu_count()} cpu",
-        "python": platform.python_version(), "steady_seconds": ns.seconds, "runs": runs,
+        "python": platform.python_version(), "steady_seconds": ns.seconds, "turn_ms": ns.turn_ms, "runs": runs,
         "note": "everything (etcd, every replica, the client processes) shares these cores. burst/steady acquire "
                 "latency includes waiting behind the group's other tenants (10 per group); free_group_under_load "
                 "is a tenant alone in its group (one per client process) during the steady phase; kill: SIGKILL of "
