@@ -221,6 +221,12 @@ class Orchestrator:
         self._started = now
         self._tasks.append(asyncio.create_task(self._watchdog()))
 
+    def close_sessions(self) -> None:
+        """Close every tenant's session stream, so tenants re-attach elsewhere (e.g. to the next leader)."""
+        for sessions in list(self._sessions.values()):
+            for s in sessions:
+                s.outbox.put_nowait(("close", "", 0))
+
     async def stop(self) -> None:
         self.stopped.set()  # first: an acquire committing meanwhile then fails instead of waiting forever
         for t in self._tasks + list(self._drivers.values()) + [t for _, t in self._prefetching.values()]:

@@ -42,11 +42,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rota._engine import Orchestrator, OrchestratorConfig, Session
-from rota._ids import check_pair
-from rota._state import GroupState
-from rota._types import Grant, ReleaseInfo, TurnRequest
+from rota.config import check_pair
 from rota.errors import NotLeader, RotaError, Unavailable
+from rota.orchestrator import GroupState, Orchestrator, OrchestratorConfig, Session
+from rota.types import Grant, ReleaseInfo, TurnRequest
 from rota_etcd._election import Election
 from rota_etcd._shards import assign
 from rota_etcd._store import EtcdStore, Term, TermStore
@@ -290,9 +289,7 @@ class Replica:
         term.end(why)
         if self.store.keeper is not None:
             self.store.keeper.drop(term.lease)
-        for sessions in list(engine._sessions.values()):
-            for s in sessions:
-                s.outbox.put_nowait(("close", "", 0))  # tenants re-attach to the next leader
+        engine.close_sessions()  # tenants re-attach to the next leader
         with contextlib.suppress(Exception):
             await engine.stop()
 
@@ -343,7 +340,7 @@ class Replica:
             return
         from grpc_health.v1 import health_pb2
 
-        from rota._service import LEADER_HEALTH, SERVICE_NAMES
+        from rota.orchestrator import LEADER_HEALTH, SERVICE_NAMES
 
         def status(on: bool) -> int:
             return health_pb2.HealthCheckResponse.SERVING if on else health_pb2.HealthCheckResponse.NOT_SERVING

@@ -50,10 +50,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rota._engine import OrchestratorConfig
-from rota._ids import check_id
-from rota._state import GroupState
+from rota.config import check_id, env_float
 from rota.errors import ConfigError, NotFound, Unavailable
+from rota.orchestrator import GroupState, OrchestratorConfig
 from rota_etcd._etcd import (
     EtcdClient,
     LeaseKeeper,
@@ -73,19 +72,6 @@ log = logging.getLogger(__name__)
 STORED_SAMPLES = 32  # recent waits/parks per tenant kept in etcd (the leader keeps more in memory)
 SPARE_LEASES = 2  # turn leases granted ahead, so a grant costs one etcd round trip, not two
 MAX_SPARE_LEASES = 16  # ended turns' leases kept for reuse, at most
-
-
-def _env_float(name: str, default: float, minimum: float) -> float:
-    raw = os.environ.get(name, "")
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number; set seconds >= {minimum:g} or unset it") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={raw!r} is below {minimum:g}; set seconds >= {minimum:g} or unset it")
-    return value
 
 
 def _env_shards() -> int:
@@ -190,8 +176,8 @@ class EtcdStore:
         self.tls = tls_credentials(url)  # https:// members: ROTA_ETCD_CA (+ CERT/KEY for client-cert auth)
         raw_prefix = prefix if prefix is not None else os.environ.get("ROTA_ETCD_PREFIX", "/rota")
         self.prefix = "/" + raw_prefix.strip("/") + "/" if raw_prefix.strip("/") else "/"
-        self.timeout = _env_float("ROTA_ETCD_TIMEOUT", 2.0, 0.1)
-        self.leader_ttl = _env_float("ROTA_ETCD_LEADER_TTL", 5.0, 2.0)
+        self.timeout = env_float("ROTA_ETCD_TIMEOUT", 2.0, minimum=0.1)
+        self.leader_ttl = env_float("ROTA_ETCD_LEADER_TTL", 5.0, minimum=2.0)
         self.shards = _env_shards()
         self.client: EtcdClient | None = None
         self.keeper: LeaseKeeper | None = None
