@@ -93,4 +93,4 @@ def test_entry_point_is_wired():
     from importlib.metadata import entry_points
 
     eps = {ep.name: ep.value for ep in entry_points(group="rota")}
-    assert eps.get("megatron") == "rota_megatron._plugin"
+    assert eps.get("rota_megatron") == "rota_megatron.plugin"

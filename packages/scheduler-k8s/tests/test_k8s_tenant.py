@@ -102,7 +102,7 @@ def test_bad_tenants_are_refused_with_the_reason(kw: dict[str, Any], words: str)
 
 def test_rota_place_answers_for_k8s_only() -> None:
     pm = new_plugin_manager()
-    assert pm.get_plugin("k8s") is not None, "the entry point did not register rota_k8s.plugin"
+    assert pm.get_plugin("rota_k8s") is not None, "the entry point did not register rota_k8s.plugin"
     req = TurnRequest(job_id="ppo-1", group_id="grp0")
     placement = pm.hook.rota_place(request=req, scheduler="k8s")
     assert placement.scheduler == "k8s" and placement.group_id == "grp0"

@@ -1,4 +1,4 @@
-"""rota_slurm's hook implementations (entry point ``rota: slurm``).
+"""rota_slurm's hook implementations (entry point ``rota: rota_slurm``).
 
 Adds ``rota slurm ...`` to the CLI and answers ``rota_place`` for scheduler ``"slurm"``
 with the sbatch arguments of a time-sliced tenant (``--timeslice=G --gres=shard:1``).
