@@ -28,7 +28,6 @@ import asyncio
 import ipaddress
 import json
 import logging
-import os
 import signal
 from typing import Any
 
@@ -200,26 +199,6 @@ def status_cmd(endpoint: str, as_json: bool) -> None:
         click.echo(f"{a_['id']:<44} {a_['used'] / 2**30:8.1f} / {a_['total'] / 2**30:.1f} GiB")
 
 
-def _add_agent_option(cli: click.Group) -> None:
-    group = cli.commands.get("orchestrator")
-    serve = group.commands.get("serve") if isinstance(group, click.Group) else None
-    if serve is None or any(p.name == "agents" for p in serve.params) or serve.callback is None:
-        return
-    serve.params.append(click.Option(
-        ["--agent", "agents"], multiple=True, type=Endpoint(),
-        help="A node agent (HOST:PORT) the orchestrator asks to park/restore jobs registered with it; "
-             "repeat for each node (env ROTA_AGENTS, comma-separated)."))
-    inner = serve.callback
-
-    def callback(agents: tuple[str, ...] = (), **kw: Any) -> Any:
-        if agents:
-            os.environ["ROTA_AGENTS"] = ",".join(agents)
-        return inner(**kw)
-
-    serve.callback = callback
-
-
 @hookimpl
 def rota_cli(cli: click.Group) -> None:
     cli.add_command(agent)
-    _add_agent_option(cli)

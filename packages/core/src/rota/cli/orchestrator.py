@@ -53,6 +53,9 @@ def orchestrator() -> None:
               help="Exit after this many seconds with no tenants (0 = run until stopped).")
 @click.option("--etcd", default="", envvar="ROTA_ETCD",
               help="Keep state in etcd at these comma-separated URLs (needs rota-orchestrator-etcd; env ROTA_ETCD).")
+@click.option("--agent", "agents", multiple=True, type=Endpoint(),
+              help="A node agent (HOST:PORT, rota-agent) the orchestrator asks to park/restore the jobs registered "
+              "with it; repeat for each node (env ROTA_AGENTS, comma-separated).")
 @click.option("--auth-key", default="", envvar="ROTA_AUTH_KEY", type=click.Path(dir_okay=False),
               help="Check every caller's bearer token against this key (rota token keygen FILE; env ROTA_AUTH_KEY). "
               "A tenant token acts for its own job only; an admin token for all. Required on a TCP listener "
@@ -70,8 +73,8 @@ def orchestrator() -> None:
               "trusted single-team setups and unmodified v1alpha1 clients; a warning is printed at every start.")
 def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float, park_timeout: float,
               v1_max_turn: float, capacity: int, resident_first: float, prefetch: bool | None, idle_exit: float,
-              etcd: str, auth_key: str, tls_cert: str, tls_key: str, tls_client_ca: str, metrics_listen: str,
-              insecure: bool) -> None:
+              etcd: str, agents: tuple[str, ...], auth_key: str, tls_cert: str, tls_key: str, tls_client_ca: str,
+              metrics_listen: str, insecure: bool) -> None:
     """Serve the v1alpha1 orchestrator API and rota.v1 (fencing, sessions, status).
 
     Without --etcd, state lives in this process (the embedded orchestrator that
@@ -99,7 +102,8 @@ def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float
             groups=tuple(g.strip() for g in groups.split(",") if g.strip()),
             policy=chosen, ttl_s=ttl, park_timeout_s=park_timeout,
             v1_max_turn_s=v1_max_turn, capacity_bytes=capacity, prefetch=prefetch, idle_exit_s=idle_exit,
-            agent_auth_key=key)  # the agents are shown admin tokens made with the same key
+            agent_auth_key=key,  # the agents are shown admin tokens made with the same key
+            **({"agents": agents} if agents else {}))  # else ROTA_AGENTS
         make = getattr(store, "make_orchestrator", None)  # e.g. rota_etcd's HA replica
         engine = make(config, listen=listen) if make else Orchestrator(config, store, name=f"embedded@{listen}")
         server_auth, tls = _security(listen, key, tls_cert, tls_key, tls_client_ca, insecure)
