@@ -46,11 +46,12 @@ def residue(got: sa.GetOperationResponse) -> ext.Residue:
 
 
 @contextlib.contextmanager
-def registered_here(socket_dir: str, job_id: str = "whole", group: str = "g") -> Iterator[WorkloadClient]:
+def registered_here(socket_dir: str, job_id: str = "whole", group: str = "g",
+                    backend: str = "app_channel") -> Iterator[WorkloadClient]:
     """Register this test process as ``job_id`` over the agent's Unix socket: the door proves its pid, so its
     children (e.g. the ``target`` fixture) are processes the job may name in a cuda explicit target."""
     client = WorkloadClient(f"unix:{os.path.join(socket_dir, 'agent.sock')}", job_id, group,
-                            on_snapshot=lambda *_: None, on_restore=lambda *_: None)
+                            on_snapshot=lambda *_: None, on_restore=lambda *_: None, backend=backend)
     try:
         yield client.wait_registered()
     finally:

@@ -63,7 +63,6 @@ log = logging.getLogger(__name__)
 # (SuspendMode, tags) -> None, or a ParkResult whose residue goes back to the agent; raise on failure (an
 # exception with a ``park_result`` attribute sends that result's residue too).
 Handler = Callable[[int, tuple[str, ...]], "ParkResult | None"]
-BACKENDS = ("app_channel", "cuda", "noop", "app_endpoint")
 REGISTERED = "rota-registered"  # initial metadata of an accepted WorkloadChannel
 # Refusals that a reconnect cannot fix.
 FATAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED,
@@ -98,8 +97,8 @@ class WorkloadClient:
         self.agent = check_endpoint(agent, "agent")
         self.job_id = check_id("job_id", job_id, job_id=job_id, group_id=group)
         self.group = check_id("group", group, job_id=job_id, group_id=group)
-        if backend not in BACKENDS:
-            raise ConfigError(f"backend {backend!r} for job {job_id!r} is not one of {', '.join(BACKENDS)}")
+        # the agent knows its backends (plugins may add some): it refuses an unknown one, naming its choices
+        check_id("backend", backend, job_id=job_id, group_id=group)
         self.caps = pb.WorkloadCapabilities(supported_modes=list(modes), default_mode=default_mode, tags=list(tags))
         self.more = ext.RegisterWorkloadExt(app=app, endpoints=list(endpoints)) if app or endpoints else None
         self.backend, self.pid = backend, pid

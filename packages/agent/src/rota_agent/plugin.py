@@ -77,15 +77,17 @@ def agent() -> None:
 def serve_cmd(listen: str, auth_key: str, insecure: bool, socket_dir: str | None, op_timeout: float,
               step_timeout: float, forget_after: float, residue_max_bytes: int | None, metrics_listen: str) -> None:
     """Serve SnapshotAgentService and grpc.health.v1 until SIGINT/SIGTERM."""
+    from rota import plugin_manager
     from rota.errors import ConfigError
     from rota_agent._agent import Agent
     from rota_agent._server import default_socket_dir
-    from rota_agent.backends import default_backends
+    from rota_agent.backends import available_backends
 
     try:
         auth = _server_auth(listen, auth_key, insecure)
-        a = Agent(default_backends(step_timeout_s=step_timeout), op_timeout_s=op_timeout, name=listen,
-                  residue_max_bytes=residue_max_bytes, keep_closed_s=forget_after)
+        backends = available_backends(plugin_manager(), step_timeout_s=step_timeout)  # every plugin's
+        a = Agent(backends, op_timeout_s=op_timeout, name=listen, residue_max_bytes=residue_max_bytes,
+                  keep_closed_s=forget_after)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     if metrics_listen:
@@ -197,6 +199,14 @@ def status_cmd(endpoint: str, as_json: bool) -> None:
         click.echo(f"{j['job_id']:<32} {j['state']}{left}{'  ' + j['fault'] if j['fault'] else ''}")
     for a_ in accel:
         click.echo(f"{a_['id']:<44} {a_['used'] / 2**30:8.1f} / {a_['total'] / 2**30:.1f} GiB")
+
+
+@hookimpl
+def rota_agent_backends(step_timeout_s: float) -> dict[str, Any]:
+    """rota_agent's own backends (the hook is the agent's: rota_agent.hookspecs)."""
+    from rota_agent.backends import default_backends
+
+    return default_backends(step_timeout_s=step_timeout_s)
 
 
 @hookimpl

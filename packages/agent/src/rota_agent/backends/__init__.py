@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pluggy
+
+from rota.errors import ConfigError
 from rota_agent.backends._base import Backend, Channel, Job, Moved
 from rota_agent.backends.app_channel import AppChannelBackend
 from rota_agent.backends.app_endpoint import AppEndpointBackend
@@ -10,10 +13,27 @@ from rota_agent.backends.noop import NoopBackend
 
 
 def default_backends(*, step_timeout_s: float = 120.0) -> dict[str, Backend]:
-    """The backends ``rota agent serve`` offers, by name."""
+    """rota_agent's own backends, by name (what its ``rota_agent_backends`` hook offers)."""
     return {"app_channel": AppChannelBackend(), "cuda": CudaBackend(step_timeout_s=step_timeout_s),
             "app_endpoint": AppEndpointBackend(timeout_s=step_timeout_s), "noop": NoopBackend()}
 
 
+def available_backends(pm: pluggy.PluginManager, *, step_timeout_s: float = 120.0) -> dict[str, Backend]:
+    """Every backend an installed plugin offers through ``rota_agent_backends``, by name."""
+    from rota_agent import hookspecs
+
+    if not hasattr(pm.hook, "rota_agent_backends") or pm.hook.rota_agent_backends.spec is None:
+        pm.add_hookspecs(hookspecs)
+    found: dict[str, Backend] = {}
+    owner: dict[str, str] = {}
+    for impl in pm.hook.rota_agent_backends.get_hookimpls():  # one by one: a clash names both plugins
+        for name, backend in (impl.function(step_timeout_s=step_timeout_s) or {}).items():
+            if name in found:
+                raise ConfigError(f"agent backend {name!r} is offered by both {owner[name]} and {impl.plugin_name}; "
+                                  "uninstall one of them")
+            found[name], owner[name] = backend, impl.plugin_name
+    return found
+
+
 __all__ = ["AppChannelBackend", "AppEndpointBackend", "Backend", "Channel", "CudaBackend", "CudaDriver", "Job",
-           "LibCudaDriver", "Moved", "NoopBackend", "default_backends"]
+           "LibCudaDriver", "Moved", "NoopBackend", "available_backends", "default_backends"]

@@ -1,0 +1,28 @@
+"""The node agent's own hook: park backends, so a third party can add one.
+
+rota_agent adds this spec to rota's plugin manager (``pm.add_hookspecs``, as pytest-xdist
+adds its ``newhooks``); any distribution in the ``rota`` entry-point group may implement it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from rota_agent.backends import Backend
+
+hookspec = pluggy.HookspecMarker("rota")
+
+
+@hookspec
+def rota_agent_backends(step_timeout_s: float) -> dict[str, Backend] | None:
+    """Park backends this plugin offers, by the name a job registers with (metadata ``rota-backend``).
+
+    Called by ``rota agent serve`` (and :func:`rota_agent.backends.available_backends`) when an
+    agent starts; implemented by rota_agent (app_channel, cuda, app_endpoint, noop) and by any
+    plugin adding a backend. Two plugins offering one name is an error naming both.
+
+    :param step_timeout_s: the agent's ``--step-timeout``: how long one backend step may take.
+    """
