@@ -18,7 +18,6 @@ def test_replica_with_an_auth_key_checks_every_caller(etcd, tmp_path, child_env)
     auth.generate_key(key_file)
     key = auth.load_key(key_file)
     with OrchestratorProcess(etcd.url, tmp_path / "replica.log", args=["--auth-key", key_file], env=child_env) as rep:
-        rep.start()
         bare = pb_grpc.RotaServiceStub(grpc.insecure_channel(rep.endpoint))
         with pytest.raises(grpc.RpcError) as err:
             bare.Acquire(pb.TurnRequest(job_id="j", group_id="g"), timeout=10)

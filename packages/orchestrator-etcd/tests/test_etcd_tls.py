@@ -56,8 +56,7 @@ def tls_etcd(tmp_path):
 def test_replica_serves_through_an_etcd_that_checks_client_certificates(tls_etcd, tmp_path, child_env):
     url, tls_env = tls_etcd
     env = {**child_env, **tls_env}
-    with OrchestratorProcess(url, tmp_path / "replica.log", env=env) as replica:
-        replica.start(timeout=30)
+    with OrchestratorProcess(url, tmp_path / "replica.log", env=env).start(timeout=30) as replica:
         gpu = rota.connect(group="g", tenant="j", endpoint=replica.endpoint)
         with gpu.turn() as grant:
             assert grant.token == 1

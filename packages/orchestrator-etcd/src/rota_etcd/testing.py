@@ -156,6 +156,10 @@ class OrchestratorProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 20.0) -> OrchestratorProcess:
+        """Start the replica and wait until it serves; a replica already running is left as it is (starting a
+        second process would orphan the first, which kept serving after the test)."""
+        if self.running:
+            return self
         env = dict(self.env if self.env is not None else os.environ)
         env.setdefault("ROTA_ETCD_LEADER_TTL", "2")
         env["PYTHONUNBUFFERED"] = "1"
