@@ -11,11 +11,22 @@ that was aborted tries one more acquire and prints "refused <ErrorType>".
 """
 
 import sys
+import threading
 import time
 
 import rota
 from rota import ParkResult, hookimpl
 from rota.errors import RotaError
+
+_say = threading.Lock()
+
+
+def say(line: str) -> None:
+    """One whole line on stdout: the abort hook's thread and the main thread both print, and print() writes the
+    text and its newline separately (two lines once came out glued: 'aborted ...refused Faulted')."""
+    with _say:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 class FakeState:
@@ -43,7 +54,7 @@ class FakeState:
     @hookimpl
     def rota_job_aborted(self, tenant, reason):
         if tenant is self.gpu:
-            print(f"aborted {reason}", flush=True)
+            say(f"aborted {reason}")
 
 
 def wait_for_peer(gpu: rota.Gpu) -> None:
@@ -53,9 +64,9 @@ def wait_for_peer(gpu: rota.Gpu) -> None:
         time.sleep(0.02)
     try:
         gpu.acquire()
-        print("acquired again", flush=True)
+        say("acquired again")
     except RotaError as exc:
-        print(f"refused {type(exc).__name__}", flush=True)
+        say(f"refused {type(exc).__name__}")
 
 
 def main() -> None:
@@ -65,18 +76,18 @@ def main() -> None:
     if mode == "restore":
         with gpu.turn():
             pass
-        print("released", flush=True)
+        say("released")
         sys.stdin.readline()
     try:
         with gpu.turn():
-            print("granted", flush=True)
+            say("granted")
             if mode == "raise" and rank == "1":
                 raise ValueError("loss is NaN (test)")
             wait_for_peer(gpu)
     except ValueError:
-        print("raised", flush=True)
+        say("raised")
     except Exception as exc:  # rank 1's failed restore (the job is faulted; nothing more to do here)
-        print(f"failed {type(exc).__name__}", flush=True)
+        say(f"failed {type(exc).__name__}")
 
 if __name__ == "__main__":
     main()
