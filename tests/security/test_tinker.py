@@ -15,13 +15,10 @@ import json
 import os
 import re
 import resource
-import signal
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,6 +33,7 @@ from tinker import types  # noqa: E402
 
 from rota.cli.status import fetch_status  # noqa: E402
 from rota_tinker import ServiceConfig, Tenant, TinkerService  # noqa: E402
+from rota_tinker.testing import serving_process  # noqa: E402
 
 KEYS = {"alice": "tml-alice-security-0123", "bob": "tml-bob-security-01234", "carol": "tml-carol-security-0123"}
 MIB = 1 << 20
@@ -83,37 +81,16 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """The service as `rota serve tinker` runs it, with small limits so an attacker reaches them quickly."""
     data = tmp_path_factory.mktemp("tinker-sec") / "data"
-    cmd = [sys.executable, "-m", "rota", "serve", "tinker", "--listen", "127.0.0.1:0", "--data-dir", str(data),
-           *(a for name, key in KEYS.items() for a in ("--tenant", f"{name}={key}")), "--long-poll", "2",
-           "--capacity", "1GiB", "--header-timeout", str(HEADER_TIMEOUT_S), "--max-connections",
-           str(MAX_CONNECTIONS), "--max-models", "2", "--max-sessions", "3", "--max-bytes", "20MB"]
+    args = ["--listen", "127.0.0.1:0", "--data-dir", str(data),
+            *(a for name, key in KEYS.items() for a in ("--tenant", f"{name}={key}")), "--long-poll", "2",
+            "--capacity", "1GiB", "--header-timeout", str(HEADER_TIMEOUT_S), "--max-connections",
+            str(MAX_CONNECTIONS), "--max-models", "2", "--max-sessions", "3", "--max-bytes", "20MB"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROTA_", "TINKER_"))}
     env["TINKER_TELEMETRY"] = "0"
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    started = threading.Event()
-
-    def drain() -> None:
-        for line in proc.stderr:
-            lines.append(line)
-            if "rota tinker: serving" in line:
-                started.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    try:
-        assert started.wait(60), "".join(lines)
-        head = next(line for line in lines if "rota tinker: serving" in line)
+    with serving_process(args, env) as (proc, head, lines):
         url = re.search(r"serving (http://\S+) ", head).group(1)
         endpoint = re.search(r"own orchestrator (unix:[^\s,]+)", head).group(1)
         yield Served(proc, url, endpoint, data, lines)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def healthz(served: Served, timeout: float = 2.0) -> int:

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +24,7 @@ tinker = pytest.importorskip("tinker")
 pytest.importorskip("peft")
 from tinker import types  # noqa: E402
 
-from rota_tinker.testing import hub_cache_snapshot  # noqa: E402
+from rota_tinker.testing import hub_cache_snapshot, serving_process  # noqa: E402
 
 KEYS = {"alice": "tml-alice-checkpoint-0123", "mallory": "tml-mallory-checkpoint-01"}
 MODEL = "acme/Qwen3-Tiny"
@@ -53,35 +50,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("tinker-ck")
     hub_cache_snapshot(root / "models", MODEL)
     data = root / "data"
-    cmd = [sys.executable, "-m", "rota", "serve", "tinker", "--listen", "127.0.0.1:0", "--data-dir", str(data),
-           "--model-dir", str(root / "models"), "--long-poll", "2",
-           *(a for name, key in KEYS.items() for a in ("--tenant", f"{name}={key}"))]
+    args = ["--listen", "127.0.0.1:0", "--data-dir", str(data), "--model-dir", str(root / "models"), "--long-poll",
+            "2", *(a for name, key in KEYS.items() for a in ("--tenant", f"{name}={key}"))]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROTA_", "TINKER_", "HF_"))}
     env.update(TINKER_TELEMETRY="0", HF_HUB_CACHE=str(root / "empty-cache"), HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    started = threading.Event()
-
-    def drain() -> None:
-        for line in proc.stderr:
-            lines.append(line)
-            if "rota tinker: serving" in line:
-                started.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    try:
-        assert started.wait(60), "".join(lines)
-        head = next(line for line in lines if "rota tinker: serving" in line)
+    with serving_process(args, env) as (proc, head, _):
         assert MODEL in head, head
         yield Served(proc, re.search(r"serving (http://\S+) ", head).group(1), data)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 @pytest.fixture(scope="module")

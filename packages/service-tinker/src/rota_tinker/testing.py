@@ -9,7 +9,13 @@ serves it under ``ORG/NAME`` and the SDK's ``get_tokenizer()`` loads it offline.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +117,36 @@ def full_training_client(sc: Any, base_model: str, timeout_s: float = 120) -> An
         return TrainingClient(holder, model_seq_id=seq, model_id=resp.model_id, info=info)
 
     return holder.run_coroutine_threadsafe(create()).result(timeout=timeout_s)
+
+
+@contextlib.contextmanager
+def serving_process(args: Sequence[str], env: Mapping[str, str], *,
+                    timeout_s: float = 60.0) -> Iterator[tuple[subprocess.Popen, str, list[str]]]:
+    """``rota serve tinker ARGS`` in a process of its own, as an operator runs it, until the block ends.
+
+    Yields (the process, its ``rota tinker: serving ...`` line, the list its stderr keeps filling);
+    at the end it is stopped with SIGINT, then killed if it does not exit within a minute.
+    """
+    cmd = [sys.executable, "-m", "rota", "serve", "tinker", *args]
+    proc = subprocess.Popen(cmd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def drain() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            lines.append(line)
+            if "rota tinker: serving" in line:
+                started.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        assert started.wait(timeout_s), "".join(lines)
+        yield proc, next(line for line in lines if "rota tinker: serving" in line), lines
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
