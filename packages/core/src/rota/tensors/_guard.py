@@ -76,21 +76,6 @@ def env_verify() -> str:
     return check_verify(os.environ.get("ROTA_VERIFY") or "sample", "ROTA_VERIFY")
 
 
-def env_number(name: str, default: float, *, integer: bool = False) -> float:
-    """A non-negative number from ``name`` (default when unset), validated."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw) if integer else float(raw)
-    except ValueError:
-        kind = "an integer" if integer else "a number"
-        raise ConfigError(f"{name}={raw!r} is not {kind}; set {kind} >= 0 or unset it") from None
-    if value < 0:
-        raise ConfigError(f"{name}={raw!r} is negative; set a value >= 0 (0 disables it) or unset it")
-    return value
-
-
 def check_non_negative(name: str, value: float | None) -> None:
     """Raise :class:`ConfigError` when ``value`` is negative."""
     if value is not None and value < 0:

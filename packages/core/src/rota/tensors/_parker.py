@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import torch
 
 from rota._types import ParkResult
+from rota.config import env_float
 from rota.tensors._guard import (
     Deadline,
     DiscardedTag,
@@ -61,7 +62,6 @@ from rota.tensors._guard import (
     check_verify,
     device_checksum,
     device_free_bytes,
-    env_number,
     env_verify,
     sample_index,
 )
@@ -164,9 +164,11 @@ class TensorParker:
         self._stream: object | None = None
         self.verify = check_verify(verify) if verify is not None else env_verify()
         check_non_negative("deadline_s", deadline_s)
-        self.deadline_s = deadline_s if deadline_s is not None else env_number("ROTA_SWITCH_DEADLINE_S", 0.0)
+        self.deadline_s = deadline_s if deadline_s is not None else \
+            env_float("ROTA_SWITCH_DEADLINE_S", 0.0, minimum=0.0)
         self.free_bytes = free_bytes
-        self.room_wait_s = env_number("ROTA_RESTORE_ROOM_WAIT_S", 10.0)  # how long a restore waits for free memory
+        # how long a restore waits for free memory
+        self.room_wait_s = env_float("ROTA_RESTORE_ROOM_WAIT_S", 10.0, minimum=0.0)
         self._on_discard: dict[str, str | Callable[[], None]] = {}
         self.last_residue: dict[str, int] = {}
 
