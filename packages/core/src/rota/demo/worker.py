@@ -345,15 +345,9 @@ def _sft_trainer(spec, model, opt, dev, inbox, outbox, results, push, report) ->
         if pushing:
             push.claim()  # before the turn: waits only if the eval sampler still reads the previous push
         publish = (lambda: _publish(spec, model, push, report)) if pushing else None
-        loss, parts = 0.0, spec.sft_turns
-        for i, (xi, yi) in enumerate(zip(x.chunk(parts), y.chunk(parts), strict=True)):
-            last = i == parts - 1
-            with dev.phase(after=publish if last else None):  # a waiting RL job waits one microbatch at most
-                if i == 0:
-                    opt.zero_grad(set_to_none=False)
-                loss += w.sft_accumulate(model, xi.to(spec.device), yi.to(spec.device), parts)
-                if last:
-                    opt.step()
+        # a turn per microbatch: a waiting RL job waits one microbatch at most
+        loss = w.sft_step(model, opt, x, y, spec.sft_turns, device=spec.device,
+                          turn=lambda last, publish=publish: dev.phase(after=publish if last else None))
         report.values.append(loss)
         results.put(("progress", spec.name, (step, loss)))
         if pushing:

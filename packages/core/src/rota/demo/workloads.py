@@ -8,7 +8,10 @@ inside worker processes (it needs torch; rota-core itself does not).
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -141,11 +144,22 @@ def sft_accumulate(model: Policy, x: torch.Tensor, y: torch.Tensor, parts: int) 
     return float(loss.item())
 
 
-def sft_step(model: Policy, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, parts: int = 1) -> float:
-    """A whole SFT step (``parts`` microbatches, then the update) without giving the device back."""
-    opt.zero_grad(set_to_none=False)
-    loss = sum(sft_accumulate(model, xi, yi, parts) for xi, yi in zip(x.chunk(parts), y.chunk(parts), strict=True))
-    opt.step()
+def sft_step(model: Policy, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, parts: int = 1, *,
+             device: str | None = None, turn: Callable[[bool], AbstractContextManager] | None = None) -> float:
+    """A whole SFT step: ``parts`` microbatches (each moved to ``device`` inside its turn), then the update.
+
+    ``turn(last)`` wraps each microbatch (the worker's device phase: it gives the device back
+    between microbatches; the last one also updates). Without it, nothing is given back.
+    """
+    loss = 0.0
+    for i, (xi, yi) in enumerate(zip(x.chunk(parts), y.chunk(parts), strict=True)):
+        last = i == parts - 1
+        with turn(last) if turn is not None else contextlib.nullcontext():
+            if i == 0:
+                opt.zero_grad(set_to_none=False)
+            loss += sft_accumulate(model, xi.to(device or xi.device), yi.to(device or yi.device), parts)
+            if last:
+                opt.step()
     return loss
 
 
