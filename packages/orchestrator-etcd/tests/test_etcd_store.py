@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import pytest
@@ -160,6 +162,70 @@ def test_every_grant_has_a_turn_lease_that_ends_the_turn_when_not_kept_alive(etc
             await ts.commit(g2)
             assert (await store.client.get(store.turn_key("h"))).count == 0
         finally:
+            await store.close()
+
+    run(body())
+
+
+def test_a_turn_lease_let_go_while_its_holder_was_silent_never_carries_the_next_turn(etcd, prefix) -> None:
+    """The chaos test caught this: a silent holder's lease was let go, kept again for the
+    moment its eviction was in flight (the holder looked alive then), and recycled as a
+    spare; the next turn was put on that expiring lease and ended 7 ms after its grant."""
+    async def body() -> None:
+        store = EtcdStore(etcd.url, prefix=prefix)
+        try:
+            await store.connect()
+            term = await Election(store, {"id": "a", "address": "A"}).campaign(asyncio.Event())
+            ts = store.begin_term(term, 2)
+            await ts.load_all()
+            g = granted("g", "a", "b")
+            await ts.commit(g)
+            silent = ts.turns["g"].lease
+            ts.keep_turn("g", alive=False)  # the holder went silent: its lease runs out in etcd
+            deadline = time.monotonic() + 10
+            while await store.client.lease_ttl(silent) > 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.1)  # under a second was left: now it is past its TTL (etcd revokes it soon)
+            ts.keep_turn("g", alive=True)  # ... and looks alive again while it is being evicted
+
+            g.release("a", 1, 0, time.monotonic())
+            await ts.commit(g)
+            g.begin_switch(g.grantable()[0], 0)
+            g.complete_grant(time.monotonic())
+            await ts.commit(g)  # b's turn
+
+            turn = ts.turns["g"]
+            assert (turn.job, turn.token) == ("b", 2)
+            assert turn.lease != silent, "the next turn was put on the lease that had run out"
+            await asyncio.sleep(1.0)
+            assert await store.client.lease_ttl(turn.lease) > 0
+            assert (await store.client.get(store.turn_key("g"))).count == 1
+        finally:
+            await store.close()
+
+    run(body())
+
+
+def test_leases_outlive_a_stopped_etcd_member_that_keeps_its_connections_open(etcd3, prefix) -> None:
+    """SIGSTOP leaves the keeper's stream open with nobody answering (as a cut-off
+    member would): the keeper must notice the silence and refresh through another member."""
+    async def body() -> None:
+        store = EtcdStore(etcd3.url, prefix=prefix)
+        stopped = None
+        try:
+            client = await store.connect()
+            lease, _ = await client.lease_grant(2)
+            store.keeper.keep(lease, 2)
+            await asyncio.sleep(0.5)
+            streaming = client.endpoints[client._current]
+            stopped = next(m for m in etcd3.members if m.client_url.endswith(streaming))
+            os.kill(stopped.proc.pid, signal.SIGSTOP)
+            await asyncio.sleep(5)  # two and a half TTLs
+            assert store.keeper.valid_until(lease) > time.monotonic(), "no refresh confirmed for 5 s"
+            assert await client.lease_ttl(lease) > 0, "the lease expired while one member of three was stopped"
+        finally:
+            if stopped is not None:
+                os.kill(stopped.proc.pid, signal.SIGCONT)
             await store.close()
 
     run(body())

@@ -287,7 +287,9 @@ class LeaseKeeper:
     Each lease is refreshed every third of its TTL. ``valid_until(id)`` is a
     conservative deadline: the send time of the last confirmed refresh plus the TTL,
     so a holder that trusts it never outlives its lease in etcd. A lease that etcd
-    reports gone (TTL 0) is dropped and its ``on_lost`` callback runs.
+    reports gone (TTL 0) is dropped and its ``on_lost`` callback runs. A stream that
+    answers no refresh for a third of the shortest TTL (a member stopped or cut off keeps
+    its connection open) is re-opened on the next member.
     """
 
     def __init__(self, client: EtcdClient) -> None:
@@ -296,10 +298,19 @@ class LeaseKeeper:
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
 
-    def keep(self, lease_id: int, ttl_s: float, on_lost: Callable[[int], None] | None = None) -> None:
-        if lease_id not in self._leases:
-            self._leases[lease_id] = _Kept(ttl_s, on_lost, time.monotonic())
+    def keep(self, lease_id: int, ttl_s: float, on_lost: Callable[[int], None] | None = None, *,
+             fresh: bool = True) -> None:
+        """Refresh ``lease_id`` from now on; ``on_lost`` replaces any earlier callback.
+
+        ``fresh`` says the caller just had the lease from etcd (a grant), so it counts as
+        confirmed now; a lease kept again after a ``drop`` is not (it may have expired
+        meanwhile) and stays unconfirmed until etcd answers its first refresh."""
+        kept = self._leases.get(lease_id)
+        if kept is None:
+            self._leases[lease_id] = _Kept(ttl_s, on_lost, time.monotonic() if fresh else 0.0)
             self._wake.set()
+        else:
+            kept.on_lost = on_lost
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="rota-etcd-lease-keeper")
 
@@ -331,6 +342,11 @@ class LeaseKeeper:
                 self.client.rotate()
                 await asyncio.sleep(0.1)
 
+    def _stall_s(self) -> float:
+        """How long an unanswered refresh may wait before the stream counts as stuck:
+        a third of the shortest TTL (one missed refresh round), at least a second."""
+        return max(1.0, min((k.ttl_s for k in self._leases.values()), default=3.0) / 3)
+
     async def _stream(self) -> None:
         call = rpc.LeaseStub(self.client.channel()).LeaseKeepAlive(metadata=_REQUIRE_LEADER)
         pending: deque[tuple[int, float]] = deque()
@@ -354,6 +370,8 @@ class LeaseKeeper:
                 else:
                     kept.confirmed = max(kept.confirmed, sent)
 
+        for kept in self._leases.values():
+            kept.sent = 0.0  # what the last stream sent may never have arrived: refresh all at once
         read_task = asyncio.create_task(reader())
         try:
             while self._leases:
@@ -365,6 +383,9 @@ class LeaseKeeper:
                         await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
                 if read_task.done():
                     read_task.result()  # raises what broke the stream
+                if pending and now - pending[0][1] > self._stall_s():
+                    # a member that is stopped or cut off keeps the connection open and answers nothing
+                    raise ConnectionError(f"no lease refresh answered for {now - pending[0][1]:.1f} s")
                 self._wake.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), 0.1)
@@ -408,6 +429,11 @@ class Watch:
                          self.prefix.decode(), exc, self.next_revision)
                 self.client.rotate()
                 await asyncio.sleep(0.1)
+
+    def _stall_s(self) -> float:
+        """How long an unanswered refresh may wait before the stream counts as stuck:
+        a third of the shortest TTL (one missed refresh round), at least a second."""
+        return max(1.0, min((k.ttl_s for k in self._leases.values()), default=3.0) / 3)
 
     async def _stream(self) -> None:
         call = rpc.WatchStub(self.client.channel()).Watch(metadata=_REQUIRE_LEADER)

@@ -426,8 +426,16 @@ class TermStore:
                               "retry against the current leader", group_id=group_id)
 
     async def _turn_lease(self) -> int:
-        """A fresh turn lease: a spare granted ahead of time if there is one."""
-        lease = self._spares.pop() if self._spares else (await self.client.lease_grant(self.turn_ttl))[0]
+        """A fresh turn lease: a spare granted ahead of time if etcd confirmed it lately, else a new grant."""
+        lease = 0
+        while self._spares and not lease:
+            spare = self._spares.pop()
+            if self._confirmed_for_a_turn(spare):
+                lease = spare
+            else:
+                self._discard(spare)
+        if not lease:
+            lease = (await self.client.lease_grant(self.turn_ttl))[0]
         if not self._refilling:
             self._refilling = True
             self._spawn(self._refill())
@@ -444,12 +452,22 @@ class TermStore:
 
     def _recycle(self, lease: int) -> None:
         """An ended turn's lease (its key now deleted or moved to the next turn's lease) becomes a spare
-        while it is still kept alive: the next grant then needs no LeaseGrant and this one no LeaseRevoke."""
-        if lease in self.keeper.kept() and len(self._spares) < MAX_SPARE_LEASES and not self.term.lost.is_set():
-            self.keeper.drop(lease)
+        while etcd confirmed it lately: the next grant then needs no LeaseGrant and this one no LeaseRevoke.
+
+        Being kept is not enough: a lease let go while its holder was silent and kept again
+        may have expired meanwhile, and a turn put on it would end as soon as it began."""
+        if (self._confirmed_for_a_turn(lease) and len(self._spares) < MAX_SPARE_LEASES
+                and not self.term.lost.is_set()):
             self.keeper.keep(lease, self.turn_ttl, self._spare_gone)
             self._spares.append(lease)
             return
+        self._discard(lease)
+
+    def _confirmed_for_a_turn(self, lease: int) -> bool:
+        """True if etcd confirmed ``lease`` recently enough that over half its TTL is certainly left."""
+        return self.keeper.valid_until(lease) - time.monotonic() > self.turn_ttl / 2
+
+    def _discard(self, lease: int) -> None:
         self.keeper.drop(lease)
         self._spawn(self.client.lease_revoke(lease))
 
@@ -479,8 +497,8 @@ class TermStore:
         turn = self.turns.get(group_id)
         if turn is None:
             return
-        if alive:
-            self.keeper.keep(turn.lease, self.turn_ttl, None)
+        if alive:  # after a drop the lease may be gone: unconfirmed until etcd says otherwise
+            self.keeper.keep(turn.lease, self.turn_ttl, None, fresh=False)
         else:
             self.keeper.drop(turn.lease)
 
