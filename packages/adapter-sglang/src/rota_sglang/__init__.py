@@ -19,10 +19,10 @@ Tags: ``weights``, ``kv_cache``, ``cuda_graph``. SGLang is an optional extra
 
 from __future__ import annotations
 
+from rota.errors import UnsupportedVersion
 from rota_sglang._compat import FIX, SGLANG_SPEC, check_server, require_sglang
 from rota_sglang._engine import TAGS, TrackedEngine, TrackingError, track
 from rota_sglang._server import SglangServer, engine_command
-from rota_vllm import UnsupportedVersion
 
 __all__ = ["FIX", "SGLANG_SPEC", "TAGS", "SglangServer", "TrackedEngine", "TrackingError", "UnsupportedVersion",
            "check_server", "engine_command", "require_sglang", "track"]

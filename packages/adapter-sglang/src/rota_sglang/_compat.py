@@ -1,4 +1,4 @@
-"""What SGLang versions rota_sglang targets, and the checks against them.
+"""What SGLang versions rota_sglang targets, checked through :mod:`rota.compat`.
 
 The installed version comes from the ``sglang`` distribution; a served engine's from
 its ``GET /get_server_info`` (field ``version``).
@@ -6,19 +6,20 @@ its ``GET /get_server_info`` (field ``version``).
 
 from __future__ import annotations
 
-from rota_vllm._versions import UnsupportedVersion, check_version, installed, warn_if_mismatched
+from rota.compat import check, require, warn_if_mismatched
+from rota.errors import UnsupportedVersion
 from rota_vllm.serving import EndpointClient
 
 #: SGLang versions this adapter targets (release/resume_memory_occupation with tags).
 SGLANG_SPEC = ">=0.4.6,<0.6"
 DISTS = ("sglang",)
 FIX = 'pip install "sglang>=0.4.6,<0.6"'
+ADAPTER = "rota-adapter-sglang"
 
 
 def require_sglang() -> str:
     """The installed SGLang version; raises :class:`UnsupportedVersion` (with the fix) otherwise."""
-    got = installed(DISTS)
-    return check_version("sglang", got[1] if got else None, SGLANG_SPEC, FIX, where="installed")
+    return require(DISTS, SGLANG_SPEC, FIX, needed_by=ADAPTER)
 
 
 def check_server(client: EndpointClient) -> str:
@@ -27,12 +28,13 @@ def check_server(client: EndpointClient) -> str:
     found = got.get("version") if isinstance(got, dict) else None
     if not isinstance(found, str):
         raise UnsupportedVersion(f"{client.base_url}/get_server_info answered without a \"version\" string; is it "
-                                 "an SGLang server?", found=None, fix=FIX)
-    return check_version("sglang", found, SGLANG_SPEC, FIX, where=f"server at {client.base_url}")
+                                 "an SGLang server?", dist="sglang", found=None, spec=SGLANG_SPEC, fix=FIX)
+    return check("sglang", found, SGLANG_SPEC, FIX, where=f"server at {client.base_url}", needed_by=ADAPTER)
 
 
 def warn_on_load() -> None:
-    warn_if_mismatched("sglang", DISTS, SGLANG_SPEC, FIX)
+    """Log an installed SGLang outside :data:`SGLANG_SPEC` (the plugin module calls this when it loads)."""
+    warn_if_mismatched(DISTS, SGLANG_SPEC, FIX, needed_by=ADAPTER)
 
 
 __all__ = ["DISTS", "FIX", "SGLANG_SPEC", "UnsupportedVersion", "check_server", "require_sglang", "warn_on_load"]

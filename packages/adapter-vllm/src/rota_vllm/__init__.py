@@ -30,10 +30,10 @@ imports it at import time. :mod:`rota_vllm.serving` is shared with :mod:`rota_sg
 
 from __future__ import annotations
 
+from rota.errors import UnsupportedVersion
 from rota_vllm._compat import FIX, VLLM_SPEC, check_server, require_vllm
 from rota_vllm._llm import TAGS, TrackedLLM, TrackingError, track
 from rota_vllm._server import VllmServer, engine_command
-from rota_vllm._versions import UnsupportedVersion
 from rota_vllm.serving import EndpointClient, ServeConfig, Served, ServingError, TurnGate, TurnProxy, serve_app
 
 __all__ = ["FIX", "TAGS", "VLLM_SPEC", "EndpointClient", "ServeConfig", "Served", "ServingError", "TrackedLLM",

