@@ -138,7 +138,7 @@ def test_ended_tenants_leave_the_status_after_their_grace_and_are_counted():
 
     config = OrchestratorConfig(ended_tenant_ttl_s=0.5, idle_group_ttl_s=0)
     with running_orchestrator(config) as (ep, eng):
-        eng.metrics = OrchestratorMetrics(lambda: eng.groups)
+        eng.report_metrics_to(OrchestratorMetrics(lambda: eng.groups))
         stays, leaves = (rota.connect(group="g", tenant=t, endpoint=ep) for t in ("stays", "leaves"))
         for gpu in (stays, leaves):
             with gpu.turn():

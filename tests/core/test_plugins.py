@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -52,3 +53,63 @@ def test_load_plugins_env_names_missing_distribution():
                        env={"ROTA_LOAD_PLUGINS": "rota-not-installed", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0
     assert "ROTA_LOAD_PLUGINS names 'rota-not-installed', which is not installed" in r.stderr
+
+
+def test_orchestrator_serve_serves_what_a_rota_orchestrator_plugin_returns(tmp_path):
+    """rota_orchestrator: `rota orchestrator serve` passes --etcd, --listen and the config to the hook, hands the
+    answer the health servicer before starting it, and serves it (a Status call over the socket reaches it)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from rota._plugins import plugin_manager
+    from rota.orchestrator import LEADER_HEALTH, Orchestrator
+    from rota.wire import rota_v1_pb2, rota_v1_pb2_grpc
+
+    seen: dict = {}
+    listen = f"unix:{tmp_path}/orchestrator.sock"
+
+    class PluginEngine(Orchestrator):
+        def report_health_to(self, health):
+            seen["health before start"] = "started" not in seen
+
+        async def start(self):
+            seen["started"] = True
+            await super().start()
+            self.probing = asyncio.ensure_future(self.probe())
+
+        async def probe(self):
+            async with grpc.aio.insecure_channel(listen) as ch:
+                reply = await rota_v1_pb2_grpc.RotaServiceStub(ch).Status(rota_v1_pb2.StatusRequest(), timeout=30,
+                                                                          wait_for_ready=True)
+                health = await health_pb2_grpc.HealthStub(ch).Check(
+                    health_pb2.HealthCheckRequest(service=LEADER_HEALTH), timeout=30)
+            seen["served"] = reply.orchestrator
+            seen["leader health"] = health_pb2.HealthCheckResponse.ServingStatus.Name(health.status)
+            self.stopped.set()
+
+    class Plugin:
+        @rota.hookimpl
+        def rota_orchestrator(self, config, url, listen):
+            seen["asked"] = (url, listen, config.policy.name)
+            return PluginEngine(config, name="from the plugin")
+
+    pm, plugin = plugin_manager(), Plugin()
+    pm.register(plugin)  # registered last: asked before rota_etcd's, which would answer --etcd too
+    try:
+        result = CliRunner().invoke(cli, ["orchestrator", "serve", "--listen", listen, "--etcd", "store://x",
+                                          "--policy", "priority"])
+    finally:
+        pm.unregister(plugin)
+    assert result.exit_code == 0, result.output
+    assert seen["asked"] == ("store://x", listen, "priority")
+    assert seen["health before start"] is True
+    assert (seen["served"], seen["leader health"]) == ("from the plugin", "SERVING")
+
+
+def test_etcd_option_without_a_store_plugin_names_the_package_to_install(tmp_path, child_env):
+    """No plugin answers rota_orchestrator or rota_store for --etcd: a usage error, not an in-memory orchestrator."""
+    r = subprocess.run([sys.executable, "-m", "rota", "orchestrator", "serve", "--listen",
+                        f"unix:{tmp_path}/o.sock", "--etcd", "http://127.0.0.1:1"], capture_output=True, text=True,
+                       timeout=60, env=dict(child_env, ROTA_LOAD_PLUGINS=""))
+    assert r.returncode == 2, r.stderr
+    assert "--etcd http://127.0.0.1:1 needs the etcd store plugin: pip install rota-orchestrator-etcd" in r.stderr

@@ -89,10 +89,8 @@ class GroupStore(Protocol):
     """Where group state lives. Implementations: :class:`MemoryStore`, rota_etcd's.
 
     A store may offer ``delete(group_id)``: groups idle for ``idle_group_ttl_s`` are then
-    forgotten there too. It may also offer ``make_orchestrator(config, *, listen)`` returning an object
-    with this module's :class:`Orchestrator` interface (``start``, ``stop``,
-    ``stopped``, ``acquire``...): ``rota orchestrator serve`` then serves that instead
-    of a plain engine (rota_etcd returns an HA replica that elects a leader).
+    forgotten there too. (An orchestrator of another kind than this engine, e.g. rota_etcd's
+    HA replica, comes from the ``rota_orchestrator`` hook, not from its store.)
     """
 
     async def load_all(self) -> dict[str, GroupState]:
@@ -200,11 +198,23 @@ class Orchestrator:
         self._tasks: list[asyncio.Task] = []
         self._idle_since = time.monotonic()
         self.stopped = asyncio.Event()
-        self.metrics: Any = None  # an OrchestratorMetrics when /metrics is served (rota._metrics)
+        self.metrics: Any = None  # an OrchestratorMetrics when /metrics is served (report_metrics_to)
         self.agents = AgentLinks(self.config.agents, self.config.park_timeout_s,
                                  auth_key=self.config.agent_auth_key) if self.config.agents else None
 
     # ------------------------------------------------------------- lifecycle
+
+    @property
+    def leading(self) -> bool:
+        """Always True: this engine grants the turns of every group it has."""
+        return True
+
+    def report_health_to(self, health: Any) -> None:
+        """Nothing to report: this engine always answers and leads, so every health name stays SERVING."""
+
+    def report_metrics_to(self, metrics: Any) -> None:
+        """Count grants, parks and collected tenants in ``metrics`` (an ``OrchestratorMetrics``)."""
+        self.metrics = metrics
 
     async def start(self) -> None:
         self.groups = await self.store.load_all()

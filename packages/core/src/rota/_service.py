@@ -1,4 +1,4 @@
-"""gRPC front of an :class:`~rota._engine.Orchestrator`: v1alpha1 and rota.v1 servicers.
+"""gRPC front of an orchestrator (:class:`rota.orchestrator.OrchestratorProtocol`): v1alpha1 and rota.v1 servicers.
 
 The servicers only translate messages and map :class:`rota.errors.RotaError` to the
 status codes of shared/WIRE.md; every rule lives in the engine. Used by the
@@ -11,13 +11,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2_grpc
 
-from rota._engine import Orchestrator, check_bytes
+from rota._engine import check_bytes
 from rota._generated import rota_v1_pb2 as pb
 from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota._generated import timeslice_orchestrator_pb2 as v1a
@@ -30,13 +30,16 @@ from rota._units import percentile
 from rota.auth import LOCAL_ADMIN, PermissionDenied, Principal, ServerAuth
 from rota.errors import DeadlineExceeded, InvalidArgument, RotaError
 
+if TYPE_CHECKING:
+    from rota.orchestrator import OrchestratorProtocol
+
 log = logging.getLogger(__name__)
 
 
 class _Guarded:
     """Who is calling: every servicer method asks :meth:`caller` before it acts (see :mod:`rota.auth`)."""
 
-    def __init__(self, engine: Orchestrator, auth: ServerAuth) -> None:
+    def __init__(self, engine: OrchestratorProtocol, auth: ServerAuth) -> None:
         self.engine, self.auth = engine, auth
 
     def caller(self, context: Any) -> Principal:
@@ -116,16 +119,10 @@ class TimeSliceService(_Guarded, v1a_grpc.TimeSliceOrchestratorServiceServicer):
             group_id=g.group_id, group_state=v1a.GroupStatus.State.Value("STATE_" + g.status_name()),
             state_timestamp=ts, locking_job=hide(g.holder), active_job=hide(active),
             waiter_queue_depth=len(g.queue), loaded_job=hide(g.loaded_job))
-        states = await _agent_states(self.engine, g.group_id) if who.admin else []
+        states = await self.engine.agent_job_states(g.group_id) if who.admin else []
         agent_states = [v1a.SnapshotAgentJobState(agent=agent, job_state=v1a.SnapshotAgentJobState.State.Value(
             "STATE_" + state), job_id=job) for agent, state, job in states]
         return v1a.GetGroupStatusResponse(group=status, agent_job_states=agent_states)
-
-
-async def _agent_states(engine: Any, group_id: str) -> list[tuple[str, str, str]]:
-    """Agent job states from engines that talk to agents (others report none)."""
-    fn = getattr(engine, "agent_job_states", None)
-    return await fn(group_id) if fn is not None else []
 
 
 def _hider(who: Principal) -> Any:
@@ -325,7 +322,7 @@ SERVICE_NAMES = (
 LEADER_HEALTH = "rota.leader"
 
 
-async def serve(engine: Orchestrator, listen: str, *, extra: Callable[[grpc.aio.Server], None] | None = None,
+async def serve(engine: OrchestratorProtocol, listen: str, *, extra: Callable[[grpc.aio.Server], None] | None = None,
                 auth: ServerAuth | None = None, tls: grpc.ServerCredentials | None = None) -> grpc.aio.Server:
     """Start a gRPC server for ``engine`` on ``listen`` (``host:port`` or ``unix:PATH``).
 
@@ -339,7 +336,7 @@ async def serve(engine: Orchestrator, listen: str, *, extra: Callable[[grpc.aio.
     pb_grpc.add_RotaServiceServicer_to_server(RotaService(engine, auth), server)
     health = await health_servicer((*SERVICE_NAMES, LEADER_HEALTH))
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    engine.health = health  # type: ignore[attr-defined]  # HA stores flip it to NOT_SERVING on followers
+    engine.report_health_to(health)
     if extra is not None:
         extra(server)
     bind(server, listen, tls)

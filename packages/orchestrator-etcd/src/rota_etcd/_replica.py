@@ -1,7 +1,8 @@
 """One orchestrator replica: campaigns for leadership and serves while it leads.
 
-``rota orchestrator serve --etcd URL`` serves a :class:`Replica` where it would
-serve a plain engine (the servicers of :mod:`rota._service` call the same methods).
+``rota orchestrator serve --etcd URL`` serves the :class:`Replica` that this plugin's
+``rota_orchestrator`` hook returns, where it would serve a plain engine: both are
+:class:`rota.orchestrator.OrchestratorProtocol`.
 Each replica:
 
 * campaigns (:mod:`rota_etcd._election`); while another replica leads it answers
@@ -141,7 +142,7 @@ class _Shard:
 
 
 class Replica:
-    """An orchestrator replica; quacks like :class:`rota._engine.Orchestrator`.
+    """An orchestrator replica (:class:`rota.orchestrator.OrchestratorProtocol`).
 
     With ``ROTA_ETCD_SHARDS`` N > 1 it campaigns for each of the N shards (first for
     those :func:`rota_etcd._shards.assign` gives it among the live replicas, after
@@ -168,18 +169,12 @@ class Replica:
         self._tasks: list[asyncio.Task] = []
         self._published: tuple[bool, bool] | None = None
         self._member_lease = 0
-        self.health: Any = None  # grpc.health.v1 servicer, set by rota._service.serve
+        self.health: Any = None  # grpc.health.v1 servicer (report_health_to)
+        self.metrics: Any = None  # handed to each term's engine (report_metrics_to)
 
     @property
     def election(self) -> Election:
         return self.shards[0].election
-
-    @property
-    def engine(self) -> Any:
-        """What /metrics reads led groups from: the engine when groups are not sharded, else this replica."""
-        if len(self.shards) == 1:
-            return self.shards[0].engine
-        return self if self.leading else None
 
     @property
     def groups(self) -> dict[str, GroupState]:
@@ -204,6 +199,15 @@ class Replica:
         return (self.election.leader or {}).get("address", "")
 
     # ------------------------------------------------------------ lifecycle
+
+    def report_health_to(self, health: Any) -> None:
+        """Keep ``health`` true from :meth:`start` on: services NOT_SERVING while no leader is known,
+        ``rota.leader`` NOT_SERVING while this replica follows (see :meth:`health_states`)."""
+        self.health = health
+
+    def report_metrics_to(self, metrics: Any) -> None:
+        """Feed ``metrics`` from the engine of every term this replica leads."""
+        self.metrics = metrics
 
     async def start(self) -> None:
         """Check that etcd answers (a clear error naming the endpoints if not), then
@@ -250,7 +254,7 @@ class Replica:
                 return
             engine = EtcdOrchestrator(self.config, self.store.begin_term(term, self.config.ttl_s, sh.index),
                                       name=f"etcd leader {self.address}")
-            engine.metrics = getattr(self, "metrics", None)  # the replica's /metrics, fed by whichever term leads
+            engine.report_metrics_to(self.metrics)  # the replica's /metrics, fed by whichever term leads
             try:
                 await engine.start()
             except RotaError as exc:

@@ -52,7 +52,7 @@ from typing import Any
 
 from rota.config import check_id, env_float
 from rota.errors import ConfigError, NotFound, Unavailable
-from rota.orchestrator import GroupState, OrchestratorConfig
+from rota.orchestrator import GroupState
 from rota_etcd._etcd import (
     EtcdClient,
     LeaseKeeper,
@@ -247,12 +247,6 @@ class EtcdStore:
         if kvs and recorded != str(self.shards):
             raise ConfigError(f"ROTA_ETCD_SHARDS={self.shards} but the replicas under {self.prefix!r} in etcd use "
                               f"{recorded}; set ROTA_ETCD_SHARDS={recorded} on every replica")
-
-    def make_orchestrator(self, config: OrchestratorConfig, *, listen: str, advertise: str | None = None) -> Any:
-        """The HA replica that serves ``config`` on ``listen`` (see :mod:`rota_etcd._replica`)."""
-        from rota_etcd._replica import Replica
-
-        return Replica(self, config, listen=listen, advertise=advertise)
 
     # ---------------------------------------------------------------- reads
 

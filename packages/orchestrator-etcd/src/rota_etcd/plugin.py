@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from rota.hookspecs import hookimpl
+from rota.orchestrator import OrchestratorConfig
+from rota_etcd._replica import Replica
 from rota_etcd._store import EtcdStore
+
+
+@hookimpl
+def rota_orchestrator(config: OrchestratorConfig, url: str, listen: str) -> Replica | None:
+    """Serve ``--etcd URL`` as an HA replica that elects a leader through etcd (none without ``url``)."""
+    return Replica(EtcdStore(url), config, listen=listen) if url else None
 
 
 @hookimpl

@@ -8,6 +8,7 @@ import signal
 
 import click
 import grpc
+import pluggy
 
 from rota._engine import Orchestrator, OrchestratorConfig
 from rota._grpc_server import server_tls
@@ -16,6 +17,7 @@ from rota._service import serve
 from rota.auth import ServerAuth, load_key
 from rota.cli.options import ByteSize, Endpoint, resident_first_option
 from rota.errors import RotaError
+from rota.orchestrator import OrchestratorProtocol
 from rota.policies import ResidentFirst, available_policies, make_policy
 
 log = logging.getLogger(__name__)
@@ -88,12 +90,7 @@ def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float
         raise click.BadParameter(f"{resident_first:g} needs --capacity (without the device's size every other "
                                  "resident is parked at each switch, so nobody stays resident)",
                                  param_hint="--resident-first")
-    store = None
     try:
-        if etcd:
-            store = pm.hook.rota_store(url=etcd)
-            if store is None:
-                raise click.UsageError("--etcd needs the etcd store plugin: pip install rota-orchestrator-etcd")
         key = load_key(auth_key) if auth_key else None
         chosen = make_policy(pm, policy, max_turn_s=max_turn)
         if resident_first:
@@ -104,8 +101,7 @@ def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float
             v1_max_turn_s=v1_max_turn, capacity_bytes=capacity, prefetch=prefetch, idle_exit_s=idle_exit,
             agent_auth_key=key,  # the agents are shown admin tokens made with the same key
             **({"agents": agents} if agents else {}))  # else ROTA_AGENTS
-        make = getattr(store, "make_orchestrator", None)  # e.g. rota_etcd's HA replica
-        engine = make(config, listen=listen) if make else Orchestrator(config, store, name=f"embedded@{listen}")
+        engine = _orchestrator(pm, config, etcd, listen)
         server_auth, tls = _security(listen, key, tls_cert, tls_key, tls_client_ca, insecure)
     except RotaError as exc:
         raise click.UsageError(str(exc)) from None
@@ -114,20 +110,29 @@ def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float
     asyncio.run(_run(engine, listen, server_auth, tls))
 
 
-def _serve_metrics(engine: Orchestrator, listen: str) -> None:
-    """``/metrics`` of ``engine`` (an HA replica: of the engine that leads now) on ``HOST:PORT``."""
+def _orchestrator(pm: pluggy.PluginManager, config: OrchestratorConfig, url: str, listen: str
+                  ) -> OrchestratorProtocol:
+    """A plugin's orchestrator (``rota_orchestrator``, e.g. rota_etcd's HA replica), else core's engine over
+    the store ``url`` names (``rota_store``), or over memory without ``url``."""
+    engine = pm.hook.rota_orchestrator(config=config, url=url, listen=listen)
+    if engine is not None:
+        return engine
+    store = pm.hook.rota_store(url=url) if url else None
+    if url and store is None:
+        raise click.UsageError(f"--etcd {url} needs the etcd store plugin: pip install rota-orchestrator-etcd")
+    return Orchestrator(config, store, name=f"embedded@{listen}")
+
+
+def _serve_metrics(engine: OrchestratorProtocol, listen: str) -> None:
+    """``/metrics`` of ``engine`` (of the groups it leads now) on ``HOST:PORT``."""
     from rota._metrics import OrchestratorMetrics
 
     host, _, port = listen.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise click.BadParameter(f"{listen!r} is not HOST:PORT (e.g. 0.0.0.0:9464)", param_hint="--metrics-listen")
 
-    def groups() -> dict:
-        current = getattr(engine, "engine", engine)  # a replica leads through its current engine, else none
-        return dict(getattr(current, "groups", None) or {})
-
-    metrics = OrchestratorMetrics(groups, leading=lambda: bool(getattr(engine, "leading", True)))
-    engine.metrics = metrics  # type: ignore[attr-defined]  # a replica hands it to each engine it leads with
+    metrics = OrchestratorMetrics(lambda: dict(engine.groups), leading=lambda: engine.leading)
+    engine.report_metrics_to(metrics)
     try:
         metrics.serve(host, int(port))
     except OSError as exc:
@@ -162,7 +167,7 @@ def _security(listen: str, key: bytes | None, tls_cert: str, tls_key: str, tls_c
 
 
 
-async def _run(engine: Orchestrator, listen: str, server_auth: ServerAuth, tls: grpc.ServerCredentials | None
+async def _run(engine: OrchestratorProtocol, listen: str, server_auth: ServerAuth, tls: grpc.ServerCredentials | None
                ) -> None:
     server = await serve(engine, listen, auth=server_auth, tls=tls)
     loop = asyncio.get_running_loop()
