@@ -61,7 +61,7 @@ def _sync(device: Any) -> None:
 
 
 def _nvml(device: Any) -> int | None:
-    from rota.tensors import process_device_bytes
+    from rota_torch import process_device_bytes
 
     return process_device_bytes(device)
 

@@ -40,8 +40,7 @@ import torch
 # bench/verify_cost.py and bench/agent_switch.py, one tenant per process.
 os.environ.setdefault("ROTA_RESIDUE_MAX_BYTES", "0")
 
-from rota.tensors import HostPool
-from rota.tensors._guard import env_verify
+from rota_torch import HostPool, env_verify
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -1,7 +1,7 @@
 """Switch guarantees on a real device: residue after park, and what ``--verify`` costs.
 
 For each size, a model-like set of tensors (``--tensors`` big matrices and small
-vectors) is tracked by a :class:`rota.tensors.TensorParker` and parked + restored
+vectors) is tracked by a :class:`rota_torch.TensorParker` and parked + restored
 ``--repeats`` times with ``verify`` = off, sample and full. Reported per mode: median
 park and restore seconds, and the verification cost as a fraction of the switch time
 (park + restore) of ``off``. Every restore is checked against a saved checksum.
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from rota.tensors import HostPool, TensorParker
+from rota_torch import HostPool, TensorParker
 
 log = logging.getLogger("verify_cost")
 UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "B": 1}

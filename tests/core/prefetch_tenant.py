@@ -10,7 +10,7 @@ orchestrator asks its client over the rota.v1 session (park and restore commands
                               [--block-on-restore FILE] [--tensor] [--fail-restores K]
 commands: acquire | release | check | exit. With --block-on-restore, a restore creates
 FILE.started and then waits until FILE exists (so a test can act while it runs). With
---tensor the payload is a CPU tensor tracked by rota.tensors' TensorParker (what the
+--tensor the payload is a CPU tensor tracked by rota_torch's TensorParker (what the
 torch adapters use). With --fail-restores, the first K restores raise before moving
 anything (the state stays parked, as an adapter's rolled-back restore leaves it).
 """
@@ -63,7 +63,7 @@ class TensorDevice:
     def __init__(self, size: int, block: str) -> None:
         import torch
 
-        from rota.tensors import HostPool, TensorParker
+        from rota_torch import HostPool, TensorParker
 
         self.tensor = (torch.arange(size) % 251).to(torch.uint8)
         self.expected = self.tensor.clone()

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from rota.errors import ConfigError
-from rota.tensors import HostBudgetExceeded, HostPool, TensorParker, node_host_bytes
+from rota_torch import HostBudgetExceeded, HostPool, TensorParker, node_host_bytes
 
 MB = 1 << 20
 
@@ -59,7 +59,7 @@ DETACH = textwrap.dedent("""
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from rota.tensors import HostPool
+    from rota_torch import HostPool
     HostPool(pin=False, chunk_bytes=1 << 20).reserve(int(sys.argv[1]))
     print("ready", flush=True)
     time.sleep(600)
@@ -159,7 +159,7 @@ def test_row25_node_ledger_other_uid_cannot_block_forge_or_redirect(as_attacker,
                           "plant victim tmp link": "PermissionError", "plant old tmp link": "done",
                           "child": report["child"]}
 
-        caplog.set_level(logging.WARNING, logger="rota.tensors._ledger")
+        caplog.set_level(logging.WARNING, logger="rota_torch._ledger")
         assert node_host_bytes() == {holder.pid: 60 * MB}  # no forged entry counts, positive or negative
         t0 = time.monotonic()
         with pytest.raises(HostBudgetExceeded, match=r"other rota processes on this node hold 0\.063 GB"):

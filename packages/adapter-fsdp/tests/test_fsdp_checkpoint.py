@@ -7,7 +7,7 @@ import torch
 from fsdp_testlib import make_model, make_optimizer, train_step
 
 import rota_fsdp
-from rota.tensors import VerifyError
+from rota_torch import VerifyError
 
 
 def test_checkpoint_from_parked_equals_live_after_restore(connect, tmp_path):

@@ -13,7 +13,6 @@ import torch
 from fsdp_testlib import make_model, make_optimizer, train_step
 
 import rota_fsdp
-from rota.tensors import name_untracked, outside_allocator_bytes
 
 
 class Kept(NamedTuple):
@@ -50,17 +49,3 @@ def test_unexplained_allocator_bytes_are_named_by_holder(connect):
 def test_small_unexplained_residue_is_not_walked(connect):
     tracked = rota_fsdp.track(connect("t"), make_model(), None)
     assert tracked._unexplained_residue({"process:allocated": 64 << 20}) == {}
-
-
-def test_naming_skips_what_is_tracked_and_summarises_the_rest():
-    a, b = torch.empty(150 << 20, dtype=torch.uint8), torch.empty(140 << 20, dtype=torch.uint8)
-    holder = CommContext(a)
-    out = name_untracked("cpu", {a.untyped_storage()._cdata}, limit=1)
-    first = next(iter(out))
-    assert "reduce_scatter_state" not in first and first.endswith("(uint8[146800640])")
-    assert any(k.startswith("untracked:(") and k.endswith("more tensors)") for k in out)
-    del holder, b
-
-
-def test_outside_allocator_is_unknown_off_cuda():
-    assert outside_allocator_bytes("cpu") is None

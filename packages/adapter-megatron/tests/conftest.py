@@ -32,7 +32,7 @@ def endpoint() -> Iterator[str]:
 @pytest.fixture
 def connect(endpoint: str) -> Iterator[Callable[..., rota.Gpu]]:
     """``connect(tenant, group="g")`` -> a Gpu on the test orchestrator; untracked and closed after the test."""
-    from rota_fsdp.testing import untrack_models_of
+    from rota_torch.testing import untrack_models_of
 
     with tenants(endpoint, before_close=untrack_models_of) as connect:
         yield connect

@@ -10,8 +10,9 @@ One call makes a training job time-sliceable::
             train_step(model, optimizer, batch)
         # between turns the orchestrator may park it: device memory is freed
 
-The moving is done by :mod:`rota.tensors` (shared with other torch adapters). Losses
-are bit-identical to an unparked run: parking copies raw storage bytes out and back.
+:func:`track` returns an :class:`FsdpTracked`, a :class:`rota_torch.Tracked`: the moving,
+guards and errors are :mod:`rota_torch`'s (shared with every torch adapter). Losses are
+bit-identical to an unparked run: parking copies raw storage bytes out and back.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the public names, for type checkers; at run time they load on first use
-    from rota_fsdp._switch import switch
-    from rota_fsdp._tracked import (
+    from rota_fsdp._tracked import FsdpTracked, track
+    from rota_torch import (
         TAGS,
         AlreadyTracked,
         BackwardInFlight,
@@ -29,7 +30,7 @@ if TYPE_CHECKING:  # the public names, for type checkers; at run time they load 
         HoldsTurn,
         Tracked,
         TrackingError,
-        track,
+        switch,
     )
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "AlreadyTracked",
     "BackwardInFlight",
     "DeviceMismatch",
+    "FsdpTracked",
     "HoldsTurn",
     "Tracked",
     "TrackingError",
@@ -44,7 +46,7 @@ __all__ = [
     "track",
 ]
 
-_HOME = {name: "rota_fsdp._tracked" for name in __all__} | {"switch": "rota_fsdp._switch"}
+_HOME = {name: "rota_torch" for name in __all__} | {"FsdpTracked": "rota_fsdp._tracked", "track": "rota_fsdp._tracked"}
 
 
 def __getattr__(name: str) -> Any:

@@ -12,8 +12,9 @@ One call makes a Megatron-Core training job time-sliceable::
             train_step(model, optimizer, batch)
 
 Each rank parks its own tensors (its DDP buffers and its optimizer shard); process
-groups stay alive. The moving is done by :mod:`rota.tensors`, the guards and hooks
-are those of :mod:`rota_fsdp` (see :mod:`rota_megatron._tracked` for what is parked).
+groups stay alive. :class:`MegatronTracked` is a :class:`rota_torch.Tracked`: the moving,
+guards, hooks, errors and ``track`` knobs are :mod:`rota_torch`'s, the same as every torch
+adapter's (see :mod:`rota_megatron._tracked` for what is parked).
 Importing checks the installed megatron-core version (:func:`check_megatron`).
 """
 
@@ -27,10 +28,10 @@ from rota_megatron._compat import PIP_FIX, SUPPORTED, MegatronVersionError, chec
 MEGATRON_VERSION = check_megatron()  # reads package metadata only: cheap, and fails early with the fix
 
 if TYPE_CHECKING:  # at run time these load on first use, so `rota` starts without torch/megatron
-    from rota_fsdp import TAGS, AlreadyTracked, BackwardInFlight, DeviceMismatch, HoldsTurn, TrackingError
     from rota_megatron._tracked import MegatronTracked, ddp_buffers, leaf_optimizers, track
+    from rota_torch import TAGS, AlreadyTracked, BackwardInFlight, DeviceMismatch, HoldsTurn, TrackingError
 
-_HOME = {name: "rota_fsdp" for name in ("TAGS", "AlreadyTracked", "BackwardInFlight", "DeviceMismatch",
+_HOME = {name: "rota_torch" for name in ("TAGS", "AlreadyTracked", "BackwardInFlight", "DeviceMismatch",
                                          "HoldsTurn", "TrackingError")}
 _HOME |= {name: "rota_megatron._tracked" for name in ("MegatronTracked", "ddp_buffers", "leaf_optimizers",
                                                       "track")}

@@ -5,10 +5,10 @@ Who calls it: the training script, once, after ``get_model`` / ``get_megatron_op
     gpu = rota.connect()
     tracked = rota_megatron.track(gpu, model_chunks, optimizer)
 
-Built on :class:`rota_fsdp.Tracked` (same hooks, guards, errors and tenant registry,
-so a parameter tracked through either adapter is refused by the other) and on
-:class:`rota.tensors.TensorParker` (parks by *distinct storage*). What differs is only
-*which* tensors make up a Megatron job, per tag:
+:class:`MegatronTracked` is a :class:`rota_torch.Tracked`: the same hooks, guards,
+errors, knobs and tenant registry as every torch adapter (a parameter tracked through
+another one is refused here), and its engine parks by *distinct storage*. What it says
+is only *which* tensors make up a Megatron job, per tag:
 
 * ``weights`` — every chunk's parameters and buffers, and each Megatron DDP buffer's
   ``param_data`` (``buffers`` and ``expert_parallel_buffers`` of every chunk). With the
@@ -34,20 +34,15 @@ changes — :func:`track` refuses ``nccl_ub``.
 from __future__ import annotations
 
 import itertools
-import logging
-import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-import rota_fsdp._tracked as _registry  # the one table of tracked models/params, shared with rota_fsdp
 from rota import Gpu
-from rota.tensors import align, local_tensor
-from rota_fsdp import TAGS, AlreadyTracked, DeviceMismatch, Tracked, TrackingError
-from rota_fsdp._tracked import check_tags
+from rota_torch import AlreadyTracked, Tracked, TrackingError, align
 
-log = logging.getLogger(__name__)
+__all__ = ["MegatronTracked", "ddp_buffers", "leaf_optimizers", "track"]
 
 _ADAM_LIKE = ("Adam", "AdamW", "FusedAdam", "HybridDeviceOptimizer")
 
@@ -105,22 +100,33 @@ class MegatronTracked(Tracked):
     Made by :func:`track`. ``model`` is an ``nn.ModuleList`` over the chunks (for
     naming and registry bookkeeping only; the chunks are not modified);
     :attr:`chunks` is the list as given. Park, restore, guards and ``untrack`` are
-    those of :class:`rota_fsdp.Tracked`.
+    those of :class:`rota_torch.Tracked`.
     """
 
-    def __init__(self, gpu: Gpu, chunks: list[torch.nn.Module], optimizer: Any, tags: tuple[str, ...],
-                 discard: frozenset[str], device: torch.device, release_cached: bool) -> None:
-        self.chunks = chunks
-        super().__init__(gpu, torch.nn.ModuleList(chunks), optimizer, tags, discard, device, release_cached)
-        self.parker.name = f"{gpu.tenant}/megatron[{len(chunks)}]"
-        self._plugin_name = f"rota_megatron:{gpu.tenant}:{gpu.rank}:{id(self):x}"
-        for chunk in chunks:  # the container is never called: guard each chunk's forward
-            self._hooks += [chunk.register_forward_pre_hook(self._before_forward),
-                            chunk.register_forward_hook(self._after_forward)]
+    def __init__(self, gpu: Gpu, model_chunks: torch.nn.Module | Sequence[torch.nn.Module], optimizer: Any = None,
+                 **knobs: Any) -> None:
+        self.chunks = _as_chunks(model_chunks, gpu)
+        _check_inputs(optimizer, self.chunks, gpu)
+        super().__init__(gpu, torch.nn.ModuleList(self.chunks), optimizer, **knobs)
+
+    def describe(self) -> str:
+        return f"megatron[{len(self.chunks)}]"
+
+    def forward_modules(self) -> Sequence[torch.nn.Module]:
+        return self.chunks  # the container is never called: guard each chunk's forward
+
+    def device_tensors(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """What :meth:`weights` parks, each DDP buffer's ``grad_data``, and the optimizer's main params."""
+        named = list(self.weights())
+        named += [(f"chunk{i}.buffer{j}.grad_data", b.grad_data) for i, c in enumerate(self.chunks)
+                  for j, b in enumerate(ddp_buffers(c)) if getattr(b, "grad_data", None) is not None]
+        named += [(f"optimizer main param {m}", p) for leaf in leaf_optimizers(self.optimizer)
+                  for m, p in enumerate(_main_params(leaf))]
+        return named
 
     # ---------------------------------------------------------------- sources
 
-    def _weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+    def weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         out: list[tuple[str, torch.Tensor]] = []
         for i, chunk in enumerate(self.chunks):
             for j, buf in enumerate(ddp_buffers(chunk)):
@@ -130,7 +136,7 @@ class MegatronTracked(Tracked):
                                                                           chunk.named_buffers()))
         return out
 
-    def _grads(self) -> Iterable[tuple[str, torch.Tensor]]:
+    def grads(self) -> Iterable[tuple[str, torch.Tensor]]:
         out: list[tuple[str, torch.Tensor]] = []
         for i, chunk in enumerate(self.chunks):
             for j, buf in enumerate(ddp_buffers(chunk)):
@@ -147,7 +153,7 @@ class MegatronTracked(Tracked):
                     out.append((f"opt{k}.main{m}.grad", p.grad))
         return out
 
-    def _optimizer(self) -> Iterable[tuple[str, torch.Tensor]]:
+    def optimizer_state(self) -> Iterable[tuple[str, torch.Tensor]]:
         out: list[tuple[str, torch.Tensor]] = []
         for k, leaf in enumerate(leaf_optimizers(self.optimizer)):
             params = _main_params(leaf)
@@ -164,7 +170,7 @@ class MegatronTracked(Tracked):
 
     # ------------------------------------------------------------------ sizes
 
-    def _pool_estimate(self) -> int:
+    def pool_estimate(self) -> int:
         """Bytes the pool needs at steady state, before the first step has made optimizer state.
 
         Resident storages now, plus for each Adam-like leaf without state two fp32
@@ -186,7 +192,7 @@ class MegatronTracked(Tracked):
     # -------------------------------------------------------------- checkpoint
 
     def state_dict(self) -> dict[str, Any]:
-        """Like :meth:`rota_fsdp.Tracked.state_dict`, for a plain torch optimizer only.
+        """Like :meth:`rota_torch.Tracked.state_dict`, for a plain torch optimizer only.
 
         A Megatron optimizer's ``state_dict`` gathers shards across ranks (device work
         and collectives), so it cannot be written from the host copy of a parked
@@ -231,9 +237,8 @@ def _check_inputs(optimizer: Any, chunks: list[torch.nn.Module], gpu: Gpu) -> No
                                 job_id=gpu.tenant, group_id=gpu.group)
 
 
-def track(gpu: Gpu, model_chunks: torch.nn.Module | Sequence[torch.nn.Module], optimizer: Any = None, *,
-          tags: Iterable[str] = TAGS, discard: Iterable[str] = (), device: torch.device | str | None = None,
-          pool_bytes: int | None = None, release_cached: bool = True) -> MegatronTracked:
+def track(gpu: Gpu, model_chunks: torch.nn.Module | Sequence[torch.nn.Module], optimizer: Any = None,
+          **knobs: Any) -> MegatronTracked:
     """Make a Megatron-Core model (its chunks), its DDP buffers and optimizer parkable for tenant ``gpu``.
 
     :param gpu: the tenant (this rank), from :func:`rota.connect`.
@@ -241,64 +246,12 @@ def track(gpu: Gpu, model_chunks: torch.nn.Module | Sequence[torch.nn.Module], o
         pipeline stage; each a GPTModel, a ``Float16Module`` or a Megatron DDP), or one module.
     :param optimizer: a torch optimizer, or a Megatron optimizer (``DistributedOptimizer``,
         ``Float16OptimizerWithFloat16Params``, ``FP32Optimizer``, ``ChainedOptimizer`` of them).
-    :param tags: which of ``weights``, ``grads``, ``optimizer`` to park.
-    :param discard: tags freed without copying, restored zero-filled (e.g. ``("grads",)``:
-        Megatron zeroes its grad buffers at the start of every step anyway).
-    :param device: the tenant's device; default: that of the first parameter.
-    :param pool_bytes: host pool size; default: an estimate of weights + grads + optimizer state.
-    :param release_cached: on CUDA, hand freed memory back to the driver after a park.
+    :param knobs: ``tags``, ``discard``, ``device``, ``pool_bytes``, ``release_cached``,
+        ``verify``, ``deadline_s``, ``recreate``: those of :class:`rota_torch.Tracked`,
+        the same for every torch adapter (``discard=("grads",)`` suits Megatron, which
+        zeroes its grad buffers at the start of every step anyway).
     :returns: the :class:`MegatronTracked` handle.
-    :raises TrackingError: bad tags, chunks or optimizer; ``DeviceMismatch`` for a tensor
-        off the tenant's device; ``AlreadyTracked`` for a chunk or parameter tracked twice.
+    :raises rota_torch.TrackingError: bad tags, chunks or optimizer; ``DeviceMismatch`` for a
+        tensor off the tenant's device; ``AlreadyTracked`` for a chunk or parameter tracked twice.
     """
-    chunks = _as_chunks(model_chunks, gpu)
-    tags, drop = check_tags(gpu, tags, discard)
-    _check_inputs(optimizer, chunks, gpu)
-    named = [(f"chunk{i}.{n}", t) for i, c in enumerate(chunks)
-             for n, t in itertools.chain(c.named_parameters(), c.named_buffers())]
-    named += [(f"chunk{i}.buffer{j}.{a}", getattr(b, a)) for i, c in enumerate(chunks)
-              for j, b in enumerate(ddp_buffers(c)) for a in ("param_data", "grad_data") if getattr(b, a, None)
-              is not None]
-    named += [(f"optimizer main param {m}", p) for leaf in leaf_optimizers(optimizer)
-              for m, p in enumerate(_main_params(leaf))]
-    if device is None:
-        device = getattr(gpu, "device", None) or _registry._devices.get(gpu)
-    if device is None:
-        if not named:
-            raise TrackingError("model_chunks have no parameters or buffers to infer a device from; pass device=",
-                                job_id=gpu.tenant, group_id=gpu.group)
-        device = local_tensor(named[0][1]).device
-    device = _registry._norm_device(device)
-    for name, t in named:
-        where = local_tensor(t).device
-        if where != device:
-            raise DeviceMismatch(f"cannot track the Megatron model of tenant {gpu.tenant!r}: {name!r} is on {where} "
-                                 f"but the tenant's device is {device}; build the model on {device} or pass device=",
-                                 job_id=gpu.tenant, group_id=gpu.group)
-    with _registry._lock:
-        group_device = _registry._devices.get(gpu)
-        if group_device is not None and group_device != device:
-            raise DeviceMismatch(f"tenant {gpu.tenant!r} of group {gpu.group!r} already parks tensors on "
-                                 f"{group_device}; a model on {device} cannot join it (one device per tenant)",
-                                 job_id=gpu.tenant, group_id=gpu.group)
-        for i, chunk in enumerate(chunks):
-            for name, p in chunk.named_parameters():
-                ref, owner = _registry._params.get(id(p), (None, None))
-                if owner is not None and owner.active and ref is not None and ref() is p:
-                    raise AlreadyTracked(f"chunk {i} ({type(chunk).__name__}) of tenant {gpu.tenant!r} is already "
-                                         f"tracked (parameter {name!r}, by tenant {owner.gpu.tenant!r}); call "
-                                         "untrack() on the first handle before tracking it again",
-                                         job_id=gpu.tenant, group_id=gpu.group)
-        tracked = MegatronTracked(gpu, chunks, optimizer, tags, drop, device, release_cached)
-        _registry._models[id(tracked.model)] = tracked
-        for chunk in chunks:
-            for p in chunk.parameters():
-                _registry._params[id(p)] = (weakref.ref(p), tracked)
-        _registry._devices[gpu] = device
-    gpu.pm.register(tracked._plugin, name=tracked._plugin_name)
-    nbytes = pool_bytes if pool_bytes is not None else tracked._pool_estimate()
-    tracked.parker.reserve(nbytes, background=True)
-    log.info("tenant %s rank %d: tracking %d Megatron chunk(s) on %s (tags %s, discard %s, %d optimizer leaves); "
-             "host pool %.3f GB in the background", gpu.tenant, gpu.rank, len(chunks), device, tags, sorted(drop),
-             len(leaf_optimizers(optimizer)), nbytes / 1e9)
-    return tracked
+    return MegatronTracked(gpu, model_chunks, optimizer, **knobs)

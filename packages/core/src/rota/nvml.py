@@ -3,7 +3,7 @@
 The only module of rota that imports ``pynvml``; without it, or without a GPU, every
 function here answers None or an empty list. Used by the agent (its Status lists the
 node's accelerators; its residue check reads what a parked job's pids still hold) and by
-:mod:`rota.tensors` (a tenant's bytes outside torch's allocator). No torch here.
+:mod:`rota_torch` (a tenant's bytes outside torch's allocator). No torch here.
 """
 
 from __future__ import annotations

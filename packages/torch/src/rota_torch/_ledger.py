@@ -5,7 +5,7 @@ a 128 GB host: the node swaps, then the OOM killer picks one. So every host pool
 records its process's in-memory bytes in the node ledger, and a pool that grows checks
 the sum of every *live* process's entry against the node budget
 (``ROTA_NODE_HOST_BUDGET_BYTES``; 0 or unset = none). No server is needed, so
-``rota-core`` alone enforces it.
+rota_torch alone enforces it.
 
 Every local user may be another tenant, so nobody writes where another uid writes:
 
@@ -28,7 +28,7 @@ Every local user may be another tenant, so nobody writes where another uid write
 
 The locks are per uid, so across uids check-and-record is not atomic: a pool that
 grows records its claim, reads the others again and shrinks its claim if they grew
-meanwhile (:meth:`rota.tensors._pool.HostPool._plan`): two uids racing for the last
+meanwhile (:meth:`rota_torch._pool.HostPool._plan`): two uids racing for the last
 room may both get less, never both the last room.
 """
 
@@ -45,7 +45,7 @@ import time
 from collections.abc import Iterator
 
 from rota import proc
-from rota._units import env_bytes
+from rota.config import env_bytes
 from rota.errors import ConfigError, TransientError
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Switch guarantees of rota.tensors in one process: checked restores, deadlines, room, staging, budgets."""
+"""Switch guarantees of rota_torch in one process: checked restores, deadlines, room, staging, budgets."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rota.errors import ConfigError
-from rota.tensors import (
+from rota_torch import (
     DiscardedTag,
     HostBudgetExceeded,
     HostPool,
@@ -45,7 +45,7 @@ def test_corrupted_host_copy_is_refused_and_the_parker_stays_parked(verify):
 @pytest.mark.parametrize("window", ["first", "middle", "last"])
 def test_sampled_windows_of_every_region_are_checked_across_pool_chunks(window):
     """Regions small and large, one spanning two pool chunks: a byte changed in any sampled window is named."""
-    from rota.tensors._guard import SAMPLES, WINDOW, sample_index
+    from rota_torch._guard import SAMPLES, WINDOW, sample_index
 
     parker = TensorParker("cpu", pool=HostPool(pin=False, chunk_bytes=1 << 16), verify="sample")
     tensors = {"small": torch.randn(25), "big": torch.randn(30_000), "bigger": torch.randn(50_000)}

@@ -10,7 +10,7 @@ test can show that switching allocates nothing.
 Host-memory budgets: every pool of this process counts against one budget
 (``budget_bytes=`` or ``ROTA_HOST_BUDGET_BYTES``; 0 = none), and every rota process
 of the node against the node budget (``ROTA_NODE_HOST_BUDGET_BYTES``, kept in the
-node ledger, see :mod:`rota.tensors._ledger`). A pool that would grow past
+node ledger, see :mod:`rota_torch._ledger`). A pool that would grow past
 it either spills the missing part to a file in ``spill_dir`` (``ROTA_SPILL_DIR``; a
 memory-mapped file, so copies go through the page cache at disk speed, counted in
 :attr:`HostPool.spilled_bytes`) or, with no spill directory, raises
@@ -22,7 +22,7 @@ write (``/tmp``), so a file is never reached by name: it is made without one
 without following links, and mapped through its descriptor. The directory must be this
 user's, or root's and sticky if others may write it; anything else is refused.
 
-Used by :class:`rota.tensors.TensorParker`; thread-safe (a background reservation may
+Used by :class:`rota_torch.TensorParker`; thread-safe (a background reservation may
 race with the first park, which waits for it).
 """
 
@@ -41,9 +41,9 @@ import weakref
 
 import torch
 
-from rota._units import env_bytes
+from rota.config import env_bytes
 from rota.errors import ConfigError, PermanentError
-from rota.tensors._ledger import LedgerBusy, locked_ledger, node_budget
+from rota_torch._ledger import LedgerBusy, locked_ledger, node_budget
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ class HostPool:
         Check and record happen under this uid's ledger lock so two of its processes
         cannot both take the last of the node budget; other uids' processes are read
         again after the record and the claim shrinks if they grew meanwhile (see
-        :mod:`rota.tensors._ledger`). The allocation itself happens after.
+        :mod:`rota_torch._ledger`). The allocation itself happens after.
         """
         if not self.node_budget_bytes:
             planned = self._in_memory_part(missing, 0)

@@ -1,11 +1,11 @@
-"""rota.tensors directly: chunked pool, discard, overlap, unparkable storages."""
+"""The rota_torch engine directly: chunked pool, discard, overlap, unparkable storages."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rota.tensors import HostPool, TensorParker, overlap
+from rota_torch import HostPool, TensorParker, overlap
 
 
 def test_slots_spanning_pool_chunks_round_trip_and_checkpoint():
@@ -77,11 +77,11 @@ def test_unresizable_storage_is_refused_before_anything_is_freed():
     assert ok.untyped_storage().nbytes() == 32 and not parker.parked
 
 
-def test_core_imports_without_torch_outside_rota_tensors():
+def test_core_imports_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['torch'] = None; import rota, rota.hookspecs, rota.testing; "
-            "print('ok')")
+    code = ("import sys; sys.modules['torch'] = None; "
+            "import rota, rota.hookspecs, rota.testing, rota.residue, rota.nvml, rota.cli.main; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr

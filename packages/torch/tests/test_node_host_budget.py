@@ -14,14 +14,14 @@ import time
 import pytest
 
 from rota.errors import ConfigError
-from rota.tensors import HostBudgetExceeded, HostPool, _ledger, node_host_bytes
+from rota_torch import HostBudgetExceeded, HostPool, _ledger, node_host_bytes
 
 MB = 1 << 20
 NOBODY = 65534
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from rota.tensors import HostPool
+    from rota_torch import HostPool
     pool = HostPool(pin=False, chunk_bytes=1 << 20)
     pool.reserve(int(sys.argv[1]))
     print("ready", flush=True)

@@ -15,7 +15,7 @@ Invariants, and why:
   the same storage objects back to their byte size and copies in, so parameters,
   optimizer-state tensors, views and ``DTensor`` wrappers keep pointing at valid data.
 * **One pool, no allocation per switch.** Copies go into slots of one
-  :class:`~rota.tensors.HostPool`, carved afresh on every park; the pool grows only
+  :class:`~rota_torch.HostPool`, carved afresh on every park; the pool grows only
   when the bytes to park exceed its capacity.
 * **Asynchronous, batched, one sync.** On CUDA every copy is issued ``non_blocking``
   on the parker's own side stream, ordered after the compute stream's pending work;
@@ -33,7 +33,7 @@ Invariants, and why:
   the host copy, free device memory for the whole footprint), then allocates, copies
   and (``verify="full"``) compares device checksums; any failure frees what it
   allocated and the parker stays parked with its host copy intact. See
-  :mod:`rota.tensors._guard` for the modes and environment variables.
+  :mod:`rota_torch._guard` for the modes and environment variables.
 * **Staged restore.** Regions come back in tag order weights, optimizer, grads, then
   everything else (caches), so the state a step needs first is on the device first.
 * **Discard is explicit.** A discarded tag is listed in ``ParkResult.discarded`` (or
@@ -51,9 +51,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rota._types import ParkResult
 from rota.config import env_float
-from rota.tensors._guard import (
+from rota.types import ParkResult
+from rota_torch._guard import (
     Deadline,
     DiscardedTag,
     NoRoom,
@@ -65,7 +65,7 @@ from rota.tensors._guard import (
     env_verify,
     sample_index,
 )
-from rota.tensors._pool import HostPool, align
+from rota_torch._pool import HostPool, align
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""Switch guarantees of :mod:`rota.tensors`: checked restores, deadlines, room checks, residue.
+"""Switch guarantees of :mod:`rota_torch`: checked restores, deadlines, room checks, residue.
 
-Who uses it: :class:`rota.tensors.TensorParker` (fingerprints, deadlines, restore
+Who uses it: :class:`rota_torch.TensorParker` (fingerprints, deadlines, restore
 room check, residue of tracked storages) and torch adapters (``rota_fsdp``) for the
 configuration below and the error types they raise to the client, which turns them
 into a FAULT of the job with the message as its cause.

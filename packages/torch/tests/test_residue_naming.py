@@ -1,0 +1,29 @@
+"""Residue naming of the engine: live tensors by who holds them, memory outside the allocator."""
+
+from __future__ import annotations
+
+import torch
+
+from rota_torch import name_untracked, outside_allocator_bytes
+
+
+class Holder:
+    """Keeps a tensor as an attribute, the way a framework keeps a communication buffer."""
+
+    def __init__(self, buf: torch.Tensor) -> None:
+        self.kept = buf
+
+
+def test_naming_skips_what_is_tracked_and_summarises_the_rest():
+    a, b = torch.empty(150 << 20, dtype=torch.uint8), torch.empty(140 << 20, dtype=torch.uint8)
+    small = torch.empty(1 << 10, dtype=torch.uint8)  # at least one tensor beyond limit=1, whatever else lives
+    holder = Holder(a)
+    out = name_untracked("cpu", {a.untyped_storage()._cdata}, limit=1)
+    first = next(iter(out))
+    assert "Holder.kept" not in first and first.endswith("(uint8[146800640])")
+    assert any(k.startswith("untracked:(") and k.endswith("more tensors)") for k in out)
+    del holder, b, small
+
+
+def test_outside_allocator_is_unknown_off_cuda():
+    assert outside_allocator_bytes("cpu") is None
