@@ -291,7 +291,8 @@ def test_status_shows_host_memory_residue_and_fault(orchestrator, monkeypatch):
     """Heartbeats carry what the last park left: host bytes, residue; a failed park's
     cause is kept as the tenant's fault, shown by `rota status`."""
     from rota._generated import rota_v1_pb2 as pb
-    from rota.cli.status import fetch_status, prometheus_text, render_table
+    from rota.admin import fetch_status
+    from rota.cli.status import prometheus_text, render_table
 
     monkeypatch.setenv("ROTA_HEARTBEAT_S", "0.05")
     endpoint, engine = orchestrator

@@ -346,7 +346,8 @@ def status_cmd(group: str, endpoint: str | None, namespace: str, kubeconfig: str
     The orchestrator checks credentials: set ROTA_TOKEN to an admin token
     (`rota token issue --auth-key KEY --admin`), or to a job's token to see its group.
     """
-    from rota.cli.status import fetch_status, prometheus_text, render_table, status_json
+    from rota.admin import fetch_status
+    from rota.cli.status import prometheus_text, render_table, status_json
     from rota_k8s._portforward import PodForward, ready_pod
     from rota_k8s._values import dns_label_ok
 

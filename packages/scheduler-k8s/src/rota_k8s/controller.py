@@ -51,12 +51,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
-from rota import auth
-from rota.errors import PermanentError, RotaError, TransientError, from_rpc_error
-from rota.wire import rota_v1_pb2 as pb
-from rota.wire import rota_v1_pb2_grpc as pb_grpc
+from rota import admin, auth
+from rota.errors import PermanentError, RotaError, TransientError
 from rota_k8s._values import dns_label_ok, label_value_problem
 from rota_k8s.manifests import GROUP_LABEL, JOB_LABEL, PART_OF, TOKEN_KEY, rota_ids, token_secret_name
 
@@ -210,22 +206,23 @@ Evictor = Callable[[Eviction], None]
 
 
 def grpc_evictor(endpoint: str, *, key: bytes | None = None, timeout: float = 10.0) -> Evictor:
-    """An evictor calling ``rota.v1.RotaService/Evict`` at ``endpoint``; raises RotaError on failure.
+    """An evictor calling ``rota.v1.RotaService/Evict`` at ``endpoint`` (:func:`rota.admin.evict`, one attempt:
+    the controller retries a transient failure later); raises RotaError on failure. A group the orchestrator
+    does not have means the job is already gone: logged, not raised.
 
     With ``key`` every call carries a fresh admin token made with it (the orchestrator's
     ``--auth-key``); TLS comes from ROTA_TLS_* (:func:`rota.auth.channel`).
     """
-    stub = pb_grpc.RotaServiceStub(auth.channel(endpoint, token=""))
-
     def evict(e: Eviction) -> None:
-        metadata = auth.bearer(auth.issue(key, admin=True, ttl_s=ADMIN_TOKEN_TTL_S)) if key else None
-        try:
-            reply = stub.Evict(pb.EvictRequest(job_id=e.job_id, group_id=e.group_id, reason=e.reason),
-                               timeout=timeout, metadata=metadata)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc, job_id=e.job_id, group_id=e.group_id) from None
+        token = auth.issue(key, admin=True, ttl_s=ADMIN_TOKEN_TTL_S) if key else ""
+        result = admin.evict(endpoint, e.job_id, e.group_id, reason=e.reason, timeout=timeout, retry=False,
+                             token=token)
+        if result.gone:
+            log.info("job %s was already gone: the orchestrator has no group %s (%s)", e.job_id, e.group_id,
+                     e.reason)
+            return
         log.info("evicted job %s from group %s (was holder: %s, was queued: %s): %s", e.job_id, e.group_id,
-                 reply.was_holder, reply.was_queued, e.reason)
+                 result.was_holder, result.was_queued, e.reason)
 
     return evict
 

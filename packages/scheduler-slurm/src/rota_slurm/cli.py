@@ -341,6 +341,9 @@ def epilog(job: str, group: str, endpoint: str | None, auth_key: str | None, plu
     if not results:
         click.echo(f"job {job} was in no group matching {group}")
     for name, result in results.items():
+        if result.gone:
+            click.echo(f"job {job} was already gone: the orchestrator has no group {name}")
+            continue
         log.info("job %s left group %s (was holder: %s, was queued: %s)", job, name, result.was_holder,
                  result.was_queued)
         click.echo(f"job {job} left group {name} (holder={result.was_holder}, queued={result.was_queued})")

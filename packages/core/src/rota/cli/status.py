@@ -7,37 +7,17 @@ import json
 import os
 
 import click
-import grpc
 
-from rota import auth
 from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota._ids import check_id
 from rota._local import is_serving, local_endpoint
 from rota._plugins import plugin_manager
 from rota._units import format_bytes
+from rota.admin import fetch_status
 from rota.cli.options import Endpoint
-from rota.errors import RotaError, from_rpc_error
+from rota.errors import RotaError
 
-MAX_PAGES = 1000  # a Status that never ends is the server's fault: stop after this many pages
-
-
-def fetch_status(endpoint: str, group: str = "", timeout: float = 10.0) -> pb.StatusReply:
-    """Ask the orchestrator at ``endpoint`` for the status of one or all groups (every page), with
-    ``ROTA_TOKEN`` and ``ROTA_TLS_*`` (:func:`rota.auth.channel`)."""
-    reply, token = pb.StatusReply(), ""
-    with auth.channel(endpoint) as channel:
-        stub = pb_grpc.RotaServiceStub(channel)
-        for _ in range(MAX_PAGES):
-            try:
-                page = stub.Status(pb.StatusRequest(group_id=group, page_token=token), timeout=timeout)
-            except grpc.RpcError as exc:
-                raise from_rpc_error(exc, group_id=group) from None
-            reply.groups.extend(page.groups)
-            reply.orchestrator, token = page.orchestrator, page.next_page_token
-            if not token:
-                break
-    return reply
+__all__ = ["SCHEMA", "prometheus_text", "render_table", "status", "status_json", "store_status"]
 
 
 def store_status(url: str, group: str = "") -> pb.StatusReply:
