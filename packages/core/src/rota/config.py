@@ -11,13 +11,13 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from rota._ids import check_id, check_pair, shown
-from rota._units import env_bytes, parse_bytes, percentile
+from rota._units import env_bytes, format_bytes, parse_bytes, percentile
 from rota.errors import ConfigError
 
 _N = TypeVar("_N", int, float)
 
-__all__ = ["check_endpoint", "check_id", "check_pair", "env_bytes", "env_float", "env_int", "parse_bytes",
-           "percentile", "shown"]
+__all__ = ["check_endpoint", "check_id", "check_pair", "env_bytes", "env_float", "env_int", "format_bytes",
+           "parse_bytes", "percentile", "shown"]
 
 
 def check_endpoint(value: str, source: str) -> str:
