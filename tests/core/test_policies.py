@@ -7,8 +7,8 @@ import time
 import rota
 from rota._engine import OrchestratorConfig
 from rota._plugins import plugin_manager
-from rota._state import GroupState, Waiter
-from rota.policies import FairShare, Priority, make_policy
+from rota._state import GroupState
+from rota.policies import FairShare, Priority, TenantRecord, Waiter, available_policies, make_policy
 from rota.testing import running_orchestrator
 from tests.core.test_parking import _wait
 
@@ -152,3 +152,40 @@ def test_resident_first_lets_a_parked_job_displace_only_lower_priority_residents
     assert policy.choose([sft], g.tenants, 60.0) is sft
     g.tenant("sft").priority = 1  # equal priorities: nobody displaces anybody
     assert policy.choose([Waiter("sft", 3, 0.0, priority=1)], g.tenants, 1.0) is None
+
+
+def test_a_plugin_policy_typed_on_the_public_types_is_available_and_decides_the_grant():
+    """A policy plugin as a third party writes it: rota.policies' Waiter/TenantRecord, rota_register_policies."""
+    import threading
+
+    from rota._plugins import new_plugin_manager
+
+    class Newest:
+        name, max_turn_s = "newest", 0.0
+
+        def choose(self, queue: list[Waiter], tenants: dict[str, TenantRecord], now: float) -> Waiter:
+            return max(queue, key=lambda w: w.seq)
+
+    class NewestPlugin:
+        @rota.hookimpl
+        def rota_register_policies(self, register):
+            register("newest", lambda max_turn_s=0.0: Newest())
+
+    pm = new_plugin_manager(load_entry_points=False)
+    pm.register(NewestPlugin())
+    assert sorted(available_policies(pm)) == ["fair", "fifo", "newest", "priority"]
+    with running_orchestrator(OrchestratorConfig(policy=make_policy(pm, "newest"))) as (ep, eng):
+        holder, first, second = (rota.connect(group="g", tenant=t, endpoint=ep) for t in ("holder", "first", "second"))
+        holder.acquire()
+        order: list[str] = []
+        threads = [threading.Thread(target=lambda c=c: (c.acquire(), order.append(c.tenant), c.release()))
+                   for c in (first, second)]
+        for c, t in zip((first, second), threads, strict=True):
+            t.start()
+            _wait(lambda c=c: eng.groups["g"].queued(c.tenant) is not None)
+        holder.release()
+        for t in threads:
+            t.join(20)
+        assert order == ["second", "first"]
+        for c in (holder, first, second):
+            c.close()

@@ -10,9 +10,9 @@ import time
 import pytest
 from etcd_testlib import run
 
-from rota._state import GroupState
-from rota._types import TurnRequest
 from rota.errors import ConfigError, Unavailable
+from rota.orchestrator import GroupState
+from rota.types import TurnRequest
 from rota_etcd._election import Election
 from rota_etcd._etcd import parse_endpoints
 from rota_etcd._store import EtcdStore, decode_state, encode_state

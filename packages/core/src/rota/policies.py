@@ -1,9 +1,12 @@
 """Scheduling policies: which waiter gets a group next, and how long a turn may last.
 
 A policy is any object with ``choose(queue, tenants, now) -> Waiter`` and a
-``max_turn_s`` attribute (0 = unlimited). Policies are plugins: this module registers
-the built-in ones through :func:`rota_register_policies`, exactly as a third-party
-distribution would. Orchestrators look them up by name with :func:`make_policy`.
+``max_turn_s`` attribute (0 = unlimited) (:class:`Policy`); it sees the queue as
+:class:`Waiter` and the group's jobs as :class:`TenantRecord` (both public, also in
+:mod:`rota.types`). Policies are plugins: this module registers the built-in ones
+through :func:`rota_register_policies`, exactly as a third-party distribution would.
+:func:`available_policies` lists every installed one by name (``rota orchestrator
+serve --policy`` and ``rota k8s`` values check against it); :func:`make_policy` builds one.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rota.errors import InvalidArgument
 from rota.hookspecs import hookimpl
+from rota.types import TenantRecord, Waiter
 
 if TYPE_CHECKING:
     import pluggy
 
-    from rota.types import TenantRecord, Waiter
+__all__ = ["FairShare", "Fifo", "Policy", "Priority", "ResidentFirst", "TenantRecord", "Waiter", "available_policies",
+           "make_policy", "rota_register_policies"]
 
 
 class Policy(Protocol):
