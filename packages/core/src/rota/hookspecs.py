@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 hookspec = pluggy.HookspecMarker("rota")
 hookimpl = pluggy.HookimplMarker("rota")
 
+__all__ = ["hookimpl", "hookspec", "rota_acquire", "rota_cli", "rota_footprint", "rota_job_aborted",
+           "rota_orchestrator", "rota_park", "rota_place", "rota_register_policies", "rota_release", "rota_restore",
+           "rota_store", "rota_tenant_started", "rota_turn_ended", "rota_turn_started"]
+
 
 # ---------------------------------------------------------------- lease side
 

@@ -10,6 +10,8 @@ from rota._client import check_endpoint
 from rota._units import parse_bytes
 from rota.errors import RotaError
 
+__all__ = ["ByteSize", "Endpoint", "resident_first_option"]
+
 
 class Endpoint(click.ParamType):
     """``host:port`` or ``unix:PATH`` (comma-separated replicas allowed)."""

@@ -20,6 +20,9 @@ from rota.errors import RotaError
 from rota.orchestrator import OrchestratorProtocol
 from rota.policies import ResidentFirst, available_policies, make_policy
 
+__all__ = ["orchestrator", "serve_cmd"]
+
+
 log = logging.getLogger(__name__)
 
 

@@ -8,6 +8,8 @@ import click
 
 from rota._plugins import describe, plugin_manager
 
+__all__ = ["plugins"]
+
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")

@@ -7,6 +7,8 @@ import click
 from rota import auth
 from rota.errors import RotaError
 
+__all__ = ["issue", "keygen", "token"]
+
 
 @click.group()
 def token() -> None:
