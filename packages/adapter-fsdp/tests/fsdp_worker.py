@@ -12,8 +12,6 @@ import sys
 
 import torch
 import torch.distributed as dist
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fsdp_testlib import make_model, make_optimizer, snapshot, train_step
 
 STEPS = 20

@@ -13,8 +13,6 @@ import sys
 import time
 
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fsdp_testlib import make_model, make_optimizer, train_step
 
 import rota

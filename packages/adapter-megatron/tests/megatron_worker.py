@@ -14,8 +14,6 @@ import warnings
 
 import torch
 import torch.distributed as dist
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_testlib import build, snapshot, train_step
 
 STEPS = 6
