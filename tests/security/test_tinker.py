@@ -30,6 +30,7 @@ import pytest
 
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
+from tinker.proto.request_conv import forward_backward_request_to_proto  # noqa: E402
 
 from rota.cli.status import fetch_status  # noqa: E402
 from rota_tinker import ServiceConfig, Tenant, TinkerService  # noqa: E402
@@ -40,6 +41,7 @@ MIB = 1 << 20
 HEADER_TIMEOUT_S = 8.0
 MAX_CONNECTIONS = 1600
 TIMEOUT = 120
+MAX_REQUEST_TOKENS = 600
 
 
 @dataclass
@@ -84,7 +86,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     args = ["--listen", "127.0.0.1:0", "--data-dir", str(data),
             *(a for name, key in KEYS.items() for a in ("--tenant", f"{name}={key}")), "--long-poll", "2",
             "--capacity", "1GiB", "--header-timeout", str(HEADER_TIMEOUT_S), "--max-connections",
-            str(MAX_CONNECTIONS), "--max-models", "2", "--max-sessions", "3", "--max-bytes", "20MB"]
+            str(MAX_CONNECTIONS), "--max-models", "2", "--max-sessions", "3", "--max-bytes", "20MB",
+            "--max-request-tokens", str(MAX_REQUEST_TOKENS)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROTA_", "TINKER_"))}
     env["TINKER_TELEMETRY"] = "0"
     with serving_process(args, env) as (proc, head, lines):
@@ -252,6 +255,32 @@ def test_row19_numbers_out_of_range_are_400_and_change_nothing(served: Served) -
                    headers={"X-API-Key": key, "Content-Type": "application/json"})
     assert r.status_code == 400 and "nests deeper" in r.json()["detail"], r.text
     assert loss() == before  # the model is what it was: no attack reached it
+
+
+def test_row19_one_huge_training_request_is_refused_and_the_sdk_splits_below_the_cap(served: Served) -> None:
+    """A forward_backward of more tokens than --max-request-tokens would hold the device for its whole turn:
+    sent raw in one request it is 400 naming the cap; the SDK, told the cap by the client config, splits the
+    same batch into requests under it and trains on all of it."""
+    sc = tinker.ServiceClient(base_url=served.url, api_key=KEYS["carol"])
+    tc = sc.create_lora_training_client(base_model="rota/tiny", rank=2, seed=7).result(timeout=TIMEOUT)
+    rng = np.random.default_rng(1)
+    batch = []
+    for _ in range(4):  # 4 x 200 = 800 tokens > 600
+        toks = rng.integers(0, 128, size=201)
+        batch.append(types.Datum(model_input=types.ModelInput.from_ints(toks[:-1].tolist()), loss_fn_inputs={
+            "target_tokens": types.TensorData.from_numpy(toks[1:].astype(np.int64))}))
+    request = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=batch, loss_fn="cross_entropy"),
+        model_id=tc.model_id, seq_id=1)
+    body = forward_backward_request_to_proto(request).SerializeToString()
+    r = httpx.post(f"{served.url}/api/v1/forward_backward", content=body, timeout=30,
+                   headers={"X-API-Key": KEYS["carol"], "Content-Type": "application/x-protobuf"})
+    assert r.status_code == 400, r.text
+    assert "800 tokens" in r.json()["detail"] and "--max-request-tokens" in r.json()["detail"], r.text
+
+    out = tc.forward_backward(batch, "cross_entropy").result(timeout=TIMEOUT)
+    assert len(out.loss_fn_outputs) == 4  # every datum trained on, in requests of at most 600 tokens
+    assert np.isfinite(out.metrics["loss:sum"])
 
 
 # ------------------------------------------------------------------ row 20

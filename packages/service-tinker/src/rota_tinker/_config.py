@@ -202,6 +202,9 @@ class ServiceConfig:
     body_timeout_s: float = 60.0
     http_threads: int = 16
     max_json_bytes: int = 8 * 1024 * 1024
+    # Tokens one forward/forward_backward request may carry over all its data (400 past it): one huge request
+    # would hold the device for its whole turn. The SDK is told (client config) to split batches below it.
+    max_request_tokens: int = 131072
 
     def __post_init__(self) -> None:
         if not self.tenants:
@@ -242,7 +245,7 @@ class ServiceConfig:
         except RotaError as e:
             raise ConfigError(f"{e}; fix --group / ROTA_GROUP") from None
         for name in ("max_models", "max_sessions", "max_bytes", "max_connections", "http_threads",
-                     "max_json_bytes", "max_body_bytes"):
+                     "max_json_bytes", "max_body_bytes", "max_request_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be an integer >= 1")

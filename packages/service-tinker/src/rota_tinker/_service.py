@@ -80,6 +80,9 @@ EPHEMERAL_KEEP = 4
 
 # The flags this server answers /client/config with: API keys only (no JWT exchange),
 # the plain httpx transport, uncompressed protobuf forward_backward bodies.
+# The SDK's byte estimate of a datum (tinker TrainingClient): 4 per input token plus its loss inputs,
+# of which target_tokens (int64, one per token) is always there.
+SDK_BYTES_PER_TOKEN = 4 + 8
 CLIENT_CONFIG = {
     "pjwt_auth_enabled": False,
     "credential_default_source": "api_key",
@@ -438,7 +441,10 @@ class _Api(_checkpoints.CheckpointRoutes):
     # ------------------------------------------------------------ session routes
 
     def _client_config(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
-        return _json(CLIENT_CONFIG)
+        # The SDK splits forward_backward batches by its estimate of their bytes, at least
+        # SDK_BYTES_PER_TOKEN per token of a datum: this bound keeps each request under max_request_tokens.
+        chunk_bytes = self.config.max_request_tokens * SDK_BYTES_PER_TOKEN
+        return _json({**CLIENT_CONFIG, "fwdbwd_max_chunk_bytes_count": chunk_bytes})
 
     def _dynamic_config(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
         return _json({"refresh_interval_sec": 300, "sample_cancel_enabled": False})
@@ -601,6 +607,12 @@ class _Api(_checkpoints.CheckpointRoutes):
         fb = _wire.parse_forward_backward(_wire.decompress(body, req.header("content-encoding"),
                                                            self.config.max_body_bytes))
         m = self._model(tenant, fb.model_id)
+        tokens = sum(d.tokens.size for d in fb.data)
+        if tokens > self.config.max_request_tokens:
+            raise BadRequest(f"this request carries {tokens} tokens over its {len(fb.data)} data; the service takes "
+                             f"at most {self.config.max_request_tokens} per forward/forward_backward request "
+                             "(--max-request-tokens): split the batch into several requests (the tinker SDK "
+                             "does so by itself)")
         data = []
         for i, d in enumerate(fb.data):
             _wire.token_ids(d.tokens, m.base.vocab, f"data[{i}].model_input")

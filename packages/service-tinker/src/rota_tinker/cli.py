@@ -46,6 +46,9 @@ _LIMITS = (
      "Seconds a request's head (request line and headers) may take to arrive; then the connection is closed."),
     ("--body-timeout", "body_timeout_s", click.FloatRange(min=0.1), 60.0,
      "Seconds a request's body may take to arrive (408 past it)."),
+    ("--max-request-tokens", "max_request_tokens", click.IntRange(min=1), 131072,
+     "Tokens one forward/forward_backward request may carry over all its data (400 past it); the tinker SDK is "
+     "told to split its batches below this."),
 )
 
 
