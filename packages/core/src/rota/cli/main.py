@@ -9,7 +9,6 @@ import sys
 import click
 
 from rota._plugins import plugin_manager
-from rota.cli.demo import demo
 from rota.cli.orchestrator import orchestrator
 from rota.cli.plugins import plugins
 from rota.cli.status import status
@@ -41,7 +40,7 @@ def cli(log_level: str) -> None:
 
     Jobs ("tenants") in the same group take turns on its GPUs: a job yields when it
     does not need the device, rota parks its state in host memory and restores the
-    next job. Start with `rota demo`; `rota status` shows who holds what.
+    next job. Start with `rota demo` (pip install rota-demo); `rota status` shows who holds what.
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
@@ -49,7 +48,6 @@ def cli(log_level: str) -> None:
 cli.add_command(status)
 cli.add_command(plugins)
 cli.add_command(orchestrator)
-cli.add_command(demo)
 cli.add_command(token)
 
 

@@ -2,8 +2,8 @@
 rollouts its own sampler generates, and an SFT model with an eval sampler.
 
 Every step is a pure function of (seed, step, weights), so a run is bit-identical
-whether its worker had a dedicated device or took turns through rota. Imported only
-inside worker processes (it needs torch; rota-core itself does not).
+whether its worker had a dedicated device or took turns through rota. Imports torch,
+so the ``rota demo`` command loads it only when it runs (``rota --help`` stays light).
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+__all__ = ["ModelSize", "Policy", "build", "eval_loss", "generate", "reinforce_step", "reward", "sft_accumulate",
+           "sft_batch", "sft_step"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class ModelSize:
     @property
     def push_bytes(self) -> int:
         """Size of the shared buffer that carries the weights to the sampler (state-dict order, aligned slices)."""
-        from rota.demo.push import push_bytes
+        from rota_demo.push import push_bytes
 
         numels = [self.vocab * self.hidden, *[self.hidden * self.hidden, self.hidden] * self.layers,
                   self.vocab * self.hidden, self.vocab]

@@ -1,12 +1,12 @@
 """One demo worker process: the trainer or the sampler of one job.
 
-Started by :mod:`rota.demo.runner` with the ``spawn`` method. With an orchestrator
+Started by :mod:`rota_demo.runner` with the ``spawn`` method. With an orchestrator
 endpoint, every device phase runs inside ``gpu.turn()`` on its group and the model
-is tracked by whatever adapter is installed (``rota_fsdp``); without one, the
+is tracked by ``rota_fsdp`` (a dependency of rota-demo); without an endpoint, the
 worker runs as if it had a dedicated device. Both paths execute the same math.
 
 Weights go from trainer to sampler through the job's shared host buffer
-(:mod:`rota.demo.push`): only a version number crosses the pipe. Tokens and rewards
+(:mod:`rota_demo.push`): only a version number crosses the pipe. Tokens and rewards
 (small) still go as ``torch.save`` bytes.
 
 Setup happens before the runner's "go", in every mode alike, so no mode's clock pays
@@ -26,8 +26,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rota.demo.push import WeightPush, weights_digest
-from rota.demo.workloads import ModelSize
+from rota_demo.push import WeightPush, weights_digest
+from rota_demo.workloads import ModelSize
+
+__all__ = ["WorkerReport", "WorkerSpec", "worker_main"]
 
 
 @dataclass(frozen=True)
@@ -107,10 +109,8 @@ class _Device:
         """Inside :meth:`setup`: make the state parkable (the host pool starts filling in the background)."""
         if self.gpu is None:
             return
-        try:
-            import rota_fsdp
-        except ImportError:  # no adapter installed: state stays resident, nothing is parked
-            return
+        import rota_fsdp
+
         self.tracked = rota_fsdp.track(self.gpu, model, opt, pool_bytes=None if self.spec.prepare_pool else 0)
         self.report.adapter = "rota_fsdp"
 
@@ -173,7 +173,7 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
         torch.cuda.set_device(torch.device(spec.device))
-    from rota.demo import workloads as w
+    from rota_demo import workloads as w
 
     report = WorkerReport(spec.name)
     trainer = spec.role == "trainer"
@@ -236,7 +236,7 @@ def _warm_up(spec: WorkerSpec, model: Any, opt: Any) -> None:
     """
     import torch
 
-    from rota.demo import workloads as w
+    from rota_demo import workloads as w
 
     size, device = spec.size, spec.device
     zeros = torch.zeros(size.batch, size.seq, dtype=torch.long, device=device)
@@ -302,7 +302,7 @@ def _take(spec: WorkerSpec, model: Any, push: WeightPush, report: WorkerReport, 
 
 
 def _rl_sampler(spec, model, opt, dev, inbox, outbox, results, push, report) -> None:
-    from rota.demo import workloads as w
+    from rota_demo import workloads as w
 
     for step in range(spec.steps):
         version = inbox.recv() if step else None  # on-policy: wait for the trainer's update
@@ -318,7 +318,7 @@ def _rl_sampler(spec, model, opt, dev, inbox, outbox, results, push, report) -> 
 
 
 def _rl_trainer(spec, model, opt, dev, inbox, outbox, results, push, report) -> None:
-    from rota.demo import workloads as w
+    from rota_demo import workloads as w
 
     for step in range(spec.steps):
         tokens, rewards = _recv(inbox)
@@ -335,7 +335,7 @@ def _rl_trainer(spec, model, opt, dev, inbox, outbox, results, push, report) -> 
 
 
 def _sft_trainer(spec, model, opt, dev, inbox, outbox, results, push, report) -> None:
-    from rota.demo import workloads as w
+    from rota_demo import workloads as w
 
     for step in range(spec.steps):
         with dev.off_device():  # the data loader: host work
@@ -355,7 +355,7 @@ def _sft_trainer(spec, model, opt, dev, inbox, outbox, results, push, report) ->
 
 
 def _sft_sampler(spec, model, opt, dev, inbox, outbox, results, push, report) -> None:
-    from rota.demo import workloads as w
+    from rota_demo import workloads as w
 
     x, y = w.sft_batch(spec.size, spec.seed + 1, 10_000)  # held-out batch
     for i in range(spec.steps // spec.eval_every):

@@ -20,7 +20,7 @@ deadlock it), writes, and sends the version; the sampler gives the token back on
 parameters hold the copy. So an SFT trainer, which pushes asynchronously, never
 overwrites a push its sampler is still reading.
 
-Used by :mod:`rota.demo.runner` (creates one per job) and :mod:`rota.demo.worker`.
+Used by :mod:`rota_demo.runner` (creates one per job) and :mod:`rota_demo.worker`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import hashlib
 import mmap
 import os
 from typing import Any
+
+__all__ = ["ALIGN", "WeightPush", "aligned", "push_bytes", "weights_digest"]
 
 ALIGN = 64  # every slice starts on a 64-byte boundary: any dtype view fits, DMA likes it
 

@@ -35,6 +35,16 @@ def test_demo_small_run_is_bit_identical_and_reports_everything(tmp_path):
     assert (tmp_path / "demo-timeline.png").stat().st_size > 10_000
 
 
+def test_demo_is_a_plugin_command_of_rota():
+    """Core has no demo: `rota demo` comes from rota_demo's entry point, through the rota_cli hook."""
+    from importlib.metadata import entry_points
+
+    assert {ep.name: ep.value for ep in entry_points(group="rota")}.get("rota_demo") == "rota_demo.plugin"
+    r = subprocess.run([sys.executable, "-m", "rota", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "could not add its commands" not in r.stderr, r.stderr
+    assert any(line.split()[:1] == ["demo"] for line in r.stdout.splitlines()), r.stdout
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--groups", "3"], "--groups"),
     (["--modes", "fast"], "choose from dedicated, serial, timesliced"),
@@ -51,7 +61,7 @@ def test_demo_rejects_bad_options(args, needle):
 def test_demo_with_capacity_prefetches_the_next_trainer_and_stays_bit_identical(tmp_path):
     """Two trainers fit on the device, three do not: during one trainer's turn rota parks an
     idle one and restores the next (prefetch), and the losses still match the dedicated run."""
-    from rota.demo.workloads import ModelSize
+    from rota_demo.workloads import ModelSize
 
     capacity = int(2.2 * ModelSize(hidden=64, layers=2).trainer_state_bytes)
     r = subprocess.run([sys.executable, "-m", "rota", "demo", "--steps", "6", "--hidden", "64", "--layers", "2",

@@ -8,9 +8,9 @@ all jobs ran at once (makespan = the longest job alone, on 2 devices per job), a
 time-sliced loss curve is compared with those runs.
 
 This module sizes the run against the host's memory, starts the worker processes
-(with one shared weight-push buffer per job, :mod:`rota.demo.push`) and collects what
-they report; the math lives in :mod:`rota.demo.workloads`, the per-process loop in
-:mod:`rota.demo.worker`, the table/JSON/PNG in :mod:`rota.demo.report`. Modes run one
+(with one shared weight-push buffer per job, :mod:`rota_demo.push`) and collects what
+they report; the math lives in :mod:`rota_demo.workloads`, the per-process loop in
+:mod:`rota_demo.worker`, the table/JSON/PNG in :mod:`rota_demo.report`. Modes run one
 after another, and every worker of a mode has exited before the next mode starts, so
 their host memory never overlaps.
 """
@@ -18,7 +18,6 @@ their host memory never overlaps.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import multiprocessing as mp
 import os
 import queue
@@ -29,13 +28,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rota import auth
-from rota._engine import OrchestratorConfig
-from rota._inproc import running_orchestrator
-from rota.demo.push import WeightPush
-from rota.demo.worker import WorkerReport, WorkerSpec, worker_main
-from rota.demo.workloads import ModelSize
 from rota.errors import InvalidArgument, PermanentError
+from rota.orchestrator import OrchestratorConfig, running_orchestrator
 from rota.policies import Fifo, Priority, ResidentFirst
+from rota_demo.push import WeightPush
+from rota_demo.worker import WorkerReport, WorkerSpec, worker_main
+from rota_demo.workloads import ModelSize
+
+__all__ = ["JOBS", "POLICIES", "RUNTIME_BYTES", "WORKER_TIMEOUT_S", "DemoConfig", "HostMemoryPlan", "HostMemoryShort",
+           "ModeResult", "available_host_bytes", "host_memory_plan", "run_demo"]
 
 JOBS = (("rl-a", "rl"), ("rl-b", "rl"), ("sft", "sft"))
 # Time-sliced turn order. "priority": an RL job's next step waits for its own trainer and
@@ -273,13 +274,12 @@ def host_memory_plan(cfg: DemoConfig) -> HostMemoryPlan:
         available, source = available_host_bytes()
     size, on_host = cfg.size, cfg.device == "cpu"
     job_models = size.trainer_state_bytes + size.weight_bytes if on_host else 0
-    parks = importlib.util.find_spec("rota_fsdp") is not None  # without the adapter nothing is parked
     runtime = RUNTIME_BYTES["cpu" if on_host else "cuda"]
     plans = []
     sampler_pool = size.weight_bytes if cfg.capacity_bytes == 0 else 0  # pinned ahead only when it will park
     for mode in cfg.modes:
         jobs = len(JOBS) if mode == "timesliced" else 1  # dedicated and serial run one job at a time
-        pools = jobs * (size.trainer_state_bytes + sampler_pool) if mode == "timesliced" and parks else 0
+        pools = jobs * (size.trainer_state_bytes + sampler_pool) if mode == "timesliced" else 0
         plans.append(HostMemoryPlan(mode=mode, pools=pools, push=jobs * size.push_bytes, models=jobs * job_models,
                                     runtime=(2 * jobs + 1) * runtime, trainer_state=size.trainer_state_bytes,
                                     available=available, source=source))

@@ -6,8 +6,10 @@ import json
 import pathlib
 from typing import Any
 
-from rota._units import format_bytes, percentile
-from rota.demo.runner import JOBS, DemoConfig, ModeResult
+from rota.config import format_bytes, percentile
+from rota_demo.runner import JOBS, DemoConfig, ModeResult
+
+__all__ = ["summarize", "table", "timeline_png", "write_json"]
 
 _COLOURS = {"turn": "#2ca02c", "after": "#9467bd", "wait": "#d9d9d9", "park": "#d62728", "restore": "#1f77b4",
             "off": "#ff7f0e"}

@@ -7,9 +7,11 @@ import time
 
 import click
 
-from rota._units import parse_bytes
 from rota.cli.options import resident_first_option
+from rota.config import parse_bytes
 from rota.errors import RotaError
+
+__all__ = ["demo"]
 
 
 @click.command()
@@ -68,12 +70,12 @@ def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_s
     bit-identical to its dedicated run. Writes demo.json and demo-timeline.png.
     """
     try:
-        from rota.demo.report import summarize, table, timeline_png, write_json
-        from rota.demo.runner import DemoConfig, HostMemoryShort, host_memory_plan, run_demo
-        from rota.demo.workloads import ModelSize
+        from rota_demo.report import summarize, table, timeline_png, write_json
+        from rota_demo.runner import DemoConfig, HostMemoryShort, host_memory_plan, run_demo
+        from rota_demo.workloads import ModelSize
     except ImportError as exc:
         raise click.ClickException(f"rota demo needs torch and matplotlib ({exc}): "
-                                   "pip install 'rota-core[demo]' rota-adapter-fsdp") from None
+                                   "pip install rota-demo") from None
     try:
         size = ModelSize.for_state_bytes(parse_bytes(state_size, what="--state"), batch=batch, seq=seq) \
             if state_size else ModelSize(hidden=hidden, layers=layers, batch=batch, seq=seq)
