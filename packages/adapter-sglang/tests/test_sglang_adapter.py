@@ -3,48 +3,31 @@
 from __future__ import annotations
 
 import json
-import sys
 import threading
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from sglang_fakes import FakeSglangServer
 
 import rota_sglang
 from rota.cli.main import _add_plugin_commands, cli
 from rota.errors import InvalidArgument
+from rota.rpc import free_port
+from rota_serving import ServeConfig, serve_app
+from rota_serving.testing import FakeSglangServer, fake_engine_command, get_json, post_json
 from rota_sglang import SglangServer, UnsupportedVersion, check_server, engine_command
-from rota_vllm import ServeConfig, serve_app
-from rota_vllm.serving import free_port
-
-FAKE = str(Path(__file__).with_name("sglang_fakes.py"))
-
-
-def _post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
 
 
 def _state(engine: str) -> dict:
-    with urllib.request.urlopen(engine + "/fake/calls", timeout=10) as r:
-        return json.loads(r.read())
+    return get_json(engine + "/fake/calls")
 
 
 def test_served_sglang_releases_when_parked_and_requests_wait_for_the_turn(endpoint, connect):
     port = free_port()
-    s = serve_app(ServeConfig(app="sglang", command=[sys.executable, FAKE, "--port", str(port)], engine_port=port,
+    s = serve_app(ServeConfig(app="sglang", command=fake_engine_command("sglang", port), engine_port=port,
                               listen="127.0.0.1:0", orchestrator=endpoint, group="g", tenant="sgl", agent="",
                               idle_release_s=0.0, ready_timeout_s=60, check_version=check_server))
     try:
-        assert _post(s.url + "/generate", {"text": "hi"}) == (200, {"text": " tok1"})
+        assert post_json(s.url + "/generate", {"text": "hi"}) == (200, {"text": " tok1"})
         trainer = connect("trainer")
         trainer.acquire()
         st = _state(s.client.base_url)
@@ -52,7 +35,7 @@ def test_served_sglang_releases_when_parked_and_requests_wait_for_the_turn(endpo
         assert "POST /release_memory_occupation {}" in st["calls"]
 
         result: dict = {}
-        t = threading.Thread(target=lambda: result.update(r=_post(s.url + "/generate", {"text": "x"})))
+        t = threading.Thread(target=lambda: result.update(r=post_json(s.url + "/generate", {"text": "x"})))
         t.start()
         t.join(0.5)
         assert t.is_alive(), f"the request did not wait for the turn: {result}"
@@ -68,25 +51,17 @@ def test_served_sglang_releases_when_parked_and_requests_wait_for_the_turn(endpo
 
 
 def test_server_version_mismatch_names_the_fix():
-    srv = FakeSglangServer(version="0.3.0").start()
-    try:
+    with FakeSglangServer(version="0.3.0").running() as srv:
         with pytest.raises(UnsupportedVersion) as info:
             check_server(SglangServer(srv.url))
         msg = str(info.value)
         assert "sglang 0.3.0" in msg and 'pip install "sglang>=0.4.6,<0.6"' in msg
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_update_weights_refusal_carries_the_servers_words():
-    srv = FakeSglangServer().start()
-    try:
+    with FakeSglangServer().running() as srv:
         with pytest.raises(InvalidArgument, match="model_path is empty"):
             SglangServer(srv.url).update_weights_from_disk("")
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 class FakeEngine:

@@ -21,8 +21,8 @@ import urllib.request
 
 import pytest
 
+from rota.rpc import free_port
 from rota_vllm import ServeConfig, VllmServer, check_server, engine_command, serve_app
-from rota_vllm.serving import free_port
 
 pytestmark = [
     pytest.mark.heavy,

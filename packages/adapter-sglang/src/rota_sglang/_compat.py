@@ -6,9 +6,9 @@ its ``GET /get_server_info`` (field ``version``).
 
 from __future__ import annotations
 
-from rota.compat import check, require, warn_if_mismatched
+from rota.compat import require, warn_if_mismatched
 from rota.errors import UnsupportedVersion
-from rota_vllm.serving import EndpointClient
+from rota_serving import EndpointClient, check_server_version
 
 #: SGLang versions this adapter targets (release/resume_memory_occupation with tags).
 SGLANG_SPEC = ">=0.4.6,<0.6"
@@ -24,12 +24,7 @@ def require_sglang() -> str:
 
 def check_server(client: EndpointClient) -> str:
     """The version a running SGLang server reports at ``GET /get_server_info``, checked."""
-    got = client.call("GET", "/get_server_info")
-    found = got.get("version") if isinstance(got, dict) else None
-    if not isinstance(found, str):
-        raise UnsupportedVersion(f"{client.base_url}/get_server_info answered without a \"version\" string; is it "
-                                 "an SGLang server?", dist="sglang", found=None, spec=SGLANG_SPEC, fix=FIX)
-    return check("sglang", found, SGLANG_SPEC, FIX, where=f"server at {client.base_url}", needed_by=ADAPTER)
+    return check_server_version(client, "/get_server_info", SGLANG_SPEC, FIX, needed_by=ADAPTER)
 
 
 def warn_on_load() -> None:

@@ -28,8 +28,8 @@ from typing import Any
 
 from rota import Gpu, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
+from rota_serving import SGLANG, check_tags
 from rota_sglang._compat import require_sglang
-from rota_vllm.serving import SGLANG, check_tags
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def track(gpu: Gpu, engine: Any, *, tags: Sequence[str] = (), weights_backup: bo
     :param tags: what to release on park (default: everything).
     :param weights_backup: whether the engine keeps weights on host
         (``enable_weights_cpu_backup``); read from the engine's server args when None.
-    :raises rota_vllm.UnsupportedVersion: SGLang missing or outside the targeted versions.
+    :raises rota_sglang.UnsupportedVersion: SGLang missing or outside the targeted versions.
     """
     if check_version:
         require_sglang()

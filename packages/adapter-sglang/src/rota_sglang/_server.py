@@ -1,7 +1,7 @@
 """Server mode of rota_sglang: the engine command line, and a client of a served engine.
 
 The engine runs as ``python -m sglang.launch_server --enable-memory-saver`` on
-127.0.0.1 and a port rota picks; rota's proxy (:mod:`rota_vllm.serving`, shared)
+127.0.0.1 and a port rota picks; rota's proxy (:mod:`rota_serving`, shared with the vLLM adapter)
 serves clients, and the park hooks call ``POST /release_memory_occupation`` /
 ``POST /resume_memory_occupation`` with ``{"tags": [...]}``.
 """
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rota.errors import InvalidArgument
-from rota_vllm.serving import SGLANG, EndpointClient
+from rota_serving import SGLANG, EndpointClient
 
 ENGINE_MODULE = "sglang.launch_server"
 ENGINE_ENV: dict[str, str] = {}

@@ -19,22 +19,23 @@ Two shapes:
 * **Server** (``rota vllm serve -- <vllm args>``): starts
   ``python -m vllm.entrypoints.openai.api_server --enable-sleep-mode`` with
   ``VLLM_SERVER_DEV_MODE=1`` on an internal port, joins rota as a tenant (and
-  registers with the node agent when ``ROTA_AGENT`` is set), and serves a proxy in
+  registers with the node agent when ``ROTA_AGENT`` is set and rota-agent is installed), and serves a proxy in
   front of it: a request that arrives while the engine is parked waits for the
   engine's turn and then runs; the turn is given back when requests stop.
   :class:`VllmServer` pushes new weights into a served engine.
 
 vLLM is an optional extra (``pip install "rota-adapter-vllm[vllm]"``); nothing here
-imports it at import time. :mod:`rota_vllm.serving` is shared with :mod:`rota_sglang`.
+imports it at import time. The serving machinery (proxy, turn gate, supervisor) is
+:mod:`rota_serving`'s, shared with rota_sglang; it is re-exported here.
 """
 
 from __future__ import annotations
 
 from rota.errors import UnsupportedVersion
+from rota_serving import EndpointClient, ServeConfig, Served, ServingError, TurnGate, TurnProxy, serve_app
 from rota_vllm._compat import FIX, VLLM_SPEC, check_server, require_vllm
 from rota_vllm._llm import TAGS, TrackedLLM, TrackingError, track
 from rota_vllm._server import VllmServer, engine_command
-from rota_vllm.serving import EndpointClient, ServeConfig, Served, ServingError, TurnGate, TurnProxy, serve_app
 
 __all__ = ["FIX", "TAGS", "VLLM_SPEC", "EndpointClient", "ServeConfig", "Served", "ServingError", "TrackedLLM",
            "TrackingError", "TurnGate", "TurnProxy", "UnsupportedVersion", "VllmServer", "check_server",

@@ -6,9 +6,9 @@ distribution; a served engine's from its ``GET /version``.
 
 from __future__ import annotations
 
-from rota.compat import check, require, warn_if_mismatched
+from rota.compat import require, warn_if_mismatched
 from rota.errors import UnsupportedVersion
-from rota_vllm.serving import EndpointClient
+from rota_serving import EndpointClient, check_server_version
 
 #: vLLM versions this adapter targets (sleep levels 1/2, wake_up tags, dev-mode routes).
 VLLM_SPEC = ">=0.10,<0.33"
@@ -24,12 +24,7 @@ def require_vllm() -> str:
 
 def check_server(client: EndpointClient) -> str:
     """The version a running vLLM server reports at ``GET /version``, checked."""
-    got = client.call("GET", "/version")
-    found = got.get("version") if isinstance(got, dict) else None
-    if not isinstance(found, str):
-        raise UnsupportedVersion(f"{client.base_url}/version answered {got!r}, not {{\"version\": \"X.Y.Z\"}}; is "
-                                 "it a vLLM OpenAI server?", dist="vllm", found=None, spec=VLLM_SPEC, fix=FIX)
-    return check("vllm", found, VLLM_SPEC, FIX, where=f"server at {client.base_url}", needed_by=ADAPTER)
+    return check_server_version(client, "/version", VLLM_SPEC, FIX, needed_by=ADAPTER)
 
 
 def warn_on_load() -> None:

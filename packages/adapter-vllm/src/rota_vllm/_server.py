@@ -1,7 +1,7 @@
 """Server mode of rota_vllm: the engine command line, and a client of a served engine.
 
 Who calls it: ``rota vllm serve`` (:mod:`rota_vllm.plugin`) builds the engine command
-with :func:`engine_command` and hands it to :func:`rota_vllm.serving.serve_app`; RL
+with :func:`engine_command` and hands it to :func:`rota_serving.serve_app`; RL
 code pushes new weights into a served engine with :class:`VllmServer`.
 
 The engine runs as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm``
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rota.errors import InvalidArgument
-from rota_vllm.serving import VLLM, EndpointClient
+from rota_serving import VLLM, EndpointClient
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 ENGINE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}

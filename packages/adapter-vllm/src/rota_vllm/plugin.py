@@ -10,9 +10,9 @@ from __future__ import annotations
 import click
 
 from rota import hookimpl
+from rota_serving import make_serve
 from rota_vllm._compat import check_server, warn_on_load
 from rota_vllm._server import ENGINE_ENV, engine_command
-from rota_vllm.clikit import make_serve
 
 warn_on_load()
 

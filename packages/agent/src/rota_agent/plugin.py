@@ -1,10 +1,10 @@
-"""rota plugin of rota-agent: ``rota agent serve|status``, and ``--agent`` on the orchestrator.
+"""rota plugin of rota-agent: ``rota agent serve|status``, park backends, served engines' registration.
 
 Registered under the ``rota`` entry-point group. ``rota agent serve`` runs the node
-agent in the foreground. Because the orchestrator's engine (rota-core) knows how to
-ask agents to park and restore jobs but core's CLI does not know this package, this
-plugin adds ``--agent HOST:PORT`` (repeatable) to ``rota orchestrator serve``; it is
-passed on as ``ROTA_AGENTS`` (comma-separated), which the engine reads.
+agent in the foreground (the orchestrator's side, ``rota orchestrator serve --agent``,
+is core's). Hooks: ``rota_agent_backends`` (the agent's own spec) offers its park
+backends; ``rota_register_with_agent`` (rota_serving's spec) registers a served
+engine's tenant when ``rota vllm serve`` or ``rota sglang serve`` is given ``--agent``.
 
 ``rota agent serve`` listens on 127.0.0.1 unless told otherwise. A listener other
 callers can reach (any address but loopback) needs ``--auth-key`` (the orchestrator's
@@ -19,7 +19,6 @@ Environment:
     ROTA_RESIDUE_MAX_BYTES default of ``--residue-max-bytes`` (a size such as 256MiB, 0 = off; 256 MiB)
     ROTA_AGENT            default of ``rota agent status --agent``
     ROTA_TOKEN            the token ``rota agent status`` shows (an admin token sees every job)
-    ROTA_AGENTS           agents the orchestrator talks to (also set by ``--agent``)
 """
 
 from __future__ import annotations
@@ -207,6 +206,15 @@ def rota_agent_backends(step_timeout_s: float) -> dict[str, Any]:
     from rota_agent.backends import default_backends
 
     return default_backends(step_timeout_s=step_timeout_s)
+
+
+@hookimpl
+def rota_register_with_agent(tenant: Any, agent: str, tags: tuple[str, ...]) -> Any:
+    """A served engine's tenant registers with the agent at ``agent`` (the hook is rota_serving's:
+    ``rota vllm serve --agent``); the agent's park commands then run the tenant's hooks."""
+    from rota_agent.client import register
+
+    return register(tenant, agent, tags=tags)
 
 
 @hookimpl

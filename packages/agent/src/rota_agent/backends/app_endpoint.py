@@ -12,8 +12,9 @@ Which URLs: only the endpoints the job itself registered over its WorkloadChanne
 name a subset of them, never another URL: the agent is no proxy for its callers.
 Redirects are not followed, answers are read up to ``MAX_ANSWER`` bytes, and what a
 failed call reports to the agent's callers is its status (``HTTP 500``, ``no HTTP
-answer``), never the server's body; the in-process callers (rota_vllm, rota_sglang)
-still get the server's own words.
+answer``), never the server's body. (rota_serving's ``EndpointClient`` speaks the same
+protocol inside a served engine's own process, where the server's words are shown; the
+two packages never import each other.)
 
 Every endpoint of the job (e.g. one per data-parallel replica) is called at once; each
 request has a deadline (``timeout_s``). The calls run on this backend's own threads
@@ -137,25 +138,20 @@ class AppEndpointBackend:
         eps = tuple(dict.fromkeys(ep.rstrip("/") for ep in asked)) or job.endpoints
         return EndpointPlan(job.app, eps, mode, _check_tags(config.tags, where, job_id))
 
-    def _http(self, method: str, url: str, body: dict[str, Any] | None = None, *, detail: bool = True) -> Any:
-        """One call. ``detail``: put the server's answer (or the network error) in a failure's message;
-        off for the agent's operations, whose errors go back to remote callers."""
+    def _http(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
+        """One call. A failure's message has the status only, never the server's answer or the
+        network error (the log has that): it goes back to the agent's remote callers."""
         data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
         req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
         try:
             with _OPENER.open(req, timeout=self.timeout_s) as resp:
                 raw = resp.read(MAX_ANSWER + 1)
         except urllib.error.HTTPError as exc:
-            words = exc.read(300).decode(errors="replace") if detail else ""
             exc.close()
-            raise BackendFailed(f"{method} {url} answered HTTP {exc.code}" + (f": {words}" if words else "")) \
-                from None
+            raise BackendFailed(f"{method} {url} answered HTTP {exc.code}") from None
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if not detail:
-                log.info("%s %s: no HTTP answer (%r)", method, url, str(reason))
-            raise BackendFailed(f"{method} {url} failed: {reason}" if detail else
-                                f"{method} {url} got no HTTP answer (connection failed or timed out)") from None
+            log.info("%s %s: no HTTP answer (%r)", method, url, str(getattr(exc, "reason", exc)))
+            raise BackendFailed(f"{method} {url} got no HTTP answer (connection failed or timed out)") from None
         if len(raw) > MAX_ANSWER:
             raise BackendFailed(f"{method} {url} answered more than {MAX_ANSWER} bytes; a sleep/wake answer is small")
         try:
@@ -163,32 +159,24 @@ class AppEndpointBackend:
         except ValueError:
             return raw.decode(errors="replace")
 
-    def call(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
-        """One HTTP call with this backend's deadline and error wording; the parsed JSON
-        answer (public so rota_vllm / rota_sglang reuse this protocol code)."""
-        return self._http(method, url, body)
-
-    def step(self, plan: EndpointPlan, endpoint: str, *, sleep: bool) -> None:
+    def _one(self, plan: EndpointPlan, ep: str, sleep: bool) -> None:
         """Sleep (``sleep=True``) or wake one endpoint and check its state, synchronously."""
-        self._one(plan, endpoint, sleep, True)
-
-    def _one(self, plan: EndpointPlan, ep: str, sleep: bool, detail: bool) -> None:
         if plan.app == pb.APP_SGLANG:
             path = "/release_memory_occupation" if sleep else "/resume_memory_occupation"
-            self._http("POST", ep + path, {"tags": list(plan.tags)} if plan.tags else {}, detail=detail)
+            self._http("POST", ep + path, {"tags": list(plan.tags)} if plan.tags else {})
             return
         if sleep:
             level = 2 if plan.mode == pb.SUSPEND_MODE_DISCARD else 1
-            self._http("POST", f"{ep}/sleep?level={level}", detail=detail)
+            self._http("POST", f"{ep}/sleep?level={level}")
         else:
             query = urllib.parse.urlencode([("tags", t) for t in plan.tags])
-            self._http("POST", ep + "/wake_up" + (f"?{query}" if query else ""), detail=detail)
-        state = self._http("GET", ep + "/is_sleeping", detail=detail)
+            self._http("POST", ep + "/wake_up" + (f"?{query}" if query else ""))
+        state = self._http("GET", ep + "/is_sleeping")
         sleeping = state.get("is_sleeping") if isinstance(state, dict) else None
         if plan.tags and not sleep:
             return  # a partial wake leaves the server reporting sleep until every tag is back
         if sleeping is not sleep:
-            said = f"is_sleeping={sleeping!r}" if detail or isinstance(sleeping, (bool, type(None))) \
+            said = f"is_sleeping={sleeping!r}" if isinstance(sleeping, (bool, type(None))) \
                 else "an is_sleeping that is not a boolean"
             raise BackendFailed(f"{ep}: after {'sleep' if sleep else 'wake_up'} the server reports {said}; "
                                 f"expected {sleep}")
@@ -211,7 +199,7 @@ class AppEndpointBackend:
                 loop.call_soon_threadsafe(slot.release)
 
         try:
-            work = self._pool.submit(self._one, plan, ep, sleep, False)
+            work = self._pool.submit(self._one, plan, ep, sleep)
         except BaseException:
             slot.release()
             raise

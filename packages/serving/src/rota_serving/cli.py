@@ -1,13 +1,13 @@
 """The ``serve`` command shared by ``rota vllm serve`` and ``rota sglang serve``.
 
-Who calls it: :mod:`rota_vllm.plugin` and :mod:`rota_sglang.plugin`, each with its
+Who calls it: ``rota_vllm.plugin`` and ``rota_sglang.plugin``, each with its
 own engine-command builder and version check. It only parses and validates flags,
-then delegates to :func:`rota_vllm.serving.serve_app`.
+then delegates to :func:`rota_serving.serve_app`.
 
 Environment (fallbacks of the flags):
     ROTA_SERVE_LISTEN   --listen (default 127.0.0.1:8000)
     ROTA_GROUP, ROTA_TENANT, ROTA_ORCHESTRATOR   as for any tenant (rota.connect)
-    ROTA_AGENT          node agent to register with (optional)
+    ROTA_AGENT          node agent to register with (optional; rota-agent answers the hook)
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import click
 from rota import ParkMode
 from rota.cli.options import ByteSize, Endpoint
 from rota.errors import RotaError
-from rota_vllm.serving import EndpointClient, ServeConfig, check_listen, free_port, serve_app
+from rota.rpc import free_port
+from rota_serving.endpoint import EndpointClient
+from rota_serving.supervisor import ServeConfig, check_listen, serve_app
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,124 @@
+"""Park hooks of a tenant whose state is an engine behind HTTP.
+
+Who calls it: ``serve_app`` registers an :class:`EndpointParker` on the served tenant's
+``Gpu``; rota then runs its ``rota_park``/``rota_restore`` when the orchestrator (or the
+node agent) parks the engine between turns. The plan maps to the engine's own sleep
+API (vLLM: OFFLOAD → ``/sleep?level=1``, DISCARD → ``level=2``; SGLang: release with
+the plan's tags).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
+from rota.errors import InvalidArgument
+from rota_serving.endpoint import EndpointClient, ServingError
+from rota_serving.engines import APP_TAGS, VLLM, check_tags
+
+log = logging.getLogger(__name__)
+
+
+class EndpointParker:
+    """rota_park / rota_restore of one tenant whose state is an engine behind HTTP.
+
+    Registered on ``gpu.pm`` by :func:`track_endpoint`; answers only for its ``gpu``.
+    ``mode`` forces a park mode (e.g. DISCARD in RL, where the trainer pushes fresh
+    weights every step); else the plan's mode is used. ``dropped`` lists the tags the
+    last park lost (their contents must be recomputed or pushed again).
+    """
+
+    def __init__(self, gpu: Gpu, client: EndpointClient, *, mode: ParkMode | None = None,
+                 tags: Sequence[str] = (), footprint_bytes: int = 0) -> None:
+        if footprint_bytes < 0:
+            raise InvalidArgument(f"footprint_bytes={footprint_bytes} must be >= 0 (0 = unknown)")
+        self.gpu, self.client, self.mode = gpu, client, mode
+        self.footprint_bytes = footprint_bytes
+        self.tags = check_tags(client.app, tags, "park tags")
+        self.parked = False
+        self.dropped: tuple[str, ...] = ()
+        self.history: list[tuple[str, str, tuple[str, ...]]] = []  # (park|restore, mode, tags)
+
+    def _mode(self, plan: ParkPlan) -> ParkMode:
+        if self.mode is not None:
+            return self.mode
+        if plan.mode == ParkMode.DISCARD or "weights" in plan.discard:
+            return ParkMode.DISCARD
+        return ParkMode.OFFLOAD
+
+    @hookimpl
+    def rota_park(self, tenant: Gpu, plan: ParkPlan) -> ParkResult | None:
+        if tenant is not self.gpu:
+            return None
+        t0 = time.perf_counter()
+        mode = self._mode(plan)
+        tags = tuple(t for t in sorted(plan.tags) if t in APP_TAGS[self.client.app]) if plan.tags else self.tags
+        self.client.sleep(mode, tags)
+        self.parked = True
+        if self.client.app == VLLM:
+            # level 1 offloads weights and drops the KV cache; level 2 drops both
+            self.dropped = ("weights", "kv_cache") if mode == ParkMode.DISCARD else ("kv_cache",)
+        else:
+            self.dropped = ("kv_cache",) if not tags or "kv_cache" in tags else ()
+        self.history.append(("park", mode.value, tags))
+        log.info("%s %s parked (%s, tags=%s; dropped %s)", self.client.app, self.client.base_url, mode.value,
+                 ",".join(tags) or "all", ",".join(self.dropped) or "nothing")
+        return ParkResult(seconds=time.perf_counter() - t0)
+
+    @hookimpl
+    def rota_restore(self, tenant: Gpu, plan: ParkPlan) -> ParkResult | None:
+        if tenant is not self.gpu or not self.parked:
+            return None
+        t0 = time.perf_counter()
+        self.client.wake(())
+        self.parked = False
+        self.history.append(("restore", "", ()))
+        log.info("%s %s woken", self.client.app, self.client.base_url)
+        return ParkResult(seconds=time.perf_counter() - t0)
+
+    @hookimpl
+    def rota_footprint(self, tenant: Gpu) -> dict[str, int] | None:
+        """The engine's device bytes while awake: ``footprint_bytes``, or 1 when unknown.
+
+        An awake engine always holds device memory, and the orchestrator parks only
+        residents with a footprint, so "unknown" is reported as 1 byte (park it
+        whenever another tenant needs the group). A parked engine reports 0.
+        """
+        if tenant is not self.gpu:
+            return None
+        return {"engine": 0 if self.parked else (self.footprint_bytes or 1)}
+
+
+def wait_attached(gpu: Gpu, timeout_s: float = 30.0) -> None:
+    """Block until the orchestrator lists ``gpu``'s tenant (its session is attached).
+
+    The orchestrator parks a resident only over a live session; a request served
+    before the session is attached could otherwise hold the GPU unparkable.
+    """
+    from rota.wire import rota_v1_pb2 as v1
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            reply = gpu.stub.Status(v1.StatusRequest(group_id=gpu.group), timeout=5)
+            if any(t.job_id == gpu.tenant for g in reply.groups for t in g.tenants):
+                return
+        time.sleep(0.05)
+    raise ServingError(f"the rota session of {gpu.tenant!r} (group {gpu.group!r}) did not attach to "
+                       f"{gpu.endpoint} within {timeout_s:g} s; is the orchestrator reachable?",
+                       job_id=gpu.tenant, group_id=gpu.group)
+
+
+def track_endpoint(gpu: Gpu, client: EndpointClient, *, mode: ParkMode | None = None,
+                   tags: Sequence[str] = (), footprint_bytes: int = 0) -> EndpointParker:
+    """Register an :class:`EndpointParker` for ``client`` on ``gpu``'s plugin manager."""
+    parker = EndpointParker(gpu, client, mode=mode, tags=tags, footprint_bytes=footprint_bytes)
+    gpu.pm.register(parker, name=f"rota-endpoint-{gpu.tenant}-{id(parker):x}")
+    return parker
+
+
+
+__all__ = ["EndpointParker", "track_endpoint", "wait_attached"]
