@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 
-from rota._generated import timeslice_orchestrator_pb2 as v1a
-from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
+from rota.wire import timeslice_orchestrator_pb2 as v1a
+from rota.wire import timeslice_orchestrator_pb2_grpc as v1a_grpc
 
 T = TypeVar("T")
 
@@ -19,17 +18,6 @@ T = TypeVar("T")
 def run(coro: Awaitable[T], timeout: float = 60) -> T:
     """Run an async test body to completion."""
     return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
-
-
-def eventually(check: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout:g} s")
-        time.sleep(0.05)
 
 
 def v1_stub(endpoint: str) -> tuple[grpc.Channel, v1a_grpc.TimeSliceOrchestratorServiceStub]:

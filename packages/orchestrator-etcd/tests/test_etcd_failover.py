@@ -10,11 +10,12 @@ from typing import Any
 
 import grpc
 import pytest
-from etcd_testlib import Background, eventually, v1_stub
+from etcd_testlib import Background, v1_stub
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import rota
-from rota._generated import timeslice_orchestrator_pb2 as v1a
+from rota.testing import eventually
+from rota.wire import timeslice_orchestrator_pb2 as v1a
 from rota_etcd.testing import OrchestratorProcess, leader_of
 
 LEADER_SERVICE = "rota.leader"
@@ -39,7 +40,7 @@ def leader_and_followers(etcd, prefix: str, orchs: list[OrchestratorProcess]
             serving = False
         return leader if serving else None
 
-    leader = eventually(find, 20, "a leader among the replicas")
+    leader = eventually(find, "a leader among the replicas", timeout=20)
     return leader, [o for o in orchs if o is not leader]
 
 
@@ -90,7 +91,7 @@ def test_followers_refuse_with_the_leader_address_and_rota_clients_follow(etcd3,
         service = "timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService"
         serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
         assert health(leader.endpoint, service) == serving
-        assert eventually(lambda: health(follower.endpoint, service) == serving, 10, "the follower ready")
+        assert eventually(lambda: health(follower.endpoint, service) == serving, "the follower ready", timeout=10)
         assert health(leader.endpoint, LEADER_SERVICE) == serving
         assert health(follower.endpoint, LEADER_SERVICE) == not_serving
         assert health(follower.endpoint, "") == serving
@@ -203,7 +204,7 @@ def test_etcd_member_loss_is_survived_and_quorum_loss_answers_unavailable_never_
                     assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
                     return False
 
-            eventually(resumed, 30, "service after etcd regained quorum")
+            eventually(resumed, "service after etcd regained quorum", timeout=30)
             # b kept its turn throughout (a write that timed out may still land later in etcd,
             # so d may sit in the queue now: it is never granted while b holds)
             st = stub.GetGroupStatus(v1a.GetGroupStatusRequest(group_id="q"), timeout=10).group

@@ -11,11 +11,11 @@ import time
 
 import grpc
 import pytest
-from etcd_testlib import Background, eventually, v1_acquire, v1_stub, v1_yield
+from etcd_testlib import Background, v1_acquire, v1_stub, v1_yield
 
 import rota
-from rota._generated import timeslice_orchestrator_pb2 as v1a
-from rota.testing import free_port
+from rota.testing import eventually, free_port
+from rota.wire import timeslice_orchestrator_pb2 as v1a
 from rota_etcd.testing import OrchestratorProcess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -198,8 +198,8 @@ def test_priorities_and_gpu_time_live_in_etcd_and_order_the_queue_after_a_restar
         waiting_low = Background(low.acquire)
         time.sleep(0.3)
         waiting_high = Background(high.acquire)  # arrives later, but ranks higher
-        eventually(lambda: status_json(etcd, child_env, "p")["groups"][0]["queue"] == ["low", "high"], 10,
-                   "both waiters queued in etcd")
+        eventually(lambda: status_json(etcd, child_env, "p")["groups"][0]["queue"] == ["low", "high"],
+                   "both waiters queued in etcd", timeout=10)
         orch.kill(signal.SIGKILL)
         orch = serve(etcd, tmp_path, child_env, "--policy", "priority", port=port, name="prio2")
         st = status_json(etcd, child_env, "p")["groups"][0]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import collections
 
 import pytest
-from etcd_testlib import eventually
 
 import rota
+from rota.testing import eventually
 from rota_etcd._shards import assign, shard_of
 from rota_etcd.testing import OrchestratorProcess, shard_leaders
 
@@ -34,7 +34,7 @@ def test_two_replicas_share_the_shards_redirect_and_take_over(etcd, tmp_path, ch
     try:
         both = {o.endpoint for o in orchs}
         leaders = eventually(lambda: (lambda m: m if len(m) == SHARDS and set(m.values()) == both else None)(
-            shard_leaders(etcd.url, prefix)), 20, "each replica leading some of the shards")
+            shard_leaders(etcd.url, prefix)), "each replica leading some of the shards", timeout=20)
         # one group per shard: every tenant asks the first replica and is sent on to its group's leader
         groups = {}
         for i in range(64):
@@ -51,7 +51,7 @@ def test_two_replicas_share_the_shards_redirect_and_take_over(etcd, tmp_path, ch
         dead = orchs[1]
         dead.kill()
         eventually(lambda: set(shard_leaders(etcd.url, prefix).values()) == {orchs[0].endpoint}
-                   and len(shard_leaders(etcd.url, prefix)) == SHARDS, 20, "the survivor leading every shard")
+                   and len(shard_leaders(etcd.url, prefix)) == SHARDS, "the survivor leading every shard", timeout=20)
         for group in groups.values():
             gpu = rota.connect(group=group, tenant=f"t-{group}", endpoint=orchs[0].endpoint)
             try:

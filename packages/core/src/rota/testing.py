@@ -1,7 +1,9 @@
 """Helpers for tests of rota and of plugins: a real orchestrator on loopback.
 
 Public on purpose: adapter packages use :func:`running_orchestrator` to test against
-the embedded orchestrator over real gRPC, in a thread of the test process.
+the embedded orchestrator over real gRPC, in a thread of the test process;
+:class:`ListState` is a tenant state that parks without torch; :func:`eventually`
+waits for a condition with a deadline, so a test that goes wrong fails instead of hanging.
 """
 
 import contextlib
@@ -11,14 +13,83 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import rota
 from rota._client import Gpu
 from rota._engine import OrchestratorConfig
 from rota._inproc import free_port, running_orchestrator
 
-__all__ = ["ScriptedProcess", "free_port", "quick_config", "run_ranks", "running_orchestrator", "tenants"]
+__all__ = ["ListState", "ScriptedProcess", "child_environment", "eventually", "free_port", "quick_config",
+           "run_ranks", "running_orchestrator", "tenants"]
+
+T = TypeVar("T")
+
+
+def eventually(check: Callable[[], T], what: str = "condition", timeout: float = 60.0) -> T:
+    """Call ``check`` until it returns something true and return that; AssertionError naming ``what`` after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout:g} s")
+        time.sleep(0.01)
+
+
+def child_environment(runtime_dir: str | pathlib.Path) -> dict[str, str]:
+    """Environment for tenant subprocesses: this one's without its ROTA_* settings, with ``runtime_dir`` as
+    ROTA_RUNTIME_DIR (where the embedded orchestrator's socket goes) and unbuffered output."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
+    env.update(ROTA_RUNTIME_DIR=str(runtime_dir), PYTHONUNBUFFERED="1")
+    return env
+
+
+class ListState:
+    """A tenant's 'device state' as a list, parked by moving it to ``host``: an adapter without torch.
+
+    Registers itself on ``gpu``'s plugin manager (``close()`` unregisters it) and answers
+    ``rota_park``/``rota_restore``/``rota_footprint`` for that tenant only, reporting
+    ``nbytes``; with ``fail`` every park raises. ``calls`` lists the hooks it ran.
+    """
+
+    def __init__(self, gpu: Gpu, nbytes: int = 1000, fail: bool = False) -> None:
+        self.gpu, self.nbytes, self.fail = gpu, nbytes, fail
+        self.device: list[int] | None = list(range(10))
+        self.host: list[int] | None = None
+        self.calls: list[str] = []
+        gpu.pm.register(self, name=f"state-{gpu.tenant}-{id(self)}")
+
+    @rota.hookimpl
+    def rota_park(self, tenant: Gpu, plan: Any) -> rota.ParkResult | None:
+        if tenant is not self.gpu:
+            return None
+        self.calls.append("park")
+        if self.fail:
+            raise RuntimeError("device said no")
+        self.host, self.device = self.device, None
+        return rota.ParkResult(bytes_moved=self.nbytes)
+
+    @rota.hookimpl
+    def rota_restore(self, tenant: Gpu, plan: Any) -> rota.ParkResult | None:
+        if tenant is not self.gpu:
+            return None
+        self.calls.append("restore")
+        self.device, self.host = self.host, None
+        return rota.ParkResult(bytes_moved=self.nbytes)
+
+    @rota.hookimpl
+    def rota_footprint(self, tenant: Gpu) -> dict[str, int] | None:
+        return {"weights": self.nbytes} if tenant is self.gpu and self.device is not None else None
+
+    def close(self) -> None:
+        self.gpu.pm.unregister(self)
 
 
 @contextlib.contextmanager

@@ -5,16 +5,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import rota
-from tests.conftest import PYTHON
-from tests.core.test_fifo_processes import WORKER, _wait_until
+from rota.testing import eventually
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tenant_worker.py")
 
 
 def test_killed_holder_loses_group_and_waiter_is_served(orchestrator, child_env):
     endpoint, engine = orchestrator
-    victim = subprocess.Popen([PYTHON, WORKER, endpoint, "g", "victim", "1", "3600"], env=child_env,
+    victim = subprocess.Popen([sys.executable, WORKER, endpoint, "g", "victim", "1", "3600"], env=child_env,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert victim.stdout.readline().startswith("granted victim")
@@ -35,7 +37,7 @@ def test_killed_holder_loses_group_and_waiter_is_served(orchestrator, child_env)
 def test_hung_holder_loses_group_after_ttl(orchestrator, child_env):
     """SIGSTOP keeps the socket open but stops heartbeats: only the TTL can catch it."""
     endpoint, engine = orchestrator
-    victim = subprocess.Popen([PYTHON, WORKER, endpoint, "g", "frozen", "1", "3600"], env=child_env,
+    victim = subprocess.Popen([sys.executable, WORKER, endpoint, "g", "frozen", "1", "3600"], env=child_env,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert victim.stdout.readline().startswith("granted frozen")
@@ -54,12 +56,12 @@ def test_leaving_waiter_drops_out_of_queue(orchestrator, child_env):
     endpoint, engine = orchestrator
     holder = rota.connect(group="g", tenant="h", endpoint=endpoint)
     holder.acquire()
-    quitter = subprocess.Popen([PYTHON, WORKER, endpoint, "g", "quitter", "1", "0"], env=child_env,
+    quitter = subprocess.Popen([sys.executable, WORKER, endpoint, "g", "quitter", "1", "0"], env=child_env,
                                stdout=subprocess.PIPE, text=True)
-    _wait_until(lambda: engine.groups["g"].queued("quitter") is not None)
+    eventually(lambda: engine.groups["g"].queued("quitter") is not None)
     quitter.kill()
     quitter.wait(timeout=10)
-    _wait_until(lambda: engine.groups["g"].queued("quitter") is None)
+    eventually(lambda: engine.groups["g"].queued("quitter") is None)
     info = holder.release()
     assert info.snapshot_deferred  # nobody waits any more
     holder.close()

@@ -10,8 +10,6 @@ import subprocess
 import sys
 import time
 
-from tests.conftest import PYTHON
-
 TENANT = """
 import sys, time, rota
 gpu = rota.connect(group="auto", tenant=sys.argv[1])
@@ -31,7 +29,7 @@ def _orchestrator_pids(runtime: str) -> list[int]:
 
 def test_first_clients_start_exactly_one_orchestrator(child_env, tmp_path):
     runtime = child_env["ROTA_RUNTIME_DIR"]
-    procs = [subprocess.Popen([PYTHON, "-c", TENANT, f"t{i}"], env=child_env, stdout=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([sys.executable, "-c", TENANT, f"t{i}"], env=child_env, stdout=subprocess.PIPE, text=True)
              for i in range(3)]
     tokens = []
     for p in procs:

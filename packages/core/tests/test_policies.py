@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import rota
 from rota._engine import OrchestratorConfig
 from rota._plugins import plugin_manager
 from rota._state import GroupState
-from rota.policies import FairShare, Priority, TenantRecord, Waiter, available_policies, make_policy
-from rota.testing import running_orchestrator
-from tests.core.test_parking import _wait
+from rota.policies import FairShare, Policy, Priority, TenantRecord, Waiter, available_policies, make_policy
+from rota.testing import eventually, running_orchestrator
 
 
 def test_priority_serves_highest_first_then_fifo():
@@ -26,27 +26,29 @@ def test_fair_share_prefers_least_gpu_time_per_weight():
     assert FairShare().choose(q, g.tenants, 0).job_id == "heavy"  # 10/4 < 4/1
 
 
-def test_priority_policy_end_to_end():
-    with running_orchestrator(OrchestratorConfig(policy=make_policy(plugin_manager(), "priority"))) as (ep, eng):
+def _grant_order(policy: Policy, priorities: dict[str, int]) -> list[str]:
+    """Who gets the group next under ``policy`` once its holder releases: the waiters queue one after
+    another in the order of ``priorities`` (tenant -> priority) while "holder" holds the group."""
+    with running_orchestrator(OrchestratorConfig(policy=policy)) as (ep, eng):
         holder = rota.connect(group="g", tenant="holder", endpoint=ep)
-        low = rota.connect(group="g", tenant="low", endpoint=ep, priority=0)
-        high = rota.connect(group="g", tenant="high", endpoint=ep, priority=9)
+        waiters = [rota.connect(group="g", tenant=t, endpoint=ep, priority=p) for t, p in priorities.items()]
         holder.acquire()
-        import threading
-
-        order = []
-        ts = [threading.Thread(target=lambda c=c: (c.acquire(), order.append(c.tenant), c.release()))
-              for c in (low, high)]
-        ts[0].start()
-        _wait(lambda: eng.groups["g"].queued("low") is not None)
-        ts[1].start()
-        _wait(lambda: eng.groups["g"].queued("high") is not None)
+        order: list[str] = []
+        threads = [threading.Thread(target=lambda c=c: (c.acquire(), order.append(c.tenant), c.release()))
+                   for c in waiters]
+        for c, t in zip(waiters, threads, strict=True):
+            t.start()
+            eventually(lambda c=c: eng.groups["g"].queued(c.tenant) is not None, f"{c.tenant} queued")
         holder.release()
-        for t in ts:
+        for t in threads:
             t.join(20)
-        assert order == ["high", "low"]
-        for c in (holder, low, high):
+        for c in (holder, *waiters):
             c.close()
+    return order
+
+
+def test_priority_policy_end_to_end():
+    assert _grant_order(make_policy(plugin_manager(), "priority"), {"low": 0, "high": 9}) == ["high", "low"]
 
 
 def test_max_turn_asks_the_holder_to_yield_only_when_others_wait():
@@ -58,11 +60,9 @@ def test_max_turn_asks_the_holder_to_yield_only_when_others_wait():
         time.sleep(0.5)
         assert not holder.should_yield  # nobody waits: no reason to yield
         other = rota.connect(group="g", tenant="other", endpoint=ep)
-        import threading
-
         t = threading.Thread(target=other.acquire)
         t.start()
-        _wait(lambda: holder.should_yield)
+        eventually(lambda: holder.should_yield)
         holder.release()
         t.join(20)
         assert eng.groups["g"].holder == "other"
@@ -97,7 +97,7 @@ def test_resident_first_serves_residents_and_holds_a_parked_job_back_until_due()
 def test_resident_first_end_to_end_grants_the_parked_job_once_due():
     """Two jobs fit, a third does not: the parked one waits while residents take turns, then gets in."""
     from rota.policies import Fifo, ResidentFirst
-    from tests.core.test_parking import ListState
+    from rota.testing import ListState
 
     config = OrchestratorConfig(capacity_bytes=2000, policy=ResidentFirst(Fifo(), patience_s=1.0))
     with running_orchestrator(config) as (ep, eng):
@@ -108,8 +108,6 @@ def test_resident_first_end_to_end_grants_the_parked_job_once_due():
                 pass
         assert eng.groups["g"].tenants["a"].state == "parked"
         t0 = time.monotonic()
-        import threading
-
         got = []
         waiter = threading.Thread(target=lambda: (gpus["a"].acquire(), got.append(time.monotonic()),
                                                   gpus["a"].release()))
@@ -156,8 +154,6 @@ def test_resident_first_lets_a_parked_job_displace_only_lower_priority_residents
 
 def test_a_plugin_policy_typed_on_the_public_types_is_available_and_decides_the_grant():
     """A policy plugin as a third party writes it: rota.policies' Waiter/TenantRecord, rota_register_policies."""
-    import threading
-
     from rota._plugins import new_plugin_manager
 
     class Newest:
@@ -174,18 +170,4 @@ def test_a_plugin_policy_typed_on_the_public_types_is_available_and_decides_the_
     pm = new_plugin_manager(load_entry_points=False)
     pm.register(NewestPlugin())
     assert sorted(available_policies(pm)) == ["fair", "fifo", "newest", "priority"]
-    with running_orchestrator(OrchestratorConfig(policy=make_policy(pm, "newest"))) as (ep, eng):
-        holder, first, second = (rota.connect(group="g", tenant=t, endpoint=ep) for t in ("holder", "first", "second"))
-        holder.acquire()
-        order: list[str] = []
-        threads = [threading.Thread(target=lambda c=c: (c.acquire(), order.append(c.tenant), c.release()))
-                   for c in (first, second)]
-        for c, t in zip((first, second), threads, strict=True):
-            t.start()
-            _wait(lambda c=c: eng.groups["g"].queued(c.tenant) is not None)
-        holder.release()
-        for t in threads:
-            t.join(20)
-        assert order == ["second", "first"]
-        for c in (holder, first, second):
-            c.close()
+    assert _grant_order(make_policy(pm, "newest"), {"first": 0, "second": 0}) == ["second", "first"]

@@ -4,7 +4,6 @@ rota_slurm's epilog and rota_k8s's controller call them."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -12,17 +11,9 @@ from rota import auth
 from rota.admin import EvictResult, evict, fetch_status
 from rota.errors import NotFound, PermanentError, TransientError, Unauthenticated, Unavailable
 from rota.orchestrator import OrchestratorConfig
-from rota.testing import free_port, running_orchestrator, tenants
+from rota.testing import eventually, free_port, running_orchestrator, tenants
 
 KEY = b"a" * 32
-
-
-def _until(check, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def test_evict_drops_a_waiter_ends_a_turn_and_is_idempotent(orchestrator):
@@ -32,10 +23,10 @@ def test_evict_drops_a_waiter_ends_a_turn_and_is_idempotent(orchestrator):
         holder.acquire()
         waiting = threading.Thread(target=waiter.acquire, daemon=True)
         waiting.start()
-        _until(lambda: list(fetch_status(endpoint, "g").groups[0].queue) == ["waiter"], "the waiter to queue")
+        eventually(lambda: list(fetch_status(endpoint, "g").groups[0].queue) == ["waiter"], "the waiter to queue")
         assert evict(endpoint, "waiter", "g", reason="test") == EvictResult(was_holder=False, was_queued=True)
         # the waiter's client acquires again (its place was lost, as asked); the holder's eviction hands it the turn
-        _until(lambda: list(fetch_status(endpoint, "g").groups[0].queue) == ["waiter"], "the waiter to queue again")
+        eventually(lambda: list(fetch_status(endpoint, "g").groups[0].queue) == ["waiter"], "the waiter to queue again")
         assert evict(endpoint, "holder", "g", reason="test") == EvictResult(was_holder=True, was_queued=False)
         waiting.join(30)
         assert fetch_status(endpoint, "g").groups[0].holder == "waiter"

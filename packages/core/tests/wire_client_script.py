@@ -1,7 +1,7 @@
 """A v1alpha1 client that imports only stubs compiled from WIRE.md's proto — no rota.
 
 Run by test_wire_client.py in its own interpreter (the stubs' descriptors would clash
-with rota's in one process). Usage: wire_client_script.py STUB_DIR ENDPOINT
+with rota's in one process), with the stubs' folder on PYTHONPATH. Usage: wire_client_script.py ENDPOINT
 Exits 0 and prints OK when every expectation held.
 """
 
@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, sys.argv[1])
 import grpc
 import timeslice_orchestrator_pb2 as pb2
 import timeslice_orchestrator_pb2_grpc as grpc_mod
@@ -52,4 +51,4 @@ def main(endpoint: str) -> None:
     print("OK")
 
 
-main(sys.argv[2])
+main(sys.argv[1])

@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -20,7 +21,6 @@ import pytest
 import rota
 from rota._engine import OrchestratorConfig
 from rota.testing import running_orchestrator
-from tests.conftest import PYTHON
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_worker.py")
 TTL_S = 3.0
@@ -35,7 +35,7 @@ def served():
 @contextlib.contextmanager
 def _job_of_two(endpoint: str, env: dict[str, str], mode: str, ready: str = "") -> Iterator[list[subprocess.Popen]]:
     """Both ranks of job2 running ``mode``; once each printed ``ready`` (if given), yield them; kill them after."""
-    ranks = [subprocess.Popen([PYTHON, WORKER, endpoint, "g", "job2", str(r), "2", mode], env=env,
+    ranks = [subprocess.Popen([sys.executable, WORKER, endpoint, "g", "job2", str(r), "2", mode], env=env,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for r in range(2)]
     try:
         for p in ranks if ready else ():

@@ -3,11 +3,13 @@ committed stubs equal a fresh generation with the pinned grpcio-tools."""
 
 from __future__ import annotations
 
+import pathlib
 import subprocess
 import sys
 
 from rota._generated import rota_v1_pb2, snapshot_agent_pb2, timeslice_orchestrator_pb2
-from tests.conftest import ROOT
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]  # the repository (this file is in packages/core/tests)
 
 
 def test_full_service_names():

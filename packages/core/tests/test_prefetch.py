@@ -15,7 +15,6 @@ import json
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -23,7 +22,7 @@ from click.testing import CliRunner
 
 from rota._engine import Orchestrator, OrchestratorConfig
 from rota.errors import InvalidArgument
-from rota.testing import ScriptedProcess, running_orchestrator
+from rota.testing import ScriptedProcess, eventually, running_orchestrator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 U = 64 << 10  # bytes per footprint unit
@@ -88,13 +87,6 @@ def _tenant_env(tmp_path) -> dict[str, str]:
     return env
 
 
-def _wait(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"gave up waiting for: {what}"
-        time.sleep(0.01)
-
-
 def _bring_up_a_holds_b_parked(engine: Orchestrator, start: Callable[..., Tenant], *b_args: str
                                ) -> tuple[Tenant, Tenant, Tenant]:
     """b ran and was parked for c (whole device); a's grant parked c; a holds now."""
@@ -120,7 +112,7 @@ def _b_prefetch_blocked(engine: Orchestrator, start: Callable[..., Tenant], gate
     """As _a_holds_b_parked; then b queues, and its prefetch restore is under way, held until ``gate`` exists."""
     a, b, c = _a_holds_b_parked(engine, start, "--block-on-restore", gate)
     b.send("acquire")
-    _wait(lambda: os.path.exists(gate + ".started"), "b's prefetch under way")
+    eventually(lambda: os.path.exists(gate + ".started"), "b's prefetch under way")
     return a, b, c
 
 
@@ -129,7 +121,7 @@ def test_next_waiter_is_restored_while_the_holder_runs(cluster):
     a, b, _ = _a_holds_b_parked(engine, start)
     g = engine.groups["g"]
     b.send("acquire")  # queues behind a; b (1 U) fits beside a (2 U): restored now, not at its grant
-    _wait(lambda: g.tenants["b"].state == "resident", "b restored ahead of its grant")
+    eventually(lambda: g.tenants["b"].state == "resident", "b restored ahead of its grant")
     assert g.holder == "a" and g.tenants["a"].state == "holding"  # a never stopped holding
     assert g.residents == ["a", "b"] and g.tenants["c"].state == "parked"
     assert b.lines.empty(), "b was granted while a still held the group"
@@ -157,7 +149,7 @@ def test_no_prefetch_when_the_waiter_does_not_fit(cluster):
     g = engine.groups["g"]
     assert g.tenants["b"].state == "parked"
     b.send("acquire")
-    _wait(lambda: g.queued("b") is not None, "b queued")
+    eventually(lambda: g.queued("b") is not None, "b queued")
     assert g.tenants["b"].state == "parked" and g.residents == ["a"]
     a.ask("release")
     got = b.read()
@@ -173,9 +165,9 @@ def test_waiter_that_dies_during_its_prefetch_does_not_stall_the_group(cluster, 
     a, b, c = _b_prefetch_blocked(engine, start, str(tmp_path / "never"))
     g = engine.groups["g"]
     c.send("acquire")
-    _wait(lambda: g.queued("c") is not None, "c queued")
+    eventually(lambda: g.queued("c") is not None, "c queued")
     b.proc.kill()  # mid-restore
-    _wait(lambda: g.tenants["b"].state == "lost", "b's death noticed")
+    eventually(lambda: g.tenants["b"].state == "lost", "b's death noticed")
     a.ask("release")
     got = c.read()  # the group moves on to c: no wait for b's restore or the park timeout
     assert got["restored"] is True and got["on_device"] is True
@@ -193,10 +185,10 @@ def test_waiter_evicted_during_its_prefetch(cluster, tmp_path):
     a, b, _ = _b_prefetch_blocked(engine, start, gate)
     g = engine.groups["g"]
     _evict(endpoint, "b")
-    _wait(lambda: g.tenants["b"].state == "waiting", "b queued again by its client")
+    eventually(lambda: g.tenants["b"].state == "waiting", "b queued again by its client")
     assert g.holder == "a" and "b" not in g.residents
     open(gate, "w").close()  # let b's restore finish
-    _wait(lambda: g.tenants["b"].state == "resident", "b's finished restore recorded")
+    eventually(lambda: g.tenants["b"].state == "resident", "b's finished restore recorded")
     assert g.holder == "a" and g.prefetched == ["b"]
     a.ask("release")
     got = b.read()
@@ -239,7 +231,7 @@ def test_session_tenant_is_restored_ahead_of_its_grant(sessions):
     a, b = _session_a_holds_b_parked(engine, start)
     g = engine.groups["g"]
     b.send("acquire")  # queues behind a; b (1 U) fits beside a (2 U)
-    _wait(lambda: g.tenants["b"].state == "resident", "b restored ahead of its grant")
+    eventually(lambda: g.tenants["b"].state == "resident", "b restored ahead of its grant")
     assert g.holder == "a" and g.tenants["a"].state == "holding" and g.residents == ["a", "b"]
     assert b.lines.empty(), "b was granted while a still held the group"
     a.ask("release")
@@ -276,7 +268,7 @@ def test_prefetch_parks_an_idle_resident_to_make_room(sessions):
     g = engine.groups["g"]
     assert g.holder == "a" and g.residents == ["b", "a"] and g.tenants["c"].state == "parked"
     c.send("acquire")
-    _wait(lambda: g.tenants["c"].state == "resident", "c restored ahead of its grant")
+    eventually(lambda: g.tenants["c"].state == "resident", "c restored ahead of its grant")
     assert g.holder == "a" and g.tenants["b"].state == "parked" and g.residents == ["a", "c"]
     assert c.lines.empty(), "c was granted while a still held the group"
     a.ask("release")
@@ -302,9 +294,9 @@ def test_prefetch_never_parks_a_job_that_waits_for_a_turn(sessions):
     a.ask("acquire")
     g = engine.groups["g"]
     b.send("acquire")
-    _wait(lambda: g.queued("b") is not None, "b queued")
+    eventually(lambda: g.queued("b") is not None, "b queued")
     c.send("acquire")
-    _wait(lambda: g.queued("c") is not None, "c queued")
+    eventually(lambda: g.queued("c") is not None, "c queued")
     assert g.residents == ["b", "a"] and g.tenants["c"].state == "parked" and not g.prefetched
     a.ask("release")
     assert b.read()["restored"] is False
@@ -320,7 +312,7 @@ def test_session_prefetch_that_fails_leaves_the_state_parked(sessions):
     a, b = _session_a_holds_b_parked(engine, start, "--fail-restores", "1")
     g = engine.groups["g"]
     b.send("acquire")
-    _wait(lambda: g.prefetch_failures == 1, "b's prefetch reported failed")
+    eventually(lambda: g.prefetch_failures == 1, "b's prefetch reported failed")
     assert g.tenants["b"].state == "parked" and g.queued("b") is not None and g.residents == ["a"]
     assert g.holder == "a" and b.lines.empty() and not g.tenants["b"].fault  # b waits in acquire, still parked
     a.ask("release")
@@ -410,7 +402,7 @@ def test_old_session_client_is_never_sent_a_restore(sessions):
         got: dict[str, object] = {}
         waiter = threading.Thread(target=lambda: got.update(grant=b.acquire()))
         waiter.start()
-        _wait(lambda: g["g"].queued("b") is not None, "b queued")
+        eventually(lambda: g["g"].queued("b") is not None, "b queued")
         assert g["g"].tenants["b"].state == "parked" and g["g"].residents == ["a"]
         a.ask("release")
         waiter.join(60)
@@ -454,7 +446,7 @@ def test_client_restore_ahead_of_grant_is_not_repeated_at_the_grant(orchestrator
     runs the same restore as a grant does, in a background thread; the grant that follows
     finds nothing parked. Called directly here; the session tests above send it over rota.v1."""
     import rota
-    from tests.core.test_parking import ListState
+    from rota.testing import ListState
 
     endpoint, _ = orchestrator
     a = rota.connect(group="pf", tenant="a", endpoint=endpoint)

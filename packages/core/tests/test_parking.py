@@ -14,43 +14,7 @@ import pytest
 
 import rota
 from rota._engine import OrchestratorConfig
-from rota.testing import running_orchestrator
-
-
-class ListState:
-    """A tenant's 'device state': parked means moved into ``host``."""
-
-    def __init__(self, gpu: rota.Gpu, nbytes: int = 1000, fail: bool = False) -> None:
-        self.gpu, self.nbytes, self.fail = gpu, nbytes, fail
-        self.device: list[int] | None = list(range(10))
-        self.host: list[int] | None = None
-        self.calls: list[str] = []
-        gpu.pm.register(self, name=f"state-{gpu.tenant}-{id(self)}")
-
-    @rota.hookimpl
-    def rota_park(self, tenant, plan):
-        if tenant is not self.gpu:
-            return None
-        self.calls.append("park")
-        if self.fail:
-            raise RuntimeError("device said no")
-        self.host, self.device = self.device, None
-        return rota.ParkResult(bytes_moved=self.nbytes)
-
-    @rota.hookimpl
-    def rota_restore(self, tenant, plan):
-        if tenant is not self.gpu:
-            return None
-        self.calls.append("restore")
-        self.device, self.host = self.host, None
-        return rota.ParkResult(bytes_moved=self.nbytes)
-
-    @rota.hookimpl
-    def rota_footprint(self, tenant):
-        return {"weights": self.nbytes} if tenant is self.gpu and self.device is not None else None
-
-    def close(self) -> None:
-        self.gpu.pm.unregister(self)
+from rota.testing import ListState, eventually, running_orchestrator
 
 
 @pytest.fixture
@@ -143,7 +107,7 @@ def test_work_after_a_turn_runs_with_the_state_on_the_device_and_the_next_park_w
     with a.turn(after=copy_out):
         waiter = threading.Thread(target=lambda: (b.acquire(), granted.append(time.monotonic())))
         waiter.start()
-        _wait(lambda: engine.groups["g"].queued("b") is not None)
+        eventually(lambda: engine.groups["g"].queued("b") is not None)
     waiter.join(timeout=10)
     assert seen["state"] == list(range(10))  # still on the device while it was copied
     assert sa.calls == ["park"] and granted and granted[0] >= seen["end"]  # parked only after the copy
@@ -180,14 +144,14 @@ def test_failing_park_of_a_waiting_resident_does_not_strand_its_acquire(orchestr
     got: list[str] = []
     tc = threading.Thread(target=lambda: got.append(c.acquire().job_id))
     tc.start()
-    _wait(lambda: g.queued("c") is not None)
+    eventually(lambda: g.queued("c") is not None)
     tb = threading.Thread(target=lambda: got.append(b.acquire().job_id))
     tb.start()
-    _wait(lambda: g.queued("b") is not None)
+    eventually(lambda: g.queued("b") is not None)
     a.release()
     tc.join(20)
     assert got == ["c"] and sb.calls == ["park"]  # b's park failed; c holds anyway
-    _wait(lambda: g.tenants["b"].fault != "" and g.queued("b") is not None)  # faulted, then queued again
+    eventually(lambda: g.tenants["b"].fault != "" and g.queued("b") is not None)  # faulted, then queued again
     assert "device said no" in g.tenants["b"].fault
     c.release()
     tb.join(20)
@@ -204,22 +168,13 @@ def test_waiting_resident_is_parked_while_it_waits(two_tenants):
     b_granted = threading.Event()
     t = threading.Thread(target=lambda: (b.acquire(), b_granted.set()))
     t.start()
-    _wait(lambda: engine.groups["g"].queued("b") is not None)
+    eventually(lambda: engine.groups["g"].queued("b") is not None)
     a.release()
     t.join(20)
     assert b_granted.is_set() and sa.calls == ["park"]
     b.release()
     assert a.acquire().context_restored
     a.release()
-
-
-def _wait(cond, timeout=20.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
 
 
 def test_resident_that_dies_during_its_park_does_not_stall_the_group(orchestrator, child_env):
@@ -313,7 +268,7 @@ def test_status_shows_host_memory_residue_and_fault(orchestrator, monkeypatch):
     a.acquire()
     a.release()
     b.acquire()  # parks a
-    _wait(lambda: engine.groups["mem"].tenants["a"].host_bytes == 4096)
+    eventually(lambda: engine.groups["mem"].tenants["a"].host_bytes == 4096)
     b.release()
     a.acquire()  # parks b, whose park fails: b is FAULTED with the cause
     a.release()

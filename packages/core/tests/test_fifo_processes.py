@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
+import sys
 
 import rota
-from tests.conftest import PYTHON
+from rota.testing import eventually
 
 WORKER = os.path.join(os.path.dirname(__file__), "tenant_worker.py")
 
@@ -18,9 +18,9 @@ def test_three_processes_served_in_arrival_order(orchestrator, child_env):
     holder.acquire()  # hold the group so the three children queue behind it
     procs = []
     for name in ("first", "second", "third"):
-        procs.append(subprocess.Popen([PYTHON, WORKER, endpoint, "g", name, "1", "0.05"], env=child_env,
+        procs.append(subprocess.Popen([sys.executable, WORKER, endpoint, "g", name, "1", "0.05"], env=child_env,
                                       stdout=subprocess.PIPE, text=True))
-        _wait_until(lambda n=name: n in [w.job_id for w in engine.groups["g"].queue])
+        eventually(lambda n=name: n in [w.job_id for w in engine.groups["g"].queue])
     holder.release()
     lines = []
     for p in procs:
@@ -36,10 +36,3 @@ def test_three_processes_served_in_arrival_order(orchestrator, child_env):
     spans = [(t, ev) for t, ev, _, _ in events]
     assert [ev for _, ev in spans] == ["granted", "released"] * 3
     holder.close()
-
-
-def _wait_until(cond, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
