@@ -32,7 +32,7 @@ tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 from tinker.proto.request_conv import forward_backward_request_to_proto  # noqa: E402
 
-from rota.cli.status import fetch_status  # noqa: E402
+from rota.admin import fetch_status  # noqa: E402
 from rota_tinker import ServiceConfig, Tenant, TinkerService  # noqa: E402
 from rota_tinker.testing import serving_process  # noqa: E402
 

@@ -40,7 +40,7 @@ that do exist, in the one order they may nest (outer first):
    taken on the loop.
 3. tenant side, on the WorkloadClient thread of a process (``rota_agent.client``):
    the client's state lock (core, by ``gpu.park`` / ``gpu.restore``)
-   then the adapters' own locks (e.g. ``TensorParker._lock``) inside the hooks, the
+   then the adapters' own locks (e.g. ``TensorParker.lock``) inside the hooks, the
    same order as core's ``acquire``. The client holds no lock while it talks to the agent.
 
 No asyncio.Lock is used. A closing WorkloadChannel fails its pending commands at

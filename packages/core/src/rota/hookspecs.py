@@ -119,8 +119,10 @@ def rota_park(tenant: Gpu, plan: ParkPlan) -> ParkResult | None:
 
     Called by :class:`rota.Gpu` in the tenant process when the orchestrator sends a park
     command (it needs the device for another job), or through :meth:`rota.Gpu.park` (a node
-    agent), never while the tenant holds its turn. Implemented by the trainer adapters' tracked state (rota_fsdp,
-    rota_megatron) and by rota_vllm and rota_sglang; each parks its own part of ``tenant``.
+    agent), never while the tenant holds its turn. Implemented by ``rota_torch.Tracked`` (the tracked
+    state of rota_fsdp, rota_megatron and any trainer adapter built on it), by rota_vllm's in-process
+    engine and rota_sglang's, and by rota_serving's ``EndpointParker`` (served engines); each parks its
+    own part of ``tenant``.
 
     :param tenant: the client whose state is parked; adapters ignore other tenants.
     :param plan: tags and mode (offload or discard).
@@ -248,8 +250,8 @@ def rota_job_aborted(tenant: Gpu, reason: str) -> None:
 def rota_turn_ended(tenant: Gpu, grant: Grant, seconds: float) -> None:
     """A turn ended: the tenant released the group.
 
-    Called by :meth:`rota.Gpu.release`; implemented by the trainer adapters' tracked state
-    (rota_fsdp, rota_megatron), which trims the device cache after each turn.
+    Called by :meth:`rota.Gpu.release`; implemented by ``rota_torch.Tracked`` (the trainer
+    adapters' tracked state), which trims the device cache after each turn.
 
     :param tenant: the client that held the group.
     :param grant: the grant that ended.
