@@ -6,13 +6,11 @@ Every test here needs megatron-core (the adapter's own dependency, installed by
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
 import pytest
 import torch
 
-import rota
-from rota.testing import quick_config, running_orchestrator, tenants
+from rota.fixtures import endpoint  # noqa: F401
+from rota_torch.fixtures import connect  # noqa: F401
 
 torch.set_num_threads(1)
 
@@ -20,19 +18,3 @@ try:
     import rota_megatron  # noqa: F401  (checks the megatron-core version)
 except ImportError as exc:  # MegatronVersionError included
     pytest.skip(f"rota_megatron cannot load: {exc}", allow_module_level=True)
-
-
-@pytest.fixture
-def endpoint() -> Iterator[str]:
-    """A fresh embedded orchestrator served over real gRPC on a loopback port."""
-    with running_orchestrator(quick_config()) as (ep, _engine):
-        yield ep
-
-
-@pytest.fixture
-def connect(endpoint: str) -> Iterator[Callable[..., rota.Gpu]]:
-    """``connect(tenant, group="g")`` -> a Gpu on the test orchestrator; untracked and closed after the test."""
-    from rota_torch.testing import untrack_models_of
-
-    with tenants(endpoint, before_close=untrack_models_of) as connect:
-        yield connect
