@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 
+from rota.compat import installed
+
 __all__ = ["IMAGE_NAME", "default_image", "image_problem"]
 
 IMAGE_NAME = "rota"
@@ -61,9 +63,5 @@ def image_problem(ref: object) -> str | None:
 
 def default_image() -> str:
     """The tag ``rota k8s image`` builds the repository's Dockerfile as: ``rota:`` and this package's version."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return f"{IMAGE_NAME}:{version('rota-scheduler-k8s')}"
-    except PackageNotFoundError:
-        return f"{IMAGE_NAME}:0.1.0"
+    found = installed("rota-scheduler-k8s")
+    return f"{IMAGE_NAME}:{found[1] if found else '0.1.0'}"

@@ -6,46 +6,7 @@ problems are collected, and one :class:`ValuesError` names each bad key, so noth
 is printed for ``kubectl apply`` until the whole set is valid. Unknown keys in the
 file are errors too: a typo must not silently fall back to a default.
 
-The YAML shape (every key optional)::
-
-    namespace: rota-system
-    image: rota:0.1.0        # what `rota k8s image` builds from the repository's Dockerfile (push it, then name it)
-    imagePullPolicy: IfNotPresent
-    logLevel: info
-    metricsPort: 9464        # /metrics of the orchestrator and the agent (0: none)
-    metricsNamespaces: []    # namespaces whose pods may scrape it (NetworkPolicy), e.g. [monitoring]
-    priorityClass:
-      name: rota-critical    # given to etcd, the orchestrator and the agent ("" = none)
-      value: 1000000
-      create: true           # false: the class exists already (e.g. system-node-critical)
-    tenantNamespaces: [default]  # namespaces whose pods may use rota (RBAC, NetworkPolicy, tokens)
-    auth:
-      secretName: rota-auth  # Secret (key "key") holding the auth key, in both rota namespaces
-      tokenTtl: 30d          # lifetime of each job's token (ROTA_TOKEN is read when the pod starts)
-    etcd:
-      endpoints: []          # non-empty: use this etcd (https:// only), render no StatefulSet
-      replicas: 3
-      image: registry.k8s.io/etcd:3.5.21-0
-      storage: 1Gi
-      memoryLimit: 2Gi
-      storageClassName: ""
-      serverSecret: rota-etcd-server  # tls.crt/tls.key/ca.crt of the members (client and peer TLS)
-      clientSecret: rota-etcd-client  # tls.crt/tls.key/ca.crt the orchestrator presents to etcd
-    orchestrator:
-      replicas: 2
-      policy: fifo           # fifo | priority | fair | a plugin's policy
-      ttl: 10                # seconds without heartbeat before a tenant loses its turn
-      parkTimeout: 120       # seconds a park may take before the job is FAULTED
-      maxTurn: 0             # seconds a holder may keep a group while others wait (0 = no limit)
-      memoryLimit: 1Gi
-    agent:
-      namespace: ""          # default: <namespace>-agent (Pod Security "privileged": hostPID, SYS_PTRACE)
-      port: 9001
-      nodeSelector: {nvidia.com/gpu.present: "true"}
-      gpuAccess: dra         # dra: a DRA admin-access claim on all of the node's GPUs (Kubernetes 1.34+,
-                             # NVIDIA DRA driver); runtimeClass: NVIDIA_VISIBLE_DEVICES=all under runtimeClassName
-      runtimeClassName: ""   # e.g. nvidia (the NVIDIA container toolkit's RuntimeClass); needed for runtimeClass
-      memoryLimit: 1Gi
+The keys, their defaults and what each is for: README, 'Values file'.
 """
 
 from __future__ import annotations

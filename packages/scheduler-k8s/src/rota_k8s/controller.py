@@ -16,26 +16,14 @@ as ROTA_TOKEN. The Secret is owned by the pod's Job (or the pod), so Kubernetes 
 it if the controller does not; the controller deletes it when the job is gone. It never
 reads a Secret: RBAC gives it create, update and delete only.
 
-When a pod counts as dead (:func:`dead_reason`):
-
-* it was deleted (DELETED event: kubelet confirmed its containers stopped, or it was
-  force-deleted);
-* its phase is Failed or Succeeded (kubelet eviction sets Failed/Evicted);
-* its node is lost: phase Unknown, reason NodeLost, or the taint manager deleting it
-  (condition DisruptionTarget/DeletionByTaintManager) — kubelet can never confirm
-  those, so waiting for DELETED could hold the group forever.
-
-A pod that is merely terminating gracefully is still alive: its process may still
-be using the GPU, and releasing its turn early would let two tenants run at once.
-A job with several pods (ranks) is evicted when none of them is alive; losing one
-rank is left to the orchestrator's session TTL. Eviction calls
-``rota.v1.RotaService/Evict`` with an admin token made from the same key.
-
-Eviction is idempotent (a second Evict of the same job answers was_holder=False), so
-every orchestrator replica may run a controller. Evictions and Secret writes that fail
-for a reason that may pass are retried until they succeed or no longer apply. After a
-watch gap (410 Gone, broken connection) the controller lists again and treats jobs
-that vanished meanwhile as deleted.
+Which pods count as dead is :func:`dead_reason`'s rule (README, 'The controller'): a
+pod that is merely terminating gracefully is still alive, since its process may still
+be using the GPU. A job with several pods (ranks) is evicted when none of them is
+alive; losing one rank is left to the orchestrator's session TTL. Evict is
+idempotent, so every orchestrator replica may run a controller; evictions and Secret
+writes that fail for a reason that may pass are retried, and after a watch gap (410
+Gone, broken connection) the controller lists again and treats jobs that vanished
+meanwhile as deleted.
 
 Environment: the client configuration comes from the in-cluster service account,
 else ``KUBECONFIG`` / ``~/.kube/config``.
@@ -84,7 +72,12 @@ def _eviction(key: JobKey, reason: str) -> Eviction:
 
 
 def dead_reason(pod: Pod) -> str | None:
-    """Why this pod (an API object as a dict) no longer runs its tenant, or None if it may."""
+    """Why this pod (an API object as a dict) no longer runs its tenant, or None if it may.
+
+    Dead: phase Failed or Succeeded (kubelet eviction sets Failed/Evicted), or its node
+    lost (phase Unknown, reason NodeLost, or deletion by the taint manager), which the
+    kubelet can never confirm. A DELETED watch event is dead too (:class:`PodTracker`).
+    """
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     name = f"{meta.get('namespace', '')}/{meta.get('name', '?')}"

@@ -98,14 +98,15 @@ def _meta(name: str, component: str, namespace: str | None = None) -> Obj:
     return meta
 
 
+def _probes(ready: Obj, live: Obj, initial: int) -> Obj:
+    return {"readinessProbe": {**ready, "initialDelaySeconds": initial, "periodSeconds": 5, "failureThreshold": 3},
+            "livenessProbe": {**live, "initialDelaySeconds": initial + 10, "periodSeconds": 10,
+                              "failureThreshold": 6}}
+
+
 def _grpc_probes(port: int, *, initial: int = 5, ready_service: str = "") -> Obj:
     ready = {"port": port, "service": ready_service} if ready_service else {"port": port}
-    return {
-        "readinessProbe": {"grpc": ready, "initialDelaySeconds": initial, "periodSeconds": 5,
-                           "failureThreshold": 3},
-        "livenessProbe": {"grpc": {"port": port}, "initialDelaySeconds": initial + 10, "periodSeconds": 10,
-                          "failureThreshold": 6},
-    }
+    return _probes({"grpc": ready}, {"grpc": {"port": port}}, initial)
 
 
 _RESTRICTED = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "allowPrivilegeEscalation": False,
@@ -114,12 +115,7 @@ _RESTRICTED = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "a
 
 
 def _http_probes(port: int, *, ready: str, live: str, initial: int = 5) -> Obj:
-    return {
-        "readinessProbe": {"httpGet": {"port": port, "path": ready}, "initialDelaySeconds": initial,
-                           "periodSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {"httpGet": {"port": port, "path": live}, "initialDelaySeconds": initial + 10,
-                          "periodSeconds": 10, "failureThreshold": 6},
-    }
+    return _probes({"httpGet": {"port": port, "path": ready}}, {"httpGet": {"port": port, "path": live}}, initial)
 
 
 def _resources(cpu: str, memory: str, memory_limit: str) -> Obj:
@@ -602,51 +598,47 @@ class TenantSpec:
         """Raise InvalidArgument naming the first bad field."""
         check_id("group", self.group_id, job_id=self.job_id, group_id=self.group_id)
         check_id("job id", self.job_id, job_id=self.job_id, group_id=self.group_id)
+        problem = self._problem()
+        if problem:
+            raise InvalidArgument(problem, job_id=self.job_id, group_id=self.group_id)
+
+    def _problem(self) -> str | None:
         for kind, value in (("group", self.group_id), ("job id", self.job_id)):
             problem = label_value_problem(kind, value)
             if problem:
-                raise InvalidArgument(problem, job_id=self.job_id, group_id=self.group_id)
+                return problem
         if not isinstance(self.namespace, str) or not dns_label_ok(self.namespace):
-            raise InvalidArgument(f"namespace {self.namespace!r} is not a DNS-1123 label (lowercase letters, "
-                                  "digits, '-', at most 63)", job_id=self.job_id, group_id=self.group_id)
+            return (f"namespace {self.namespace!r} is not a DNS-1123 label (lowercase letters, digits, '-', at "
+                    "most 63)")
         if self.kind not in ("Job", "Pod"):
-            raise InvalidArgument(f"kind {self.kind!r}: choose Job or Pod", job_id=self.job_id,
-                                  group_id=self.group_id)
+            return f"kind {self.kind!r}: choose Job or Pod"
         if self.kind == "Pod" and self.world_size != 1:
-            raise InvalidArgument(f"a Pod runs one rank; world size {self.world_size} needs kind Job",
-                                  job_id=self.job_id, group_id=self.group_id)
+            return f"a Pod runs one rank; world size {self.world_size} needs kind Job"
         if not 1 <= self.world_size <= 1024:
-            raise InvalidArgument(f"world size {self.world_size} must be between 1 and 1024",
-                                  job_id=self.job_id, group_id=self.group_id)
+            return f"world size {self.world_size} must be between 1 and 1024"
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or not 1 <= self.gpus <= MAX_GPUS:
-            raise InvalidArgument(f"gpus {self.gpus!r} is out of range: a group's claim asks for 1 to {MAX_GPUS} "
-                                  f"GPUs of one node; give --gpus N with N from 1 to {MAX_GPUS}",
-                                  job_id=self.job_id, group_id=self.group_id)
+            return (f"gpus {self.gpus!r} is out of range: a group's claim asks for 1 to {MAX_GPUS} GPUs of one "
+                    f"node; give --gpus N with N from 1 to {MAX_GPUS}")
         if self.gpus > 1 and self.world_size > 1:
-            raise InvalidArgument(
-                f"{self.world_size} ranks (pods) with {self.gpus} GPUs: the group's GPUs are one node's and every pod "
-                f"of the job would see all of them; run one pod (--ranks 1) that starts one process per GPU, e.g. "
-                f"`torchrun --nproc-per-node {self.gpus} ...`", job_id=self.job_id, group_id=self.group_id)
+            return (f"{self.world_size} ranks (pods) with {self.gpus} GPUs: the group's GPUs are one node's and every "
+                    f"pod of the job would see all of them; run one pod (--ranks 1) that starts one process per GPU, "
+                    f"e.g. `torchrun --nproc-per-node {self.gpus} ...`")
         if isinstance(self.run_as_user, bool) or not isinstance(self.run_as_user, int) \
                 or not 1 <= self.run_as_user <= 2**31 - 1:
-            raise InvalidArgument(f"run as user {self.run_as_user!r}: give a uid from 1 to {2**31 - 1}; tenant pods "
-                                  "never run as root (Pod Security 'restricted')", job_id=self.job_id,
-                                  group_id=self.group_id)
+            return (f"run as user {self.run_as_user!r}: give a uid from 1 to {2**31 - 1}; tenant pods never run as "
+                    "root (Pod Security 'restricted')")
         if not self.command:
-            raise InvalidArgument("no command given: put it after '--'", job_id=self.job_id,
-                                  group_id=self.group_id)
+            return "no command given: put it after '--'"
         problem = image_problem(self.image)
         if problem:
-            raise InvalidArgument(f"image {self.image!r} is not a container image reference: it {problem}",
-                                  job_id=self.job_id, group_id=self.group_id)
+            return f"image {self.image!r} is not a container image reference: it {problem}"
         for k in self.env:
             if self.gpus > 1 and k in ("ROTA_WORLD_SIZE", "ROTA_RANK"):
-                raise InvalidArgument(f"env {k!r} would be the same for every process of the pod; with {self.gpus} "
-                                      "GPUs the ranks come from torch.distributed", job_id=self.job_id,
-                                      group_id=self.group_id)
+                return (f"env {k!r} would be the same for every process of the pod; with {self.gpus} GPUs the ranks "
+                        "come from torch.distributed")
             if not k or (k.startswith("ROTA_") and k in _ROTA_ENV):
-                raise InvalidArgument(f"env {k!r} is set by rota itself", job_id=self.job_id,
-                                      group_id=self.group_id)
+                return f"env {k!r} is set by rota itself"
+        return None
 
 
 _ROTA_ENV = ("ROTA_GROUP", "ROTA_TENANT", "ROTA_ORCHESTRATOR", "ROTA_WORLD_SIZE", "ROTA_RANK", "ROTA_AGENT",
