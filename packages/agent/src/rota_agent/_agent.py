@@ -4,29 +4,13 @@ One agent runs per node (``rota agent serve``). Tenant processes register over
 ``WorkloadChannel``; the orchestrator (or any v1alpha1 client) calls ``Snapshot`` /
 ``Restore``, which validate the request and the backend config *inside the RPC*
 (bad input never creates an operation) and return an operation id at once; the work
-runs as an asyncio task under a deadline, and ``GetOperation`` reports it.
+runs as an asyncio task under a deadline, and ``GetOperation`` reports it. Job states,
+error codes, who may do what and the bounds are in the package README.
 
-Job states (``JobState``): IDLE (registered, nothing parked) → TRANSITIONING (an
-operation runs) → SAVED (parked) → TRANSITIONING → RUNNING (restored). Any failure or
-missed deadline → FAULTED with the cause kept; FAULTED is retryable by a new Snapshot.
-A job has at most one operation in flight: a second one is ABORTED (``Busy``).
-
-Verified release: after every successful snapshot the agent measures what the job
-still holds on the device (:mod:`rota_agent._residue`: the residue the tenant's
-adapters report over the WorkloadChannel, and NVML per-process bytes of its pids, the
-latter counted for whole-process backends). Over ``residue_max_bytes``
-(``--residue-max-bytes`` / ``ROTA_RESIDUE_MAX_BYTES``, default 256 MiB, 0 = off) the
-operation is FAILED and the job FAULTED with a message naming the pids and bytes
-(NVML) and the tags/tensors (adapters); its state stays parked, so a retried Snapshot
-re-measures and, once within the limit, completes. The report travels in rota-owned
-fields of GetOperationResponse and JobStatus (``GetOperationResponseExt``,
-``JobStatusExt``: v1alpha1 peers ignore them), with the fault cause in JobStatusExt.
-
-Rollback: a step that fails was rolled back by the tenant or backend (outgoing stays
-resident, incoming stays parked); a step that misses the deadline is undone by the
-backend's ``rollback`` once it finishes (``app_channel`` queues the opposite command).
-Either way the job is FAULTED with the cause, and FAULTED is retried by a new Snapshot
-on the same agent.
+After every successful snapshot the agent measures what the job still holds on the
+device (:mod:`rota_agent._residue`); over ``residue_max_bytes`` the operation FAILS and
+the job is FAULTED while staying parked, so a retried Snapshot re-measures. A step
+that misses the deadline is undone by the backend's ``rollback`` once it finishes.
 
 Concurrency and lock order. All job, channel and operation state is touched only on
 the agent's one event loop, by code that does not await between checking and changing
@@ -46,27 +30,10 @@ that do exist, in the one order they may nest (outer first):
 No asyncio.Lock is used. A closing WorkloadChannel fails its pending commands at
 once, so a tenant that dies mid-park faults its job immediately rather than at the deadline.
 
-Who may do what (see also :mod:`rota_agent._door`). Every RPC has a caller
-(:class:`rota.auth.Principal`): with ``--auth-key`` the token's, else everyone is admin.
-A tenant token acts for its own job: it registers it, snapshots or restores it, reads its
-operations and sees it in Status; an admin token (the orchestrator's) acts for every
-job. A registration belongs to an *owner*: with a key, whoever holds a token for the
-job; without one, the uid its pid door proved, or "anonymous". A job's channels all
-come from its owner, so nobody replaces or joins another's registration; an anonymous
-job takes a new anonymous channel only once its old ones closed (a reconnect). Pids
-come only from the door (a ``rota-pid`` is taken when it is the proven process or a
-descendant of it), and backends act on no other pid or URL than a registered job's own.
-
-Bounds: jobs (``MAX_JOBS``, ``MAX_JOBS_PER_OWNER``), channels per job, fault texts and
-Status details (``STATUS_DETAIL_BYTES``); a job whose channels all closed is forgotten
-after ``keep_closed_s`` (at once when nothing about it is left to report).
-
-Error codes: unknown job / operation → NOT_FOUND; malformed ids or backend config →
-INVALID_ARGUMENT; no or bad token → UNAUTHENTICATED; another owner's job, a pid or URL
-that is not the job's own → PERMISSION_DENIED; too many jobs or channels →
-RESOURCE_EXHAUSTED; an anonymous job id in use → ALREADY_EXISTS; direct_memory /
-memory_regions and platform limits → UNIMPLEMENTED; another operation in flight →
-ABORTED; restoring a FAULTED job → FAILED_PRECONDITION.
+Who may do what: every RPC has a caller (:class:`rota.auth.Principal`: with
+``--auth-key`` the token's, else everyone is admin); a registration belongs to an
+*owner* (:attr:`Caller.owner`), and a job's channels all come from its owner. Pids come
+only from the pid door (:mod:`rota_agent._door`).
 """
 
 from __future__ import annotations
@@ -95,6 +62,7 @@ from rota_agent import _residue
 from rota_agent._door import Door, Proof
 from rota_agent._generated import agent_ext_pb2 as ext
 from rota_agent.backends import Backend, Channel, Job, default_backends
+from rota_agent.backends._base import check_tag_names
 from rota_agent.backends.app_endpoint import check_endpoints
 from rota_agent.client import REGISTERED
 from rota_agent.errors import (
@@ -118,7 +86,6 @@ MAX_JOBS = 1024  # jobs one agent knows at once
 MAX_JOBS_PER_OWNER = 256  # ... of which one owner may register
 MAX_CHANNELS_PER_JOB = 64  # processes (ranks) of one job on this node
 MAX_FAULT_CHARS = 1000  # an operation's error / a job's fault, kept on one line
-MAX_TAGS, MAX_TAG_CHARS = 32, 64  # a registration's capabilities.tags
 STATUS_DETAIL_BYTES = 1 << 20  # rota-owned details (fault, residue) in one Status reply; ids and states always fit
 KEEP_CLOSED_S = 300.0  # a job whose channels all closed stays visible (its fault, its parked state) this long
 ANONYMOUS = "anonymous"  # the owner of a registration that proved nothing (no token checked, no pid door)
@@ -255,10 +222,7 @@ class Agent:
         if caps.supported_modes and caps.default_mode and caps.default_mode not in caps.supported_modes:
             raise InvalidArgument(f"job {msg.job_id!r}: default_mode {caps.default_mode} is not among its "
                                   f"supported_modes {sorted(set(caps.supported_modes))}", job_id=msg.job_id)
-        if len(caps.tags) > MAX_TAGS or any(not t.strip() or len(t) > MAX_TAG_CHARS or not t.isprintable()
-                                            for t in caps.tags):
-            raise InvalidArgument(f"job {msg.job_id!r}: capabilities.tags must be at most {MAX_TAGS} non-empty "
-                                  f"printable names of at most {MAX_TAG_CHARS} characters", job_id=msg.job_id)
+        check_tag_names(caps.tags, f"job {msg.job_id!r}: capabilities.tags", msg.job_id)
         return caps
 
     @staticmethod

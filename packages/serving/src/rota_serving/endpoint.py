@@ -4,14 +4,8 @@ Who calls it: :class:`rota_serving.EndpointParker` (park and restore), ``serve_a
 (readiness, version), and the adapters' server clients (``rota_vllm.VllmServer``,
 ``rota_sglang.SglangServer`` subclass :class:`EndpointClient`).
 
-The sleep/wake protocol:
-
-* vLLM (``--enable-sleep-mode``, ``VLLM_SERVER_DEV_MODE=1``): ``POST /sleep?level=1``
-  offloads weights to host and drops the KV cache, ``level=2`` drops both (DISCARD);
-  ``POST /wake_up[?tags=weights&tags=kv_cache]`` brings them back; ``GET /is_sleeping``
-  is checked after each step.
-* SGLang (``--enable-memory-saver``): ``POST /release_memory_occupation`` and
-  ``POST /resume_memory_occupation`` with ``{"tags": [...]}`` (omitted = everything).
+The sleep/wake protocol is core's :mod:`rota.engines` (vLLM ``/sleep``, ``/wake_up``,
+``/is_sleeping``; SGLang ``/release_memory_occupation``, ``/resume_memory_occupation``).
 
 Redirects are not followed; a failed call raises :class:`ServingError` with the
 engine's own words. (The node agent's ``app_endpoint`` backend speaks the same
@@ -32,10 +26,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rota import ParkMode
+from rota import ParkMode, engines
 from rota.compat import check
 from rota.errors import InvalidArgument, PermanentError, UnsupportedVersion
-from rota_serving.engines import SGLANG, VLLM, check_app, check_tags
+from rota_serving.engines import VLLM, check_app, check_tags
 
 
 class ServingError(PermanentError):
@@ -112,29 +106,21 @@ class EndpointClient:
     def sleep(self, mode: ParkMode = ParkMode.OFFLOAD, tags: Sequence[str] = ()) -> None:
         """Park the engine (vLLM: level 1 for OFFLOAD, 2 for DISCARD; SGLang: release ``tags``, all when empty)."""
         check_tags(self.app, tags)
-        if self.app == SGLANG:
-            self.call("POST", "/release_memory_occupation", {"tags": list(tags)} if tags else {})
-            return
-        self.call("POST", f"/sleep?level={2 if mode == ParkMode.DISCARD else 1}")
-        self._expect_sleeping(True, "sleep")
+        self._step(engines.sleep_step(self.app, mode, tags), "sleep")
 
     def wake(self, tags: Sequence[str] = ()) -> None:
         """Bring back ``tags`` (all when empty)."""
         check_tags(self.app, tags)
-        if self.app == SGLANG:
-            self.call("POST", "/resume_memory_occupation", {"tags": list(tags)} if tags else {})
-            return
-        query = urllib.parse.urlencode([("tags", t) for t in tags])
-        self.call("POST", "/wake_up" + (f"?{query}" if query else ""))
-        if not tags:  # a partial wake leaves the server reporting sleep until every tag is back
-            self._expect_sleeping(False, "wake_up")
+        self._step(engines.wake_step(self.app, tags), "wake_up")
 
-    def _expect_sleeping(self, expected: bool, after: str) -> None:
-        state = self.call("GET", "/is_sleeping")
-        sleeping = state.get("is_sleeping") if isinstance(state, dict) else None
-        if sleeping is not expected:
-            raise ServingError(f"{self.base_url}: after {after} the server reports is_sleeping={sleeping!r}; "
-                               f"expected {expected}")
+    def _step(self, step: engines.Step, after: str) -> None:
+        self.call(step.method, step.path, step.body)
+        if step.expect_sleeping is None:
+            return
+        wrong = engines.sleeping_mismatch(self.call("GET", engines.IS_SLEEPING), step.expect_sleeping)
+        if wrong:
+            raise ServingError(f"{self.base_url}: after {after} the server reports {wrong}; "
+                               f"expected {step.expect_sleeping}")
 
     def is_sleeping(self) -> bool | None:
         """vLLM's ``GET /is_sleeping``; None for SGLang (it has no such route)."""

@@ -18,6 +18,18 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from rota.wire import snapshot_agent_pb2 as pb
+from rota_agent.errors import BadBackendConfig
+
+MAX_TAGS, MAX_TAG_CHARS = 32, 64  # tags of one registration or one request
+
+
+def check_tag_names(tags: Any, what: str, job_id: str) -> tuple[str, ...]:
+    """``tags`` if they are at most ``MAX_TAGS`` non-empty printable names of at most ``MAX_TAG_CHARS`` characters."""
+    out = tuple(tags)
+    if len(out) > MAX_TAGS or any(not t.strip() or len(t) > MAX_TAG_CHARS or not t.isprintable() for t in out):
+        raise BadBackendConfig(f"{what} must be at most {MAX_TAGS} non-empty printable names of at most "
+                               f"{MAX_TAG_CHARS} characters", job_id=job_id)
+    return out
 
 
 @dataclass

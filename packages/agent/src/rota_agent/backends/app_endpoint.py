@@ -1,11 +1,7 @@
 """``app_endpoint``: park an inference server through its own HTTP sleep/wake API.
 
-* vLLM (``vllm serve --enable-sleep-mode``): ``POST /sleep?level=1`` offloads weights
-  to host and drops the KV cache, ``level=2`` drops both (DISCARD);
-  ``POST /wake_up[?tags=weights&tags=kv_cache]`` brings them back;
-  ``GET /is_sleeping`` → ``{"is_sleeping": bool}`` is checked after each step.
-* SGLang: ``POST /release_memory_occupation`` and ``POST /resume_memory_occupation``
-  with ``{"tags": [...]}`` (omitted = everything).
+The protocol (vLLM ``/sleep``, ``/wake_up``, ``/is_sleeping``; SGLang
+``/release_memory_occupation``, ``/resume_memory_occupation``) is core's :mod:`rota.engines`.
 
 Which URLs: only the endpoints the job itself registered over its WorkloadChannel
 (:func:`check_endpoints`, rota-owned ``RegisterWorkloadExt``). A Snapshot or Restore may
@@ -35,20 +31,21 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from rota import engines
 from rota.config import shown
 from rota.errors import PermissionDenied
+from rota.types import ParkMode
 from rota.wire import snapshot_agent_pb2 as pb
-from rota_agent.backends._base import Job, Moved
+from rota_agent.backends._base import Job, Moved, check_tag_names
 from rota_agent.errors import BackendFailed, BadBackendConfig, UnknownJob
 
 log = logging.getLogger(__name__)
 
 MAX_ENDPOINTS = 16  # endpoints one job may register
 MAX_URL_CHARS = 512
-MAX_TAGS, MAX_TAG_CHARS = 32, 64
 MAX_ANSWER = 64 << 10  # bytes of an answer read; a longer one fails the call
 THREADS = 8  # HTTP calls in flight across all servers
-APPS = (pb.APP_VLLM, pb.APP_SGLANG)
+APP_NAMES = {pb.APP_VLLM: engines.VLLM, pb.APP_SGLANG: engines.SGLANG}  # the wire's App -> rota.engines
 
 
 @dataclass(frozen=True)
@@ -61,7 +58,7 @@ class EndpointPlan:
 
 def check_endpoints(app: int, endpoints: Any, where: str, job_id: str = "") -> tuple[str, ...]:
     """Validate a job's registered ``app`` and base URLs; return the URLs without trailing slashes."""
-    if app not in APPS:
+    if app not in APP_NAMES:
         raise BadBackendConfig(f"{where}: app={app} is not APP_VLLM (1) or APP_SGLANG (2)", job_id=job_id)
     eps = list(endpoints)
     if not eps or len(eps) > MAX_ENDPOINTS:
@@ -81,14 +78,6 @@ def check_endpoints(app: int, endpoints: Any, where: str, job_id: str = "") -> t
                                    job_id=job_id)
         out.append(ep.rstrip("/"))
     return tuple(out)
-
-
-def _check_tags(tags: Any, where: str, job_id: str) -> tuple[str, ...]:
-    out = tuple(tags)
-    if len(out) > MAX_TAGS or any(not t.strip() or len(t) > MAX_TAG_CHARS for t in out):
-        raise BadBackendConfig(f"{where}: tags must be at most {MAX_TAGS} non-empty names of at most "
-                               f"{MAX_TAG_CHARS} characters", job_id=job_id)
-    return out
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -136,7 +125,7 @@ class AppEndpointBackend:
             raise BadBackendConfig(f"{where}: mode {config.mode} is not a SuspendMode", job_id=job_id)
         mode = config.mode or job.capabilities.default_mode or pb.SUSPEND_MODE_OFFLOAD
         eps = tuple(dict.fromkeys(ep.rstrip("/") for ep in asked)) or job.endpoints
-        return EndpointPlan(job.app, eps, mode, _check_tags(config.tags, where, job_id))
+        return EndpointPlan(job.app, eps, mode, check_tag_names(config.tags, f"{where}: tags", job_id))
 
     def _http(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
         """One call. A failure's message has the status only, never the server's answer or the
@@ -161,25 +150,16 @@ class AppEndpointBackend:
 
     def _one(self, plan: EndpointPlan, ep: str, sleep: bool) -> None:
         """Sleep (``sleep=True``) or wake one endpoint and check its state, synchronously."""
-        if plan.app == pb.APP_SGLANG:
-            path = "/release_memory_occupation" if sleep else "/resume_memory_occupation"
-            self._http("POST", ep + path, {"tags": list(plan.tags)} if plan.tags else {})
+        app = APP_NAMES[plan.app]
+        mode = ParkMode.DISCARD if plan.mode == pb.SUSPEND_MODE_DISCARD else ParkMode.OFFLOAD
+        step = engines.sleep_step(app, mode, plan.tags) if sleep else engines.wake_step(app, plan.tags)
+        self._http(step.method, ep + step.path, step.body)
+        if step.expect_sleeping is None:
             return
-        if sleep:
-            level = 2 if plan.mode == pb.SUSPEND_MODE_DISCARD else 1
-            self._http("POST", f"{ep}/sleep?level={level}")
-        else:
-            query = urllib.parse.urlencode([("tags", t) for t in plan.tags])
-            self._http("POST", ep + "/wake_up" + (f"?{query}" if query else ""))
-        state = self._http("GET", ep + "/is_sleeping")
-        sleeping = state.get("is_sleeping") if isinstance(state, dict) else None
-        if plan.tags and not sleep:
-            return  # a partial wake leaves the server reporting sleep until every tag is back
-        if sleeping is not sleep:
-            said = f"is_sleeping={sleeping!r}" if isinstance(sleeping, (bool, type(None))) \
-                else "an is_sleeping that is not a boolean"
-            raise BackendFailed(f"{ep}: after {'sleep' if sleep else 'wake_up'} the server reports {said}; "
-                                f"expected {sleep}")
+        wrong = engines.sleeping_mismatch(self._http("GET", ep + engines.IS_SLEEPING), step.expect_sleeping)
+        if wrong:
+            raise BackendFailed(f"{ep}: after {'sleep' if sleep else 'wake_up'} the server reports {wrong}; "
+                                f"expected {step.expect_sleeping}")
 
     def _slot(self, ep: str) -> asyncio.Semaphore:
         server = urllib.parse.urlsplit(ep).netloc.lower()
