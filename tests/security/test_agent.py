@@ -36,8 +36,7 @@ from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
 from rota._types import ParkResult
 from rota.testing import ScriptedProcess, free_port
 from rota_agent import WorkloadClient
-from rota_agent._generated import agent_ext_pb2 as ext
-from rota_agent._residue import read
+from rota_agent_client.wire import ext, read
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TENANT = str(ROOT / "packages/agent/tests/tenant_proc.py")

@@ -9,9 +9,8 @@ import time
 from collections.abc import Iterator
 
 from rota._generated import snapshot_agent_pb2 as sa
-from rota_agent._generated import agent_ext_pb2 as ext
-from rota_agent._residue import read
-from rota_agent.client import WorkloadClient
+from rota_agent_client import WorkloadClient
+from rota_agent_client.wire import ext, read
 
 POLLS = 3000  # GetOperation polls before giving up (bounded by count; pytest's timeout bounds the time)
 

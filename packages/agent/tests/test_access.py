@@ -17,9 +17,10 @@ from test_cuda_backend import FakeCudaDriver
 from rota import auth
 from rota._generated import snapshot_agent_pb2 as sa
 from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
-from rota_agent import Agent, WorkloadClient, _agent, _door, running_agent
+from rota_agent import Agent, WorkloadClient, _agent, running_agent
 from rota_agent.backends import AppChannelBackend, CudaBackend
 from rota_agent.backends.cuda import CHECKPOINTED
+from rota_agent_client import door
 
 KEY = b"k" * 32
 
@@ -70,13 +71,13 @@ def test_ranks_of_one_uid_share_a_job_through_the_door(agent, socket_dir):
 
 
 def test_door_tickets_are_one_time_and_name_the_caller(socket_dir, agent):
-    ticket = _door.fetch(os.path.join(socket_dir, "pid.sock"))
-    door = agent[1].door
+    ticket = door.fetch(os.path.join(socket_dir, "pid.sock"))
+    issued = agent[1].door
     got = []
     done = threading.Event()
 
     def redeem() -> None:  # tickets live on the agent's loop
-        got.extend([door.redeem(ticket), door.redeem(ticket), door.redeem("forged")])
+        got.extend([issued.redeem(ticket), issued.redeem(ticket), issued.redeem("forged")])
         done.set()
 
     agent[1]._loop.call_soon_threadsafe(redeem)

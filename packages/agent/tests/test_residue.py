@@ -20,9 +20,9 @@ from rota._engine import OrchestratorConfig
 from rota._generated import snapshot_agent_pb2 as sa
 from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
 from rota.errors import ConfigError
+from rota.residue import DEFAULT_RESIDUE_MAX_BYTES
 from rota.testing import running_orchestrator
 from rota_agent import Agent, running_agent
-from rota_agent._residue import DEFAULT_RESIDUE_MAX
 from rota_agent.backends import AppChannelBackend, CudaBackend, NoopBackend
 
 MiB = 1 << 20
@@ -83,7 +83,7 @@ def test_nvml_bytes_left_by_a_whole_process_park_fail_it(target, socket_dir):
     nvml = FakeNvmlReader({target: 512 * MiB})  # the driver "released" less than it should have
     drv = FakeCudaDriver()
     agent = Agent({"cuda": CudaBackend(lambda: drv), "app_channel": AppChannelBackend()}, process_bytes=nvml)
-    assert agent.residue_max_bytes == DEFAULT_RESIDUE_MAX
+    assert agent.residue_max_bytes == DEFAULT_RESIDUE_MAX_BYTES
     with running_agent(agent, socket_dir=socket_dir) as (ep, _), registered_here(socket_dir), \
             grpc.insecure_channel(ep) as ch:
         stub = sa_grpc.SnapshotAgentServiceStub(ch)

@@ -22,7 +22,7 @@ that do exist, in the one order they may nest (outer first):
 2. ``rota.nvml._lock`` (``threading.Lock``): taken in executor threads around the
    one-time ``nvmlInit``; a leaf: nothing is taken while it is held and it is never
    taken on the loop.
-3. tenant side, on the WorkloadClient thread of a process (``rota_agent.client``):
+3. tenant side, on the WorkloadClient thread of a process (``rota_agent_client``):
    the client's state lock (core, by ``gpu.park`` / ``gpu.restore``)
    then the adapters' own locks (e.g. ``TensorParker.lock``) inside the hooks, the
    same order as core's ``acquire``. The client holds no lock while it talks to the agent.
@@ -60,11 +60,9 @@ from rota.wire import snapshot_agent_pb2 as pb
 from rota.wire import snapshot_agent_pb2_grpc as pb_grpc
 from rota_agent import _residue
 from rota_agent._door import Door, Proof
-from rota_agent._generated import agent_ext_pb2 as ext
 from rota_agent.backends import Backend, Channel, Job, default_backends
 from rota_agent.backends._base import check_tag_names
 from rota_agent.backends.app_endpoint import check_endpoints
-from rota_agent.client import REGISTERED
 from rota_agent.errors import (
     BackendFailed,
     BadBackendConfig,
@@ -77,6 +75,7 @@ from rota_agent.errors import (
     Unsupported,
     WrongState,
 )
+from rota_agent_client.wire import REGISTERED, attach, ext, read
 
 log = logging.getLogger(__name__)
 
@@ -488,7 +487,7 @@ class AgentService(pb_grpc.SnapshotAgentServiceServicer):
         if op.error:
             resp.error = op.error
         if op.residue is not None:
-            resp = _residue.attach(resp, ext.GetOperationResponseExt(residue=op.residue.to_pb()))
+            resp = attach(resp, ext.GetOperationResponseExt(residue=op.residue.to_pb()))
         return resp
 
     @rpc_errors
@@ -528,7 +527,7 @@ class AgentService(pb_grpc.SnapshotAgentServiceServicer):
         backend = meta.get("rota-backend") or "app_channel"
         caller = Caller(principal, keyed=self.auth.key is not None, proof=proof)
         return self.agent.register(msg, caller, backend[:64], pid_claim=_meta_pid(meta.get("rota-pid", "0")),
-                                   more=_residue.read(msg, ext.RegisterWorkloadExt))
+                                   more=read(msg, ext.RegisterWorkloadExt))
 
     async def WorkloadChannel(self, request_iterator: AsyncIterator[pb.WorkloadMessage],
                               context: grpc.aio.ServicerContext) -> AsyncIterator[pb.AgentCommand]:
@@ -590,7 +589,7 @@ def _job_status(job: Job) -> pb.JobStatus:
     more = ext.JobStatusExt(fault=job.fault)
     if job.residue is not None:
         more.residue.CopyFrom(job.residue.to_pb())
-    return _residue.attach(st, more)
+    return attach(st, more)
 
 
 def _meta_pid(raw: str) -> int:

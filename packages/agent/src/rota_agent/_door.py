@@ -6,10 +6,10 @@ victim's pid. The kernel does know: ``SO_PEERCRED`` on a Unix socket gives the p
 pid, uid and gid, translated into the agent's pid namespace. So a tenant first
 connects to the door (``<socket dir>/pid.sock``); the agent reads the peer's
 credentials, writes back one line of JSON ``{"ticket": ..., "pid": ...}`` and closes.
-The tenant sends the ticket as ``rota-proof`` metadata when it opens its
-WorkloadChannel (over TCP or the agent's Unix socket); the agent redeems it once,
-within ``TTL_S``, and from then on knows that channel's pid (and its start time, so a
-reused pid is told apart).
+The tenant (:mod:`rota_agent_client.door`) sends the ticket as ``rota-proof`` metadata
+when it opens its WorkloadChannel (over TCP or the agent's Unix socket); the agent
+redeems it once, within ``TTL_S``, and from then on knows that channel's pid (and its
+start time, so a reused pid is told apart).
 
 A ticket is a random capability (``secrets``), not a signature: it is only ever handed
 to the process it names, over a socket only that process holds. The door reads
@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 TTL_S = 60.0  # a ticket must be redeemed this soon
 MAX_PER_UID = 32  # outstanding tickets of one uid (a flood only pushes out that uid's own)
 MAX_TICKETS = 4096
-REPLY_MAX = 4096  # bytes a client reads from the door
 
 
 @dataclass(frozen=True)
@@ -108,25 +107,4 @@ class Door:
             del self._tickets[ticket]
 
 
-def fetch(path: str, timeout: float = 5.0) -> str:
-    """Client side: ask the door at ``path`` for a ticket proving this process's pid (blocking)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(path)
-        data = b""
-        while len(data) < REPLY_MAX and not data.endswith(b"\n"):
-            chunk = s.recv(REPLY_MAX - len(data))
-            if not chunk:
-                break
-            data += chunk
-    try:
-        reply = json.loads(data)
-    except ValueError:
-        raise OSError(f"the pid door at {path} answered something that is not JSON") from None
-    ticket = reply.get("ticket") if isinstance(reply, dict) else None
-    if not isinstance(ticket, str):
-        raise OSError(f"the pid door at {path} refused: {reply.get('error') if isinstance(reply, dict) else reply}")
-    return ticket
-
-
-__all__ = ["Door", "Proof", "fetch"]
+__all__ = ["Door", "Proof"]

@@ -1,28 +1,19 @@
 """Verified release: what a parked job still holds on the device, and whether that is a fault.
 
 The agent (:mod:`rota_agent._agent`) calls :func:`measure` after every successful
-snapshot. Two sources, both kept in the report by key:
+snapshot. Two sources, both kept in the report by key: the residue the tenant's
+adapters computed (:attr:`rota.ParkResult.residue`, sent back in the CommandResult),
+and NVML per-process used memory of the job's pids (``nvml:pid:PID``, through an
+injectable reader; tests pass a fake).
 
-* the tenant's adapters (``app_channel``): the residue their park computed
-  (:attr:`rota.ParkResult.residue`: tracked tags still resident, ``untracked:NAME``,
-  ``process:allocated`` / ``process:reserved``), sent back in the CommandResult;
-* NVML per-process used memory of the job's pids (``nvml:pid:PID``), through an
-  injectable reader (:func:`rota.nvml.process_bytes_by_pid`; tests pass a fake).
+What is *counted* against the limit: the adapters' part as core counts it
+(:func:`rota.residue.residue_counted`) and, for whole-process backends (``cuda``, where
+the driver releases the CUDA context too), the NVML bytes of the pids. For backends
+whose process stays alive, NVML bytes include the CUDA context (hundreds of MiB that no
+park can free), so they are reported but not counted.
 
-What is *counted* against the threshold: the adapters' part as core counts it
-(:func:`rota.residue.residue_fault`: the larger of the named bytes and the allocator's
-``process:allocated``), and, for whole-process backends (``cuda``, where the driver
-releases the context too), the NVML bytes of the pids. For backends whose process
-stays alive (``app_channel``...), NVML bytes include the CUDA context (hundreds of MiB
-that no park can free), so they are reported but not counted.
-
-Wire: the report travels in rota-owned fields appended to v1alpha1 messages
-(:mod:`rota_agent._generated.agent_ext_pb2`, fields numbered from 1000), which
-v1alpha1 peers ignore; :func:`attach` and :func:`read` do the appending and reading.
-
-Environment:
-    ROTA_RESIDUE_MAX_BYTES  device bytes a park may leave behind before it is a fault
-                            (a size such as 256MiB, 0 = off; default 256 MiB, as in core)
+Wire: the report travels in rota-owned fields (numbered from 1000) appended to
+v1alpha1 messages, which v1alpha1 peers ignore (:mod:`rota_agent_client.wire`).
 """
 
 from __future__ import annotations
@@ -34,12 +25,10 @@ from typing import TypeVar
 from google.protobuf.message import Message
 
 from rota.errors import ConfigError
-from rota.residue import DEFAULT_RESIDUE_MAX_BYTES as DEFAULT_RESIDUE_MAX
 from rota.residue import RESIDUE_ENV, residue_counted, residue_fault, residue_max_bytes
 from rota.types import ParkResult
-from rota_agent._generated import agent_ext_pb2 as ext
+from rota_agent_client.wire import ext
 
-ENV = RESIDUE_ENV
 NVML_PREFIX = "nvml:pid:"
 
 M = TypeVar("M", bound=Message)
@@ -52,7 +41,7 @@ def residue_max(value: int | None = None) -> int:
         return residue_max_bytes()
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"residue_max_bytes={value!r} is not an integer >= 0; pass bytes (0 disables the check) "
-                          f"or leave it unset to use {ENV}")
+                          f"or leave it unset to use {RESIDUE_ENV}")
     return value
 
 
@@ -111,19 +100,9 @@ def measure(job_id: str, backend: str, adapter: Mapping[str, int], nvml: Mapping
     if adapter_fault:
         what.append(f"the tenant's adapters report: {adapter_fault}")
     res.fault = (f"snapshot of job {job_id!r} via {backend} left {res.counted / 2**20:.1f} MiB on the device "
-                 f"(limit {limit / 2**20:.1f} MiB, --residue-max-bytes / {ENV}): {'; '.join(what)}. The next "
+                 f"(limit {limit / 2**20:.1f} MiB, --residue-max-bytes / {RESIDUE_ENV}): {'; '.join(what)}. The next "
                  "tenant would not fit: free or track what stayed, then snapshot the job again")
     return res
 
 
-def attach(msg: M, extra: Message) -> M:
-    """``msg`` with ``extra``'s fields (numbered 1000+) appended; v1alpha1 peers keep them as unknown fields."""
-    return type(msg).FromString(msg.SerializeToString() + extra.SerializeToString())
-
-
-def read(msg: Message, kind: type[M]) -> M:
-    """The rota-owned fields of ``msg``, parsed as ``kind`` (empty when the peer sent none)."""
-    return kind.FromString(msg.SerializeToString())
-
-
-__all__ = ["DEFAULT_RESIDUE_MAX", "Residue", "attach", "measure", "merge", "read", "residue_max"]
+__all__ = ["Residue", "measure", "merge", "residue_max"]

@@ -33,9 +33,10 @@ from rota.rpc import bind, free_port, health_servicer, serve_in_thread
 from rota.wire import snapshot_agent_pb2 as pb
 from rota.wire import snapshot_agent_pb2_grpc as pb_grpc
 from rota_agent._agent import Agent, AgentService
+from rota_agent_client.door import DOOR_NAME
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SnapshotAgentService"].full_name
-SOCKET_NAME, DOOR_NAME, LOCK_NAME = "agent.sock", "pid.sock", "agent.lock"
+SOCKET_NAME, LOCK_NAME = "agent.sock", "agent.lock"
 
 
 def default_socket_dir() -> str:

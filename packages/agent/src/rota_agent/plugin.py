@@ -1,24 +1,11 @@
-"""rota plugin of rota-agent: ``rota agent serve|status``, park backends, served engines' registration.
+"""rota plugin of rota-agent: ``rota agent serve|status`` and the park backends.
 
 Registered under the ``rota`` entry-point group. ``rota agent serve`` runs the node
 agent in the foreground (the orchestrator's side, ``rota orchestrator serve --agent``,
-is core's). Hooks: ``rota_agent_backends`` (the agent's own spec) offers its park
-backends; ``rota_register_with_agent`` (rota_serving's spec) registers a served
-engine's tenant when ``rota vllm serve`` or ``rota sglang serve`` is given ``--agent``.
-
-``rota agent serve`` listens on 127.0.0.1 unless told otherwise. A listener other
-callers can reach (any address but loopback) needs ``--auth-key`` (the orchestrator's
-key: every caller then shows a token, the orchestrator an admin token it makes from
-the same key) or an explicit ``--insecure``, which is warned about at every start.
-
-Environment:
-    ROTA_AGENT_LISTEN     default of ``rota agent serve --listen`` (127.0.0.1:9001)
-    ROTA_AUTH_KEY         default of ``--auth-key`` (the orchestrator's key file)
-    ROTA_AGENT_SOCKET_DIR default of ``--socket-dir``
-    ROTA_AGENT_OP_TIMEOUT default of ``--op-timeout`` (seconds, > 0)
-    ROTA_RESIDUE_MAX_BYTES default of ``--residue-max-bytes`` (a size such as 256MiB, 0 = off; 256 MiB)
-    ROTA_AGENT            default of ``rota agent status --agent``
-    ROTA_TOKEN            the token ``rota agent status`` shows (an admin token sees every job)
+is core's). Hook: ``rota_agent_backends`` (the agent's own spec) offers its park
+backends; a served engine's registration (``rota_register_with_agent``) is
+rota_agent_client's.
+Each option's environment variable is named in its ``--help``.
 """
 
 from __future__ import annotations
@@ -180,8 +167,7 @@ def status_cmd(endpoint: str, as_json: bool) -> None:
                                                              metadata=bearer(token) if token else None)
         except grpc.RpcError as exc:
             raise click.ClickException(f"agent {endpoint}: {exc.code().name}: {exc.details()}") from None
-    from rota_agent._generated import agent_ext_pb2 as ext
-    from rota_agent._residue import read
+    from rota_agent_client.wire import ext, read
 
     jobs = []
     for j in st.job_statuses:
@@ -206,15 +192,6 @@ def rota_agent_backends(step_timeout_s: float) -> dict[str, Any]:
     from rota_agent.backends import default_backends
 
     return default_backends(step_timeout_s=step_timeout_s)
-
-
-@hookimpl
-def rota_register_with_agent(tenant: Any, agent: str, tags: tuple[str, ...]) -> Any:
-    """A served engine's tenant registers with the agent at ``agent`` (the hook is rota_serving's:
-    ``rota vllm serve --agent``); the agent's park commands then run the tenant's hooks."""
-    from rota_agent.client import register
-
-    return register(tenant, agent, tags=tags)
 
 
 @hookimpl

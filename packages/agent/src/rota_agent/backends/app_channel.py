@@ -2,12 +2,12 @@
 
 The agent sends an ``AgentCommand`` (snapshot or restore) down every open channel of
 the job (one per rank) and waits for each ``CommandResult``. In the tenant,
-:class:`rota_agent.client.WorkloadClient` runs the adapters' ``rota_park`` /
+:class:`rota_agent_client.WorkloadClient` runs the adapters' ``rota_park`` /
 ``rota_restore`` hooks (e.g. rota_fsdp's pinned-pool copies) and replies. A channel
 that closes while a command is pending (the process died) fails the step at once.
 
 Each park reply may carry the residue the tenant's adapters computed (rota-owned
-``CommandResultExt`` fields, see :mod:`rota_agent._residue`); the ranks' residues are
+``CommandResultExt`` fields, see :mod:`rota_agent_client.wire`); the ranks' residues are
 summed into :attr:`Moved.residue`, also on a failed park (``BackendFailed.residue``).
 
 Rollback: a tenant whose park or restore *fails* has rolled it back itself (the
@@ -26,9 +26,9 @@ from typing import Any, ClassVar
 from rota.config import shown
 from rota.wire import snapshot_agent_pb2 as pb
 from rota_agent import _residue
-from rota_agent._generated import agent_ext_pb2 as ext
 from rota_agent.backends._base import Channel, Job, Moved
 from rota_agent.errors import BackendFailed, BadBackendConfig, UnknownJob, WrongState
+from rota_agent_client.wire import ext, read
 
 MAX_ERROR_CHARS = 300  # of one tenant's error text, kept on one line
 _MODES = {pb.SUSPEND_MODE_UNSPECIFIED, pb.SUSPEND_MODE_OFFLOAD, pb.SUSPEND_MODE_DISCARD}
@@ -91,7 +91,7 @@ class AppChannelBackend:
             for ch in channels:
                 for cid in [k for k, f in ch.pending.items() if f.done() or f in futs]:
                     ch.pending.pop(cid, None)
-        residue = _residue.merge([dict(_residue.read(r, ext.CommandResultExt).residue.bytes) for r in results])
+        residue = _residue.merge([dict(read(r, ext.CommandResultExt).residue.bytes) for r in results])
         errors = [" ".join(r.error[:MAX_ERROR_CHARS].split()) or "failed without a message"
                   for r in results if not r.ok]
         if errors:  # ranks that did move are moved back: the job as a whole stays where it was

@@ -6,28 +6,13 @@ all of its device memory into the process's own host memory and releases the dev
 (``cuCheckpointProcessRestore`` → ``cuCheckpointProcessUnlock``). The process keeps
 running its CPU threads throughout; its CUDA calls block while it is locked.
 
-Known limits, detected up front and refused with UNIMPLEMENTED instead of hanging:
-* only x86-64 Linux (the driver's API exists nowhere else);
-* driver older than 570 (CUDA 12.8) has no checkpoint API;
-* a process with live NCCL communicators (they hold IPC/network state the driver
-  cannot checkpoint): seen as NCCL shared-memory segments (``/dev/shm/nccl-*``) in its
-  maps or NCCL-named threads — use the ``app_channel`` backend with an adapter, or
-  destroy the communicators first. (Merely having libnccl loaded, as every CUDA
-  torch process does, is not refused.)
-CUDA IPC and UVM (managed) memory cannot be seen from outside the process: the
-driver then answers NOT_SUPPORTED, or a step may stall; every step therefore runs
-in a worker thread under a deadline, and a missed deadline faults the job with a
-message naming those causes. The driver call itself cannot be interrupted and may
-still finish later.
-
-Which processes: only a registered job's own. A job's pids are those its
-WorkloadChannels proved through the agent's pid door (:mod:`rota_agent._door`); an
-``explicit_target`` may name those or their descendants, nothing else, and any other
-pid (live or not) is refused with the same PERMISSION_DENIED, so the answer says
-nothing about the node's processes.
-
-Multi-process jobs: every pid is locked before any is checkpointed, and a failure
-part-way rolls back what was done (restore + unlock), best effort.
+What is refused up front (UNIMPLEMENTED: non-x86-64, drivers without the API, live NCCL
+communicators) and which pids may be named is in the package README. (Merely having
+libnccl loaded, as every CUDA torch process does, is not refused.) CUDA IPC and UVM
+memory cannot be seen from outside the process and may stall a step, so every step runs
+in a worker thread under a deadline; the driver call itself cannot be interrupted and
+may still finish later. Multi-process jobs: every pid is locked before any is
+checkpointed, and a failure part-way rolls back what was done (restore + unlock).
 
 The driver sits behind :class:`CudaDriver`; :class:`LibCudaDriver` is the real one
 (ctypes on ``libcuda.so.1``), tests use ``FakeCudaDriver`` from the test suite.

@@ -1,31 +1,17 @@
 """Tenant side of the WorkloadChannel: register a job with its node's agent and obey it.
 
-::
-
-    import rota, rota_agent, rota_fsdp
-    gpu = rota.connect()
-    rota_fsdp.track(gpu, model, optimizer)
-    rota_agent.register(gpu)            # agent from ROTA_AGENT (host:port)
-
-From then on the agent may send ``snapshot`` (→ ``gpu.park()``: the adapters'
-``rota_park`` hooks) and ``restore`` (→ the ``rota_restore`` hooks) between turns; the
-orchestrator uses that to park this job and to restore it *before* granting its next
-turn, overlapped with parking the previous holder. A tenant with no ``Gpu`` (a
-v1alpha1 client, an inference server) passes its own callables to
-:class:`WorkloadClient`.
+:func:`register` hands the agent a ``Gpu``: its ``snapshot`` commands run ``gpu.park()``
+(the adapters' ``rota_park`` hooks), ``restore`` the ``rota_restore`` hooks, so the
+orchestrator can restore a job before its next turn, overlapped with parking the
+previous holder. A tenant with no ``Gpu`` (a v1alpha1 client, an inference server)
+passes its own callables to :class:`WorkloadClient`.
 
 The channel runs on one daemon thread, reconnecting (and re-registering) until
-:meth:`WorkloadClient.close`. Commands run one at a time on that thread. A park's
-reply carries the residue the adapters computed (``ParkResult.residue``, also when the
-park failed on it), in rota-owned fields of the CommandResult that the agent checks
-against its ``--residue-max-bytes`` (see :mod:`rota_agent._residue`).
-
-Proving which process it is: before each (re)connect the client asks the agent's pid
-door (:mod:`rota_agent._door`) for a one-time ticket and sends it as ``rota-proof``;
-the agent then knows the channel's pid from the kernel. Without a door the job still
-works with the ``app_channel`` backend, but the agent acts on none of its pids (no
-``cuda`` backend, no NVML residue). With an agent that checks tokens (``--auth-key``)
-the job's token goes with every call.
+:meth:`WorkloadClient.close`; commands run one at a time on that thread. A park's reply
+carries the residue the adapters computed (also when the park failed on it), which the
+agent checks against its ``--residue-max-bytes``. Before each (re)connect the client
+asks the agent's pid door (:mod:`rota_agent_client.door`) for a one-time ticket and sends it
+as ``rota-proof``; without a door the agent acts on none of the job's pids.
 
 Environment:
     ROTA_AGENT        ``host:port`` (or ``unix:PATH``) of this node's agent, when not passed
@@ -52,30 +38,22 @@ from rota.errors import ConfigError, RotaError, from_rpc_error
 from rota.types import ParkMode, ParkPlan, ParkResult
 from rota.wire import snapshot_agent_pb2 as pb
 from rota.wire import snapshot_agent_pb2_grpc as pb_grpc
-from rota_agent import _door, _residue
-from rota_agent._generated import agent_ext_pb2 as ext
+from rota_agent_client.door import door_path, fetch
+from rota_agent_client.wire import REGISTERED, attach, ext
 
 if TYPE_CHECKING:
     from rota import Gpu
 
 log = logging.getLogger(__name__)
 
+__all__ = ["FATAL", "Handler", "WorkloadClient", "register", "restore_gpu"]
+
 # (SuspendMode, tags) -> None, or a ParkResult whose residue goes back to the agent; raise on failure (an
 # exception with a ``park_result`` attribute sends that result's residue too).
 Handler = Callable[[int, tuple[str, ...]], "ParkResult | None"]
-REGISTERED = "rota-registered"  # initial metadata of an accepted WorkloadChannel
 # Refusals that a reconnect cannot fix.
 FATAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED,
          grpc.StatusCode.UNAUTHENTICATED)
-
-
-def door_path(agent: str, proof: str | None = None) -> str:
-    """The pid door to use for ``agent``: ``proof``, else ROTA_AGENT_PROOF, else beside a unix: agent socket."""
-    if proof is None:
-        proof = os.environ.get("ROTA_AGENT_PROOF")
-    if proof is None and agent.startswith("unix:"):
-        proof = os.path.join(os.path.dirname(agent[len("unix:"):]), "pid.sock")
-    return proof or ""
 
 
 class WorkloadClient:
@@ -151,7 +129,7 @@ class WorkloadClient:
 
     def _messages(self) -> Iterator[pb.WorkloadMessage]:
         reg = pb.RegisterWorkload(job_id=self.job_id, group=self.group, capabilities=self.caps)
-        yield pb.WorkloadMessage(register=_residue.attach(reg, self.more) if self.more is not None else reg)
+        yield pb.WorkloadMessage(register=attach(reg, self.more) if self.more is not None else reg)
         while True:
             msg = self._outbox.get()
             if msg is None:
@@ -165,7 +143,7 @@ class WorkloadClient:
             meta.append(("rota-pid", str(self.pid)))
         if self.door:
             try:
-                meta.append(("rota-proof", _door.fetch(self.door)))
+                meta.append(("rota-proof", fetch(self.door)))
             except OSError as exc:
                 log.warning("job %s: no pid proof from the agent's door %s (%s); registering without one, so the "
                             "agent acts on none of this job's pids", self.job_id, self.door, exc)
@@ -214,7 +192,7 @@ class WorkloadClient:
         reply = pb.CommandResult(command_id=cmd.command_id, ok=ok, error=error)
         residue = getattr(result, "residue", None) if kind == "snapshot" else None
         if residue:
-            reply = _residue.attach(reply, ext.CommandResultExt(residue=ext.Residue(bytes=residue)))
+            reply = attach(reply, ext.CommandResultExt(residue=ext.Residue(bytes=residue)))
         return reply
 
 
@@ -222,16 +200,6 @@ def restore_gpu(gpu: Gpu, plan: ParkPlan | None = None) -> ParkResult:
     """Restore ``gpu`` now, between turns, ahead of the grant, so the restore overlaps the previous
     holder's park (:meth:`rota.Gpu.restore`: never races ``acquire`` or ``park``)."""
     return gpu.restore(plan)
-
-
-def park_gpu(gpu: Gpu, plan: ParkPlan) -> ParkResult:
-    """``gpu.park(plan)``, reporting what stays on the device to the agent.
-
-    Parking an already parked ``gpu`` moves nothing; its result is then the last
-    park's, whose residue is still on the device (so a retried snapshot re-checks it).
-    A park that fails on core's own residue check keeps its result on the exception.
-    """
-    return gpu.park(plan)
 
 
 def _plan(mode: int, tags: tuple[str, ...]) -> ParkPlan:
@@ -256,7 +224,7 @@ def register(gpu: Gpu, agent: str | None = None, *, tags: Sequence[str] = (), ba
                           "`rota agent serve`) or pass agent=")
     check_endpoint(agent, where)
     client = WorkloadClient(agent, gpu.tenant, gpu.group,
-                            on_snapshot=lambda mode, t: park_gpu(gpu, _plan(mode, t)),
+                            on_snapshot=lambda mode, t: gpu.park(_plan(mode, t)),
                             on_restore=lambda mode, t: restore_gpu(gpu, _plan(mode, t)),
                             modes=(pb.SUSPEND_MODE_OFFLOAD, pb.SUSPEND_MODE_DISCARD), tags=tags, backend=backend,
                             token=token)

@@ -10,8 +10,7 @@ import pathlib
 import pytest
 
 from rota._generated import snapshot_agent_pb2 as sa
-from rota_agent._generated import agent_ext_pb2 as ext
-from rota_agent._residue import attach, read
+from rota_agent_client.wire import attach, ext, read
 
 PKG = pathlib.Path(__file__).resolve().parent.parent
 
@@ -38,9 +37,10 @@ def test_committed_stubs_are_reproducible(tmp_path):
     protoc = pytest.importorskip("grpc_tools.protoc")
     proto = PKG / "proto"
     assert protoc.main(["protoc", f"-I{proto}", f"--python_out={tmp_path}", f"--pyi_out={tmp_path}",
-                        str(proto / "rota_agent/_generated/agent_ext.proto")]) == 0
+                        str(proto / "rota_agent_client/_generated/agent_ext.proto")]) == 0
     for name in ("agent_ext_pb2.py", "agent_ext_pb2.pyi"):
-        fresh, committed = tmp_path / "rota_agent/_generated" / name, PKG / "src/rota_agent/_generated" / name
+        fresh = tmp_path / "rota_agent_client/_generated" / name
+        committed = PKG / "src/rota_agent_client/_generated" / name
         assert filecmp.cmp(fresh, committed, shallow=False), (
-            f"{committed} is stale; regenerate: cd packages/agent && python -m grpc_tools.protoc -Iproto "
-            "--python_out=src --pyi_out=src proto/rota_agent/_generated/agent_ext.proto")
+            f"{committed} is stale; regenerate: cd packages/agent-client && python -m grpc_tools.protoc -Iproto "
+            "--python_out=src --pyi_out=src proto/rota_agent_client/_generated/agent_ext.proto")

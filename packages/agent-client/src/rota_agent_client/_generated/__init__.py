@@ -1,0 +1,1 @@
+"""Generated protobuf code of rota-agent-client (from packages/agent-client/proto); do not edit."""

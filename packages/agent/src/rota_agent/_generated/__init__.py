@@ -1,1 +1,0 @@
-"""Generated protobuf code of rota-agent (from packages/agent/proto); do not edit."""
