@@ -4,7 +4,7 @@ No Kubernetes cluster runs here. What can run for real does: etcd started with e
 TLS flags the StatefulSet renders, the agent started with exactly its rendered command
 (after the rendered init container's `rota k8s install-key`), the orchestrator checking
 tokens, and the controller issuing them. The API server is FakeKubeApi
-(packages/scheduler-k8s/tests/k8s_fake_api.py), a SMALL FAKE of the pod list/watch and
+(rota_k8s_controller.testing), a SMALL FAKE of the pod list/watch and
 Secret write endpoints; NetworkPolicies and Pod Security Admission are enforced by a
 cluster, so their objects are checked against the official schemas and the published
 ``restricted`` rules (k8s_checks.restricted_problems).
@@ -33,6 +33,8 @@ import grpc
 import pytest
 import yaml
 from click.testing import CliRunner
+from rota_k8s_controller.controller import Controller, TokenSecrets, grpc_evictor
+from rota_k8s_controller.testing import FakeKubeApi
 
 import rota
 from rota import auth
@@ -42,7 +44,6 @@ from rota._generated import snapshot_agent_pb2 as agent_pb
 from rota._generated import snapshot_agent_pb2_grpc as agent_grpc
 from rota.testing import free_port, running_orchestrator
 from rota_k8s import load_values, render, validate_objects
-from rota_k8s.controller import Controller, TokenSecrets, grpc_evictor
 from rota_k8s.manifests import AUTH_DIR, AUTH_SECRET_DIR, ETCD_TLS_DIR, GROUP_LABEL
 
 K8S_TESTS = Path(__file__).resolve().parents[2] / "packages" / "scheduler-k8s" / "tests"
@@ -61,7 +62,6 @@ def _sibling(name: str) -> ModuleType:
 
 
 checks = _sibling("k8s_checks")
-FakeKubeApi = _sibling("k8s_fake_api").FakeKubeApi
 
 
 def workloads(objs: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:

@@ -1,54 +1,20 @@
-"""Fixtures of rota-scheduler-k8s's tests: a FakeKubeApi, a real orchestrator, a controller."""
+"""Fixtures of rota-scheduler-k8s's tests: a FakeKubeApi, a real orchestrator, the ``rota`` CLI."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from k8s_checks import Tenant
-from k8s_fake_api import FakeKubeApi
+from rota_k8s_controller.fixtures import fake_api  # noqa: F401
 
 from rota.testing import running_orchestrator
-
-
-@pytest.fixture
-def fake_api() -> Iterator[FakeKubeApi]:
-    api = FakeKubeApi().start()
-    try:
-        yield api
-    finally:
-        api.close()
 
 
 @pytest.fixture
 def orchestrator() -> Iterator[tuple[str, Any]]:
     with running_orchestrator() as (endpoint, engine):
         yield endpoint, engine
-
-
-@pytest.fixture
-def core_api(fake_api: FakeKubeApi) -> Any:
-    """The official client's CoreV1Api, pointed at the fake."""
-    from kubernetes import client
-
-    cfg = client.Configuration()
-    cfg.host = fake_api.url
-    return client.CoreV1Api(client.ApiClient(cfg))
-
-
-@pytest.fixture
-def tenants(orchestrator: tuple[str, Any]) -> Iterator[Callable[[str, str], Tenant]]:
-    made: list[Tenant] = []
-
-    def make(job_id: str, group_id: str) -> Tenant:
-        t = Tenant(orchestrator[0], job_id, group_id)
-        made.append(t)
-        return t
-
-    yield make
-    for t in made:
-        t.close()
 
 
 @pytest.fixture

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import grpc
 import pytest
 from kubernetes import client
-
-from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
 
 _api = client.ApiClient()
 
@@ -122,30 +117,3 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> 
             return value
         time.sleep(0.02)
     pytest.fail(f"timed out waiting for {what}")
-
-
-class Tenant:
-    """A tenant talking to the orchestrator over real gRPC (rota.v1 Acquire, no session)."""
-
-    def __init__(self, endpoint: str, job_id: str, group_id: str) -> None:
-        self.job_id, self.group_id = job_id, group_id
-        self.channel = grpc.insecure_channel(endpoint)
-        self.stub = pb_grpc.RotaServiceStub(self.channel)
-        self.granted = threading.Event()
-        self.error: grpc.RpcError | None = None
-        self.grant: pb.Grant | None = None
-
-    def acquire_in_background(self) -> Tenant:
-        def run() -> None:
-            try:
-                self.grant = self.stub.Acquire(pb.TurnRequest(job_id=self.job_id, group_id=self.group_id),
-                                               timeout=60)
-                self.granted.set()
-            except grpc.RpcError as exc:
-                self.error = exc
-
-        threading.Thread(target=run, daemon=True, name=f"tenant-{self.job_id}").start()
-        return self
-
-    def close(self) -> None:
-        self.channel.close()

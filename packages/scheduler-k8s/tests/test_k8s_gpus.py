@@ -15,7 +15,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from k8s_checks import pod_env, pod_specs, roundtrip
-from k8s_fake_api import FakeKubeApi
+from rota_k8s_controller.testing import FakeKubeApi
 
 from rota.errors import InvalidArgument
 from rota_k8s import GPUS_LABEL, TenantSpec, claim_name, resource_claim, tenant, validate_objects

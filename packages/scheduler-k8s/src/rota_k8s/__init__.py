@@ -12,15 +12,17 @@ its GPUs through the orchestrator;
 the controller beside the orchestrator releases the turn of pods that die.
 
 The library side: :func:`render` and :func:`tenant` build the objects as dicts,
-:func:`load_values` validates deployment values, :class:`Controller` is the pod
-watcher, :func:`validate_objects` checks objects against the official schemas.
+:func:`load_values` validates deployment values, :func:`validate_objects` checks
+objects against the official schemas. :class:`Controller`, the pod watcher, lives in
+rota-k8s-controller (what the image installs) and is re-exported here.
 """
 
 from __future__ import annotations
 
+from rota_k8s_controller.controller import Controller, Eviction, PodTracker, dead_reason
+
 from rota_k8s._validate import ManifestError, validate_objects
 from rota_k8s._values import Values, ValuesError, load_values
-from rota_k8s.controller import Controller, Eviction, PodTracker, dead_reason
 from rota_k8s.manifests import (
     CLAIM_API_VERSION,
     DEVICE_CLASS,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rota_k8s_controller.names import DNS_LABEL, LABEL_VALUE
 
 from rota import plugin_manager
 from rota.auth import parse_ttl
@@ -27,9 +28,7 @@ from rota_k8s._image import default_image, image_problem
 __all__ = ["AgentValues", "AuthValues", "EtcdValues", "OrchestratorValues", "PriorityClassValues", "Values",
            "ValuesError", "load_values"]
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _URL = re.compile(r"https://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?")  # fullmatch: etcd is reached over TLS only
@@ -254,7 +253,7 @@ def _check(v: Values) -> list[tuple[str, str]]:
     if v.metricsPort and (not 1024 <= v.metricsPort <= 65535 or v.metricsPort in (50051, v.agent.port)):
         p.append(("metricsPort", f"{v.metricsPort} must be 0 (no /metrics) or a free port between 1024 and 65535"))
     for ns in v.metricsNamespaces:
-        if not _DNS_LABEL.fullmatch(ns):
+        if not DNS_LABEL.fullmatch(ns):
             p.append(("metricsNamespaces", f"{ns!r} is not a namespace name (a DNS-1123 label)"))
     pc = v.priorityClass
     if pc.name and not _DNS_SUBDOMAIN.fullmatch(pc.name):
@@ -311,7 +310,7 @@ def _check(v: Values) -> list[tuple[str, str]]:
         prefix = k.rsplit("/", 1)[0] if "/" in k else ""
         if not _LABEL_NAME.fullmatch(name) or (prefix and not _DNS_SUBDOMAIN.fullmatch(prefix)):
             p.append(("agent.nodeSelector", f"{k!r} is not a label key"))
-        if not _LABEL_VALUE.fullmatch(val):
+        if not LABEL_VALUE.fullmatch(val):
             p.append(("agent.nodeSelector", f"{k}={val!r}: value is not a label value"))
     if a.runtimeClassName and not _DNS_SUBDOMAIN.fullmatch(a.runtimeClassName):
         p.append(("agent.runtimeClassName", f"{a.runtimeClassName!r} is not a DNS-1123 subdomain"))
@@ -330,11 +329,11 @@ def _namespace_problems(v: Values) -> list[tuple[str, str]]:
     p: list[tuple[str, str]] = []
     what = "is not a DNS-1123 label (lowercase letters, digits, '-', at most 63, starting and ending with a " \
            "letter or digit)"
-    if not _DNS_LABEL.fullmatch(v.namespace):
+    if not DNS_LABEL.fullmatch(v.namespace):
         p.append(("namespace", f"{v.namespace!r} {what}"))
         if not v.agent.namespace:
             return p  # the agent's, derived from it, is bad for the same reason
-    if not _DNS_LABEL.fullmatch(v.agent_namespace):
+    if not DNS_LABEL.fullmatch(v.agent_namespace):
         p.append(("agent.namespace", f"{v.agent_namespace!r} {what}; set agent.namespace to a shorter name"))
     elif v.agent_namespace == v.namespace:
         p.append(("agent.namespace", f"{v.agent_namespace!r} is rota's own namespace; the agent needs a namespace of "
@@ -342,35 +341,10 @@ def _namespace_problems(v: Values) -> list[tuple[str, str]]:
     if not v.tenantNamespaces:
         p.append(("tenantNamespaces", "is empty: name at least one namespace whose pods may use rota"))
     for ns in v.tenantNamespaces:
-        if not _DNS_LABEL.fullmatch(ns):
+        if not DNS_LABEL.fullmatch(ns):
             p.append(("tenantNamespaces", f"{ns!r} {what}"))
         elif ns in (v.namespace, v.agent_namespace):
             p.append(("tenantNamespaces", f"{ns!r} is one of rota's own namespaces; run tenants in another one"))
     if len(set(v.tenantNamespaces)) != len(v.tenantNamespaces):
         p.append(("tenantNamespaces", "names a namespace twice"))
     return p
-
-
-def dns_label_ok(text: str) -> bool:
-    """True when ``text`` is a DNS-1123 label (a namespace name, for one)."""
-    return bool(_DNS_LABEL.fullmatch(text))
-
-
-def label_value_problem(kind: str, value: str) -> str | None:
-    """Why ``value`` cannot be a Kubernetes label value, or None if it can."""
-    if not value or not _LABEL_VALUE.fullmatch(value):
-        return (f"{kind} {value!r} cannot be a Kubernetes label value: use 1-63 letters, digits, '-', '_', '.', "
-                "starting and ending with a letter or digit")
-    return None
-
-
-def dns_label(text: str, *, prefix: str = "rota-") -> str:
-    """A DNS-1123 label derived from ``text`` (lowercased, other characters to '-', hashed if changed)."""
-    import hashlib
-
-    base = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
-    name = f"{prefix}{base}"
-    if base != text or len(name) > 63:
-        digest = hashlib.sha256(text.encode()).hexdigest()[:6]
-        name = f"{name[:56].rstrip('-')}-{digest}"
-    return name

@@ -1,10 +1,10 @@
 """``rota k8s`` and ``kubectl rota``: render manifests, tenants, run the controller, status.
 
-A thin click layer over :mod:`rota_k8s.manifests`, :mod:`rota_k8s._values` and
-:mod:`rota_k8s.controller`. The same group is the ``kubectl-rota`` executable
-(kubectl's plugin convention: an executable named ``kubectl-NAME`` on PATH makes
-``kubectl NAME`` work). Nothing is printed until every value and every rendered
-object has been validated.
+A thin click layer over :mod:`rota_k8s.manifests` and :mod:`rota_k8s._values`; the
+``controller`` and ``install-key`` commands come from :mod:`rota_k8s_controller.cli`.
+The same group is the ``kubectl-rota`` executable (kubectl's plugin convention: an
+executable named ``kubectl-NAME`` on PATH makes ``kubectl NAME`` work). Nothing is
+printed until every value and every rendered object has been validated.
 
 Environment: ROTA_ORCHESTRATOR (orchestrator address for ``status``, ``controller``
 and tenants), ROTA_GROUP (default ``--group``), ROTA_AUTH_KEY (the controller's
@@ -18,12 +18,12 @@ import logging
 import os
 import re
 import secrets
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
+from rota_k8s_controller.cli import controller_cmd, install_key_cmd
 
 from rota import plugin_manager
 from rota.cli.options import Endpoint
@@ -96,6 +96,10 @@ _versions_option = click.option(
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 def k8s() -> None:
     """rota on Kubernetes: manifests, tenant workloads, the pod controller, status."""
+
+
+k8s.add_command(controller_cmd)  # run in the cluster; rota-k8s-controller holds them
+k8s.add_command(install_key_cmd)
 
 
 @k8s.command("render")
@@ -249,8 +253,9 @@ def tenant_cmd(group: str, image: str, job_id: str | None, namespace: str, kind:
 
 def _check_claim(spec: TenantSpec, kubeconfig: str | None, kube_context: str | None, *, must_exist: bool) -> None:
     """``--check-claim``: refuse a tenant whose --gpus differ from the group's claim in the cluster."""
+    from rota_k8s_controller.controller import api_client_from_environment
+
     from rota_k8s._claims import ClaimReadError, check_claim
-    from rota_k8s.controller import api_client_from_environment
 
     try:
         api = api_client_from_environment(kubeconfig, kube_context)
@@ -264,69 +269,6 @@ def _check_claim(spec: TenantSpec, kubeconfig: str | None, kube_context: str | N
     except InvalidArgument as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(f"rota: {found}", err=True)
-
-
-@k8s.command("controller")
-@click.option("--orchestrator", "endpoint", type=Endpoint(), required=True, envvar="ROTA_ORCHESTRATOR",
-              help="Orchestrator to send Evict to (env ROTA_ORCHESTRATOR).")
-@click.option("--namespace", "namespaces", multiple=True, metavar="NS",
-              help="Watch tenant pods of this namespace (repeatable; one watch each). Default: all namespaces.")
-@click.option("--auth-key", default="", envvar="ROTA_AUTH_KEY", type=click.Path(dir_okay=False),
-              help="The orchestrator's auth key (env ROTA_AUTH_KEY): each job's token is issued with it into the "
-              "Secret rota-token-JOB of the job's namespace, and Evict carries an admin token made with it.")
-@click.option("--token-ttl", default="30d", show_default=True,
-              help="Lifetime of job tokens; a pod reads ROTA_TOKEN when it starts, so make it outlast the jobs.")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Use this kubeconfig instead of the "
-              "in-cluster service account.")
-@click.option("--context", help="kubeconfig context.")
-@click.option("--watch-timeout", type=click.IntRange(1, 3600), default=60, show_default=True,
-              help="Seconds per watch request before it is renewed (pending evictions retry then too).")
-def controller_cmd(endpoint: str, namespaces: tuple[str, ...], auth_key: str, token_ttl: str,
-                   kubeconfig: str | None, context: str | None, watch_timeout: int) -> None:
-    """Watch tenant pods; issue each job its token; release the turn of jobs whose pods are deleted, evicted or lost."""
-    from rota.auth import load_key, parse_ttl
-    from rota_k8s._values import dns_label_ok
-    from rota_k8s.controller import Controller, TokenSecrets, core_api_from_environment, grpc_evictor
-
-    for ns in namespaces:
-        if not dns_label_ok(ns):
-            raise click.BadParameter(f"{ns!r} is not a namespace name (a DNS-1123 label)", param_hint="--namespace")
-    try:
-        key = load_key(auth_key) if auth_key else None
-        ttl = parse_ttl(token_ttl)
-    except RotaError as exc:
-        raise click.UsageError(str(exc)) from None
-    try:
-        api = core_api_from_environment(kubeconfig, context)
-    except Exception as exc:
-        raise click.ClickException(f"no Kubernetes configuration: {exc}") from None
-    tokens = TokenSecrets(api, key, ttl_s=ttl) if key else None
-    ctl = Controller(api, grpc_evictor(endpoint, key=key), namespaces=namespaces, tokens=tokens,
-                     watch_timeout=watch_timeout)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: ctl.stop())
-    click.echo(f"rota k8s controller: watching pods labelled timeslice.io/group in "
-               f"{', '.join(namespaces) or 'all namespaces'}, evicting through {endpoint}"
-               f"{', issuing job tokens' if tokens else ' without credentials (no --auth-key)'}", err=True)
-    ctl.run()
-
-
-@k8s.command("install-key")
-@click.argument("source", type=click.Path(dir_okay=False))
-@click.argument("dest", type=click.Path(dir_okay=False))
-def install_key_cmd(source: str, dest: str) -> None:
-    """Copy the auth key SOURCE (a mounted Secret) to DEST as an owner-only file (an init container's job).
-
-    Kubernetes mounts Secrets through links and group-readable, which rota's servers
-    refuse; DEST (mode 0600, in a memory emptyDir) is what --auth-key then reads.
-    """
-    from rota_k8s._keys import install_key
-
-    try:
-        install_key(source, dest)
-    except RotaError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"rota: auth key installed at {dest}", err=True)
 
 
 @k8s.command("status")
@@ -346,10 +288,11 @@ def status_cmd(group: str, endpoint: str | None, namespace: str, kubeconfig: str
     The orchestrator checks credentials: set ROTA_TOKEN to an admin token
     (`rota token issue --auth-key KEY --admin`), or to a job's token to see its group.
     """
+    from rota_k8s_controller.names import dns_label_ok
+
     from rota.admin import fetch_status
     from rota.cli.status import prometheus_text, render_table, status_json
     from rota_k8s._portforward import PodForward, ready_pod
-    from rota_k8s._values import dns_label_ok
 
     if as_json and prometheus:
         raise click.UsageError("choose one of --json and --prometheus")
@@ -377,7 +320,7 @@ def status_cmd(group: str, endpoint: str | None, namespace: str, kubeconfig: str
 
 def _core_api(kubeconfig: str | None, kube_context: str | None) -> Any:
     """CoreV1Api from the kubeconfig (or in-cluster); one-line error naming the problem."""
-    from rota_k8s.controller import core_api_from_environment
+    from rota_k8s_controller.controller import core_api_from_environment
 
     try:
         return core_api_from_environment(kubeconfig, kube_context)

@@ -42,11 +42,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from rota_k8s_controller.names import (
+    GROUP_LABEL,
+    JOB_LABEL,
+    PART_OF,
+    TOKEN_KEY,
+    dns_label,
+    dns_label_ok,
+    label_value_problem,
+    rota_ids,
+    token_secret_name,
+)
 
 from rota.config import check_id
 from rota.errors import InvalidArgument
 from rota_k8s._image import image_problem
-from rota_k8s._values import Values, dns_label, dns_label_ok, label_value_problem
+from rota_k8s._values import Values
 
 __all__ = [
     "CLAIM_API_VERSION",
@@ -66,14 +77,11 @@ __all__ = [
     "token_secret_name",
 ]
 
-JOB_LABEL = "timeslice.io/job-id"
-GROUP_LABEL = "timeslice.io/group"
 GPUS_LABEL = "timeslice.io/gpus"  # rota's: GPUs of the group's claim
 MAX_GPUS = 64  # GPUs one claim (one node) may ask for
 CLAIM_API_VERSION = "resource.k8s.io/v1"
 DEVICE_CLASS = "gpu.nvidia.com"
 CLAIM_REQUEST = "gpu"
-PART_OF = "rota"
 # grpc.health.v1 names (rota._service): the orchestrator service is SERVING on every replica that
 # answers (the leader, and followers that know it and redirect: readiness); rota.leader on the leader only.
 ORCHESTRATOR_SERVICE = "timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService"
@@ -530,25 +538,6 @@ def _num(x: float) -> str:
 
 
 # ------------------------------------------------------------------ tenant side
-
-
-def rota_ids(namespace: str, group: str, job: str) -> tuple[str, str]:
-    """rota's (group id, job id) of a tenant pod: its namespace, a dot, and its label.
-
-    A job is who may act for it, so its identity includes the namespace: the same
-    ``timeslice.io/job-id`` in another team's namespace is another job, with another
-    token. Groups too: a group is its ResourceClaim, and claims belong to one namespace.
-    Namespaces hold no dot, so the id splits back unambiguously.
-    """
-    return f"{namespace}.{group}", f"{namespace}.{job}"
-
-
-def token_secret_name(job_id: str) -> str:
-    """Name of the Secret (in the tenant's namespace) holding the token of job ``job_id`` (its label value)."""
-    return dns_label(job_id, prefix="rota-token-")
-
-
-TOKEN_KEY = "token"  # the key of that Secret's data
 
 
 def claim_name(group_id: str) -> str:

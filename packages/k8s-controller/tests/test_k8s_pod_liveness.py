@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from rota_k8s import GROUP_LABEL, JOB_LABEL, Eviction, PodTracker, dead_reason
+from rota_k8s_controller.controller import Eviction, PodTracker, dead_reason
+from rota_k8s_controller.names import GROUP_LABEL, JOB_LABEL
 
 
 def pod(name: str, job: str = "a", group: str = "g", *, uid: str = "", phase: str = "Running",

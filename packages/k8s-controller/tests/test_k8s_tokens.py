@@ -1,7 +1,7 @@
 """Job tokens on Kubernetes: the controller writes each job's token into a Secret of its namespace,
 and `rota k8s install-key` turns the auth key Secret into the file the servers accept.
 
-Kubernetes is FakeKubeApi (tests/k8s_fake_api.py), a SMALL FAKE of the pod list/watch and
+Kubernetes is FakeKubeApi (rota_k8s_controller.testing), a SMALL FAKE of the pod list/watch and
 Secret write endpoints: no API server can run here. The orchestrator is real (rota.v1 over
 gRPC on loopback) and checks tokens with the same key the controller issues them with.
 """
@@ -19,17 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_checks import wait_for
-from k8s_fake_api import FakeKubeApi
+from rota_k8s_controller._keys import install_key
+from rota_k8s_controller.controller import Controller, TokenSecrets, grpc_evictor
+from rota_k8s_controller.names import GROUP_LABEL, JOB_LABEL
+from rota_k8s_controller.testing import FakeKubeApi
 
 from rota import auth
 from rota._generated import rota_v1_pb2 as pb
 from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota.errors import ConfigError
-from rota.testing import running_orchestrator
-from rota_k8s._keys import install_key
-from rota_k8s.controller import Controller, TokenSecrets, grpc_evictor
-from rota_k8s.manifests import GROUP_LABEL, JOB_LABEL
+from rota.testing import eventually, running_orchestrator
 
 KEY = b"s" * 32
 JOB = {"apiVersion": "batch/v1", "kind": "Job", "name": "rota-ppo-1", "uid": "job-uid-1"}
@@ -69,7 +68,7 @@ def test_a_jobs_token_acts_for_that_job_and_its_secret_goes_with_it(
     endpoint, engine = served
     fake_api.create_pod("ppo-1-0", namespace="team-a", labels=labels("ppo-1"), owner=JOB)
     fake_api.create_pod("ppo-1-1", namespace="team-a", labels=labels("ppo-1"), owner=JOB)
-    token = wait_for(lambda: fake_api.secret("rota-token-ppo-1", "team-a") and
+    token = eventually(lambda: fake_api.secret("rota-token-ppo-1", "team-a") and
                      token_in(fake_api, "rota-token-ppo-1", "team-a"), "the job's Secret")
     secret = fake_api.secret("rota-token-ppo-1", "team-a")
     assert secret["metadata"]["ownerReferences"] == [JOB]  # collected with the Job if the controller is gone
@@ -85,8 +84,8 @@ def test_a_jobs_token_acts_for_that_job_and_its_secret_goes_with_it(
     fake_api.delete_pod("ppo-1-0", namespace="team-a")
     fake_api.delete_pod("ppo-1-1", namespace="team-a")
     # the controller's own Evict (an admin token from the same key) frees the group, then the Secret goes
-    wait_for(lambda: engine.groups["team-a.grp0"].holder == "", "the job's eviction")
-    wait_for(lambda: fake_api.secret("rota-token-ppo-1", "team-a") is None, "the job's Secret to be deleted")
+    eventually(lambda: engine.groups["team-a.grp0"].holder == "", "the job's eviction")
+    eventually(lambda: fake_api.secret("rota-token-ppo-1", "team-a") is None, "the job's Secret to be deleted")
     assert fake_api.secret_writes[-1] == ("DELETE", "team-a", "rota-token-ppo-1")
 
 
@@ -98,14 +97,15 @@ def test_a_secret_left_from_before_is_replaced_and_other_namespaces_get_none(
             "metadata": {"name": "rota-token-sft-2", "namespace": "team-b"},
             "data": {"token": base64.b64encode(stale.encode()).decode()}}
     fake_api.create_pod("sft-2-0", namespace="team-b", labels=labels("sft-2"))
-    wait_for(lambda: ("PUT", "team-b", "rota-token-sft-2") in fake_api.secret_writes, "the stale Secret's replacement")
+    eventually(lambda: ("PUT", "team-b", "rota-token-sft-2") in fake_api.secret_writes,
+               "the stale Secret's replacement")
     fresh = token_in(fake_api, "rota-token-sft-2", "team-b")
     assert fresh != stale and auth.verify(KEY, fresh).job == "team-b.sft-2"
 
     # A namespace the controller does not watch: no Secret is even tried there.
     fake_api.create_pod("x-0", namespace="elsewhere", labels=labels("x"))
     fake_api.create_pod("y-0", namespace="team-a", labels=labels("y"))  # a later event in a watched one
-    wait_for(lambda: fake_api.secret("rota-token-y", "team-a"), "the later job's Secret")
+    eventually(lambda: fake_api.secret("rota-token-y", "team-a"), "the later job's Secret")
     assert not [w for w in fake_api.secret_writes if w[1] == "elsewhere"]
 
 
@@ -118,9 +118,9 @@ def test_a_refused_secret_write_is_not_retried_forever(fake_api: FakeKubeApi, co
     thread.start()
     try:
         fake_api.create_pod("ppo-1-0", namespace="team-a", labels=labels("ppo-1"))
-        wait_for(lambda: ("team-a", "grp0", "ppo-1") in ctl.issued, "the controller to give up on the Secret")
+        eventually(lambda: ("team-a", "grp0", "ppo-1") in ctl.issued, "the controller to give up on the Secret")
         before = fake_api.watch_count()
-        wait_for(lambda: fake_api.watch_count() >= before + 2, "two more watch rounds")
+        eventually(lambda: fake_api.watch_count() >= before + 2, "two more watch rounds")
         assert fake_api.secrets == {} and fake_api.secret_refusals == [("POST", "team-a", "rota-token-ppo-1")]
     finally:
         ctl.stop()
@@ -177,8 +177,9 @@ def test_install_key_names_a_missing_secret(tmp_path: Path) -> None:
 def test_the_controllers_evict_without_a_key_is_refused_by_a_checking_orchestrator(
         served: tuple[str, Any]) -> None:
     """The admin token is what lets the controller evict: without the key its Evict is UNAUTHENTICATED."""
+    from rota_k8s_controller.controller import Eviction
+
     from rota.errors import Unauthenticated
-    from rota_k8s.controller import Eviction
 
     endpoint, engine = served
     stub = pb_grpc.RotaServiceStub(auth.channel(endpoint, token=auth.issue(KEY, group="ns.g", job="ns.j")))

@@ -6,7 +6,7 @@ namespaces (``--namespace``, repeatable; all namespaces without it) through the 
 ``kubernetes`` client.
 
 A job is (namespace, group label, job label): rota knows it as
-``<namespace>.<group>`` / ``<namespace>.<job>`` (:func:`rota_k8s.manifests.rota_ids`), so
+``<namespace>.<group>`` / ``<namespace>.<job>`` (:func:`rota_k8s_controller.names.rota_ids`), so
 a pod in another team's namespace that copies a job's labels is another job.
 
 Tokens (with ``--auth-key``): when a job's first live pod appears, the controller issues
@@ -41,10 +41,19 @@ from typing import Any
 
 from rota import admin, auth
 from rota.errors import PermanentError, RotaError, TransientError
-from rota_k8s._values import dns_label_ok, label_value_problem
-from rota_k8s.manifests import GROUP_LABEL, JOB_LABEL, PART_OF, TOKEN_KEY, rota_ids, token_secret_name
+from rota_k8s_controller.names import (
+    GROUP_LABEL,
+    JOB_LABEL,
+    PART_OF,
+    TOKEN_KEY,
+    dns_label_ok,
+    label_value_problem,
+    rota_ids,
+    token_secret_name,
+)
 
-__all__ = ["Controller", "Eviction", "JobKey", "PodTracker", "TokenSecrets", "dead_reason", "grpc_evictor"]
+__all__ = ["Controller", "Eviction", "JobKey", "PodTracker", "TokenSecrets", "api_client_from_environment",
+           "core_api_from_environment", "dead_reason", "grpc_evictor", "job_key"]
 
 log = logging.getLogger(__name__)
 Pod = dict[str, Any]

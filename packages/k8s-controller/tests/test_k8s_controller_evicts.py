@@ -1,6 +1,6 @@
 """The controller releases dead pods' turns: FakeKubeApi + a REAL orchestrator over gRPC.
 
-The Kubernetes side is FakeKubeApi (tests/k8s_fake_api.py), a SMALL FAKE serving only
+The Kubernetes side is FakeKubeApi (rota_k8s_controller.testing), a SMALL FAKE serving only
 the pod list/watch endpoints that the official ``kubernetes`` client calls, because no
 real API server can run here. The orchestrator side is real: rota's orchestrator
 serving rota.v1 on loopback, tenants acquiring over gRPC, the controller sending
@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from k8s_checks import wait_for
-from k8s_fake_api import FakeKubeApi
+from rota_k8s_controller.controller import Controller, grpc_evictor
+from rota_k8s_controller.names import GROUP_LABEL, JOB_LABEL
+from rota_k8s_controller.testing import FakeKubeApi
 
-from rota_k8s.controller import Controller, grpc_evictor
-from rota_k8s.manifests import GROUP_LABEL, JOB_LABEL
+from rota.testing import eventually
 
 G = "grp0"
 NS = "default"  # FakeKubeApi's pods' namespace: rota knows their jobs as default.<label>
@@ -63,7 +63,7 @@ def hold_and_wait(tenants: Any, engine: Any, fake_api: FakeKubeApi) -> tuple[Any
     a = tenants(rid("a"), RG).acquire_in_background()
     assert a.granted.wait(30), a.error
     b = tenants(rid("b"), RG).acquire_in_background()
-    wait_for(lambda: queue(engine) == [rid("b")], "b to queue behind a")
+    eventually(lambda: queue(engine) == [rid("b")], "b to queue behind a")
     return a, b
 
 
@@ -71,7 +71,7 @@ def test_deleted_holder_pod_releases_its_turn_to_the_next_waiter(
         fake_api: FakeKubeApi, orchestrator: tuple[str, Any], tenants: Any, controller: Controller) -> None:
     _, engine = orchestrator
     _a, b = hold_and_wait(tenants, engine, fake_api)
-    wait_for(lambda: fake_api.watch_count() >= 1, "the controller to watch")
+    eventually(lambda: fake_api.watch_count() >= 1, "the controller to watch")
     assert holder(engine) == rid("a") and not b.granted.is_set()
 
     fake_api.delete_pod("a-0")
@@ -79,7 +79,7 @@ def test_deleted_holder_pod_releases_its_turn_to_the_next_waiter(
     assert b.granted.wait(30), f"b was not granted after a's pod was deleted: {b.error}"
     assert holder(engine) == rid("b")
     # the grant may reach b before the controller has recorded the answer to its Evict
-    wait_for(lambda: controller.evicted, "the controller to record the eviction")
+    eventually(lambda: controller.evicted, "the controller to record the eviction")
     assert [(e.group_id, e.job_id) for e in controller.evicted] == [(RG, rid("a"))]
     assert "deleted" in controller.evicted[0].reason
 
@@ -91,9 +91,9 @@ def test_waiter_pod_deleted_leaves_the_queue_and_holder_keeps_the_group(
 
     fake_api.delete_pod("b-0")
 
-    wait_for(lambda: queue(engine) == [], "b to leave the queue")
+    eventually(lambda: queue(engine) == [], "b to leave the queue")
     assert holder(engine) == rid("a")
-    wait_for(lambda: b.error is not None, "b's Acquire to fail")
+    eventually(lambda: b.error is not None, "b's Acquire to fail")
 
 
 def test_kubelet_eviction_and_node_loss_release_turns(
@@ -102,7 +102,7 @@ def test_kubelet_eviction_and_node_loss_release_turns(
     _a, b = hold_and_wait(tenants, engine, fake_api)
     fake_api.create_pod("c-0", labels=labels("c"), node="gpu-node-2")
     c = tenants(rid("c"), RG).acquire_in_background()
-    wait_for(lambda: queue(engine) == [rid("b"), rid("c")], "c to queue behind b")
+    eventually(lambda: queue(engine) == [rid("b"), rid("c")], "c to queue behind b")
 
     def evicted(pod: dict[str, Any]) -> None:
         pod["status"] = {"phase": "Failed", "reason": "Evicted", "message": "The node was low on memory."}
@@ -122,7 +122,7 @@ def test_kubelet_eviction_and_node_loss_release_turns(
     fake_api.update_pod("b-0", node_lost)
     assert c.granted.wait(30), c.error
     assert holder(engine) == rid("c")
-    wait_for(lambda: {rid("a"), rid("b")} <= {e.job_id for e in controller.evicted},
+    eventually(lambda: {rid("a"), rid("b")} <= {e.job_id for e in controller.evicted},
              "the controller to record both evictions")
     reasons = {e.job_id: e.reason for e in controller.evicted}
     assert "Evicted" in reasons[rid("a")] and "node is lost" in reasons[rid("b")]
@@ -140,7 +140,7 @@ def test_graceful_termination_keeps_the_turn_until_the_pod_is_gone(
     # A later event proves the controller has processed the terminating one.
     fake_api.create_pod("other", labels={"unrelated": "x"})
     fake_api.create_pod("z-0", labels=labels("z", "grp-other"))
-    wait_for(lambda: controller.tracker.alive(NS, "grp-other", "z"), "the controller to see later events")
+    eventually(lambda: controller.tracker.alive(NS, "grp-other", "z"), "the controller to see later events")
     assert holder(engine) == rid("a") and controller.evicted == []
 
     fake_api.delete_pod("a-0")
@@ -152,12 +152,12 @@ def test_job_with_two_rank_pods_is_evicted_only_when_both_are_gone(
     _, engine = orchestrator
     _, b = hold_and_wait(tenants, engine, fake_api)
     fake_api.create_pod("a-1", labels=labels("a"))
-    wait_for(lambda: sum(1 for p in controller.tracker.pods.values() if p.key == (NS, G, "a")) == 2,
+    eventually(lambda: sum(1 for p in controller.tracker.pods.values() if p.key == (NS, G, "a")) == 2,
              "the controller to see both ranks of a")
 
     fake_api.delete_pod("a-0")
     fake_api.create_pod("z-0", labels=labels("z", "grp-other"))
-    wait_for(lambda: controller.tracker.alive(NS, "grp-other", "z"), "the controller to see later events")
+    eventually(lambda: controller.tracker.alive(NS, "grp-other", "z"), "the controller to see later events")
     assert holder(engine) == rid("a") and not b.granted.is_set()
 
     fake_api.delete_pod("a-1")
@@ -168,7 +168,7 @@ def test_pod_deleted_during_a_watch_gap_is_evicted_after_relisting(
         fake_api: FakeKubeApi, orchestrator: tuple[str, Any], tenants: Any, controller: Controller) -> None:
     _, engine = orchestrator
     _, b = hold_and_wait(tenants, engine, fake_api)
-    wait_for(lambda: controller.tracker.alive(NS, G, "a"), "the controller to see a")
+    eventually(lambda: controller.tracker.alive(NS, G, "a"), "the controller to see a")
     lists_before = sum(1 for _, q in fake_api.requests if "watch" not in q)
 
     # The pod vanishes and the history is compacted: the running watch ends and the
@@ -180,7 +180,7 @@ def test_pod_deleted_during_a_watch_gap_is_evicted_after_relisting(
     assert b.granted.wait(30), b.error
     assert holder(engine) == rid("b")
     assert sum(1 for _, q in fake_api.requests if "watch" not in q) > lists_before
-    wait_for(lambda: controller.evicted, "the controller to record the eviction")
+    eventually(lambda: controller.evicted, "the controller to record the eviction")
     assert "watch was down" in controller.evicted[0].reason
 
 
@@ -204,10 +204,10 @@ def test_eviction_is_retried_while_the_orchestrator_is_unreachable(
     thread.start()
     try:
         _, b = hold_and_wait(tenants, engine, fake_api)
-        wait_for(lambda: ctl.tracker.alive(NS, G, "a"), "the controller to see a")
+        eventually(lambda: ctl.tracker.alive(NS, G, "a"), "the controller to see a")
         fake_api.delete_pod("a-0")
         assert b.granted.wait(30), b.error
-        wait_for(lambda: ctl.pending == {}, "the controller to clear the done eviction")
+        eventually(lambda: ctl.pending == {}, "the controller to clear the done eviction")
         assert calls[:3] == [rid("a")] * 3
     finally:
         ctl.stop()
@@ -223,7 +223,7 @@ def test_controller_survives_api_errors(
     thread.start()
     try:
         _, b = hold_and_wait(tenants, engine, fake_api)
-        wait_for(lambda: ctl.tracker.alive(NS, G, "a"), "the controller to list after two 500s")
+        eventually(lambda: ctl.tracker.alive(NS, G, "a"), "the controller to list after two 500s")
         fake_api.delete_pod("a-0")
         assert b.granted.wait(30), b.error
     finally:

@@ -13,13 +13,14 @@ from typing import Any
 
 import grpc
 import pytest
-from k8s_checks import Tenant, wait_for
-from k8s_fake_api import FakeKubeApi
+from grpc_tenant import Tenant
+from rota_k8s_controller.controller import Controller, grpc_evictor
+from rota_k8s_controller.names import GROUP_LABEL, JOB_LABEL
+from rota_k8s_controller.testing import FakeKubeApi
 
 from rota._generated import rota_v1_pb2 as pb
 from rota._generated import rota_v1_pb2_grpc as pb_grpc
-from rota_k8s.controller import Controller, grpc_evictor
-from rota_k8s.manifests import GROUP_LABEL, JOB_LABEL
+from rota.testing import eventually
 
 etcd_testing = pytest.importorskip("rota_etcd.testing")
 pytestmark = [pytest.mark.etcd,
@@ -47,8 +48,8 @@ def test_deleted_pod_releases_its_turn_in_the_etcd_backed_orchestrator(
             fake_api.create_pod("b-0", labels={JOB_LABEL: "b", GROUP_LABEL: "grp0"})
             assert a.acquire_in_background().granted.wait(30), a.error
             b.acquire_in_background()
-            wait_for(lambda: list(group_status(endpoint, "default.grp0").queue) == ["default.b"], "b to queue")
-            wait_for(lambda: ctl.tracker.alive("default", "grp0", "a"), "the controller to see a")
+            eventually(lambda: list(group_status(endpoint, "default.grp0").queue) == ["default.b"], "b to queue")
+            eventually(lambda: ctl.tracker.alive("default", "grp0", "a"), "the controller to see a")
 
             fake_api.delete_pod("a-0")
 

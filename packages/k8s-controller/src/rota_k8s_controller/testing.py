@@ -1,8 +1,9 @@
-"""FakeKubeApi: a SMALL FAKE of the Kubernetes API server, for controller tests only.
+"""FakeKubeApi: a SMALL FAKE of the Kubernetes API server, for tests of the controller and of
+``rota k8s tenant --check-claim``.
 
 No real API server can run on the test machines, so this serves exactly the
-endpoints rota_k8s uses through the official ``kubernetes`` client, over real HTTP on
-loopback:
+endpoints rota_k8s_controller and rota_k8s use through the official ``kubernetes``
+client, over real HTTP on loopback:
 
 * ``GET /api/v1/pods`` and ``GET /api/v1/namespaces/{ns}/pods`` — a PodList, filtered
   by ``labelSelector`` (``key`` and ``key=value`` terms only), with a resourceVersion;
@@ -35,6 +36,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+__all__ = ["FakeKubeApi"]
 
 Pod = dict[str, Any]
 
