@@ -14,12 +14,13 @@ FROM python:${PYTHON_VERSION}-slim-${DEBIAN} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY packages/core packages/core
+COPY packages/agent-client packages/agent-client
 COPY packages/agent packages/agent
 COPY packages/orchestrator-etcd packages/orchestrator-etcd
-COPY packages/scheduler-k8s packages/scheduler-k8s
+COPY packages/k8s-controller packages/k8s-controller
 RUN python -m venv /opt/rota \
- && /opt/rota/bin/pip install ./packages/core "./packages/agent[gpu]" ./packages/orchestrator-etcd \
-        ./packages/scheduler-k8s \
+ && /opt/rota/bin/pip install ./packages/core ./packages/agent-client "./packages/agent[gpu]" \
+        ./packages/orchestrator-etcd ./packages/k8s-controller \
  && /opt/rota/bin/rota --version
 
 FROM python:${PYTHON_VERSION}-slim-${DEBIAN}

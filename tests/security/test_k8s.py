@@ -33,8 +33,6 @@ import grpc
 import pytest
 import yaml
 from click.testing import CliRunner
-from rota_k8s_controller.controller import Controller, TokenSecrets, grpc_evictor
-from rota_k8s_controller.testing import FakeKubeApi
 
 import rota
 from rota import auth
@@ -45,6 +43,8 @@ from rota._generated import snapshot_agent_pb2_grpc as agent_grpc
 from rota.testing import free_port, running_orchestrator
 from rota_k8s import load_values, render, validate_objects
 from rota_k8s.manifests import AUTH_DIR, AUTH_SECRET_DIR, ETCD_TLS_DIR, GROUP_LABEL
+from rota_k8s_controller.controller import Controller, TokenSecrets, grpc_evictor
+from rota_k8s_controller.testing import FakeKubeApi
 
 K8S_TESTS = Path(__file__).resolve().parents[2] / "packages" / "scheduler-k8s" / "tests"
 KEY = b"k" * 32

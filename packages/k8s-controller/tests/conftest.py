@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 from grpc_tenant import Tenant
-from rota_k8s_controller.fixtures import core_api, fake_api  # noqa: F401
 
 from rota.testing import running_orchestrator
+from rota_k8s_controller.fixtures import core_api, fake_api  # noqa: F401
 
 
 @pytest.fixture

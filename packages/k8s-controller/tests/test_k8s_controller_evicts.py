@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from rota.testing import eventually
 from rota_k8s_controller.controller import Controller, grpc_evictor
 from rota_k8s_controller.names import GROUP_LABEL, JOB_LABEL
 from rota_k8s_controller.testing import FakeKubeApi
-
-from rota.testing import eventually
 
 G = "grp0"
 NS = "default"  # FakeKubeApi's pods' namespace: rota knows their jobs as default.<label>

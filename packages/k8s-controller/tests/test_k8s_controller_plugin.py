@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 from click.testing import CliRunner
+
 from rota_k8s_controller import plugin
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from rota_k8s_controller.controller import Eviction, PodTracker, dead_reason
 from rota_k8s_controller.names import GROUP_LABEL, JOB_LABEL
 

@@ -19,16 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rota_k8s_controller._keys import install_key
-from rota_k8s_controller.controller import Controller, TokenSecrets, grpc_evictor
-from rota_k8s_controller.names import GROUP_LABEL, JOB_LABEL
-from rota_k8s_controller.testing import FakeKubeApi
 
 from rota import auth
 from rota._generated import rota_v1_pb2 as pb
 from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota.errors import ConfigError
 from rota.testing import eventually, running_orchestrator
+from rota_k8s_controller._keys import install_key
+from rota_k8s_controller.controller import Controller, TokenSecrets, grpc_evictor
+from rota_k8s_controller.names import GROUP_LABEL, JOB_LABEL
+from rota_k8s_controller.testing import FakeKubeApi
 
 KEY = b"s" * 32
 JOB = {"apiVersion": "batch/v1", "kind": "Job", "name": "rota-ppo-1", "uid": "job-uid-1"}
@@ -177,9 +177,8 @@ def test_install_key_names_a_missing_secret(tmp_path: Path) -> None:
 def test_the_controllers_evict_without_a_key_is_refused_by_a_checking_orchestrator(
         served: tuple[str, Any]) -> None:
     """The admin token is what lets the controller evict: without the key its Evict is UNAUTHENTICATED."""
-    from rota_k8s_controller.controller import Eviction
-
     from rota.errors import Unauthenticated
+    from rota_k8s_controller.controller import Eviction
 
     endpoint, engine = served
     stub = pb_grpc.RotaServiceStub(auth.channel(endpoint, token=auth.issue(KEY, group="ns.g", job="ns.j")))

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from rota_k8s_controller.fixtures import fake_api  # noqa: F401
 
 from rota.testing import running_orchestrator
+from rota_k8s_controller.fixtures import fake_api  # noqa: F401
 
 
 @pytest.fixture

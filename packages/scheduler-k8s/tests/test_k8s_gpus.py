@@ -15,11 +15,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from k8s_checks import pod_env, pod_specs, roundtrip
-from rota_k8s_controller.testing import FakeKubeApi
 
 from rota.errors import InvalidArgument
 from rota_k8s import GPUS_LABEL, TenantSpec, claim_name, resource_claim, tenant, validate_objects
 from rota_k8s._claims import claim_gpus
+from rota_k8s_controller.testing import FakeKubeApi
 
 WORKER = Path(__file__).with_name("torchrun_worker.py")
 

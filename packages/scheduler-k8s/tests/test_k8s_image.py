@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import tomllib
 from k8s_checks import pod_specs
 
 from rota_k8s import load_values, render
@@ -18,7 +19,27 @@ from rota_k8s import load_values, render
 ROOT = Path(__file__).resolve().parents[3]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 # what each rendered rota command needs installed, by the package folder that provides it
-NEEDS = {"agent": "packages/agent", "k8s": "packages/scheduler-k8s", "--etcd": "packages/orchestrator-etcd"}
+NEEDS = {"agent": "packages/agent", "k8s": "packages/k8s-controller", "--etcd": "packages/orchestrator-etcd"}
+
+
+def with_local_dependencies(folders: set[str]) -> set[str]:
+    """``folders`` and every package of this repository they depend on (pip finds those only in the build)."""
+    names = {}
+    for pyproject in ROOT.glob("packages/*/pyproject.toml"):
+        project = tomllib.loads(pyproject.read_text())["project"]
+        names[project["name"]] = (pyproject.parent.relative_to(ROOT).as_posix(), project.get("dependencies", []))
+    by_folder = {folder: deps for folder, deps in names.values()}
+    out, todo = set(), list(folders)
+    while todo:
+        folder = todo.pop()
+        if folder in out:
+            continue
+        out.add(folder)
+        for dep in by_folder[folder]:
+            name = re.match(r"[A-Za-z0-9_.-]+", dep).group(0)
+            if name in names:
+                todo.append(names[name][0])
+    return out
 
 
 def instructions(name: str) -> list[str]:
@@ -50,8 +71,10 @@ def test_every_package_the_manifests_run_is_installed_from_the_repository() -> N
     objs = render(load_values())
     commands = [c["command"] for _, _, spec in pod_specs(objs)
                 for c in [*spec.get("initContainers", []), *spec["containers"]] if c["command"][0] == "rota"]
-    needed = {"packages/core"} | {folder for cmd in commands for word, folder in NEEDS.items() if word in cmd}
-    assert needed == {"packages/core", *NEEDS.values()}
+    used = {"packages/core"} | {folder for cmd in commands for word, folder in NEEDS.items() if word in cmd}
+    assert used == {"packages/core", *NEEDS.values()}
+    needed = with_local_dependencies(used)
+    assert "packages/agent-client" in needed  # rota-agent's tenant half, a dependency found in its pyproject
     copied = {c.split()[0] for c in instructions("COPY") if c.startswith("packages/")}
     (install,) = [r for r in instructions("RUN") if "pip install" in r]
     assert needed <= copied

@@ -19,8 +19,6 @@ rota-k8s-controller (what the image installs) and is re-exported here.
 
 from __future__ import annotations
 
-from rota_k8s_controller.controller import Controller, Eviction, PodTracker, dead_reason
-
 from rota_k8s._validate import ManifestError, validate_objects
 from rota_k8s._values import Values, ValuesError, load_values
 from rota_k8s.manifests import (
@@ -37,6 +35,7 @@ from rota_k8s.manifests import (
     tenant,
     to_yaml,
 )
+from rota_k8s_controller.controller import Controller, Eviction, PodTracker, dead_reason
 
 __all__ = [
     "CLAIM_API_VERSION",

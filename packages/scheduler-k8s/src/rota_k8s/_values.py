@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rota_k8s_controller.names import DNS_LABEL, LABEL_VALUE
 
 from rota import plugin_manager
 from rota.auth import parse_ttl
 from rota.errors import ConfigError
 from rota.policies import available_policies
 from rota_k8s._image import default_image, image_problem
+from rota_k8s_controller.names import DNS_LABEL, LABEL_VALUE
 
 __all__ = ["AgentValues", "AuthValues", "EtcdValues", "OrchestratorValues", "PriorityClassValues", "Values",
            "ValuesError", "load_values"]

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rota_k8s_controller.cli import controller_cmd, install_key_cmd
 
 from rota import plugin_manager
 from rota.cli.options import Endpoint
@@ -32,6 +31,7 @@ from rota.types import TurnRequest
 from rota_k8s._validate import MIN_VERSION, ManifestError, supported_versions, validate_objects
 from rota_k8s._values import ValuesError, load_values
 from rota_k8s.manifests import MAX_GPUS, TenantSpec, claim_name, render, tenant, to_yaml
+from rota_k8s_controller.cli import controller_cmd, install_key_cmd
 
 log = logging.getLogger(__name__)
 
@@ -253,9 +253,8 @@ def tenant_cmd(group: str, image: str, job_id: str | None, namespace: str, kind:
 
 def _check_claim(spec: TenantSpec, kubeconfig: str | None, kube_context: str | None, *, must_exist: bool) -> None:
     """``--check-claim``: refuse a tenant whose --gpus differ from the group's claim in the cluster."""
-    from rota_k8s_controller.controller import api_client_from_environment
-
     from rota_k8s._claims import ClaimReadError, check_claim
+    from rota_k8s_controller.controller import api_client_from_environment
 
     try:
         api = api_client_from_environment(kubeconfig, kube_context)
@@ -288,11 +287,10 @@ def status_cmd(group: str, endpoint: str | None, namespace: str, kubeconfig: str
     The orchestrator checks credentials: set ROTA_TOKEN to an admin token
     (`rota token issue --auth-key KEY --admin`), or to a job's token to see its group.
     """
-    from rota_k8s_controller.names import dns_label_ok
-
     from rota.admin import fetch_status
     from rota.cli.status import prometheus_text, render_table, status_json
     from rota_k8s._portforward import PodForward, ready_pod
+    from rota_k8s_controller.names import dns_label_ok
 
     if as_json and prometheus:
         raise click.UsageError("choose one of --json and --prometheus")

@@ -42,6 +42,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
+from rota.config import check_id
+from rota.errors import InvalidArgument
+from rota_k8s._image import image_problem
+from rota_k8s._values import Values
 from rota_k8s_controller.names import (
     GROUP_LABEL,
     JOB_LABEL,
@@ -53,11 +58,6 @@ from rota_k8s_controller.names import (
     rota_ids,
     token_secret_name,
 )
-
-from rota.config import check_id
-from rota.errors import InvalidArgument
-from rota_k8s._image import image_problem
-from rota_k8s._values import Values
 
 __all__ = [
     "CLAIM_API_VERSION",

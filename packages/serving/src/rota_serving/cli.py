@@ -7,7 +7,7 @@ then delegates to :func:`rota_serving.serve_app`.
 Environment (fallbacks of the flags):
     ROTA_SERVE_LISTEN   --listen (default 127.0.0.1:8000)
     ROTA_GROUP, ROTA_TENANT, ROTA_ORCHESTRATOR   as for any tenant (rota.connect)
-    ROTA_AGENT          node agent to register with (optional; rota-agent answers the hook)
+    ROTA_AGENT          node agent to register with (optional; rota-agent-client answers the hook)
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """rota_serving's own hook: register a served engine's tenant with the node agent.
 
 rota_serving adds this spec to rota's plugin manager (``pm.add_hookspecs``) when a
-served engine is given an agent (``--agent`` or ``ROTA_AGENT``); rota_agent implements
-it. So the serving side and the agent never import each other.
+served engine is given an agent (``--agent`` or ``ROTA_AGENT``); rota_agent_client (the
+agent's tenant side) implements it. So the serving side and the agent never import each other.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def rota_register_with_agent(tenant: Gpu, agent: str, tags: Sequence[str]) -> An
     through the tenant's own ``rota_park``/``rota_restore`` hooks.
 
     Called by :func:`rota_serving.serve_app` (``rota vllm serve``, ``rota sglang serve``)
-    when an agent is given; implemented by rota_agent (:func:`rota_agent.register`).
+    when an agent is given; implemented by rota_agent_client (:func:`rota_agent_client.register`).
     Stops at first non-None result.
 
     :param tenant: the served engine's rota client.

@@ -10,7 +10,7 @@ through :func:`serve_app`, and tests. The picture::
 
 With ``--agent`` (or ``ROTA_AGENT``) the tenant is also registered with the node
 agent, so the agent can park the engine too. That goes through the
-``rota_register_with_agent`` hook (:mod:`rota_serving.hookspecs`), which rota_agent
+``rota_register_with_agent`` hook (:mod:`rota_serving.hookspecs`), which rota_agent_client
 implements: this package never imports the agent.
 """
 
@@ -64,7 +64,7 @@ def register_with_agent(pm: pluggy.PluginManager, tenant: Gpu, agent: str, tags:
     link = pm.hook.rota_register_with_agent(tenant=tenant, agent=agent, tags=tuple(tags))
     if link is None:
         raise ServingError(f"agent {agent!r} (--agent or ROTA_AGENT) was given, but no installed plugin registers "
-                           "tenants with a node agent; pip install rota-agent, or leave the agent out",
+                           "tenants with a node agent; pip install rota-agent-client, or leave the agent out",
                            job_id=tenant.tenant, group_id=tenant.group)
     return link
 
