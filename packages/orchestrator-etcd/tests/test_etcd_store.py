@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 from etcd_testlib import run
@@ -26,6 +27,15 @@ def granted(group: str, *jobs: str) -> GroupState:
     g.begin_switch(g.queue[0], 0)
     g.complete_grant(time.monotonic())
     return g
+
+
+async def leading_term(store: EtcdStore, turn_ttl_s: float) -> Any:
+    """``store`` connected, elected alone, and its term's store loaded (turn leases of ``turn_ttl_s``)."""
+    await store.connect()
+    term = await Election(store, {"id": "a", "address": "A"}).campaign(asyncio.Event())
+    ts = store.begin_term(term, turn_ttl_s)
+    await ts.load_all()
+    return ts
 
 
 def test_state_round_trips_through_json_with_wall_clock_times() -> None:
@@ -110,16 +120,13 @@ def test_a_commit_racing_another_writer_is_refused_and_ends_the_term(etcd, prefi
     async def body() -> None:
         store = EtcdStore(etcd.url, prefix=prefix)
         try:
-            await store.connect()
-            term = await Election(store, {"id": "a", "address": "A"}).campaign(asyncio.Event())
-            ts = store.begin_term(term, 5)
-            await ts.load_all()
+            ts = await leading_term(store, 5)
             g = granted("g", "j1")
             await ts.commit(g)
             await store.client.put(store.group_key("g"), encode_state(granted("g", "intruder")))
             with pytest.raises(Unavailable, match="another writer"):
                 await ts.commit(g)
-            assert term.lost.is_set()
+            assert ts.term.lost.is_set()
         finally:
             await store.close()
 
@@ -130,10 +137,7 @@ def test_every_grant_has_a_turn_lease_that_ends_the_turn_when_not_kept_alive(etc
     async def body() -> None:
         store = EtcdStore(etcd.url, prefix=prefix)
         try:
-            await store.connect()
-            term = await Election(store, {"id": "a", "address": "A"}).campaign(asyncio.Event())
-            ts = store.begin_term(term, 2)
-            await ts.load_all()
+            ts = await leading_term(store, 2)
             expired: list[tuple[str, str, int]] = []
 
             async def on_expired(group: str, job: str, token: int) -> None:
@@ -174,10 +178,7 @@ def test_a_turn_lease_let_go_while_its_holder_was_silent_never_carries_the_next_
     async def body() -> None:
         store = EtcdStore(etcd.url, prefix=prefix)
         try:
-            await store.connect()
-            term = await Election(store, {"id": "a", "address": "A"}).campaign(asyncio.Event())
-            ts = store.begin_term(term, 2)
-            await ts.load_all()
+            ts = await leading_term(store, 2)
             g = granted("g", "a", "b")
             await ts.commit(g)
             silent = ts.turns["g"].lease
