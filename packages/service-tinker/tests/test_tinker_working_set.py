@@ -14,6 +14,7 @@ import rota_fsdp
 from rota._engine import OrchestratorConfig
 from rota.testing import running_orchestrator
 from rota_tinker._worker import WorkingSet
+from rota_torch.testing import untrack_models_of
 
 MIB = 2**20
 
@@ -61,6 +62,7 @@ def test_working_set_is_reported_and_counted_against_capacity() -> None:
             assert len(b.stats.parks) == 1 and b.parked
             assert len(a.stats.parks) == 0
         finally:
+            untrack_models_of(gpus)  # their host pools go with them
             for gpu in gpus:
                 gpu.close()
 
