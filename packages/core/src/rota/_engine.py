@@ -190,6 +190,9 @@ class Orchestrator:
         self._grants: dict[tuple[str, str], asyncio.Future] = {}
         self._sessions: dict[tuple[str, str], list[Session]] = {}
         self._attached_once: set[tuple[str, str]] = set()  # jobs that speak rota.v1
+        # jobs of a previous life not re-attached yet -> when they last called (acquire, release): a job that
+        # calls is alive, so its TTL to re-attach its session counts from its last call, not from our start
+        self._called: dict[tuple[str, str], float] = {}
         self._pending: dict[str, asyncio.Future] = {}
         self._drivers: dict[str, asyncio.Task] = {}
         self._yield_sent: set[tuple[str, int]] = set()
@@ -249,16 +252,34 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ API
 
+    def job_alive(self, group_id: str, job_id: str) -> bool:
+        """Whether ``job_id`` shows life in ``group_id``: a live session seen within the TTL, or (a job of a
+        previous life that has not re-attached yet) a call within the TTL; a v1alpha1 job, which has no
+        session to judge by, always does."""
+        key = (group_id, job_id)
+        if key not in self._attached_once:
+            return True
+        now = time.monotonic()
+        if any(s.alive and now - s.last_seen <= self.config.ttl_s for s in self._sessions.get(key, ())):
+            return True
+        return now - self._called.get(key, -math.inf) <= self.config.ttl_s
+
+    def _note_call(self, key: tuple[str, str]) -> None:
+        if key in self._attached_once and not self._live_sessions(key):
+            self._called[key] = time.monotonic()
+
     async def acquire(self, req: TurnRequest) -> Grant:
         """Block until ``req.job_id`` holds ``req.group_id``."""
         check_pair(req.job_id, req.group_id)
         _check_request(req)
         key = (req.group_id, req.job_id)
+        self._note_call(key)
         try:
             grant, fut = await self._enqueue(req)
-            if fut is None:
-                return self._with_limits(grant)
-            return self._with_limits(await asyncio.shield(fut))
+            if fut is not None:
+                grant = await asyncio.shield(fut)
+            self._note_call(key)  # granted: the TTL to re-attach counts from the grant, not from the ask
+            return self._with_limits(grant)
         except asyncio.CancelledError:
             if not self._live_sessions(key):  # a v1alpha1 caller gave up: leave the queue, or hand back a
                 await self._leave_queue(req.job_id, req.group_id)  # grant it can no longer learn of
@@ -329,6 +350,7 @@ class Orchestrator:
         ``footprint_bytes`` (> 0): what the turn needed on the device, recorded before the next switch.
         """
         check_pair(job_id, group_id)
+        self._note_call((group_id, job_id))
         async with self._lock(group_id):
             g = await self._group(group_id)
             info = g.release(job_id, token, rank, time.monotonic())
@@ -394,6 +416,7 @@ class Orchestrator:
                     world_size=world_size)
         self._sessions.setdefault(key, []).append(s)
         self._attached_once.add(key)
+        self._called.pop(key, None)
         try:
             async with self._lock(group_id):
                 g = await self._group(group_id)
@@ -785,9 +808,11 @@ class Orchestrator:
                     s.outbox.put_nowait(("close", "", 0))
                     await self.detach(s, "heartbeat TTL expired")
             if not sessions and key in self._attached_once:  # restarted: never re-attached
-                if now - getattr(self, "_started", now) > self.config.ttl_s:
+                since = max(getattr(self, "_started", now), self._called.get(key, 0.0))
+                if now - since > self.config.ttl_s:
                     self._attached_once.discard(key)
                     self._sessions.pop(key, None)
+                    self._called.pop(key, None)
                     await self.evict(key[1], key[0], reason="did not re-attach within TTL", lost=True)
         for g in list(self.groups.values()):
             if not g.holder:

@@ -36,7 +36,6 @@ import logging
 import math
 import os
 import socket
-import time
 import uuid
 import weakref
 from collections.abc import Iterator
@@ -104,11 +103,7 @@ class EtcdOrchestrator(Orchestrator):
         return grant
 
     def holder_alive(self, g: GroupState) -> bool:
-        key = (g.group_id, g.holder)
-        if key not in self._attached_once:
-            return True  # v1alpha1 client: no heartbeats to judge by
-        now = time.monotonic()
-        return any(s.alive and now - s.last_seen <= self.config.ttl_s for s in self._sessions.get(key, ()))
+        return self.job_alive(g.group_id, g.holder)
 
     async def _keep_turns(self) -> None:
         while True:
