@@ -430,11 +430,6 @@ class Watch:
                 self.client.rotate()
                 await asyncio.sleep(0.1)
 
-    def _stall_s(self) -> float:
-        """How long an unanswered refresh may wait before the stream counts as stuck:
-        a third of the shortest TTL (one missed refresh round), at least a second."""
-        return max(1.0, min((k.ttl_s for k in self._leases.values()), default=3.0) / 3)
-
     async def _stream(self) -> None:
         call = rpc.WatchStub(self.client.channel()).Watch(metadata=_REQUIRE_LEADER)
         try:

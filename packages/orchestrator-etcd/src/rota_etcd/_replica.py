@@ -102,14 +102,11 @@ class EtcdOrchestrator(Orchestrator):
             await self.store.verify(req.group_id)
         return grant
 
-    def holder_alive(self, g: GroupState) -> bool:
-        return self.job_alive(g.group_id, g.holder)
-
     async def _keep_turns(self) -> None:
         while True:
             for g in list(self.groups.values()):
                 if g.holder:
-                    self.store.keep_turn(g.group_id, self.holder_alive(g))
+                    self.store.keep_turn(g.group_id, self.job_alive(g.group_id, g.holder))
             await asyncio.sleep(min(0.25, self.config.ttl_s / 4))
 
     async def _turn_expired(self, group_id: str, job_id: str, token: int) -> None:

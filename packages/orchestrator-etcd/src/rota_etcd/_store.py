@@ -355,7 +355,7 @@ class TermStore:
         except Unavailable as exc:
             self.term.end(f"commit of group {g!r} failed: {exc}")
             if new is not old and new is not None:
-                self._spawn(self.client.lease_revoke(new.lease))
+                self._discard(new.lease)
             raise
         revision = reply.header.revision
         if not reply.succeeded:
@@ -365,7 +365,7 @@ class TermStore:
                    f"{self.term.revision}) ended or another writer changed the group")
             self.term.end(why)
             if new is not old and new is not None:
-                self._spawn(self.client.lease_revoke(new.lease))
+                self._discard(new.lease)
             raise Unavailable(f"{why}; retry against the current leader", group_id=g)
         self.revs[g] = revision
         if new is not old:
