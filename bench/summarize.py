@@ -135,11 +135,20 @@ def main() -> None:
         costs = ", ".join(f"{size}: sample {m['sample']['extra_fraction_of_switch']:.1%}, full "
                           f"{m['full']['extra_fraction_of_switch']:.1%}" for size, m in verify["verify"].items())
         print(f"Cost of `--verify` as a fraction of switch time (extra over `off`): {costs} (verify-cuda.json).")
-    for name in ("tinker-density-h200.json", "tinker-density-h200-r8.json", "tinker-density-h200-r4-8steps.json",
+    for name in ("tinker-density-h200-qwen3-1.7b.json", "tinker-density-h200-qwen3-1.7b-n8.json",
+                 "tinker-density-h200.json", "tinker-density-h200-r8.json", "tinker-density-h200-r4-8steps.json",
                  "tinker-density-h200-park-every-switch.json"):
         tinker = _load(name)
         if tinker:
             _tinker_line(tinker, name)
+    full = _load("tinker-full-turns-h200.json")
+    if full:
+        rows = ", ".join(f"{t['base_model'].split('/')[-1]} park {sw['park_vs_floor']:.2f}x / restore "
+                         f"{sw['restore_vs_floor']:.2f}x of {sw['park_bytes'] / 1e9:.1f} GB"
+                         for t, sw in ((full["tenants"][k], full["switches"][k]) for k in full["tenants"]))
+        print(f"Tinker service, full-parameter tenants taking turns on one H200 (every switch parks; vs the pinned "
+              f"floor): {rows}; bit-identical to each alone: {full['all_bit_identical']} "
+              "(tinker-full-turns-h200.json).")
     for name, label in (("handoff-cpu.json", "embedded"), ("handoff-etcd-cpu.json", "through etcd")):
         d = _load(name)
         if d:

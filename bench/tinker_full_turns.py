@@ -41,6 +41,13 @@ from tinker_density import _batch  # the same random next-token batches as the d
 from rota_tinker.testing import QWEN3_SHAPES
 
 log = logging.getLogger("tinker_full_turns")
+T0 = time.perf_counter()
+
+
+def say(msg: str) -> None:
+    """Progress on stderr (a run takes minutes): seconds since the start, then the message."""
+    sys.stderr.write(f"[{time.perf_counter() - T0:7.1f}s] {msg}\n")
+    sys.stderr.flush()
 
 
 def run(specs: dict, tenants: list[tuple[str, str]], args: argparse.Namespace) -> tuple[dict, list[dict]]:
@@ -65,11 +72,13 @@ def run(specs: dict, tenants: list[tuple[str, str]], args: argparse.Namespace) -
                 tc = full_training_client(clients[tenant], base, timeout_s=1200)
                 data = _batch(specs[base].vocab, args.seq_len, args.batch, seed=int(tenant[1:]))
                 out = []
-                for _ in range(args.steps):
+                say(f"{tenant} ({base}) created its model")
+                for step in range(args.steps):
                     fb = tc.forward_backward(data, "cross_entropy")
                     op = tc.optim_step(types.AdamParams(learning_rate=1e-5))
                     out.append(fb.result(timeout=1200).metrics["loss:sum"])
                     op.result(timeout=1200)
+                    say(f"{tenant} step {step + 1}/{args.steps}: loss {out[-1]:.4f}")
                 losses[tenant] = out
             except BaseException as e:
                 errors.append(e)
@@ -153,8 +162,13 @@ def main() -> None:
     cache = tempfile.mkdtemp(prefix="tinker-bench-hub-")
     specs = {s.name: s for s in {qwen3_shaped(cache, shape, args.dtype) for shape in set(shapes)}}
     tenants = [(f"t{i}", f"bench/{shape}") for i, shape in enumerate(shapes)]
-    alone = {t: run(specs, [(t, b)], args)[0][t] for t, b in tenants}
+    alone = {}
+    for t, b in tenants:
+        say(f"{t} alone on {b}")
+        alone[t] = run(specs, [(t, b)], args)[0][t]
+    say(f"all {len(tenants)} together")
     together, units = run(specs, tenants, args)
+    say("done; measuring the pinned copy floor")
     floor = pinned_floor(args.device, args.floor_bytes)
     result = {"bench": "tinker_full_turns", "device": args.device, "host": platform.node(), "args": vars(args),
               "tenants": {t: {"base_model": b, "params": specs[b].params(), "losses_alone": alone[t],

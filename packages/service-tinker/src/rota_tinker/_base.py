@@ -84,7 +84,7 @@ class BaseHolder:
 
         self.spec, self.base = spec, spec.base
         self.device = torch.device(spec.device)
-        model = build_base(self.base, torch.device("cpu"))  # seeded on CPU: the same bytes on every device
+        model = build_base(self.base, self.device)  # a function of the base's seed (or its files) on this device
         self.layout, tensors = tensor_layout(model)
         total = max((off + t.numel() * t.element_size() for off, t in tensors.items()), default=0)
         self.flat = torch.zeros(total, dtype=torch.uint8, device=self.device)

@@ -131,8 +131,8 @@ def _build_hf(spec: HfModelSpec, device: torch.device) -> nn.Module:
     dtype = getattr(torch, spec.dtype)
     if spec.has_weights:
         model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, local_files_only=True, **_attention())
-    else:
-        with torch.random.fork_rng(devices=[]):
+    else:  # initialised where it runs: one CPU thread takes minutes for billions of weights, a GPU a second
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), device:
             torch.manual_seed(spec.seed)
             model = AutoModelForCausalLM.from_config(_hf_config(spec), dtype=dtype, **_attention())
     model = model.to(device).eval()

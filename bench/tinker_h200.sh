@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The Tinker service's H200 figures, in stages that each fit one device call (run from the repo root):
+#   bash bench/tinker_h200.sh smoke    # tiny Qwen3 shape on CUDA through both benches (about a minute)
+#   bash bench/tinker_h200.sh full     # three full-parameter tenants, 0.6B/1.7B/4B shapes, taking turns
+#   bash bench/tinker_h200.sh density  # LoRA density on a Qwen3-1.7B-shaped base, think 4x and 8x the step
+#   bash bench/tinker_h200.sh last     # the full tenants with 3 steps, and N = 8 at think 4x
+# JSON and logs go to bench/results/ and, when the device tool sets it, to $OUT as well.
+set -euo pipefail
+stage=${1:?usage: bash bench/tinker_h200.sh smoke|full|density}
+source bench/device_env.sh
+results=bench/results
+out=${OUT:-$results}
+mkdir -p "$results" "$out"
+nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
+run() {  # run NAME CMD...: the command's JSON and log land in bench/results and $OUT
+  local name=$1; shift
+  echo "== $name: $*"
+  local rc=0
+  "$@" --out "$results/$name.json" > "$out/$name.log" 2>&1 || rc=$?
+  tail -5 "$out/$name.log"
+  [ -f "$results/$name.json" ] && [ "$out" != "$results" ] && cp "$results/$name.json" "$out/"
+  echo "== $name rc=$rc"
+  return $rc
+}
+case $stage in
+  smoke)
+    run tinker-density-h200-smoke python3 bench/tinker_density.py --device cuda:0 --model qwen3-tiny --batch 2 \
+        --seq-len 16 --tenants 1,2 --steps 3 --warmup 1 --point-timeout-s 120
+    run tinker-full-turns-h200-smoke python3 bench/tinker_full_turns.py --device cuda:0 \
+        --shapes qwen3-tiny,qwen3-tiny --steps 2 --batch 2 --seq-len 16 ;;
+  full)
+    run tinker-full-turns-h200 timeout 540 python3 bench/tinker_full_turns.py --device cuda:0 \
+        --shapes qwen3-0.6b,qwen3-1.7b,qwen3-4b --steps 4 ;;
+  density)
+    run tinker-density-h200-qwen3-1.7b timeout 300 python3 bench/tinker_density.py --device cuda:0 \
+        --model qwen3-1.7b --tenants 1,2,4,5,6,8 --steps 12 --point-timeout-s 120 || true
+    run tinker-density-h200-qwen3-1.7b-r8 timeout 250 python3 bench/tinker_density.py --device cuda:0 \
+        --model qwen3-1.7b --tenants 1,6,8,10 --think-ratio 8 --steps 10 --point-timeout-s 100 ;;
+  last)  # what the first two stages' time limits cut: the full tenants, then N = 8 at think 4x
+    run tinker-full-turns-h200 timeout 270 python3 bench/tinker_full_turns.py --device cuda:0 \
+        --shapes qwen3-0.6b,qwen3-1.7b,qwen3-4b --steps 3 || true
+    run tinker-density-h200-qwen3-1.7b-n8 timeout 185 python3 bench/tinker_density.py --device cuda:0 \
+        --model qwen3-1.7b --tenants 1,8 --steps 8 --point-timeout-s 110 ;;
+  *) echo "unknown stage $stage: use smoke, full or density" >&2; exit 2 ;;
+esac
