@@ -23,6 +23,9 @@ def _tinker_line(tinker: dict, name: str) -> None:
                        f"{p['device_mem_used_bytes'] / 1e9:.1f} GB)" for p in done)
     density = tinker.get("density")
     verdict = f"density {density}" if density is not None else "incomplete run"
+    failed = [p for p in tinker.get("points", []) if p.get("failed")]
+    if failed:
+        points += "".join(f", N={p['tenants']} did not finish its steps in --point-timeout-s" for p in failed)
     base = tinker["points"][0]
     parks = "tenants resident between turns" if base.get("capacity_bytes") else "every switch parks"
     print(f"Tinker service, LoRA tenants on one shared {base['base_bytes'] / 1e9:.1f} GB base, one H200, think "
