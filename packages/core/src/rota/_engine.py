@@ -295,16 +295,56 @@ class Orchestrator:
             grant = g.enqueue(req, time.monotonic())
             if grant is not None:
                 return grant, None
-            await self.store.commit(g)
+            key = (req.group_id, req.job_id)
+            grant = self._grant_at_once(g, req.job_id)
+            try:
+                await self.store.commit(g)  # the enqueue, and with an immediate grant the grant too: one commit
+            except RotaError as exc:
+                if grant is not None:  # not durable: other ranks of the job waiting for it fail too
+                    self._settle(key, exc)
+                raise
             if self.stopped.is_set():  # stopped while this committed: nothing here would ever grant it
                 raise Unavailable(f"orchestrator {self.name} stopped; retry against its successor (job="
                                   f"{req.job_id!r}, group={req.group_id!r})", job_id=req.job_id, group_id=req.group_id)
-            key = (req.group_id, req.job_id)
+            if grant is not None:
+                if self.metrics is not None:
+                    self.metrics.granted(req.group_id, grant.waited_ms / 1000.0)
+                self._settle(key, grant)  # other ranks of the job that asked before this one
+                self._maybe_prefetch(g)
+                return grant, None
             fut = self._grants.get(key)
             if fut is None or fut.done():
                 fut = self._grants[key] = asyncio.get_running_loop().create_future()
             self._kick(req.group_id)
         return None, fut
+
+    def _grant_at_once(self, g: GroupState, job_id: str) -> Grant | None:
+        """Grant ``job_id`` now, under the group's lock, if nothing has to happen first: the group is free,
+        no prefetch runs, the policy picks this job, and no resident has to be parked (no agents to ask).
+
+        Its caller then commits the enqueue and the grant together (one etcd transaction for a tenant alone
+        in its group, not two); otherwise (None) the group's driver grants as usual.
+        """
+        if self.agents is not None or g.group_id in self._prefetching or not g.ready_for_grant():
+            return None
+        chosen = self.config.policy.choose(g.grantable(), g.tenants, time.monotonic())
+        if chosen is None or chosen.job_id != job_id:
+            return None
+        evict = g.begin_switch(chosen, self.config.capacity_bytes)
+        if any(self._live_sessions((g.group_id, j)) for j in evict):  # parks first: the driver's job
+            g.abort_switch()
+            return None
+        return g.complete_grant(time.monotonic(), prefetch=self.config.prefetch_on)
+
+    def _settle(self, key: tuple[str, str], outcome: Grant | BaseException) -> None:
+        """Answer the pending acquire of ``key`` (a grant, or the error that prevented it), if one waits."""
+        fut = self._grants.pop(key, None)
+        if fut is None or fut.done():
+            return
+        if isinstance(outcome, BaseException):
+            _fail(fut, outcome)
+        else:
+            fut.set_result(outcome)
 
     @_whole
     async def _leave_queue(self, job_id: str, group_id: str) -> None:
@@ -596,13 +636,9 @@ class Orchestrator:
                     await self.store.commit(g)
                 except RotaError as exc:  # not durable: undo nothing visible, fail the waiter
                     log.error("could not commit grant of %s to %s: %s", grant.job_id, group_id, exc)
-                    fut = self._grants.pop((group_id, grant.job_id), None)
-                    if fut is not None and not fut.done():
-                        _fail(fut, exc)
+                    self._settle((group_id, grant.job_id), exc)
                     return
-                fut = self._grants.pop((group_id, grant.job_id), None)
-                if fut is not None and not fut.done():
-                    fut.set_result(grant)
+                self._settle((group_id, grant.job_id), grant)
 
     async def agent_job_states(self, group_id: str) -> list[tuple[str, str, str]]:
         """(agent, JobState name, job) for every job of ``group_id`` that an agent knows."""
