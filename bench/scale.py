@@ -21,7 +21,9 @@ phase: how long until each of its groups grants again (target < 2x the leader le
 TTL) and whether any group ever had two holders at once (client-side grant..release
 intervals of one group overlapping, or one token granted twice: must be 0).
 
-Writes JSON (default bench/results/scale-etcd-cpu.json) with the machine's core count.
+Each run also reports the replicas' memory per tenant (RSS growth from before the tenants came to the end)
+and the load average (the cores may be shared). Writes JSON (default bench/results/scale-etcd-cpu.json) with
+the machine's core count.
 
     python bench/scale.py [--tenants 1000] [--groups 100] [--workers 4] [--seconds 20] [--replicas 1,2,3]
                           [--shards 12] [--leader-ttl 5] [--turn-ms 0] [--kill] [--profile SVG]
@@ -163,6 +165,28 @@ def double_grants(turns: list[list]) -> int:
     return bad
 
 
+def replica_rss(server: subprocess.Popen) -> int | None:
+    """Resident bytes of a replica (its process under py-spy when profiled); None once it is gone."""
+    import psutil
+
+    try:
+        proc = psutil.Process(server.pid)
+        if server.poll() is None and proc.children():  # py-spy record -- python -m rota ...
+            proc = proc.children()[0]
+        return proc.memory_info().rss
+    except psutil.NoSuchProcess:
+        return None
+
+
+def memory_report(before: list[int | None], after: list[int | None], tenants: int) -> dict:
+    """The replicas' RSS before the tenants came and at the end, and what the tenants added per tenant, over
+    the replicas alive at the end (a killed replica's groups moved to those, so every tenant is in one of them)."""
+    alive = [(b, a) for b, a in zip(before, after, strict=True) if b is not None and a is not None]
+    added = sum(a - b for b, a in alive)
+    return {"rss_before_bytes": before, "rss_after_bytes": after, "tenants": tenants, "added_bytes": added,
+            "bytes_per_tenant": round(added / tenants) if alive else None}
+
+
 def run_once(ns: argparse.Namespace, url: str, replicas: int, kill: bool) -> dict:
     prefix = f"/rota-scale-{os.getpid()}-{replicas}{'-kill' if kill else ''}"
     env = dict(os.environ, ROTA_ETCD_PREFIX=prefix, ROTA_ETCD_SHARDS=str(ns.shards),
@@ -187,6 +211,8 @@ def run_once(ns: argparse.Namespace, url: str, replicas: int, kill: bool) -> dic
                 sys.exit(f"{replicas} replicas did not share the {ns.shards} shards within 60 s: {leaders}")
             time.sleep(0.2)
         time.sleep(1.0)  # let the last leaders load
+        rss_before = [replica_rss(s) for s in servers]
+        load_before = os.getloadavg()
         tenants = [(f"tenant-{i}", f"group-{i % ns.groups}") for i in range(ns.tenants)]
         shares = [tenants[w::ns.workers] for w in range(ns.workers)]
         start_at = time.time() + 3.0
@@ -217,6 +243,8 @@ def run_once(ns: argparse.Namespace, url: str, replicas: int, kill: bool) -> dic
             if p.returncode != 0:
                 sys.exit(f"a client process failed with exit code {p.returncode}")
             results.append(json.loads(out))
+        rss_after = [replica_rss(s) for s in servers]  # every tenant known to its group's leader by now
+        load_after = os.getloadavg()
     finally:
         for s in servers:
             with contextlib.suppress(ProcessLookupError):
@@ -248,6 +276,8 @@ def run_once(ns: argparse.Namespace, url: str, replicas: int, kill: bool) -> dic
         "releases_resent_after_done": sum(r["released_before"] for r in results),
         "redirects": sum(r["redirects"] for r in results),
         "acquire_timeouts_120s": sum(r["acquire_timeouts"] for r in results),
+        "memory": memory_report(rss_before, rss_after, ns.tenants + len(results)),
+        "load_average_1m": {"before": round(load_before[0], 2), "after": round(load_after[0], 2)},
     }
     if killed is not None:
         from rota_etcd._shards import shard_of
@@ -294,6 +324,7 @@ def main() -> None:
     if ns.tenants < ns.groups or ns.groups < 1 or ns.workers < 1 or not counts or min(counts) < 1 or ns.shards < 1:
         ap.error("need --groups >= 1, --tenants >= --groups, --workers >= 1, --shards >= 1, --replicas like 1,2,3")
 
+    load_at_start = os.getloadavg()  # others' work on these cores too (1, 5, 15 min)
     etcd = None
     url = ns.etcd
     if not url:
@@ -311,12 +342,15 @@ def main() -> None:
     result = {
         "benchmark": "scale", "store": "etcd (1 member, loopback)", "tenants": ns.tenants, "groups": ns.groups,
         "client_processes": ns.workers, "cores": os.cpu_count(), "machine": f"{platform.node()} {os.cpu_count()} cpu",
-        "python": platform.python_version(), "steady_seconds": ns.seconds, "turn_ms": ns.turn_ms, "runs": runs,
+        "python": platform.python_version(), "steady_seconds": ns.seconds, "turn_ms": ns.turn_ms,
+        "load_average_at_start": [round(x, 2) for x in load_at_start], "runs": runs,
         "note": "everything (etcd, every replica, the client processes) shares these cores. burst/steady acquire "
                 "latency includes waiting behind the group's other tenants (10 per group); free_group_under_load "
                 "is a tenant alone in its group (one per client process) during the steady phase; kill: SIGKILL of "
                 "the replica leading the first probe's shard halfway through steady, regrant = kill -> first grant "
-                "of each of its groups",
+                "of each of its groups; memory: the replicas' RSS (VmRSS) once leaders are loaded and after the "
+                "last client ended, bytes_per_tenant = what they grew by / tenants (probes included); "
+                "load_average: the 1-minute load of these cores (other work on them shows here)",
     }
     os.makedirs(os.path.dirname(ns.out) or ".", exist_ok=True)
     with open(ns.out, "w") as f:
@@ -327,6 +361,7 @@ def main() -> None:
         print(f"scale: {r['replicas']} replicas: burst {b['grants_per_s']:.0f} grants/s; steady {s['grants_per_s']:.0f}"
               f" grants/s, acquire p50 {s['acquire_p50_ms']:.0f} ms p99 {s['acquire_p99_ms']:.0f} ms; free group "
               f"p50 {p['acquire_p50_ms']:.1f} ms p99 {p['acquire_p99_ms']:.1f} ms; double grants {r['double_grants']}"
+              f"; {r['memory']['bytes_per_tenant']} bytes/tenant; load {r['load_average_1m']['after']}"
               + (f"; killed leader of {kill['replica_shards']} shards: groups grant again after p50 "
                  f"{kill['regrant_p50_s']} s, max {kill['regrant_max_s']} s (target < {kill['target_s']:g} s)"
                  if kill else ""), file=sys.stderr)

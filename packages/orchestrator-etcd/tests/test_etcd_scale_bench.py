@@ -40,3 +40,7 @@ def test_two_replicas_share_the_load_without_double_grants(etcd, tmp_path, child
     assert r["cores"] == os.cpu_count() and run["replicas"] == 2
     assert run["burst"]["grants"] == 40 and run["steady"]["grants"] > 0 and run["free_group_under_load"]["grants"] > 0
     assert run["double_grants"] == 0 and run["release_errors"] == 0
+    memory = run["memory"]  # the replicas' RSS at both ends, per tenant (the probe included)
+    assert memory["tenants"] == 41 and all(rss > 0 for rss in memory["rss_before_bytes"] + memory["rss_after_bytes"])
+    assert memory["bytes_per_tenant"] == round(memory["added_bytes"] / 41)
+    assert len(r["load_average_at_start"]) == 3 and run["load_average_1m"]["after"] >= 0

@@ -403,12 +403,15 @@ class Watch:
     The stream is re-created from the last revision delivered + 1 whenever it breaks
     (member down, member without leader), on the next member. If etcd compacted the
     revisions needed, ``on_compacted`` runs and the watch restarts from the present.
+    ``deletes_only``: etcd leaves puts out of the stream.
     """
 
     def __init__(self, client: EtcdClient, prefix: bytes, start_revision: int,
                  on_events: Callable[[list[rpc.Event], int], Awaitable[None]],
-                 on_compacted: Callable[[], Awaitable[None]] | None = None, *, exact: bool = False) -> None:
+                 on_compacted: Callable[[], Awaitable[None]] | None = None, *, exact: bool = False,
+                 deletes_only: bool = False) -> None:
         self.client, self.prefix, self.next_revision = client, prefix, start_revision
+        self.filters = [rpc.WatchCreateRequest.NOPUT] if deletes_only else []
         self.on_events, self.on_compacted = on_events, on_compacted
         self.range_end = b"" if exact else prefix_end(prefix)
         self._task = asyncio.create_task(self._run(), name=f"rota-etcd-watch-{prefix.decode()}")
@@ -435,7 +438,7 @@ class Watch:
         try:
             await call.write(rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
                 key=self.prefix, range_end=self.range_end, start_revision=self.next_revision,
-                prev_kv=True)))
+                prev_kv=True, filters=self.filters)))
             while True:
                 reply = await call.read()
                 if reply is grpc.aio.EOF:

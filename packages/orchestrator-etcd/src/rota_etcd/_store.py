@@ -46,7 +46,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +56,6 @@ from rota.orchestrator import GroupState
 from rota_etcd._etcd import (
     EtcdClient,
     LeaseKeeper,
-    Watch,
     cmp_create,
     cmp_mod,
     op_delete,
@@ -66,6 +65,7 @@ from rota_etcd._etcd import (
     tls_credentials,
 )
 from rota_etcd._shards import shard_of
+from rota_etcd._turnwatch import OnExpired, TurnWatch
 
 log = logging.getLogger(__name__)
 
@@ -87,26 +87,59 @@ def _env_shards() -> int:
 # written on one host reads correctly on another (as far as their clocks agree).
 
 
-def encode_state(state: GroupState) -> bytes:
+_GROUP_FIELDS = tuple(f.name for f in dataclasses.fields(GroupState) if f.name != "tenants")
+_JSON = json.JSONEncoder(separators=(",", ":")).encode
+
+TenantCache = dict[str, tuple[tuple, str]]  # job -> (what its record held, its JSON)
+
+
+def encode_state(state: GroupState, cache: TenantCache | None = None) -> bytes:
+    """``state`` as etcd keeps it. With ``cache`` (one per group, kept by the caller between
+    commits), a tenant record that did not change since the last call reuses its JSON: a
+    commit usually changes one of the group's tenants, and encoding them all was most of
+    its CPU."""
     # Built field by field, not with GroupState.to_dict(): dataclasses.asdict deep-copies
-    # every tenant's 512 recent samples, which made this the costliest step of a commit.
+    # every tenant's 512 recent samples.
     shift = time.time() - time.monotonic()
-    d = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+    d = {name: getattr(state, name) for name in _GROUP_FIELDS}
     for name in ("created", "holder_since"):
         if d[name]:
             d[name] = round(d[name] + shift, 4)
     d["released_ranks"] = sorted(state.released_ranks)
     d["queue"] = [dict(vars(w), arrived=round(w.arrived + shift, 4)) for w in state.queue]
     d["residents"] = list(state.residents)
-    d["tenants"] = {job: _encode_tenant(rec) for job, rec in state.tenants.items()}
-    return json.dumps(d, separators=(",", ":")).encode()
+    tenants = []
+    fresh: TenantCache = {}
+    for job, rec in state.tenants.items():
+        key = _tenant_key(rec)
+        hit = cache.get(job) if cache is not None else None
+        text = hit[1] if hit is not None and hit[0] == key else _JSON(_encode_tenant(rec))
+        fresh[job] = (key, text)
+        tenants.append(f"{_JSON(job)}:{text}")
+    if cache is not None:  # tenants collected since are dropped with their JSON
+        cache.clear()
+        cache.update(fresh)
+    head = _JSON(d)
+    return f"{head[:-1]},\"tenants\":{{{','.join(tenants)}}}}}".encode()
+
+
+def _recent(samples: Any) -> list[float]:
+    """The last STORED_SAMPLES of a deque, oldest first (without walking the older ones)."""
+    out = list(itertools.islice(reversed(samples), STORED_SAMPLES))
+    out.reverse()
+    return out
+
+
+def _tenant_key(rec: Any) -> tuple:
+    """Everything of a tenant record that its stored form shows (what makes its cached JSON stale)."""
+    return (*(v for k, v in vars(rec).items() if k not in ("waits_ms", "parks_ms")),
+            *_recent(rec.waits_ms), None, *_recent(rec.parks_ms))
 
 
 def _encode_tenant(rec: Any) -> dict[str, Any]:
     out = dict(vars(rec))
     for name in ("waits_ms", "parks_ms"):
-        samples = out[name]
-        out[name] = [round(x, 2) for x in itertools.islice(samples, max(0, len(samples) - STORED_SAMPLES), None)]
+        out[name] = [round(x, 2) for x in _recent(out[name])]
     return out
 
 
@@ -181,6 +214,7 @@ class EtcdStore:
         self.shards = _env_shards()
         self.client: EtcdClient | None = None
         self.keeper: LeaseKeeper | None = None
+        self._turn_watch: TurnWatch | None = None
 
     # keys
     @property
@@ -226,7 +260,17 @@ class EtcdStore:
                               "fix --etcd / ROTA_ETCD") from None
         return self.client
 
+    def turn_watch(self) -> TurnWatch:
+        """The one watch of turn keys that every shard led here subscribes to."""
+        if self._turn_watch is None:
+            assert self.client is not None
+            self._turn_watch = TurnWatch(self.client, self.turns_prefix, self.shard_of)
+        return self._turn_watch
+
     async def close(self) -> None:
+        if self._turn_watch is not None:
+            await self._turn_watch.close()
+            self._turn_watch = None
         if self.keeper is not None:
             await self.keeper.stop()
         if self.client is not None:
@@ -307,8 +351,9 @@ class TermStore:
         self.turn_ttl = max(2, math.ceil(turn_ttl_s))
         self.revs: dict[str, int] = {}  # group -> mod_revision this term expects
         self.turns: dict[str, Turn] = {}
+        self._encoded: dict[str, TenantCache] = {}  # group -> its tenants' JSON as last committed
         self.revision = 0  # etcd revision of the load
-        self._watch: Watch | None = None
+        self._watch: object | None = None  # this term's TurnWatch subscription
         self._background: set[asyncio.Task] = set()
         self._spares: list[int] = []
         self._refilling = False
@@ -336,7 +381,7 @@ class TermStore:
         g = state.group_id
         self._check_term(g)
         key, tkey = self.parent.group_key(g), self.parent.turn_key(g)
-        value = encode_state(state)
+        value = encode_state(state, self._encoded.setdefault(g, {}))
         ops = [op_put(key, value)]
         old = self.turns.get(g)
         new = old
@@ -388,6 +433,7 @@ class TermStore:
             raise Unavailable(f"etcd refused to forget group {group_id!r}: this replica's leadership ended or "
                               "another writer changed it", group_id=group_id)
         self.revs.pop(group_id, None)
+        self._encoded.pop(group_id, None)
 
     def _applied_earlier(self, reply: Any, value: bytes) -> int:
         """After a refused retry: the group's revision if an earlier try of this very
@@ -496,29 +542,15 @@ class TermStore:
         else:
             self.keeper.drop(turn.lease)
 
-    def watch_turns(self, on_expired: Callable[[str, str, int], Awaitable[None]]) -> None:
-        """Call ``on_expired(group, job, token)`` when a turn key vanishes (lease expiry,
-        or this term's own release: the callback checks the token)."""
-
-        async def on_events(events: list, revision: int) -> None:
-            for ev in events:
-                if ev.type != ev.DELETE or not ev.prev_kv.value:
-                    continue
-                group = ev.kv.key.decode().rsplit("/", 1)[1]
-                if not self._mine(group):
-                    continue  # another shard's turn
-                try:
-                    d = json.loads(ev.prev_kv.value)
-                    await on_expired(group, d["job"], int(d["token"]))
-                except (ValueError, KeyError, TypeError) as exc:
-                    log.error("unreadable turn key %s: %s", ev.kv.key.decode(), exc)
-
-        self._watch = Watch(self.client, self.parent.turns_prefix, self.revision + 1, on_events)
+    def watch_turns(self, on_expired: OnExpired) -> None:
+        """Call ``on_expired(group, job, token)`` when a turn key of this shard vanishes (lease
+        expiry, or this term's own release: the callback checks the token)."""
+        self._watch = self.parent.turn_watch().subscribe(self.shard, self.revision + 1, on_expired)
 
     async def close(self) -> None:
         """End of term: stop watching and refreshing (leases stay for the next leader)."""
         if self._watch is not None:
-            await self._watch.cancel()
+            await self.parent.turn_watch().unsubscribe(self.shard, self._watch)
         for turn in self.turns.values():
             self.keeper.drop(turn.lease)
         for task in list(self._background):

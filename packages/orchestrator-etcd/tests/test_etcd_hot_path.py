@@ -1,0 +1,85 @@
+"""What the commit path saves per grant stays exact: cached tenant JSON, and one turn watch for every shard."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from etcd_testlib import run
+from test_etcd_store import granted
+
+from rota_etcd._shards import shard_of
+from rota_etcd._store import EtcdStore, decode_state, encode_state
+from rota_etcd._turnwatch import TurnWatch
+
+
+def test_cached_tenant_json_is_what_encoding_afresh_writes_after_every_change() -> None:
+    g = granted("g", "a", "b")
+    cache: dict = {}
+    assert encode_state(g, cache) == encode_state(g) and set(cache) == {"a", "b"}
+    rec = g.tenants["a"]
+    for x in range(40):  # the stored window of samples moves, also when the newest equals the one before
+        rec.waits_ms.append(7.0 if x % 3 else 5.0)
+        assert encode_state(g, cache) == encode_state(g)
+    rec.footprint_bytes, rec.state = 123, "parked"
+    g.tenants["b"].parks_ms.append(1.5)
+    assert encode_state(g, cache) == encode_state(g)
+    back = decode_state(encode_state(g, cache))
+    assert (back.tenants["a"].footprint_bytes, list(back.tenants["a"].waits_ms)[-2:]) == (123, [7.0, 5.0])
+    del g.tenants["b"]  # a collected tenant leaves the cache too
+    assert encode_state(g, cache) == encode_state(g) and set(cache) == {"a"}
+
+
+def groups_of_shards(count: int, shards: int) -> list[str]:
+    """One group name per shard 0..count-1 (of ``shards``)."""
+    names: dict[int, str] = {}
+    for i in range(1000):
+        names.setdefault(shard_of(f"g{i}", shards), f"g{i}")
+    return [names[s] for s in range(count)]
+
+
+def test_one_turn_watch_gives_each_shard_its_own_deletions_once(etcd, prefix) -> None:
+    async def body() -> None:
+        store = EtcdStore(etcd.url, prefix=prefix)
+        client = await store.connect()
+        try:
+            g0, g1 = groups_of_shards(2, 4)
+            got: dict[int, list[tuple[str, str, int]]] = {0: [], 1: []}
+
+            def collector(shard: int):
+                async def on_expired(group: str, job: str, token: int) -> None:
+                    got[shard].append((group, job, token))
+                return on_expired
+
+            async def turn(group: str, token: int, delete: bool = True) -> int:
+                await client.put(store.turn_key(group), f'{{"job": "j", "token": {token}}}'.encode())
+                if delete:
+                    await client.delete(store.turn_key(group))
+                return (await client.get(store.turn_key(group))).header.revision
+
+            start = await turn(g1, 1) + 1  # shard 1 subscribes from here, later: it gets token 2 but not 1
+            watch = TurnWatch(client, store.turns_prefix, lambda g: shard_of(g, 4))
+            first = watch.subscribe(0, start, collector(0))
+            await turn(g0, 1)
+            await turn(g1, 2)
+            await turn(g0, 2, delete=False)  # a put alone: no event
+            deadline = time.monotonic() + 5
+            while not got[0] and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            watch.subscribe(1, start, collector(1))  # behind the stream: it restarts from there
+            await turn(g1, 3)
+            while len(got[1]) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)
+            assert got == {0: [(g0, "j", 1)], 1: [(g1, "j", 2), (g1, "j", 3)]}
+            await watch.unsubscribe(0, first)
+            await turn(g0, 3)
+            await turn(g1, 4)
+            while len(got[1]) < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert got == {0: [(g0, "j", 1)], 1: [(g1, "j", 2), (g1, "j", 3), (g1, "j", 4)]}
+            await watch.close()
+        finally:
+            await store.close()
+
+    run(body())
