@@ -20,11 +20,9 @@ import pytest
 import tinker
 import torch
 from tinker import types
-from tinker_testlib import KEYS, concurrently, full_training_client
+from tinker_testlib import KEYS, concurrently, full_training_client, serving_hf_models
 
-from rota._engine import OrchestratorConfig
-from rota.testing import running_orchestrator
-from rota_tinker import ServiceConfig, Tenant, TinkerService, find_models, search_dirs
+from rota_tinker import TinkerService, find_models, search_dirs
 from rota_tinker.testing import hf_snapshot, hub_cache_snapshot
 
 TIMEOUT = 180
@@ -45,14 +43,9 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]
 
 @pytest.fixture(scope="module")
 def hf_service(dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerService]:
-    searched = search_dirs([str(dirs[1]), str(dirs[0])])
-    with running_orchestrator(OrchestratorConfig(ttl_s=10.0, park_timeout_s=60.0)) as (endpoint, _engine):
-        config = ServiceConfig(tenants=tuple(Tenant(n, k) for n, k in KEYS.items()),
-                               data_dir=str(tmp_path_factory.mktemp("tinker-hf")), endpoint=endpoint,
-                               group="tinker-hf", long_poll_s=2.0, base_models=find_models(searched),
-                               model_dirs=tuple(searched))
-        with TinkerService(config) as svc:
-            yield svc
+    with serving_hf_models([str(dirs[1]), str(dirs[0])], str(tmp_path_factory.mktemp("tinker-hf")),
+                           "tinker-hf") as svc:
+        yield svc
 
 
 @pytest.fixture(scope="module")

@@ -4,25 +4,17 @@ and the service stops cleanly (workers first, then the base holder, none killed)
 from __future__ import annotations
 
 import tempfile
-import time
 from collections.abc import Callable
 
 import tinker
 from tinker import types
-from tinker_testlib import KEYS, batch
+from tinker_testlib import KEYS, await_queued, batch
 
 import rota
 from rota.testing import running_orchestrator
 from rota_tinker import ServiceConfig, Tenant, TinkerService
 
 TIMEOUT = 120
-
-
-def _queued(service: TinkerService, tenant: str, kinds: set[str], since: int) -> bool:
-    """True once units of every kind in ``kinds`` (newer than future number ``since``) reached the worker's pipe."""
-    with service.state.lock:
-        futures = list(service.state.futures.values())[since:]
-    return kinds <= {f.kind for f in futures if f.tenant == tenant and "submitted" in f.timing}
 
 
 def test_optim_step_queued_behind_forward_backward_shares_its_turn(
@@ -35,12 +27,7 @@ def test_optim_step_queued_behind_forward_backward_shares_its_turn(
             since = len(service.state.futures)
         fb = tc.forward_backward(batch(0, seed=5), "cross_entropy")
         op = tc.optim_step(types.AdamParams(learning_rate=1e-2))
-        for _ in range(int(TIMEOUT / 0.05)):  # a hang guard, not a threshold: normally a few rounds
-            if _queued(service, "alice", {"ForwardBackward", "OptimStep"}, since):
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("forward_backward and optim_step never reached alice's trainer")
+        await_queued(service, "alice", ["ForwardBackward", "OptimStep"], since, TIMEOUT)
         blocker.release()
         loss = fb.result(timeout=TIMEOUT).metrics["loss:sum"]
         op.result(timeout=TIMEOUT)

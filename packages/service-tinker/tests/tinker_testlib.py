@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 from tinker import types
 
-from rota_tinker import BaseModelSpec
+from rota._engine import OrchestratorConfig
+from rota.testing import running_orchestrator
+from rota_tinker import BaseModelSpec, ServiceConfig, Tenant, TinkerService, find_models, search_dirs
 from rota_tinker.testing import full_training_client  # noqa: F401 (the tests import it from here)
 
 KEYS = {name: f"tml-{name}-test-key-0123" for name in ("alice", "bob", "carol", "dave")}
@@ -51,3 +56,29 @@ def concurrently(calls: dict[str, Callable[[], Any]], timeout_s: float = 600) ->
         raise errors[0]
     assert not any(t.is_alive() for t in threads), f"still running after {timeout_s} s"
     return results
+
+
+@contextlib.contextmanager
+def serving_hf_models(model_dirs: list[str], data_dir: str, group: str, **config: Any) -> Iterator[TinkerService]:
+    """The service for every tenant of KEYS, serving the Hugging Face models found in ``model_dirs`` (by hub name),
+    on a fresh orchestrator; ``config``: more ServiceConfig fields."""
+    searched = search_dirs(model_dirs)
+    with running_orchestrator(OrchestratorConfig(ttl_s=10.0, park_timeout_s=60.0)) as (endpoint, _engine):
+        cfg = ServiceConfig(tenants=tuple(Tenant(n, k) for n, k in KEYS.items()), data_dir=data_dir, endpoint=endpoint,
+                            group=group, long_poll_s=2.0, base_models=find_models(searched),
+                            model_dirs=tuple(searched), **config)
+        with TinkerService(cfg) as svc:
+            yield svc
+
+
+def await_queued(service: TinkerService, tenant: str, kinds: list[str], since: int, timeout_s: float = 120) -> None:
+    """Wait until units of ``kinds`` (with repeats; newer than future number ``since``) of ``tenant`` reached its
+    workers' pipes."""
+    for _ in range(int(timeout_s / 0.05)):  # a hang guard, not a threshold: normally a few rounds
+        with service.state.lock:
+            futures = list(service.state.futures.values())[since:]
+        if Counter(kinds) <= Counter(f.kind for f in futures if f.tenant == tenant and "submitted" in f.timing):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{kinds} of {tenant} never reached its workers")
+

@@ -1,5 +1,5 @@
-"""The models behind the service: Hugging Face causal LMs (and a small test transformer), peft LoRA, losses,
-sampling.
+"""The models behind the service: Hugging Face causal LMs (and a small test transformer), peft LoRA, losses
+(sampling from them: :mod:`rota_tinker._sampling`).
 
 Imported only by worker processes (:mod:`rota_tinker._worker`); the HTTP process builds no
 model (it still has torch loaded when torch is installed: the tinker SDK's types import it).
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -40,11 +39,11 @@ class Block(nn.Module):
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
         self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, d = x.shape
         h = self.ln1(x)
         q, k, v = (m(h).view(b, t, self.heads, d // self.heads).transpose(1, 2) for m in (self.q, self.k, self.v))
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         x = x + self.o(att.transpose(1, 2).reshape(b, t, d))
         return x + self.down(F.gelu(self.up(self.ln2(x))))
 
@@ -61,12 +60,23 @@ class TinyLM(nn.Module):
         self.ln = nn.LayerNorm(spec.dim)
         self.unembed = nn.Linear(spec.dim, spec.vocab, bias=False)
 
-    def forward(self, tokens: torch.Tensor, **_: Any) -> torch.Tensor:
-        pos = torch.arange(tokens.shape[-1], device=tokens.device)
+    def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
+        """Logits of ``tokens`` ``[B, T]``; ``attention_mask`` (1: a real token) hides left padding, whose rows
+        then take their positions from ``position_ids``."""
+        pos = torch.arange(tokens.shape[-1], device=tokens.device) if position_ids is None else position_ids
         x = self.tok(tokens) + self.pos(pos)
+        mask = None if attention_mask is None else _padded_causal(attention_mask.bool())
         for blk in self.blocks:
-            x = blk(x)
+            x = blk(x, mask)
         return self.unembed(self.ln(x))
+
+
+def _padded_causal(real: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, T, T]``: query t sees the real keys up to t (and itself, so a padding row is never all masked)."""
+    t = real.shape[-1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=real.device).tril()
+    return ((causal & real[:, None, None, :]) | torch.eye(t, dtype=torch.bool, device=real.device))
 
 
 def build_base(spec: BaseModelSpec | HfModelSpec, device: torch.device) -> nn.Module:
@@ -198,12 +208,6 @@ def adapters_of(peft_model: Any) -> nn.ModuleDict:
     return trainable
 
 
-def logits_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits ``[T, vocab]`` (float32) of one sequence ``tokens`` ``[T]``."""
-    out = model(tokens.unsqueeze(0), use_cache=False)
-    return (out.logits if hasattr(out, "logits") else out)[0].float()
-
-
 def batch_logprobs(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``[B, T]``: log p(targets[b, t] | tokens[b, :t+1]) for a batch of sequences of one length."""
     out = model(tokens, use_cache=False)
@@ -244,104 +248,3 @@ def datum_loss(loss_fn: str, lp: torch.Tensor, inputs: dict[str, torch.Tensor],
     if loss_fn == "ppo":
         return -torch.min(ratio * adv, clipped * adv).sum()
     return -(clipped.detach() * lp * adv).sum()  # cispo
-
-
-def _stopped_by_text(tokenizer: Any, toks: list[int], stops: list[str]) -> bool:
-    """Whether the text of ``toks`` contains a stop string (the token that completes one is kept)."""
-    text = tokenizer.decode(toks, skip_special_tokens=False)
-    return any(s in text for s in stops)
-
-
-def _pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, gen: torch.Generator) -> int:
-    """One token from one row of logits: greedy at temperature 0, else top-k / top-p filtered, seeded."""
-    if temperature <= 0:
-        return int(torch.argmax(logits))
-    scaled = logits / temperature
-    if top_k > 0:
-        kth = torch.topk(scaled, min(top_k, scaled.numel())).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = F.softmax(scaled, dim=-1)
-    if top_p < 1.0:
-        sp, idx = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sp, 0) - sp < top_p
-        probs = torch.zeros_like(probs).scatter(0, idx[keep], sp[keep])
-    return int(torch.multinomial(probs, 1, generator=gen))
-
-
-class _Decoder:
-    """Next-token logits of a batch of sequences that share a prompt and grow together.
-
-    A Hugging Face model (it has a ``config``) keeps its KV cache between steps; the test
-    transformer recomputes the whole sequence.
-    """
-
-    def __init__(self, model: nn.Module, prompt: torch.Tensor, batch: int) -> None:
-        self.model = model
-        self.cached = getattr(model, "config", None) is not None
-        self.seqs = prompt.unsqueeze(0).repeat(batch, 1)
-        self.past: Any = None
-
-    @property
-    def length(self) -> int:
-        return self.seqs.shape[1]
-
-    def logits(self) -> torch.Tensor:
-        """``[batch, vocab]`` float32 logits of each sequence's next token (on the CPU)."""
-        if self.cached:
-            fresh = self.seqs if self.past is None else self.seqs[:, -1:]
-            out = self.model(fresh, past_key_values=self.past, use_cache=True)
-            self.past = out.past_key_values
-            return out.logits[:, -1].float().cpu()
-        return self.model(self.seqs)[:, -1].float().cpu()
-
-    def append(self, tokens: list[int]) -> None:
-        self.seqs = torch.cat([self.seqs, torch.tensor(tokens, device=self.seqs.device).unsqueeze(1)], dim=1)
-
-
-@torch.no_grad()
-def sample(model: nn.Module, prompt: np.ndarray, params: dict[str, Any], num_samples: int, seed: int,
-           device: torch.device, max_len: int, tokenizer: Any = None) -> dict[str, Any]:
-    """Autoregressive sampling with temperature/top-k/top-p, stop tokens and strings, max_tokens; seeded.
-
-    The ``num_samples`` sequences are decoded as one batch (a KV cache for Hugging Face models).
-    ``{"sequences": [(tokens, logprobs, "stop" | "length"), ...], "prompt_logprobs": array | None}``;
-    prompt logprobs (``params["prompt_logprobs"]``) are NaN for the first token.
-    """
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    temperature = float(params.get("temperature", 1.0))
-    top_k = int(params.get("top_k", -1))
-    top_p = float(params.get("top_p", 1.0))
-    max_tokens = int(params.get("max_tokens") or 16)
-    stop = set(params.get("stop_tokens") or ())
-    stop_strings = list(params.get("stop_strings") or ())
-    prompt_t = torch.as_tensor(prompt, dtype=torch.long, device=device)
-    prompt_lp = None
-    if params.get("prompt_logprobs"):
-        logp = F.log_softmax(logits_of(model, prompt_t), dim=-1)
-        picked = torch.gather(logp[:-1], 1, prompt_t[1:].unsqueeze(1)).squeeze(1).cpu().numpy()
-        prompt_lp = np.concatenate([[np.nan], picked]).astype(np.float32)
-    decoder = _Decoder(model, prompt_t, num_samples)
-    toks: list[list[int]] = [[] for _ in range(num_samples)]
-    lps: list[list[float]] = [[] for _ in range(num_samples)]
-    reasons = ["length"] * num_samples
-    alive = [True] * num_samples
-    for _step in range(max_tokens):
-        if decoder.length >= max_len or not any(alive):
-            break
-        logits = decoder.logits()
-        logp = F.log_softmax(logits, dim=-1)
-        nxt = []
-        for b in range(num_samples):
-            if not alive[b]:
-                nxt.append(0)  # a finished sequence's row is fed anything; its tokens are no longer read
-                continue
-            t = _pick(logits[b], temperature, top_k, top_p, gen)
-            toks[b].append(t)
-            lps[b].append(float(logp[b, t]))
-            nxt.append(t)
-            if t in stop or (stop_strings and _stopped_by_text(tokenizer, toks[b], stop_strings)):
-                alive[b], reasons[b] = False, "stop"
-        decoder.append(nxt)
-    out = [(np.asarray(t, np.int32), np.asarray(lp, np.float32), r)
-           for t, lp, r in zip(toks, lps, reasons, strict=True)]
-    return {"sequences": out, "prompt_logprobs": prompt_lp}

@@ -3,7 +3,7 @@
 Started by :mod:`rota_tinker._workers` with the ``spawn`` method; talks to the HTTP
 process over a ``multiprocessing`` pipe: requests ``(request_id, op, args)``, replies
 ``(request_id, "ok", result, timing)`` or ``(request_id, "err", message, category,
-timing)``; ``None`` asks it to exit. Work units run one at a time, in arrival order.
+timing)``; ``None`` asks it to exit. Work units run in arrival order (queued samples together).
 
 Every device work unit (creating a model, ``forward_backward``, ``optim_step``, a
 sampling batch) runs inside a turn of the tenant's rota tenant (``<tenant>.trainer`` /
@@ -11,6 +11,8 @@ sampling batch) runs inside a turn of the tenant's rota tenant (``<tenant>.train
 Units already queued when one finishes run in the **same turn** (up to
 ``units_per_turn``, and not once the policy asks the tenant to yield): the
 ``optim_step`` the SDK sends right behind a ``forward_backward`` costs no second switch.
+Sample units queued together run as **one decode batch** (per weights; see
+:mod:`rota_tinker._sampling`): the sampler's ``batch_sample`` takes them all at once.
 Each reply carries the unit's timing (turn wait, restore, compute, release; see
 :func:`rota_tinker._workers.unit_breakdown`). What is parked between turns (by
 :mod:`rota_fsdp`):
@@ -138,6 +140,9 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
             gpu.close()
 
 
+_Unit = tuple[str, str, dict[str, Any], dict[str, float]]  # request id, op, its arguments, its timing
+
+
 class _Stop(Exception):
     """The HTTP process asked this worker to exit (or went away)."""
 
@@ -196,7 +201,7 @@ class _Loop:
         except _Stop:
             return
 
-    def _recv(self) -> tuple[str, str, dict[str, Any], dict[str, float]]:
+    def _recv(self) -> _Unit:
         try:
             msg = self.conn.recv()
         except (EOFError, OSError):
@@ -206,7 +211,7 @@ class _Loop:
         rid, op, args = msg
         return rid, op, args, {"recv": time.monotonic()}
 
-    def _unit(self, msg: tuple[str, str, dict[str, Any], dict[str, float]]) -> None:
+    def _unit(self, msg: _Unit) -> None:
         """One unit; a device unit takes a turn and runs whatever is queued behind it in the same turn."""
         rid, op, args, timing = msg
         if self.gpu is None or not self.worker.needs_turn(op, args):
@@ -224,25 +229,35 @@ class _Loop:
         timing.update(acquire_s=time.monotonic() - t0, new_turn=1.0, **self._events())
         if self.working is not None:
             self.working.turn_started()
-        units = 0
-        while True:
-            outcome = self._call(op, args, timing)
-            units += 1
-            nxt = None
-            if units < self.units_per_turn and not self.gpu.should_yield and self.conn.poll(0):
-                try:
-                    nxt = self._recv()
-                except _Stop:
-                    self._end_turn(timing)
-                    self._reply(rid, outcome, timing)
-                    raise
-            if nxt is None:
-                self._end_turn(timing)
+        queue, ran, stop = [msg], 0, False  # units received for this turn and not run yet, in arrival order
+        while queue:
+            batched = queue[0][1] in self.worker.BATCHED_OPS
+            if batched and not stop:  # the units queued behind it may join its batch
+                stop = self._take_queued(queue, self.units_per_turn - ran)
+            n = next((i for i, unit in enumerate(queue) if unit[1] != queue[0][1]), len(queue)) if batched else 1
+            batch, queue = queue[:n], queue[n:]
+            outcomes = self._run(batch)
+            ran += len(batch)
+            if not queue and not stop and ran < self.units_per_turn:
+                stop = self._take_queued(queue, 1)
+            if not queue:
+                self._end_turn(batch[-1][3])
+            for (rid, _, _, timing), outcome in zip(batch, outcomes, strict=True):
                 self._reply(rid, outcome, timing)
-                return
-            self._reply(rid, outcome, timing)
-            rid, op, args, timing = nxt
-            timing.update(acquire_s=0.0, wait_s=0.0, restore_s=0.0, new_turn=0.0, **self._events(parks_only=True))
+        if stop:
+            raise _Stop
+
+    def _take_queued(self, queue: list[_Unit], limit: int) -> bool:
+        """Receive units already waiting in the pipe into ``queue`` (up to ``limit`` units in it), while the turn
+        may go on; True if the HTTP process asked this worker to stop meanwhile."""
+        while len(queue) < limit and not self.gpu.should_yield and self.conn.poll(0):
+            try:
+                unit = self._recv()
+            except _Stop:
+                return True
+            unit[3].update(acquire_s=0.0, wait_s=0.0, restore_s=0.0, new_turn=0.0, **self._events(parks_only=True))
+            queue.append(unit)
+        return False
 
     def _end_turn(self, timing: dict[str, float]) -> None:
         t0 = time.monotonic()
@@ -269,13 +284,29 @@ class _Loop:
         t0 = time.monotonic()
         try:
             return ("ok", getattr(self.worker, f"op_{op}")(**args))
-        except UserError as e:
-            return ("err", str(e), "user")
         except Exception as e:
-            log.error("%s failed: %s", op, traceback.format_exc())
-            return ("err", f"{type(e).__name__}: {e}", "server")
+            return _failed(op, e)
         finally:
             timing["compute_s"] = time.monotonic() - t0
+
+    def _run(self, batch: list[_Unit]) -> list[tuple[Any, ...]]:
+        """The outcome of each unit of ``batch``: one unit, or units of one batched op run together by the worker's
+        ``batch_OP``. Their timings get the shared ``compute_s``, ``batch_units`` (how many ran together) and what
+        a result's ``"timing"`` adds (the sampler's decode batch per weights)."""
+        op = batch[0][1]
+        if op not in self.worker.BATCHED_OPS:
+            return [self._call(op, batch[0][2], batch[0][3])]
+        t0 = time.monotonic()
+        try:
+            results = getattr(self.worker, f"batch_{op}")([args for _, _, args, _ in batch])
+        except Exception as e:
+            results = [e] * len(batch)
+        spent = time.monotonic() - t0
+        for (_, _, _, timing), r in zip(batch, results, strict=True):
+            timing.update(compute_s=spent, batch_units=float(len(batch)))
+            if isinstance(r, dict):  # the worker's own account of the batch it ran this unit in
+                timing.update(r.pop("timing", {}))
+        return [_failed(op, r) if isinstance(r, Exception) else ("ok", r) for r in results]
 
     def _reply(self, rid: str, outcome: tuple[Any, ...], timing: dict[str, float]) -> None:
         timing["done"] = time.monotonic()
@@ -283,6 +314,14 @@ class _Loop:
             self.conn.send((rid, *outcome, timing))
         except (OSError, ValueError):  # the HTTP process is gone
             raise _Stop from None
+
+
+def _failed(op: str, e: Exception) -> tuple[Any, ...]:
+    """The reply of a unit that raised: a UserError is the client's mistake, anything else the service's."""
+    if isinstance(e, UserError):
+        return ("err", str(e), "user")
+    log.error("%s failed: %s", op, "".join(traceback.format_exception(e)))
+    return ("err", f"{type(e).__name__}: {e}", "server")
 
 
 def _base_model(base: Any, device: Any, shared_base: str | None) -> Any:
@@ -295,6 +334,7 @@ def _base_model(base: Any, device: Any, shared_base: str | None) -> Any:
 
 class _Base:
     DEVICE_OPS: frozenset[str] = frozenset()  # ops that run inside a turn
+    BATCHED_OPS: frozenset[str] = frozenset()  # ops whose queued units run together (``batch_OP``)
 
     def __init__(self, spec: WorkerSpec, gpu: Any) -> None:
         import torch
@@ -479,6 +519,7 @@ class Sampler(_Base):
     """Holds the tenant's sampling models (one per sampling session's weights: file or "base:NAME" -> model)."""
 
     DEVICE_OPS = frozenset({"sample", "forget"})
+    BATCHED_OPS = frozenset({"sample"})
 
     def __init__(self, spec: WorkerSpec, gpu: Any) -> None:
         super().__init__(spec, gpu)
@@ -523,13 +564,32 @@ class Sampler(_Base):
         self.models[key] = model
         return model
 
-    def op_sample(self, key: str, base: Any, prompt: Any, params: dict[str, Any], num_samples: int,
-                  seed: int, shared_base: str | None = None) -> dict[str, Any]:
-        from rota_tinker._models import sample
+    def batch_sample(self, units: list[dict[str, Any]]) -> list[dict[str, Any] | Exception]:
+        """The sample units of one turn: those on the same weights (``key``) decode together as one batch.
 
-        model = self._load(key, base, shared_base)
-        tokenizer = self._tokenizer(base) if params.get("stop_strings") else None
-        return sample(model, prompt, params, num_samples, seed, self.device, base.max_len, tokenizer)
+        Each unit (``key``, ``base``, ``prompt``, ``params``, ``num_samples``, ``seed``, ``shared_base``)
+        gets its own result, or the exception that failed its group (weights that cannot load, say); a
+        result's ``timing`` gives the units and rows of the decode batch it was in.
+        """
+        from rota_tinker._sampling import sample
+
+        groups: dict[str, list[int]] = {}
+        for i, unit in enumerate(units):
+            groups.setdefault(unit["key"], []).append(i)
+        out: list[dict[str, Any] | Exception] = [None] * len(units)  # type: ignore[list-item]
+        for key, rows in groups.items():
+            base = units[rows[0]]["base"]
+            try:
+                model = self._load(key, base, units[rows[0]].get("shared_base"))
+                tokenizer = self._tokenizer(base) if any(units[i]["params"].get("stop_strings") for i in rows) else None
+                results: list[Any] = sample(model, [units[i] for i in rows], self.device, base.max_len, tokenizer)
+            except Exception as e:
+                results = [e] * len(rows)
+            for i, result in zip(rows, results, strict=True):
+                if isinstance(result, dict):
+                    result["timing"] = {"batch_units": float(len(rows)), "decode_rows": float(result.pop("rows"))}
+                out[i] = result
+        return out
 
     def _tokenizer(self, base: Any) -> Any:
         """The base model's own tokenizer (from its snapshot, offline), for stop strings."""

@@ -104,9 +104,12 @@ def unit_breakdown(timing: dict[str, float]) -> dict[str, float]:
     next holder's; for LoRA only adapter and Adam state should move, never the base);
     ``reply_s``: result back over the pipe; ``encode_s``: encoding it for the wire;
     ``answer_lag_s``: result ready until ``retrieve_future`` answered it; ``total_s``:
-    submitted until answered. ``new_turn`` is 1 when the unit started a turn.
+    submitted until answered. ``new_turn`` is 1 when the unit started a turn. A sample unit has
+    ``batch_units``: the units decoded with it as one batch (itself included; one batch per
+    weights), ``decode_rows``: that batch's rows (their ``num_samples`` summed); the units the
+    sampler ran together share one ``compute_s``.
     """
-    out = {k: float(timing[k]) for k in (*DURATIONS, "new_turn") if k in timing}
+    out = {k: float(timing[k]) for k in (*DURATIONS, "new_turn", "batch_units", "decode_rows") if k in timing}
     for name, hi, lo in _LEGS:
         if hi in timing and lo in timing:
             out[name] = max(0.0, timing[hi] - timing[lo])

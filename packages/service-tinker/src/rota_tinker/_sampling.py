@@ -1,0 +1,183 @@
+"""Sampling: the sample requests of one turn decoded together as one batch, each with its own parameters.
+
+Used by the sampler worker (:class:`rota_tinker._worker.Sampler`), one call per model: a single
+request and several queued ones go through the same :func:`sample`. Every request contributes
+its ``num_samples`` rows; prompts of different lengths are left-padded, and an attention mask
+and position ids counted from each row's first real token keep each row to its own tokens.
+Each request keeps its own temperature, top-k, top-p, ``max_tokens``, stop tokens and strings
+and its own seeded ``torch.Generator``, drawn in the same order as when it runs alone.
+
+Whether a row's logits are bit-identical alone and in a padded batch depends on the kernels
+(a batched matmul may sum in another order): the service's tests check it for the tiny models
+on CPU; on other devices expect the last bits of logprobs to differ, and so, rarely, a token
+drawn at a near tie.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["sample"]
+
+
+class _Decoder:
+    """Next-token logits of a batch of rows that grow together, their prompts left-padded to one width.
+
+    A Hugging Face model (it has a ``config``) keeps its KV cache between steps; the test
+    transformer recomputes the whole batch. Rows that have finished are fed a masked filler token.
+    """
+
+    def __init__(self, model: nn.Module, prompts: list[torch.Tensor], device: torch.device) -> None:
+        self.model = model
+        self.cached = getattr(model, "config", None) is not None
+        width = max(len(p) for p in prompts)
+        self.seqs = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
+        self.mask = torch.zeros_like(self.seqs)
+        for row, p in enumerate(prompts):
+            self.seqs[row, width - len(p):] = p
+            self.mask[row, width - len(p):] = 1
+        self.past: Any = None
+
+    def lengths(self) -> list[int]:
+        """Each row's real tokens (prompt and sampled)."""
+        return self.mask.sum(1).tolist()
+
+    def logits(self, every_position: bool = False) -> torch.Tensor:
+        """``[rows, vocab]`` float32 logits of each row's next token, on the CPU.
+
+        ``every_position`` (first call only): ``[rows, width, vocab]``, the prompt's logits too.
+        """
+        positions = (self.mask.cumsum(1) - 1).clamp(min=0)
+        if self.cached:
+            fresh = slice(None) if self.past is None else slice(-1, None)
+            out = self.model(self.seqs[:, fresh], attention_mask=self.mask, position_ids=positions[:, fresh],
+                             past_key_values=self.past, use_cache=True, logits_to_keep=0 if every_position else 1)
+            self.past, logits = out.past_key_values, out.logits
+        else:
+            logits = self.model(self.seqs, attention_mask=self.mask, position_ids=positions)
+        return (logits if every_position else logits[:, -1]).float().cpu()
+
+    def append(self, tokens: list[int], alive: list[bool]) -> None:
+        """One more token per row (a finished row's is masked out)."""
+        dev = self.seqs.device
+        self.seqs = torch.cat([self.seqs, torch.tensor(tokens, device=dev).unsqueeze(1)], dim=1)
+        self.mask = torch.cat([self.mask, torch.tensor(alive, dtype=torch.long, device=dev).unsqueeze(1)], dim=1)
+
+
+@dataclass
+class _Request:
+    """One sample request in a decode batch: its rows ``first .. first + n - 1`` and its own parameters."""
+
+    first: int
+    n: int
+    prompt: torch.Tensor
+    params: dict[str, Any]
+    gen: torch.Generator
+    toks: list[list[int]] = field(default_factory=list)
+    lps: list[list[float]] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        self.temperature = float(p.get("temperature", 1.0))
+        self.top_k, self.top_p = int(p.get("top_k", -1)), float(p.get("top_p", 1.0))
+        self.max_tokens = int(p.get("max_tokens") or 16)
+        self.stop, self.stop_strings = set(p.get("stop_tokens") or ()), list(p.get("stop_strings") or ())
+        self.toks, self.lps = [[] for _ in range(self.n)], [[] for _ in range(self.n)]
+        self.reasons = [""] * self.n  # "" while the row is being decoded, then "stop" or "length"
+
+    def step(self, logits: torch.Tensor, logp: torch.Tensor, lengths: list[int], max_len: int,
+             tokenizer: Any) -> list[int]:
+        """Pick the next token of each of this request's rows (0 for a finished one), in row order."""
+        out = []
+        for i, row in enumerate(range(self.first, self.first + self.n)):
+            if not self.reasons[i] and lengths[row] >= max_len:  # the prompt fills the context already
+                self.reasons[i] = "length"
+            if self.reasons[i]:
+                out.append(0)
+                continue
+            t = _pick(logits[row], self.temperature, self.top_k, self.top_p, self.gen)
+            self.toks[i].append(t)
+            self.lps[i].append(float(logp[row, t]))
+            out.append(t)
+            if t in self.stop or (self.stop_strings and _stopped_by_text(tokenizer, self.toks[i], self.stop_strings)):
+                self.reasons[i] = "stop"
+            elif len(self.toks[i]) >= self.max_tokens or lengths[row] + 1 >= max_len:
+                self.reasons[i] = "length"
+        return out
+
+    def result(self, prompt_lp: np.ndarray | None, rows: int) -> dict[str, Any]:
+        seqs = [(np.asarray(t, np.int32), np.asarray(lp, np.float32), r)
+                for t, lp, r in zip(self.toks, self.lps, self.reasons, strict=True)]
+        return {"sequences": seqs, "prompt_logprobs": prompt_lp, "rows": rows}
+
+
+@torch.no_grad()
+def sample(model: nn.Module, requests: list[dict[str, Any]], device: torch.device, max_len: int,
+           tokenizer: Any = None) -> list[dict[str, Any]]:
+    """Decode ``requests`` (``{"prompt", "params", "num_samples", "seed"}`` each) as one batch; a result each.
+
+    A result is ``{"sequences": [(tokens, logprobs, "stop" | "length"), ...], "prompt_logprobs": array | None,
+    "rows": rows of the decode batch}`` (prompt logprobs when ``params["prompt_logprobs"]``, NaN for the first
+    token). ``params``:
+    temperature (0: greedy), top_k, top_p, max_tokens, stop_tokens, stop_strings (matched on the
+    text ``tokenizer`` decodes; the token completing one is kept). No row grows past ``max_len``.
+    """
+    reqs, first = [], 0
+    for r in requests:
+        prompt = torch.as_tensor(np.asarray(r["prompt"]), dtype=torch.long, device=device)
+        reqs.append(_Request(first, r["num_samples"], prompt, r["params"],
+                             torch.Generator(device="cpu").manual_seed(r["seed"])))
+        first += r["num_samples"]
+    decoder = _Decoder(model, [q.prompt for q in reqs for _ in range(q.n)], device)
+    want_prompt = [bool(q.params.get("prompt_logprobs")) for q in reqs]
+    logits = decoder.logits(every_position=any(want_prompt))
+    prompt_lps = [_prompt_logprobs(logits[q.first], q.prompt) if want else None
+                  for q, want in zip(reqs, want_prompt, strict=True)]
+    if any(want_prompt):
+        logits = logits[:, -1]
+    while True:
+        logp = F.log_softmax(logits, dim=-1)
+        lengths = decoder.lengths()
+        nxt = [t for q in reqs for t in q.step(logits, logp, lengths, max_len, tokenizer)]
+        alive = [not reason for q in reqs for reason in q.reasons]
+        if not any(alive):
+            break
+        decoder.append(nxt, alive)
+        logits = decoder.logits()
+    return [q.result(lp, first) for q, lp in zip(reqs, prompt_lps, strict=True)]
+
+
+def _prompt_logprobs(logits: torch.Tensor, prompt: torch.Tensor) -> np.ndarray:
+    """log p(prompt[t] | prompt[:t]) from one row's ``[width, vocab]`` logits (its prompt right-aligned); NaN first."""
+    own = F.log_softmax(logits[logits.shape[0] - len(prompt):-1], dim=-1)
+    picked = torch.gather(own, 1, prompt[1:].cpu().unsqueeze(1)).squeeze(1).numpy()
+    return np.concatenate([[np.nan], picked]).astype(np.float32)
+
+
+def _stopped_by_text(tokenizer: Any, toks: list[int], stops: list[str]) -> bool:
+    """Whether the text of ``toks`` contains a stop string (the token that completes one is kept)."""
+    text = tokenizer.decode(toks, skip_special_tokens=False)
+    return any(s in text for s in stops)
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, gen: torch.Generator) -> int:
+    """One token from one row of logits: greedy at temperature 0, else top-k / top-p filtered, seeded."""
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    scaled = logits / temperature
+    if top_k > 0:
+        kth = torch.topk(scaled, min(top_k, scaled.numel())).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = F.softmax(scaled, dim=-1)
+    if top_p < 1.0:
+        sp, idx = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sp, 0) - sp < top_p
+        probs = torch.zeros_like(probs).scatter(0, idx[keep], sp[keep])
+    return int(torch.multinomial(probs, 1, generator=gen))
