@@ -2,9 +2,9 @@
 
 The service runs as users run it: ``python -m rota serve tinker --model-dir DIR`` in its own
 process, serving a tiny real Hugging Face model (built here, never downloaded) under its hub
-name. One tenant saves a checkpoint; another tries to list, read, load, download and delete it,
-and anyone tries names and paths that would leave the service's data directory. Each attack
-fails with a clear status and the victim's files and records are unchanged.
+name. One tenant saves a checkpoint and sampler weights; another tries to list, read, load, sample
+from, download and delete them, and anyone tries names and paths that would leave the service's
+data directory. Each attack fails with a clear status and the victim's files and records are unchanged.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def victim(served: Served) -> dict[str, str]:
     tc.forward_backward([datum], "cross_entropy").result(timeout=TIMEOUT)
     tc.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=TIMEOUT)
     path = tc.save_state("good").result(timeout=TIMEOUT).path
-    return {"run": tc.model_id, "path": path, "session": sc.holder.get_session_id()}
+    sampler_path = tc.save_weights_for_sampler("good").result(timeout=TIMEOUT).path
+    return {"run": tc.model_id, "path": path, "sampler_path": sampler_path, "session": sc.holder.get_session_id()}
 
 
 def _files(served: Served) -> list[str]:
@@ -85,19 +86,25 @@ def test_another_tenant_cannot_list_read_load_download_or_delete(served: Served,
     assert served.get("checkpoints", mallory).json()["checkpoints"] == []
     assert victim["session"] not in served.get("sessions", mallory).json()["sessions"]
     for route in (f"training_runs/{run}", f"training_runs/{run}/checkpoints",
-                  f"training_runs/{run}/checkpoints/weights/good/archive", f"sessions/{victim['session']}"):
+                  f"training_runs/{run}/checkpoints/weights/good/archive",
+                  f"training_runs/{run}/checkpoints/sampler_weights/good/archive", f"sessions/{victim['session']}"):
         r = served.get(route, mallory)
         assert r.status_code == 403 and "another tenant" in r.json()["detail"], (route, r.text)
-    r = httpx.delete(f"{served.url}/api/v1/training_runs/{run}/checkpoints/weights/good",
-                     headers={"X-API-Key": mallory}, timeout=30)
-    assert r.status_code == 403
+    for kind in ("weights", "sampler_weights"):
+        r = httpx.delete(f"{served.url}/api/v1/training_runs/{run}/checkpoints/{kind}/good",
+                         headers={"X-API-Key": mallory}, timeout=30)
+        assert r.status_code == 403, kind
+    with pytest.raises(tinker.PermissionDeniedError):
+        tinker.ServiceClient(base_url=served.url, api_key=mallory).create_sampling_client(
+            model_path=victim["sampler_path"]).sample(types.ModelInput.from_ints([3, 4]), 1,
+                                                      types.SamplingParams(max_tokens=2)).result(timeout=TIMEOUT)
     sc = tinker.ServiceClient(base_url=served.url, api_key=mallory)
     with pytest.raises(tinker.PermissionDeniedError):
         sc.create_training_client_from_state_with_optimizer(path).result(timeout=TIMEOUT)
     assert served.get(f"training_runs/{run}/checkpoints", KEYS["alice"]).json()["checkpoints"][0]["tinker_path"] == path
     assert _files(served) == before
-    r = served.get(f"training_runs/{run}/checkpoints/weights/good/archive", None)
-    assert r.status_code == 401
+    for kind in ("weights", "sampler_weights"):
+        assert served.get(f"training_runs/{run}/checkpoints/{kind}/good/archive", None).status_code == 401, kind
 
 
 @pytest.mark.parametrize("name", ["../../mallory", "..", "a/b", "ok\n", ".hidden", "x" * 65, "con:1"])
@@ -120,12 +127,17 @@ def test_load_paths_are_checked_whole(served: Served, victim: dict, path: str) -
 def test_archive_and_listing_routes_take_no_traversal(served: Served, victim: dict) -> None:
     alice, run = KEYS["alice"], victim["run"]
     for route in (f"training_runs/{run}/checkpoints/weights/..%2F..%2Fdata/archive",
-                  f"training_runs/{run}/checkpoints/weights/../archive", "training_runs/..%2Fmallory/checkpoints"):
+                  f"training_runs/{run}/checkpoints/weights/../archive", "training_runs/..%2Fmallory/checkpoints",
+                  f"training_runs/{run}/checkpoints/sampler_weights/..%2Fweights%2Fgood/archive",
+                  f"training_runs/{run}/checkpoints/sampler_weights/good%0A/archive",
+                  f"training_runs/{run}/checkpoints/sampler_weights/../../weights/good/archive"):
         assert served.get(route, alice).status_code in (400, 404), route
     for query in ("limit=0", "limit=100000", "offset=-1", "limit=abc"):
         r = served.get(f"training_runs?{query}", alice)
         assert r.status_code == 400 and "limit" in r.json()["detail"], (query, r.text)
-    assert served.get(f"training_runs/{run}/checkpoints/weights/good/archive", alice).status_code == 200
+    for kind in ("weights", "sampler_weights"):
+        r = served.get(f"training_runs/{run}/checkpoints/{kind}/good/archive", alice)
+        assert r.status_code == 200 and r.headers["content-type"] == "application/x-tar", kind
 
 
 def test_one_tenant_cannot_push_out_another_tenants_runs() -> None:

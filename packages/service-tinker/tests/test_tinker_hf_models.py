@@ -177,7 +177,6 @@ def test_save_state_resumes_bit_identically_and_archives_load_outside(
         mode: str, sc: dict[str, tinker.ServiceClient], hf_service: TinkerService) -> None:
     """save_state -> create_training_client_from_state_with_optimizer continues exactly like the original; the
     downloaded archive loads with peft (adapter) / transformers (full) and gives the service's logprobs."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     client = sc["dave"]
     tok = tokenizer(hf_service)
@@ -204,27 +203,65 @@ def test_save_state_resumes_bit_identically_and_archives_load_outside(
     weights_only = client.create_training_client_from_state(path).result(timeout=TIMEOUT)
     assert steps(weights_only, data, 3) != original  # a fresh optimizer: not the same steps
 
-    run_id = tc.model_id
-    r = httpx.get(f"{hf_service.url}/api/v1/training_runs/{run_id}/checkpoints/weights/ck-{mode}/archive",
-                  headers={"X-API-Key": KEYS["dave"]}, timeout=60)
-    assert r.status_code == 200 and r.headers["content-type"] == "application/x-tar"
-    out = Path(hf_service.config.data_dir).parent / f"download-{mode}"
+    local, files = _archived_logprobs(hf_service, "dave", f"{tc.model_id}/checkpoints/weights/ck-{mode}", QWEN, ids)
+    assert "optimizer.pt" in files and ("adapter_config.json" in files) == (mode == "lora")
+    np.testing.assert_allclose(local, np.asarray(service_lp.tolist()), rtol=0, atol=1e-5)
+
+
+def _archived_logprobs(service: TinkerService, tenant: str, checkpoint: str, base: str,
+                       ids: list[int]) -> tuple[np.ndarray, set[str]]:
+    """Download ``RUN/checkpoints/KIND/NAME``'s archive and load it outside rota (adapter files with peft on the
+    base, full weights and tokenizer with from_pretrained): the logprobs it gives ``ids``, and its files."""
+    import peft
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    r = httpx.get(f"{service.url}/api/v1/training_runs/{checkpoint}/archive", headers={"X-API-Key": KEYS[tenant]},
+                  timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-tar", r.text[:300]
+    out = Path(service.config.data_dir).parent / f"download-{checkpoint.replace('/', '-')}"
     with tarfile.open(fileobj=io.BytesIO(r.content)) as tar:
         tar.extractall(out, filter="data")
-    folder = out / f"ck-{mode}"
-    if mode == "lora":
-        import peft
-
-        assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(folder))
-        base = AutoModelForCausalLM.from_pretrained(hf_service.config.base_models[QWEN].path)
-        model = peft.PeftModel.from_pretrained(base, str(folder))
+    folder = out / checkpoint.rsplit("/", 1)[1]
+    files = set(os.listdir(folder))
+    if "adapter_config.json" in files:
+        assert "adapter_model.safetensors" in files
+        model = peft.PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(service.config.base_models[base].path), str(folder))
     else:
         model = AutoModelForCausalLM.from_pretrained(str(folder))
         assert AutoTokenizer.from_pretrained(str(folder)).encode(TEXT) == ids
     with torch.no_grad():
         logits = model(torch.tensor([ids[:-1]])).logits[0].float()
     local = torch.gather(torch.log_softmax(logits, -1), 1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1)
-    np.testing.assert_allclose(local.numpy(), np.asarray(service_lp.tolist()), rtol=0, atol=1e-5)
+    return local.numpy(), files
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_sampler_weights_download_as_an_archive_that_loads_outside(
+        mode: str, sc: dict[str, tinker.ServiceClient], hf_service: TinkerService) -> None:
+    """save_weights_for_sampler's weights, written from the trainer's parked host copy, download as the same kind of
+    archive as a training checkpoint (no optimizer state): peft (LoRA on Qwen3) / from_pretrained (full Llama, tied
+    embeddings) load it and give the logprobs the service's sampler gives on those weights."""
+    client = sc["carol"]
+    base = QWEN if mode == "lora" else LLAMA
+    ids = tokenizer(hf_service, base).encode(TEXT)
+    tc = (client.create_lora_training_client(base_model=QWEN, rank=4, seed=2).result(timeout=TIMEOUT)
+          if mode == "lora" else full_training_client(client, LLAMA))
+    steps(tc, [datum(ids)], 2)
+    # another rota tenant's turn (carol's sampler) parks the trainer's state before it is saved for the sampler
+    client.create_sampling_client(base_model=base).result(timeout=TIMEOUT).sample(
+        types.ModelInput.from_ints(ids[:4]), 1, types.SamplingParams(max_tokens=2, seed=1)).result(timeout=TIMEOUT)
+    path = tc.save_weights_for_sampler(f"s-{mode}").result(timeout=TIMEOUT).path
+    sampler = client.create_sampling_client(model_path=path).result(timeout=TIMEOUT)
+    service_lp = sampler.compute_logprobs(types.ModelInput.from_ints(ids)).result(timeout=TIMEOUT)
+    local, files = _archived_logprobs(hf_service, "carol", f"{tc.model_id}/checkpoints/sampler_weights/s-{mode}",
+                                      base, ids)
+    assert "optimizer.pt" not in files and ("adapter_config.json" in files) == (mode == "lora")
+    np.testing.assert_allclose(local, np.asarray(service_lp[1:], np.float64), rtol=0, atol=1e-5)
+    trained = tc.forward([datum(ids)], "cross_entropy").result(timeout=TIMEOUT).loss_fn_outputs[0]["logprobs"]
+    np.testing.assert_allclose(local, np.asarray(trained.tolist()), rtol=0, atol=1e-5)  # the trained weights
+    fwd = [u for u in hf_service.unit_timings() if u["tenant"] == "carol" and u["kind"] == "ForwardBackward"]
+    assert max(fwd, key=lambda u: u["submitted"])["parked_bytes"] > 0  # parked when it was saved (no turn)
 
 
 def test_rl_losses_follow_their_formulas(sc: dict[str, tinker.ServiceClient], hf_service: TinkerService) -> None:

@@ -36,29 +36,32 @@ def _mode(path: str) -> int:
 
 def test_saved_weights_are_private_and_names_are_checked_whole(
         service: TinkerService, client: Callable[[str], tinker.ServiceClient]) -> None:
-    """Sampler weights are 0600 files in 0700 directories; a trailing newline in a name is refused (no ``ok\\n.pt``)."""
+    """Sampler weights are 0600 files in 0700 directories; a trailing newline in a name is refused (no ``ok\\n``)."""
     tc = client("dave").create_lora_training_client(base_model="rota/tiny", rank=2, seed=4).result(timeout=TIMEOUT)
     tc.forward_backward(batch(0, seed=4), "cross_entropy").result(timeout=TIMEOUT)
     path = tc.save_weights_for_sampler("ok").result(timeout=TIMEOUT).path
-    file = service.state.weights[path].file
-    assert file.endswith("/ok.pt") and _mode(file) == 0o600
-    folder = os.path.dirname(file)
-    for d in (folder, os.path.dirname(folder), service.config.data_dir):
+    saved = service.state.weights[path].file
+    assert saved.endswith("/sampler_weights/ok") and os.listdir(saved)
+    for name in os.listdir(saved):
+        assert _mode(os.path.join(saved, name)) == 0o600, name
+    folder = os.path.dirname(saved)
+    for d in (saved, folder, os.path.dirname(folder), os.path.dirname(os.path.dirname(folder)),
+              service.config.data_dir):
         assert _mode(d) == 0o700, d
     r = httpx.post(f"{service.url}/api/v1/save_weights_for_sampler", headers={"X-API-Key": KEYS["dave"]},
                    json={"model_id": tc.model_id, "path": "ok\n"}, timeout=30)
     assert r.status_code == 400 and "checkpoint name" in r.json()["detail"]
-    assert sorted(os.listdir(folder)) == ["ok.pt"]
+    assert sorted(os.listdir(folder)) == ["ok"]
 
 
 def test_ephemeral_weights_are_bounded_and_deleted_weights_free_their_bytes(
         service: TinkerService, client: Callable[[str], tinker.ServiceClient]) -> None:
     """An RL loop saves ephemeral weights every step: only the newest few stay on disk; deleting a checkpoint
-    through the SDK removes its file and gives its bytes back."""
+    through the SDK removes its files and gives its bytes back."""
     sc = client("carol")
     tc = sc.create_lora_training_client(base_model="rota/tiny", rank=2, seed=6).result(timeout=TIMEOUT)
     samplers = [tc.save_weights_and_get_sampling_client().result(timeout=TIMEOUT) for _ in range(EPHEMERAL_KEEP + 2)]
-    folder = os.path.join(service.config.data_dir, "carol", tc.model_id)
+    folder = os.path.join(service.config.data_dir, "carol", tc.model_id, "sampler_weights")
     assert len([f for f in os.listdir(folder) if f.startswith("ephemeral-")]) == EPHEMERAL_KEEP
     prompt = tinker.types.ModelInput.from_ints([1, 2, 3])
     params = tinker.types.SamplingParams(max_tokens=2, seed=1)
@@ -70,4 +73,4 @@ def test_ephemeral_weights_are_bounded_and_deleted_weights_free_their_bytes(
     assert service.usage("carol")["bytes"] > held
     rest = tinker.RestClient(base_url=service.url, api_key=KEYS["carol"])
     rest.delete_checkpoint_from_tinker_path(path).result(timeout=TIMEOUT)
-    assert not os.path.exists(os.path.join(folder, "keep.pt")) and service.usage("carol")["bytes"] == held
+    assert not os.path.exists(os.path.join(folder, "keep")) and service.usage("carol")["bytes"] == held

@@ -13,9 +13,10 @@ ownership checks and worker handles). Served (under ``/api/v1``):
   ``GET training_runs/{id}/checkpoints``, ``GET checkpoints``, ``GET sessions``,
   ``GET sessions/{id}``: the caller's own runs, checkpoints and sessions only;
 * ``DELETE training_runs/{id}/checkpoints/{weights|sampler_weights}/{name}``;
-* ``GET training_runs/{id}/checkpoints/weights/{name}/archive``: the checkpoint's folder as an
-  uncompressed tar (``adapter_model.safetensors`` + ``adapter_config.json`` for LoRA,
-  ``config.json`` + ``*.safetensors`` + tokenizer files for full models), at most
+* ``GET training_runs/{id}/checkpoints/{weights|sampler_weights}/{name}/archive``: the
+  checkpoint's folder as an uncompressed tar (``adapter_model.safetensors`` +
+  ``adapter_config.json`` for LoRA, ``config.json`` + ``*.safetensors`` + tokenizer files for
+  full models; sampler weights are the same files without ``optimizer.pt``), at most
   :data:`MAX_ARCHIVE_BYTES`.
 
 Every id and name is checked whole; folders are derived from them by the service (never taken
@@ -291,19 +292,26 @@ class CheckpointRoutes:
         threading.Thread(target=shutil.rmtree, args=(ck.folder, True), daemon=True).start()
         return Reply.json({})
 
-    def _archive(self, tenant: Any, run_id: str, name: str) -> Reply:
-        """The checkpoint's folder as a tar: peft / transformers ``from_pretrained`` load what it holds."""
-        ck = self._checkpoint(tenant, f"tinker://{run_id}/weights/{name}")
-        if ck.bytes > MAX_ARCHIVE_BYTES:
-            raise BadRequest(f"{ck.path} has {ck.bytes} bytes, over the {MAX_ARCHIVE_BYTES}-byte download limit; copy "
-                             "it from the service's data directory instead", status=501)
+    def _archive(self, tenant: Any, run_id: str, kind: str, name: str) -> Reply:
+        """A checkpoint's folder as a tar, training checkpoint or sampler weights: peft / transformers
+        ``from_pretrained`` load what it holds."""
+        path = f"tinker://{run_id}/{kind}/{name}"
+        if kind == "sampler_weights":
+            w = self._owned(self.state.weights, path, "sampler weights", tenant)  # type: ignore[attr-defined]
+            folder, size = w.file, w.bytes
+        else:
+            ck = self._checkpoint(tenant, path)
+            folder, size = ck.folder, ck.bytes
+        if size > MAX_ARCHIVE_BYTES:
+            raise BadRequest(f"{path} has {size} bytes, over the {MAX_ARCHIVE_BYTES}-byte download limit; copy it "
+                             "from the service's data directory instead", status=501)
         if not self.state.runs.archives.acquire(blocking=False):
             raise BadRequest(f"{ARCHIVES_AT_ONCE} archives are being built already; try again shortly", status=429)
         try:
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w") as tar:
-                for entry in sorted(os.listdir(ck.folder)):
-                    full = os.path.join(ck.folder, entry)
+                for entry in sorted(os.listdir(folder)):
+                    full = os.path.join(folder, entry)
                     if os.path.isfile(full) and not os.path.islink(full):
                         tar.add(full, arcname=f"{name}/{entry}", recursive=False)
             return Reply(200, buf.getvalue(), "application/x-tar")
@@ -326,7 +334,8 @@ PATTERNS = [
     ("GET", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints"), CheckpointRoutes._list_run_checkpoints),
     ("DELETE", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/(weights|sampler_weights)/({ID})"),
      CheckpointRoutes._delete_checkpoint),
-    ("GET", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/weights/({ID})/archive"), CheckpointRoutes._archive),
+    ("GET", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/(weights|sampler_weights)/({ID})/archive"),
+     CheckpointRoutes._archive),
     ("GET", re.compile(rf"/api/v1/sessions/({ID})"), CheckpointRoutes._get_session),
 ]
 ROUTES = {

@@ -195,17 +195,33 @@ def add_lora(model: nn.Module, rank: int, seed: int, targets: dict[str, bool]) -
         return peft.get_peft_model(model, lora_config(model, rank, targets))
 
 
-def adapters_of(peft_model: Any) -> nn.ModuleDict:
-    """The LoRA A/B linears of ``peft_model`` in one module (the same tensors: tracking this parks only them)."""
+def _lora_layers(peft_model: Any) -> dict[str, Any]:
+    """``peft_model``'s LoRA layers by the key :func:`adapters_of` gives each (its module name, dots as ``_``)."""
     from peft.tuners.lora import LoraLayer
 
+    return {name.replace(".", "_"): (name, m) for name, m in peft_model.named_modules()
+            if isinstance(m, LoraLayer) and "default" in m.lora_A}
+
+
+def adapters_of(peft_model: Any) -> nn.ModuleDict:
+    """The LoRA A/B linears of ``peft_model`` in one module (the same tensors: tracking this parks only them)."""
     trainable = nn.ModuleDict()
-    for name, m in peft_model.named_modules():
-        if isinstance(m, LoraLayer) and "default" in m.lora_A:
-            holder = nn.Module()
-            holder.lora_A, holder.lora_B = m.lora_A["default"], m.lora_B["default"]
-            trainable[name.replace(".", "_")] = holder
+    for key, (_, m) in _lora_layers(peft_model).items():
+        holder = nn.Module()
+        holder.lora_A, holder.lora_B = m.lora_A["default"], m.lora_B["default"]
+        trainable[key] = holder
     return trainable
+
+
+def peft_state(peft_model: Any, adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict of :func:`adapters_of` (``adapters``, e.g. its parked host copy) under ``peft_model``'s own
+    keys: what ``peft_model.save_pretrained(folder, state_dict=...)`` writes as the adapter files."""
+    names = {key: name for key, (name, _) in _lora_layers(peft_model).items()}
+    out = {}
+    for key, tensor in adapters.items():
+        holder, layer, param = key.split(".", 2)  # LAYER_KEY.lora_A.weight
+        out[f"{names[holder]}.{layer}.default.{param}"] = tensor
+    return out
 
 
 def batch_logprobs(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

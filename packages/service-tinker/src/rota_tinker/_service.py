@@ -118,9 +118,9 @@ class _Weights:
     path: str
     tenant: str
     base: BaseModelSpec
-    file: str
+    file: str  # its folder (rota_tinker._state_files): the sampler's key, the archive's content
     lora: bool  # adapter weights (they go on the shared base), or a full model
-    bytes: int  # the file's size
+    bytes: int  # its files' size
     ephemeral: bool = False  # saved for a sampling client only (not listed as a checkpoint)
     created: float = field(default_factory=time.time)
 
@@ -130,7 +130,7 @@ class _SamplingSession:
     session_id: str
     tenant: str
     base: BaseModelSpec
-    key: str  # weights file, or "base:NAME"
+    key: str  # weights folder, or "base:NAME"
     model_path: str | None
     shareable: bool  # adapter weights or the bare base: sampled on the shared base
     parent: str  # the training session it was made in (it ends with it)
@@ -276,15 +276,14 @@ class _State:
             lambda _result: fut.succeed(json={"model_id": m.model_id, "type": "unload_model"}))
 
     def delete_weights(self, path: str) -> None:
-        """Delete saved sampler weights: the file, the sampling sessions on it, the sampler's copy."""
+        """Delete saved sampler weights: their folder, the sampling sessions on them, the sampler's copy."""
         with self.lock:
             w = self.weights.pop(path, None)
             if w is None:
                 return
             for ssid in [k for k, s in self.sampling.items() if s.model_path == path]:
                 del self.sampling[ssid]
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(w.file)
+        shutil.rmtree(w.file, ignore_errors=True)
         fut = self.future(w.tenant, "ForgetWeights")
         self.workers[(w.tenant, "sampler")].submit(fut, "forget", {"key": w.file}, lambda _r: fut.succeed(json={}))
 
@@ -690,7 +689,7 @@ class _Api(_checkpoints.CheckpointRoutes):
                 fut.succeed(json={"type": "save_weights_for_sampler", "path": tinker_path})
 
         state.workers[(tenant.name, "trainer")].submit(
-            fut, "save_for_sampler", {"model_id": m.model_id, "name": name}, done)
+            fut, "save_for_sampler", {"model_id": m.model_id, "name": name, "base": m.base}, done)
         return self._future_reply(fut, m.model_id)
 
     # ------------------------------------------------------------ sampling routes

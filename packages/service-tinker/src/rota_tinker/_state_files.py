@@ -1,7 +1,10 @@
 """Training checkpoints on disk (``save_state`` / ``load_state``): the files a user can also load without rota.
 
 Written and read by a tenant's trainer (:mod:`rota_tinker._worker`), inside a turn (the model is
-on its device). One folder per checkpoint, ``DATA_DIR/TENANT/MODEL/weights/NAME/``:
+on its device). One folder per checkpoint, ``DATA_DIR/TENANT/MODEL/weights/NAME/``. Weights saved
+for the sampler (``save_weights_for_sampler``) are the same files without ``optimizer.pt``, in
+``DATA_DIR/TENANT/MODEL/sampler_weights/NAME/``, written by the trainer from the tracked host copy
+(no turn) and read by the tenant's sampler:
 
 * a LoRA model: ``adapter_config.json`` + ``adapter_model.safetensors``, written by peft's
   ``save_pretrained`` (``peft.PeftModel.from_pretrained(base, folder)`` loads them);
@@ -53,18 +56,26 @@ def private_dir(path: str) -> str:
     return path
 
 
-def write(folder: str, entry: Any, base: Any) -> int:
-    """Write ``entry`` (the trainer's model) as checkpoint ``folder`` (replaced if it exists); its size in bytes."""
+def write(folder: str, entry: Any, base: Any, *, weights: dict[str, Any] | None = None, optimizer: bool = True) -> int:
+    """Write ``entry`` (the trainer's model) as checkpoint ``folder`` (replaced if it exists); its size in bytes.
+
+    ``weights``: the state dict of what is trained (``entry.trainable``) to write instead of the model's
+    own tensors: its tracked host copy, readable while the model is parked. ``optimizer=False``: no
+    ``optimizer.pt`` (sampler weights).
+    """
     import torch
+
+    from rota_tinker._models import peft_state
 
     tmp = f"{folder}.{secrets.token_hex(4)}.tmp"
     os.mkdir(tmp, 0o700)
     try:
         if entry.lora is not None:
             entry.model.peft_config["default"].base_model_name_or_path = base.name
-            entry.model.save_pretrained(tmp)
+            given = {} if weights is None else {"state_dict": peft_state(entry.model, weights)}
+            entry.model.save_pretrained(tmp, **given)
         elif hasattr(entry.model, "save_pretrained"):
-            entry.model.save_pretrained(tmp)
+            entry.model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
             for name in TOKENIZER_FILES:
                 src = os.path.join(base.path, name)
                 if os.path.isfile(src):
@@ -72,9 +83,10 @@ def write(folder: str, entry: Any, base: Any) -> int:
         else:
             from safetensors.torch import save_file
 
-            save_file({k: v.detach().contiguous() for k, v in entry.model.state_dict().items()},
+            save_file({k: v.detach().contiguous() for k, v in (weights or entry.model.state_dict()).items()},
                       os.path.join(tmp, "model.safetensors"))
-        torch.save(entry.optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+        if optimizer:
+            torch.save(entry.optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
         with open(os.path.join(tmp, "rota.json"), "w") as f:
             json.dump({"base_model": base.name, "lora": entry.lora}, f)
         size = 0
@@ -91,32 +103,45 @@ def write(folder: str, entry: Any, base: Any) -> int:
     return size
 
 
+def saved_lora(folder: str) -> dict[str, Any] | None:
+    """The LoRA settings (rank, seed, targets) checkpoint ``folder`` was saved with; None for full weights."""
+    with open(os.path.join(folder, "rota.json")) as f:
+        return json.load(f)["lora"]
+
+
+def read_weights(folder: str, model: Any, lora: dict[str, Any] | None) -> None:
+    """Load the weights of checkpoint ``folder`` into ``model`` in place: adapters into a peft model (``lora``
+    given), else every weight."""
+    from safetensors.torch import load_file
+
+    if lora is not None:
+        import peft
+
+        adapters = load_file(os.path.join(folder, "adapter_model.safetensors"))
+        result = peft.set_peft_model_state_dict(model, adapters)
+        if result.unexpected_keys:
+            raise ValueError(f"checkpoint {os.path.basename(folder)} holds adapters this model lacks: "
+                             f"{result.unexpected_keys[:4]}")
+        return
+    state: dict[str, Any] = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            state.update(load_file(os.path.join(folder, name)))
+    result = model.load_state_dict(state, strict=False)
+    tied = {k for k, t in model.state_dict().items() if k not in state and any(
+        t.data_ptr() == s.data_ptr() for s in model.state_dict().values() if s is not t)}
+    missing = [k for k in result.missing_keys if k not in tied]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"checkpoint {os.path.basename(folder)} does not fit this model: missing {missing[:4]}, "
+                         f"unexpected {result.unexpected_keys[:4]}")
+
+
 def read(folder: str, entry: Any, optimizer: bool) -> None:
     """Load checkpoint ``folder`` into ``entry`` in place (its tensors stay tracked); the optimizer state too,
     or a fresh one (``optimizer=False``)."""
     import torch
-    from safetensors.torch import load_file
 
-    if entry.lora is not None:
-        import peft
-
-        adapters = load_file(os.path.join(folder, "adapter_model.safetensors"))
-        result = peft.set_peft_model_state_dict(entry.model, adapters)
-        if result.unexpected_keys:
-            raise ValueError(f"checkpoint {os.path.basename(folder)} holds adapters this model lacks: "
-                             f"{result.unexpected_keys[:4]}")
-    else:
-        state: dict[str, Any] = {}
-        for name in sorted(os.listdir(folder)):
-            if name.endswith(".safetensors"):
-                state.update(load_file(os.path.join(folder, name)))
-        result = entry.model.load_state_dict(state, strict=False)
-        tied = {k for k, t in entry.model.state_dict().items() if k not in state and any(
-            t.data_ptr() == s.data_ptr() for s in entry.model.state_dict().values() if s is not t)}
-        missing = [k for k in result.missing_keys if k not in tied]
-        if missing or result.unexpected_keys:
-            raise ValueError(f"checkpoint {os.path.basename(folder)} does not fit this model: missing {missing[:4]}, "
-                             f"unexpected {result.unexpected_keys[:4]}")
+    read_weights(folder, entry.model, entry.lora)
     if optimizer:
         saved = torch.load(os.path.join(folder, "optimizer.pt"), map_location="cpu", weights_only=True)
         # fresh tensors: the loaded ones' storages cannot be resized, which parking them needs

@@ -34,8 +34,9 @@ On CUDA each worker also reports its **working set** to the orchestrator (footpr
 when it decides which tenants stay resident, so residents never add up past the device.
 
 Saving weights for the sampler needs no device: it is written from the tracked host
-copy (``Tracked.state_dict()``), without a turn, to ``DATA_DIR/TENANT/MODEL/NAME.pt``
-(directories 0700, files 0600, created without following links). Unloading a model
+copy (``Tracked.state_dict()``), without a turn, to ``DATA_DIR/TENANT/MODEL/sampler_weights/NAME/``
+in the files peft and transformers load (:mod:`rota_tinker._state_files`; directories 0700,
+files 0600). Unloading a model
 (``unload``) or forgetting a sampler's weights (``forget``) untracks it inside a turn
 (a parked model is restored before it is dropped, so that must not happen outside one).
 
@@ -49,7 +50,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import secrets
 import time
 import traceback
 from collections.abc import Callable
@@ -499,19 +499,16 @@ class Trainer(_Base):
 
         return private_dir(os.path.join(self.spec.data_dir, self.spec.tenant, model_id))
 
-    def op_save_for_sampler(self, model_id: str, name: str) -> dict[str, Any]:
-        import torch
+    def op_save_for_sampler(self, model_id: str, name: str, base: Any) -> dict[str, Any]:
+        """Write sampler weights ``MODEL/sampler_weights/NAME`` (a checkpoint without the optimizer state) from the
+        tracked host copy: no turn, no device (a parked model is read where it is parked)."""
+        from rota_tinker import _state_files
 
         entry = self._get(model_id)
-        state = entry.tracked.state_dict()  # from the parked host copy when parked: no turn, no device
-        folder = self._model_folder(model_id)
-        path = os.path.join(folder, f"{name}.pt")
-        tmp = f"{path}.{secrets.token_hex(4)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"weights": state["model"], "lora": entry.lora}, f)
-            size = f.tell()
-        os.replace(tmp, path)
+        state = entry.tracked.state_dict()
+        folder = _state_files.private_dir(os.path.join(self._model_folder(model_id), "sampler_weights"))
+        path = os.path.join(folder, name)
+        size = _state_files.write(path, entry, base, weights=state["model"], optimizer=False)
         return {"file": path, "bytes": size, "from_parked": state["rota"]["from_parked"]}
 
 
@@ -537,24 +534,22 @@ class Sampler(_Base):
 
     def _load(self, key: str, base: Any, shared_base: str | None) -> Any:
         """The model of ``key``; ``shared_base`` (LoRA weights or the bare base only): attach to the shared base."""
-        import torch
-
         import rota_fsdp
+        from rota_tinker import _state_files
         from rota_tinker._models import adapters_of, add_lora
 
         if key in self.models:
             return self.models[key]
         model = _base_model(base, self.device, shared_base)
         parked = None if shared_base else model  # a shared base is never parked; only an adapter on it
-        if not key.startswith("base:"):
-            saved = torch.load(key, map_location=self.device, weights_only=True)
-            if saved["lora"] is not None:
-                lora = saved["lora"]
+        if not key.startswith("base:"):  # a folder of sampler weights (rota_tinker._state_files)
+            lora = _state_files.saved_lora(key)
+            if lora is not None:
                 model = add_lora(model, lora["rank"], lora["seed"], lora["targets"])
                 parked = adapters_of(model)
             elif shared_base:
                 raise UserError(f"{key} holds full-parameter weights; they cannot go on a shared base")
-            (parked or model).load_state_dict(saved["weights"])
+            _state_files.read_weights(key, model, lora)
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
