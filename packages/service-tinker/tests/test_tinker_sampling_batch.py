@@ -127,3 +127,18 @@ def test_requests_of_one_turn_decode_as_one_batch_each_as_alone(svc: TinkerServi
     # the adapter's requests were decoded on its own weights (they differ from the base's), beside the base's
     tuned_row, base_row = together[7].sequences[0], free.sequences[0]
     assert list(tuned_row.tokens) != toks[:8] or not np.allclose(tuned_row.logprobs, base_row.logprobs[:8], atol=1e-3)
+
+
+def test_prompt_logprobs_batches_keep_their_logits_bounded() -> None:
+    """Prompt logprobs take logits at every prompt position of every row: a batch with them is split where rows x
+    prompt width would pass the bound; batches without them are not split (their logits are one row each)."""
+    from rota_tinker._sampling import decode_batches
+
+    def req(n: int, length: int, prompt_logprobs: bool = False) -> dict[str, Any]:
+        return {"num_samples": n, "prompt": np.zeros(length, np.int64), "params": {"prompt_logprobs": prompt_logprobs}}
+
+    plain = [req(4, 60), req(4, 60), req(8, 90)]
+    assert decode_batches(plain, 100) == [[0, 1, 2]]
+    mixed = [req(2, 10), req(1, 40, True), req(1, 5), req(1, 200, True), req(3, 20)]
+    assert decode_batches(mixed, 100) == [[0], [1, 2], [3], [4]]  # 3 x 40 > 100; 2 x 40; 1 x 200 alone; 4 x 200 > 100
+    assert decode_batches(mixed, 10_000) == [[0, 1, 2, 3, 4]]

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["sample"]
+__all__ = ["decode_batches", "sample"]
 
 
 class _Decoder:
@@ -152,6 +152,24 @@ def sample(model: nn.Module, requests: list[dict[str, Any]], device: torch.devic
         decoder.append(nxt, alive)
         logits = decoder.logits()
     return [q.result(lp, first) for q, lp in zip(reqs, prompt_lps, strict=True)]
+
+
+def decode_batches(requests: list[dict[str, Any]], max_logit_rows: int) -> list[list[int]]:
+    """``requests`` (by index, in order) in as few consecutive decode batches as fit: a batch that computes prompt
+    logprobs has logits at every prompt position of every row, so its rows x prompt width stays within
+    ``max_logit_rows`` (a single request always makes a batch); others are not split."""
+    def logit_rows(batch: list[int]) -> int:
+        if not any(requests[i]["params"].get("prompt_logprobs") for i in batch):
+            return 0
+        return sum(requests[i]["num_samples"] for i in batch) * max(len(requests[i]["prompt"]) for i in batch)
+
+    batches: list[list[int]] = []
+    for i in range(len(requests)):
+        if batches and logit_rows([*batches[-1], i]) <= max_logit_rows:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
 
 
 def _prompt_logprobs(logits: torch.Tensor, prompt: torch.Tensor) -> np.ndarray:

@@ -560,19 +560,24 @@ class Sampler(_Base):
         return model
 
     def batch_sample(self, units: list[dict[str, Any]]) -> list[dict[str, Any] | Exception]:
-        """The sample units of one turn: those on the same weights (``key``) decode together as one batch.
+        """The sample units of one turn: those on the same weights (``key``) decode together as one batch
+        (split where prompt logprobs would pass :data:`MICRO_BATCH_TOKENS` logits rows: see
+        :func:`rota_tinker._sampling.decode_batches`).
 
         Each unit (``key``, ``base``, ``prompt``, ``params``, ``num_samples``, ``seed``, ``shared_base``)
-        gets its own result, or the exception that failed its group (weights that cannot load, say); a
+        gets its own result, or the exception that failed its batch (weights that cannot load, say); a
         result's ``timing`` gives the units and rows of the decode batch it was in.
         """
-        from rota_tinker._sampling import sample
+        from rota_tinker._sampling import decode_batches, sample
 
         groups: dict[str, list[int]] = {}
         for i, unit in enumerate(units):
             groups.setdefault(unit["key"], []).append(i)
+        batches = [[rows[j] for j in part] for rows in groups.values()
+                   for part in decode_batches([units[i] for i in rows], MICRO_BATCH_TOKENS)]
         out: list[dict[str, Any] | Exception] = [None] * len(units)  # type: ignore[list-item]
-        for key, rows in groups.items():
+        for rows in batches:
+            key = units[rows[0]]["key"]
             base = units[rows[0]]["base"]
             try:
                 model = self._load(key, base, units[rows[0]].get("shared_base"))
