@@ -265,7 +265,8 @@ def test_sampler_weights_download_as_an_archive_that_loads_outside(
 
 
 def test_rl_losses_follow_their_formulas(sc: dict[str, tinker.ServiceClient], hf_service: TinkerService) -> None:
-    """importance_sampling, ppo, cispo and dro: the loss the service reports is the docs' formula of its logprobs."""
+    """importance_sampling, ppo, cispo, gspo and dro: the loss the service reports is the docs' formula of its
+    logprobs (gspo: every token carries the sequence ratio, the geometric mean over ``sequence_ratio_mask``)."""
     ids = tokenizer(hf_service).encode(TEXT)
     tc = sc["alice"].create_lora_training_client(base_model=QWEN, rank=2, seed=4).result(timeout=TIMEOUT)
     n = len(ids) - 1
@@ -286,6 +287,15 @@ def test_rl_losses_follow_their_formulas(sc: dict[str, tinker.ServiceClient], hf
     for loss_fn, (value, config) in expect.items():
         out = tc.forward([rl], loss_fn, loss_fn_config=config).result(timeout=TIMEOUT)
         assert out.metrics["loss:sum"] == pytest.approx(value, rel=1e-4), loss_fn
+    mask = (np.arange(n) >= n // 2).astype(np.float32)  # the sequence ratio over the second half only
+    for seq_mask, in_ratio in ((None, np.ones(n, bool)), (mask, mask != 0)):
+        seq = np.exp((lp - old)[in_ratio].mean())
+        gspo = types.Datum(model_input=rl.model_input,
+                           loss_fn_inputs={**rl.loss_fn_inputs, **({} if seq_mask is None else
+                                                                   {"sequence_ratio_mask": seq_mask})})
+        out = tc.forward([gspo], "gspo", loss_fn_config={"clip_low_threshold": 0.5, "clip_high_threshold": 1.5})
+        value = -np.minimum(seq * adv, np.clip(seq, 0.5, 1.5) * adv).sum()
+        assert out.result(timeout=TIMEOUT).metrics["loss:sum"] == pytest.approx(value, rel=1e-4)
     with pytest.raises(tinker.BadRequestError, match="loss_fn_config key 'beta'"):
         tc.forward([rl], "ppo", loss_fn_config={"beta": 1.0}).result(timeout=TIMEOUT)
 
@@ -313,17 +323,28 @@ def test_runs_checkpoints_and_sessions_are_listed(sc: dict[str, tinker.ServiceCl
 
 
 def test_unsupported_features_answer_501_naming_them(hf_service: TinkerService) -> None:
+    """A route the service lacks is a 501; a submission the SDK polls (and whose 5xx it would retry for 5 minutes)
+    is a future that fails at once with "501 Not Implemented" naming the feature, so the SDK raises now."""
     key = {"X-API-Key": KEYS["alice"]}
+
+    def failed_future(r: httpx.Response) -> str:
+        assert r.status_code == 200, r.text
+        done = httpx.post(f"{hf_service.url}/api/v1/retrieve_future", headers=key, timeout=30,
+                          json={"request_id": r.json()["request_id"]}).json()
+        assert done["category"] == "user" and done["error"].startswith("501 Not Implemented"), done
+        return done["error"]
+
     r = httpx.post(f"{hf_service.url}/api/v1/copy_weights", headers=key, json={}, timeout=30)
     assert r.status_code == 501 and "copy_weights" in r.json()["detail"]
+    assert r.headers["x-should-retry"] == "false"
     r = httpx.post(f"{hf_service.url}/api/v1/asample", headers=key, timeout=30, json={
         "base_model": QWEN, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
         "sampling_params": {}, "topk_prompt_logprobs": 3})
-    assert r.status_code == 501 and "topk_prompt_logprobs" in r.json()["detail"]
+    assert "topk_prompt_logprobs" in failed_future(r)
     r = httpx.post(f"{hf_service.url}/api/v1/asample", headers=key, timeout=30, json={
         "base_model": QWEN, "prompt": {"chunks": [{"type": "image", "data": "", "format": "png"}]},
         "sampling_params": {}})
-    assert r.status_code == 501 and "'image' chunk" in r.json()["detail"]
+    assert "'image' chunk" in failed_future(r)
     r = httpx.post(f"{hf_service.url}/api/v1/optim_step", headers=key, timeout=30, json={
         "model_id": "x", "optimizer_params": {"type": "sgd"}})
     assert r.status_code in (403, 404)  # the model is checked first; with a real one:
@@ -331,8 +352,14 @@ def test_unsupported_features_answer_501_naming_them(hf_service: TinkerService) 
         base_model=QWEN, rank=2).result(timeout=TIMEOUT)
     r = httpx.post(f"{hf_service.url}/api/v1/optim_step", headers=key, timeout=30, json={
         "model_id": tc.model_id, "optimizer_params": {"type": "sgd"}})
-    assert r.status_code == 501 and "optimizer_params" in r.json()["detail"]
-    assert r.headers["x-should-retry"] == "false"
+    assert "optimizer_params" in failed_future(r)
+    ids = tokenizer(hf_service).encode(TEXT)
+    rl = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={
+        "target_tokens": np.asarray(ids[1:], np.int64), "logprobs": np.zeros(len(ids) - 1, np.float32),
+        "advantages": np.ones(len(ids) - 1, np.float32)})
+    with pytest.raises(tinker.RequestFailedError, match="501 Not Implemented: loss_fn 'stable_reinforce'"):
+        tc.forward([rl], "stable_reinforce").result(timeout=30)  # the SDK's own client raises, it does not retry
+    assert np.isfinite(tc.forward([datum(ids)], "cross_entropy").result(timeout=TIMEOUT).metrics["loss:sum"])
 
 
 @pytest.mark.parametrize("arch,tie,weights", [("qwen3", False, True), ("llama", True, True), ("qwen3", True, False),

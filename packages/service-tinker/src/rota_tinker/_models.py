@@ -241,6 +241,7 @@ LOSS_CONFIG: dict[str, dict[str, float]] = {
     "cross_entropy": {}, "importance_sampling": {},
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "cispo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    "gspo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "dro": {"beta": 0.05},
 }
 
@@ -260,7 +261,12 @@ def datum_loss(loss_fn: str, lp: torch.Tensor, inputs: dict[str, torch.Tensor],
         return -(ratio * adv).sum()
     if loss_fn == "dro":
         return -(lp * adv - 0.5 * cfg["beta"] * (lp - sampled) ** 2).sum()
+    if loss_fn == "gspo":  # GSPO-token: each token carries the sequence ratio's value, its own logprob's gradient
+        mask = inputs.get("sequence_ratio_mask")
+        in_ratio = mask != 0 if mask is not None else torch.ones_like(lp, dtype=torch.bool)
+        log_ratio = (lp.detach() - sampled)[in_ratio].mean() if bool(in_ratio.any()) else lp.new_zeros(())
+        ratio = torch.exp(log_ratio + lp - lp.detach())
     clipped = torch.clamp(ratio, cfg["clip_low_threshold"], cfg["clip_high_threshold"])
-    if loss_fn == "ppo":
+    if loss_fn in ("ppo", "gspo"):
         return -torch.min(ratio * adv, clipped * adv).sum()
     return -(clipped.detach() * lp * adv).sum()  # cispo

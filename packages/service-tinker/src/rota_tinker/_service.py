@@ -367,8 +367,16 @@ class _Api(_checkpoints.CheckpointRoutes):
             if args or req.method == "GET":  # the ids are in the path; a body, if any, says nothing more
                 return fn(self, tenant, *args)
             return fn(self, tenant, self._json_body(req, body))
-        except BadRequest:
-            raise
+        except BadRequest as e:
+            kind = FUTURE_ROUTES.get(req.path)
+            if e.status not in REFUSED_AS_FUTURES or kind is None:
+                raise
+            # the SDK retries a 429 or 5xx of these submissions for 5 minutes (it does not read x-should-retry
+            # there): a future that fails at once makes it raise now, with the message naming the cause
+            log.info("%s %s -> %d as a failed %s future: %s", req.method, req.path, e.status, kind, e)
+            fut = self.state.future(tenant.name, kind)
+            fut.fail(f"{e.status} {REFUSED_AS_FUTURES[e.status]}: {e}", "user")
+            return self._future_reply(fut)
         except Exception:
             ref = secrets.token_hex(4)
             log.exception("%s %s failed (error %s)", req.method, req.path, ref)
@@ -852,6 +860,12 @@ ROUTES: dict[str, tuple[str, Callable[..., Any]]] = {
     "/api/v1/asample": ("POST", _Api._asample),
     "/api/v1/retrieve_future": ("POST", _Api._lookup_future),
 }
+# the routes whose answer is a future the SDK then polls -> the future's kind
+FUTURE_ROUTES = {"/api/v1/create_model": "CreateModel", "/api/v1/unload_model": "UnloadModel",
+                 "/api/v1/forward_backward": "ForwardBackward", "/api/v1/optim_step": "OptimStep",
+                 "/api/v1/save_weights_for_sampler": "SaveWeightsForSampler", "/api/v1/asample": "Sample",
+                 "/api/v1/save_weights": "SaveWeights", "/api/v1/load_weights": "LoadWeights"}
+REFUSED_AS_FUTURES = {429: "Too Many Requests", 501: "Not Implemented"}  # a quota, a missing feature
 # routes with ids in the path (each id checked whole by its pattern)
 PATTERNS: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [
     ("GET", re.compile(rf"/api/v1/samplers/({_ID})"), _Api._get_sampler),
@@ -859,7 +873,7 @@ PATTERNS: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [
     *_checkpoints.PATTERNS,
 ]
 ROUTES.update(_checkpoints.ROUTES)
-# routes of the SDK this service does not implement: 501 naming them (the SDK does not retry a 501)
+# routes of the SDK this service does not implement: 501 naming them (x-should-retry: false)
 UNSUPPORTED = re.compile(r"/api/v1/(save_weights_external|copy_weights|join_sampling_session|retrieve_futures|"
                          r"cancel_future|create_custom_loss|auth/token|weights_info|sessions/search|audit|billing/.*|"
                          r"sessions/[^/]+/(project|trace_export)|training_runs/[^/]+/checkpoints/[^/]+/[^/]+/"

@@ -28,11 +28,13 @@ _RL_INPUTS = (("target_tokens", "logprobs", "advantages"), ())
 LOSS_INPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "cross_entropy": (("target_tokens",), ("weights",)),
     "importance_sampling": _RL_INPUTS, "ppo": _RL_INPUTS, "cispo": _RL_INPUTS, "dro": _RL_INPUTS,
+    "gspo": (_RL_INPUTS[0], ("sequence_ratio_mask",)),  # the mask: tokens of the sequence ratio (default: all)
 }
 LOSS_FNS = tuple(LOSS_INPUTS)
 # loss_fn -> the loss_fn_config keys it takes (see rota_tinker._models.LOSS_CONFIG for their defaults)
 _CLIP = ("clip_low_threshold", "clip_high_threshold")
-LOSS_CONFIG_KEYS = {"cross_entropy": (), "importance_sampling": (), "ppo": _CLIP, "cispo": _CLIP, "dro": ("beta",)}
+LOSS_CONFIG_KEYS = {"cross_entropy": (), "importance_sampling": (), "ppo": _CLIP, "cispo": _CLIP, "gspo": _CLIP,
+                    "dro": ("beta",)}
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 MAX_JSON_DEPTH = 32  # the SDK's bodies nest 5 deep at most
 INT64 = (-(2**63), 2**63 - 1)
@@ -176,7 +178,7 @@ def parse_forward_backward(body: bytes) -> FwdBwd:
     if not msg.model_id:
         raise BadRequest("model_id is empty; pass the model_id returned by create_model")
     if msg.loss_fn not in LOSS_FNS:
-        status = 501 if msg.loss_fn in ("gspo", "stable_reinforce", "custom") else 400
+        status = 501 if msg.loss_fn in ("stable_reinforce", "custom") else 400
         raise BadRequest(f"loss_fn {msg.loss_fn[:60]!r} is not supported by this service; use one of {list(LOSS_FNS)} "
                          "(forward_backward_custom works: the SDK computes a custom loss on the client)", status=status)
     loss_config: dict[str, float] = {}
