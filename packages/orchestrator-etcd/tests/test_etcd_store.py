@@ -13,7 +13,7 @@ from etcd_testlib import run
 
 from rota.errors import ConfigError, Unavailable
 from rota.orchestrator import GroupState
-from rota.types import TurnRequest
+from rota.types import TenantRecord, TurnRequest
 from rota_etcd._election import Election
 from rota_etcd._etcd import parse_endpoints
 from rota_etcd._store import EtcdStore, decode_state, encode_state
@@ -45,6 +45,23 @@ def test_state_round_trips_through_json_with_wall_clock_times() -> None:
     assert abs(back.holder_since - g.holder_since) < 0.01
     assert abs(back.queue[0].arrived - g.queue[0].arrived) < 0.01
     assert b'"holder_since":1' in encode_state(g)  # wall clock (2020s), not this boot's monotonic clock
+
+
+def test_a_tenants_idle_age_survives_a_failover_to_a_host_with_another_monotonic_clock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Collection of ended tenants and idle groups reads each tenant's last activity: etcd keeps it as wall
+    clock, so the replica that loads the group on another host (another boot, another monotonic clock) sees
+    the same age. Stored as this host's monotonic time, the age read there was off by the hosts' uptimes."""
+    g = granted("g", "a")
+    g.tenants["b"] = TenantRecord("b", state="idle", last_active=time.monotonic() - 600)  # ended 10 minutes ago
+    raw = encode_state(g)
+    assert b'"last_active":1' in raw  # wall clock (2020s), not this boot's monotonic clock
+    other_boot = time.monotonic() + 1e6  # the new leader's host has been up 11.6 days longer
+    monkeypatch.setattr("rota_etcd._store.time.monotonic", lambda: other_boot)
+    back = decode_state(raw)
+    assert abs((other_boot - back.tenants["b"].last_active) - 600) < 2
+    assert back.collect(other_boot, ttl_s=900, keep=set()) == []  # not yet: 10 of its 15 minutes
+    assert back.collect(other_boot, ttl_s=300, keep=set()) == ["b"]
 
 
 def test_endpoints_parse_and_bad_urls_name_the_problem() -> None:

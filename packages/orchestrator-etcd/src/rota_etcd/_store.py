@@ -113,7 +113,7 @@ def encode_state(state: GroupState, cache: TenantCache | None = None) -> bytes:
     for job, rec in state.tenants.items():
         key = _tenant_key(rec)
         hit = cache.get(job) if cache is not None else None
-        text = hit[1] if hit is not None and hit[0] == key else _JSON(_encode_tenant(rec))
+        text = hit[1] if hit is not None and hit[0] == key else _JSON(_encode_tenant(rec, shift))
         fresh[job] = (key, text)
         tenants.append(f"{_JSON(job)}:{text}")
     if cache is not None:  # tenants collected since are dropped with their JSON
@@ -136,8 +136,11 @@ def _tenant_key(rec: Any) -> tuple:
             *_recent(rec.waits_ms), None, *_recent(rec.parks_ms))
 
 
-def _encode_tenant(rec: Any) -> dict[str, Any]:
+def _encode_tenant(rec: Any, shift: float) -> dict[str, Any]:
     out = dict(vars(rec))
+    if out["last_active"]:  # wall clock in etcd, like the group's times, so collection reads it right on any
+        # host; whole seconds (collection counts minutes), so a cached record's JSON stays what a fresh one gives
+        out["last_active"] = round(out["last_active"] + shift)
     for name in ("waits_ms", "parks_ms"):
         out[name] = [round(x, 2) for x in _recent(out[name])]
     return out
@@ -151,6 +154,9 @@ def decode_state(raw: bytes) -> GroupState:
             d[name] += shift
     for w in d.get("queue", ()):
         w["arrived"] += shift
+    for rec in d.get("tenants", {}).values():
+        if rec.get("last_active"):
+            rec["last_active"] += shift
     return GroupState.from_dict(d)
 
 
