@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
+import pytest
+from aetcd import rpc
 from etcd_testlib import run
 from test_etcd_store import granted
 
@@ -83,3 +86,56 @@ def test_one_turn_watch_gives_each_shard_its_own_deletions_once(etcd, prefix) ->
             await store.close()
 
     run(body())
+
+
+class FakeWatch:
+    """A fake of rota_etcd._etcd.Watch (the stream itself is tested against etcd above): it records where each
+    stream starts, so the test can make an old stream deliver after a new one replaced it, a race real etcd
+    gives only now and then."""
+
+    made: list[FakeWatch] = []
+
+    def __init__(self, client, prefix, start_revision, on_events, *, deletes_only: bool) -> None:
+        self.next_revision, self.on_events, self.cancelled = start_revision, on_events, False
+        FakeWatch.made.append(self)
+
+    async def cancel(self) -> None:
+        self.cancelled = True
+
+
+def deleted(group: str, token: int, revision: int) -> rpc.Event:
+    return rpc.Event(type=rpc.Event.DELETE, kv=rpc.KeyValue(key=f"/p/turns/{group}".encode(), mod_revision=revision),
+                     prev_kv=rpc.KeyValue(value=json.dumps({"job": "j", "token": token}).encode()))
+
+
+def test_a_replaced_turn_stream_gives_nothing_to_a_shard_that_subscribed_behind_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shard 1 subscribes from revision 120 while the stream is at 151: a new stream replays from 120. The old
+    one may still deliver revision 160 before its cancellation lands; shard 1 must then get its deletion at 130
+    from the new stream, in order, and 160 once (it was skipped when the old stream counted 160 as given)."""
+    monkeypatch.setattr("rota_etcd._turnwatch.Watch", FakeWatch)
+    FakeWatch.made.clear()
+    g0, g1 = groups_of_shards(2, 4)
+    got: dict[int, list[int]] = {0: [], 1: []}
+
+    def collector(shard: int):
+        async def on_expired(group: str, job: str, token: int) -> None:
+            got[shard].append(token)
+        return on_expired
+
+    async def body() -> None:
+        watch = TurnWatch(None, b"/p/turns/", lambda g: shard_of(g, 4))
+        watch.subscribe(0, 100, collector(0))
+        old = FakeWatch.made[-1]
+        await old.on_events([deleted(g0, 150, 150)], 150)
+        old.next_revision = 151
+        watch.subscribe(1, 120, collector(1))
+        new = FakeWatch.made[-1]
+        assert new is not old and new.next_revision == 120
+        await old.on_events([deleted(g0, 160, 160), deleted(g1, 160, 160)], 160)  # before its cancel lands
+        await new.on_events([deleted(g1, 130, 130), deleted(g0, 150, 150), deleted(g0, 160, 160),
+                             deleted(g1, 160, 160)], 160)
+        await watch.close()
+
+    run(body())
+    assert got == {0: [150, 160], 1: [130, 160]}
