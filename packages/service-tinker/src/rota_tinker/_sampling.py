@@ -79,9 +79,9 @@ class _Request:
     prompt: torch.Tensor
     params: dict[str, Any]
     gen: torch.Generator
-    toks: list[list[int]] = field(default_factory=list)
-    lps: list[list[float]] = field(default_factory=list)
-    reasons: list[str] = field(default_factory=list)
+    toks: list[list[int]] = field(init=False)  # per row: the tokens drawn so far
+    lps: list[list[float]] = field(init=False)  # per row: their logprobs
+    reasons: list[str] = field(init=False)  # per row: "" while decoded, then "stop" or "length"
 
     def __post_init__(self) -> None:
         p = self.params
@@ -90,7 +90,7 @@ class _Request:
         self.max_tokens = int(p.get("max_tokens") or 16)
         self.stop, self.stop_strings = set(p.get("stop_tokens") or ()), list(p.get("stop_strings") or ())
         self.toks, self.lps = [[] for _ in range(self.n)], [[] for _ in range(self.n)]
-        self.reasons = [""] * self.n  # "" while the row is being decoded, then "stop" or "length"
+        self.reasons = [""] * self.n
 
     def step(self, logits: torch.Tensor, logp: torch.Tensor, lengths: list[int], max_len: int,
              tokenizer: Any) -> list[int]:
