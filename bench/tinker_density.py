@@ -62,6 +62,9 @@ the run goes on.
     # H200: a Qwen3-1.7B-shaped bf16 base (random init from its config), 1 to 10 tenants, think 4x the step
     python bench/tinker_density.py --device cuda:0 --model qwen3-1.7b --tenants 1,2,4,6,8,10 --steps 12 \\
         --point-timeout-s 300 --out bench/results/tinker-density-h200-qwen3-1.7b.json
+    # the same with the LoRA pool: up to 8 tenants' units at once in one turn of the base's pool
+    python bench/tinker_density.py --device cuda:0 --model qwen3-1.7b --tenants 1,8,10,12 --steps 10 \
+        --lora-concurrency 8 --out bench/results/tinker-density-h200-qwen3-1.7b-pool.json
     # CPU smoke run of the same path (a tiny Qwen3 shape)
     python bench/tinker_density.py --device cpu --model qwen3-tiny --dtype float32 --batch 2 --seq-len 16 \\
         --tenants 1,2 --steps 3 --warmup 1
@@ -100,7 +103,8 @@ DEFINITION = ("density = largest tested N such that, for it and every smaller te
               "(forward_backward+optim_step, all tenants' measured steps) is <= tolerance x the N=1 median (one "
               "tenant per device); every tenant thinks think_s seconds off-device between steps; all N LoRA tenants "
               "share one resident base (unless share_lora_base is false); arrivals staggered by 1/N of a period "
-              "(baseline step + think) unless arrivals is lockstep")
+              "(baseline step + think) unless arrivals is lockstep; with lora_concurrency > 1 up to that many "
+              "LoRA units run at once in one rota turn of the base's pool (every point, N=1 included)")
 BREAKDOWN = ("queue_s", "acquire_s", "wait_s", "restore_s", "compute_s", "release_s", "reply_s", "answer_lag_s",
              "total_s", "parked_s")
 MONO = time.monotonic() - time.perf_counter()  # perf_counter stamps + MONO = monotonic stamps (the service's)
@@ -220,7 +224,8 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
                                long_poll_s=5.0, base_models={spec.name: spec}, share_lora_base=share,
                                worker_start_timeout_s=min(300.0, args.point_timeout_s),
                                units_per_turn=args.units_per_turn, release_cached=not args.keep_cache,
-                               stop_timeout_s=20.0, capacity_bytes=capacity, max_bytes=2**50)
+                               stop_timeout_s=20.0, capacity_bytes=capacity, max_bytes=2**50,
+                               lora_concurrency=args.lora_concurrency if share else 1)
         with TinkerService(config) as svc, _Peak(args.device) as peak:
             t_start = time.perf_counter()
             clients = [tinker.ServiceClient(base_url=svc.url, api_key=t.api_key) for t in tenants]
@@ -329,6 +334,9 @@ def breakdown(units: list[dict]) -> dict:
             values = [u[part] for u in mine if part in u]
             if values:
                 row[f"median_{part}"] = statistics.median(values)
+        pooled = [u["pool_running"] for u in mine if "pool_running" in u]
+        if pooled:  # units in the LoRA pool when each entered (itself included)
+            row["mean_pool_running"], row["max_pool_running"] = statistics.mean(pooled), max(pooled)
         out[kind] = row
     return out
 
@@ -439,6 +447,9 @@ def main() -> None:
                    help="each think time is drawn from [1-j, 1+j] x think (0: fixed)")
     p.add_argument("--units-per-turn", type=int, default=4,
                    help="the service's units_per_turn (1: every work unit takes its own turn)")
+    p.add_argument("--lora-concurrency", type=int, default=1,
+                   help="the service's lora_concurrency: LoRA units on the shared base that run at once in one turn "
+                        "of its pool (1: exclusive turns; every point, N = 1 included, runs with it)")
     p.add_argument("--keep-cache", action="store_true",
                    help="the service's release_cached=False: a parked tenant keeps its CUDA cache (no re-allocation)")
     p.add_argument("--capacity", default="auto",
@@ -463,6 +474,8 @@ def main() -> None:
         p.error("--warmup and --unshared must be >= 0")
     if not 0 <= args.think_jitter < 1:
         p.error(f"--think-jitter {args.think_jitter} must be within [0, 1)")
+    if not 1 <= args.lora_concurrency <= 64:
+        p.error(f"--lora-concurrency {args.lora_concurrency} must be within [1, 64]")
     if args.units_per_turn < 1 or args.point_timeout_s <= 0:
         p.error("--units-per-turn must be >= 1 and --point-timeout-s > 0")
     if args.dim % args.heads:

@@ -15,8 +15,9 @@ Two sides, both in worker processes (the HTTP process holds no model):
 Invariants: the base is **read-only** for tenants (its parameters have
 ``requires_grad=False``, no optimizer sees them, :func:`attach`'s callers never call
 ``rota_fsdp.track`` on the base: only adapters and their optimizer state are parked);
-the holder is a plain process, not a rota tenant (its memory is resident like a CUDA
-context and never parked); and it must outlive its consumers (the service stops tenant
+the holder's memory is resident like a CUDA context and never parked (with
+``lora_concurrency`` > 1 the holder is also the rota tenant of its LoRA pool, :mod:`rota_tinker._pool`,
+which only takes turns); and it must outlive its consumers (the service stops tenant
 workers before holders, and waits for them: a consumer of a CUDA IPC handle must not
 outlive the producer, and a consumer drops its references (:func:`detach_all`) before it
 exits so the producer sees every shared tensor released).
@@ -98,6 +99,13 @@ class BaseHolder:
             torch.cuda.synchronize(self.device)
         self.checksum = self._checksum()
         self.listener = Listener(family="AF_UNIX", authkey=current_process().authkey)
+        self.gpu, self.gate = None, None
+        if spec.lora_concurrency > 1:  # LoRA trainers on this base run in one rota turn, several at once
+            import rota
+            from rota_tinker._pool import PoolGate
+
+            self.gpu = rota.connect(group=spec.group, tenant=spec.pool_job, endpoint=spec.endpoint)
+            self.gate = PoolGate(self.gpu, spec.lora_concurrency)
         threading.Thread(target=self._serve, name="rota-tinker-base-share", daemon=True).start()
         log.info("base %s on %s: %.1f MiB shared at %s", self.base.name, self.device, self.nbytes / 2**20,
                  self.listener.address)
@@ -126,6 +134,9 @@ class BaseHolder:
         """Send the flat tensor and layout to one consumer; wait for its ack (it then holds its own reference)."""
         try:
             want = conn.recv()
+            if want == ("gate",) and self.gate is not None:  # a LoRA trainer's pool connection (rota_tinker._pool)
+                self.gate.serve(conn)
+                return
             if want != ("base", self.base.name):
                 conn.send(("err", f"this holder serves base {self.base.name!r}, not {want!r}"))
             else:
@@ -141,6 +152,9 @@ class BaseHolder:
         import torch
 
         self.listener.close()
+        if self.gate is not None:
+            self.gate.close()
+            self.gpu.close()
         del self.flat
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

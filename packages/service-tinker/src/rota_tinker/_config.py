@@ -77,6 +77,7 @@ class BaseModelSpec:
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 STATE_BYTES_PER_PARAM = 16  # fp32 weight, grad and two Adam moments
+MAX_LORA_CONCURRENCY = 64  # LoRA units one pool runs at once (ServiceConfig.lora_concurrency)
 _SPEC_INTS = ("vocab", "dim", "layers", "heads", "max_len", "seed")
 
 
@@ -171,6 +172,10 @@ class ServiceConfig:
     # A tenant's work units already queued when one finishes run in the same rota turn, up to
     # this many: forward_backward and the optim_step behind it cost one switch, not two.
     units_per_turn: int = 4
+    # LoRA units on one shared base that may run at once, in one rota turn of that base's pool
+    # (rota_tinker._pool): each still computes exactly what it would alone; 1 gives every LoRA
+    # tenant exclusive turns. Needs share_lora_base.
+    lora_concurrency: int = 1
     # After a park, hand the tenant's cached device memory back (torch.cuda.empty_cache) so other
     # tenants' processes can use it; False keeps it (no re-allocation next turn) when all working sets fit.
     release_cached: bool = True
@@ -231,6 +236,13 @@ class ServiceConfig:
             raise ConfigError(f"release_cached={self.release_cached!r} must be True or False")
         if not isinstance(self.share_lora_base, bool):
             raise ConfigError(f"share_lora_base={self.share_lora_base!r} must be True or False")
+        if (not isinstance(self.lora_concurrency, int) or isinstance(self.lora_concurrency, bool)
+                or not 1 <= self.lora_concurrency <= MAX_LORA_CONCURRENCY):
+            raise ConfigError(f"lora_concurrency={self.lora_concurrency!r} must be an integer in [1, "
+                              f"{MAX_LORA_CONCURRENCY}] (1: exclusive turns for every LoRA tenant)")
+        if self.lora_concurrency > 1 and not self.share_lora_base:
+            raise ConfigError(f"lora_concurrency={self.lora_concurrency} runs LoRA units together on a shared base, "
+                              "but share_lora_base is off (--no-share-base): drop one of the two")
         if not isinstance(self.capacity_bytes, int) or self.capacity_bytes < 0:
             raise ConfigError(f"capacity_bytes={self.capacity_bytes!r} must be an integer >= 0 (0: park on every "
                               "switch)")

@@ -161,9 +161,10 @@ class _State:
                 spec = WorkerSpec(tenant=t.name, role=role, group=config.group, endpoint=endpoint,
                                   device=config.device, data_dir=config.data_dir, torch_threads=config.torch_threads,
                                   units_per_turn=config.units_per_turn, release_cached=config.release_cached,
-                                  deterministic=config.deterministic)
+                                  deterministic=config.deterministic, lora_concurrency=config.lora_concurrency)
                 self.workers[(t.name, role)] = WorkerHandle(spec, config.worker_start_timeout_s)
         self.holders: dict[str, WorkerHandle] = {}  # base name -> its holder on config.device
+        self.endpoint = endpoint  # a holder with a LoRA pool takes turns there (rota_tinker._pool)
 
     def holder(self, base: BaseModelSpec) -> WorkerHandle:
         """The base-holder process of ``base`` on the service's device (made on first use, started by ``ensure``)."""
@@ -171,8 +172,10 @@ class _State:
             handle = self.holders.get(base.name)
             if handle is None:
                 spec = WorkerSpec(tenant=f"{base.name}@{self.config.device}", role="base", group=self.config.group,
-                                  endpoint=None, device=self.config.device, data_dir=self.config.data_dir,
-                                  torch_threads=self.config.torch_threads, base=base)
+                                  endpoint=self.endpoint, device=self.config.device, data_dir=self.config.data_dir,
+                                  torch_threads=self.config.torch_threads, base=base,
+                                  lora_concurrency=self.config.lora_concurrency,
+                                  pool_job=f"lora-pool.{len(self.holders)}")
                 handle = self.holders[base.name] = WorkerHandle(spec, self.config.worker_start_timeout_s)
         return handle
 
@@ -915,13 +918,17 @@ class TinkerService:
         """
         from rota.auth import ServerAuth
         from rota.orchestrator import OrchestratorConfig, running_orchestrator
+        from rota.policies import Fifo
+        from rota_tinker._pool import MAX_TURN_S
 
         xdg = os.environ.get("XDG_RUNTIME_DIR")
         folder = tempfile.mkdtemp(prefix="rota-tinker-", dir=xdg if xdg and os.path.isdir(xdg) else None)
         self._orchestrator.callback(shutil.rmtree, folder, True)
+        # a busy LoRA pool would hold the device forever: past MAX_TURN_S, with others waiting, it is asked to yield
+        policy = Fifo(max_turn_s=MAX_TURN_S if config.lora_concurrency > 1 else 0.0)
         endpoint, _engine = self._orchestrator.enter_context(running_orchestrator(
-            OrchestratorConfig(capacity_bytes=config.capacity_bytes), listen=f"unix:{folder}/orchestrator.sock",
-            auth=ServerAuth(local=True)))
+            OrchestratorConfig(capacity_bytes=config.capacity_bytes, policy=policy),
+            listen=f"unix:{folder}/orchestrator.sock", auth=ServerAuth(local=True)))
         log.info("own orchestrator at %s%s", endpoint,
                  f", capacity {config.capacity_bytes / 2**30:.1f} GiB" if config.capacity_bytes else "")
         return endpoint

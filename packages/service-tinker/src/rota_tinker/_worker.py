@@ -52,6 +52,7 @@ import logging
 import os
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -79,6 +80,8 @@ class WorkerSpec:
     units_per_turn: int = 4  # queued units of this tenant that may share one turn
     release_cached: bool = True  # empty the CUDA cache after each park (ServiceConfig.release_cached)
     deterministic: bool = False  # torch.use_deterministic_algorithms (ServiceConfig.deterministic)
+    lora_concurrency: int = 1  # > 1: LoRA units on a shared base run in its pool's turn (rota_tinker._pool)
+    pool_job: str = ""  # a base holder's rota job id as its pool's tenant (lora_concurrency > 1)
 
 
 # tokens of one forward/backward micro-batch: bounds the float32 logits (~5 GB at a 150k vocabulary)
@@ -184,6 +187,50 @@ class WorkingSet:
         return {"working": self.bytes} if tenant is self.gpu else None
 
 
+class _OwnTurn:
+    """The tenant's own rota turn (``<tenant>.trainer`` / ``.sampler``): acquire, restore, release."""
+
+    def __init__(self, loop: _Loop) -> None:
+        self.loop, self.gpu = loop, loop.gpu
+
+    def begin(self) -> dict[str, float]:
+        self.gpu.acquire()
+        if self.loop.working is not None:
+            self.loop.working.turn_started()
+        return {"new_turn": 1.0, **self.loop.events()}
+
+    def may_continue(self) -> bool:
+        return not self.gpu.should_yield
+
+    def queued(self) -> dict[str, float]:
+        """What a unit that joins the turn records (parks of this tenant since its previous unit)."""
+        return {"wait_s": 0.0, "restore_s": 0.0, **self.loop.events(parks_only=True)}
+
+    def end(self) -> None:
+        if self.loop.working is not None:
+            self.loop.working.turn_ended()
+        self.gpu.release()
+
+
+class _PooledTurn:
+    """A unit in its base's LoRA pool (rota_tinker._pool): other tenants' units may run beside it."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def begin(self) -> dict[str, float]:
+        return {"restore_s": 0.0, "parked_s": 0.0, "parked_bytes": 0.0, **self.pool.begin()}
+
+    def may_continue(self) -> bool:
+        return True
+
+    def queued(self) -> dict[str, float]:
+        return {"wait_s": 0.0, "restore_s": 0.0, "parked_s": 0.0, "parked_bytes": 0.0}
+
+    def end(self) -> None:
+        self.pool.end()
+
+
 class _Loop:
     """Runs units in arrival order; device units in turns, queued units of this tenant sharing one."""
 
@@ -193,11 +240,13 @@ class _Loop:
         self.working = working
         self.seen = 0  # gpu.stats.events already attributed to a unit (a running total)
         self.parks_seen = 0  # gpu.stats.parks likewise
+        self.pending: deque[_Unit] = deque()  # received while a turn of another kind ran: next in line
+        self.own = _OwnTurn(self) if gpu is not None else None
 
     def run(self) -> None:
         try:
             while True:
-                self._unit(self._recv())
+                self._unit(self.pending.popleft() if self.pending else self._recv())
         except _Stop:
             return
 
@@ -211,65 +260,75 @@ class _Loop:
         rid, op, args = msg
         return rid, op, args, {"recv": time.monotonic()}
 
+    def _turn_of(self, unit: _Unit) -> Any:
+        """The turn ``unit`` runs in: its base's LoRA pool, the tenant's own, or None (no device needed)."""
+        if self.own is None:  # a base holder: nothing it runs takes a turn
+            return None
+        pool = self.worker.pool_of(unit[1], unit[2])
+        if pool is not None:
+            return pool
+        return self.own if self.worker.needs_turn(unit[1], unit[2]) else None
+
     def _unit(self, msg: _Unit) -> None:
         """One unit; a device unit takes a turn and runs whatever is queued behind it in the same turn."""
         rid, op, args, timing = msg
-        if self.gpu is None or not self.worker.needs_turn(op, args):
+        turn = self._turn_of(msg)
+        if turn is None:
             self._reply(rid, self._call(op, args, timing), timing)
             return
         t0 = time.monotonic()
         try:
-            self.gpu.acquire()
+            started = turn.begin()
         except Exception as e:  # the orchestrator is gone or the restore failed: this unit fails, the next retries
             log.error("%s: could not get a turn: %s", op, e)
             timing["acquire_s"] = time.monotonic() - t0
             self._reply(rid, ("err", f"could not get a turn on the device: {type(e).__name__}: {e}", "server"),
                         timing)
             return
-        timing.update(acquire_s=time.monotonic() - t0, new_turn=1.0, **self._events())
-        if self.working is not None:
-            self.working.turn_started()
+        timing.update(acquire_s=time.monotonic() - t0, **started)
         queue, ran, stop = [msg], 0, False  # units received for this turn and not run yet, in arrival order
         while queue:
             batched = queue[0][1] in self.worker.BATCHED_OPS
             if batched and not stop:  # the units queued behind it may join its batch
-                stop = self._take_queued(queue, self.units_per_turn - ran)
+                stop = self._take_queued(queue, self.units_per_turn - ran, turn)
             n = next((i for i, unit in enumerate(queue) if unit[1] != queue[0][1]), len(queue)) if batched else 1
             batch, queue = queue[:n], queue[n:]
             outcomes = self._run(batch)
             ran += len(batch)
             if not queue and not stop and ran < self.units_per_turn:
-                stop = self._take_queued(queue, 1)
+                stop = self._take_queued(queue, 1, turn)
             if not queue:
-                self._end_turn(batch[-1][3])
+                self._end_turn(turn, batch[-1][3])
             for (rid, _, _, timing), outcome in zip(batch, outcomes, strict=True):
                 self._reply(rid, outcome, timing)
         if stop:
             raise _Stop
 
-    def _take_queued(self, queue: list[_Unit], limit: int) -> bool:
+    def _take_queued(self, queue: list[_Unit], limit: int, turn: Any) -> bool:
         """Receive units already waiting in the pipe into ``queue`` (up to ``limit`` units in it), while the turn
-        may go on; True if the HTTP process asked this worker to stop meanwhile."""
-        while len(queue) < limit and not self.gpu.should_yield and self.conn.poll(0):
+        may go on; a unit of another turn waits in ``pending`` and ends the taking. True if the HTTP process
+        asked this worker to stop meanwhile."""
+        while len(queue) < limit and not self.pending and turn.may_continue() and self.conn.poll(0):
             try:
                 unit = self._recv()
             except _Stop:
                 return True
-            unit[3].update(acquire_s=0.0, wait_s=0.0, restore_s=0.0, new_turn=0.0, **self._events(parks_only=True))
+            if self._turn_of(unit) not in (turn, None):
+                self.pending.append(unit)
+                break
+            unit[3].update(acquire_s=0.0, new_turn=0.0, **turn.queued())
             queue.append(unit)
         return False
 
-    def _end_turn(self, timing: dict[str, float]) -> None:
+    def _end_turn(self, turn: Any, timing: dict[str, float]) -> None:
         t0 = time.monotonic()
-        if self.working is not None:
-            self.working.turn_ended()
         try:
-            self.gpu.release()
+            turn.end()
         except Exception as e:  # the lease expires on the orchestrator's side; the next acquire starts afresh
             log.error("release failed: %s", e)
         timing["release_s"] = time.monotonic() - t0
 
-    def _events(self, parks_only: bool = False) -> dict[str, float]:
+    def events(self, parks_only: bool = False) -> dict[str, float]:
         """This tenant's rota events since the last unit: grant wait, restores, parks (seconds; bytes parked)."""
         events, self.seen = self.gpu.stats.events.since(self.seen)
         parks, self.parks_seen = self.gpu.stats.parks.since(self.parks_seen)
@@ -343,6 +402,10 @@ class _Base:
         self.device = torch.device(spec.device)
         self.models: dict[str, Any] = {}
 
+    def pool_of(self, op: str, args: dict[str, Any]) -> Any:
+        """The LoRA pool turn ``op`` runs in (rota_tinker._pool), or None: its own turn, or none at all."""
+        return None
+
     def needs_turn(self, op: str, args: dict[str, Any]) -> bool:
         """Whether ``op`` must run inside a turn (dropping a model nobody holds needs none)."""
         if op == "unload":
@@ -369,8 +432,24 @@ class _Trained:
     model: Any
     trainable: Any  # the module whose parameters are trained and parked (the model, or its adapters)
     optimizer: Any
-    tracked: Any
+    tracked: Any  # its rota_fsdp Tracked, or a _Resident (a pooled LoRA model: never parked)
     lora: dict[str, Any] | None
+    pool: str | None = None  # the address of its base's LoRA pool, when its units run there
+
+
+class _Resident:
+    """What a pooled LoRA model has instead of a ``Tracked``: its adapters and Adam state stay on the device."""
+
+    def __init__(self, trainable: Any) -> None:
+        self.trainable = trainable
+
+    def state_dict(self) -> dict[str, Any]:
+        """Host copies of the adapters, as ``Tracked.state_dict()`` gives them."""
+        weights = {k: v.detach().cpu().clone() for k, v in self.trainable.state_dict().items()}
+        return {"model": weights, "rota": {"from_parked": False}}
+
+    def untrack(self) -> None:
+        """Nothing is tracked: dropping the model frees its tensors."""
 
 
 class Trainer(_Base):
@@ -378,6 +457,27 @@ class Trainer(_Base):
 
     DEVICE_OPS = frozenset({"create", "forward_backward", "optim_step", "unload", "save_state", "load_state"})
     models: dict[str, _Trained]
+
+    def __init__(self, spec: WorkerSpec, gpu: Any) -> None:
+        super().__init__(spec, gpu)
+        self.pools: dict[str, _PooledTurn] = {}  # a base holder's address -> this trainer's turn in its pool
+
+    def pool_of(self, op: str, args: dict[str, Any]) -> Any:
+        """With ``lora_concurrency`` > 1, LoRA models on a shared base run their device units in its pool."""
+        if self.spec.lora_concurrency <= 1 or op not in self.DEVICE_OPS:
+            return None
+        if op == "create":
+            address = args.get("shared_base") if args.get("lora") is not None else None
+        else:
+            entry = self.models.get(args.get("model_id", ""))
+            address = entry.pool if entry is not None else None
+        if address is None:
+            return None
+        if address not in self.pools:
+            from rota_tinker._pool import PoolTurn
+
+            self.pools[address] = _PooledTurn(PoolTurn(address, self.device, room_for=self.spec.lora_concurrency))
+        return self.pools[address]
 
     def op_create(self, model_id: str, base: Any, lora: dict[str, Any] | None,
                   shared_base: str | None = None, load: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -398,8 +498,13 @@ class Trainer(_Base):
             trainable = model
         opt = torch.optim.AdamW([p for p in trainable.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.95),
                                 eps=1e-12, weight_decay=0.0)
-        tracked = rota_fsdp.track(self.gpu, trainable, opt, device=self.device, release_cached=self.spec.release_cached)
-        self.models[model_id] = _Trained(model, trainable, opt, tracked, lora)
+        pool = self.pool_of("create", {"lora": lora, "shared_base": shared_base})
+        if pool is not None:  # its pool's units run beside other tenants': nothing of it may be parked meanwhile
+            tracked: Any = _Resident(trainable)
+        else:
+            tracked = rota_fsdp.track(self.gpu, trainable, opt, device=self.device,
+                                      release_cached=self.spec.release_cached)
+        self.models[model_id] = _Trained(model, trainable, opt, tracked, lora, shared_base if pool else None)
         if load is not None:
             self.op_load_state(model_id, **load)
         n = sum(p.numel() for p in trainable.parameters() if p.requires_grad)

@@ -107,9 +107,12 @@ def unit_breakdown(timing: dict[str, float]) -> dict[str, float]:
     submitted until answered. ``new_turn`` is 1 when the unit started a turn. A sample unit has
     ``batch_units``: the units decoded with it as one batch (itself included; one batch per
     weights), ``decode_rows``: that batch's rows (their ``num_samples`` summed); the units the
-    sampler ran together share one ``compute_s``.
+    sampler ran together share one ``compute_s``. A unit of a LoRA pool (:mod:`rota_tinker._pool`) has
+    ``pool_running``: the units in the pool when it entered (itself included); its ``wait_s`` is its wait at
+    the pool's gate.
     """
-    out = {k: float(timing[k]) for k in (*DURATIONS, "new_turn", "batch_units", "decode_rows") if k in timing}
+    out = {k: float(timing[k]) for k in (*DURATIONS, "new_turn", "batch_units", "decode_rows", "pool_running")
+           if k in timing}
     for name, hi, lo in _LEGS:
         if hi in timing and lo in timing:
             out[name] = max(0.0, timing[hi] - timing[lo])

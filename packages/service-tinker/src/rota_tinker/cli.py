@@ -19,6 +19,7 @@ import click
 
 from rota.cli.options import ByteSize
 from rota.errors import RotaError
+from rota_tinker._config import MAX_LORA_CONCURRENCY
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,11 @@ def _limit_options(fn: Callable[..., None]) -> Callable[..., None]:
 @click.option("--share-base/--no-share-base", default=True, show_default=True,
               help="LoRA tenants of one base model share one resident copy (a base-holder process) or load "
                    "their own.")
+@click.option("--lora-concurrency", type=click.IntRange(1, MAX_LORA_CONCURRENCY), default=1, show_default=True,
+              help="LoRA units on one shared base that may run at once, in one rota turn of that base's pool: a "
+                   "LoRA step leaves the device idle while Python launches its kernels, so a few run beside each "
+                   "other at little cost to each. Each still computes exactly what it would alone; its adapters "
+                   "then stay on the device (never parked). 1: every LoRA tenant takes exclusive turns.")
 @click.option("--data-dir", default=None, envvar="ROTA_TINKER_DATA_DIR",
               help="Where sampler weights are written (env ROTA_TINKER_DATA_DIR; default: a temp dir).")
 @click.option("--long-poll", type=float, default=10.0, show_default=True,
@@ -109,7 +115,7 @@ def _limit_options(fn: Callable[..., None]) -> Callable[..., None]:
 def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, model_dirs: tuple[str, ...],
               base_models: tuple[str, ...], group: str,
               orchestrator: str | None, capacity: int, units_per_turn: int, keep_cache: bool, deterministic: bool,
-              share_base: bool,
+              share_base: bool, lora_concurrency: int,
               data_dir: str | None, long_poll: float, worker_start_timeout: float, **limits: float) -> None:
     """Serve the tinker SDK's training and sampling API; each API key is a tenant.
 
@@ -141,6 +147,7 @@ def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, model_dirs: tu
                                base_models=models, model_dirs=tuple(dirs),
                                capacity_bytes=capacity, units_per_turn=units_per_turn, release_cached=not keep_cache,
                                share_lora_base=share_base, deterministic=deterministic,
+                               lora_concurrency=lora_concurrency,
                                worker_start_timeout_s=worker_start_timeout,
                                **limits)  # type: ignore[arg-type]
     except RotaError as e:
