@@ -8,6 +8,8 @@ and peak memory. Variants:
 
 * ``worker``: the service worker's forward_backward as written (per-datum loss and syncs);
 * ``one_loss``: the same rows, one summed loss, one transfer of the logprobs;
+* ``fp32_lora``: ``one_loss`` as peft computes LoRA alone (inputs cast to the fp32 adapters), not in the
+  base's half precision as the service does (``rota_tinker._models.lora_in_base_precision``);
 * ``empty_cache``: ``worker`` after ``torch.cuda.empty_cache()`` (what a park with
   ``release_cached`` costs the next turn);
 * ``rows_xK``: K times the rows through one adapter (the device's cost of a K-tenant pass);
@@ -138,6 +140,13 @@ def main() -> None:
     toks, tg = rows(args.batch)
     results.append(measure("worker", lambda: worker_step(model, toks, tg)))
     results.append(measure("one_loss", lambda: worker_step(model, toks, tg, per_datum=False)))
+
+    def peft_fp32_lora() -> None:  # peft's own path: every LoRA input cast to the adapters' fp32
+        out = model(toks, use_cache=False).logits.float()
+        lp = torch.gather(torch.log_softmax(out, -1), 2, tg.unsqueeze(2)).squeeze(2)
+        (-lp.sum()).backward()
+        lp.detach().float().cpu()
+    results.append(measure("fp32_lora", peft_fp32_lora))
     if dev.type == "cuda":
         results.append(measure("empty_cache", lambda: worker_step(model, toks, tg), before=torch.cuda.empty_cache))
     ks = [int(k) for k in args.tenants.split(",")]
@@ -165,13 +174,13 @@ def main() -> None:
             (-lp.sum()).backward()
             return lp.detach().float().cpu().numpy()
         results.append(measure(f"mixed_{k}", mixed))
+    results = [r for r in results if r is not None]  # the variants --only left out
     doc = {"bench": "lora_step_profile", "args": vars(args), "device": args.device, "build_s": build_s,
            "torch": torch.__version__, "params": sum(x.numel() for x in base.parameters()), "results": results}
     if dev.type == "cuda":
         doc["gpu"] = torch.cuda.get_device_name(dev)
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1))
-    results = [r for r in results if r is not None]
     print(json.dumps({r["variant"]: round(r["median_s"] * 1e3, 1) for r in results}))
 
 

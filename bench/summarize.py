@@ -28,6 +28,9 @@ def _tinker_line(tinker: dict, name: str) -> None:
         points += "".join(f", N={p['tenants']} did not finish its steps in --point-timeout-s" for p in failed)
     base = tinker["points"][0]
     parks = "tenants resident between turns" if base.get("capacity_bytes") else "every switch parks"
+    pool = tinker["args"].get("lora_concurrency", 1)
+    if pool > 1:
+        parks = f"LoRA pool of {pool} (units of up to {pool} tenants at once in one rota turn)"
     print(f"Tinker service, LoRA tenants on one shared {base['base_bytes'] / 1e9:.1f} GB base, one H200, think "
           f"{tinker['think_s'] / base['median_step_s']:.1f}x the step, {tinker['args']['steps']} steps, {parks} "
           f"(step latency vs one tenant alone; tolerance {tinker['tolerance']}x): {points}; {verdict} ({name}).")
@@ -138,12 +141,22 @@ def main() -> None:
         costs = ", ".join(f"{size}: sample {m['sample']['extra_fraction_of_switch']:.1%}, full "
                           f"{m['full']['extra_fraction_of_switch']:.1%}" for size, m in verify["verify"].items())
         print(f"Cost of `--verify` as a fraction of switch time (extra over `off`): {costs} (verify-cuda.json).")
-    for name in ("tinker-density-h200-qwen3-1.7b.json", "tinker-density-h200-qwen3-1.7b-n8.json",
+    for name in ("tinker-density-h200-qwen3-1.7b-pool.json", "tinker-density-h200-qwen3-1.7b-pool-repeat.json",
+                 "tinker-density-h200-qwen3-1.7b-pool-fp32-lora.json",
+                 "tinker-density-h200-qwen3-1.7b.json", "tinker-density-h200-qwen3-1.7b-n8.json",
                  "tinker-density-h200.json", "tinker-density-h200-r8.json", "tinker-density-h200-r4-8steps.json",
                  "tinker-density-h200-park-every-switch.json"):
         tinker = _load(name)
         if tinker:
             _tinker_line(tinker, name)
+    amp = _load("lora-step-amp-h200.json")
+    if amp:
+        rows = {r["variant"]: r for r in amp["results"]}
+        mine, peft = rows["one_loss"], rows["fp32_lora"]
+        print(f"One LoRA forward_backward (Qwen3-1.7B shape, bf16 base, rank 16, 8 x 256 tokens, one H200, one run): "
+              f"LoRA in the base's bf16 {mine['median_s'] * 1e3:.0f} ms ({mine['device_busy_s'] * 1e3:.0f} ms of "
+              f"kernels), peft's fp32 LoRA path {peft['median_s'] * 1e3:.0f} ms ({peft['device_busy_s'] * 1e3:.0f} ms) "
+              "(lora-step-amp-h200.json).")
     full = _load("tinker-full-turns-h200.json")
     if full:
         rows = ", ".join(f"{t['base_model'].split('/')[-1]} park {sw['park_vs_floor']:.2f}x / restore "

@@ -44,6 +44,6 @@ case $stage in
         --model qwen3-1.7b --tenants 1,8 --steps 8 --point-timeout-s 110 ;;
   pool)  # the LoRA pool: up to 4 tenants' units at once in one rota turn of the shared base, think 4x the step
     run tinker-density-h200-qwen3-1.7b-pool timeout 560 python3 bench/tinker_density.py --device cuda:0 \
-        --model qwen3-1.7b --tenants 1,8,10 --steps 10 --lora-concurrency 4 --point-timeout-s 160 ;;
+        --model qwen3-1.7b --tenants 1,8,10,12 --steps 10 --lora-concurrency 4 --point-timeout-s 150 ;;
   *) echo "unknown stage $stage: use smoke, full, density, last or pool" >&2; exit 2 ;;
 esac

@@ -46,6 +46,9 @@ def test_bad_base_models_and_capacity_are_refused_naming_the_value(tmp_path: obj
         ("--capacity", "lots"): "--capacity 'lots' is not a size",
         ("--capacity", "1GiB", "--orchestrator", "127.0.0.1:9"): "names an external one",
         ("--units-per-turn", "0"): "0 is not in the range x>=1",
+        ("--lora-concurrency", "0"): "0 is not in the range 1<=x<=64",
+        ("--lora-concurrency", "65"): "65 is not in the range 1<=x<=64",
+        ("--lora-concurrency", "2", "--no-share-base"): "lora_concurrency=2 runs LoRA units together on a shared base",
     }
     for flags, message in cases.items():
         r = runner.invoke(cli, [*ok, *flags])

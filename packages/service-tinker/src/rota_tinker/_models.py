@@ -16,6 +16,8 @@ the same loop run time-sliced beside another tenant give bit-identical losses.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -224,9 +226,31 @@ def peft_state(peft_model: Any, adapters: dict[str, torch.Tensor]) -> dict[str, 
     return out
 
 
+@contextlib.contextmanager
+def lora_in_base_precision(model: nn.Module) -> Iterator[None]:
+    """Run ``model``'s LoRA layers in its base's half precision (bf16/fp16) with fp32 adapter weights (AMP).
+
+    Why: peft keeps adapters in fp32 and casts every LoRA layer's input to fp32, so the adapter matmuls
+    run on CUDA cores with two casts around each: on an H200 that was about two thirds of a Qwen3-1.7B
+    LoRA step's device time (``bench/results/lora-step-kernels-h200.json``). Under ``torch.autocast`` they
+    run in the base's dtype; the adapters, their gradients and Adam state stay fp32. A model whose
+    base is fp32 (or that has no LoRA) runs as it is.
+    """
+    half = {p.dtype for p in model.parameters() if not p.requires_grad} & {torch.bfloat16, torch.float16}
+    if len(half) != 1 or not hasattr(model, "peft_config"):
+        yield
+        return
+    from peft.helpers import disable_input_dtype_casting
+
+    device_type = next(model.parameters()).device.type
+    with torch.autocast(device_type, dtype=half.pop()), disable_input_dtype_casting(model):
+        yield
+
+
 def batch_logprobs(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``[B, T]``: log p(targets[b, t] | tokens[b, :t+1]) for a batch of sequences of one length."""
-    out = model(tokens, use_cache=False)
+    with lora_in_base_precision(model):
+        out = model(tokens, use_cache=False)
     logits = (out.logits if hasattr(out, "logits") else out).float()
     return torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(2)).squeeze(2)
 

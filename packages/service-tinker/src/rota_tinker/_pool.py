@@ -14,8 +14,9 @@ trainer's side), each in its own process. Their kernels interleave on the device
 unit runs its own kernels on its own tensors: its numbers are what it computes alone.
 
 What stays where: the adapters and their Adam state stay on the device for the model's life
-(never parked, like the base). The pool reports its working set to rota as footprint ``working``:
-the most units it ran at once times the largest activation peak a unit reported.
+(never parked, like the base). The pool reports its device use to rota as footprint ``working``:
+the CUDA caches its trainers keep between units (with their adapters), or the most units it ran at
+once times the largest activation peak a unit reported, whichever is larger.
 
 Fairness: when rota asks the pool to yield (another tenant waits past the policy's turn limit:
 :data:`MAX_TURN_S` on the service's own orchestrator; give an external one ``--max-turn``), it
@@ -57,6 +58,7 @@ class PoolGate:
         self.idle_since = time.monotonic()
         self.most_at_once = 0
         self.largest_unit = 0  # bytes: the largest activation peak a unit reported
+        self.kept: dict[int, int] = {}  # a trainer connection -> the CUDA cache it kept after its last unit
         self.closed = False
         gpu.pm.register(self, name=f"rota-tinker-pool-{id(self)}")
         self._watcher = threading.Thread(target=self._watch, name="rota-tinker-pool-watch", daemon=True)
@@ -101,11 +103,13 @@ class PoolGate:
             self.acquiring = False
             self.cond.notify_all()
 
-    def leave(self, working_bytes: int = 0) -> None:
-        """A unit ended (``working_bytes``: its activation peak on the device)."""
+    def leave(self, working_bytes: int = 0, kept_bytes: int = 0, trainer: int = 0) -> None:
+        """A unit ended (``working_bytes``: its activation peak on the device; ``kept_bytes``: the CUDA cache
+        its trainer process keeps for its next unit)."""
         with self.cond:
             self.running = max(0, self.running - 1)
             self.largest_unit = max(self.largest_unit, int(working_bytes))
+            self.kept[trainer] = int(kept_bytes)
             if self.running == 0:
                 self.idle_since = time.monotonic()
                 if self.gpu.should_yield:
@@ -143,7 +147,8 @@ class PoolGate:
 
     def serve(self, conn: Any) -> None:
         """One trainer's connection: ``("enter",)`` answered ``("ok", timing)`` or ``("err", why)``,
-        ``("leave", bytes)``. A connection that closes inside a unit leaves it."""
+        ``("leave", peak bytes, kept bytes)``. A connection that closes inside a unit leaves it; one that
+        closes frees its trainer's cache (the process is gone or stopped using the pool)."""
         inside = False
         try:
             while True:
@@ -158,7 +163,7 @@ class PoolGate:
                     conn.send(("ok", timing))
                 elif msg[0] == "leave" and inside:
                     inside = False
-                    self.leave(int(msg[1]))
+                    self.leave(int(msg[1]), int(msg[2]), trainer=id(conn))
                 else:
                     conn.send(("err", f"unexpected {msg[0]!r} (inside a unit: {inside})"))
         except (EOFError, OSError):
@@ -166,12 +171,19 @@ class PoolGate:
         finally:
             if inside:
                 log.warning("LoRA pool: a trainer went away inside a unit; its place is free")
-                self.leave(0)
+                self.leave(0, trainer=id(conn))
+            with self.cond:
+                self.kept.pop(id(conn), None)
             conn.close()
 
     @hookimpl
     def rota_footprint(self, tenant: Any) -> dict[str, int] | None:
-        return {"working": self.most_at_once * self.largest_unit} if tenant is self.gpu else None
+        """The pool's device bytes beyond the base: its trainers' kept caches, or what the most units it ran at
+        once needed (the larger), so rota leaves room for them when it decides who stays resident."""
+        if tenant is not self.gpu:
+            return None
+        with self.cond:
+            return {"working": max(self.most_at_once * self.largest_unit, sum(self.kept.values()))}
 
 
 class PoolTurn:
@@ -208,7 +220,8 @@ class PoolTurn:
 
         This process keeps its CUDA cache for its next unit (no re-allocation) while the device has room
         for ``room_for`` more units like this one; with less free, it hands the cache back (every trainer
-        of the pool keeps its own cache, and together they must not crowd out the units that run).
+        of the pool keeps its own cache, and together they must not crowd out the units that run). What
+        it keeps is reported too: the pool's footprint counts it.
         """
         import torch
 
@@ -217,7 +230,8 @@ class PoolTurn:
             peak = max(0, torch.cuda.max_memory_allocated(self.device) - max(0, self._start_bytes))
             if torch.cuda.mem_get_info(self.device)[0] < self.room_for * peak:
                 torch.cuda.empty_cache()
-        self.conn.send(("leave", peak))
+        kept = torch.cuda.memory_reserved(self.device) if peak else 0
+        self.conn.send(("leave", peak, kept))
 
     def close(self) -> None:
         if self.conn is not None:

@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from rota_tinker._models import lora_in_base_precision
+
 __all__ = ["decode_batches", "sample"]
 
 
@@ -54,14 +56,18 @@ class _Decoder:
         ``every_position`` (first call only): ``[rows, width, vocab]``, the prompt's logits too.
         """
         positions = (self.mask.cumsum(1) - 1).clamp(min=0)
+        with lora_in_base_precision(self.model):  # as the trainer computes them (rota_tinker._models)
+            logits = self._forward(positions, every_position)
+        return (logits if every_position else logits[:, -1]).float().cpu()
+
+    def _forward(self, positions: torch.Tensor, every_position: bool) -> torch.Tensor:
         if self.cached:
             fresh = slice(None) if self.past is None else slice(-1, None)
             out = self.model(self.seqs[:, fresh], attention_mask=self.mask, position_ids=positions[:, fresh],
                              past_key_values=self.past, use_cache=True, logits_to_keep=0 if every_position else 1)
-            self.past, logits = out.past_key_values, out.logits
-        else:
-            logits = self.model(self.seqs, attention_mask=self.mask, position_ids=positions)
-        return (logits if every_position else logits[:, -1]).float().cpu()
+            self.past = out.past_key_values
+            return out.logits
+        return self.model(self.seqs, attention_mask=self.mask, position_ids=positions)
 
     def append(self, tokens: list[int], alive: list[bool]) -> None:
         """One more token per row (a finished row's is masked out)."""
