@@ -3,8 +3,8 @@
 Why: a LoRA step on a resident base leaves the device idle much of its wall time (Python
 launches thousands of small kernels; the base's matmuls are short). Measured on an H200 with a
 Qwen3-1.7B-shaped base and 8 x 256 tokens: 0.25 s for one step alone, 0.25 s each for two steps in
-two processes at once, 0.50 s each for four (``bench/lora_step_profile.py``). With exclusive turns
-the second tenant would wait the whole first step.
+two processes at once, 0.50 s each for four (``bench/results/lora-step-procs-h200.json``). With
+exclusive turns the second tenant would wait the whole first step.
 
 With ``ServiceConfig.lora_concurrency`` > 1, the base holder of a (device, base) is the rota
 tenant ``lora-pool.N`` of the service's group (:class:`PoolGate`). It takes turns like any
@@ -45,8 +45,7 @@ LINGER_S = 0.02  # an idle pool keeps its turn this long for the next unit (a st
 class PoolGate:
     """The holder's side: admits units of LoRA trainers into the pool's rota turn, ``limit`` at once.
 
-    ``gpu``: the pool's rota tenant (``rota.connect``); tests give a fake with ``acquire``,
-    ``release``, ``grant``, ``should_yield`` and a plugin manager ``pm``.
+    ``gpu``: the pool's rota tenant (``rota.connect``); the gate registers its footprint hook there.
     """
 
     def __init__(self, gpu: Any, limit: int, linger_s: float = LINGER_S) -> None:
