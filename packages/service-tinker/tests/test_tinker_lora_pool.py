@@ -4,7 +4,7 @@ Everything is real: a rota orchestrator on loopback, the pool's rota tenant, spa
 processes and the official SDK. What must hold: at most ``limit`` units run at once; the pool
 takes turns like any tenant (another tenant waiting past the turn limit gets the device once the
 running units end, and nothing of the pool runs during its turn); a trainer that dies inside a
-unit frees its place; and each tenant's losses are exactly those of its run alone.
+unit frees its place; and each tenant's losses and samples are exactly those of its run alone.
 """
 
 from __future__ import annotations
@@ -194,11 +194,39 @@ def test_lora_tenants_step_together_with_their_numbers_alone(tmp_path: Any) -> N
             assert together == alone
             assert len({tuple(v) for v in together.values()}) == 4  # four different runs
 
-            # a pooled model's weights go to a sampler like any other's
-            tc = sc["bob"].create_lora_training_client(base_model=WIDE.name, rank=4, seed=5).result(timeout=TIMEOUT)
-            tc.forward_backward(batch(0, seed=5, vocab=WIDE.vocab), "cross_entropy").result(timeout=TIMEOUT)
-            path = tc.save_weights_for_sampler("pooled").result(timeout=TIMEOUT).path
-            sampler = sc["bob"].create_sampling_client(model_path=path).result(timeout=TIMEOUT)
-            out = sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1,
-                                 types.SamplingParams(max_tokens=4, seed=7)).result(timeout=TIMEOUT)
-            assert len(out.sequences[0].tokens) == 4
+            # pooled models' weights go to samplers, which sample in the pool too: two tenants' samples held back
+            # together run in one pool turn, each as it samples alone
+            samplers = {}
+            for t in ("bob", "carol"):
+                tc = tcs[t]
+                tc.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=TIMEOUT)
+                path = tc.save_weights_for_sampler("pooled").result(timeout=TIMEOUT).path
+                samplers[t] = sc[t].create_sampling_client(model_path=path).result(timeout=TIMEOUT)
+
+            def sample(t: str) -> Any:
+                return samplers[t].sample(types.ModelInput.from_ints([1, 2, 3]), 2,
+                                          types.SamplingParams(max_tokens=6, seed=7, temperature=1.0))
+
+            def tokens(res: Any) -> list[list[int]]:
+                return [list(map(int, seq.tokens)) for seq in res.sequences]
+
+            alone = {t: tokens(sample(t).result(timeout=TIMEOUT)) for t in samplers}
+            blocker = rota.connect(group="tinker-pool", tenant="blocker", endpoint=endpoint)
+            try:
+                blocker.acquire()
+                with svc.state.lock:
+                    since = len(svc.state.futures)
+                futs = {t: sample(t) for t in samplers}
+                for t in samplers:
+                    await_queued(svc, t, ["Sample"], since, TIMEOUT)
+                time.sleep(0.5)  # the units reach the gate (no threshold: fewer at once only weakens the check)
+                blocker.release()
+                together = {t: tokens(f.result(timeout=TIMEOUT)) for t, f in futs.items()}
+            finally:
+                blocker.close()
+            assert together == alone
+            with svc.state.lock:
+                ours = {f.request_id for f in list(svc.state.futures.values())[since:]}
+            units = [u for u in svc.unit_timings() if u["request_id"] in ours and u["kind"] == "Sample"]
+            assert len(units) == 2 and max(u["pool_running"] for u in units) == 2, units
+            assert sum(u["new_turn"] for u in units) == 1.0

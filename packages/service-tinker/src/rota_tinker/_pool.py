@@ -8,14 +8,15 @@ exclusive turns the second tenant would wait the whole first step.
 
 With ``ServiceConfig.lora_concurrency`` > 1, the base holder of a (device, base) is the rota
 tenant ``lora-pool.N`` of the service's group (:class:`PoolGate`). It takes turns like any
-tenant, against full-parameter tenants and samplers. Inside its turn it admits up to
-``lora_concurrency`` units of LoRA trainers on that base at once (:class:`PoolTurn` is the
-trainer's side), each in its own process. Their kernels interleave on the device but each
-unit runs its own kernels on its own tensors: its numbers are what it computes alone.
+tenant, against full-parameter tenants and other samplers. Inside its turn it admits up to
+``lora_concurrency`` units on that base at once: LoRA trainers' units and samples from LoRA
+weights or the bare base (:class:`PoolTurn` is a worker's side), each in its own process.
+Their kernels interleave on the device but each unit runs its own kernels on its own tensors:
+its numbers are what it computes alone.
 
-What stays where: the adapters and their Adam state stay on the device for the model's life
+What stays where: the adapters (and a trainer's Adam state) stay on the device for the model's life
 (never parked, like the base). The pool reports its device use to rota as footprint ``working``:
-the CUDA caches its trainers keep between units (with their adapters), or the most units it ran at
+the CUDA caches its workers keep between units (with their adapters), or the most units it ran at
 once times the largest activation peak a unit reported, whichever is larger.
 
 Fairness: when rota asks the pool to yield (another tenant waits past the policy's turn limit:
@@ -43,7 +44,7 @@ LINGER_S = 0.02  # an idle pool keeps its turn this long for the next unit (a st
 
 
 class PoolGate:
-    """The holder's side: admits units of LoRA trainers into the pool's rota turn, ``limit`` at once.
+    """The holder's side: admits units of workers on its base into the pool's rota turn, ``limit`` at once.
 
     ``gpu``: the pool's rota tenant (``rota.connect``); the gate registers its footprint hook there.
     """
@@ -186,7 +187,8 @@ class PoolGate:
 
 
 class PoolTurn:
-    """A trainer's side of the pool of one base: a unit enters before it runs and leaves after."""
+    """A worker's (trainer's or sampler's) side of the pool of one base: a unit enters before it runs and
+    leaves after."""
 
     def __init__(self, address: str, device: Any, room_for: int = 1) -> None:
         self.address, self.device, self.room_for = address, device, room_for

@@ -28,6 +28,10 @@ bases (the default): they :func:`rota_tinker._base.attach` to the resident copy 
 base-holder process of their (device, base), which is role ``base`` here (no rota
 tenant: the base is resident, never parked, and read-only).
 
+With ``lora_concurrency`` > 1 (:mod:`rota_tinker._pool`) the device units of LoRA models on a shared
+base, and samples on a shared base, run in that base's LoRA pool instead: several tenants' units at
+once in one rota turn of the pool; such models are never tracked (they stay on the device).
+
 On CUDA each worker also reports its **working set** to the orchestrator (footprint tag
 ``working``): the CUDA cache its last turn needed beyond its tracked tensors
 (activations, workspaces). With a service ``capacity_bytes`` the orchestrator counts it
@@ -401,10 +405,21 @@ class _Base:
         self.spec, self.gpu = spec, gpu
         self.device = torch.device(spec.device)
         self.models: dict[str, Any] = {}
+        self.pools: dict[str, _PooledTurn] = {}  # a base holder's address -> this worker's turn in its pool
 
     def pool_of(self, op: str, args: dict[str, Any]) -> Any:
         """The LoRA pool turn ``op`` runs in (rota_tinker._pool), or None: its own turn, or none at all."""
         return None
+
+    def _pool_at(self, address: str | None) -> Any:
+        """This worker's turn in the pool of the base holder at ``address`` (None: no pool)."""
+        if address is None or self.spec.lora_concurrency <= 1:
+            return None
+        if address not in self.pools:
+            from rota_tinker._pool import PoolTurn
+
+            self.pools[address] = _PooledTurn(PoolTurn(address, self.device, room_for=self.spec.lora_concurrency))
+        return self.pools[address]
 
     def needs_turn(self, op: str, args: dict[str, Any]) -> bool:
         """Whether ``op`` must run inside a turn (dropping a model nobody holds needs none)."""
@@ -458,26 +473,14 @@ class Trainer(_Base):
     DEVICE_OPS = frozenset({"create", "forward_backward", "optim_step", "unload", "save_state", "load_state"})
     models: dict[str, _Trained]
 
-    def __init__(self, spec: WorkerSpec, gpu: Any) -> None:
-        super().__init__(spec, gpu)
-        self.pools: dict[str, _PooledTurn] = {}  # a base holder's address -> this trainer's turn in its pool
-
     def pool_of(self, op: str, args: dict[str, Any]) -> Any:
         """With ``lora_concurrency`` > 1, LoRA models on a shared base run their device units in its pool."""
-        if self.spec.lora_concurrency <= 1 or op not in self.DEVICE_OPS:
+        if op not in self.DEVICE_OPS:
             return None
         if op == "create":
-            address = args.get("shared_base") if args.get("lora") is not None else None
-        else:
-            entry = self.models.get(args.get("model_id", ""))
-            address = entry.pool if entry is not None else None
-        if address is None:
-            return None
-        if address not in self.pools:
-            from rota_tinker._pool import PoolTurn
-
-            self.pools[address] = _PooledTurn(PoolTurn(address, self.device, room_for=self.spec.lora_concurrency))
-        return self.pools[address]
+            return self._pool_at(args.get("shared_base") if args.get("lora") is not None else None)
+        entry = self.models.get(args.get("model_id", ""))
+        return self._pool_at(entry.pool if entry is not None else None)
 
     def op_create(self, model_id: str, base: Any, lora: dict[str, Any] | None,
                   shared_base: str | None = None, load: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -628,6 +631,11 @@ class Sampler(_Base):
         self.tracked: dict[str, Any] = {}  # key -> its Tracked (not for a bare shared base: nothing is parked)
         self.tokenizers: dict[str, Any] = {}  # base model name -> its tokenizer (loaded for stop strings)
 
+    def pool_of(self, op: str, args: dict[str, Any]) -> Any:
+        """With ``lora_concurrency`` > 1, sampling on a shared base (LoRA weights or the base) runs in its pool;
+        such a model is never tracked, so forgetting it needs no turn."""
+        return self._pool_at(args.get("shared_base")) if op == "sample" else None
+
     def op_forget(self, key: str) -> dict[str, Any]:
         """Drop the model of deleted weights (in a turn when it is tracked); nothing to do if it was never loaded."""
         tracked = self.tracked.pop(key, None)
@@ -658,7 +666,7 @@ class Sampler(_Base):
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
-        if parked is not None:
+        if parked is not None and self._pool_at(shared_base) is None:  # pooled: resident, never parked
             self.tracked[key] = rota_fsdp.track(self.gpu, parked, None, tags=("weights",), device=self.device,
                                                 release_cached=self.spec.release_cached)
         self.models[key] = model
