@@ -62,9 +62,9 @@ the run goes on.
     # H200: a Qwen3-1.7B-shaped bf16 base (random init from its config), 1 to 10 tenants, think 4x the step
     python bench/tinker_density.py --device cuda:0 --model qwen3-1.7b --tenants 1,2,4,6,8,10 --steps 12 \\
         --point-timeout-s 300 --out bench/results/tinker-density-h200-qwen3-1.7b.json
-    # the same with the LoRA pool: up to 8 tenants' units at once in one turn of the base's pool
-    python bench/tinker_density.py --device cuda:0 --model qwen3-1.7b --tenants 1,8,10,12 --steps 10 \
-        --lora-concurrency 8 --out bench/results/tinker-density-h200-qwen3-1.7b-pool.json
+    # the same with the LoRA pool: up to 4 tenants' units at once in one turn of the base's pool
+    python bench/tinker_density.py --device cuda:0 --model qwen3-1.7b --tenants 1,8,10,12 --steps 10 \\
+        --lora-concurrency 4 --out bench/results/tinker-density-h200-qwen3-1.7b-pool.json
     # CPU smoke run of the same path (a tiny Qwen3 shape)
     python bench/tinker_density.py --device cpu --model qwen3-tiny --dtype float32 --batch 2 --seq-len 16 \\
         --tenants 1,2 --steps 3 --warmup 1

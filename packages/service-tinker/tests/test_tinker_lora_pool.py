@@ -84,10 +84,10 @@ def test_the_pool_runs_up_to_its_limit_and_gives_way_to_a_waiting_tenant() -> No
             assert fourth.entered.wait(10) and fourth.timing["new_turn"] == 1.0  # a new pool turn
             gate.leave(0)
             assert pool.footprint()["working"] == 2 * 3000  # two at once x the largest unit
-            for trainer, kept in ((1, 5 * 2**30), (2, 2**30), (1, 4 * 2**30)):  # caches the trainers keep
+            for worker, kept in ((1, 5 * 2**30), (2, 2**30), (1, 4 * 2**30)):  # caches the workers keep
                 gate.enter()
-                gate.leave(10, kept, trainer=trainer)
-            assert pool.footprint()["working"] == 5 * 2**30  # trainer 1's latest and trainer 2's
+                gate.leave(10, kept, worker=worker)
+            assert pool.footprint()["working"] == 5 * 2**30  # worker 1's latest and worker 2's
         finally:
             gate.close()
             pool.close()

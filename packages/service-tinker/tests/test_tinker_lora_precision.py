@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rota_tinker import find_models
-from rota_tinker._models import add_lora, batch_logprobs, build_base, lora_in_base_precision
+from rota_tinker._models import add_lora, batch_logprobs, build_base, lora_compute_dtype, lora_in_base_precision
 from rota_tinker.testing import hf_snapshot
 
 TARGETS = {"attn": True, "mlp": True, "unembed": True}
@@ -74,5 +74,6 @@ def test_an_fp32_base_is_left_as_it_is(tmp_path: Path, tokens: tuple) -> None:
     model = lora_model(tmp_path, "float32")
     x, y = tokens
     assert lora_inputs(model, lambda: batch_logprobs(model, x, y)) == {torch.float32}
-    with lora_in_base_precision(model):
+    assert lora_compute_dtype(model) is None
+    with lora_in_base_precision(model, lora_compute_dtype(model)):
         assert not torch.is_autocast_enabled("cpu")

@@ -226,9 +226,18 @@ def peft_state(peft_model: Any, adapters: dict[str, torch.Tensor]) -> dict[str, 
     return out
 
 
+def lora_compute_dtype(model: nn.Module) -> torch.dtype | None:
+    """The half precision (bf16/fp16) of ``model``'s frozen base that its LoRA layers compute in
+    (:func:`lora_in_base_precision`), or None: an fp32 base, or no LoRA. Reads every parameter: a loop of
+    forwards (decoding) asks once."""
+    half = {p.dtype for p in model.parameters() if not p.requires_grad} & {torch.bfloat16, torch.float16}
+    return half.pop() if len(half) == 1 and hasattr(model, "peft_config") else None
+
+
 @contextlib.contextmanager
-def lora_in_base_precision(model: nn.Module) -> Iterator[None]:
-    """Run ``model``'s LoRA layers in its base's half precision (bf16/fp16) with fp32 adapter weights (AMP).
+def lora_in_base_precision(model: nn.Module, dtype: torch.dtype | None) -> Iterator[None]:
+    """Run ``model``'s LoRA layers in ``dtype`` (:func:`lora_compute_dtype` of it; None: as they are) with fp32
+    adapter weights (AMP).
 
     Why: peft keeps adapters in fp32 and casts every LoRA layer's input to fp32, so the adapter matmuls
     run on CUDA cores with two casts around each: on an H200 that was about two thirds of a Qwen3-1.7B
@@ -236,20 +245,19 @@ def lora_in_base_precision(model: nn.Module) -> Iterator[None]:
     run in the base's dtype; the adapters, their gradients and Adam state stay fp32. A model whose
     base is fp32 (or that has no LoRA) runs as it is.
     """
-    half = {p.dtype for p in model.parameters() if not p.requires_grad} & {torch.bfloat16, torch.float16}
-    if len(half) != 1 or not hasattr(model, "peft_config"):
+    if dtype is None:
         yield
         return
     from peft.helpers import disable_input_dtype_casting
 
     device_type = next(model.parameters()).device.type
-    with torch.autocast(device_type, dtype=half.pop()), disable_input_dtype_casting(model):
+    with torch.autocast(device_type, dtype=dtype), disable_input_dtype_casting(model):
         yield
 
 
 def batch_logprobs(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``[B, T]``: log p(targets[b, t] | tokens[b, :t+1]) for a batch of sequences of one length."""
-    with lora_in_base_precision(model):
+    with lora_in_base_precision(model, lora_compute_dtype(model)):
         out = model(tokens, use_cache=False)
     logits = (out.logits if hasattr(out, "logits") else out).float()
     return torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(2)).squeeze(2)

@@ -22,7 +22,7 @@ once times the largest activation peak a unit reported, whichever is larger.
 Fairness: when rota asks the pool to yield (another tenant waits past the policy's turn limit:
 :data:`MAX_TURN_S` on the service's own orchestrator; give an external one ``--max-turn``), it
 admits no new unit and releases the turn once its running units end; units still waiting queue for the next turn. An
-idle pool keeps its turn :data:`LINGER_S` for the next unit, then releases it. A trainer that dies
+idle pool keeps its turn :data:`LINGER_S` for the next unit, then releases it. A worker that dies
 inside a unit frees its place (its connection closes).
 """
 
@@ -58,7 +58,7 @@ class PoolGate:
         self.idle_since = time.monotonic()
         self.most_at_once = 0
         self.largest_unit = 0  # bytes: the largest activation peak a unit reported
-        self.kept: dict[int, int] = {}  # a trainer connection -> the CUDA cache it kept after its last unit
+        self.kept: dict[int, int] = {}  # a worker connection -> the CUDA cache it kept after its last unit
         self.closed = False
         gpu.pm.register(self, name=f"rota-tinker-pool-{id(self)}")
         self._watcher = threading.Thread(target=self._watch, name="rota-tinker-pool-watch", daemon=True)
@@ -103,13 +103,13 @@ class PoolGate:
             self.acquiring = False
             self.cond.notify_all()
 
-    def leave(self, working_bytes: int = 0, kept_bytes: int = 0, trainer: int = 0) -> None:
+    def leave(self, working_bytes: int = 0, kept_bytes: int = 0, worker: int = 0) -> None:
         """A unit ended (``working_bytes``: its activation peak on the device; ``kept_bytes``: the CUDA cache
-        its trainer process keeps for its next unit)."""
+        its worker process keeps for its next unit)."""
         with self.cond:
             self.running = max(0, self.running - 1)
             self.largest_unit = max(self.largest_unit, int(working_bytes))
-            self.kept[trainer] = int(kept_bytes)
+            self.kept[worker] = int(kept_bytes)
             if self.running == 0:
                 self.idle_since = time.monotonic()
                 if self.gpu.should_yield:
@@ -146,9 +146,9 @@ class PoolGate:
             self.cond.notify_all()
 
     def serve(self, conn: Any) -> None:
-        """One trainer's connection: ``("enter",)`` answered ``("ok", timing)`` or ``("err", why)``,
+        """One worker's connection: ``("enter",)`` answered ``("ok", timing)`` or ``("err", why)``,
         ``("leave", peak bytes, kept bytes)``. A connection that closes inside a unit leaves it; one that
-        closes frees its trainer's cache (the process is gone or stopped using the pool)."""
+        closes frees its worker's cache (the process is gone or stopped using the pool)."""
         inside = False
         try:
             while True:
@@ -163,22 +163,22 @@ class PoolGate:
                     conn.send(("ok", timing))
                 elif msg[0] == "leave" and inside:
                     inside = False
-                    self.leave(int(msg[1]), int(msg[2]), trainer=id(conn))
+                    self.leave(int(msg[1]), int(msg[2]), worker=id(conn))
                 else:
                     conn.send(("err", f"unexpected {msg[0]!r} (inside a unit: {inside})"))
         except (EOFError, OSError):
             pass
         finally:
             if inside:
-                log.warning("LoRA pool: a trainer went away inside a unit; its place is free")
-                self.leave(0, trainer=id(conn))
+                log.warning("LoRA pool: a worker went away inside a unit; its place is free")
+                self.leave(0, worker=id(conn))
             with self.cond:
                 self.kept.pop(id(conn), None)
             conn.close()
 
     @hookimpl
     def rota_footprint(self, tenant: Any) -> dict[str, int] | None:
-        """The pool's device bytes beyond the base: its trainers' kept caches, or what the most units it ran at
+        """The pool's device bytes beyond the base: its workers' kept caches, or what the most units it ran at
         once needed (the larger), so rota leaves room for them when it decides who stays resident."""
         if tenant is not self.gpu:
             return None
@@ -187,8 +187,11 @@ class PoolGate:
 
 
 class PoolTurn:
-    """A worker's (trainer's or sampler's) side of the pool of one base: a unit enters before it runs and
-    leaves after."""
+    """A worker's (trainer's or sampler's) side of the pool of one base: the turn its pooled units run in
+    (``rota_tinker._worker._Loop`` calls ``begin``, ``may_continue``, ``queued`` and ``end``, as on its own
+    rota turn). A unit enters before it runs and leaves after; nothing of a pooled model is ever parked."""
+
+    NOTHING_MOVED = {"restore_s": 0.0, "parked_s": 0.0, "parked_bytes": 0.0}
 
     def __init__(self, address: str, device: Any, room_for: int = 1) -> None:
         self.address, self.device, self.room_for = address, device, room_for
@@ -210,17 +213,25 @@ class PoolTurn:
             raise RuntimeError(f"the base holder of this LoRA pool went away ({type(e).__name__})") from e
         if reply[0] != "ok":
             raise RuntimeError(f"the LoRA pool of this base refused the unit: {reply[1]}")
-        self._start_bytes = -1  # -1: CUDA not started yet (its peak counters raise until it is)
-        if self.device.type == "cuda" and torch.cuda.is_initialized():
+        self._start_bytes = 0
+        if self.device.type == "cuda" and torch.cuda.is_initialized():  # its peak counters raise until it is
             torch.cuda.reset_peak_memory_stats(self.device)
             self._start_bytes = torch.cuda.memory_allocated(self.device)
-        return dict(reply[1])
+        return {**self.NOTHING_MOVED, **reply[1]}
+
+    def may_continue(self) -> bool:
+        """Queued units of this worker may join the unit: the gate counted it once."""
+        return True
+
+    def queued(self) -> dict[str, float]:
+        """What a unit that joins a running one records."""
+        return {"wait_s": 0.0, **self.NOTHING_MOVED}
 
     def end(self) -> None:
         """Leave the pool, reporting this unit's activation peak.
 
         This process keeps its CUDA cache for its next unit (no re-allocation) while the device has room
-        for ``room_for`` more units like this one; with less free, it hands the cache back (every trainer
+        for ``room_for`` more units like this one; with less free, it hands the cache back (every worker
         of the pool keeps its own cache, and together they must not crowd out the units that run). What
         it keeps is reported too: the pool's footprint counts it.
         """
@@ -228,12 +239,8 @@ class PoolTurn:
 
         peak = 0
         if self.device.type == "cuda" and torch.cuda.is_initialized():
-            peak = max(0, torch.cuda.max_memory_allocated(self.device) - max(0, self._start_bytes))
+            peak = max(0, torch.cuda.max_memory_allocated(self.device) - self._start_bytes)
             if torch.cuda.mem_get_info(self.device)[0] < self.room_for * peak:
                 torch.cuda.empty_cache()
         kept = torch.cuda.memory_reserved(self.device) if peak else 0
         self.conn.send(("leave", peak, kept))
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rota_tinker._models import lora_in_base_precision
+from rota_tinker._models import lora_compute_dtype, lora_in_base_precision
 
 __all__ = ["decode_batches", "sample"]
 
@@ -38,6 +38,7 @@ class _Decoder:
     def __init__(self, model: nn.Module, prompts: list[torch.Tensor], device: torch.device) -> None:
         self.model = model
         self.cached = getattr(model, "config", None) is not None
+        self.lora_dtype = lora_compute_dtype(model)  # once, not at every token
         width = max(len(p) for p in prompts)
         self.seqs = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
         self.mask = torch.zeros_like(self.seqs)
@@ -56,7 +57,7 @@ class _Decoder:
         ``every_position`` (first call only): ``[rows, width, vocab]``, the prompt's logits too.
         """
         positions = (self.mask.cumsum(1) - 1).clamp(min=0)
-        with lora_in_base_precision(self.model):  # as the trainer computes them (rota_tinker._models)
+        with lora_in_base_precision(self.model, self.lora_dtype):  # as the trainer computes them
             logits = self._forward(positions, every_position)
         return (logits if every_position else logits[:, -1]).float().cpu()
 

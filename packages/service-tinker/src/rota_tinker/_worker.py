@@ -216,25 +216,6 @@ class _OwnTurn:
         self.gpu.release()
 
 
-class _PooledTurn:
-    """A unit in its base's LoRA pool (rota_tinker._pool): other tenants' units may run beside it."""
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
-
-    def begin(self) -> dict[str, float]:
-        return {"restore_s": 0.0, "parked_s": 0.0, "parked_bytes": 0.0, **self.pool.begin()}
-
-    def may_continue(self) -> bool:
-        return True
-
-    def queued(self) -> dict[str, float]:
-        return {"wait_s": 0.0, "restore_s": 0.0, "parked_s": 0.0, "parked_bytes": 0.0}
-
-    def end(self) -> None:
-        self.pool.end()
-
-
 class _Loop:
     """Runs units in arrival order; device units in turns, queued units of this tenant sharing one."""
 
@@ -405,7 +386,7 @@ class _Base:
         self.spec, self.gpu = spec, gpu
         self.device = torch.device(spec.device)
         self.models: dict[str, Any] = {}
-        self.pools: dict[str, _PooledTurn] = {}  # a base holder's address -> this worker's turn in its pool
+        self.pools: dict[str, Any] = {}  # a base holder's address -> this worker's PoolTurn in its pool
 
     def pool_of(self, op: str, args: dict[str, Any]) -> Any:
         """The LoRA pool turn ``op`` runs in (rota_tinker._pool), or None: its own turn, or none at all."""
@@ -418,7 +399,7 @@ class _Base:
         if address not in self.pools:
             from rota_tinker._pool import PoolTurn
 
-            self.pools[address] = _PooledTurn(PoolTurn(address, self.device, room_for=self.spec.lora_concurrency))
+            self.pools[address] = PoolTurn(address, self.device, room_for=self.spec.lora_concurrency)
         return self.pools[address]
 
     def needs_turn(self, op: str, args: dict[str, Any]) -> bool:
@@ -501,7 +482,7 @@ class Trainer(_Base):
             trainable = model
         opt = torch.optim.AdamW([p for p in trainable.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.95),
                                 eps=1e-12, weight_decay=0.0)
-        pool = self.pool_of("create", {"lora": lora, "shared_base": shared_base})
+        pool = self._pool_at(shared_base if lora is not None else None)
         if pool is not None:  # its pool's units run beside other tenants': nothing of it may be parked meanwhile
             tracked: Any = _Resident(trainable)
         else:
