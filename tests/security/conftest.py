@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.security.agentlib import agent_env, http_servers, start_agent, tenant  # noqa: F401  (fixtures)
+
 ATTACKER = "rota-attacker"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import threading
 import time
 
@@ -67,13 +68,16 @@ def server():
 
 
 @pytest.fixture
-def registered(agent):
-    """registered(job, app, url): a WorkloadClient that declared ``url`` as job's server; closed afterwards."""
+def registered(agent, socket_dir):
+    """registered(job, app, url): a WorkloadClient that declared ``url`` as job's server; closed afterwards.
+
+    It proves its pid through the agent's door: this process owns the server's listening socket."""
     clients = []
 
     def make(job: str, app: int, url: str, **kw) -> WorkloadClient:
         c = WorkloadClient(agent[0], job, "g", on_snapshot=lambda *_: None, on_restore=lambda *_: None, app=app,
-                           endpoints=[url], modes=(sa.SUSPEND_MODE_OFFLOAD, sa.SUSPEND_MODE_DISCARD), **kw)
+                           endpoints=[url], modes=(sa.SUSPEND_MODE_OFFLOAD, sa.SUSPEND_MODE_DISCARD),
+                           proof=os.path.join(socket_dir, "pid.sock"), **kw)
         clients.append(c)
         return c.wait_registered()
 

@@ -62,7 +62,7 @@ from rota_agent import _residue
 from rota_agent._door import Door, Proof
 from rota_agent.backends import Backend, Channel, Job, default_backends
 from rota_agent.backends._base import check_tag_names
-from rota_agent.backends.app_endpoint import check_endpoints
+from rota_agent.backends.app_endpoint import check_endpoints, check_owned
 from rota_agent.errors import (
     BackendFailed,
     BadBackendConfig,
@@ -188,6 +188,8 @@ class Agent:
                                    "register the servers' base URLs (rota_agent.WorkloadClient(..., app=, "
                                    "endpoints=))", job_id=job_id)
         pid, start = self._proven_pid(job_id, caller.proof, pid_claim)
+        if endpoints:
+            check_owned(job_id, endpoints, {pid: start} if pid else {}, f"registration of job {job_id!r}")
         if backend == "cuda" and not pid:
             raise BadBackendConfig(f"job {job_id!r} asked for the cuda backend, which parks its process, but did not "
                                    "prove which process it is: register through the agent's pid door (ROTA_AGENT="
@@ -234,10 +236,10 @@ class Agent:
             return 0, 0
         if claim and claim != proof.pid:
             start = _proc.start_time(claim)
-            if start is not None and _proc.descends(claim, {proof.pid}):
+            if start is not None and _proc.descends(claim, {proof.pid}) and _proc.uid(claim) == proof.uid:
                 return claim, start
             log.warning("job %s: ignoring metadata rota-pid=%d: it is not pid %d (proven by the door) or a "
-                        "descendant of it", job_id, claim, proof.pid)
+                        "descendant of it running as the same uid", job_id, claim, proof.pid)
         return proof.pid, proof.start
 
     def _job_for(self, job_id: str, group: str, caller: Caller, backend: str) -> Job:

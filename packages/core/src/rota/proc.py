@@ -39,6 +39,19 @@ def alive(pid: int, start: int, proc_root: str = "/proc") -> bool:
     return start_time(pid, proc_root) == start
 
 
+def uid(pid: int, proc_root: str = "/proc") -> int | None:
+    """The effective uid of ``pid`` (``/proc/PID/status``: whose rights it acts with, a setuid program's
+    owner's), or None when it cannot be read."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "status"), encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[2])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def descends(pid: int, ancestors: set[int], proc_root: str = "/proc") -> bool:
     """True when ``pid`` is one of ``ancestors`` or a descendant of one (parent links, at most MAX_DEPTH)."""
     for _ in range(MAX_DEPTH):
@@ -51,4 +64,4 @@ def descends(pid: int, ancestors: set[int], proc_root: str = "/proc") -> bool:
     return False
 
 
-__all__ = ["alive", "descends", "start_time"]
+__all__ = ["alive", "descends", "start_time", "uid"]

@@ -4,18 +4,22 @@ The protocol (vLLM ``/sleep``, ``/wake_up``, ``/is_sleeping``; SGLang
 ``/release_memory_occupation``, ``/resume_memory_occupation``) is core's :mod:`rota.engines`.
 
 Which URLs: only the endpoints the job itself registered over its WorkloadChannel
-(:func:`check_endpoints`, rota-owned ``RegisterWorkloadExt``). A Snapshot or Restore may
-name a subset of them, never another URL: the agent is no proxy for its callers.
-Redirects are not followed, answers are read up to ``MAX_ANSWER`` bytes, and what a
-failed call reports to the agent's callers is its status (``HTTP 500``, ``no HTTP
-answer``), never the server's body. (rota_serving's ``EndpointClient`` speaks the same
-protocol inside a served engine's own process, where the server's words are shown; the
-two packages never import each other.)
+(:func:`check_endpoints`, rota-owned ``RegisterWorkloadExt``), and only while the job's
+proven process owns what listens there (:mod:`rota_agent.backends._listeners`: checked
+at registration and before every call). A Snapshot or Restore may name a subset of them,
+never another URL: the agent is no proxy and no port scanner for its callers. Calls go
+to the checked address itself (``http.client``: nothing follows redirects), answers
+are read up to ``MAX_ANSWER`` bytes, and a failed call reports one of a few fixed
+categories (``answered HTTP 500``, ``could not connect``, ``did not answer in HTTP``),
+never a byte the peer sent (the log has the details). (rota_serving's ``EndpointClient``
+speaks the same protocol inside a served engine's own process, where the server's words
+are shown; the two packages never import each other.)
 
 Every endpoint of the job (e.g. one per data-parallel replica) is called at once; each
 request has a deadline (``timeout_s``). The calls run on this backend's own threads
-(``THREADS``), at most one at a time per server (host:port), so a server that never
-answers holds one thread, not the agent.
+(``THREADS``): at most one at a time per server address (however the URL spells it),
+``JOB_CALLS`` per job and ``OWNER_CALLS`` per owner, so silent servers hold a few
+threads of their own job, never the agent.
 """
 
 from __future__ import annotations
@@ -23,11 +27,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import http.client
 import json
 import logging
-import urllib.error
+import ssl
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -37,6 +41,7 @@ from rota.errors import PermissionDenied
 from rota.types import ParkMode
 from rota.wire import snapshot_agent_pb2 as pb
 from rota_agent.backends._base import Job, Moved, check_tag_names
+from rota_agent.backends._listeners import Target, owned, target
 from rota_agent.errors import BackendFailed, BadBackendConfig, UnknownJob
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,8 @@ MAX_ENDPOINTS = 16  # endpoints one job may register
 MAX_URL_CHARS = 512
 MAX_ANSWER = 64 << 10  # bytes of an answer read; a longer one fails the call
 THREADS = 8  # HTTP calls in flight across all servers
+JOB_CALLS = 2  # ... of one job
+OWNER_CALLS = 4  # ... of one owner's jobs
 APP_NAMES = {pb.APP_VLLM: engines.VLLM, pb.APP_SGLANG: engines.SGLANG}  # the wire's App -> rota.engines
 
 
@@ -76,18 +83,27 @@ def check_endpoints(app: int, endpoints: Any, where: str, job_id: str = "") -> t
             raise BadBackendConfig(f"{where}: endpoint {shown(ep)} is not a base URL like http://HOST:PORT (at most "
                                    f"{MAX_URL_CHARS} printable ASCII characters, no user, query or fragment)",
                                    job_id=job_id)
+        if address(ep) is None:
+            raise BadBackendConfig(f"{where}: endpoint {shown(ep)} must name its server by IP address in canonical "
+                                   "form (e.g. http://127.0.0.1:8000, http://[::1]:8000, or the pod IP) or "
+                                   "localhost; the agent resolves no host names", job_id=job_id)
         out.append(ep.rstrip("/"))
     return tuple(out)
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A 3xx answer is an answer (it fails the call), not a new URL to call."""
+def address(url: str) -> Target | None:
+    """The canonical address and port a checked URL's calls go to (None: its host is no canonical IP)."""
+    u = urllib.parse.urlsplit(url)
+    return target(u.hostname or "", u.port or (443 if u.scheme == "https" else 80))
 
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
 
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
+def check_owned(job_id: str, endpoints: tuple[str, ...], pids: dict[int, int], where: str) -> None:
+    """PermissionDenied unless the processes ``pids`` (pid -> start time) own every endpoint's listener."""
+    for ep in endpoints:
+        why = owned(address(ep), pids)  # type: ignore[arg-type]  # checked by check_endpoints
+        if why:
+            raise PermissionDenied(f"{where}: endpoint {shown(ep)} is refused: {why}. The agent calls only a "
+                                   "server the job's own process listens on", job_id=job_id)
 
 
 class AppEndpointBackend:
@@ -97,7 +113,7 @@ class AppEndpointBackend:
     def __init__(self, timeout_s: float = 300.0) -> None:
         self.timeout_s = timeout_s
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="rota-http")
-        self._slots: dict[str, asyncio.Semaphore] = {}  # host:port -> one call at a time (on the agent's loop)
+        self._slots: dict[object, asyncio.Semaphore] = {}  # Target / job / owner -> its calls (on the agent's loop)
 
     def parse(self, job: Job | None, job_id: str, config: pb.AppEndpointConfig | None) -> EndpointPlan:
         where = f"app_endpoint config of job {job_id!r}"
@@ -127,20 +143,39 @@ class AppEndpointBackend:
         eps = tuple(dict.fromkeys(ep.rstrip("/") for ep in asked)) or job.endpoints
         return EndpointPlan(job.app, eps, mode, check_tag_names(config.tags, f"{where}: tags", job_id))
 
-    def _http(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
-        """One call. A failure's message has the status only, never the server's answer or the
-        network error (the log has that): it goes back to the agent's remote callers."""
+    def _http(self, method: str, url: str, pids: dict[int, int], body: dict[str, Any] | None = None) -> Any:
+        """One call to the checked address of ``url``, if the job's processes ``pids`` still own it. A failure's
+        message is a fixed category, never the server's bytes or the network error (the log has those): it goes
+        back to the agent's remote callers."""
+        where = address(url)
+        assert where is not None  # check_endpoints refused the URL otherwise
+        why = owned(where, pids)
+        if why:
+            raise BackendFailed(f"{method} {url} not called: {why}")
+        u = urllib.parse.urlsplit(url)
+        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
         data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
-        req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        if u.scheme == "https":
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                str(where.ip), where.port, timeout=self.timeout_s, context=ssl.create_default_context())
+        else:
+            conn = http.client.HTTPConnection(str(where.ip), where.port, timeout=self.timeout_s)
         try:
-            with _OPENER.open(req, timeout=self.timeout_s) as resp:
-                raw = resp.read(MAX_ANSWER + 1)
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            raise BackendFailed(f"{method} {url} answered HTTP {exc.code}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            log.info("%s %s: no HTTP answer (%r)", method, url, str(getattr(exc, "reason", exc)))
-            raise BackendFailed(f"{method} {url} got no HTTP answer (connection failed or timed out)") from None
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json", "Host": u.netloc})
+            resp = conn.getresponse()
+            status, raw = resp.status, resp.read(MAX_ANSWER + 1)
+        except TimeoutError:
+            raise BackendFailed(f"{method} {url} timed out after {self.timeout_s:g} s") from None
+        except (ConnectionError, ssl.SSLError, OSError) as exc:
+            log.info("%s %s: could not connect (%r)", method, url, exc)
+            raise BackendFailed(f"{method} {url} could not connect (refused, reset or TLS failed)") from None
+        except Exception as exc:  # http.client.HTTPException and whatever else a peer's bytes raise
+            log.info("%s %s: no HTTP answer (%s)", method, url, type(exc).__name__)
+            raise BackendFailed(f"{method} {url} did not answer in HTTP") from None
+        finally:
+            conn.close()
+        if status >= 300:
+            raise BackendFailed(f"{method} {url} answered HTTP {status}")
         if len(raw) > MAX_ANSWER:
             raise BackendFailed(f"{method} {url} answered more than {MAX_ANSWER} bytes; a sleep/wake answer is small")
         try:
@@ -148,46 +183,52 @@ class AppEndpointBackend:
         except ValueError:
             return raw.decode(errors="replace")
 
-    def _one(self, plan: EndpointPlan, ep: str, sleep: bool) -> None:
+    def _one(self, plan: EndpointPlan, ep: str, sleep: bool, pids: dict[int, int]) -> None:
         """Sleep (``sleep=True``) or wake one endpoint and check its state, synchronously."""
         app = APP_NAMES[plan.app]
         mode = ParkMode.DISCARD if plan.mode == pb.SUSPEND_MODE_DISCARD else ParkMode.OFFLOAD
         step = engines.sleep_step(app, mode, plan.tags) if sleep else engines.wake_step(app, plan.tags)
-        self._http(step.method, ep + step.path, step.body)
+        self._http(step.method, ep + step.path, pids, step.body)
         if step.expect_sleeping is None:
             return
-        wrong = engines.sleeping_mismatch(self._http("GET", ep + engines.IS_SLEEPING), step.expect_sleeping)
+        wrong = engines.sleeping_mismatch(self._http("GET", ep + engines.IS_SLEEPING, pids), step.expect_sleeping)
         if wrong:
             raise BackendFailed(f"{ep}: after {'sleep' if sleep else 'wake_up'} the server reports {wrong}; "
                                 f"expected {step.expect_sleeping}")
 
-    def _slot(self, ep: str) -> asyncio.Semaphore:
-        server = urllib.parse.urlsplit(ep).netloc.lower()
-        if len(self._slots) > 4 * MAX_ENDPOINTS * THREADS:  # forget idle servers
+    def _slot(self, key: object, n: int) -> asyncio.Semaphore:
+        if len(self._slots) > 4 * MAX_ENDPOINTS * THREADS:  # forget idle ones
             self._slots = {k: v for k, v in self._slots.items() if v.locked()}
-        return self._slots.setdefault(server, asyncio.Semaphore(1))
+        return self._slots.setdefault(key, asyncio.Semaphore(n))
 
-    async def _call(self, plan: EndpointPlan, ep: str, sleep: bool) -> None:
-        """One endpoint's step on this backend's threads; its server's slot is held until the thread is done
-        (also when the operation gave up waiting), so a silent server never holds more than one thread."""
-        slot = self._slot(ep)
-        await slot.acquire()
+    async def _call(self, job: Job, plan: EndpointPlan, ep: str, sleep: bool) -> None:
+        """One endpoint's step on this backend's threads. Its job's, owner's and server's slots (taken in that
+        order) are held until the thread is done (also when the operation gave up waiting), so silent servers
+        hold at most ``JOB_CALLS`` threads per job, ``OWNER_CALLS`` per owner, one per address."""
+        slots = [self._slot(("job", job.job_id), JOB_CALLS), self._slot(("owner", job.owner), OWNER_CALLS),
+                 self._slot(address(ep), 1)]
+        taken: list[asyncio.Semaphore] = []
         loop = asyncio.get_running_loop()
 
-        def free(_: object) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: the agent stopped
-                loop.call_soon_threadsafe(slot.release)
+        def free(_: object = None) -> None:
+            for slot in taken:
+                with contextlib.suppress(RuntimeError):  # the loop is gone: the agent stopped
+                    loop.call_soon_threadsafe(slot.release)
 
         try:
-            work = self._pool.submit(self._one, plan, ep, sleep)
+            for slot in slots:
+                await slot.acquire()
+                taken.append(slot)
+            work = self._pool.submit(self._one, plan, ep, sleep, dict(job.proven))
         except BaseException:
-            slot.release()
+            for slot in taken:
+                slot.release()
             raise
         work.add_done_callback(free)
         await asyncio.wrap_future(work)
 
     async def _all(self, job: Job, plan: EndpointPlan, sleep: bool) -> Moved:
-        await asyncio.gather(*(self._call(plan, ep, sleep) for ep in plan.endpoints))
+        await asyncio.gather(*(self._call(job, plan, ep, sleep) for ep in plan.endpoints))
         return Moved()
 
     async def snapshot(self, job: Job, plan: EndpointPlan) -> Moved:
