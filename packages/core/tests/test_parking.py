@@ -278,7 +278,7 @@ def test_status_shows_host_memory_residue_and_fault(orchestrator, monkeypatch):
     assert tenants["b"].state == "faulted" and "device said no" in tenants["b"].fault
     table = render_table(reply)
     assert "host mem" in table and "b FAULTED: park failed" in table
-    assert 'rota_tenant_host_bytes{group="mem",job="a"} 4096' in prometheus_text(reply)
+    assert 'rota_tenant_host_bytes{group="mem",job="a"} 4096.0' in prometheus_text(reply)
     assert isinstance(reply, pb.StatusReply)
     for x in (sa, sb, a, b):
         x.close()

@@ -248,10 +248,10 @@ def test_session_tenant_is_restored_ahead_of_its_grant(sessions):
     group = json.loads(shown.output)["groups"][0]
     assert group["prefetch_hits"] == 1 and group["prefetch_failures"] == 0  # numbers, every key present
     table = CliRunner().invoke(cli, ["status", "g", "--orchestrator", endpoint])
-    assert "prefetch  hit=1  miss=0  failure=0  wasted=0" in table.output, table.output
+    assert "prefetch  hit=1  miss=0  failed=0  wasted=0" in table.output, table.output
     metrics = CliRunner().invoke(cli, ["status", "g", "--orchestrator", endpoint, "--prometheus"])
-    assert 'rota_group_prefetches_total{group="g",outcome="hit"} 1' in metrics.output
-    assert 'rota_group_prefetches_total{group="g",outcome="failure"} 0' in metrics.output
+    assert 'rota_group_prefetches_total{group="g",outcome="hit"} 1.0' in metrics.output
+    assert 'rota_group_prefetches_total{group="g",outcome="failed"} 0.0' in metrics.output
     b.ask("release")
 
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from rota._ids import check_id, check_pair
-from rota._state import GroupState
+from rota._state import GONE, GroupState
 from rota._types import Grant, ReleaseInfo, TurnRequest
 from rota.errors import AlreadyAttached, Faulted, InvalidArgument, NotFound, RotaError, Unavailable
 from rota.policies import Fifo, Policy
@@ -402,14 +402,15 @@ class Orchestrator:
         return info
 
     @_whole
-    async def evict(self, job_id: str, group_id: str, *, reason: str, lost: bool = False) -> tuple[bool, bool]:
-        """Take a job out of a group (scheduler saw it end, or it died)."""
+    async def evict(self, job_id: str, group_id: str, *, reason: str, lost: bool = False,
+                    ended: bool = False) -> tuple[bool, bool]:
+        """Take a job out of a group (scheduler saw it end, it died: ``lost``, or it closed its sessions: ``ended``)."""
         check_pair(job_id, group_id)
         async with self._lock(group_id):
             g = await self._group(group_id)
-            result = g.remove(job_id, time.monotonic(), lost=lost)
+            result = g.remove(job_id, time.monotonic(), lost=lost, ended=ended)
             inflight = self._prefetching.get(group_id)
-            if lost and inflight is not None and inflight[0] == job_id:  # a dead process frees its memory itself
+            if (lost or ended) and inflight is not None and inflight[0] == job_id:  # a gone process frees its memory
                 inflight[1].cancel()
             await self.store.commit(g)
             fut = self._grants.pop((group_id, job_id), None)
@@ -494,7 +495,8 @@ class Orchestrator:
 
     @_whole
     async def detach(self, s: Session, why: str, *, clean: bool = False) -> None:
-        """A session ended. A job with no session left is dead: it loses everything.
+        """A session ended. A job with no session left is gone: it loses everything, ``ended`` when its
+        last session closed itself (``Gpu.close``), ``lost`` when it broke.
 
         A rank of a multi-rank job whose session broke (``clean`` False: its process died
         or went silent) ends the whole job at once; a rank that closed its session itself
@@ -514,7 +516,8 @@ class Orchestrator:
         if not self._live_sessions(key):
             self._sessions.pop(key, None)
             self._attached_once.discard(key)
-            await self.evict(s.job_id, s.group_id, reason=f"tenant session ended ({why})", lost=True)
+            await self.evict(s.job_id, s.group_id, reason=f"tenant session ended ({why})", lost=not clean,
+                             ended=clean)
         elif s.world_size > 1 and not clean:  # the other ranks would wait for this one in a collective forever
             reason = f"rank {s.rank} (pid {s.pid}) of job {s.job_id!r} is gone ({why})"
             await self.evict(s.job_id, s.group_id, reason=reason, lost=True)
@@ -618,6 +621,8 @@ class Orchestrator:
             results = await asyncio.gather(*steps)
             async with self._lock(group_id):
                 self._record_parks(g, evict, results)
+                if restore_agent and self.metrics is not None:
+                    self.metrics.restored(group_id, results[-1][0], results[-1][3])
                 if restore_agent and not results[-1][0]:
                     error = results[-1][1]
                     log.error("restore of job %s in group %s by agent %s failed: %s; job FAULTED",
@@ -697,6 +702,8 @@ class Orchestrator:
                 ok, error, _, seconds = await self.agents.run(agent, "restore", job_id, group_id)  # type: ignore[union-attr]
             else:
                 ok, error, _, seconds = await self._session_command(group_id, job_id, "restore", token)
+            if self.metrics is not None:
+                self.metrics.restored(group_id, ok, seconds)
             async with self._lock(group_id):
                 self._prefetched(self.groups[group_id], job_id, agent, ok, error, seconds)
                 await self.store.commit(self.groups[group_id])
@@ -737,7 +744,7 @@ class Orchestrator:
     def _prefetched(self, g: GroupState, job_id: str, agent: str, ok: bool, error: str, seconds: float) -> None:
         """Record a prefetch's outcome (under the lock), as a restore of the same kind would."""
         rec = g.tenant(job_id)
-        if rec.state in ("lost", "faulted"):
+        if rec.state in ("faulted", *GONE):
             log.info("prefetch of job %s in group %s ignored: the job is %s", job_id, g.group_id, rec.state)
             return
         if ok:

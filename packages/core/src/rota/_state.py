@@ -11,7 +11,8 @@ Invariants, enforced here and nowhere else:
 * ``token`` only grows: each grant takes ``token + 1``;
 * a job of several ranks is granted only once every rank has asked for the turn;
 * a release must name the holder and, if it carries a token, the current one;
-* a job that died is removed from holder, queue and residents, its state ``lost``.
+* a job that died is removed from holder, queue and residents, its state ``lost``;
+  one that closed its session itself is removed the same way, its state ``ended``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from rota._types import Grant, ReleaseInfo, TurnRequest
 from rota.errors import NotHolder, StaleToken
 
 _SAMPLES = 512  # recent waits/parks kept per tenant for percentiles
+GONE = ("lost", "ended")  # states of a job whose processes are gone: vanished, or closed their sessions
+TENANT_STATES = ("holding", "waiting", "resident", "parked", "faulted", "lost", "ended", "idle")
 
 
 @dataclass
@@ -52,7 +55,7 @@ class TenantRecord:
     """Per-job accounting within a group (survives the job's turns)."""
 
     job_id: str
-    state: str = "idle"  # idle | waiting | holding | resident | parked | lost
+    state: str = "idle"  # idle | waiting | holding | resident | parked | faulted | lost | ended
     priority: int = 0
     weight: float = 1.0
     world_size: int = 1
@@ -194,7 +197,7 @@ class GroupState:
         tenant's restore running out of room.
         """
         return sum(rec.residue_bytes for job, rec in self.tenants.items()
-                   if job != incoming and job not in self.residents and rec.state != "lost")
+                   if job != incoming and job not in self.residents and rec.state not in GONE)
 
     def mark_prefetched(self, job_id: str) -> None:
         """A prefetch restored ``job_id`` ahead of its grant: it occupies the device now."""
@@ -238,7 +241,7 @@ class GroupState:
             self.prefetched.remove(job_id)
             self.prefetch_wasted += 1
         rec = self.tenant(job_id)
-        if rec.state != "lost":
+        if rec.state not in GONE:
             rec.state = "parked"
         rec.parked_bytes = bytes_moved
         rec.parks_ms.append(seconds * 1000.0)
@@ -302,11 +305,12 @@ class GroupState:
         self.tenant(self.holder).gpu_seconds += held
         self.holder, self.released_ranks = "", set()
 
-    def remove(self, job_id: str, now: float, *, lost: bool) -> tuple[bool, bool]:
-        """Take a job out entirely (it died, or a scheduler evicted it).
+    def remove(self, job_id: str, now: float, *, lost: bool, ended: bool = False) -> tuple[bool, bool]:
+        """Take a job out entirely (it died, closed its session, or a scheduler evicted it).
 
-        Returns (was_holder, was_queued). A dead job's state is ``lost``: it is
-        never restored or handed to anyone.
+        Returns (was_holder, was_queued). A job that vanished without closing is ``lost``,
+        one that closed its last session is ``ended`` (a FAULT it had stays shown): neither
+        is ever restored or handed anything. Otherwise it is ``idle``.
         """
         was_holder = self.holder == job_id
         if was_holder:
@@ -322,9 +326,13 @@ class GroupState:
             self.prefetched.remove(job_id)
         if self.loaded_job == job_id:
             self.loaded_job = ""
-        if job_id in self.tenants:
-            self.tenants[job_id].state = "lost" if lost else "idle"
-            self.tenants[job_id].last_active = now
+        rec = self.tenants.get(job_id)
+        if rec is not None:
+            if lost:
+                rec.state = "lost"
+            elif not (ended and rec.state == "faulted"):
+                rec.state = "ended" if ended else "idle"
+            rec.last_active = now
         return was_holder, waiter is not None
 
     def idle_since(self) -> float | None:
@@ -338,9 +346,9 @@ class GroupState:
         return max([self.created, *(rec.last_active for rec in self.tenants.values())])
 
     def collect(self, now: float, ttl_s: float, keep: set[str]) -> list[str]:
-        """Forget tenants that ended (idle, lost or faulted and not in ``keep``) more than ``ttl_s`` ago."""
+        """Forget tenants that ended (idle, ended, lost or faulted and not in ``keep``) more than ``ttl_s`` ago."""
         gone = [job for job, rec in self.tenants.items()
-                if job not in keep and rec.state in ("idle", "lost", "faulted") and now - rec.last_active > ttl_s
+                if job not in keep and rec.state in ("idle", "faulted", *GONE) and now - rec.last_active > ttl_s
                 and job not in self.residents and self.queued(job) is None and job != self.holder]
         for job in gone:
             del self.tenants[job]

@@ -25,12 +25,12 @@ def evict_matching(endpoint: str, job_id: str, pattern: re.Pattern[str], *, reas
     For groups named per GPU set (``%g``): each step of a job had the group of its own
     GPUs, so the epilog looks for the job in all of them. In play: holding, queued, or
     with state kept on the device or parked (a job already evicted is ``idle``, a dead
-    one ``lost``). Returns group id -> result.
+    one ``lost``, one that closed its sessions ``ended``). Returns group id -> result.
     """
     deadline = time.monotonic() + timeout
     found = [g.group_id for g in group_status(endpoint, timeout=timeout, token=token) if pattern.match(g.group_id)
              and (g.holder == job_id or job_id in g.queue
-                  or any(t.job_id == job_id and t.state not in ("idle", "lost") for t in g.tenants))]
+                  or any(t.job_id == job_id and t.state not in ("idle", "lost", "ended") for t in g.tenants))]
     return {group: evict(endpoint, job_id, group, reason=reason, timeout=max(deadline - time.monotonic(), 1.0),
                          token=token) for group in found}
 

@@ -45,48 +45,20 @@ def store_status(url: str, group: str = "") -> pb.StatusReply:
 
 
 def prometheus_text(reply: pb.StatusReply) -> str:
-    """Prometheus exposition text for a status reply (turns, waits, parks, busy time)."""
-    lines = []
+    """Prometheus exposition text for a status reply: the group families ``/metrics`` serves, same names,
+    labels and values (the event histograms and counters exist only where the orchestrator counts them)."""
+    from prometheus_client import CollectorRegistry, generate_latest
 
-    def metric(name: str, kind: str, helptext: str, rows: list[tuple[dict[str, str], float]]) -> None:
-        lines.append(f"# HELP rota_{name} {helptext}")
-        lines.append(f"# TYPE rota_{name} {kind}")
-        for labels, value in rows:
-            lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
-            lines.append(f"rota_{name}{{{lab}}} {value}")
+    from rota._metrics import GroupsCollector
 
-    groups = list(reply.groups)
-    metric("group_busy_seconds_total", "counter", "Seconds some tenant held the group.",
-           [({"group": g.group_id}, g.busy_seconds) for g in groups])
-    metric("group_switches_total", "counter", "Turns handed to a different tenant.",
-           [({"group": g.group_id}, g.switches) for g in groups])
-    metric("group_waiters", "gauge", "Jobs waiting for the group.",
-           [({"group": g.group_id}, len(g.queue)) for g in groups])
-    metric("group_prefetches_total", "counter", "Restores ahead of the grant: hit (the grant found the job "
-           "restored), miss (the grant still restored it), failure (the prefetch's restore failed), wasted "
-           "(parked again before its grant).",
-           [({"group": g.group_id, "outcome": outcome}, n) for g in groups for outcome, n in _prefetches(g)])
-    rows = [(g, t) for g in groups for t in g.tenants]
-    metric("tenant_turns_total", "counter", "Turns granted to the tenant.",
-           [({"group": g.group_id, "job": t.job_id}, t.turns) for g, t in rows])
-    metric("tenant_gpu_seconds_total", "counter", "Seconds the tenant held the group.",
-           [({"group": g.group_id, "job": t.job_id}, t.gpu_seconds) for g, t in rows])
-    metric("tenant_wait_p99_ms", "gauge", "99th percentile of recent queue waits.",
-           [({"group": g.group_id, "job": t.job_id}, t.wait_p99_ms) for g, t in rows])
-    metric("tenant_park_p99_ms", "gauge", "99th percentile of recent parks.",
-           [({"group": g.group_id, "job": t.job_id}, t.park_p99_ms) for g, t in rows])
-    metric("tenant_parked_bytes", "gauge", "Bytes of the tenant's last park.",
-           [({"group": g.group_id, "job": t.job_id}, t.parked_bytes) for g, t in rows])
-    metric("tenant_host_bytes", "gauge", "Host memory holding the tenant's parked state.",
-           [({"group": g.group_id, "job": t.job_id}, t.host_bytes) for g, t in rows])
-    metric("tenant_residue_bytes", "gauge", "Device bytes the tenant's last park left behind.",
-           [({"group": g.group_id, "job": t.job_id}, t.residue_bytes) for g, t in rows])
-    return "\n".join(lines) + "\n"
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(GroupsCollector(reply.groups))
+    return generate_latest(registry).decode()
 
 
 def _prefetches(g: pb.GroupInfo) -> list[tuple[str, int]]:
     """A group's prefetch counters by outcome, in one order for the table and the metrics."""
-    return [("hit", g.prefetch_hits), ("miss", g.prefetch_misses), ("failure", g.prefetch_failures),
+    return [("hit", g.prefetch_hits), ("miss", g.prefetch_misses), ("failed", g.prefetch_failures),
             ("wasted", g.prefetch_wasted)]
 
 
