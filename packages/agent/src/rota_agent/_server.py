@@ -89,16 +89,16 @@ class Served:
 
 
 async def serve_agent(agent: Agent, listen: str, *, auth: ServerAuth | None = None,
-                      socket_dir: str | None = None) -> Served:
+                      socket_dir: str | None = None, tls: grpc.ServerCredentials | None = None) -> Served:
     """Start serving ``agent`` on ``listen`` (HOST:PORT or unix:PATH), and on ``socket_dir`` when given.
 
-    ``auth``: who callers are (default: nobody is checked, every caller is admin).
+    ``auth``: who callers are (default: nobody is checked, every caller is admin); ``tls``: TLS of ``listen``.
     """
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     pb_grpc.add_SnapshotAgentServiceServicer_to_server(AgentService(agent, auth), server)
     hs = await health_servicer((SERVICE_NAME,))
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    bind(server, listen)
+    bind(server, listen, None if listen.startswith("unix:") else tls)
     served = Served(server, hs)
     if socket_dir:
         served.lock_fd, served.socket_dir = claim_socket_dir(socket_dir), socket_dir

@@ -39,6 +39,12 @@ def agent() -> None:
               help="The orchestrator's key file (env ROTA_AUTH_KEY): every caller, on loopback and on the Unix "
                    "socket too, must show a token made with it. A tenant token acts for its own job; the "
                    "orchestrator's admin token for all.")
+@click.option("--tls-cert", default="", type=click.Path(dir_okay=False),
+              help="Serve --listen over TLS with this certificate (PEM); the orchestrator then sets ROTA_TLS_CA. "
+                   "Use it wherever the orchestrator has TLS settings: its tokens travel on this link.")
+@click.option("--tls-key", default="", type=click.Path(dir_okay=False), help="The private key of --tls-cert (PEM).")
+@click.option("--tls-client-ca", default="", type=click.Path(dir_okay=False),
+              help="Also require client certificates signed by this CA (mTLS).")
 @click.option("--insecure", is_flag=True,
               help="Serve a non-loopback --listen without checking callers: anyone who can connect may park, "
                    "restore or list any job. A warning is printed at every start.")
@@ -60,16 +66,21 @@ def agent() -> None:
 @click.option("--metrics-listen", default="", metavar="HOST:PORT",
               help="Serve Prometheus /metrics here (parks and restores, their seconds, bytes moved, jobs by state, "
                    "residue). It has no authentication: bind it where only your Prometheus reaches.")
-def serve_cmd(listen: str, auth_key: str, insecure: bool, socket_dir: str | None, op_timeout: float,
-              step_timeout: float, forget_after: float, residue_max_bytes: int | None, metrics_listen: str) -> None:
+def serve_cmd(listen: str, auth_key: str, tls_cert: str, tls_key: str, tls_client_ca: str, insecure: bool,
+              socket_dir: str | None, op_timeout: float, step_timeout: float, forget_after: float,
+              residue_max_bytes: int | None, metrics_listen: str) -> None:
     """Serve SnapshotAgentService and grpc.health.v1 until SIGINT/SIGTERM."""
     from rota import plugin_manager
     from rota.errors import ConfigError
+    from rota.rpc import server_tls
     from rota_agent._agent import Agent
     from rota_agent._server import default_socket_dir
     from rota_agent.backends import available_backends
 
+    if bool(tls_cert) != bool(tls_key) or (tls_client_ca and not tls_cert):
+        raise click.UsageError("give --tls-cert and --tls-key together (--tls-client-ca needs them)")
     try:
+        tls = server_tls(tls_cert, tls_key, tls_client_ca) if tls_cert else None
         auth = _server_auth(listen, auth_key, insecure)
         backends = available_backends(plugin_manager(), step_timeout_s=step_timeout)  # every plugin's
         a = Agent(backends, op_timeout_s=op_timeout, name=listen, residue_max_bytes=residue_max_bytes,
@@ -78,7 +89,7 @@ def serve_cmd(listen: str, auth_key: str, insecure: bool, socket_dir: str | None
         raise click.ClickException(str(exc)) from None
     if metrics_listen:
         _serve_metrics(a, metrics_listen)
-    asyncio.run(_serve(a, listen, auth, default_socket_dir() if socket_dir is None else socket_dir))
+    asyncio.run(_serve(a, listen, auth, default_socket_dir() if socket_dir is None else socket_dir, tls))
 
 
 def _serve_metrics(a: Any, listen: str) -> None:
@@ -113,12 +124,12 @@ def is_loopback(listen: str) -> bool:
 
 def _server_auth(listen: str, auth_key: str, insecure: bool) -> Any:
     """Who may call the agent: token holders (--auth-key), or everyone (loopback without a key, --insecure)."""
-    from rota.auth import ServerAuth, load_key
+    from rota.auth import AGENT_AUDIENCE, AUDIENCE, ServerAuth, load_key
 
     if insecure and auth_key:
         raise click.UsageError("--insecure and --auth-key contradict each other: drop --insecure to check tokens")
-    if auth_key:
-        return ServerAuth(key=load_key(auth_key))
+    if auth_key:  # tenants' tokens, and the orchestrator's short ones for agents
+        return ServerAuth(key=load_key(auth_key), audiences=(AUDIENCE, AGENT_AUDIENCE))
     if not is_loopback(listen) and not insecure:
         raise click.UsageError(f"--listen {listen} is reachable from other hosts and no caller would be checked: "
                                "give --auth-key FILE (the orchestrator's key; make one with `rota token keygen "
@@ -132,12 +143,12 @@ def _server_auth(listen: str, auth_key: str, insecure: bool) -> Any:
     return ServerAuth(insecure=True)
 
 
-async def _serve(a: Any, listen: str, auth: Any, socket_dir: str) -> None:
+async def _serve(a: Any, listen: str, auth: Any, socket_dir: str, tls: Any = None) -> None:
     from rota.errors import RotaError
     from rota_agent._server import serve_agent, shutdown
 
     try:
-        served = await serve_agent(a, listen, auth=auth, socket_dir=socket_dir or None)
+        served = await serve_agent(a, listen, auth=auth, socket_dir=socket_dir or None, tls=tls)
     except RotaError as exc:
         raise click.ClickException(str(exc)) from None
     stop = asyncio.Event()
@@ -145,7 +156,8 @@ async def _serve(a: Any, listen: str, auth: Any, socket_dir: str) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     where = f"{listen} and {socket_dir}" if socket_dir else listen
-    click.echo(f"rota agent serving on {where} ({'tokens checked' if auth.key else 'no tokens checked'})", err=True)
+    click.echo(f"rota agent serving on {where} ({'tokens checked' if auth.key else 'no tokens checked'}"
+               f"{', TLS' if tls is not None else ''})", err=True)
     await stop.wait()
     await shutdown(a, served)
 

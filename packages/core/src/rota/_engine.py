@@ -129,6 +129,7 @@ class OrchestratorConfig:
     idle_exit_s: float = 0.0  # exit after this long with no tenants (0 = never)
     agents: tuple[str, ...] = field(default_factory=lambda: _agents_from_env())  # node agents (rota-agent)
     agent_auth_key: bytes | None = field(default=None, repr=False)  # mints the admin tokens agents check
+    agent_tls: Any = field(default=None, repr=False)  # grpc.ChannelCredentials of the agent links (None: plaintext)
     prefetch: bool | None = None  # restore the next waiter during the current turn (None = on iff capacity known)
 
     @property
@@ -202,8 +203,8 @@ class Orchestrator:
         self._idle_since = time.monotonic()
         self.stopped = asyncio.Event()
         self.metrics: Any = None  # an OrchestratorMetrics when /metrics is served (report_metrics_to)
-        self.agents = AgentLinks(self.config.agents, self.config.park_timeout_s,
-                                 auth_key=self.config.agent_auth_key) if self.config.agents else None
+        self.agents = AgentLinks(self.config.agents, self.config.park_timeout_s, auth_key=self.config.agent_auth_key,
+                                 tls=self.config.agent_tls) if self.config.agents else None
 
     # ------------------------------------------------------------- lifecycle
 
@@ -898,24 +899,27 @@ class AgentLinks:
     POLL_S = (0.001, 0.05)
     POLL_SHARE = 50
 
-    TOKEN_TTL_S = 600.0  # the admin token shown to agents; a new one is minted at half its life
+    TOKEN_TTL_S = 60.0  # the agent-audience admin token shown to agents; a new one is minted at half its life
 
-    def __init__(self, endpoints: tuple[str, ...], timeout_s: float, *, auth_key: bytes | None = None) -> None:
-        self.endpoints, self.timeout_s = endpoints, timeout_s
+    def __init__(self, endpoints: tuple[str, ...], timeout_s: float, *, auth_key: bytes | None = None,
+                 tls: Any = None) -> None:
+        self.endpoints, self.timeout_s, self.tls = endpoints, timeout_s, tls
         self._stubs: dict[str, object] = {}
         self._channels: list[object] = []
         self._auth_key = auth_key
         self._token: tuple[float, tuple[tuple[str, str], ...]] = (0.0, ())
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
-        """``authorization`` for the agents: an admin token from the orchestrator's own key (none without one)."""
+        """``authorization`` for the agents: an admin token of audience ``rota-agent`` (which orchestrators refuse,
+        so one read off an agent link acts nowhere else) from the orchestrator's own key (none without one)."""
         if self._auth_key is None:
             return ()
         minted, metadata = self._token
         if time.monotonic() - minted > self.TOKEN_TTL_S / 2:
             from rota import auth
 
-            metadata = auth.bearer(auth.issue(self._auth_key, admin=True, ttl_s=self.TOKEN_TTL_S))
+            metadata = auth.bearer(auth.issue(self._auth_key, admin=True, ttl_s=self.TOKEN_TTL_S,
+                                              audience=auth.AGENT_AUDIENCE))
             self._token = (time.monotonic(), metadata)
         return metadata
 
@@ -926,7 +930,8 @@ class AgentLinks:
 
             from rota._generated import snapshot_agent_pb2_grpc
 
-            ch = grpc.aio.insecure_channel(endpoint)
+            ch = grpc.aio.secure_channel(endpoint, self.tls) if self.tls is not None and \
+                not endpoint.startswith("unix:") else grpc.aio.insecure_channel(endpoint)
             self._channels.append(ch)
             stub = self._stubs[endpoint] = snapshot_agent_pb2_grpc.SnapshotAgentServiceStub(ch)
         return stub

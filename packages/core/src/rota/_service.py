@@ -17,7 +17,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2_grpc
 
-from rota._engine import check_bytes
+from rota._engine import MAX_PRIORITY, check_bytes
 from rota._generated import rota_v1_pb2 as pb
 from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota._generated import timeslice_orchestrator_pb2 as v1a
@@ -144,7 +144,9 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
 
     @rpc_errors
     async def Acquire(self, request: pb.TurnRequest, context: Any) -> pb.Grant:
-        self.acting_for(context, request.group_id, request.job_id, "acquire for")
+        who = self.acting_for(context, request.group_id, request.job_id, "acquire for")
+        if request.priority <= MAX_PRIORITY:  # beyond it the engine says INVALID_ARGUMENT, naming the range
+            who.check_priority(request.priority)
         g = await self.delivered(context, _turn_request(request))
         return pb.Grant(token=g.token, waited_ms=g.waited_ms, context_restored=g.context_restored,
                         ttl_ms=g.ttl_ms, max_turn_ms=g.max_turn_ms)

@@ -11,6 +11,13 @@ Kubernetes controller). A token names what it may act for:
 * an **admin** token: any job of any group, eviction and the status of every group
   (schedulers' epilogs and controllers, operators).
 
+A token has an *audience*, the kind of server that takes it: ``rota`` (orchestrators,
+and node agents for their tenants) or ``rota-agent``, the tokens an orchestrator shows
+its node agents. Those live at most ``AGENT_TOKEN_MAX_TTL_S`` and the orchestrator
+refuses them, so whoever reads one off an agent link cannot act at the orchestrator. A
+tenant token may carry the highest priority its holder may ask for (``max_priority``,
+``rota token issue --max-priority``); without one, priorities above 0 need an admin.
+
 Tokens travel as ``authorization: Bearer <token>`` gRPC metadata, over TLS when the
 server has a certificate (``--tls-cert``). They expire (default 24 h) and are never
 echoed back: a refusal says what was wrong, not what was sent. The embedded
@@ -38,6 +45,8 @@ from rota.errors import ConfigError, PermissionDenied, Unauthenticated
 ALGORITHM = "HS256"
 ISSUER = "rota"
 AUDIENCE = "rota"
+AGENT_AUDIENCE = "rota-agent"  # tokens an orchestrator shows node agents; refused by orchestrators
+AGENT_TOKEN_MAX_TTL_S = 60.0
 KEY_BYTES = 32
 MAX_TOKEN_CHARS = 4096  # a longer "token" is refused before it is decoded
 DEFAULT_TTL_S = 24 * 3600.0
@@ -53,6 +62,7 @@ class Principal:
     job: str  # a job id, ANY_JOB, or "" for an admin
     admin: bool = False
     subject: str = ""  # for logs: "admin", "job g/j", "uid 1000 (unix socket)"
+    max_priority: int | None = None  # the highest priority a tenant token allows (None: 0)
 
     def may_act_for(self, group: str, job: str) -> bool:
         """True when this principal may acquire, release, attach or evict ``job`` of ``group``."""
@@ -61,6 +71,15 @@ class Principal:
     def may_see(self, group: str) -> bool:
         """True when this principal may read the status of ``group``."""
         return self.admin or group == self.group
+
+    def check_priority(self, priority: int) -> None:
+        """Raise :class:`PermissionDenied` when ``priority`` is above what this credential allows."""
+        if self.admin or priority <= 0 or (self.max_priority is not None and priority <= self.max_priority):
+            return
+        allowed = 0 if self.max_priority is None else self.max_priority
+        raise PermissionDenied(f"{self.subject or 'this credential'} may ask for priority {allowed} at most, not "
+                               f"{priority}; use a token issued with `rota token issue --max-priority {priority}` "
+                               "or an admin token")
 
     def require(self, group: str, job: str, action: str) -> None:
         """Raise :class:`PermissionDenied` unless this principal may do ``action`` for ``job`` of ``group``."""
@@ -89,6 +108,7 @@ class ServerAuth:
     key: bytes | None = None
     local: bool = False
     insecure: bool = False
+    audiences: tuple[str, ...] = (AUDIENCE,)  # token audiences taken (a node agent also takes AGENT_AUDIENCE)
 
     def principal(self, metadata: Iterable[tuple[str, object]] | None) -> Principal:
         """The caller of a request with this gRPC ``metadata``."""
@@ -98,7 +118,7 @@ class ServerAuth:
                 if self.local or self.insecure:  # nothing to check it against; the caller is trusted anyway
                     return LOCAL_ADMIN if self.local else INSECURE_ADMIN
                 raise Unauthenticated("this server has no auth key to check bearer tokens with")
-            return verify(self.key, token)
+            return verify(self.key, token, audiences=self.audiences)
         if self.local:
             return LOCAL_ADMIN
         if self.insecure:
@@ -155,12 +175,21 @@ def load_key(path: str) -> bytes:
 
 
 def issue(key: bytes, *, group: str = "", job: str = "", admin: bool = False, ttl_s: float = DEFAULT_TTL_S,
-          now: float | None = None) -> str:
-    """A token for ``job`` of ``group`` (``job="*"``: any job of the group), or an admin token."""
+          now: float | None = None, audience: str = AUDIENCE, max_priority: int | None = None) -> str:
+    """A token for ``job`` of ``group`` (``job="*"``: any job of the group), or an admin token, for servers of
+    ``audience``; ``max_priority``: the highest priority the tenant may ask for (default 0)."""
     import jwt
 
     if ttl_s <= 0:
         raise ConfigError(f"token lifetime {ttl_s!r} s must be > 0")
+    if audience not in (AUDIENCE, AGENT_AUDIENCE):
+        raise ConfigError(f"token audience {audience!r} is not {AUDIENCE!r} or {AGENT_AUDIENCE!r}")
+    if audience == AGENT_AUDIENCE and (not admin or ttl_s > AGENT_TOKEN_MAX_TTL_S):
+        raise ConfigError(f"an {AGENT_AUDIENCE} token is an orchestrator's admin token for its node agents and lives "
+                          f"at most {AGENT_TOKEN_MAX_TTL_S:g} s")
+    if max_priority is not None and (admin or not isinstance(max_priority, int) or not 0 <= max_priority <= 1000):
+        raise ConfigError(f"max_priority {max_priority!r} must be a whole number 0..1000 on a tenant token (an "
+                          "admin token may use any priority)")
     if admin:
         if group or job:
             raise ConfigError("an admin token names no group or job (it may act for all of them)")
@@ -169,29 +198,44 @@ def issue(key: bytes, *, group: str = "", job: str = "", admin: bool = False, tt
         if job != ANY_JOB:
             check_id("job", job, job_id=job, group_id=group)
     t = time.time() if now is None else now
-    claims = {"iss": ISSUER, "aud": AUDIENCE, "iat": int(t), "exp": int(t + ttl_s),
+    claims = {"iss": ISSUER, "aud": audience, "iat": int(t), "exp": int(t + ttl_s),
               "rota_group": "" if admin else group, "rota_job": "" if admin else job, "rota_admin": bool(admin)}
+    if max_priority is not None:
+        claims["rota_max_priority"] = max_priority
     return jwt.encode(claims, key, algorithm=ALGORITHM)
 
 
-def verify(key: bytes, token: str) -> Principal:
-    """The principal a token speaks for; :class:`Unauthenticated` (never quoting the token) if it is not valid."""
+def verify(key: bytes, token: str, audiences: tuple[str, ...] = (AUDIENCE,)) -> Principal:
+    """The principal a token for one of ``audiences`` speaks for; :class:`Unauthenticated` (never quoting the
+    token) if it is not valid."""
     import jwt
 
     if not token or len(token) > MAX_TOKEN_CHARS:
         raise Unauthenticated("the bearer token is empty or too long")
     try:
-        claims = jwt.decode(token, key, algorithms=[ALGORITHM], audience=AUDIENCE, issuer=ISSUER,
+        claims = jwt.decode(token, key, algorithms=[ALGORITHM], audience=list(audiences), issuer=ISSUER,
                             options={"require": ["exp", "iat", "iss", "aud"]})
     except jwt.ExpiredSignatureError:
         raise Unauthenticated("the bearer token has expired; issue a new one (rota token issue)") from None
+    except jwt.InvalidAudienceError:
+        raise Unauthenticated(f"the bearer token is for another kind of server (this one takes audience "
+                              f"{' or '.join(audiences)}); use a token from `rota token issue`") from None
     except jwt.PyJWTError as exc:
         raise Unauthenticated(f"the bearer token is not valid here ({type(exc).__name__})") from None
     admin = claims.get("rota_admin") is True
     group, job = claims.get("rota_group", ""), claims.get("rota_job", "")
     if not isinstance(group, str) or not isinstance(job, str) or (not admin and not (group and job)):
         raise Unauthenticated("the bearer token names no group and job and is no admin token")
-    return Principal(group, job, admin=admin, subject="admin token" if admin else f"token for job {group}/{job}")
+    if claims.get("aud") == AGENT_AUDIENCE and (not admin or not isinstance(claims["exp"], int)
+                                                or not isinstance(claims["iat"], int)
+                                                or claims["exp"] - claims["iat"] > AGENT_TOKEN_MAX_TTL_S):
+        raise Unauthenticated(f"the bearer token of audience {AGENT_AUDIENCE} lives longer than "
+                              f"{AGENT_TOKEN_MAX_TTL_S:g} s or is no admin token")
+    cap = claims.get("rota_max_priority")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)):
+        raise Unauthenticated("the bearer token's rota_max_priority is no whole number")
+    return Principal(group, job, admin=admin, subject="admin token" if admin else f"token for job {group}/{job}",
+                     max_priority=cap)
 
 
 def bearer(token: str) -> tuple[tuple[str, str], ...]:
@@ -305,8 +349,7 @@ def parse_ttl(text: str) -> float:
     return value
 
 
-__all__ = ["ANY_JOB", "INSECURE_ADMIN", "LOCAL_ADMIN", "PermissionDenied", "Principal", "ServerAuth",
-           "Unauthenticated", "bearer", "channel",
-           "env_token", "generate_key", "issue", "load_key", "parse_ttl", "read_pem", "tls_credentials",
-           "token_from_metadata",
+__all__ = ["AGENT_AUDIENCE", "AGENT_TOKEN_MAX_TTL_S", "ANY_JOB", "AUDIENCE", "INSECURE_ADMIN", "LOCAL_ADMIN",
+           "PermissionDenied", "Principal", "ServerAuth", "Unauthenticated", "bearer", "channel", "env_token",
+           "generate_key", "issue", "load_key", "parse_ttl", "read_pem", "tls_credentials", "token_from_metadata",
            "verify"]

@@ -370,7 +370,8 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
                 return {gid: (g.busy_seconds, g.switches, g.prefetch_hits, g.prefetch_misses, g.prefetch_failures,
                               g.prefetch_wasted) for gid, g in list(engine.groups.items())}
 
-            specs = [dataclasses.replace(spec, token=auth.issue(key, group=spec.group, job=spec.tenant))
+            specs = [dataclasses.replace(spec, token=auth.issue(key, group=spec.group, job=spec.tenant,
+                                                                max_priority=max(spec.priority, 0)))
                      for spec in _specs(cfg, JOBS, endpoint)]
             span, reports = _run_workers(specs, progress, "time-sliced", on_go=lambda: at_go.update(counters()))
             delta = [tuple(a - b for a, b in zip(now, at_go.get(gid, (0,) * 6), strict=True))

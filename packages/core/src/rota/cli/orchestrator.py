@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 
@@ -60,7 +61,9 @@ def orchestrator() -> None:
               help="Keep state in etcd at these comma-separated URLs (needs rota-orchestrator-etcd; env ROTA_ETCD).")
 @click.option("--agent", "agents", multiple=True, type=Endpoint(),
               help="A node agent (HOST:PORT, rota-agent) the orchestrator asks to park/restore the jobs registered "
-              "with it; repeat for each node (env ROTA_AGENTS, comma-separated).")
+              "with it; repeat for each node (env ROTA_AGENTS, comma-separated). It is shown admin tokens of "
+              "audience rota-agent (60 s; orchestrators refuse them), over TLS when --tls-cert is given "
+              "(ROTA_TLS_CA: the agents' CA).")
 @click.option("--auth-key", default="", envvar="ROTA_AUTH_KEY", type=click.Path(dir_okay=False),
               help="Check every caller's bearer token against this key (rota token keygen FILE; env ROTA_AUTH_KEY). "
               "A tenant token acts for its own job only; an admin token for all. Required on a TCP listener "
@@ -104,6 +107,8 @@ def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float
             v1_max_turn_s=v1_max_turn, capacity_bytes=capacity, prefetch=prefetch, idle_exit_s=idle_exit,
             agent_auth_key=key,  # the agents are shown admin tokens made with the same key
             **({"agents": agents} if agents else {}))  # else ROTA_AGENTS
+        if tls_cert and config.agents:
+            config = dataclasses.replace(config, agent_tls=_agent_tls())
         engine = _orchestrator(pm, config, etcd, listen)
         server_auth, tls = _security(listen, key, tls_cert, tls_key, tls_client_ca, insecure)
     except RotaError as exc:
@@ -111,6 +116,20 @@ def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float
     if metrics_listen:
         _serve_metrics(engine, metrics_listen)
     asyncio.run(_run(engine, listen, server_auth, tls))
+
+
+def _agent_tls() -> grpc.ChannelCredentials:
+    """The TLS of the links to the node agents: an orchestrator with TLS settings never talks to them in plaintext
+    (the tokens it shows them would travel in the clear)."""
+    from rota.auth import tls_credentials
+
+    creds = tls_credentials()
+    if creds is None:
+        raise click.UsageError("this orchestrator serves TLS (--tls-cert), so its links to the node agents use TLS "
+                               "too: set ROTA_TLS_CA to the CA that signed the agents' certificates (and "
+                               "ROTA_TLS_CERT/ROTA_TLS_KEY where they check clients), and start each agent with "
+                               "--tls-cert/--tls-key")
+    return creds
 
 
 def _orchestrator(pm: pluggy.PluginManager, config: OrchestratorConfig, url: str, listen: str

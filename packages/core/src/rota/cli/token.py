@@ -44,11 +44,17 @@ def keygen(path: str) -> None:
 @click.option("--job", default="", help="The job it may act for; '*' = any job of --group.")
 @click.option("--admin", is_flag=True, help="Act for every job of every group (no --group/--job).")
 @click.option("--ttl", default="24h", show_default=True, help="Lifetime: 90s, 30m, 24h, 7d.")
-def issue(key_path: str, group: str, job: str, admin: bool, ttl: str) -> None:
+@click.option("--max-priority", type=click.IntRange(0, 1000), default=None,
+              help="The highest priority the job may ask for (0..1000). Without it the token allows priority 0 "
+              "and below; higher priorities need an admin token.")
+def issue(key_path: str, group: str, job: str, admin: bool, ttl: str, max_priority: int | None) -> None:
     """Print a bearer token; give it to the job as ROTA_TOKEN."""
     if not admin and not (group and job):
         raise click.UsageError("give --group and --job (the tenant the token acts for), or --admin")
+    if admin and max_priority is not None:
+        raise click.UsageError("--max-priority bounds a tenant token; an admin token may use any priority")
     try:
-        click.echo(auth.issue(auth.load_key(key_path), group=group, job=job, admin=admin, ttl_s=auth.parse_ttl(ttl)))
+        click.echo(auth.issue(auth.load_key(key_path), group=group, job=job, admin=admin, ttl_s=auth.parse_ttl(ttl),
+                              max_priority=max_priority))
     except RotaError as exc:
         raise click.UsageError(str(exc)) from None
