@@ -19,7 +19,6 @@ rota-k8s-controller (what the image installs) and is re-exported here.
 
 from __future__ import annotations
 
-from rota_k8s._validate import ManifestError, validate_objects
 from rota_k8s._values import Values, ValuesError, load_values
 from rota_k8s.manifests import (
     CLAIM_API_VERSION,
@@ -60,3 +59,13 @@ __all__ = [
     "to_yaml",
     "validate_objects",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``ManifestError`` and ``validate_objects`` load kubernetes-validate's schemas tooling on first use, which
+    the ``rota`` command line must not pay for at every start."""
+    if name in ("ManifestError", "validate_objects"):
+        from rota_k8s import _validate
+
+        return getattr(_validate, name)
+    raise AttributeError(f"module 'rota_k8s' has no attribute {name!r}")

@@ -28,7 +28,6 @@ from rota import plugin_manager
 from rota.cli.options import Endpoint
 from rota.errors import InvalidArgument, RotaError
 from rota.types import TurnRequest
-from rota_k8s._validate import MIN_VERSION, ManifestError, supported_versions, validate_objects
 from rota_k8s._values import ValuesError, load_values
 from rota_k8s.manifests import MAX_GPUS, TenantSpec, claim_name, render, tenant, to_yaml
 from rota_k8s_controller.cli import controller_cmd, install_key_cmd
@@ -48,6 +47,8 @@ def _key_values(option: str, items: tuple[str, ...]) -> dict[str, str]:
 
 def _emit(objs: list[dict[str, Any]], out_dir: str | None, versions: tuple[str, ...], validate: bool) -> None:
     if validate:
+        from rota_k8s._validate import ManifestError, validate_objects  # kubernetes-validate: only when used
+
         try:
             checked = validate_objects(objs, versions or None)
         except ManifestError as exc:  # a bug in rota or a value the schema refuses: print nothing
@@ -71,6 +72,8 @@ def _emit(objs: list[dict[str, Any]], out_dir: str | None, versions: tuple[str, 
 
 def _kube_versions(_ctx: click.Context, _param: click.Parameter, given: tuple[str, ...]) -> tuple[str, ...]:
     """``--kube-version`` values as minor versions this installation can validate against (one-line errors)."""
+    from rota_k8s._validate import MIN_VERSION, supported_versions
+
     known = supported_versions()
     out = []
     for text in given:
@@ -365,6 +368,8 @@ def image_cmd(tag: str, context_dir: str, build: bool) -> None:
 @k8s.command("versions")
 def versions_cmd() -> None:
     """Kubernetes versions the rendered manifests are validated against."""
+    from rota_k8s._validate import supported_versions
+
     click.echo(" ".join(supported_versions()))
 
 

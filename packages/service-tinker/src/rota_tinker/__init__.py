@@ -22,7 +22,6 @@ from rota_tinker._config import (
     parse_keys,
 )
 from rota_tinker._hf import HfModelSpec, find_models, search_dirs
-from rota_tinker._service import TinkerService
 
 __all__ = ["DEFAULT_BASE_MODELS", "BaseModelSpec", "HfModelSpec", "ServiceConfig", "Tenant", "TinkerService",
            "find_models", "parse_base_model", "parse_keys", "save_base", "search_dirs"]
@@ -36,3 +35,13 @@ def save_base(spec: BaseModelSpec, path: str) -> None:
     from rota_tinker._models import save_base as write
 
     write(spec, path)
+
+
+def __getattr__(name: str) -> object:
+    """``TinkerService`` is imported on first use: it brings torch and the tinker SDK, which ``rota --help``
+    and every other command that loads this plugin's CLI must not pay for."""
+    if name == "TinkerService":
+        from rota_tinker._service import TinkerService
+
+        return TinkerService
+    raise AttributeError(f"module 'rota_tinker' has no attribute {name!r}")

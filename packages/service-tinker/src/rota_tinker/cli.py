@@ -1,4 +1,4 @@
-"""``rota tinker serve`` (also ``rota serve tinker``): run the Tinker-compatible service in the foreground.
+"""``rota tinker serve`` (``rota serve tinker`` is a hidden alias): run the Tinker-compatible service in the foreground.
 
 Flags fall back to environment variables: ``ROTA_TINKER_LISTEN``, ``ROTA_TINKER_KEYS``
 (``TENANT=tml-KEY,...``), ``ROTA_TINKER_DEVICE``, ``ROTA_TINKER_DATA_DIR``,
@@ -181,9 +181,9 @@ def tinker() -> None:
 tinker.add_command(serve_cmd)
 
 
-@click.group("serve")
+@click.group("serve", hidden=True)
 def serve() -> None:
-    """Run a service whose tenants take turns on GPUs (``rota serve tinker``)."""
+    """Run a service whose tenants take turns on GPUs (``rota serve tinker``, an alias of ``rota tinker serve``)."""
 
 
 serve.add_command(serve_cmd, name="tinker")

@@ -1,19 +1,31 @@
-"""``rota``: the top-level click group. Plugins add subcommands through ``rota_cli``."""
+"""``rota``: the top-level click group. Plugins add subcommands through ``rota_cli``.
+
+Commands load lazily, so a command pays only for what it imports: ``rota status`` imports
+neither the orchestrator nor any plugin, and plugins' commands (some bring torch) are
+added only when one of them is asked for, or for the command list of ``rota --help``.
+``--log-level`` is accepted anywhere on the command line: every command gets it too.
+"""
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import logging
 import sys
+from typing import Any
 
 import click
 
-from rota._plugins import plugin_manager
-from rota.cli.orchestrator import orchestrator
-from rota.cli.plugins import plugins
-from rota.cli.status import status
-from rota.cli.token import token
 from rota.errors import RotaError
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# core's commands: name -> "module:attribute", imported when the command is used or listed
+CORE_COMMANDS = {
+    "status": "rota.cli.status:status",
+    "plugins": "rota.cli.plugins:plugins",
+    "orchestrator": "rota.cli.orchestrator:orchestrator",
+    "token": "rota.cli.token:token",
+}
 
 
 def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> None:
@@ -30,11 +42,71 @@ def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> 
     ctx.exit()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def _set_log_level(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """A subcommand's ``--log-level``: the same setting as the top-level one, given after the subcommand."""
+    if value and not ctx.resilient_parsing:
+        logging.getLogger().setLevel(value.upper())
+
+
+def _passes_arguments_through(cmd: click.Command) -> bool:
+    """A command that hands its remaining arguments to another program (sbatch, an inference engine): a
+    ``--log-level`` among them is that program's."""
+    return any(isinstance(p, click.Argument) and p.nargs == -1 and p.type is click.UNPROCESSED for p in cmd.params)
+
+
+def _with_log_level(cmd: click.Command) -> click.Command:
+    """Give ``cmd`` (and a group's subcommands) a hidden ``--log-level``, unless it passes arguments through."""
+    if not _passes_arguments_through(cmd) and not any(p.name == "log_level_anywhere" for p in cmd.params):
+        cmd.params.append(click.Option(["--log-level", "log_level_anywhere"], type=click.Choice(LOG_LEVELS),
+                                       expose_value=False, is_eager=True, hidden=True, callback=_set_log_level))
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            _with_log_level(sub)
+    return cmd
+
+
+class RotaGroup(click.Group):
+    """The top-level group: core commands imported on use, plugins' commands added on first need."""
+
+    plugins_added = False
+
+    def _add_core(self, name: str) -> None:
+        if name in CORE_COMMANDS and name not in self.commands:
+            module, _, attr = CORE_COMMANDS[name].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+
+    def _add_plugins(self) -> None:
+        """Let each plugin add its commands; a broken plugin costs one line, not the CLI."""
+        if self.plugins_added:
+            return
+        self.plugins_added = True
+        from rota._plugins import plugin_manager
+
+        for impl in plugin_manager().hook.rota_cli.get_hookimpls():
+            try:
+                impl.function(cli=self)
+            except Exception as exc:
+                click.echo(f"rota: plugin {impl.plugin_name} could not add its commands: {exc}", err=True)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._add_core(cmd_name)
+        if cmd_name not in self.commands:
+            self._add_plugins()
+        cmd = super().get_command(ctx, cmd_name)
+        return _with_log_level(cmd) if cmd is not None else None
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        for name in CORE_COMMANDS:
+            self._add_core(name)
+        self._add_plugins()
+        return super().list_commands(ctx)
+
+
+@click.group(cls=RotaGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_versions,
               help="Print the version of every installed rota distribution and exit.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning",
-              envvar="ROTA_LOG_LEVEL", show_default=True, help="Logging verbosity (env ROTA_LOG_LEVEL).")
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="warning", envvar="ROTA_LOG_LEVEL",
+              show_default=True, help="Logging verbosity (env ROTA_LOG_LEVEL); accepted after any subcommand too.")
 def cli(log_level: str) -> None:
     """rota: co-operative GPU time-slicing for RL and post-training jobs.
 
@@ -43,28 +115,18 @@ def cli(log_level: str) -> None:
     next job. Start with `rota demo` (pip install rota-demo); `rota status` shows who holds what.
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger().setLevel(log_level.upper())  # also where logging was set up before (an embedding program)
 
 
-cli.add_command(status)
-cli.add_command(plugins)
-cli.add_command(orchestrator)
-cli.add_command(token)
-
-
-def _add_plugin_commands() -> None:
-    """Let each plugin add its commands; a broken plugin costs one line, not the CLI."""
-    for impl in plugin_manager().hook.rota_cli.get_hookimpls():
-        try:
-            impl.function(cli=cli)
-        except Exception as exc:
-            click.echo(f"rota: plugin {impl.plugin_name} could not add its commands: {exc}", err=True)
-
-
-def main() -> None:
+def main(args: Any = None) -> None:
     """Entry point of the ``rota`` executable."""
-    _add_plugin_commands()
     try:
-        cli.main(standalone_mode=True)
+        cli.main(args, standalone_mode=True)
     except RotaError as exc:  # library errors reach users as one clear line
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
+
+
+def _add_plugin_commands() -> None:
+    """Add every plugin's commands now (tests that look at ``cli.commands``; ``rota`` itself adds them on need)."""
+    cli._add_plugins()  # type: ignore[attr-defined]

@@ -112,7 +112,7 @@ def status(ctx: click.Context, group: str, endpoint: str | None, etcd: str, as_j
         return
     if not endpoint:
         endpoint = local_endpoint()
-        if not is_serving(endpoint):
+        if not os.path.exists(endpoint[5:]) or not is_serving(endpoint):  # no socket: nothing to wait for
             raise click.ClickException(f"no orchestrator is running at {endpoint} (the embedded one starts with "
                                        "the first tenant); pass --orchestrator HOST:PORT or set ROTA_ORCHESTRATOR")
     if endpoint.startswith("unix:") and not os.path.exists(endpoint[5:]):

@@ -1,0 +1,71 @@
+"""A quiet, fast start: ``rota --help`` and ``rota status`` import no torch and no Tinker service, ``rota
+status`` no plugin at all; ``--log-level`` works after a subcommand; one spelling of the Tinker command is
+listed. What is imported is checked here (in a fresh interpreter, the real ``rota`` entry point); how long
+it takes is measured, not asserted (see the README's start-up figures)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from rota.cli.main import cli
+
+PROBE = """
+import json, sys
+from rota.cli.main import main
+sys.argv = ["rota", *json.loads(sys.argv[1])]
+try:
+    main()
+except SystemExit:
+    pass
+heavy = ("torch", "tinker", "rota_tinker._service", "rota._engine", "kubernetes_validate")
+print(json.dumps({"heavy": [m for m in heavy if m in sys.modules],
+                  "plugins": sorted(m for m in sys.modules if m.endswith(".plugin") and m.startswith("rota_"))}))
+"""
+
+
+def _imported(args: list[str], tmp_path) -> dict:
+    env = {"PATH": "/usr/bin:/bin", "ROTA_RUNTIME_DIR": str(tmp_path / "rt"), "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args)], capture_output=True, text=True,
+                         timeout=120, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_help_lists_plugin_commands_without_importing_torch_or_the_tinker_service(tmp_path):
+    seen = _imported(["--help"], tmp_path)
+    assert set(seen["heavy"]) <= {"rota._engine"} and "rota_tinker.plugin" in seen["plugins"]
+
+
+def test_status_imports_no_plugin_and_no_orchestrator(tmp_path):
+    assert _imported(["status"], tmp_path) == {"heavy": [], "plugins": []}
+
+
+@pytest.mark.parametrize("args", [["--log-level", "debug", "plugins"], ["plugins", "--log-level", "debug"],
+                                  ["token", "issue", "--log-level", "debug", "--help"]])
+def test_log_level_is_accepted_anywhere(args):
+    root = logging.getLogger()
+    before = root.level
+    try:
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        assert root.level == logging.DEBUG
+    finally:
+        root.setLevel(before)
+
+
+def test_a_bad_log_level_after_the_subcommand_is_refused_naming_it():
+    result = CliRunner().invoke(cli, ["plugins", "--log-level", "loud"])
+    assert result.exit_code == 2 and "'loud' is not one of 'debug', 'info', 'warning', 'error'" in result.output
+
+
+def test_one_spelling_of_the_tinker_command_is_listed():
+    pytest.importorskip("rota_tinker")
+    listed = CliRunner().invoke(cli, ["--help"]).output
+    assert "  tinker " in listed and "  serve " not in listed
+    alias = CliRunner().invoke(cli, ["serve", "tinker", "--help"])  # the hidden alias still runs
+    assert alias.exit_code == 0 and "--capacity" in alias.output
