@@ -322,42 +322,35 @@ def test_runs_checkpoints_and_sessions_are_listed(sc: dict[str, tinker.ServiceCl
         "sampler"]
 
 
-def test_unsupported_features_answer_501_naming_them(hf_service: TinkerService) -> None:
-    """A route the service lacks is a 501; a submission the SDK polls (and whose 5xx it would retry for 5 minutes)
-    is a future that fails at once with "501 Not Implemented" naming the feature, so the SDK raises now."""
+def test_unsupported_features_answer_400_naming_them(hf_service: TinkerService) -> None:
+    """A route or field the service lacks is a 400 naming it, at once: the SDK retries 408, 409, 429 and every 5xx
+    for minutes whatever x-should-retry says, a 400 it raises."""
     key = {"X-API-Key": KEYS["alice"]}
 
-    def failed_future(r: httpx.Response) -> str:
-        assert r.status_code == 200, r.text
-        done = httpx.post(f"{hf_service.url}/api/v1/retrieve_future", headers=key, timeout=30,
-                          json={"request_id": r.json()["request_id"]}).json()
-        assert done["category"] == "user" and done["error"].startswith("501 Not Implemented"), done
-        return done["error"]
+    def refused(r: httpx.Response, what: str) -> None:
+        assert r.status_code == 400 and what in r.json()["detail"], r.text
+        assert "not implemented" in r.json()["detail"] or "only" in r.json()["detail"], r.text
 
-    r = httpx.post(f"{hf_service.url}/api/v1/copy_weights", headers=key, json={}, timeout=30)
-    assert r.status_code == 501 and "copy_weights" in r.json()["detail"]
-    assert r.headers["x-should-retry"] == "false"
-    r = httpx.post(f"{hf_service.url}/api/v1/asample", headers=key, timeout=30, json={
+    refused(httpx.post(f"{hf_service.url}/api/v1/copy_weights", headers=key, json={}, timeout=30), "copy_weights")
+    refused(httpx.post(f"{hf_service.url}/api/v1/asample", headers=key, timeout=30, json={
         "base_model": QWEN, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
-        "sampling_params": {}, "topk_prompt_logprobs": 3})
-    assert "topk_prompt_logprobs" in failed_future(r)
-    r = httpx.post(f"{hf_service.url}/api/v1/asample", headers=key, timeout=30, json={
+        "sampling_params": {}, "target_prompt_logprobs": {"data": [1], "dtype": "int64", "shape": [1]}}),
+        "target_prompt_logprobs")
+    refused(httpx.post(f"{hf_service.url}/api/v1/asample", headers=key, timeout=30, json={
         "base_model": QWEN, "prompt": {"chunks": [{"type": "image", "data": "", "format": "png"}]},
-        "sampling_params": {}})
-    assert "'image' chunk" in failed_future(r)
+        "sampling_params": {}}), "'image' chunk")
     r = httpx.post(f"{hf_service.url}/api/v1/optim_step", headers=key, timeout=30, json={
         "model_id": "x", "optimizer_params": {"type": "sgd"}})
     assert r.status_code in (403, 404)  # the model is checked first; with a real one:
     tc = tinker.ServiceClient(base_url=hf_service.url, api_key=KEYS["alice"]).create_lora_training_client(
         base_model=QWEN, rank=2).result(timeout=TIMEOUT)
-    r = httpx.post(f"{hf_service.url}/api/v1/optim_step", headers=key, timeout=30, json={
-        "model_id": tc.model_id, "optimizer_params": {"type": "sgd"}})
-    assert "optimizer_params" in failed_future(r)
+    refused(httpx.post(f"{hf_service.url}/api/v1/optim_step", headers=key, timeout=30, json={
+        "model_id": tc.model_id, "optimizer_params": {"type": "sgd"}}), "optimizer_params")
     ids = tokenizer(hf_service).encode(TEXT)
     rl = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={
         "target_tokens": np.asarray(ids[1:], np.int64), "logprobs": np.zeros(len(ids) - 1, np.float32),
         "advantages": np.ones(len(ids) - 1, np.float32)})
-    with pytest.raises(tinker.RequestFailedError, match="501 Not Implemented: loss_fn 'stable_reinforce'"):
+    with pytest.raises(tinker.BadRequestError, match="loss_fn 'stable_reinforce'"):
         tc.forward([rl], "stable_reinforce").result(timeout=30)  # the SDK's own client raises, it does not retry
     assert np.isfinite(tc.forward([datum(ids)], "cross_entropy").result(timeout=TIMEOUT).metrics["loss:sum"])
 

@@ -40,7 +40,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from rota_tinker._http import Reply
-from rota_tinker._wire import BadRequest, field_of
+from rota_tinker._wire import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 
 ID = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"  # model ids; ':' for the SDK's "SESSION:train:N"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # checkpoint names: they become file names
@@ -155,7 +155,7 @@ class CheckpointRoutes:
         with state.lock:
             old = state.runs.checkpoints.get(path)
             if old is not None and not overwrite:
-                raise BadRequest(f"{path} exists; save under another name or pass overwrite=True", status=409)
+                raise BadRequest(f"{path} exists; save under another name or pass overwrite=True", status=CONFLICT)
             state.check_quota(tenant.name, nbytes=max(0, m.bytes - (old.bytes if old else 0)))
         fut = state.future(tenant.name, "SaveWeights")
 
@@ -183,7 +183,7 @@ class CheckpointRoutes:
         optimizer = field_of(body, "optimizer", bool, required=False, default=False)
         if body.get("weights_access_token") is not None:
             raise BadRequest("weights_access_token (another account's checkpoints) is not implemented by this "
-                             "service; load your own checkpoints", status=501)
+                             "service; load your own checkpoints", status=NOT_IMPLEMENTED)
         answer = {"path": ck.path, "type": "load_weights"}
         if body.get("session_id") is not None:  # create-via-load: the SDK names the model SESSION:train:SEQ
             sid = self._session(tenant, body)  # type: ignore[attr-defined]
@@ -195,7 +195,7 @@ class CheckpointRoutes:
             opt = field_of(body, "optimizer_config", dict, required=False, default={"type": "adamw"})
             if opt.get("type", "adamw") != "adamw":
                 raise BadRequest("optimizer_config type is not implemented by this service; use adamw (the default)",
-                                 status=501)
+                                 status=NOT_IMPLEMENTED)
             model_id = f"{sid}:train:{seq}"
             answer["model_id"] = model_id
             fut = self._start_model(tenant, sid, model_id, ck.base, ck.lora,  # type: ignore[attr-defined]
@@ -304,7 +304,7 @@ class CheckpointRoutes:
             folder, size = ck.folder, ck.bytes
         if size > MAX_ARCHIVE_BYTES:
             raise BadRequest(f"{path} has {size} bytes, over the {MAX_ARCHIVE_BYTES}-byte download limit; copy it "
-                             "from the service's data directory instead", status=501)
+                             "from the service's data directory instead", status=NOT_IMPLEMENTED)
         if not self.state.runs.archives.acquire(blocking=False):
             raise BadRequest(f"{ARCHIVES_AT_ONCE} archives are being built already; try again shortly", status=429)
         try:

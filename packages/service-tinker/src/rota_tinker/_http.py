@@ -193,8 +193,8 @@ class HttpServer:
         except BadRequest as e:
             log.info("%s %s -> %d: %s", request.method, request.path, e.status, e)
             reply = Reply.json({"detail": str(e), "status": e.status}, e.status)
-            if e.status in (429, 501):  # a quota or a missing feature: retrying does not help (submissions the SDK
-                # retries regardless answer a failed future instead: rota_tinker._service.REFUSED_AS_FUTURES)
+            if e.status == 429:  # a quota: retrying soon does not help (submissions the SDK retries regardless
+                # answer a failed future instead: rota_tinker._service.REFUSED_AS_FUTURES)
                 reply.headers = ((b"x-should-retry", b"false"),)
         except ConnectionResetError:
             log.debug("client went away during %s", request.path)

@@ -62,7 +62,7 @@ from rota_tinker._config import STATE_BYTES_PER_PARAM, BaseModelSpec, ServiceCon
 from rota_tinker._hf import HfModelSpec
 from rota_tinker._http import HttpServer, Reply, Request
 from rota_tinker._state_files import private_dir
-from rota_tinker._wire import BadRequest, field_of
+from rota_tinker._wire import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 from rota_tinker._worker import WorkerSpec
 from rota_tinker._workers import Future, WorkerHandle, close_all, unit_breakdown
 
@@ -386,9 +386,10 @@ class _Api(_checkpoints.CheckpointRoutes):
             return _json({"detail": f"internal error {ref}; the service's log has the details", "status": 500}, 500)
 
     def _route(self, path: str) -> tuple[str, Callable[..., Any], tuple[str, ...]]:
-        if UNSUPPORTED.fullmatch(path):
-            raise BadRequest(f"{path[:120]} is not implemented by this service (rota-service-tinker); see its README "
-                             "for what is served", status=501)
+        for pattern, what in UNSUPPORTED:
+            if pattern.fullmatch(path):
+                raise BadRequest(f"{what} is not implemented by this service (rota-service-tinker); its README "
+                                 "lists what is served", status=NOT_IMPLEMENTED)
         route = ROUTES.get(path)
         if route is not None:
             return route[0], route[1], ()
@@ -524,7 +525,7 @@ class _Api(_checkpoints.CheckpointRoutes):
         opt = field_of(body, "optimizer_config", dict, required=False, default={"type": "adamw"})
         if opt.get("type", "adamw") != "adamw":
             raise BadRequest("optimizer_config type is not implemented by this service; use adamw (the default)",
-                             status=501)
+                             status=NOT_IMPLEMENTED)
         lora_cfg = field_of(body, "lora_config", dict, required=False)
         lora = None
         if lora_cfg is not None:
@@ -549,7 +550,7 @@ class _Api(_checkpoints.CheckpointRoutes):
         model = _Model(model_id, tenant.name, base, lora, sid, self._model_bytes(base, lora))
         with state.lock:
             if model_id in state.models or model_id in state.creating:
-                raise BadRequest(f"model {model_id[:140]!r} exists already; use a new model_seq_id", status=409)
+                raise BadRequest(f"model {model_id[:140]!r} exists already; use a new model_seq_id", status=CONFLICT)
             state.check_quota(tenant.name, models=1, nbytes=model.bytes)
             state.creating[model_id] = model
         fut = state.future(tenant.name, "CreateModel")
@@ -647,7 +648,7 @@ class _Api(_checkpoints.CheckpointRoutes):
         m = self._model(tenant, field_of(body, "model_id", str))
         if body.get("optimizer_params") is not None:
             raise BadRequest("optimizer_params (non-Adam optimizers) are not implemented by this service; send "
-                             "AdamParams", status=501)
+                             "AdamParams", status=NOT_IMPLEMENTED)
         p = field_of(body, "adam_params", dict)
         adam = {k: field_of(p, k, float, required=False, default=d) for k, d in
                 (("learning_rate", 1e-4), ("beta1", 0.9), ("beta2", 0.95), ("eps", 1e-12), ("weight_decay", 0.0),
@@ -678,7 +679,7 @@ class _Api(_checkpoints.CheckpointRoutes):
         nbytes = 4 * (m.base.params() if m.lora is None else m.base.lora_params(m.lora["rank"], m.lora["targets"]))
         with state.lock:
             if tinker_path in state.weights:
-                raise BadRequest(f"{tinker_path} exists; save under another name or delete it first", status=409)
+                raise BadRequest(f"{tinker_path} exists; save under another name or delete it first", status=CONFLICT)
             state.check_quota(tenant.name, nbytes=nbytes, sessions=1 if ephemeral else 0)
         fut = state.future(tenant.name, "SaveWeightsForSampler")
 
@@ -760,13 +761,13 @@ class _Api(_checkpoints.CheckpointRoutes):
         prompt_logprobs = field_of(body, "prompt_logprobs", bool, required=False, default=False)
         if field_of(body, "record_stability_info", bool, required=False, default=False):
             raise BadRequest("record_stability_info=true is not implemented by this service; leave it false",
-                             status=501)
+                             status=NOT_IMPLEMENTED)
         for count in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
             if field_of(body, count, int, required=False, default=0):
                 raise BadRequest(f"{count} is not implemented by this service; leave it 0 (prompt_logprobs=true "
-                                 "gives each prompt token's logprob)", status=501)
+                                 "gives each prompt token's logprob)", status=NOT_IMPLEMENTED)
         if body.get("target_prompt_logprobs") is not None:
-            raise BadRequest("target_prompt_logprobs is not implemented by this service", status=501)
+            raise BadRequest("target_prompt_logprobs is not implemented by this service", status=NOT_IMPLEMENTED)
         num = field_of(body, "num_samples", int, required=False, default=1, bounds=(1, MAX_SAMPLES))
         prompt = _wire.prompt_tokens(body.get("prompt"), base.vocab)
         if prompt.size >= base.max_len:
@@ -868,7 +869,7 @@ FUTURE_ROUTES = {"/api/v1/create_model": "CreateModel", "/api/v1/unload_model": 
                  "/api/v1/forward_backward": "ForwardBackward", "/api/v1/optim_step": "OptimStep",
                  "/api/v1/save_weights_for_sampler": "SaveWeightsForSampler", "/api/v1/asample": "Sample",
                  "/api/v1/save_weights": "SaveWeights", "/api/v1/load_weights": "LoadWeights"}
-REFUSED_AS_FUTURES = {429: "Too Many Requests", 501: "Not Implemented"}  # a quota, a missing feature
+REFUSED_AS_FUTURES = {429: "Too Many Requests"}  # a quota
 # routes with ids in the path (each id checked whole by its pattern)
 PATTERNS: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [
     ("GET", re.compile(rf"/api/v1/samplers/({_ID})"), _Api._get_sampler),
@@ -876,11 +877,21 @@ PATTERNS: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [
     *_checkpoints.PATTERNS,
 ]
 ROUTES.update(_checkpoints.ROUTES)
-# routes of the SDK this service does not implement: 501 naming them (x-should-retry: false)
-UNSUPPORTED = re.compile(r"/api/v1/(save_weights_external|copy_weights|join_sampling_session|retrieve_futures|"
-                         r"cancel_future|create_custom_loss|auth/token|weights_info|sessions/search|audit|billing/.*|"
-                         r"sessions/[^/]+/(project|trace_export)|training_runs/[^/]+/checkpoints/[^/]+/[^/]+/"
-                         r"(publish|ttl|external_weights_urls))")
+# routes of the SDK this service does not implement -> the feature a 400 names (the SDK does not retry a 400)
+UNSUPPORTED: list[tuple[re.Pattern[str], str]] = [(re.compile(rf"/api/v1/{p}"), what) for p, what in (
+    ("save_weights_external", "save_weights_external (external-format weights)"),
+    ("copy_weights", "copy_weights (copies between projects)"),
+    ("join_sampling_session", "join_sampling_session (sampler handles shared across processes)"),
+    ("retrieve_futures", "retrieve_futures (batched polling)"), ("cancel_future", "cancel_future"),
+    ("create_custom_loss", "create_custom_loss (server-side custom losses; forward_backward_custom works)"),
+    ("auth/token", "auth/token (JWT credentials; use the tml-... API key)"),
+    ("weights_info", "weights_info"), ("sessions/search", "search_sessions"),
+    ("audit", "the audit log"), ("billing/.*", "billing and storage usage"),
+    (r"sessions/[^/]+/project", "projects (assign_session_project)"),
+    (r"sessions/[^/]+/trace_export", "export_session_trace"),
+    (r"training_runs/[^/]+/checkpoints/[^/]+/[^/]+/publish", "publishing checkpoints"),
+    (r"training_runs/[^/]+/checkpoints/[^/]+/[^/]+/ttl", "checkpoint TTLs"),
+    (r"training_runs/[^/]+/checkpoints/[^/]+/[^/]+/external_weights_urls", "external weights URLs"))]
 
 
 class TinkerService:

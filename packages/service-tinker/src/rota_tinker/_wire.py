@@ -40,6 +40,13 @@ MAX_JSON_DEPTH = 32  # the SDK's bodies nest 5 deep at most
 INT64 = (-(2**63), 2**63 - 1)
 
 
+# Refusals the tinker SDK must not retry. Its 0.38 client retries 408, 409, 429 and every 5xx for minutes whatever
+# x-should-retry says, so a missing feature (501) or a name already taken (409) left the caller hanging: both are a
+# plain 400 whose message names the feature or the name.
+NOT_IMPLEMENTED = 400
+CONFLICT = 400
+
+
 class BadRequest(ValueError):
     """A request the service refuses; ``status`` is the HTTP status to answer with."""
 
@@ -126,7 +133,7 @@ def _tensor(msg: Any, where: str) -> np.ndarray:
     encoding = msg.WhichOneof("encoding")
     if encoding != "dense":
         raise BadRequest(f"{where}: only dense tensors are implemented by this service (got {encoding}); send a "
-                         "dense TensorData", status=400 if encoding is None else 501)
+                         "dense TensorData")
     dtype = _DTYPES.get(msg.dtype)
     if dtype is None:
         raise BadRequest(f"{where}: dtype {pb.DType.Name(msg.dtype) if msg.dtype in pb.DType.values() else msg.dtype} "
@@ -178,7 +185,7 @@ def parse_forward_backward(body: bytes) -> FwdBwd:
     if not msg.model_id:
         raise BadRequest("model_id is empty; pass the model_id returned by create_model")
     if msg.loss_fn not in LOSS_FNS:
-        status = 501 if msg.loss_fn in ("stable_reinforce", "custom") else 400
+        status = NOT_IMPLEMENTED if msg.loss_fn in ("stable_reinforce", "custom") else 400
         raise BadRequest(f"loss_fn {msg.loss_fn[:60]!r} is not supported by this service; use one of {list(LOSS_FNS)} "
                          "(forward_backward_custom works: the SDK computes a custom loss on the client)", status=status)
     loss_config: dict[str, float] = {}
@@ -199,7 +206,7 @@ def parse_forward_backward(body: bytes) -> FwdBwd:
             kind = chunk.WhichOneof("chunk")
             if kind != "encoded_text":
                 raise BadRequest(f"data[{i}].model_input[{j}] is a {kind} chunk; this service implements only "
-                                 "encoded_text (text models)", status=501)
+                                 "encoded_text (text models)", status=NOT_IMPLEMENTED)
             if len(chunk.encoded_text.tokens) % 4:
                 raise BadRequest(f"data[{i}].model_input[{j}].tokens is not int32-packed")
             parts.append(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32))
@@ -309,7 +316,7 @@ def prompt_tokens(prompt: Any, vocab: int) -> np.ndarray:
         if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
             kind = chunk.get("type") if isinstance(chunk, dict) else type(chunk).__name__
             raise BadRequest(f"prompt.chunks[{j}] is a {_short(kind)} chunk; this service implements only "
-                             "encoded_text (text models)", status=501)
+                             "encoded_text (text models)", status=NOT_IMPLEMENTED)
         toks = chunk.get("tokens")
         if not isinstance(toks, list):
             raise BadRequest(f"prompt.chunks[{j}].tokens must be a list of integers")
