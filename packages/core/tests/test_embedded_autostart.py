@@ -59,7 +59,7 @@ def test_embedded_orchestrator_exits_when_idle(child_env):
     server = subprocess.Popen([sys.executable, "-m", "rota", "orchestrator", "serve", "--listen",
                                f"unix:{runtime}/orchestrator.sock", "--idle-exit", "1"], env=child_env,
                               stderr=subprocess.PIPE, text=True)
-    os.makedirs(runtime, exist_ok=True)
+    os.makedirs(runtime, mode=0o700, exist_ok=True)  # a served socket's folder must be 0700
     try:
         assert server.wait(timeout=60) == 0
     finally:

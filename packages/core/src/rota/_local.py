@@ -55,6 +55,25 @@ def runtime_dir() -> pathlib.Path:
     return path
 
 
+def private_socket_folder(socket_path: str) -> None:
+    """Check (or create, mode 0700) the folder a Unix-socket server is about to listen in: this uid's own and
+    closed to everyone else, so only its owner (and root) can reach the socket, which the server makes 0600."""
+    folder = os.path.dirname(os.path.abspath(socket_path))
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigError(f"cannot create the socket's folder {folder!r}: {exc.strerror}; listen on unix:PATH "
+                          "in a folder of yours with mode 700") from None
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise ConfigError(f"the socket's folder {folder!r} is uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}: a "
+                          f"Unix socket is served only in a real folder owned by uid {os.geteuid()} with mode 700, "
+                          "where no other user can reach or replace it; use such a folder (mkdir -m 700 DIR) or "
+                          "chmod 700 it")
+
+
 def local_endpoint() -> str:
     return f"unix:{runtime_dir() / 'orchestrator.sock'}"
 

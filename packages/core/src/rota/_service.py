@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from rota._generated import timeslice_orchestrator_pb2 as v1a
 from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
 from rota._grpc_server import BadMessage, LenientRequests, bind, health_servicer, rpc_errors
 from rota._ids import check_id, check_pair
+from rota._local import private_socket_folder
 from rota._state import GroupState
 from rota._types import TurnRequest
 from rota._units import percentile
@@ -329,7 +331,9 @@ async def serve(engine: OrchestratorProtocol, listen: str, *, extra: Callable[[g
     """Start a gRPC server for ``engine`` on ``listen`` (``host:port`` or ``unix:PATH``).
 
     ``auth`` says who may call (:class:`rota.auth.ServerAuth`; default: a Unix socket's
-    owner, or, on TCP, nobody without a token); ``tls``: the server's certificate.
+    owner, or, on TCP, nobody without a token); ``tls``: the server's certificate. A Unix
+    socket is served only in a 0700 folder of this uid (:func:`rota._local.private_socket_folder`)
+    and made 0600.
     """
     auth = auth or ServerAuth(local=listen.startswith("unix:"))
     server = grpc.aio.server(interceptors=[LenientRequests()],
@@ -341,7 +345,12 @@ async def serve(engine: OrchestratorProtocol, listen: str, *, extra: Callable[[g
     engine.report_health_to(health)
     if extra is not None:
         extra(server)
+    unix = listen.removeprefix("unix:") if listen.startswith("unix:") else ""
+    if unix:
+        private_socket_folder(unix)
     bind(server, listen, tls)
     await engine.start()
     await server.start()
+    if unix:
+        os.chmod(unix, 0o600)
     return server

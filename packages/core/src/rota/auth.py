@@ -20,9 +20,10 @@ tenant token may carry the highest priority its holder may ask for (``max_priori
 
 Tokens travel as ``authorization: Bearer <token>`` gRPC metadata, over TLS when the
 server has a certificate (``--tls-cert``). They expire (default 24 h) and are never
-echoed back: a refusal says what was wrong, not what was sent. The embedded
-orchestrator's Unix socket needs no token: it lives in a directory only its owner
-(and root) can enter (:mod:`rota._local`).
+echoed back: a refusal says what was wrong, not what was sent. A server with an auth
+key checks them on every listener, Unix sockets included; a Unix socket of a server
+without one (the embedded orchestrator's) admits only its owner: it is 0600 in a folder
+only its owner (and root) can enter (:mod:`rota._local`).
 
 No home-made crypto: signing and checking are PyJWT's; keys come from ``secrets``.
 """
@@ -325,13 +326,13 @@ def env_token() -> str:
 
 
 def channel(target: str, *, token: str | None = None, options: Iterable[tuple[str, object]] = ()) -> grpc.Channel:
-    """A channel to a rota server: TLS per :func:`tls_credentials`, every call carrying ``token``
-    (default ``ROTA_TOKEN``; none on a Unix socket, whose directory already admits only its owner)."""
+    """A channel to a rota server: TLS per :func:`tls_credentials` (not on a Unix socket), every call carrying
+    ``token`` (default ``ROTA_TOKEN``), on a Unix socket too: a server with an auth key checks it there as well."""
     opts = list(options)
     creds = None if target.startswith("unix:") else tls_credentials()
     ch = grpc.secure_channel(target, creds, options=opts) if creds else grpc.insecure_channel(target, options=opts)
     token = env_token() if token is None else token
-    return grpc.intercept_channel(ch, _Bearer(token)) if token and not target.startswith("unix:") else ch
+    return grpc.intercept_channel(ch, _Bearer(token)) if token else ch
 
 
 def parse_ttl(text: str) -> float:

@@ -65,9 +65,9 @@ def orchestrator() -> None:
               "audience rota-agent (60 s; orchestrators refuse them), over TLS when --tls-cert is given "
               "(ROTA_TLS_CA: the agents' CA).")
 @click.option("--auth-key", default="", envvar="ROTA_AUTH_KEY", type=click.Path(dir_okay=False),
-              help="Check every caller's bearer token against this key (rota token keygen FILE; env ROTA_AUTH_KEY). "
-              "A tenant token acts for its own job only; an admin token for all. Required on a TCP listener "
-              "unless --insecure.")
+              help="Check every caller's bearer token against this key (rota token keygen FILE; env ROTA_AUTH_KEY), "
+              "on a unix: listener too. A tenant token acts for its own job only; an admin token for all. Required "
+              "on a TCP listener unless --insecure.")
 @click.option("--tls-cert", default="", type=click.Path(dir_okay=False),
               help="Serve TLS with this certificate (PEM); clients set ROTA_TLS_CA.")
 @click.option("--tls-key", default="", type=click.Path(dir_okay=False), help="The private key of --tls-cert (PEM).")
@@ -184,7 +184,8 @@ def _security(listen: str, key: bytes | None, tls_cert: str, tls_key: str, tls_c
     if insecure:
         click.echo(f"rota orchestrator: WARNING: --insecure: anyone who can reach {listen} may acquire, release or "
                    "evict any job; use --auth-key in shared clusters", err=True)
-    return ServerAuth(key=key, local=local, insecure=insecure), tls
+    # --auth-key means every listener: on a Unix socket too, a caller without a token is refused
+    return ServerAuth(key=key, local=local and key is None, insecure=insecure), tls
 
 
 

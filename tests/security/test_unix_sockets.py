@@ -1,0 +1,118 @@
+"""Issue 30, item 3: ``--auth-key`` means every listener, Unix sockets included.
+
+The attacker ran ``rota orchestrator serve --listen unix:PATH --auth-key K`` in a 1777 folder: the
+socket came out ``srwxrwxrwx`` and another uid acquired and evicted with no token. Here the real
+server is started the same ways: in a shared folder it refuses to start (naming the fix); in a
+0700 folder its socket is 0600, a caller without a token is UNAUTHENTICATED, another uid cannot
+reach it, and the victim keeps its turn.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+
+import grpc
+import pytest
+
+from rota import auth
+from rota._generated import rota_v1_pb2 as pb
+from rota._generated import rota_v1_pb2_grpc as pb_grpc
+
+ROTA = [sys.executable, "-m", "rota"]
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
+
+
+def _serve(listen: str, key_file: str) -> subprocess.Popen:
+    proc = subprocess.Popen([*ROTA, "orchestrator", "serve", "--listen", listen, "--auth-key", key_file],
+                            env=_env(), stderr=subprocess.PIPE, text=True)
+    line = ""
+    while "serving on" not in line:
+        line = proc.stderr.readline()  # type: ignore[union-attr]
+        assert line or proc.poll() is None, f"rota orchestrator serve exited with {proc.wait()}"
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
+    return proc
+
+
+@pytest.fixture
+def key(tmp_path) -> tuple[str, bytes]:
+    path = str(tmp_path / "auth.key")
+    auth.generate_key(path)
+    return path, auth.load_key(path)
+
+
+def test_a_unix_socket_in_a_shared_folder_is_refused(key):
+    shared = tempfile.mkdtemp(prefix="rota-1777-")
+    os.chmod(shared, 0o1777)
+    try:
+        out = subprocess.run([*ROTA, "orchestrator", "serve", "--listen", f"unix:{shared}/o.sock", "--auth-key",
+                              key[0]], env=_env(), capture_output=True, text=True, timeout=30)
+        assert out.returncode != 0 and "mode 1777" in out.stderr and "chmod 700" in out.stderr, out.stderr
+        assert not os.path.exists(f"{shared}/o.sock")
+    finally:
+        os.rmdir(shared)
+
+
+def test_auth_key_is_checked_on_the_unix_socket(key, tmp_path):
+    key_file, secret = key
+    folder = tmp_path / "orch"  # made by the server, 0700
+    listen = f"unix:{folder}/o.sock"
+    proc = _serve(listen, key_file)
+    try:
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(f"{folder}/o.sock").st_mode) == 0o600
+        victim = pb_grpc.RotaServiceStub(auth.channel(listen, token=auth.issue(secret, group="g", job="victim")))
+        grant = victim.Acquire(pb.TurnRequest(job_id="victim", group_id="g"), timeout=10)
+
+        anonymous = pb_grpc.RotaServiceStub(grpc.insecure_channel(listen))  # same uid, no token
+        for call in (lambda: anonymous.Evict(pb.EvictRequest(job_id="victim", group_id="g"), timeout=5),
+                     lambda: anonymous.Acquire(pb.TurnRequest(job_id="mallory", group_id="g"), timeout=5),
+                     lambda: anonymous.Status(pb.StatusRequest(), timeout=5)):
+            with pytest.raises(grpc.RpcError) as info:
+                call()
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, info.value.details()
+        mallory = pb_grpc.RotaServiceStub(auth.channel(listen, token=auth.issue(secret, group="g", job="mallory")))
+        with pytest.raises(grpc.RpcError) as info:
+            mallory.Evict(pb.EvictRequest(job_id="victim", group_id="g"), timeout=5)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+        admin = pb_grpc.RotaServiceStub(auth.channel(listen, token=auth.issue(secret, admin=True)))
+        (g,) = admin.Status(pb.StatusRequest(group_id="g"), timeout=5).groups
+        assert g.holder == "victim" and g.token == grant.token
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_another_uid_cannot_reach_the_socket(key, as_attacker):
+    key_file, _ = key
+    base = tempfile.mkdtemp(prefix="rota-sock-")
+    os.chmod(base, 0o755)  # the attacker may walk up to the server's own folder
+    listen = f"unix:{base}/orch/o.sock"
+    proc = _serve(listen, key_file)
+    try:
+        code = f"""
+import grpc
+from rota._generated import rota_v1_pb2 as pb, rota_v1_pb2_grpc as pb_grpc
+stub = pb_grpc.RotaServiceStub(grpc.insecure_channel({listen!r}))
+try:
+    stub.Evict(pb.EvictRequest(job_id="victim", group_id="g"), timeout=5)
+    print("EVICTED")
+except grpc.RpcError as exc:
+    print(exc.code().name)
+"""
+        done = as_attacker(code, env={"PYTHONPATH": os.pathsep.join(sys.path)})
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip().splitlines()[-1] == "UNAVAILABLE", done.stdout  # cannot even connect
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(base, ignore_errors=True)
