@@ -124,6 +124,10 @@ def test_failing_park_faults_the_job_and_group_moves_on(orchestrator):
     a.release()
     assert b.acquire().job_id == "b"  # granted despite a's failed park
     assert engine.groups["g"].tenants["a"].state == "faulted"
+    # a's state is still on the device (the park rolled back): its heartbeats say so, so the orchestrator counts
+    # it against the device instead of as free (before, a faulted tenant reported 0 left)
+    assert a.park_failed and sa.device is not None
+    eventually(lambda: engine.groups["g"].tenants["a"].residue_bytes == 1000, "a's state counted as left")
     sa.close()
     a.close()
     b.close()
@@ -282,3 +286,68 @@ def test_status_shows_host_memory_residue_and_fault(orchestrator, monkeypatch):
     assert isinstance(reply, pb.StatusReply)
     for x in (sa, sb, a, b):
         x.close()
+
+
+class _Part:
+    """One adapter's part of a tenant's park: it frees ``frees`` bytes of a process-wide ``allocated`` count."""
+
+    def __init__(self, gpu: rota.Gpu, process: dict[str, int], frees: int) -> None:
+        self.gpu, self.process, self.frees = gpu, process, frees
+
+    @rota.hookimpl
+    def rota_park(self, tenant: rota.Gpu, plan: rota.ParkPlan) -> rota.ParkResult | None:
+        if tenant is not self.gpu:
+            return None
+        self.process["allocated"] -= self.frees  # what this part parked is gone from the process now
+        return rota.ParkResult(bytes_moved=self.frees,
+                               residue={"process:allocated": self.process["allocated"], "untracked:x": 1})
+
+
+def test_process_readings_of_several_parts_are_the_last_ones(orchestrator):
+    """Two adapters park one tenant in turn (a full model and a LoRA adapter in one trainer): the first part's
+    reading of the process's allocator still holds the second part's state, so only the last reading says what
+    the park left. Taking the largest made every such park a false residue fault."""
+    endpoint, _ = orchestrator
+    gpu = rota.connect(group="g", tenant="two-parts", endpoint=endpoint)
+    process = {"allocated": 13 << 30}
+    parts = [_Part(gpu, process, 10 << 30), _Part(gpu, process, 3 << 30)]
+    for i, part in enumerate(parts):
+        gpu.pm.register(part, name=f"part-{i}")
+    try:
+        result = gpu.park()
+        assert process["allocated"] == 0
+        assert result.residue["process:allocated"] == 0
+        assert result.residue["untracked:x"] == 2  # named residue still adds up over the parts
+        assert result.bytes_moved == 13 << 30
+    finally:
+        for i in range(len(parts)):
+            gpu.pm.unregister(name=f"part-{i}")
+        gpu.close()
+
+
+class _Leaky:
+    """An adapter whose park leaves ``left`` bytes on the device until ``freed`` (a cache the tenant can drop)."""
+
+    def __init__(self, gpu: rota.Gpu) -> None:
+        self.gpu, self.left = gpu, 1 << 30
+
+    @rota.hookimpl
+    def rota_park(self, tenant: rota.Gpu, plan: rota.ParkPlan) -> rota.ParkResult | None:
+        return rota.ParkResult(residue={"untracked:cache": self.left}) if tenant is self.gpu else None
+
+
+def test_recheck_park_measures_again_after_the_tenant_freed_what_it_left(orchestrator):
+    endpoint, _ = orchestrator
+    gpu = rota.connect(group="g", tenant="leaky", endpoint=endpoint)
+    leaky = _Leaky(gpu)
+    gpu.pm.register(leaky, name="leaky")
+    try:
+        with pytest.raises(rota.residue.ResidueError, match=r"untracked:cache 1024\.0 MiB"):
+            gpu.park()
+        assert "untracked:cache" in gpu.recheck_park()  # nothing freed yet: still a fault, still named
+        leaky.left = 0
+        assert gpu.recheck_park() == ""
+        assert gpu.last_park.residue == {"untracked:cache": 0} and gpu.stats.parks[-1] is gpu.last_park
+    finally:
+        gpu.pm.unregister(name="leaky")
+        gpu.close()

@@ -27,3 +27,20 @@ def test_naming_skips_what_is_tracked_and_summarises_the_rest():
 
 def test_outside_allocator_is_unknown_off_cuda():
     assert outside_allocator_bytes("cpu") is None
+
+
+def test_a_flat_buffer_is_reported_once_by_its_owner_not_by_a_view():
+    """Weights that are views of one flat buffer (a shared base, a packed model) are one storage: reported once,
+    with the buffer's own dtype and size, not as the first view the walk met (an Embedding weight of 13 GB)."""
+    flat = torch.zeros(3 << 20, dtype=torch.uint8)
+    emb = torch.nn.Embedding(64, 128)
+    emb._parameters["weight"] = torch.nn.Parameter(flat[: 64 * 128 * 4].view(torch.float32).view(64, 128),
+                                                   requires_grad=False)
+    out = name_untracked("cpu", set(), limit=64)
+    mine = {k: v for k, v in out.items() if k.endswith(f"(uint8[{3 << 20}])")}
+    assert list(mine.values()) == [3 << 20], out
+    assert "Embedding._parameters['weight'] (a view; 2 tensors share this buffer)" in next(iter(mine))
+    holder = Holder(flat)
+    out = name_untracked("cpu", set(), limit=64)
+    assert out.get(f"untracked:Holder.kept (uint8[{3 << 20}])") == 3 << 20, out
+    del holder, emb

@@ -145,6 +145,7 @@ class Gpu:
         self.parked = False
         self.aborted = ""  # why the orchestrator aborted this job (another rank died or faulted)
         self.last_park = ParkResult()
+        self.park_failed = False  # the last park raised: its state stayed on the device (heartbeats count it)
         self._yield_requested = threading.Event()
         self._state_lock = threading.Lock()  # serialises park, restore and turn start
         self._turn_started = 0.0
@@ -336,6 +337,20 @@ class Gpu:
                 return self.last_park
             return self._park_locked(plan or ParkPlan())
 
+    def recheck_park(self) -> str:
+        """Measure again what the last park left on the device; the residue fault it still shows, or "".
+
+        For a tenant whose park left too much (:class:`rota.residue.ResidueError`) and that freed what
+        it could since: parked adapters move nothing and read the device again. The new reading
+        replaces the last park's, so heartbeats tell the orchestrator what is really left.
+        """
+        with self._state_lock:
+            if not self.parked or not self.stats.parks:
+                return ""
+            again = self._run_snapshot_hooks(self.pm.hook.rota_park, ParkPlan())
+            self.stats.parks[-1].residue = self.last_park.residue = again.residue
+            return residue_fault(self.last_park, residue_max_bytes())
+
     def restore(self, plan: ParkPlan | None = None) -> ParkResult:
         """Restore parked state now, between turns, as :meth:`acquire` would after its grant.
 
@@ -377,7 +392,12 @@ class Gpu:
         if self.parked:
             return ParkResult()
         t0 = time.monotonic()
-        result = self._run_snapshot_hooks(self.pm.hook.rota_park, plan)
+        try:
+            result = self._run_snapshot_hooks(self.pm.hook.rota_park, plan)
+        except Exception:
+            self.park_failed = True  # the adapters rolled back: the state is still on the device
+            raise
+        self.park_failed = False
         self.stats.parks.append(result)
         self.stats.events.append(("park", t0, time.monotonic()))
         self.parked = True
@@ -426,9 +446,9 @@ class Gpu:
             total.bytes_moved += part.bytes_moved
             for tag, n in part.by_tag.items():
                 total.by_tag[tag] = total.by_tag.get(tag, 0) + n
-            for key, n in part.residue.items():  # process-wide totals are the same number in every part
-                total.residue[key] = max(total.residue.get(key, 0), n) if key.startswith("process:") else \
-                    total.residue.get(key, 0) + n
+            for key, n in part.residue.items():  # parts run one after another: a process-wide reading of a
+                # later part is taken after the earlier parts freed their state, so the latest one is the truth
+                total.residue[key] = n if key.startswith("process:") else total.residue.get(key, 0) + n
             total.discarded += [t for t in part.discarded if t not in total.discarded]
             total.recreated += [t for t in part.recreated if t not in total.recreated]
             total.host_bytes += part.host_bytes
@@ -532,7 +552,10 @@ class Gpu:
         moves = [kept[-1] for kept in (self.stats.parks, self.stats.restores) if kept]
         host = max((m.host_bytes for m in moves), default=0)
         spilled = max((m.spilled_bytes for m in moves), default=0)
-        residue = residue_left(self.stats.parks[-1]) if self.parked and self.stats.parks else 0
+        if self.parked and self.stats.parks:
+            residue = residue_left(self.stats.parks[-1])
+        else:  # a park that failed left the whole state on the device: the orchestrator must not count it free
+            residue = self.safe_footprint() if self.park_failed else 0
         return pb.Heartbeat(footprint_bytes=self.safe_footprint(), host_bytes=host, spilled_bytes=spilled,
                             residue_bytes=residue)
 

@@ -62,7 +62,9 @@ class ParkResult:
     """Bytes an adapter moved for one park or restore, and how long it took.
 
     ``residue`` (park): device bytes left behind, by tag or category (``untracked:NAME``,
-    ``process:allocated``...). ``discarded`` (park and restore): tags dropped, not
+    ``process:allocated``...); ``process:`` readings are the whole process's, and when several
+    adapters park one tenant the last one's (taken after every earlier part freed its state) counts.
+    ``discarded`` (park and restore): tags dropped, not
     restored; ``recreated`` (restore): discarded tags the adapter rebuilt.
     ``host_bytes``: the host pool behind it; ``spilled_bytes``: the part of it in a
     spill file instead of pinned memory. ``verify_seconds``: spent on fingerprints.

@@ -95,8 +95,9 @@ class BaseHolder:
             raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
             self.flat[off:off + raw.numel()].copy_(raw)
         del model, tensors
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # the built model's blocks go back to the driver: only the flat copy stays
             torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
         self.checksum = self._checksum()
         self.listener = Listener(family="AF_UNIX", authkey=current_process().authkey)
         self.gpu, self.gate = None, None

@@ -34,9 +34,27 @@ MAX_NAMED = 16  # storages named per park; the largest first
 _DEPTH = 3  # referrer levels followed to name a tensor
 
 
+def _allocator_ranges(device: torch.device) -> list[tuple[int, int]] | None:
+    """(start, end) of every segment this process's CUDA caching allocator holds on ``device``; None off CUDA.
+
+    Why: a tensor received from another process (CUDA IPC, e.g. a shared base model) lives in memory that
+    process allocated; parking this one cannot free it, and NVML counts it there, not here.
+    """
+    if device.type != "cuda":
+        return None
+    return [(seg["address"], seg["address"] + seg["total_size"]) for seg in torch.cuda.memory_snapshot()
+            if seg.get("device") == device.index]
+
+
+def _owned(ptr: int, ranges: list[tuple[int, int]] | None) -> bool:
+    return ranges is None or any(lo <= ptr < hi for lo, hi in ranges)
+
+
 def _device_tensors(device: torch.device, skip: set[int]) -> dict[int, tuple[int, list[torch.Tensor]]]:
-    """storage key -> (bytes, tensors) of every live tensor on ``device`` whose storage is not in ``skip``."""
+    """storage key -> (bytes, tensors) of every live tensor on ``device`` whose storage is not in ``skip``
+    and, on CUDA, lives in this process's own allocator (not a CUDA IPC import)."""
     out: dict[int, tuple[int, list[torch.Tensor]]] = {}
+    ranges = _allocator_ranges(device)
     for obj in gc.get_objects():
         if not issubclass(type(obj), torch.Tensor):  # type(), not isinstance: proxies warn on __class__
             continue
@@ -46,10 +64,10 @@ def _device_tensors(device: torch.device, skip: set[int]) -> dict[int, tuple[int
             if t.device != device or t.is_meta or t.layout != torch.strided:
                 continue
             s = t.untyped_storage()
-            key, nbytes = s._cdata, s.nbytes()
+            key, nbytes, ptr = s._cdata, s.nbytes(), s.data_ptr()
         except (RuntimeError, NotImplementedError):  # tensor subclasses without a plain storage
             continue
-        if nbytes == 0 or key in skip:
+        if nbytes == 0 or key in skip or not _owned(ptr, ranges):
             continue
         entry = out.setdefault(key, (nbytes, []))
         entry[1].append(obj)
@@ -120,8 +138,13 @@ def name_untracked(device: torch.device | str, tracked: Iterable[int], *,
     ignore = {id(found), id(ranked)}
     for key, (nbytes, tensors) in ranked[:limit]:
         ignore |= {id(found[key]), id(found[key][1])}
-        name = known.get(key) or next((n for t in tensors if (n := _name(t, ignore, _DEPTH))), "")
-        t = tensors[0]
+        # a storage is reported once, by its owner: the tensor spanning it (a flat buffer, not one of its views)
+        owners = [t for t in tensors if t.storage_offset() == 0 and t.numel() * t.element_size() == nbytes]
+        t = owners[0] if owners else tensors[0]
+        name = known.get(key) or next((n for x in owners if (n := _name(x, ignore, _DEPTH))), "")
+        if not name:  # the owner is held by nothing with a name (a cache, a dict entry): name a view of it
+            view = next((n for x in tensors if (n := _name(x, ignore, _DEPTH))), "")
+            name = f"{view} (a view; {len(tensors)} tensors share this buffer)" if view and len(tensors) > 1 else view
         label = f"untracked:{name or 'unreferenced tensor'} ({str(t.dtype).removeprefix('torch.')}" \
                 f"{list(t.shape)})"
         out[label] = out.get(label, 0) + nbytes

@@ -24,7 +24,10 @@ for plain tensor attributes of the model's modules, and on CUDA, when the alloca
 much more than that, every live tensor on the device no handle parks, named by who holds
 it; NVML's bytes outside torch's allocator are reported as ``process:outside_allocator``
 (and their growth since ``track`` as ``process:outside_allocator_growth``) and count
-against no limit. Restores are verified (``verify=``), bounded (``deadline_s=``) and
+against no limit. These process-wide readings come from the last of a tenant's tracked models
+to park (the hooks park one model at a time; before that the process still holds the others),
+and memory this process's allocator does not own (a CUDA IPC tensor of another process) is
+never its residue. Restores are verified (``verify=``), bounded (``deadline_s=``) and
 refused without room. A discarded ``weights`` or ``optimizer`` tag must be re-created by
 a ``recreate={"weights": fn}`` callback, or the restore fails naming it; discarded
 ``grads`` come back zero-filled.
@@ -317,7 +320,10 @@ class Tracked:
         tags, drop = self._prepare_park(plan)
         result = self.parker.park(tags, drop)
         result.residue.update(self.untracked_residue())
-        if self.device.type == "cuda":
+        if self._others_resident():  # read the process once, after the tenant's last tracked model is parked
+            for key in [k for k in result.residue if k.startswith("process:")]:
+                del result.residue[key]
+        elif self.device.type == "cuda":
             result.residue.update(self._unexplained_residue(result.residue))
             outside = outside_allocator_bytes(self.device)
             if outside is not None:
@@ -325,6 +331,12 @@ class Tracked:
                 if self._outside_at_track is not None:
                     result.residue["process:outside_allocator_growth"] = max(0, outside - self._outside_at_track)
         return result
+
+    def _others_resident(self) -> bool:
+        """Whether another tracked model of this tenant is still on the device: the hooks park one model at a
+        time, so until the last one has parked, the process's allocator (and any tensor walk) still holds its
+        state. Process-wide readings are then left to that last park."""
+        return any(t is not self and t.gpu is self.gpu and not t.parked for t in tracked_models())
 
     def restore(self, plan: ParkPlan | None = None) -> ParkResult:
         """Bring everything parked back onto the device (discarded tags zero-filled or re-created)."""
