@@ -65,6 +65,8 @@ def start_agent(agent_env, tmp_path) -> Iterator[Callable[..., Agent]]:
         os.chmod(socket_dir, 0o755)  # other uids may reach the sockets (the door tells who they are)
         args = [ROTA, "agent", "serve", "--listen", f"127.0.0.1:{free_port()}", "--socket-dir", socket_dir, *flags]
         key = None
+        if not keyed:
+            args.append("--insecure")  # TCP without tokens (without it a keyless agent serves only its sockets)
         if keyed:
             path = tmp_path / f"key{len(started)}"
             auth.generate_key(str(path))

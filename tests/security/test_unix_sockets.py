@@ -1,4 +1,5 @@
-"""Issue 30, item 3: ``--auth-key`` means every listener, Unix sockets included.
+"""Issue 30, items 3 and 4: ``--auth-key`` means every listener, Unix sockets included; an agent without one
+serves only its owner.
 
 The attacker ran ``rota orchestrator serve --listen unix:PATH --auth-key K`` in a 1777 folder: the
 socket came out ``srwxrwxrwx`` and another uid acquired and evicted with no token. Here the real
@@ -23,6 +24,9 @@ import pytest
 from rota import auth
 from rota._generated import rota_v1_pb2 as pb
 from rota._generated import rota_v1_pb2_grpc as pb_grpc
+from rota._generated import snapshot_agent_pb2 as sa
+from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
+from tests.security.agentlib import Agent, wait_op
 
 ROTA = [sys.executable, "-m", "rota"]
 
@@ -116,3 +120,68 @@ except grpc.RpcError as exc:
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _tcp_listeners(pid: int) -> set[int]:
+    """Inodes of the TCP sockets ``pid`` listens on (from /proc, as the agent itself reads them)."""
+    inodes = set()
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        link = os.readlink(f"/proc/{pid}/fd/{name}")
+        if link.startswith("socket:["):
+            inodes.add(int(link[8:-1]))
+    listening = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
+            next(f)
+            listening |= {int(line.split()[9]) for line in f if line.split()[3] == "0A"}
+    return inodes & listening
+
+
+def test_an_agent_without_a_key_serves_only_its_owner(agent_env, tenant, as_attacker):
+    """`rota agent serve` with no --auth-key: another local uid parked or restored any job over loopback TCP
+    and the 0666 socket. Now it serves no TCP port and 0600 sockets; its owner's jobs still park."""
+    socket_dir = tempfile.mkdtemp(prefix="rota-sec-")
+    os.chmod(socket_dir, 0o755)
+    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "rota"), "agent", "serve", "--socket-dir",
+                             socket_dir], env=agent_env, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while "serving" not in line:
+            line = proc.stderr.readline()  # type: ignore[union-attr]
+            assert line or proc.poll() is None, f"rota agent serve exited with {proc.wait()}"
+        threading.Thread(target=proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
+        assert _tcp_listeners(proc.pid) == set()  # no TCP port at all
+        for name in ("agent.sock", "pid.sock"):
+            assert stat.S_IMODE(os.stat(f"{socket_dir}/{name}").st_mode) == 0o600
+
+        agent = Agent(None, "", socket_dir, proc)
+        victim = tenant(agent, "victim")
+        code = f"""
+import socket, grpc
+from rota._generated import snapshot_agent_pb2 as sa, snapshot_agent_pb2_grpc as sa_grpc
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect({socket_dir + "/pid.sock"!r})
+    print("DOOR OPEN")
+except PermissionError:
+    print("door refused")
+stub = sa_grpc.SnapshotAgentServiceStub(grpc.insecure_channel({agent.unix!r}))
+try:
+    stub.Snapshot(sa.SnapshotRequest(job_id="victim", group="g"), timeout=5)
+    print("PARKED")
+except grpc.RpcError as exc:
+    print(exc.code().name)
+"""
+        done = as_attacker(code, env={"PYTHONPATH": os.pathsep.join(sys.path)})
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["door", "refused", "UNAVAILABLE"], done.stdout
+        assert victim.ask("check")["parks"] == 0
+
+        owner = sa_grpc.SnapshotAgentServiceStub(grpc.insecure_channel(agent.unix))  # the agent's own uid
+        got = wait_op(owner, owner.Snapshot(sa.SnapshotRequest(job_id="victim", group="g"), timeout=10).operation_id)
+        assert got.status == sa.OPERATION_STATUS_COMPLETE, got.error
+        assert victim.ask("check")["parks"] == 1
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        shutil.rmtree(socket_dir, ignore_errors=True)

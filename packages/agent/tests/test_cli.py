@@ -17,8 +17,8 @@ ROTA = os.path.join(os.path.dirname(sys.executable), "rota")
 def test_serve_health_and_status(child_env, socket_dir):
     port = free_port()
     env = dict(child_env, ROTA_LOAD_PLUGINS="rota-agent")
-    p = subprocess.Popen([ROTA, "agent", "serve", "--listen", f"127.0.0.1:{port}", "--socket-dir", socket_dir],
-                         env=env, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([ROTA, "agent", "serve", "--listen", f"127.0.0.1:{port}", "--socket-dir", socket_dir,
+                          "--insecure"], env=env, stderr=subprocess.PIPE, text=True)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             grpc.channel_ready_future(ch).result(timeout=60)
@@ -58,6 +58,9 @@ def test_open_listener_needs_a_key_or_insecure(child_env, socket_dir, tmp_path):
     out = subprocess.run([ROTA, "agent", "serve", "--listen", f"0.0.0.0:{port}", "--socket-dir", socket_dir],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "--auth-key" in out.stderr and "--insecure" in out.stderr
+    out = subprocess.run([ROTA, "agent", "serve", "--listen", f"127.0.0.1:{port}", "--socket-dir", socket_dir],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "only its Unix sockets" in out.stderr  # loopback TCP too: any local uid
     key = tmp_path / "key"
     subprocess.run([ROTA, "token", "keygen", str(key)], env=env, check=True, timeout=60)
     out = subprocess.run([ROTA, "agent", "serve", "--listen", f"0.0.0.0:{port}", "--auth-key", str(key),
@@ -78,18 +81,18 @@ def test_open_listener_needs_a_key_or_insecure(child_env, socket_dir, tmp_path):
 
 def test_socket_dir_of_another_agent_or_user_is_refused(child_env, socket_dir):
     env = dict(child_env, ROTA_LOAD_PLUGINS="rota-agent")
-    first = subprocess.Popen([ROTA, "agent", "serve", "--listen", f"127.0.0.1:{free_port()}", "--socket-dir",
-                              socket_dir], env=env, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen([ROTA, "agent", "serve", "--socket-dir", socket_dir], env=env, stderr=subprocess.PIPE,
+                             text=True)
     try:
         while "serving" not in first.stderr.readline():
             assert first.poll() is None
-        out = subprocess.run([ROTA, "agent", "serve", "--listen", f"127.0.0.1:{free_port()}", "--socket-dir",
-                              socket_dir], env=env, capture_output=True, text=True, timeout=60)
+        out = subprocess.run([ROTA, "agent", "serve", "--socket-dir", socket_dir], env=env, capture_output=True,
+                             text=True, timeout=60)
         assert out.returncode != 0 and "another rota agent" in out.stderr
     finally:
         first.terminate()
         first.wait(20)
     os.chmod(socket_dir, 0o777)  # others could replace its sockets
-    out = subprocess.run([ROTA, "agent", "serve", "--listen", f"127.0.0.1:{free_port()}", "--socket-dir",
-                          socket_dir], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([ROTA, "agent", "serve", "--socket-dir", socket_dir], env=env, capture_output=True,
+                         text=True, timeout=60)
     assert out.returncode != 0 and "mode 777" in out.stderr

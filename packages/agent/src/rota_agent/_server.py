@@ -8,9 +8,10 @@ both on ``<dir>/agent.sock`` and opens the pid door ``<dir>/pid.sock``
 
 The socket directory is checked, never trusted: it must be a real directory owned by
 the agent's uid that nobody else may write to (created 0755 when missing), and an
-``agent.lock`` in it (``flock``) keeps a second agent out. Its sockets are 0666: any
-local process may connect, since what a caller may do depends on its token and, for
-pids, on the kernel's word (SO_PEERCRED), not on reaching the socket.
+``agent.lock`` in it (``flock``) keeps a second agent out. With tokens checked (or
+``--insecure``) its sockets are 0666: any local process may connect, since what a caller
+may do depends on its token and, for pids, on the kernel's word (SO_PEERCRED), not on
+reaching the socket. Without (``private``) they are 0600: the agent serves its owner only.
 ``running_agent`` serves one on its own event-loop thread for tests and benchmarks.
 """
 
@@ -89,24 +90,30 @@ class Served:
 
 
 async def serve_agent(agent: Agent, listen: str, *, auth: ServerAuth | None = None,
-                      socket_dir: str | None = None, tls: grpc.ServerCredentials | None = None) -> Served:
-    """Start serving ``agent`` on ``listen`` (HOST:PORT or unix:PATH), and on ``socket_dir`` when given.
+                      socket_dir: str | None = None, tls: grpc.ServerCredentials | None = None,
+                      private: bool = False) -> Served:
+    """Start serving ``agent`` on ``listen`` (HOST:PORT or unix:PATH; "" = none), and on ``socket_dir`` when given.
 
-    ``auth``: who callers are (default: nobody is checked, every caller is admin); ``tls``: TLS of ``listen``.
+    ``auth``: who callers are (default: nobody is checked, every caller is admin); ``tls``: TLS of ``listen``;
+    ``private``: its Unix sockets are 0600 (only its owner and root reach them), else 0666.
     """
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     pb_grpc.add_SnapshotAgentServiceServicer_to_server(AgentService(agent, auth), server)
     hs = await health_servicer((SERVICE_NAME,))
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    bind(server, listen, None if listen.startswith("unix:") else tls)
+    if listen:
+        bind(server, listen, None if listen.startswith("unix:") else tls)
     served = Served(server, hs)
     if socket_dir:
         served.lock_fd, served.socket_dir = claim_socket_dir(socket_dir), socket_dir
         bind(server, f"unix:{os.path.join(socket_dir, SOCKET_NAME)}")
         served.door = await agent.door.serve(os.path.join(socket_dir, DOOR_NAME))
     await server.start()
+    mode = 0o600 if private else 0o666
     for name in (SOCKET_NAME, DOOR_NAME) if socket_dir else ():
-        os.chmod(os.path.join(socket_dir, name), 0o666)
+        os.chmod(os.path.join(socket_dir, name), mode)
+    if listen.startswith("unix:") and private:
+        os.chmod(listen.removeprefix("unix:"), mode)
     return served
 
 

@@ -11,7 +11,6 @@ Each option's environment variable is named in its ``--help``.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import signal
@@ -19,6 +18,7 @@ from typing import Any
 
 import click
 import grpc
+from click.core import ParameterSource
 
 from rota import hookimpl
 from rota.cli.options import ByteSize, Endpoint
@@ -33,8 +33,9 @@ def agent() -> None:
 
 @agent.command("serve")
 @click.option("--listen", default="127.0.0.1:9001", show_default=True, type=Endpoint(), envvar="ROTA_AGENT_LISTEN",
-              help="Address to serve on: HOST:PORT or unix:PATH (env ROTA_AGENT_LISTEN). Any address but loopback "
-                   "needs --auth-key or --insecure.")
+              help="Address to serve on: HOST:PORT or unix:PATH (env ROTA_AGENT_LISTEN). Served with --auth-key "
+                   "or --insecure; without either the agent serves only its Unix sockets, mode 0600 (its owner's "
+                   "jobs), and a TCP --listen is refused.")
 @click.option("--auth-key", default="", envvar="ROTA_AUTH_KEY", type=click.Path(dir_okay=False),
               help="The orchestrator's key file (env ROTA_AUTH_KEY): every caller, on loopback and on the Unix "
                    "socket too, must show a token made with it. A tenant token acts for its own job; the "
@@ -81,15 +82,20 @@ def serve_cmd(listen: str, auth_key: str, tls_cert: str, tls_key: str, tls_clien
         raise click.UsageError("give --tls-cert and --tls-key together (--tls-client-ca needs them)")
     try:
         tls = server_tls(tls_cert, tls_key, tls_client_ca) if tls_cert else None
-        auth = _server_auth(listen, auth_key, insecure)
+        explicit = click.get_current_context().get_parameter_source("listen") != ParameterSource.DEFAULT
+        auth, listen = _server_auth(listen, auth_key, insecure, explicit)
         backends = available_backends(plugin_manager(), step_timeout_s=step_timeout)  # every plugin's
-        a = Agent(backends, op_timeout_s=op_timeout, name=listen, residue_max_bytes=residue_max_bytes,
+        a = Agent(backends, op_timeout_s=op_timeout, name=listen or "unix", residue_max_bytes=residue_max_bytes,
                   keep_closed_s=forget_after)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     if metrics_listen:
         _serve_metrics(a, metrics_listen)
-    asyncio.run(_serve(a, listen, auth, default_socket_dir() if socket_dir is None else socket_dir, tls))
+    socket_dir = default_socket_dir() if socket_dir is None else socket_dir
+    if not listen and not socket_dir:
+        raise click.UsageError("--socket-dir '' leaves nothing to serve without --auth-key or --insecure: give a "
+                               "--socket-dir, or --auth-key to serve --listen")
+    asyncio.run(_serve(a, listen, auth, socket_dir, tls))
 
 
 def _serve_metrics(a: Any, listen: str) -> None:
@@ -109,38 +115,27 @@ def _serve_metrics(a: Any, listen: str) -> None:
     click.echo(f"rota agent: metrics at http://{listen}/metrics", err=True)
 
 
-def is_loopback(listen: str) -> bool:
-    """True for unix:PATH and HOST:PORT whose host is a loopback address (or localhost)."""
-    if listen.startswith("unix:"):
-        return True
-    host = listen.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _server_auth(listen: str, auth_key: str, insecure: bool) -> Any:
-    """Who may call the agent: token holders (--auth-key), or everyone (loopback without a key, --insecure)."""
+def _server_auth(listen: str, auth_key: str, insecure: bool, explicit: bool) -> tuple[Any, str]:
+    """Who may call the agent, and the --listen it serves ("" = none): token holders on every listener
+    (--auth-key); anyone who connects (--insecure); else only its owner, on its 0600 Unix sockets."""
     from rota.auth import AGENT_AUDIENCE, AUDIENCE, ServerAuth, load_key
 
     if insecure and auth_key:
         raise click.UsageError("--insecure and --auth-key contradict each other: drop --insecure to check tokens")
     if auth_key:  # tenants' tokens, and the orchestrator's short ones for agents
-        return ServerAuth(key=load_key(auth_key), audiences=(AUDIENCE, AGENT_AUDIENCE))
-    if not is_loopback(listen) and not insecure:
-        raise click.UsageError(f"--listen {listen} is reachable from other hosts and no caller would be checked: "
-                               "give --auth-key FILE (the orchestrator's key; make one with `rota token keygen "
-                               "FILE`), or --insecure to serve anyone who can connect")
+        return ServerAuth(key=load_key(auth_key), audiences=(AUDIENCE, AGENT_AUDIENCE)), listen
     if insecure:
-        click.echo(f"rota agent: WARNING: --insecure: anyone who can reach {listen} may park, restore or list any "
-                   "job on this node; use --auth-key in shared clusters", err=True)
-    else:
-        click.echo("rota agent: no --auth-key: every local process may park, restore or list any job (pids and "
-                   "endpoints are still only a registered job's own)", err=True)
-    return ServerAuth(insecure=True)
+        click.echo(f"rota agent: WARNING: --insecure: anyone who can reach {listen} or the agent's sockets may park, "
+                   "restore or list any job on this node; use --auth-key in shared clusters", err=True)
+        return ServerAuth(insecure=True), listen
+    if explicit and not listen.startswith("unix:"):
+        raise click.UsageError(f"--listen {listen}: without --auth-key the agent serves only its Unix sockets "
+                               "(mode 0600: its owner's jobs). Give --auth-key FILE (the orchestrator's key; make "
+                               "one with `rota token keygen FILE`) to serve TCP, or --insecure to serve anyone who "
+                               "can connect")
+    click.echo("rota agent: no --auth-key: serving only this user's Unix sockets (mode 0600), no TCP port; give "
+               "--auth-key to serve other users and the orchestrator over TCP", err=True)
+    return ServerAuth(local=True), listen if explicit else ""
 
 
 async def _serve(a: Any, listen: str, auth: Any, socket_dir: str, tls: Any = None) -> None:
@@ -148,14 +143,15 @@ async def _serve(a: Any, listen: str, auth: Any, socket_dir: str, tls: Any = Non
     from rota_agent._server import serve_agent, shutdown
 
     try:
-        served = await serve_agent(a, listen, auth=auth, socket_dir=socket_dir or None, tls=tls)
+        served = await serve_agent(a, listen, auth=auth, socket_dir=socket_dir or None, tls=tls,
+                                   private=auth.local)
     except RotaError as exc:
         raise click.ClickException(str(exc)) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    where = f"{listen} and {socket_dir}" if socket_dir else listen
+    where = " and ".join(w for w in (listen, socket_dir) if w)
     click.echo(f"rota agent serving on {where} ({'tokens checked' if auth.key else 'no tokens checked'}"
                f"{', TLS' if tls is not None else ''})", err=True)
     await stop.wait()
