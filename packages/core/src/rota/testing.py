@@ -23,7 +23,7 @@ from rota._engine import OrchestratorConfig
 from rota._inproc import free_port, running_orchestrator
 
 __all__ = ["ListState", "ScriptedProcess", "child_environment", "eventually", "free_port", "quick_config",
-           "run_ranks", "running_orchestrator", "tenants"]
+           "run_ranks", "running_orchestrator", "silent_listener", "tenants"]
 
 T = TypeVar("T")
 
@@ -39,6 +39,34 @@ def eventually(check: Callable[[], T], what: str = "condition", timeout: float =
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout:g} s")
         time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def silent_listener() -> Iterator[str]:
+    """``127.0.0.1:PORT`` of a TCP listener that accepts every connection and never answers (a hung server:
+    a client's connect succeeds, its request waits); connections are held until the block ends."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                return
+
+    thread = threading.Thread(target=accept, name="rota-silent-listener", daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        with contextlib.suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        server.close()
+        for conn in held:
+            conn.close()
 
 
 def child_environment(runtime_dir: str | pathlib.Path) -> dict[str, str]:

@@ -474,25 +474,32 @@ class Controller:
                 w.stop()
 
 
-def api_client_from_environment(kubeconfig: str | None = None, context: str | None = None) -> Any:
+def api_client_from_environment(kubeconfig: str | None = None, context: str | None = None, *,
+                                retries: int | None = None) -> Any:
     """An ApiClient for the in-cluster service account, or for a kubeconfig (given, $KUBECONFIG, ~/.kube/config).
 
-    A given ``kubeconfig`` or ``context`` skips the in-cluster configuration.
+    A given ``kubeconfig`` or ``context`` skips the in-cluster configuration. ``retries``:
+    urllib3's retries per request (its default, 3, makes a silent API server cost four
+    request timeouts; a command line gives 0 and one timeout).
     """
     from kubernetes import client, config
 
+    cfg = client.Configuration()
+    if retries is not None:
+        cfg.retries = retries
     if not (kubeconfig or context):
-        cfg = client.Configuration()
         try:
             config.load_incluster_config(client_configuration=cfg)
             return client.ApiClient(cfg)
         except config.ConfigException:
             pass
-    return config.new_client_from_config(config_file=kubeconfig, context=context)
+    config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    return client.ApiClient(cfg)
 
 
-def core_api_from_environment(kubeconfig: str | None = None, context: str | None = None) -> Any:
+def core_api_from_environment(kubeconfig: str | None = None, context: str | None = None, *,
+                              retries: int | None = None) -> Any:
     """A CoreV1Api configured in-cluster (service account) or from a kubeconfig."""
     from kubernetes import client
 
-    return client.CoreV1Api(api_client_from_environment(kubeconfig, context))
+    return client.CoreV1Api(api_client_from_environment(kubeconfig, context, retries=retries))

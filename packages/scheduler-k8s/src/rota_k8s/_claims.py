@@ -45,10 +45,15 @@ def claim_gpus(claim: dict[str, Any]) -> int | None:
     return total or None
 
 
-def read_claim(api_client: Any, namespace: str, name: str, *, timeout: float = 10.0) -> dict[str, Any] | None:
-    """The ResourceClaim ``namespace/name`` as a dict, or None if it does not exist."""
+def read_claim(api_client: Any, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any] | None:
+    """The ResourceClaim ``namespace/name`` as a dict, or None if it does not exist; waits ``timeout`` seconds
+    (default: ROTA_CONNECT_TIMEOUT_S, else 10)."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
+
+    from rota.admin import client_timeout
+
+    timeout = client_timeout(timeout)
 
     try:
         resp = client.ResourceV1Api(api_client).read_namespaced_resource_claim(
@@ -58,7 +63,10 @@ def read_claim(api_client: Any, namespace: str, name: str, *, timeout: float = 1
             return None
         raise ClaimReadError(f"cannot read ResourceClaim {namespace}/{name}: HTTP {exc.status} {exc.reason}") from None
     except Exception as exc:  # connection refused, TLS, timeouts: urllib3 raises several kinds
-        raise ClaimReadError(f"cannot read ResourceClaim {namespace}/{name}: {exc}") from None
+        from rota_k8s._portforward import api_unreachable
+
+        raise ClaimReadError(f"cannot read ResourceClaim {namespace}/{name}: "
+                             f"{api_unreachable(api_client, exc, timeout)}") from None
     return json.loads(resp.data)
 
 

@@ -19,25 +19,30 @@ from typing import Any
 
 from rota.errors import ConfigError
 
-__all__ = ["PodForward", "ready_pod"]
+__all__ = ["PodForward", "api_unreachable", "ready_pod"]
 
 log = logging.getLogger(__name__)
 ORCHESTRATOR_SELECTOR = "app.kubernetes.io/name=rota-orchestrator,app.kubernetes.io/part-of=rota"
 CHUNK = 64 * 1024
 
 
-def ready_pod(api: Any, namespace: str, selector: str = ORCHESTRATOR_SELECTOR) -> str:
-    """Name of a Ready, running pod matching ``selector`` in ``namespace``; ConfigError saying why if none."""
+def ready_pod(api: Any, namespace: str, selector: str = ORCHESTRATOR_SELECTOR, *, timeout: float = 10.0) -> str:
+    """Name of a Ready, running pod matching ``selector`` in ``namespace``; ConfigError saying why if none.
+
+    An API server that refuses, or accepts and stays silent past ``timeout`` seconds, is
+    one line naming its address and the settings that govern the wait.
+    """
     from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
 
     try:
-        pods = api.list_namespaced_pod(namespace, label_selector=selector, _request_timeout=10).items
+        pods = api.list_namespaced_pod(namespace, label_selector=selector, _request_timeout=timeout).items
     except ApiException as exc:
         raise ConfigError(f"cannot list pods in namespace {namespace!r} ({exc.status} {exc.reason}); is rota "
                           "installed there (--namespace), and may you list pods and create pods/portforward "
                           "there?") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot reach the Kubernetes API server: {exc}") from None
+    except (OSError, HTTPError) as exc:
+        raise ConfigError(api_unreachable(api, exc, timeout)) from None
     if not pods:
         raise ConfigError(f"no rota orchestrator pod in namespace {namespace!r} ({selector}); give --namespace, "
                           "or --orchestrator HOST:PORT")
@@ -48,6 +53,20 @@ def ready_pod(api: Any, namespace: str, selector: str = ORCHESTRATOR_SELECTOR) -
     names = ", ".join(p.metadata.name for p in pods)
     raise ConfigError(f"no orchestrator pod in namespace {namespace!r} is ready ({names}); see `kubectl -n "
                       f"{namespace} describe pod`")
+
+
+def api_unreachable(api: Any, exc: BaseException, timeout: float) -> str:
+    """One line for an API server that could not be asked: its address, the cause, what to change."""
+    from urllib3.exceptions import MaxRetryError
+
+    cfg = getattr(api, "configuration", None) or getattr(getattr(api, "api_client", None), "configuration", None)
+    host = getattr(cfg, "host", "") or "?"
+    cause = exc.reason if isinstance(exc, MaxRetryError) and exc.reason is not None else exc
+    text = str(cause).split(": ", 1)[-1] if "Connection" in type(cause).__name__ else str(cause)
+    if "timed out" in text.lower():
+        text = f"no answer within {timeout:g} s"
+    return (f"cannot reach the Kubernetes API server at {host} ({text[:200]}); check the cluster and "
+            "--kubeconfig/--context, or wait longer with --timeout or ROTA_CONNECT_TIMEOUT_S")
 
 
 class PodForward:

@@ -260,7 +260,7 @@ def _check_claim(spec: TenantSpec, kubeconfig: str | None, kube_context: str | N
     from rota_k8s_controller.controller import api_client_from_environment
 
     try:
-        api = api_client_from_environment(kubeconfig, kube_context)
+        api = api_client_from_environment(kubeconfig, kube_context, retries=0)
     except Exception as exc:
         raise click.ClickException(f"--check-claim: no Kubernetes configuration: {exc}") from None
     try:
@@ -283,14 +283,17 @@ def _check_claim(spec: TenantSpec, kubeconfig: str | None, kube_context: str | N
 @click.option("--context", "kube_context", help="kubeconfig context.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the schema of `rota status --json`).")
 @click.option("--prometheus", is_flag=True, help="Print Prometheus text-format metrics.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds to wait for the API server and for the orchestrator, each (default: "
+              "ROTA_CONNECT_TIMEOUT_S, else 10).")
 def status_cmd(group: str, endpoint: str | None, namespace: str, kubeconfig: str | None, kube_context: str | None,
-               as_json: bool, prometheus: bool) -> None:
+               as_json: bool, prometheus: bool, timeout: float | None) -> None:
     """Holder, queue and per-tenant accounting of GROUP (or every group).
 
     The orchestrator checks credentials: set ROTA_TOKEN to an admin token
     (`rota token issue --auth-key KEY --admin`), or to a job's token to see its group.
     """
-    from rota.admin import fetch_status
+    from rota.admin import client_timeout, fetch_status
     from rota.cli.status import prometheus_text, render_table, status_json
     from rota_k8s._portforward import PodForward, ready_pod
     from rota_k8s_controller.names import dns_label_ok
@@ -298,18 +301,19 @@ def status_cmd(group: str, endpoint: str | None, namespace: str, kubeconfig: str
     if as_json and prometheus:
         raise click.UsageError("choose one of --json and --prometheus")
     try:
+        wait = client_timeout(timeout)
         if endpoint:
-            where, reply = endpoint, fetch_status(endpoint, group)
+            where, reply = endpoint, fetch_status(endpoint, group, wait)
         else:
             if not dns_label_ok(namespace):
                 raise click.BadParameter(f"{namespace!r} is not a namespace name", param_hint="--namespace")
             api = _core_api(kubeconfig, kube_context)
-            pod = ready_pod(api, namespace)
+            pod = ready_pod(api, namespace, timeout=wait)
             where = f"pod {namespace}/{pod}"
             with PodForward(api, namespace, pod, 50051) as forward:
-                reply = fetch_status(forward.address, group)
+                reply = fetch_status(forward.address, group, wait)
     except RotaError as exc:
-        raise click.ClickException(f"{endpoint or 'the orchestrator'}: {exc}") from None
+        raise click.ClickException(str(exc) if endpoint else f"the orchestrator: {exc}") from None
     log.info("status from %s", where)
     if as_json:
         click.echo(json.dumps(status_json(reply), indent=2))
@@ -324,7 +328,7 @@ def _core_api(kubeconfig: str | None, kube_context: str | None) -> Any:
     from rota_k8s_controller.controller import core_api_from_environment
 
     try:
-        return core_api_from_environment(kubeconfig, kube_context)
+        return core_api_from_environment(kubeconfig, kube_context, retries=0)
     except Exception as exc:
         raise click.ClickException(f"no Kubernetes configuration ({exc}); give --kubeconfig/--context, or "
                                    "--orchestrator HOST:PORT") from None

@@ -35,7 +35,7 @@ def evict_matching(endpoint: str, job_id: str, pattern: re.Pattern[str], *, reas
                          token=token) for group in found}
 
 
-def group_status(endpoint: str, group_id: str = "", timeout: float = 10.0,
+def group_status(endpoint: str, group_id: str = "", timeout: float | None = None,
                  token: str | None = None) -> list[pb.GroupInfo]:
     """Holder, queue and tenants of one group (or all groups) at ``endpoint``; [] for a group the
     orchestrator does not have yet (its Slurm jobs are shown without orchestrator state)."""

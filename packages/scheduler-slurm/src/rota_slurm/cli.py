@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import asdict
@@ -17,6 +18,7 @@ from pathlib import Path
 import click
 
 from rota import auth
+from rota.admin import client_timeout
 from rota.cli.options import Endpoint
 from rota.config import check_endpoint
 from rota.errors import RotaError
@@ -148,8 +150,14 @@ def submit(group: str, tenants: int, node: str, shards: int, priority: int, forc
 @click.option("--backend", type=click.Choice(["cli", "pyslurm", "auto"]), default=None,
               help="How to read Slurm's jobs (default cli; env ROTA_SLURM_BACKEND).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def status(endpoint: str | None, group: str, backend: str | None, as_json: bool) -> None:
-    """Slurm jobs joined with their time-slice group: who holds, who waits, job state."""
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds to wait for the orchestrator's answer (default: ROTA_CONNECT_TIMEOUT_S, else 10).")
+def status(endpoint: str | None, group: str, backend: str | None, as_json: bool, timeout: float | None) -> None:
+    """Slurm jobs joined with their time-slice group: who holds, who waits, job state.
+
+    An orchestrator started with --auth-key answers an admin token only: set ROTA_TOKEN
+    (`rota token issue --auth-key KEY --admin`).
+    """
     if endpoint is None:
         path = _spank.plugstack_path()
         endpoint = _spank.read_plugstack(path).get("orchestrator", "")
@@ -158,8 +166,8 @@ def status(endpoint: str | None, group: str, backend: str | None, as_json: bool)
                                    "--orchestrator HOST:PORT or install the plugin with `rota slurm install-spank "
                                    "--orchestrator HOST:PORT`")
     try:
+        groups = _orchestrator.group_status(endpoint, group, client_timeout(timeout))
         jobs = _slurm.backend(backend or "").jobs()
-        groups = _orchestrator.group_status(endpoint, group)
     except RotaError as exc:
         raise click.ClickException(str(exc)) from None
     rows = _status.join(jobs, groups)
@@ -221,12 +229,16 @@ def quickstart(folder: Path, orchestrator: str, auth_key: str, gpus: int, tenant
     except (RuntimeError, TimeoutError, OSError) as exc:
         cluster.stop()
         raise click.ClickException(f"the cluster did not start: {exc}") from None
+    rota = shlex.quote(str(Path(sys.argv[0]).resolve())) if Path(sys.argv[0]).name == "rota" else "rota"
+    admin = (f"\n  export ROTA_TOKEN=$({rota} token issue --auth-key {shlex.quote(str(Path(auth_key).resolve()))} "
+             "--admin --ttl 12h)  # rota slurm status asks as an admin" if auth_key else "")
+    python = shlex.quote(sys.executable)
     click.echo(f"""rota quickstart: one-node Slurm cluster up ({gpus} fake GPUs x {tenants_per_gpu} shards), jobs use \
 the orchestrator at {orchestrator}. In another shell:
 
-  export SLURM_CONF={cluster.conf}
-  sbatch --timeslice=g0 --gres=shard:1 --wrap 'python3 -c "import rota; g = rota.connect(); g.acquire(); print(1)"'
-  rota slurm status
+  export SLURM_CONF={cluster.conf}{admin}
+  sbatch --timeslice=g0 --gres=shard:1 --wrap '{python} -c "import rota; g = rota.connect(); g.acquire(); print(1)"'
+  {rota} slurm status
 
 Ctrl-C stops the cluster; logs are in {cluster.root / 'log'}.""", err=False)
     sys.stdout.flush()
@@ -239,7 +251,9 @@ Ctrl-C stops the cluster; logs are in {cluster.root / 'log'}.""", err=False)
 
 
 @slurm.command("check")
-@click.option("--backend", type=click.Choice(["cli", "pyslurm", "auto"]), default=None)
+@click.option("--backend", type=click.Choice(["cli", "pyslurm", "auto"]), default=None,
+              help="How to read Slurm's jobs: cli (squeue/scontrol), pyslurm, or auto (pyslurm if it loads, else cli). "
+              "Default cli; env ROTA_SLURM_BACKEND.")
 def check(backend: str | None) -> None:
     """Exit 1 if a whole-GPU job shares a GPU with shard tenants (a Slurm 22.05 placement)."""
     try:

@@ -13,7 +13,7 @@ from rota._ids import check_id
 from rota._local import is_serving, local_endpoint
 from rota._plugins import plugin_manager
 from rota._units import format_bytes
-from rota.admin import fetch_status
+from rota.admin import client_timeout, fetch_status
 from rota.cli.options import Endpoint
 from rota.errors import RotaError
 
@@ -95,8 +95,11 @@ def render_table(reply: pb.StatusReply) -> str:
               "keep it (needs rota-orchestrator-etcd; env ROTA_ETCD). --orchestrator on the command line wins.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--prometheus", is_flag=True, help="Print Prometheus text-format metrics.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds to wait for the orchestrator's answer (default: ROTA_CONNECT_TIMEOUT_S, else 10).")
 @click.pass_context
-def status(ctx: click.Context, group: str, endpoint: str | None, etcd: str, as_json: bool, prometheus: bool) -> None:
+def status(ctx: click.Context, group: str, endpoint: str | None, etcd: str, as_json: bool, prometheus: bool,
+           timeout: float | None) -> None:
     """Show holder, queue, loaded job and per-tenant GPU time and waits of GROUP (or all)."""
     if group:
         try:
@@ -118,7 +121,7 @@ def status(ctx: click.Context, group: str, endpoint: str | None, etcd: str, as_j
     if endpoint.startswith("unix:") and not os.path.exists(endpoint[5:]):
         raise click.ClickException(f"no orchestrator socket at {endpoint[5:]}")
     try:
-        reply = fetch_status(endpoint, group)
+        reply = fetch_status(endpoint, group, client_timeout(timeout))
     except RotaError as exc:
         raise click.ClickException(str(exc)) from None
     _show(reply, as_json, prometheus)
