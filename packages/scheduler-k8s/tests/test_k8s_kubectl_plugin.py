@@ -87,6 +87,8 @@ def test_kubectl_rota_status_without_kubeconfig_says_how_to_reach_the_orchestrat
 def test_kubectl_rota_status_unreachable_orchestrator_is_one_line() -> None:
     from rota.testing import free_port
 
-    result = CliRunner().invoke(k8s, ["status", "--orchestrator", f"127.0.0.1:{free_port()}"])
-    assert result.exit_code == 1 and result.stderr.startswith("Error: 127.0.0.1:")
+    address = f"127.0.0.1:{free_port()}"
+    result = CliRunner().invoke(k8s, ["status", "--orchestrator", address])
+    assert result.exit_code == 1 and result.stderr.startswith(f"Error: cannot reach the orchestrator at {address} (")
+    assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.output
