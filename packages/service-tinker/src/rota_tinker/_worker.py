@@ -124,6 +124,7 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
             worker = (Trainer if spec.role == "trainer" else Sampler)(spec, gpu)
             if worker.device.type == "cuda":
                 working = WorkingSet(gpu, worker.device)
+                ParkMeter(gpu, worker.device)
             hello = {}
     except Exception as e:  # the service names the cause (e.g. a base model file that does not fit its spec)
         log.error("could not start: %s", traceback.format_exc())
@@ -191,6 +192,57 @@ class WorkingSet:
         return {"working": self.bytes} if tenant is self.gpu else None
 
 
+class ParkMeter:
+    """NVML's bytes of this worker process just before and after each park of its tenant (every tracked model).
+
+    A hook wrapper around ``rota_park``: it adds one part, ``process:nvml_before`` and ``process:nvml``, after
+    every adapter parked, so the readings say what the whole park gave back to the driver.
+    """
+
+    def __init__(self, gpu: Any, device: Any) -> None:
+        self.gpu, self.device = gpu, device
+        gpu.pm.register(self, name=f"rota-tinker-park-meter-{id(self)}")
+
+    @hookimpl(wrapper=True)
+    def rota_park(self, tenant: Any, plan: Any) -> Any:
+        from rota_torch import process_device_bytes
+
+        before = process_device_bytes(self.device) if tenant is self.gpu else None
+        parts = yield
+        if before is not None:
+            from rota import ParkResult
+
+            after = process_device_bytes(self.device)
+            parts.append(ParkResult(residue={"process:nvml_before": before, "process:nvml": after or 0}))
+        return parts
+
+
+class ParkFault(Exception):
+    """The tenant's last park left more on the device than ``ROTA_RESIDUE_MAX_BYTES``, and freeing did not help."""
+
+
+def resolve_failed_park(gpu: Any) -> None:
+    """Before a turn: if the tenant's last park left too much on the device, free what this process can (garbage,
+    the allocator's cache) and measure again. While it stays, the tenant takes no turn on the device.
+
+    :raises ParkFault: naming what is still on the device (the unit fails with it).
+    """
+    from rota.residue import residue_fault, residue_max_bytes
+
+    if not (gpu.parked and residue_fault(gpu.last_park, residue_max_bytes())):
+        return
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    fault = gpu.recheck_park()
+    if fault:
+        raise ParkFault(f"this tenant's last park did not free the device, so it takes no turn until it does: "
+                        f"{fault}")
+    log.warning("tenant %s: what its last park left was freed; it takes turns again", gpu.tenant)
+
+
 class _OwnTurn:
     """The tenant's own rota turn (``<tenant>.trainer`` / ``.sampler``): acquire, restore, release."""
 
@@ -198,6 +250,7 @@ class _OwnTurn:
         self.loop, self.gpu = loop, loop.gpu
 
     def begin(self) -> dict[str, float]:
+        resolve_failed_park(self.gpu)
         self.gpu.acquire()
         if self.loop.working is not None:
             self.loop.working.turn_started()
@@ -314,11 +367,22 @@ class _Loop:
         timing["release_s"] = time.monotonic() - t0
 
     def events(self, parks_only: bool = False) -> dict[str, float]:
-        """This tenant's rota events since the last unit: grant wait, restores, parks (seconds; bytes parked)."""
+        """This tenant's rota events since the last unit: grant wait, restores, parks (seconds; bytes parked; on
+        CUDA the process's NVML bytes around the last park, see :data:`rota_tinker._workers.PARK_READINGS`)."""
         events, self.seen = self.gpu.stats.events.since(self.seen)
         parks, self.parks_seen = self.gpu.stats.parks.since(self.parks_seen)
         out = {"parked_s": sum(e - s for kind, s, e in events if kind == "park"),
                "parked_bytes": float(sum(p.bytes_moved for p in parks))}
+        if parks:
+            last = parks[-1].residue
+            for key, field in (("process:nvml_before", "parked_nvml_before"), ("process:nvml", "parked_nvml_after"),
+                               ("process:outside_allocator", "parked_outside_allocator")):
+                if key in last:
+                    out[field] = float(last[key])
+            if "process:nvml" in last:
+                from rota.residue import residue_left
+
+                out["parked_residue"] = float(residue_left(parks[-1]))
         if not parks_only:
             out["wait_s"] = sum(e - s for kind, s, e in events if kind == "wait")
             out["restore_s"] = sum(e - s for kind, s, e in events if kind == "restore")

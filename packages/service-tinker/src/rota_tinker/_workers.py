@@ -91,6 +91,9 @@ _LEGS = (("queue_s", "recv", "submitted"), ("reply_s", "result", "done"), ("enco
          ("answer_lag_s", "answered", "encoded"), ("total_s", "answered", "submitted"))
 # durations measured inside the worker (see rota_tinker._worker)
 DURATIONS = ("acquire_s", "wait_s", "restore_s", "compute_s", "release_s", "parked_s", "parked_bytes")
+# device bytes of the worker process around its last park (NVML, CUDA only): before, after, outside the allocator;
+# and what that park left on the device by rota's count (rota.residue.residue_left: the limit's measure)
+PARK_READINGS = ("parked_nvml_before", "parked_nvml_after", "parked_outside_allocator", "parked_residue")
 
 
 def unit_breakdown(timing: dict[str, float]) -> dict[str, float]:
@@ -107,12 +110,15 @@ def unit_breakdown(timing: dict[str, float]) -> dict[str, float]:
     submitted until answered. ``new_turn`` is 1 when the unit started a turn. A sample unit has
     ``batch_units``: the units decoded with it as one batch (itself included; one batch per
     weights), ``decode_rows``: that batch's rows (their ``num_samples`` summed); the units the
-    sampler ran together share one ``compute_s``. A unit of a LoRA pool (:mod:`rota_tinker._pool`) has
-    ``pool_running``: the units in the pool when it entered (itself included); its ``wait_s`` is its wait at
-    the pool's gate.
+    sampler ran together share one ``compute_s``. On CUDA, a unit after a park of its tenant has
+    :data:`PARK_READINGS`: NVML's bytes of the worker process just before and after that park and the
+    part of them outside torch's allocator (its CUDA context, cuBLAS workspaces), and the residue rota counted
+    against ``ROTA_RESIDUE_MAX_BYTES``. A unit of a LoRA pool
+    (:mod:`rota_tinker._pool`) has ``pool_running``: the units in the pool when it entered (itself included);
+    its ``wait_s`` is its wait at the pool's gate.
     """
-    out = {k: float(timing[k]) for k in (*DURATIONS, "new_turn", "batch_units", "decode_rows", "pool_running")
-           if k in timing}
+    out = {k: float(timing[k]) for k in (*DURATIONS, *PARK_READINGS, "new_turn", "batch_units", "decode_rows",
+                                         "pool_running") if k in timing}
     for name, hi, lo in _LEGS:
         if hi in timing and lo in timing:
             out[name] = max(0.0, timing[hi] - timing[lo])

@@ -323,7 +323,9 @@ class Tracked:
         if self._others_resident():  # read the process once, after the tenant's last tracked model is parked
             for key in [k for k in result.residue if k.startswith("process:")]:
                 del result.residue[key]
-        elif self.device.type == "cuda":
+        elif self.device.type == "cuda":  # read here too: a park of a parked model (a re-check) moves nothing
+            result.residue["process:allocated"] = int(torch.cuda.memory_allocated(self.device))
+            result.residue["process:reserved"] = int(torch.cuda.memory_reserved(self.device))
             result.residue.update(self._unexplained_residue(result.residue))
             outside = outside_allocator_bytes(self.device)
             if outside is not None:

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The CUDA test tier, on a GPU machine (one H200 runs it in a few minutes), from the repo root:
+#   bash bench/cuda_tier.sh [PYTEST ARGS]
+# On the device machine (no PyPI) it installs rota from the checkout through bench/device_env.sh (carry .whl);
+# elsewhere it uses ./dev's .venv (CUDA torch must be installed there). Writes the figures, each test's outcome,
+# the commit and the date to bench/results/cuda-tier-<UTC date>.json (and to $OUT when the device tool sets it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -d .whl ]; then
+  source bench/device_env.sh
+  PY=python3
+else
+  PY=.venv/bin/python
+fi
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+json=bench/results/cuda-tier-$stamp.json
+export ROTA_CUDA_TIER_JSON=$PWD/$json
+export ROTA_COMMIT=${ROTA_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+set +e
+$PY -m pytest tests/cuda -m cuda -p no:cacheprovider -ra "$@"
+rc=$?
+set -e
+[ -n "${OUT:-}" ] && [ -f "$json" ] && cp "$json" "$OUT/"
+echo "cuda tier: exit $rc, figures in $json"
+exit $rc

@@ -1,0 +1,73 @@
+"""The CUDA tier: tests that need a CUDA device, run on a GPU machine with ``bash bench/cuda_tier.sh``.
+
+On a machine without one every test here is skipped, saying so. Each test records what it measured
+through the ``record`` fixture; with ``ROTA_CUDA_TIER_JSON=PATH`` the session writes those figures, each
+test's outcome, the commit, the date and the device to PATH (``bench/results/cuda-tier-*.json``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts: its reproducible mode
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built in the tests, never downloaded
+NO_CUDA = "no CUDA device here: the CUDA tier runs on a GPU machine (bash bench/cuda_tier.sh; see the README)"
+_figures: dict[str, dict[str, Any]] = {}
+_outcomes: dict[str, str] = {}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.cuda)
+            if not torch.cuda.is_available():
+                item.add_marker(pytest.mark.skip(reason=NO_CUDA))
+
+
+@pytest.fixture
+def record(request: pytest.FixtureRequest) -> Callable[..., None]:
+    """``record(name=value, ...)``: figures of this test for the tier's JSON."""
+    mine = _figures.setdefault(request.node.nodeid, {})
+    return mine.update
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        _outcomes[item.nodeid] = report.outcome
+
+
+def _commit() -> str:
+    if os.environ.get("ROTA_COMMIT"):
+        return os.environ["ROTA_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(__file__)).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    path = os.environ.get("ROTA_CUDA_TIER_JSON")
+    if not path or not _outcomes:
+        return
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    out = {"tier": "cuda", "commit": _commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "host": platform.node(), "device": device, "torch": torch.__version__, "exit_status": int(exitstatus),
+           "tests": {nodeid: {"outcome": _outcomes[nodeid], **_figures.get(nodeid, {})} for nodeid in _outcomes}}
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1, default=str)
+        f.write("\n")

@@ -1,0 +1,125 @@
+"""rota_torch on a real GPU: Hugging Face models as users load them (``from_pretrained`` of a snapshot; tied
+embeddings, untied, peft LoRA) park and restore; every park gives the device back (NVML of this process), and
+the losses equal a run with no parks, bit for bit."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+MIB = 1 << 20
+LIMIT = 256 * MIB  # what a park may leave beside the process's CUDA context (the issue's figure)
+SHAPE = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=6, num_attention_heads=16,
+             num_key_value_heads=8, head_dim=64, vocab_size=65536, max_position_embeddings=4096)
+
+
+def _nvml() -> int:
+    from rota_torch import process_device_bytes
+
+    got = process_device_bytes("cuda:0")
+    assert got is not None, "NVML does not see this process: nvidia-ml-py missing or another pid namespace"
+    return got
+
+
+@pytest.fixture(scope="module")
+def snapshots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from rota_tinker.testing import hf_snapshot
+
+    root = tmp_path_factory.mktemp("snapshots")
+    return {tie: hf_snapshot(root / tie, "qwen3", tie=(tie == "tied"), dtype="bfloat16", **SHAPE)
+            for tie in ("tied", "untied")}
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    from rota.testing import quick_config, running_orchestrator
+
+    with running_orchestrator(quick_config()) as (served, _engine):
+        yield served
+
+
+def _model(folder: Path, lora: bool) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="eager",
+                                                 local_files_only=True).to("cuda:0")
+    if lora:
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(r=16, lora_alpha=32, target_modules=[
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    return model
+
+
+def _steps(model: Any, n: int, gpu: Any = None, on_park: Any = None) -> list[float]:
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    tracked = None
+    if gpu is not None:
+        import rota_fsdp
+
+        tracked = rota_fsdp.track(gpu, model, opt, device="cuda:0")
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    try:
+        for _ in range(n):
+            ids = torch.randint(0, SHAPE["vocab_size"], (4, 256), generator=g).to("cuda:0")
+            if gpu is not None:
+                gpu.acquire()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            losses.append(float(loss))
+            if gpu is not None:
+                gpu.release()
+                on_park(gpu)
+    finally:
+        if tracked is not None:
+            tracked.untrack()
+    return losses
+
+
+@pytest.mark.parametrize("kind", ["tied", "untied", "lora"])
+def test_hf_models_park_to_the_context_and_restore_bit_identically(kind: str, snapshots: dict[str, Path],
+                                                                   endpoint: str, record: Any) -> None:
+    import rota
+
+    torch.use_deterministic_algorithms(True)
+    folder, lora = snapshots["tied" if kind == "lora" else kind], kind == "lora"
+    model = _model(folder, lora)
+    reference = _steps(model, 3)
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    context = _nvml()  # the CUDA context and the handles a step made (cuBLAS workspaces): what stays
+
+    parks: list[dict[str, int]] = []
+
+    def park(gpu: rota.Gpu) -> None:
+        before = _nvml()
+        result = gpu.park()  # raises rota.residue.ResidueError if the park left more than ROTA_RESIDUE_MAX_BYTES
+        after = _nvml()
+        parks.append({"state_bytes": result.bytes_moved, "nvml_before": before, "nvml_after": after,
+                      "freed": before - after, "allocated_after": torch.cuda.memory_allocated(0)})
+
+    gpu = rota.connect(group=f"cuda-{kind}", tenant=f"hf-{kind}", endpoint=endpoint)
+    try:
+        losses = _steps(_model(folder, lora), 3, gpu, park)
+    finally:
+        gpu.close()
+    record(kind=kind, context_bytes=context, parks=parks, losses=losses, reference=reference)
+    assert losses == reference, f"{kind}: losses with parks {losses} differ from no parks {reference}"
+    assert len(parks) == 3
+    for p in parks:
+        assert p["state_bytes"] > 500 * MIB, p  # the whole state moved: weights, grads, Adam
+        assert p["nvml_after"] <= context + LIMIT, f"{kind}: a park left {(p['nvml_after'] - context) / MIB:.0f} " \
+                                                   f"MiB beside the context: {p}"
+        assert p["freed"] >= p["state_bytes"] - LIMIT, f"{kind}: freed less than the state: {p}"
+    gc.collect()
+    torch.cuda.empty_cache()
