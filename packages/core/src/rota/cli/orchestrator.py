@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import signal
 
 import click
@@ -33,8 +34,10 @@ def orchestrator() -> None:
 
 
 @orchestrator.command("serve")
-@click.option("--listen", default="127.0.0.1:50051", show_default=True, type=Endpoint(), envvar="ROTA_LISTEN",
-              help="Address to serve on: HOST:PORT or unix:PATH (env ROTA_LISTEN).")
+@click.option("--listen", default=None, type=Endpoint(), envvar="ROTA_LISTEN",
+              help="Address to serve on: HOST:PORT or unix:PATH (env ROTA_LISTEN). Default: this user's Unix socket "
+              "(ROTA_RUNTIME_DIR, else $XDG_RUNTIME_DIR/rota or /tmp/rota-UID: a 0700 folder, the socket 0600), "
+              "where tenants and `rota status` on this host look with nothing configured.")
 @click.option("--groups", default="", help="Comma-separated fixed groups; unknown groups are then NOT_FOUND. "
               "Default: groups are created on first use.")
 @click.option("--policy", default="fifo", show_default=True,
@@ -79,7 +82,7 @@ def orchestrator() -> None:
 @click.option("--insecure", is_flag=True,
               help="Serve TCP without checking callers: anyone who can connect may act for any job. Only for "
               "trusted single-team setups and unmodified v1alpha1 clients; a warning is printed at every start.")
-def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float, park_timeout: float,
+def serve_cmd(listen: str | None, groups: str, policy: str, max_turn: float, ttl: float, park_timeout: float,
               v1_max_turn: float, capacity: int, resident_first: float, prefetch: bool | None, idle_exit: float,
               etcd: str, agents: tuple[str, ...], auth_key: str, tls_cert: str, tls_key: str, tls_client_ca: str,
               metrics_listen: str, insecure: bool) -> None:
@@ -88,6 +91,9 @@ def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float
     Without --etcd, state lives in this process (the embedded orchestrator that
     `rota.connect()` starts by itself on a Unix socket when nothing is configured).
     """
+    private = listen is None
+    if private:
+        listen = _private_socket()
     pm = plugin_manager()
     if policy not in available_policies(pm):
         raise click.BadParameter(f"unknown policy {policy!r}; choose one of "
@@ -115,7 +121,22 @@ def serve_cmd(listen: str, groups: str, policy: str, max_turn: float, ttl: float
         raise click.UsageError(str(exc)) from None
     if metrics_listen:
         _serve_metrics(engine, metrics_listen)
-    asyncio.run(_run(engine, listen, server_auth, tls))
+    asyncio.run(_run(engine, listen, server_auth, tls, private=private))
+
+
+def _private_socket() -> str:
+    """This user's socket (the embedded orchestrator's): its folder made or checked 0700; refused while another
+    orchestrator serves there."""
+    from rota._local import is_serving, local_endpoint
+
+    try:
+        endpoint = local_endpoint()
+    except RotaError as exc:
+        raise click.UsageError(str(exc)) from None
+    if os.path.exists(endpoint[5:]) and is_serving(endpoint):
+        raise click.UsageError(f"an orchestrator already serves at {endpoint} (rota status shows it); stop it, or "
+                               "give --listen HOST:PORT or unix:PATH")
+    return endpoint
 
 
 def _agent_tls() -> grpc.ChannelCredentials:
@@ -190,9 +211,17 @@ def _security(listen: str, key: bytes | None, tls_cert: str, tls_key: str, tls_c
 
 
 
-async def _run(engine: OrchestratorProtocol, listen: str, server_auth: ServerAuth, tls: grpc.ServerCredentials | None
-               ) -> None:
-    server = await serve(engine, listen, auth=server_auth, tls=tls)
+async def _run(engine: OrchestratorProtocol, listen: str, server_auth: ServerAuth, tls: grpc.ServerCredentials | None,
+               *, private: bool = False) -> None:
+    if private:  # the socket is made 0600 as it is bound (no moment when others could connect), then checked
+        umask = os.umask(0o177)
+        try:
+            server = await serve(engine, listen, auth=server_auth, tls=tls)
+        finally:
+            os.umask(umask)
+        os.chmod(listen[5:], 0o600)
+    else:
+        server = await serve(engine, listen, auth=server_auth, tls=tls)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, engine.stopped.set)
