@@ -334,8 +334,7 @@ def test_unsupported_features_answer_400_naming_them(hf_service: TinkerService) 
     refused(httpx.post(f"{hf_service.url}/api/v1/copy_weights", headers=key, json={}, timeout=30), "copy_weights")
     refused(httpx.post(f"{hf_service.url}/api/v1/asample", headers=key, timeout=30, json={
         "base_model": QWEN, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
-        "sampling_params": {}, "target_prompt_logprobs": {"data": [1], "dtype": "int64", "shape": [1]}}),
-        "target_prompt_logprobs")
+        "sampling_params": {}, "record_stability_info": True}), "record_stability_info")
     refused(httpx.post(f"{hf_service.url}/api/v1/asample", headers=key, timeout=30, json={
         "base_model": QWEN, "prompt": {"chunks": [{"type": "image", "data": "", "format": "png"}]},
         "sampling_params": {}}), "'image' chunk")

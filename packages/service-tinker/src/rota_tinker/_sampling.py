@@ -25,7 +25,15 @@ from torch.nn import functional as F
 
 from rota_tinker._models import lora_compute_dtype, lora_in_base_precision
 
-__all__ = ["decode_batches", "sample"]
+__all__ = ["decode_batches", "needs_prompt_logits", "sample"]
+
+MASK_LOGPROB = -99999.0  # the SDK's filler for a top-k cell that holds nothing (tinker.types.topk_logprobs)
+
+
+def needs_prompt_logits(params: dict[str, Any]) -> bool:
+    """Whether a request asks for anything computed at its prompt positions (so its batch keeps every logit)."""
+    return bool(params.get("prompt_logprobs") or params.get("topk_prompt") or params.get("alt_k")
+                or params.get("target") is not None)
 
 
 class _Decoder:
@@ -89,6 +97,7 @@ class _Request:
     toks: list[list[int]] = field(init=False)  # per row: the tokens drawn so far
     lps: list[list[float]] = field(init=False)  # per row: their logprobs
     reasons: list[str] = field(init=False)  # per row: "" while decoded, then "stop" or "length"
+    topk: list[list[tuple[np.ndarray, np.ndarray]]] = field(init=False)  # per row, per token: its top-k
 
     def __post_init__(self) -> None:
         p = self.params
@@ -98,6 +107,8 @@ class _Request:
         self.stop, self.stop_strings = set(p.get("stop_tokens") or ()), list(p.get("stop_strings") or ())
         self.toks, self.lps = [[] for _ in range(self.n)], [[] for _ in range(self.n)]
         self.reasons = [""] * self.n
+        self.topk_sample = int(p.get("topk_sample") or 0)
+        self.topk = [[] for _ in range(self.n)]
 
     def step(self, logits: torch.Tensor, logp: torch.Tensor, lengths: list[int], max_len: int,
              tokenizer: Any) -> list[int]:
@@ -112,6 +123,8 @@ class _Request:
             t = _pick(logits[row], self.temperature, self.top_k, self.top_p, self.gen)
             self.toks[i].append(t)
             self.lps[i].append(float(logp[row, t]))
+            if self.topk_sample:
+                self.topk[i].append(_topk(logp[row], self.topk_sample))
             out.append(t)
             if t in self.stop or (self.stop_strings and _stopped_by_text(tokenizer, self.toks[i], self.stop_strings)):
                 self.reasons[i] = "stop"
@@ -119,10 +132,10 @@ class _Request:
                 self.reasons[i] = "length"
         return out
 
-    def result(self, prompt_lp: np.ndarray | None, rows: int) -> dict[str, Any]:
-        seqs = [(np.asarray(t, np.int32), np.asarray(lp, np.float32), r)
-                for t, lp, r in zip(self.toks, self.lps, self.reasons, strict=True)]
-        return {"sequences": seqs, "prompt_logprobs": prompt_lp, "rows": rows}
+    def result(self, prompt_out: dict[str, Any], rows: int) -> dict[str, Any]:
+        seqs = [(np.asarray(t, np.int32), np.asarray(lp, np.float32), r, _stack(k, self.topk_sample))
+                for t, lp, r, k in zip(self.toks, self.lps, self.reasons, self.topk, strict=True)]
+        return {"sequences": seqs, "prompt_logprobs": None, **prompt_out, "rows": rows}
 
 
 @torch.no_grad()
@@ -130,11 +143,12 @@ def sample(model: nn.Module, requests: list[dict[str, Any]], device: torch.devic
            tokenizer: Any = None) -> list[dict[str, Any]]:
     """Decode ``requests`` (``{"prompt", "params", "num_samples", "seed"}`` each) as one batch; a result each.
 
-    A result is ``{"sequences": [(tokens, logprobs, "stop" | "length"), ...], "prompt_logprobs": array | None,
-    "rows": rows of the decode batch}`` (prompt logprobs when ``params["prompt_logprobs"]``, NaN for the first
-    token). ``params``:
+    A result is ``{"sequences": [(tokens, logprobs, "stop" | "length", top-k or None), ...], "rows": rows of the
+    decode batch}`` plus what :func:`_prompt_outputs` gives for the prompt. ``params``:
     temperature (0: greedy), top_k, top_p, max_tokens, stop_tokens, stop_strings (matched on the
-    text ``tokenizer`` decodes; the token completing one is kept). No row grows past ``max_len``.
+    text ``tokenizer`` decodes; the token completing one is kept); the outputs asked for: prompt_logprobs,
+    topk_prompt (k), topk_sample (k: each sampled token's top-k, ``(ids [n, k], logprobs [n, k])``), target
+    (``[len(prompt) - 1, K]`` ids, -1 for none), alt_k, last_n. No row grows past ``max_len``.
     """
     reqs, first = [], 0
     for r in requests:
@@ -143,10 +157,10 @@ def sample(model: nn.Module, requests: list[dict[str, Any]], device: torch.devic
                              torch.Generator(device="cpu").manual_seed(r["seed"])))
         first += r["num_samples"]
     decoder = _Decoder(model, [q.prompt for q in reqs for _ in range(q.n)], device)
-    want_prompt = [bool(q.params.get("prompt_logprobs")) for q in reqs]
+    want_prompt = [needs_prompt_logits(q.params) for q in reqs]
     logits = decoder.logits(every_position=any(want_prompt))
-    prompt_lps = [_prompt_logprobs(logits[q.first], q.prompt) if want else None
-                  for q, want in zip(reqs, want_prompt, strict=True)]
+    prompt_outs = [_prompt_outputs(logits[q.first], q.prompt.cpu(), q.params, r["seed"]) if want else {}
+                   for q, want, r in zip(reqs, want_prompt, requests, strict=True)]
     if any(want_prompt):
         logits = logits[:, -1]
     while True:
@@ -158,7 +172,7 @@ def sample(model: nn.Module, requests: list[dict[str, Any]], device: torch.devic
             break
         decoder.append(nxt, alive)
         logits = decoder.logits()
-    return [q.result(lp, first) for q, lp in zip(reqs, prompt_lps, strict=True)]
+    return [q.result(out, first) for q, out in zip(reqs, prompt_outs, strict=True)]
 
 
 def decode_batches(requests: list[dict[str, Any]], max_logit_rows: int) -> list[list[int]]:
@@ -166,7 +180,7 @@ def decode_batches(requests: list[dict[str, Any]], max_logit_rows: int) -> list[
     logprobs has logits at every prompt position of every row, so its rows x prompt width stays within
     ``max_logit_rows`` (a single request always makes a batch); others are not split."""
     def logit_rows(batch: list[int]) -> int:
-        if not any(requests[i]["params"].get("prompt_logprobs") for i in batch):
+        if not any(needs_prompt_logits(requests[i]["params"]) for i in batch):
             return 0
         return sum(requests[i]["num_samples"] for i in batch) * max(len(requests[i]["prompt"]) for i in batch)
 
@@ -179,11 +193,74 @@ def decode_batches(requests: list[dict[str, Any]], max_logit_rows: int) -> list[
     return batches
 
 
-def _prompt_logprobs(logits: torch.Tensor, prompt: torch.Tensor) -> np.ndarray:
-    """log p(prompt[t] | prompt[:t]) from one row's ``[width, vocab]`` logits (its prompt right-aligned); NaN first."""
-    own = F.log_softmax(logits[logits.shape[0] - len(prompt):-1], dim=-1)
-    picked = torch.gather(own, 1, prompt[1:].cpu().unsqueeze(1)).squeeze(1).numpy()
-    return np.concatenate([[np.nan], picked]).astype(np.float32)
+def _prompt_outputs(logits: torch.Tensor, prompt: torch.Tensor, params: dict[str, Any], seed: int) -> dict[str, Any]:
+    """What a request asks for at its prompt positions, from its row's ``[width, vocab]`` logits (prompt
+    right-aligned). Position ``i`` of ``own`` is the distribution of prompt token ``i + 1``.
+
+    * ``prompt_logprobs``: ``[len(prompt)]`` log p(prompt[t] | prompt[:t]), NaN where not scored (the first token;
+      with ``last_n`` all but the last ``last_n``);
+    * ``topk_prompt``: ``(ids, logprobs)``, each ``[len(prompt), k]``, best first; unscored positions (as above)
+      and columns past the vocabulary hold token 0 and :data:`MASK_LOGPROB`;
+    * ``target_prompt_logprobs``: the logprobs of the ``[len(prompt) - 1, K]`` ids asked for (0.0 where -1);
+    * ``prompt_alt``: ``(tokens, logprobs)``, each ``[len(prompt) - 1, alt_k]``: draws with replacement at the
+      request's temperature (greedy at 0) and the model's logprob of each; they come from a generator of their
+      own (seeded like the request), so the sampled rows are the same with and without them.
+    """
+    n = len(prompt)
+    scaled_logits = logits[logits.shape[0] - n:-1]
+    own = F.log_softmax(scaled_logits, dim=-1)
+    last_n = params.get("last_n")
+    skip = n - int(last_n) if last_n else 1  # positions before this are not scored (position 0 never is)
+    out: dict[str, Any] = {}
+    if params.get("prompt_logprobs"):
+        picked = torch.gather(own, 1, prompt[1:].unsqueeze(1)).squeeze(1).numpy()
+        lps = np.concatenate([[np.nan], picked]).astype(np.float32)
+        lps[:skip] = np.nan
+        out["prompt_logprobs"] = lps
+    k = int(params.get("topk_prompt") or 0)
+    if k:
+        ids, vals = _topk(own, k)
+        ids = np.concatenate([np.zeros((1, k), np.int32), ids])
+        vals = np.concatenate([np.full((1, k), MASK_LOGPROB, np.float32), vals])
+        ids[:skip], vals[:skip] = 0, MASK_LOGPROB
+        out["topk_prompt"] = (ids, vals)
+    target = params.get("target")
+    if target is not None:
+        want = torch.as_tensor(target, dtype=torch.long)
+        got = torch.gather(own, 1, want.clamp(min=0)).masked_fill(want < 0, 0.0)
+        out["target_prompt_logprobs"] = got.numpy().astype(np.float32)
+    alt_k = int(params.get("alt_k") or 0)
+    if alt_k:
+        temperature = float(params.get("temperature", 1.0))
+        if temperature <= 0:
+            toks = own.argmax(-1, keepdim=True).expand(-1, alt_k).contiguous()
+        else:
+            gen = torch.Generator(device="cpu").manual_seed(seed)
+            toks = torch.multinomial(F.softmax(scaled_logits / temperature, dim=-1), alt_k, replacement=True,
+                                     generator=gen)
+        out["prompt_alt"] = (toks.numpy().astype(np.int64), torch.gather(own, 1, toks).numpy().astype(np.float32))
+    return out
+
+
+def _topk(logp: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best (id, logprob) of each row of ``logp`` (``[..., vocab]``), best first; past the vocabulary,
+    token 0 with :data:`MASK_LOGPROB`."""
+    vals, ids = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
+    pad = k - ids.shape[-1]
+    ids_np, vals_np = ids.numpy().astype(np.int32), vals.numpy().astype(np.float32)
+    if pad:
+        ids_np = np.concatenate([ids_np, np.zeros((*ids_np.shape[:-1], pad), np.int32)], axis=-1)
+        vals_np = np.concatenate([vals_np, np.full((*vals_np.shape[:-1], pad), MASK_LOGPROB, np.float32)], axis=-1)
+    return ids_np, vals_np
+
+
+def _stack(rows: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """A sequence's per-token top-k as two ``[tokens, k]`` matrices (None when not asked for)."""
+    if not k:
+        return None
+    if not rows:
+        return np.zeros((0, k), np.int32), np.zeros((0, k), np.float32)
+    return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
 
 
 def _stopped_by_text(tokenizer: Any, toks: list[int], stops: list[str]) -> bool:

@@ -73,6 +73,7 @@ _NAME = _checkpoints.NAME  # checkpoint names: they become file names
 _ID = _checkpoints.ID
 _PATH = re.compile(rf"tinker://({_ID})/sampler_weights/({_ID})")
 MAX_SAMPLES = 64
+MAX_TOPK = 1000  # top-k, target ids per position and alternative tokens a sample request may ask for
 MAX_NEW_TOKENS = 1024
 SEED_BOUNDS = (0, 2**63 - 1)
 # a model's newest ephemeral sampler weights kept; older ones are deleted (an RL loop saves one every step)
@@ -758,24 +759,18 @@ class _Api(_checkpoints.CheckpointRoutes):
         else:
             base = self._base(field_of(body, "base_model", str))
             key, shareable = f"base:{base.name}", True
-        prompt_logprobs = field_of(body, "prompt_logprobs", bool, required=False, default=False)
         if field_of(body, "record_stability_info", bool, required=False, default=False):
-            raise BadRequest("record_stability_info=true is not implemented by this service; leave it false",
-                             status=NOT_IMPLEMENTED)
-        for count in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
-            if field_of(body, count, int, required=False, default=0):
-                raise BadRequest(f"{count} is not implemented by this service; leave it 0 (prompt_logprobs=true "
-                                 "gives each prompt token's logprob)", status=NOT_IMPLEMENTED)
-        if body.get("target_prompt_logprobs") is not None:
-            raise BadRequest("target_prompt_logprobs is not implemented by this service", status=NOT_IMPLEMENTED)
+            raise BadRequest("record_stability_info=true (StableReinforce) is not implemented by this service; leave "
+                             "it false", status=NOT_IMPLEMENTED)
         num = field_of(body, "num_samples", int, required=False, default=1, bounds=(1, MAX_SAMPLES))
         prompt = _wire.prompt_tokens(body.get("prompt"), base.vocab)
         if prompt.size >= base.max_len:
             raise BadRequest(f"prompt has {prompt.size} tokens; base model {base.name!r} takes fewer than "
                              f"{base.max_len}")
+        outputs = self._prompt_outputs(body, prompt.size, base.vocab)
         sp = field_of(body, "sampling_params", dict)
         params = self._sampling_params(sp, base)
-        params["prompt_logprobs"] = prompt_logprobs
+        params.update(outputs)
         seed = params.pop("seed")
         seed = secrets.randbelow(2**31) if seed is None else seed
         fut = state.future(tenant.name, "Sample")
@@ -790,6 +785,27 @@ class _Api(_checkpoints.CheckpointRoutes):
                             "seed": seed, "shared_base": shared},
             lambda result: fut.succeed(proto=_wire.sample_response(result)), restart=True)
         return self._future_reply(fut, None, sample_sequence_ids=seq_ids)
+
+    @staticmethod
+    def _prompt_outputs(body: dict[str, Any], prompt_len: int, vocab: int) -> dict[str, Any]:
+        """The outputs a sample request asks for besides its samples (see rota_tinker._sampling.sample)."""
+        out: dict[str, Any] = {"prompt_logprobs": field_of(body, "prompt_logprobs", bool, required=False,
+                                                           default=False)}
+        for wire, key in (("topk_prompt_logprobs", "topk_prompt"), ("topk_sample_logprobs", "topk_sample"),
+                          ("prompt_alt_tokens_k", "alt_k")):
+            out[key] = field_of(body, wire, int, required=False, default=0, bounds=(0, MAX_TOPK))
+        if (out["topk_prompt"] or out["alt_k"]) and prompt_len < 2:
+            raise BadRequest("topk_prompt_logprobs and prompt_alt_tokens_k need a prompt of at least 2 tokens")
+        last_n = field_of(body, "prompt_logprobs_last_n", int, required=False, bounds=(1, max(1, prompt_len - 1)))
+        if last_n is not None:
+            if not (out["prompt_logprobs"] or out["topk_prompt"]):
+                raise BadRequest("prompt_logprobs_last_n applies to prompt logprobs; set prompt_logprobs")
+            if prompt_len < 2:
+                raise BadRequest("prompt_logprobs_last_n needs a prompt of at least 2 tokens")
+            out["last_n"] = last_n
+        if body.get("target_prompt_logprobs") is not None:
+            out["target"] = _wire.target_ids(body["target_prompt_logprobs"], prompt_len, vocab, MAX_TOPK)
+        return out
 
     @staticmethod
     def _sampling_params(sp: dict[str, Any], base: BaseModelSpec | HfModelSpec) -> dict[str, Any]:
@@ -915,7 +931,12 @@ class TinkerService:
             self.state = _State(config, self.endpoint)
             self.api = _Api(self.state)
             self._http = HttpServer(self.api, host, port, max_connections=config.max_connections,
-                                    header_timeout_s=config.header_timeout_s, body_timeout_s=config.body_timeout_s)
+                                    header_timeout_s=config.header_timeout_s, body_timeout_s=config.body_timeout_s,
+                                    max_client_connections=config.max_client_connections,
+                                    max_unauthenticated=min(config.max_unauthenticated,
+                                                            max(1, config.max_connections // 2)),
+                                    is_key=lambda key: config.tenant_for_key(key) is not None,
+                                    tls_cert=config.tls_cert, tls_key=config.tls_key)
         except BaseException:
             self._orchestrator.close()
             raise
@@ -947,7 +968,8 @@ class TinkerService:
     @property
     def url(self) -> str:
         host, port = self._http.address
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        scheme = "https" if self._http.tls else "http"
+        return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
     def start(self) -> str:
         """Serve in a background thread; returns the base URL."""

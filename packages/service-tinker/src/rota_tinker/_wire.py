@@ -15,6 +15,7 @@ must be finite, token ids must be whole numbers inside the vocabulary.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -252,16 +253,79 @@ def forward_backward_output(logprobs: list[np.ndarray], metrics: dict[str, float
 
 
 def sample_response(result: dict[str, Any]) -> bytes:
-    """``SampleResponse`` protobuf from ``{"sequences": [(tokens, logprobs, stop_reason)], "prompt_logprobs"}``."""
+    """``SampleResponse`` protobuf from a :func:`rota_tinker._sampling.sample` result: ``sequences`` ((tokens,
+    logprobs, stop_reason, top-k or None) each) and what the request asked for at its prompt."""
     out = pb.SampleResponse()
     if result.get("prompt_logprobs") is not None:
         out.prompt_logprobs = np.asarray(result["prompt_logprobs"], dtype=np.float32).tobytes()
-    for tokens, logprobs, stop in result["sequences"]:
+    if result.get("topk_prompt") is not None:
+        _topk_message(out.topk_prompt_logprobs, *result["topk_prompt"])
+    if result.get("target_prompt_logprobs") is not None:
+        _dense(out.target_prompt_logprobs, np.asarray(result["target_prompt_logprobs"], np.float32))
+    if result.get("prompt_alt") is not None:
+        tokens, logprobs = result["prompt_alt"]
+        _dense(out.prompt_alt_tokens.tokens, np.asarray(tokens, np.int64))
+        _dense(out.prompt_alt_tokens.logprobs, np.asarray(logprobs, np.float32))
+    for tokens, logprobs, stop, *topk in result["sequences"]:
         seq = out.sequences.add()
         seq.stop_reason = pb.STOP_REASON_STOP if stop == "stop" else pb.STOP_REASON_LENGTH
         seq.tokens = np.asarray(tokens, dtype=np.int32).tobytes()
         seq.logprobs = np.asarray(logprobs, dtype=np.float32).tobytes()
+        if topk and topk[0] is not None:
+            _topk_message(seq.topk_sampled_logprobs, *topk[0])
     return out.SerializeToString()
+
+
+def _topk_message(msg: Any, ids: np.ndarray, logprobs: np.ndarray) -> None:
+    """A ``TopkLogprobs``: ``[length, k]`` ids (int32) and logprobs (float32), row-major."""
+    msg.length, msg.k = int(ids.shape[0]), int(ids.shape[1])
+    msg.token_ids = np.ascontiguousarray(ids, np.int32).tobytes()
+    msg.logprobs = np.ascontiguousarray(logprobs, np.float32).tobytes()
+
+
+def _dense(msg: Any, arr: np.ndarray) -> None:
+    msg.dtype = pb.DTYPE_INT64 if arr.dtype == np.int64 else pb.DTYPE_FLOAT32
+    msg.shape.extend(arr.shape)
+    msg.dense = np.ascontiguousarray(arr).tobytes()
+
+
+def target_ids(value: Any, prompt_len: int, vocab: int, max_k: int) -> np.ndarray:
+    """``target_prompt_logprobs`` of a sample request (JSON ``TensorData``, dense or sparse CSR): ``[prompt_len - 1,
+    K]`` int64 token ids, -1 where nothing is asked (a sparse tensor's unlisted cells); BadRequest naming the fault."""
+    where = "target_prompt_logprobs"
+    if not isinstance(value, dict) or not isinstance(value.get("data"), list):
+        raise BadRequest(f"{where} must be a TensorData object with a 'data' list")
+    if value.get("dtype") != "int64":
+        raise BadRequest(f"{where} must be int64 token ids, got dtype {_short(value.get('dtype'))}")
+    shape = value.get("shape")
+    if (not isinstance(shape, list) or len(shape) != 2 or not all(isinstance(d, int) for d in shape)
+            or shape[0] != prompt_len - 1 or not 1 <= shape[1] <= max_k):
+        raise BadRequest(f"{where} shape {_short(shape)} must be [len(prompt) - 1, K] = [{prompt_len - 1}, K] with "
+                         f"1 <= K <= {max_k}")
+    rows, k = shape
+    data = value["data"]
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in data):
+        raise BadRequest(f"{where} data must be integers (token ids, -1 for none)")
+    crow, col = value.get("sparse_crow_indices"), value.get("sparse_col_indices")
+    if crow is None and col is None:
+        if len(data) != rows * k:
+            raise BadRequest(f"{where} has {len(data)} values; shape {shape} needs {rows * k}")
+        ids = np.asarray(data, np.int64).reshape(rows, k)
+    else:
+        ok = (isinstance(crow, list) and isinstance(col, list) and len(crow) == rows + 1 and len(col) == len(data)
+              and all(isinstance(x, int) for x in crow + col) and crow[0] == 0 and crow[-1] == len(data)
+              and all(a <= b for a, b in itertools.pairwise(crow)) and all(0 <= c < k for c in col))
+        if not ok:
+            raise BadRequest(f"{where} is not a valid sparse CSR tensor of shape {shape} (crow_indices of "
+                             f"{rows + 1} non-decreasing pointers from 0 to len(data), col_indices in [0, {k}))")
+        ids = np.full((rows, k), -1, np.int64)
+        for r in range(rows):
+            ids[r, col[crow[r]:crow[r + 1]]] = data[crow[r]:crow[r + 1]]
+    bad = (ids < -1) | (ids >= vocab)
+    if bad.any():
+        r, c = (int(x) for x in np.argwhere(bad)[0])
+        raise BadRequest(f"{where}[{r}][{c}] is {int(ids[r, c])}, outside the vocabulary of {vocab} tokens (-1: none)")
+    return ids
 
 
 # ------------------------------------------------------------------ JSON fields
