@@ -203,6 +203,13 @@ class ServiceConfig:
     # header_timeout_s and its body within body_timeout_s; handlers run on http_threads threads; JSON bodies
     # are at most max_json_bytes (forward_backward protobuf bodies: max_body_bytes).
     max_connections: int = 2048
+    # ... of which one peer address may hold max_client_connections, and those that have not shown a known API key
+    # yet at most max_unauthenticated (and half of max_connections), oldest closed first (rota_tinker._gate).
+    max_client_connections: int = 256
+    max_unauthenticated: int = 1024
+    # HTTPS: the certificate and private key (PEM files); "" serves plain HTTP.
+    tls_cert: str = ""
+    tls_key: str = ""
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     http_threads: int = 16
@@ -256,11 +263,16 @@ class ServiceConfig:
             check_id("group", self.group)
         except RotaError as e:
             raise ConfigError(f"{e}; fix --group / ROTA_GROUP") from None
-        for name in ("max_models", "max_sessions", "max_bytes", "max_connections", "http_threads",
-                     "max_json_bytes", "max_body_bytes", "max_request_tokens"):
+        for name in ("max_models", "max_sessions", "max_bytes", "max_connections", "max_client_connections",
+                     "max_unauthenticated", "http_threads", "max_json_bytes", "max_body_bytes", "max_request_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be an integer >= 1")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("give --tls-cert and --tls-key together (the certificate and its private key)")
+        for path in (self.tls_cert, self.tls_key):
+            if path and not os.access(path, os.R_OK):
+                raise ConfigError(f"TLS file {path!r} cannot be read; give a PEM file (--tls-cert / --tls-key)")
         for name in ("session_ttl_s", "header_timeout_s", "body_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0 seconds")

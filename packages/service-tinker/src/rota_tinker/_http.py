@@ -5,7 +5,10 @@ held one thread each (1,500 half-sent requests held 1,513 threads and starved
 ``/healthz``). Here an idle or half-sent connection costs the event loop a few objects
 and no thread, and is bounded three ways:
 
-* ``max_connections``: uvicorn's ``limit_concurrency``; past it, requests get 503;
+* ``max_connections``: uvicorn's ``limit_concurrency``; past it, requests get 503; below
+  it, :class:`rota_tinker._gate.Gate` caps each peer's connections and those that have
+  shown no API key yet, so a slow or keyless client cannot take a keyed one's place, and
+  slows wrong keys;
 * a **head deadline**: each request's head (request line and headers) must arrive within
   ``header_timeout_s`` of the connection opening (or of the previous response), dribbled
   or not, else the connection is closed. uvicorn has no such timeout (its keep-alive timer
@@ -35,6 +38,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from rota_tinker._gate import Gate
 from rota_tinker._wire import BadRequest
 
 log = logging.getLogger(__name__)
@@ -115,17 +119,28 @@ App = Callable[[Request], Awaitable[Reply]]
 class _Protocol(H11Protocol):
     """uvicorn's h11 protocol plus a deadline for each request's head (see the module docstring)."""
 
-    header_timeout_s = 10.0  # set per server by HttpServer
+    header_timeout_s = 10.0  # set per server by HttpServer, with:
+    gate: Gate
+    is_key: Callable[[bytes], bool] = staticmethod(lambda key: False)  # type: ignore[assignment]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_deadline: asyncio.TimerHandle | None = None
         super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        self._peer = str(peer[0]) if peer else "unknown"
+        self._admitted = self.gate.admit(self, transport, self._peer)
+        if not self._admitted:
+            transport.close()
+            return
         self._arm()
 
     def handle_events(self) -> None:
         super().handle_events()
         if self.conn.their_state is not h11.IDLE:  # a whole request head arrived
             self._disarm()
+            key = next((v for k, v in getattr(self, "scope", {}).get("headers", ()) if k == b"x-api-key"), b"")
+            if key and self.is_key(key):
+                self.gate.keyed(self)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -134,6 +149,9 @@ class _Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if getattr(self, "_admitted", False):
+            self._admitted = False
+            self.gate.left(self, self._peer)
         super().connection_lost(exc)
 
     def _arm(self) -> None:
@@ -156,14 +174,24 @@ class HttpServer:
     """Serves ``app`` on ``host:port`` (bound at once, so the port is known and a taken port fails here)."""
 
     def __init__(self, app: App, host: str, port: int, *, max_connections: int, header_timeout_s: float,
-                 body_timeout_s: float) -> None:
+                 body_timeout_s: float, max_client_connections: int | None = None,
+                 max_unauthenticated: int | None = None, is_key: Callable[[bytes], bool] | None = None,
+                 tls_cert: str = "", tls_key: str = "") -> None:
+        """``is_key(raw header)``: whether an ``X-API-Key`` is known (connections that show one are never evicted;
+        a wrong one is slowed); ``tls_cert``/``tls_key``: serve HTTPS (PEM files)."""
         self.app = app
         self.body_timeout_s = body_timeout_s
+        self.tls = bool(tls_cert)
+        self.gate = Gate(max_client_connections or max_connections, max_unauthenticated or max_connections)
+        self.is_key = is_key
         _descriptors_for(max_connections)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.create_server((host, port), family=family, backlog=min(4096, max_connections))
-        protocol = type("_Protocol", (_Protocol,), {"header_timeout_s": header_timeout_s})
+        protocol = type("_Protocol", (_Protocol,), {"header_timeout_s": header_timeout_s, "gate": self.gate,
+                                                    **({"is_key": staticmethod(is_key)} if is_key else {})})
+        tls = {"ssl_certfile": tls_cert, "ssl_keyfile": tls_key} if tls_cert else {}
         config = uvicorn.Config(self._asgi, http=protocol, interface="asgi3", lifespan="off", log_config=None,
+                                **tls,  # type: ignore[arg-type]
                                 access_log=False, proxy_headers=False, server_header=False, date_header=False,
                                 limit_concurrency=max_connections, backlog=min(4096, max_connections),
                                 timeout_keep_alive=5, timeout_graceful_shutdown=2, h11_max_incomplete_event_size=16384)
@@ -188,6 +216,10 @@ class HttpServer:
             headers[key] = value
         request = Request(scope["method"], scope["path"], headers, receive,
                           query=scope.get("query_string", b"").decode("latin-1")[:1024])
+        key = headers.get("x-api-key")
+        if key and self.is_key is not None and not self.is_key(key):  # logged and slowed, then refused (401)
+            client = scope.get("client")
+            await asyncio.sleep(self.gate.failed(str(client[0]) if client else "unknown"))
         try:
             reply = await self.app(request)
         except BadRequest as e:

@@ -10,6 +10,7 @@ Flags fall back to environment variables: ``ROTA_TINKER_LISTEN``, ``ROTA_TINKER_
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import tempfile
@@ -31,6 +32,13 @@ def _listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 # (flag, ServiceConfig field, type, default, help): per-key quotas and the HTTP front end's bounds
 _LIMITS = (
     ("--max-models", "max_models", click.IntRange(min=1), 8,
@@ -43,6 +51,11 @@ _LIMITS = (
      "Seconds without a heartbeat after which a session ends and its models are unloaded."),
     ("--max-connections", "max_connections", click.IntRange(min=1), 2048,
      "Open HTTP connections at most (503 past it)."),
+    ("--max-client-connections", "max_client_connections", click.IntRange(min=1), 256,
+     "Open HTTP connections one peer address may hold (more are closed at once)."),
+    ("--max-unauthenticated", "max_unauthenticated", click.IntRange(min=1), 1024,
+     "Open connections that have not shown a known API key yet, in all (at most half of --max-connections); one "
+     "more closes the oldest, so slow or keyless clients cannot keep tenants out."),
     ("--header-timeout", "header_timeout_s", click.FloatRange(min=0.1), 10.0,
      "Seconds a request's head (request line and headers) may take to arrive; then the connection is closed."),
     ("--body-timeout", "body_timeout_s", click.FloatRange(min=0.1), 60.0,
@@ -63,6 +76,11 @@ def _limit_options(fn: Callable[..., None]) -> Callable[..., None]:
 @click.command("serve")
 @click.option("--listen", default="127.0.0.1:8000", show_default=True, envvar="ROTA_TINKER_LISTEN",
               help="HOST:PORT to serve HTTP on (env ROTA_TINKER_LISTEN).")
+@click.option("--tls-cert", default="", type=click.Path(dir_okay=False), envvar="ROTA_TINKER_TLS_CERT",
+              help="Serve HTTPS with this certificate (PEM; env ROTA_TINKER_TLS_CERT). Without it API keys travel in "
+                   "the clear: a --listen beyond loopback then prints a warning.")
+@click.option("--tls-key", default="", type=click.Path(dir_okay=False), envvar="ROTA_TINKER_TLS_KEY",
+              help="The private key of --tls-cert (PEM; env ROTA_TINKER_TLS_KEY).")
 @click.option("--tenant", "tenants", multiple=True, envvar="ROTA_TINKER_KEYS",
               help="NAME=tml-KEY; repeat per tenant (env ROTA_TINKER_KEYS, comma-separated).")
 @click.option("--device", default="cpu", show_default=True, envvar="ROTA_TINKER_DEVICE",
@@ -112,8 +130,8 @@ def _limit_options(fn: Callable[..., None]) -> Callable[..., None]:
 @click.option("--worker-start-timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
               help="Seconds a tenant's worker process may take to start (torch import, CUDA init, the base).")
 @_limit_options
-def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, model_dirs: tuple[str, ...],
-              base_models: tuple[str, ...], group: str,
+def serve_cmd(listen: str, tls_cert: str, tls_key: str, tenants: tuple[str, ...], device: str,
+              model_dirs: tuple[str, ...], base_models: tuple[str, ...], group: str,
               orchestrator: str | None, capacity: int, units_per_turn: int, keep_cache: bool, deterministic: bool,
               share_base: bool, lora_concurrency: int,
               data_dir: str | None, long_poll: float, worker_start_timeout: float, **limits: float) -> None:
@@ -148,7 +166,7 @@ def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, model_dirs: tu
                                capacity_bytes=capacity, units_per_turn=units_per_turn, release_cached=not keep_cache,
                                share_lora_base=share_base, deterministic=deterministic,
                                lora_concurrency=lora_concurrency,
-                               worker_start_timeout_s=worker_start_timeout,
+                               worker_start_timeout_s=worker_start_timeout, tls_cert=tls_cert, tls_key=tls_key,
                                **limits)  # type: ignore[arg-type]
     except RotaError as e:
         raise click.UsageError(str(e)) from e
@@ -158,6 +176,9 @@ def serve_cmd(listen: str, tenants: tuple[str, ...], device: str, model_dirs: tu
         raise click.UsageError(str(e)) from e
     except OSError as e:
         raise click.ClickException(f"cannot listen on {listen}: {e}") from e
+    if not tls_cert and not _loopback(host):
+        click.echo(f"rota tinker: WARNING: serving plain HTTP on {host}, beyond loopback: API keys and data travel "
+                   "in the clear; give --tls-cert/--tls-key", err=True)
     turns = (f"orchestrator {service.endpoint}" if orchestrator else
              f"own orchestrator {service.endpoint}" + (f", capacity {capacity / 2**30:.1f} GiB" if capacity else ""))
     click.echo(f"rota tinker: serving {service.url} for tenants {[t.name for t in config.tenants]} on {device}, "

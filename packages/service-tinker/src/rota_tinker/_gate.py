@@ -1,0 +1,85 @@
+"""Who may hold the HTTP front end's connections, and how fast a wrong API key may be tried.
+
+One global connection cap let one unauthenticated client holding ~2,100 sockets get every
+tenant 503. The gate bounds connections where they come from, before any key is known:
+
+* **per client**: one peer address holds at most ``per_client`` open connections (past it a
+  new one is closed at once);
+* **unauthenticated**: connections that have not yet shown a known API key hold at most
+  ``unauthenticated`` places in all; one more evicts the oldest of them. A keyed client's
+  new connection shows its key in its first request head, within milliseconds, and is then
+  no longer evictable; a slow client's connections are the ones that go. (The server's
+  global cap is larger than this, so unauthenticated connections alone never reach it.)
+* **failed keys** are logged (the peer address and how many in the last minute; never the
+  key) and slowed: the refusal waits ``FAIL_DELAY_S`` doubled per failure of that peer in
+  the last minute, up to ``FAIL_DELAY_MAX_S``, while its connection counts against the
+  peer's cap, so a peer tries a few keys a second, not thousands.
+
+Lives on the server's event loop (no locks); used by :mod:`rota_tinker._http`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FAIL_WINDOW_S = 60.0
+FAIL_DELAY_S = 0.05
+FAIL_DELAY_MAX_S = 5.0
+MAX_PEERS_TRACKED = 65536  # peers with recent failures remembered (oldest forgotten first)
+
+
+class Gate:
+    """Connection places by peer and by authentication; failed-key pacing (see the module docs)."""
+
+    def __init__(self, per_client: int, unauthenticated: int) -> None:
+        self.per_client, self.unauthenticated = per_client, unauthenticated
+        self._by_peer: collections.Counter[str] = collections.Counter()
+        self._pending: collections.OrderedDict[Any, Any] = collections.OrderedDict()  # protocol -> its transport
+        self._failures: collections.OrderedDict[str, collections.deque[float]] = collections.OrderedDict()
+
+    def admit(self, conn: Any, transport: Any, peer: str) -> bool:
+        """Whether connection ``conn`` from ``peer`` may stay open; it then counts as unauthenticated."""
+        if self._by_peer[peer] >= self.per_client:
+            log.warning("closing a connection from %s: it already holds %d (--max-client-connections)", peer,
+                        self.per_client)
+            return False
+        self._by_peer[peer] += 1
+        self._pending[conn] = transport
+        while len(self._pending) > self.unauthenticated:
+            _, oldest = self._pending.popitem(last=False)
+            log.info("closing the oldest connection that has shown no API key (over %d such connections, "
+                     "--max-unauthenticated)", self.unauthenticated)
+            oldest.close()
+        return True
+
+    def keyed(self, conn: Any) -> None:
+        """``conn`` showed a known API key: it keeps its place."""
+        self._pending.pop(conn, None)
+
+    def left(self, conn: Any, peer: str) -> None:
+        self._pending.pop(conn, None)
+        self._by_peer[peer] -= 1
+        if self._by_peer[peer] <= 0:
+            del self._by_peer[peer]
+
+    def failed(self, peer: str) -> float:
+        """Record a wrong API key from ``peer`` (logged); the seconds its refusal waits."""
+        now = time.monotonic()
+        times = self._failures.pop(peer, None) or collections.deque()
+        while times and now - times[0] > FAIL_WINDOW_S:
+            times.popleft()
+        times.append(now)
+        self._failures[peer] = times
+        while len(self._failures) > MAX_PEERS_TRACKED:
+            self._failures.popitem(last=False)
+        n = len(times)
+        log.warning("unknown API key from %s (%d in the last %g s)", peer, n, FAIL_WINDOW_S)
+        return min(FAIL_DELAY_S * 2 ** min(n - 1, 20), FAIL_DELAY_MAX_S)
+
+
+__all__ = ["Gate"]
