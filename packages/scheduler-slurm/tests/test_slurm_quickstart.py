@@ -23,13 +23,25 @@ def test_quickstart_runs_timeslice_jobs_and_stops_cleanly(orchestrator: str, aut
                              str(auth_key), "--gpus", "1", "--tenants-per-gpu", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        conf = ""
+        conf, hints = "", []
         assert proc.stdout is not None
         for line in proc.stdout:  # the printed instructions name the cluster's slurm.conf
             if line.strip().startswith("export SLURM_CONF="):
                 conf = line.strip().split("=", 1)[1]
+            if line.startswith("  ") and line.strip():
+                hints.append(line.strip())
+            if line.startswith("Ctrl-C"):
                 break
         assert conf == str(folder.resolve() / "etc" / "slurm.conf"), proc.stderr.read() if proc.stderr else ""
+        # the hints work as printed, in a shell without ROTA_* settings: submit, then `rota slurm status` as admin
+        shell = {k: v for k, v in os.environ.items() if not k.startswith(("ROTA_", "SLURM_"))}
+        script = "set -e\n" + "\n".join(hints) + "\nwhile squeue -h | grep -q .; do sleep 0.3; done\n"
+        ran = subprocess.run(["bash", "-c", script], env=shell, capture_output=True, text=True, timeout=180,
+                             cwd=tmp_path)
+        assert ran.returncode == 0, ran.stderr
+        submitted = ran.stdout.split("Submitted batch job ", 1)[1].split()[0]
+        assert "JOBID" in ran.stdout and f"\n{submitted} " in ran.stdout, ran.stdout  # rota slurm status answered
+        assert (tmp_path / f"slurm-{submitted}.out").read_text().split() == ["1"]  # the hint's job got its turn
         env = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
         env["SLURM_CONF"] = conf
         script = f"{sys.executable} -c 'import os, rota; g = rota.connect(); g.acquire(); " \

@@ -10,6 +10,7 @@ import jwt
 import pytest
 
 from rota import auth
+from rota.config import MAX_PRIORITY, MIN_PRIORITY
 from rota_slurm.testing import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -148,6 +149,10 @@ def test_placeholders_need_one_node_and_gpus(slurm: SlurmCluster, outdir: Path) 
     (["--timeslice=" + "x" * 129], "--timeslice=" + "x" * 129 + " is longer than 128"),
     (["--timeslice=g", "--timeslice-priority=high"], "--timeslice-priority=high is not an integer"),
     (["--timeslice=g", "--timeslice-priority="], "--timeslice-priority= is not an integer"),
+    (["--timeslice=g", f"--timeslice-priority={MAX_PRIORITY + 1}"],  # what the orchestrator would refuse later
+     f"--timeslice-priority={MAX_PRIORITY + 1} is not an integer between {MIN_PRIORITY} and {MAX_PRIORITY}"),
+    (["--timeslice=g", "--timeslice-priority=5000"], "--timeslice-priority=5000 is not an integer between"),
+    (["--timeslice=g", f"--timeslice-priority={MIN_PRIORITY - 1}"], f"--timeslice-priority={MIN_PRIORITY - 1} is not"),
 ])
 def test_bad_values_fail_at_submit(slurm: SlurmCluster, args: list[str], message: str) -> None:
     before = slurm.run("squeue", "-h", "-o", "%i").stdout.split()
@@ -160,6 +165,43 @@ def test_bad_values_fail_at_submit(slurm: SlurmCluster, args: list[str], message
 def test_help_lists_options(slurm: SlurmCluster) -> None:
     out = slurm.run("sbatch", "--help").stdout
     assert "--timeslice=GROUP" in out and "--timeslice-priority=N" in out
+    assert f"an integer from {MIN_PRIORITY} to {MAX_PRIORITY}" in " ".join(out.split())
+
+
+def test_the_priority_range_edges_are_accepted_and_run(slurm: SlurmCluster, outdir: Path) -> None:
+    jobs = [slurm.sbatch("--timeslice=edges", f"--timeslice-priority={p}", "--gres=shard:1", "-w", "n1", "-o",
+                         str(outdir / f"{i}.out"), "--wrap", PRINT_ENV) for i, p in enumerate((MIN_PRIORITY,
+                                                                                                 MAX_PRIORITY))]
+    slurm.wait_jobs(jobs, timeout=60)
+    assert [_env_of(outdir / f"{i}.out")["ROTA_PRIORITY"] for i in range(2)] == [str(MIN_PRIORITY),
+                                                                                   str(MAX_PRIORITY)]
+
+
+NO_GPU = "rota: warning: --timeslice=atsubmit without a GPU request: Slurm will give the job no GPU"
+
+
+def test_sbatch_itself_warns_about_a_job_without_a_gpu_request(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The warning reaches the submitting terminal (sbatch's stderr), not only the job's output file; a GPU asked
+    on the command line, in an SBATCH_ variable or in the script's #SBATCH lines silences it."""
+    asks = tmp_path / "asks.sh"
+    asks.write_text("#!/bin/sh\n#SBATCH --gres=shard:1\n#SBATCH -w n1\ntrue\n")
+    bare = tmp_path / "bare.sh"
+    bare.write_text("#!/bin/sh\n#SBATCH -w n1\ntrue\n")
+    base = ("sbatch", "--parsable", "--timeslice=atsubmit", "-o", "/dev/null")
+    warned = [slurm.run(*base, "-w", "n1", "--wrap", "true"), slurm.run(*base, str(bare))]
+    quiet = [slurm.run(*base, "--gres=shard:1", "-w", "n1", "--wrap", "true"),
+             slurm.run(*base, "--gres", "shard:1", "-w", "n1", "--wrap", "true"),
+             slurm.run(*base, str(asks))]
+    for res in warned:
+        assert res.stderr.count(NO_GPU) == 1 and "--gres=shard:1" in res.stderr, res.stderr
+        assert res.stdout.strip()  # warned, still submitted
+    for res in quiet:
+        assert "rota: warning" not in res.stderr, res.stderr
+    env = slurm.run("env", "SBATCH_GRES=shard:1", *base, "-w", "n1", "--wrap", "true")
+    assert "rota: warning" not in env.stderr
+    plain = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-w", "n1", "--wrap", "true")  # no --timeslice
+    assert "rota: warning" not in plain.stderr
+    slurm.wait_jobs([r.stdout.strip().split(";")[0] for r in (*warned, *quiet, env, plain)], timeout=60)
 
 
 @pytest.mark.parametrize("command", [["srun", "-N1"], ["salloc", "-N1"]])

@@ -53,6 +53,7 @@ from typing import Any, Protocol, TypeVar
 from rota._ids import check_id, check_pair
 from rota._state import GONE, GroupState
 from rota._types import Grant, ReleaseInfo, TurnRequest
+from rota.config import MAX_PRIORITY, MIN_PRIORITY
 from rota.errors import AlreadyAttached, Faulted, InvalidArgument, NotFound, RotaError, Unavailable
 from rota.policies import Fifo, Policy
 
@@ -1011,7 +1012,6 @@ class AgentLinks:
             await ch.close()  # type: ignore[attr-defined]
 
 
-MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
 MAX_WEIGHT = 1e6
 MAX_BYTES = 1 << 50  # a byte count from a caller (footprint, host memory): 1 PiB
 

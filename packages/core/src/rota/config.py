@@ -16,8 +16,12 @@ from rota.errors import ConfigError
 
 _N = TypeVar("_N", int, float)
 
-__all__ = ["check_endpoint", "check_id", "check_pair", "env_bytes", "env_float", "env_int", "format_bytes",
-           "parse_bytes", "percentile", "shown"]
+__all__ = ["MAX_PRIORITY", "MIN_PRIORITY", "check_endpoint", "check_id", "check_pair", "env_bytes", "env_float",
+           "env_int", "format_bytes", "parse_bytes", "percentile", "shown"]
+
+# The priorities an orchestrator accepts (an acquire outside them is INVALID_ARGUMENT); schedulers check
+# them at submit with these values (rota_slurm compiles them into its SPANK plugin).
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
 
 
 def check_endpoint(value: str, source: str) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from rota.config import MAX_PRIORITY, MIN_PRIORITY
 from rota.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,8 @@ def build(dest: Path, *, include_dirs: tuple[str, ...] = (), timeout: float = 12
     dest.parent.mkdir(parents=True, exist_ok=True)
     cc = find_compiler()
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-    cmd = [*cc.split(), "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(tmp), str(source_path())]
+    cmd = [*cc.split(), "-shared", "-fPIC", "-O2", "-Wall", "-Werror", f"-DROTA_MIN_PRIORITY={MIN_PRIORITY}",
+           f"-DROTA_MAX_PRIORITY={MAX_PRIORITY}", "-o", str(tmp), str(source_path())]
     cmd[1:1] = [f"-I{d}" for d in include_dirs]
     log.info("building SPANK plugin: %s", " ".join(cmd))
     try:

@@ -20,7 +20,7 @@ import click
 from rota import auth
 from rota.admin import client_timeout
 from rota.cli.options import Endpoint
-from rota.config import check_endpoint
+from rota.config import MAX_PRIORITY, MIN_PRIORITY, check_endpoint
 from rota.errors import RotaError
 from rota_slurm import _groups, _orchestrator, _place, _slurm, _spank, _status, _token
 from rota_slurm._conf import GresLayout, gres_conf, slurm_conf_lines
@@ -103,7 +103,8 @@ def conf(gpus: int, tenants_per_gpu: int, node: str, device_prefix: str) -> None
 @click.option("--tenants", type=click.IntRange(min=1), default=1, show_default=True, help="How many jobs to submit.")
 @click.option("--node", default="", help="Pin every tenant to this node (one group = one GPU set).")
 @click.option("--shards", type=click.IntRange(min=1), default=1, show_default=True, help="Shards per tenant.")
-@click.option("--priority", type=int, default=0, help="--timeslice-priority of every tenant.")
+@click.option("--priority", type=click.IntRange(MIN_PRIORITY, MAX_PRIORITY), default=0,
+              help=f"--timeslice-priority of every tenant ({MIN_PRIORITY}..{MAX_PRIORITY}, the orchestrator's range).")
 @click.option("--force", is_flag=True, help="Submit even if a whole-GPU job shares a GPU with shard tenants.")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch commands, do not run them.")
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED, required=True)

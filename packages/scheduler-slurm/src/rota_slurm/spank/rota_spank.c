@@ -78,6 +78,18 @@ SPANK_PLUGIN(rota, 1);
 #endif
 #define ROTA_ARG_MAX 1024
 
+/* The orchestrator's priority range (rota.config MIN_PRIORITY/MAX_PRIORITY): `rota slurm install-spank`
+ * compiles them in with -D, so sbatch refuses what the orchestrator would refuse when the job runs. */
+#ifndef ROTA_MIN_PRIORITY
+#define ROTA_MIN_PRIORITY -1000
+#endif
+#ifndef ROTA_MAX_PRIORITY
+#define ROTA_MAX_PRIORITY 1000
+#endif
+
+#define ROTA_STR_(x) #x
+#define ROTA_STR(x) ROTA_STR_(x)
+
 static char opt_group[ROTA_ID_MAX + 1] = "";
 static int have_group = 0;
 static long opt_priority = 0;
@@ -94,6 +106,8 @@ static char step_gpus_why[160] = "";         /* why step_gpus is empty */
 static int opt_group_cb(int val, const char *optarg, int remote);
 static int opt_priority_cb(int val, const char *optarg, int remote);
 
+#include "rota_spank_submit.c" /* warn_at_submit: a job that asks no GPU, told at sbatch */
+
 static struct spank_option rota_options[] = {
     {"timeslice", "GROUP",
      "Share GPUs with other jobs of time-slice group GROUP (rota): sets ROTA_GROUP, ROTA_TENANT, "
@@ -101,7 +115,8 @@ static struct spank_option rota_options[] = {
      "GPUs on it (gpu0, gpu0_1, ...): --timeslice=%n-%g is one group per GPU set.",
      1, 0, opt_group_cb},
     {"timeslice-priority", "N",
-     "Priority of this job in its time-slice group (integer, higher first under the priority policy).",
+     "Priority of this job in its time-slice group (an integer from " ROTA_STR(ROTA_MIN_PRIORITY) " to "
+     ROTA_STR(ROTA_MAX_PRIORITY) ", higher first under the priority policy).",
      1, 1, opt_priority_cb},
     SPANK_OPTIONS_TABLE_END};
 
@@ -154,7 +169,7 @@ static int parse_priority(const char *s, long *out)
         return -1;
     errno = 0;
     v = strtol(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < -1000000 || v > 1000000)
+    if (errno != 0 || end == s || *end != '\0' || v < ROTA_MIN_PRIORITY || v > ROTA_MAX_PRIORITY)
         return -1;
     *out = v;
     return 0;
@@ -165,8 +180,8 @@ static int opt_priority_cb(int val, const char *optarg, int remote)
     (void)val;
     (void)remote;
     if (parse_priority(optarg, &opt_priority) != 0) {
-        slurm_error("rota: --timeslice-priority=%s is not an integer between -1000000 and 1000000",
-                    optarg ? optarg : "");
+        slurm_error("rota: --timeslice-priority=%s is not an integer between %d and %d (the orchestrator's range)",
+                    optarg ? optarg : "", ROTA_MIN_PRIORITY, ROTA_MAX_PRIORITY);
         return ESPANK_BAD_ARG;
     }
     have_priority = 1;
@@ -551,6 +566,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
          * orchestrator is not passed this way: the submitting user controls this environment. */
         spank_job_control_setenv(sp, "ROTA_GROUP", opt_group, 1);
     }
+    if (spank_context() == S_CTX_ALLOCATOR)
+        warn_at_submit();
     return ESPANK_SUCCESS;
 }
 
