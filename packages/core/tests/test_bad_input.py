@@ -119,7 +119,7 @@ def test_torchrun_ranks_win_over_inherited_rota_ranks(monkeypatch):
     (["orchestrator", "serve", "--listen", "nowhere"], "'nowhere' is not host:port"),
     (["orchestrator", "serve", "--policy", "lottery"], "unknown policy 'lottery'"),
     (["orchestrator", "serve", "--capacity", "lots"], "'lots' is not a size"),
-    (["orchestrator", "serve", "--ttl", "0"], "ttl_s=0.0 must be > 0"),
+    (["orchestrator", "serve", "--ttl", "0"], "Invalid value for '--ttl': 0.0 is not in the range x>0"),
     (["orchestrator", "serve", "--groups", "ok,no way"], "'no way' is malformed"),
     (["status", "bad group"], "'bad group' is malformed"),
 ])

@@ -420,8 +420,8 @@ class Orchestrator:
                 _fail(fut, Unavailable(f"job {job_id!r} was removed from group {group_id!r}: {reason}",
                                               job_id=job_id, group_id=group_id))
             self._kick(group_id)
-        if any(result):
-            log.info("evicted job %s from group %s: %s", job_id, group_id, reason)
+        if any(result):  # a turn or a place taken away (not a job's own goodbye): what an operator looks for
+            (log.info if ended else log.warning)("evicted job %s from group %s: %s", job_id, group_id, reason)
         return result
 
     async def status(self, group_id: str = "") -> list[GroupState]:

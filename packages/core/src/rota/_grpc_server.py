@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -19,6 +21,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from rota.errors import InvalidArgument, RotaError
+
+log = logging.getLogger(__name__)
 
 
 class BadMessage:
@@ -51,9 +55,30 @@ class LenientRequests(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return handler._replace(request_deserializer=_lenient(handler.request_deserializer))
 
 
+REFUSALS_LOGGED_PER_MINUTE = 20  # a caller hammering with bad tokens cannot flood the log
+_refusals = {"window": 0.0, "logged": 0, "dropped": 0}
+
+
+def log_refusal(method: str, context: grpc.aio.ServicerContext, exc: RotaError) -> None:
+    """A refused credential (UNAUTHENTICATED) or action (PERMISSION_DENIED) is logged as a warning with the
+    caller's address, at most :data:`REFUSALS_LOGGED_PER_MINUTE` lines a minute (then how many were not)."""
+    if exc.code not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return
+    now = time.monotonic()
+    if now - _refusals["window"] >= 60:
+        if _refusals["dropped"]:
+            log.warning("%d more refused calls in the last minute were not logged", _refusals["dropped"])
+        _refusals.update(window=now, logged=0, dropped=0)
+    if _refusals["logged"] >= REFUSALS_LOGGED_PER_MINUTE:
+        _refusals["dropped"] += 1
+        return
+    _refusals["logged"] += 1
+    log.warning("refused %s from %s: %s", method, context.peer() or "?", exc)
+
+
 def rpc_errors(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Decorate a servicer method: a RotaError aborts the RPC with its code and message; an
-    unparsable request (:class:`BadMessage`) is INVALID_ARGUMENT."""
+    """Decorate a servicer method: a RotaError aborts the RPC with its code and message (refused credentials
+    are logged: :func:`log_refusal`); an unparsable request (:class:`BadMessage`) is INVALID_ARGUMENT."""
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -62,6 +87,7 @@ def rpc_errors(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any
                 raise request.error()
             return await fn(self, request, context)
         except RotaError as exc:
+            log_refusal(fn.__name__, context, exc)
             await context.abort(exc.code, str(exc), trailing_metadata=exc.trailers())
 
     return wrapper

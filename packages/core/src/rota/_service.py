@@ -23,7 +23,7 @@ from rota._generated import rota_v1_pb2 as pb
 from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota._generated import timeslice_orchestrator_pb2 as v1a
 from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
-from rota._grpc_server import BadMessage, LenientRequests, bind, health_servicer, rpc_errors
+from rota._grpc_server import BadMessage, LenientRequests, bind, health_servicer, log_refusal, rpc_errors
 from rota._ids import check_id, check_pair
 from rota._local import private_socket_folder
 from rota._state import GroupState
@@ -202,6 +202,7 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
                                                check_bytes("footprint_bytes", h.footprint_bytes),
                                                can_prefetch=h.can_prefetch, world_size=h.world_size or 1)
         except RotaError as exc:
+            log_refusal("Attach", context, exc)
             await context.abort(exc.code, str(exc), trailing_metadata=exc.trailers())
         yield pb.TenantCommand(command_id="attached")  # no command: "you are attached", before any grant
         reader = asyncio.create_task(self._read(session, request_iterator))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import click
@@ -10,7 +11,7 @@ from rota._client import check_endpoint
 from rota._units import parse_bytes
 from rota.errors import RotaError
 
-__all__ = ["ByteSize", "Endpoint", "resident_first_option"]
+__all__ = ["ByteSize", "Endpoint", "Seconds", "resident_first_option"]
 
 
 class Endpoint(click.ParamType):
@@ -28,6 +29,21 @@ class Endpoint(click.ParamType):
             return check_endpoint(str(value), source)
         except RotaError as exc:
             self.fail(str(exc), param, ctx)
+
+
+class Seconds(click.FloatRange):
+    """A finite number of seconds, >= 0 (``positive``: > 0); NaN and infinity are refused naming the flag."""
+
+    name = "SECONDS"
+
+    def __init__(self, *, positive: bool = False) -> None:
+        super().__init__(min=0, min_open=positive)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return seconds
 
 
 class ByteSize(click.ParamType):

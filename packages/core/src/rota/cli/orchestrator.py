@@ -17,7 +17,7 @@ from rota._grpc_server import server_tls
 from rota._plugins import plugin_manager
 from rota._service import serve
 from rota.auth import ServerAuth, load_key
-from rota.cli.options import ByteSize, Endpoint, resident_first_option
+from rota.cli.options import ByteSize, Endpoint, Seconds, resident_first_option
 from rota.errors import RotaError
 from rota.orchestrator import OrchestratorProtocol
 from rota.policies import ResidentFirst, available_policies, make_policy
@@ -42,13 +42,13 @@ def orchestrator() -> None:
               "Default: groups are created on first use.")
 @click.option("--policy", default="fifo", show_default=True,
               help="Who goes next: fifo, priority, fair (weighted GPU-time share), or a plugin's policy.")
-@click.option("--max-turn", type=float, default=0.0, show_default=True,
+@click.option("--max-turn", type=Seconds(), default=0.0, show_default=True,
               help="Seconds a holder may keep a group while others wait before it is asked to yield (0 = no limit).")
-@click.option("--ttl", type=float, default=10.0, show_default=True,
+@click.option("--ttl", type=Seconds(positive=True), default=10.0, show_default=True,
               help="Seconds without a heartbeat after which a tenant is dead and loses its turn.")
-@click.option("--park-timeout", type=float, default=120.0, show_default=True,
+@click.option("--park-timeout", type=Seconds(positive=True), default=120.0, show_default=True,
               help="Seconds a tenant may take to park before it is FAULTED and the group moves on.")
-@click.option("--v1-max-turn", type=float, default=600.0, show_default=True,
+@click.option("--v1-max-turn", type=Seconds(), default=600.0, show_default=True,
               help="Longest turn for v1alpha1-only clients, which send no heartbeats: a holder that vanished "
               "frees the group after this (0 = no limit).")
 @click.option("--capacity", type=ByteSize(), default="0", show_default=True,
@@ -58,7 +58,7 @@ def orchestrator() -> None:
 @click.option("--prefetch/--no-prefetch", default=None,
               help="Restore the next waiter while the holder still runs, when it fits beside the residents "
               "(needs --capacity). Default: on when --capacity is set.")
-@click.option("--idle-exit", type=float, default=0.0, show_default=True,
+@click.option("--idle-exit", type=Seconds(), default=0.0, show_default=True,
               help="Exit after this many seconds with no tenants (0 = run until stopped).")
 @click.option("--etcd", default="", envvar="ROTA_ETCD",
               help="Keep state in etcd at these comma-separated URLs (needs rota-orchestrator-etcd; env ROTA_ETCD).")
