@@ -91,7 +91,7 @@ _LOGS: dict[str, Path] = {}
 
 @pytest.fixture
 def orchestrator_log(orchestrator: str) -> Path:
-    """The log file of the session's orchestrator (evictions are logged as warnings; the serve runs at --log-level info)."""
+    """The log file of the session's orchestrator (served at --log-level info; evictions are warnings)."""
     return _LOGS["orchestrator"]
 
 
