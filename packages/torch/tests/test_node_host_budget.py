@@ -138,10 +138,13 @@ def test_unsafe_ledger_directories_are_refused(ledger, tmp_path, monkeypatch):
     os.chown(real, 0, 0)
     squatted = real / "0"
     squatted.mkdir()
-    os.chown(squatted, NOBODY, NOBODY)  # another user made this uid's directory first
-    with pytest.raises(ConfigError, match=r"/0' is owned by uid 65534 with mode 755; it must be yours"):
-        node_host_bytes()
+    os.chown(squatted, NOBODY, NOBODY)  # another user made this uid's directory first: one of its own is used
+    pool = HostPool(pin=False, spill_dir="")
+    pool.reserve(MB)
+    assert node_host_bytes()[os.getpid()] == pool.capacity
     assert list(squatted.iterdir()) == []  # nothing was written into it
+    (own,) = [p for p in real.iterdir() if p.name.startswith("0.")]
+    assert own.stat().st_uid == 0 and (own / str(os.getpid())).exists()
 
 
 def test_another_uid_growing_meanwhile_shrinks_this_claim(ledger, monkeypatch):
@@ -155,10 +158,12 @@ def test_another_uid_growing_meanwhile_shrinks_this_claim(ledger, monkeypatch):
         pytest.skip("needs root and setpriv to run a process as another uid")
     gc.collect()
     earlier = host_bytes_in_use()[0]  # pools this test process still holds from earlier tests
-    other = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sleep", "60"])
+    other = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable,
+                              "-c", "import time; held = b'x' * (60 << 20); time.sleep(60)"])  # really holds 60 MB
     try:
         deadline = time.monotonic() + 10  # setpriv runs as root for a moment before it becomes that uid
-        while os.stat(f"/proc/{other.pid}").st_uid != NOBODY and time.monotonic() < deadline:
+        while (os.stat(f"/proc/{other.pid}").st_uid != NOBODY or _ledger._resident_bytes(other.pid) < 55 * MB) \
+                and time.monotonic() < deadline:
             time.sleep(0.01)
         node_host_bytes()  # creates the root
         their_dir = ledger / str(NOBODY)

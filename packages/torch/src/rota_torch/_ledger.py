@@ -7,15 +7,22 @@ the sum of every *live* process's entry against the node budget
 (``ROTA_NODE_HOST_BUDGET_BYTES``; 0 or unset = none). No server is needed, so
 rota_torch alone enforces it.
 
-Every local user may be another tenant, so nobody writes where another uid writes:
+Every local user may be another tenant, so nobody writes where another uid writes, and
+nobody can make a path that locks another out:
 
-* ``ROTA_NODE_LEDGER_DIR`` (default ``/dev/shm/rota-host-ledger``) is the node's root,
-  owned by root (created ``1777`` by a root process, or by an admin) or by this user
-  alone (a private ledger); one writable by others must be sticky, and a link or a root
-  owned by another user is refused.
+* The node's root is ``/dev/shm/rota-host-ledger``, made ``1777`` by root (a root rota
+  process, or an admin: ``install -d -m 1777 -o root``, e.g. from systemd-tmpfiles). A
+  non-root process never creates it; while it is missing, or owned by another user, each
+  user's processes count only each other, in a private ledger of that user
+  (``$XDG_RUNTIME_DIR/rota-host-ledger``, else ``~/.cache/rota/host-ledger-<host>``), and
+  say so once. ``ROTA_NODE_LEDGER_DIR`` names another root, checked strictly: owned by
+  root or this user, sticky if others may write it, not a link.
 * Each uid records only in its own directory ``<root>/<uid>``, owned by it, mode 0755:
   only that uid writes there; every rota process reads every uid's entries, so the node
-  budget counts all users (an entry tells no more than ``/proc`` already does).
+  budget counts all users (an entry tells no more than ``/proc`` already does). Where
+  another uid made ``<root>/<uid>`` first, the uid uses ``<root>/<uid>.<random>`` instead
+  (the first such directory of its own, by name); readers take a directory only from
+  the uid that owns it.
 * A process locks only its own uid's ``lock`` (mode 0600: no other uid can open it,
   so none can block it), waits at most ``LOCK_TIMEOUT_S`` and then names the holder;
   writes its entry through an ``O_EXCL|O_NOFOLLOW`` temp file; prunes dead or bad
@@ -23,8 +30,9 @@ Every local user may be another tenant, so nobody writes where another uid write
 * Another uid's entry counts only if it is a regular file owned by that uid (read with
   ``O_NOFOLLOW|O_NONBLOCK``, at most 64 bytes), names a live process of that uid (pid
   and start time) and holds a byte count between 0 and the node's memory plus swap.
-  Anything else is ignored and logged once. A uid can thus only count bytes against
-  its own live processes, which it could as well allocate.
+  Anything else is ignored and logged once. It counts at most the memory that process
+  really holds (``VmRSS`` in ``/proc/PID/status``): a ``sleep`` claiming 25 GB counts
+  its few kB. A uid can thus only count bytes its live processes do hold.
 
 The locks are per uid, so across uids check-and-record is not atomic: a pool that
 grows records its claim, reads the others again and shrinks its claim if they grew
@@ -40,6 +48,8 @@ import fcntl
 import logging
 import os
 import re
+import secrets
+import socket
 import stat
 import time
 from collections.abc import Iterator
@@ -75,9 +85,45 @@ def _fix(path: str) -> str:
             "or set ROTA_NODE_LEDGER_DIR to a directory of your own")
 
 
+def _private_root() -> str:
+    """This user's own ledger root, used while the node's is missing or not root's (see the module docs)."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg):
+        return os.path.join(xdg, "rota-host-ledger")
+    cache = os.path.join(os.path.expanduser("~"), ".cache", "rota")
+    os.makedirs(cache, mode=0o700, exist_ok=True)
+    return os.path.join(cache, f"host-ledger-{socket.gethostname()}")
+
+
+def _root_path() -> str:
+    """ROTA_NODE_LEDGER_DIR, else the node's root when root made it, else this user's private root."""
+    explicit = os.environ.get("ROTA_NODE_LEDGER_DIR")
+    if explicit:
+        return explicit
+    try:
+        st = os.lstat(DEFAULT_DIR)
+    except FileNotFoundError:
+        if os.geteuid() == 0:
+            return DEFAULT_DIR  # root makes it, 1777
+        why = "does not exist"
+    except OSError as exc:
+        why = f"cannot be read ({exc.strerror})"
+    else:
+        ok = stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and (st.st_mode & stat.S_ISVTX or not st.st_mode & 0o022)
+        if ok:
+            return DEFAULT_DIR
+        why = f"is uid {st.st_uid}'s, mode {stat.S_IMODE(st.st_mode):o}, not root's"
+    private = _private_root()
+    if ("root", DEFAULT_DIR, why) not in _warned:
+        _warned.add(("root", DEFAULT_DIR, why))
+        log.warning("node ledger: %s %s: this user's rota processes count only each other against "
+                    "ROTA_NODE_HOST_BUDGET_BYTES (ledger %s); %s", DEFAULT_DIR, why, private, _fix(DEFAULT_DIR))
+    return private
+
+
 def _open_root() -> tuple[str, int]:
-    """The node's ledger root (created if missing), opened without following a link and checked."""
-    path = os.environ.get("ROTA_NODE_LEDGER_DIR") or DEFAULT_DIR
+    """The ledger root (created if missing: see the module docs), opened without following a link and checked."""
+    path = _root_path()
     uid = os.geteuid()
     try:
         created = _mkdir(path, 0o1777 if uid == 0 else 0o755)
@@ -116,30 +162,43 @@ def _mkdir(path: str, mode: int, dir_fd: int | None = None) -> bool:
     return True
 
 
-def _open_own(root: str, root_fd: int) -> int:
-    """This uid's directory under the root: created 0755, refused if another uid owns it or others may write it."""
-    uid = os.geteuid()
-    name = str(uid)
-    path = os.path.join(root, name)
+def _open_dir(name: str, root_fd: int) -> int:
+    """``name`` under the root if it is a directory of this uid that only it may write (else -1)."""
     try:
-        created = _mkdir(name, 0o755, dir_fd=root_fd)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=root_fd)
+    except OSError:
+        return -1
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        return -1
+    return fd
+
+
+def _open_own(root: str, root_fd: int) -> int:
+    """This uid's directory under the root: ``<uid>`` (created 0755), or where another uid made that name first,
+    the first ``<uid>.<random>`` of its own by name (created if there is none)."""
+    uid = os.geteuid()
+    try:
+        if _mkdir(str(uid), 0o755, dir_fd=root_fd):
+            os.chmod(str(uid), 0o755, dir_fd=root_fd)  # whatever the umask: other uids' rota reads it
     except PermissionError:
         raise ConfigError(f"the node ledger {root!r} does not let uid {uid} make its directory in it; "
                           f"{_fix(root)} (chmod 1777 {root} if it is root's)") from None
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=root_fd)
-    except OSError as exc:
-        raise ConfigError(f"node ledger directory {path!r} cannot be used ({exc.strerror}); it must be a "
-                          "directory of yours, not a link: remove it") from None
-    st = os.fstat(fd)
-    if created:
-        os.fchmod(fd, 0o755)
-    elif st.st_uid != uid or st.st_mode & 0o022:
-        os.close(fd)
-        raise ConfigError(f"node ledger directory {path!r} is owned by uid {st.st_uid} with mode "
-                          f"{stat.S_IMODE(st.st_mode):o}; it must be yours and writable by you only: another user "
-                          "may have planted it, remove it (as root)")
-    return fd
+    fd = _open_dir(str(uid), root_fd)
+    if fd >= 0:
+        return fd
+    _ignore(root, str(uid), "made by another uid or writable by others; using a directory of this uid's own")
+    for attempt in range(2):  # look for one of ours; make one and look again (two of our processes converge)
+        for name in sorted(n for n in os.listdir(root_fd) if n.startswith(f"{uid}."))[:MAX_ENTRIES]:
+            fd = _open_dir(name, root_fd)
+            if fd >= 0:
+                return fd
+        if attempt == 0:
+            name = f"{uid}.{secrets.token_hex(8)}"
+            _mkdir(name, 0o755, dir_fd=root_fd)
+            os.chmod(name, 0o755, dir_fd=root_fd)
+    raise ConfigError(f"no directory of uid {uid} can be made in the node ledger {root!r}; {_fix(root)}")
 
 
 def _proc_start_and_uid(pid: int) -> tuple[str, int]:
@@ -157,6 +216,15 @@ def _start_time(pid: int) -> str:
     """The process's start time, so a reused pid is not mistaken for the old one ("" if it is gone)."""
     start = proc.start_time(pid)
     return "" if start is None else str(start)
+
+
+def _resident_bytes(pid: int) -> int:
+    """The memory ``pid`` holds (VmRSS of /proc/PID/status; 0 if it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, IndexError, ValueError, StopIteration):
+        return 0
 
 
 def _memory_bound() -> int:
@@ -194,23 +262,24 @@ class NodeLedger:
         """Bytes per live rota process of every uid; this uid's dead or bad entries are removed."""
         out: dict[int, int] = {}
         bound = _memory_bound()
-        uids = sorted(n for n in os.listdir(self._root_fd) if n.isdigit())
+        uids = sorted(n for n in os.listdir(self._root_fd) if n.partition(".")[0].isdigit())
         if len(uids) > MAX_ENTRIES:
             _ignore(self.path, "*", f"{len(uids)} uid directories; only the first {MAX_ENTRIES} are read")
+        own = os.fstat(self._own_fd).st_ino
         for name in uids[:MAX_ENTRIES]:
             try:
                 st = os.stat(name, dir_fd=self._root_fd, follow_symlinks=False)
                 if not stat.S_ISDIR(st.st_mode):
                     continue
-                fd = self._own_fd if name == str(self.uid) else os.open(name, _DIR_FLAGS, dir_fd=self._root_fd)
+                fd = self._own_fd if st.st_ino == own else os.open(name, _DIR_FLAGS, dir_fd=self._root_fd)
             except OSError:
                 continue
             try:
                 where = os.path.join(self.path, name)
-                if name != str(os.fstat(fd).st_uid):
+                if name.partition(".")[0] != str(os.fstat(fd).st_uid):
                     _ignore(self.path, name, f"directory owned by uid {os.fstat(fd).st_uid}, not uid {name}")
                     continue
-                out.update(self._read_dir(fd, int(name), where, bound))
+                out.update(self._read_dir(fd, os.fstat(fd).st_uid, where, bound))
             finally:
                 if fd != self._own_fd:
                     os.close(fd)
@@ -225,6 +294,11 @@ class NodeLedger:
             _ignore(where, "*", f"{len(names)} entries; only the first {MAX_ENTRIES} are read")
         for name in names[:MAX_ENTRIES]:
             pid, nbytes, why = self._read_entry(fd, name, uid, bound)
+            if not why and not own:  # another uid's claim counts up to what its process really holds
+                held = _resident_bytes(pid)
+                if nbytes > held:
+                    _ignore(where, name, f"claims {nbytes} bytes but its process holds {held}; {held} counted")
+                    nbytes = held
             if not why:
                 out[pid] = nbytes
             elif own:  # dead, reused or broken: this uid's own entries are pruned

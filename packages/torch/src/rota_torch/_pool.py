@@ -267,7 +267,9 @@ class HostPool:
         if room is None or missing <= room or self.spill_dir:
             return
         in_memory, _ = host_bytes_in_use()
-        if self.node_budget_bytes and self.node_budget_bytes - others_on_node - in_memory == room:
+        node_room = self.node_budget_bytes - others_on_node - in_memory
+        # the budget that binds is named (the room is clamped at 0, so compare the budgets, not the room)
+        if self.node_budget_bytes and (not self.budget_bytes or node_room <= self.budget_bytes - in_memory):
             raise HostBudgetExceeded(
                 f"host pool: parking needs {missing / 1e9:.3f} GB more host memory but the node budget "
                 f"(ROTA_NODE_HOST_BUDGET_BYTES) is {self.node_budget_bytes / 1e9:.3f} GB, other rota processes on "
