@@ -107,6 +107,34 @@ def test_another_tenant_cannot_list_read_load_download_or_delete(served: Served,
         assert served.get(f"training_runs/{run}/checkpoints/{kind}/good/archive", None).status_code == 401, kind
 
 
+def test_another_tenant_cannot_describe_publish_expire_or_sample_a_checkpoint(served: Served, victim: dict) -> None:
+    """The metadata routes (weights_info, publish/unpublish, TTL) and sampling from a training checkpoint are the
+    owner's alone; the storage usage counts the caller's own checkpoints; the victim's records stay as they were."""
+    run, mallory, alice = victim["run"], KEYS["mallory"], KEYS["alice"]
+    before_files, before = _files(served), served.get(f"training_runs/{run}/checkpoints", alice).json()
+    headers = {"X-API-Key": mallory}
+    for kind, path in (("weights", victim["path"]), ("sampler_weights", victim["sampler_path"])):
+        r = served.post("weights_info", mallory, {"tinker_path": path})
+        assert r.status_code == 403 and "another tenant" in r.json()["detail"], r.text
+        route = f"{served.url}/api/v1/training_runs/{run}/checkpoints/{kind}/good"
+        for r in (httpx.post(f"{route}/publish", headers=headers, timeout=30),
+                  httpx.delete(f"{route}/publish", headers=headers, timeout=30),
+                  httpx.put(f"{route}/ttl", headers=headers, json={"ttl_seconds": 5}, timeout=30),
+                  httpx.put(f"{route}/ttl", headers={"X-API-Key": "tml-wrong-key-000000000"},
+                            json={"ttl_seconds": 5}, timeout=30)):
+            assert r.status_code in (401, 403), (r.request.method, r.request.url, r.text)
+    sc = tinker.ServiceClient(base_url=served.url, api_key=mallory)
+    with pytest.raises(tinker.PermissionDeniedError):
+        sc.create_sampling_client(model_path=victim["path"]).result(timeout=TIMEOUT)
+    r = served.post("asample", mallory, {"model_path": victim["path"], "sampling_params": {},
+                                         "prompt": {"chunks": [{"type": "encoded_text", "tokens": [3, 4]}]}})
+    assert r.status_code == 403, r.text
+    usage = served.get("billing/usage/checkpoints/current", mallory).json()["data"]
+    assert [(u["checkpoint_count"], u["size_bytes"]) for u in usage] == [(0, 0)]
+    assert served.get(f"training_runs/{run}/checkpoints", alice).json() == before  # not public, no expiry
+    assert _files(served) == before_files
+
+
 @pytest.mark.parametrize("name", ["../../mallory", "..", "a/b", "ok\n", ".hidden", "x" * 65, "con:1"])
 def test_checkpoint_names_that_leave_the_folder_are_refused(served: Served, victim: dict, name: str) -> None:
     before = _files(served)

@@ -13,6 +13,16 @@ ownership checks and worker handles). Served (under ``/api/v1``):
   ``GET training_runs/{id}/checkpoints``, ``GET checkpoints``, ``GET sessions``,
   ``GET sessions/{id}``: the caller's own runs, checkpoints and sessions only;
 * ``DELETE training_runs/{id}/checkpoints/{weights|sampler_weights}/{name}``;
+* ``PUT training_runs/{id}/checkpoints/{kind}/{name}/ttl`` (``set_checkpoint_ttl_from_tinker_path``) and
+  ``ttl_seconds`` of ``save_state``/``save_weights_for_sampler``: the checkpoint expires that long
+  from now (at least :data:`MIN_TTL_S`; ``None``: never), is reported as ``expires_at`` and is
+  deleted when it passes (an expired checkpoint answers 404 at once, its files go at the next sweep);
+* ``POST``/``DELETE training_runs/{id}/checkpoints/{kind}/{name}/publish``: marks the owner's
+  checkpoint public or private (reported as ``public``; no other tenant may read it either way:
+  this service has no sharing between tenants);
+* ``POST weights_info`` (``get_weights_info_by_tinker_path``): base model and LoRA shape of one
+  of the caller's checkpoints; ``GET billing/usage/checkpoints/current``: the caller's own
+  checkpoints' count and bytes;
 * ``GET training_runs/{id}/checkpoints/{weights|sampler_weights}/{name}/archive``: the
   checkpoint's folder as an uncompressed tar (``adapter_model.safetensors`` +
   ``adapter_config.json`` for LoRA, ``config.json`` + ``*.safetensors`` + tokenizer files for
@@ -45,10 +55,13 @@ from rota_tinker._wire import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 ID = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"  # model ids; ':' for the SDK's "SESSION:train:N"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # checkpoint names: they become file names
 TRAINING_PATH = re.compile(rf"tinker://({ID})/weights/([A-Za-z0-9][A-Za-z0-9._-]{{0,63}})")
+WEIGHTS_PATH = re.compile(rf"tinker://({ID})/(weights|sampler_weights)/([A-Za-z0-9][A-Za-z0-9._-]{{0,63}})")
 MAX_ARCHIVE_BYTES = 2 * 2**30  # a bigger checkpoint is copied from the service's data dir instead
 ARCHIVES_AT_ONCE = 2  # archives built in memory at the same time, service-wide (more: 429, try again)
 MAX_RUNS = 1000  # run records kept per tenant (its oldest forgotten first; their checkpoints stay listed)
 MAX_LIST = 1000
+MIN_TTL_S = 5  # the shortest checkpoint TTL (the Tinker SDK documents 1 hour; shorter ones serve tests and scratch)
+MAX_TTL_S = 10 * 366 * 86400
 
 
 def user_metadata(value: Any) -> dict[str, str] | None:
@@ -66,6 +79,16 @@ def _iso(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat()
 
 
+def ttl(body: dict[str, Any]) -> float | None:
+    """When a checkpoint saved with ``body``'s ``ttl_seconds`` expires (wall clock), or None (never)."""
+    seconds = field_of(body, "ttl_seconds", int, required=False, bounds=(MIN_TTL_S, MAX_TTL_S))
+    return None if seconds is None else time.time() + seconds
+
+
+def expired(item: Any, now: float | None = None) -> bool:
+    return item.expires is not None and item.expires <= (time.time() if now is None else now)
+
+
 @dataclass
 class Run:
     """A training run (one model, live or unloaded) as ``RestClient`` lists it."""
@@ -77,6 +100,7 @@ class Run:
     created: float = field(default_factory=time.time)
     last_request: float = field(default_factory=time.time)
     user_metadata: dict[str, str] | None = None
+    lora: dict[str, Any] | None = None  # rank and targets, as create_model gave them
 
 
 @dataclass
@@ -93,6 +117,8 @@ class Checkpoint:
     bytes: int
     created: float = field(default_factory=time.time)
     user_metadata: dict[str, str] | None = None
+    expires: float | None = None  # wall clock; None: never
+    public: bool = False
 
 
 class Runs:
@@ -106,7 +132,8 @@ class Runs:
     def record(self, model: Any, metadata: dict[str, str] | None) -> None:
         """Remember a new run; past MAX_RUNS of its tenant, that tenant's oldest is forgotten (no one else's)."""
         self.runs[model.model_id] = Run(model.model_id, model.tenant, model.base.name,
-                                        model.lora["rank"] if model.lora else None, user_metadata=metadata)
+                                        model.lora["rank"] if model.lora else None, user_metadata=metadata,
+                                        lora=model.lora)
         mine = [k for k, r in self.runs.items() if r.tenant == model.tenant]
         for k in mine[:max(0, len(mine) - MAX_RUNS)]:
             del self.runs[k]
@@ -148,7 +175,7 @@ class CheckpointRoutes:
         if not NAME.fullmatch(name):
             raise BadRequest(f"path {name[:80]!r} is not a valid checkpoint name: use 1-64 letters, digits, '.', '_', "
                              "'-', starting with a letter or digit")
-        field_of(body, "ttl_seconds", int, required=False, bounds=(3600, 10 * 366 * 86400))
+        expires = ttl(body)
         overwrite = field_of(body, "overwrite", bool, required=False, default=False)
         metadata = user_metadata(body.get("user_metadata"))
         path = f"tinker://{m.model_id}/weights/{name}"
@@ -161,7 +188,7 @@ class CheckpointRoutes:
 
         def done(result: Any) -> None:
             ck = Checkpoint(path, tenant.name, m.model_id, name, m.base, m.lora, result["folder"], int(result["bytes"]),
-                            user_metadata=metadata)
+                            user_metadata=metadata, expires=expires)
             with state.lock:
                 state.runs.checkpoints[path] = ck
                 state.runs.touch(m.model_id)
@@ -176,7 +203,10 @@ class CheckpointRoutes:
             shown = path[:140] if isinstance(path, str) else type(path).__name__
             raise BadRequest(f"path {shown!r} is not a training checkpoint; use the path save_state returned "
                              "(tinker://MODEL/weights/NAME)")
-        return self._owned(self.state.runs.checkpoints, path, "checkpoint", tenant)  # type: ignore[attr-defined]
+        ck = self._owned(self.state.runs.checkpoints, path, "checkpoint", tenant)  # type: ignore[attr-defined]
+        if expired(ck):
+            raise BadRequest(f"checkpoint {path!r} has expired (its TTL passed); save a new one", status=404)
+        return ck
 
     def _load_weights(self, tenant: Any, body: dict[str, Any]) -> Reply:
         ck = self._checkpoint(tenant, field_of(body, "path", str))
@@ -232,12 +262,12 @@ class CheckpointRoutes:
             training = [c for c in state.runs.checkpoints.values() if c.tenant == tenant and run in (None, c.run)]
             sampler = [w for w in state.weights.values() if w.tenant == tenant and not w.ephemeral
                        and run in (None, w.path.split("/")[2])]
-        out = [{"checkpoint_id": f"weights/{c.name}", "checkpoint_type": "training", "time": _iso(c.created),
-                "tinker_path": c.path, "size_bytes": c.bytes, "public": False, "user_metadata": c.user_metadata}
-               for c in training]
-        out += [{"checkpoint_id": f"sampler_weights/{w.path.rsplit('/', 1)[1]}", "checkpoint_type": "sampler",
-                 "time": _iso(w.created), "tinker_path": w.path, "size_bytes": w.bytes, "public": False}
-                for w in sampler]
+        now = time.time()
+        out = [{"checkpoint_id": f"{kind}/{c.path.rsplit('/', 1)[1]}", "checkpoint_type": type_,
+                "time": _iso(c.created), "tinker_path": c.path, "size_bytes": c.bytes, "public": c.public,
+                "user_metadata": c.user_metadata, "expires_at": None if c.expires is None else _iso(c.expires)}
+               for kind, type_, items in (("weights", "training", training), ("sampler_weights", "sampler", sampler))
+               for c in items if not expired(c, now)]
         return sorted(out, key=lambda c: c["time"])
 
     def _run(self, tenant: Any, run_id: str) -> Run:
@@ -271,11 +301,75 @@ class CheckpointRoutes:
         return Reply.json({"sessions": ids[offset:offset + limit]})
 
     def _get_session(self, tenant: Any, session_id: str) -> Reply:
-        self._owned(self.state.sessions, session_id, "session", tenant)  # type: ignore[attr-defined]
+        session = self._owned(self.state.sessions, session_id, "session", tenant)  # type: ignore[attr-defined]
         with self.state.lock:
             runs = [m.model_id for m in self.state.models.values() if m.session_id == session_id]
             samplers = [s.session_id for s in self.state.sampling.values() if s.parent == session_id]
-        return Reply.json({"training_run_ids": runs, "sampler_ids": samplers})
+        return Reply.json({"training_run_ids": runs, "sampler_ids": samplers, "user_metadata": session.user_metadata,
+                           "display_name": session.display_name})
+
+    # ------------------------------------------------------------ TTL, publishing, info
+
+    def _any_checkpoint(self, tenant: Any, run_id: str, kind: str, name: str) -> Any:
+        """The caller's training checkpoint or sampler weights at ``tinker://RUN/KIND/NAME`` (404 once expired)."""
+        path = f"tinker://{run_id}/{kind}/{name}"
+        if kind == "weights":
+            return self._checkpoint(tenant, path)
+        w = self._owned(self.state.weights, path, "sampler weights", tenant)  # type: ignore[attr-defined]
+        if w.ephemeral or expired(w):
+            raise BadRequest(f"sampler weights {path!r} do not exist (expired, or saved for one sampling client "
+                             "only)", status=404)
+        return w
+
+    def _set_ttl(self, tenant: Any, run_id: str, kind: str, name: str, body: dict[str, Any]) -> Reply:
+        """``set_checkpoint_ttl_from_tinker_path``: expire ``ttl_seconds`` from now (None: never)."""
+        item = self._any_checkpoint(tenant, run_id, kind, name)
+        expires = ttl(body)
+        with self.state.lock:
+            item.expires = expires
+        return Reply.json({})
+
+    def _publish(self, tenant: Any, run_id: str, kind: str, name: str) -> Reply:
+        self._any_checkpoint(tenant, run_id, kind, name).public = True
+        return Reply.json({})
+
+    def _unpublish(self, tenant: Any, run_id: str, kind: str, name: str) -> Reply:
+        self._any_checkpoint(tenant, run_id, kind, name).public = False
+        return Reply.json({})
+
+    def _weights_info(self, tenant: Any, body: dict[str, Any]) -> Reply:
+        """``get_weights_info_by_tinker_path``: what a checkpoint needs to be loaded (base model, LoRA shape)."""
+        path = field_of(body, "tinker_path", str)
+        m = WEIGHTS_PATH.fullmatch(path)
+        if m is None:
+            raise BadRequest(f"tinker_path {path[:140]!r} is not a checkpoint path; use tinker://RUN/weights/NAME or "
+                             "tinker://RUN/sampler_weights/NAME")
+        item = self._any_checkpoint(tenant, *m.groups())
+        lora = item.lora if isinstance(item, Checkpoint) else self._run(tenant, m.group(1)).lora
+        targets = lora["targets"] if lora else {}
+        return Reply.json({"base_model": item.base.name, "is_lora": lora is not None,
+                           "lora_rank": lora["rank"] if lora else None, "train_unembed": targets.get("unembed"),
+                           "train_mlp": targets.get("mlp"), "train_attn": targets.get("attn")})
+
+    def _storage_usage(self, tenant: Any, query: str) -> Reply:
+        """``get_current_checkpoint_storage_usage``: the caller's own checkpoints, now (no billing here)."""
+        cks = self._checkpoints_of(tenant.name, None)
+        size = sum(c["size_bytes"] for c in cks)
+        return Reply.json({"data": [{"user_name": tenant.name, "checkpoint_count": len(cks), "size_bytes": size,
+                                     "size_gigabytes": size / 1e9}]})
+
+    def expire(self) -> None:
+        """Delete the checkpoints whose TTL passed (called by the service's sweep)."""
+        state, now = self.state, time.time()
+        with state.lock:
+            gone = [c for c in state.runs.checkpoints.values() if expired(c, now)]
+            for c in gone:
+                state.runs.checkpoints.pop(c.path, None)
+            weights = [w.path for w in state.weights.values() if expired(w, now)]
+        for c in gone:
+            threading.Thread(target=shutil.rmtree, args=(c.folder, True), daemon=True).start()
+        for path in weights:
+            state.delete_weights(path)
 
     # ------------------------------------------------------------ delete / download
 
@@ -337,6 +431,12 @@ PATTERNS = [
     ("GET", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/(weights|sampler_weights)/({ID})/archive"),
      CheckpointRoutes._archive),
     ("GET", re.compile(rf"/api/v1/sessions/({ID})"), CheckpointRoutes._get_session),
+    ("PUT", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/(weights|sampler_weights)/({ID})/ttl"),
+     CheckpointRoutes._set_ttl),
+    ("POST", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/(weights|sampler_weights)/({ID})/publish"),
+     CheckpointRoutes._publish),
+    ("DELETE", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/(weights|sampler_weights)/({ID})/publish"),
+     CheckpointRoutes._unpublish),
 ]
 ROUTES = {
     "/api/v1/save_weights": ("POST", CheckpointRoutes._save_state),
@@ -344,5 +444,9 @@ ROUTES = {
     "/api/v1/training_runs": ("GET", CheckpointRoutes._list_runs),
     "/api/v1/checkpoints": ("GET", CheckpointRoutes._list_user_checkpoints),
     "/api/v1/sessions": ("GET", CheckpointRoutes._list_sessions),
+    "/api/v1/weights_info": ("POST", CheckpointRoutes._weights_info),
+    "/api/v1/billing/usage/checkpoints/current": ("GET", CheckpointRoutes._storage_usage),
 }
-WITH_QUERY = (CheckpointRoutes._list_runs, CheckpointRoutes._list_user_checkpoints, CheckpointRoutes._list_sessions)
+WITH_QUERY = (CheckpointRoutes._list_runs, CheckpointRoutes._list_user_checkpoints, CheckpointRoutes._list_sessions,
+              CheckpointRoutes._storage_usage)
+WITH_BODY = (CheckpointRoutes._set_ttl,)  # path ids and a JSON body

@@ -101,6 +101,8 @@ class _Session:
     session_id: str
     tenant: str
     last_seen: float  # monotonic: created, or its last heartbeat
+    user_metadata: dict[str, str] | None = None
+    display_name: str | None = None
 
 
 @dataclass
@@ -124,6 +126,9 @@ class _Weights:
     bytes: int  # its files' size
     ephemeral: bool = False  # saved for a sampling client only (not listed as a checkpoint)
     created: float = field(default_factory=time.time)
+    user_metadata: dict[str, str] | None = None
+    expires: float | None = None  # wall clock (ttl_seconds, set_checkpoint_ttl); None: never
+    public: bool = False
 
 
 @dataclass
@@ -241,16 +246,18 @@ class _State:
 
     # ------------------------------------------------------------ freeing
 
-    def sweep(self) -> None:
-        """End sessions whose heartbeats stopped ``session_ttl_s`` ago (at most one scan a second)."""
+    def sweep(self) -> bool:
+        """End sessions whose heartbeats stopped ``session_ttl_s`` ago (at most one scan a second: True when this
+        call scanned)."""
         now = time.monotonic()
         with self.lock:
             if now - self._last_sweep < 1.0:
-                return
+                return False
             self._last_sweep = now
             stale = [s.session_id for s in self.sessions.values() if now - s.last_seen > self.config.session_ttl_s]
         for sid in stale:
             self.end_session(sid, f"no heartbeat for {self.config.session_ttl_s:g} s")
+        return True
 
     def end_session(self, sid: str, why: str) -> None:
         """End a session: its sampling sessions end and its models are unloaded (their quota freed at once)."""
@@ -346,7 +353,7 @@ class _Api(_checkpoints.CheckpointRoutes):
     async def __call__(self, req: Request) -> Reply:
         if req.path == "/api/v1/healthz" and req.method == "GET":
             return _json({"status": "ok"})
-        want, handler, args = self._route(req.path)
+        want, handler, args = self._route(req.path, req.method)
         if req.method != want:
             raise BadRequest(f"{req.path} takes {want}, not {req.method}", status=405)
         tenant = self._tenant(req)  # from the headers alone: a refused caller's body is never read
@@ -363,11 +370,14 @@ class _Api(_checkpoints.CheckpointRoutes):
     def _guarded(self, fn: Callable[..., Any], req: Request, tenant: Tenant, body: bytes, *args: str) -> Any:
         """Run a handler on a pool thread; a bug answers 500 without its details (they go to the log)."""
         try:
-            self.state.sweep()
+            if self.state.sweep():
+                self.expire()
             if fn is _Api._forward_backward:
                 return fn(self, req, tenant, body)
             if fn in _checkpoints.WITH_QUERY:
                 return fn(self, tenant, req.query)
+            if fn in _checkpoints.WITH_BODY:
+                return fn(self, tenant, *args, self._json_body(req, body))
             if args or req.method == "GET":  # the ids are in the path; a body, if any, says nothing more
                 return fn(self, tenant, *args)
             return fn(self, tenant, self._json_body(req, body))
@@ -386,7 +396,7 @@ class _Api(_checkpoints.CheckpointRoutes):
             log.exception("%s %s failed (error %s)", req.method, req.path, ref)
             return _json({"detail": f"internal error {ref}; the service's log has the details", "status": 500}, 500)
 
-    def _route(self, path: str) -> tuple[str, Callable[..., Any], tuple[str, ...]]:
+    def _route(self, path: str, method: str) -> tuple[str, Callable[..., Any], tuple[str, ...]]:
         for pattern, what in UNSUPPORTED:
             if pattern.fullmatch(path):
                 raise BadRequest(f"{what} is not implemented by this service (rota-service-tinker); its README "
@@ -394,10 +404,9 @@ class _Api(_checkpoints.CheckpointRoutes):
         route = ROUTES.get(path)
         if route is not None:
             return route[0], route[1], ()
-        for method, pattern, fn in PATTERNS:
-            m = pattern.fullmatch(path)
-            if m:
-                return method, fn, m.groups()
+        found = [(want, fn, m.groups()) for want, pattern, fn in PATTERNS if (m := pattern.fullmatch(path))]
+        if found:  # one path may take several methods (publish: POST and DELETE)
+            return next((f for f in found if f[0] == method), found[0])
         raise BadRequest("no such route; this service serves the tinker SDK's /api/v1 training and sampling routes "
                          "(see rota_tinker's README)", status=404)
 
@@ -466,11 +475,15 @@ class _Api(_checkpoints.CheckpointRoutes):
         tags = field_of(body, "tags", list, required=False, default=[])
         if not all(isinstance(t, str) for t in tags):
             raise BadRequest("field 'tags' must be a list of strings")
+        metadata = _checkpoints.user_metadata(body.get("user_metadata"))
+        name = field_of(body, "display_name", str, required=False)
+        if name is not None and not 0 < len(name) <= 256:
+            raise BadRequest("display_name must have 1-256 characters")
         state = self.state
         sid = state.new_id(f"{tenant.name}-session")
         with state.lock:
             state.check_quota(tenant.name, sessions=1)
-            state.sessions[sid] = _Session(sid, tenant.name, time.monotonic())
+            state.sessions[sid] = _Session(sid, tenant.name, time.monotonic(), metadata, name)
         log.info("tenant %s: session %s", tenant.name, sid)
         return _json({"type": "create_session", "session_id": sid})
 
@@ -677,6 +690,8 @@ class _Api(_checkpoints.CheckpointRoutes):
             raise BadRequest(f"path {name[:80]!r} is not a valid checkpoint name: use 1-64 letters, digits, '.', '_', "
                              "'-', starting with a letter or digit")
         tinker_path = f"tinker://{m.model_id}/sampler_weights/{name}"
+        expires = _checkpoints.ttl(body)
+        metadata = _checkpoints.user_metadata(body.get("user_metadata"))
         nbytes = 4 * (m.base.params() if m.lora is None else m.base.lora_params(m.lora["rank"], m.lora["targets"]))
         with state.lock:
             if tinker_path in state.weights:
@@ -686,7 +701,7 @@ class _Api(_checkpoints.CheckpointRoutes):
 
         def done(result: Any) -> None:
             w = _Weights(tinker_path, tenant.name, m.base, result["file"], m.lora is not None, int(result["bytes"]),
-                         ephemeral)
+                         ephemeral, user_metadata=metadata, expires=expires)
             older: list[str] = []
             with state.lock:
                 state.weights[tinker_path] = w
@@ -716,10 +731,19 @@ class _Api(_checkpoints.CheckpointRoutes):
         return sid
 
     def _weights_for(self, tenant: Tenant, model_path: str) -> _Weights:
+        """The weights a sampler loads for ``model_path``: sampler weights, or a training checkpoint (its folder
+        holds the same files plus the optimizer state, which the sampler does not read)."""
+        if _checkpoints.TRAINING_PATH.fullmatch(model_path):
+            ck = self._checkpoint(tenant, model_path)
+            return _Weights(ck.path, ck.tenant, ck.base, ck.folder, ck.lora is not None, ck.bytes, ephemeral=True)
         if not _PATH.fullmatch(model_path):
-            raise BadRequest(f"model_path {model_path[:140]!r} is not a sampler weights path; use the path "
-                             "save_weights_for_sampler returned (tinker://MODEL/sampler_weights/NAME)")
-        return self._owned(self.state.weights, model_path, "sampler weights", tenant)
+            raise BadRequest(f"model_path {model_path[:140]!r} is not a weights path; use the path "
+                             "save_weights_for_sampler or save_state returned (tinker://MODEL/sampler_weights/NAME or "
+                             "tinker://MODEL/weights/NAME)")
+        w = self._owned(self.state.weights, model_path, "sampler weights", tenant)
+        if _checkpoints.expired(w):
+            raise BadRequest(f"sampler weights {model_path!r} have expired (their TTL passed)", status=404)
+        return w
 
     def _create_sampling_session(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
         parent = self._session(tenant, body)
@@ -901,12 +925,9 @@ UNSUPPORTED: list[tuple[re.Pattern[str], str]] = [(re.compile(rf"/api/v1/{p}"), 
     ("retrieve_futures", "retrieve_futures (batched polling)"), ("cancel_future", "cancel_future"),
     ("create_custom_loss", "create_custom_loss (server-side custom losses; forward_backward_custom works)"),
     ("auth/token", "auth/token (JWT credentials; use the tml-... API key)"),
-    ("weights_info", "weights_info"), ("sessions/search", "search_sessions"),
-    ("audit", "the audit log"), ("billing/.*", "billing and storage usage"),
+    ("sessions/search", "search_sessions"), ("audit", "the audit log"), ("billing/usage/events", "billing"),
     (r"sessions/[^/]+/project", "projects (assign_session_project)"),
     (r"sessions/[^/]+/trace_export", "export_session_trace"),
-    (r"training_runs/[^/]+/checkpoints/[^/]+/[^/]+/publish", "publishing checkpoints"),
-    (r"training_runs/[^/]+/checkpoints/[^/]+/[^/]+/ttl", "checkpoint TTLs"),
     (r"training_runs/[^/]+/checkpoints/[^/]+/[^/]+/external_weights_urls", "external weights URLs"))]
 
 
