@@ -839,6 +839,8 @@ class Orchestrator:
                 if delete is not None:
                     await delete(g.group_id)
                 del self.groups[g.group_id]
+                if self.metrics is not None:
+                    self.metrics.forget(g.group_id)  # its series go with it
             self._drivers.pop(g.group_id, None)
             self._locks.pop(g.group_id, None)
             log.info("group %s had nothing in it for %.0f s: forgotten", g.group_id, now - idle)

@@ -14,6 +14,7 @@ served by prometheus-client's own HTTP server on a separate port.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -68,6 +69,16 @@ class OrchestratorMetrics:
 
     def collected(self, group: str, tenants: int) -> None:
         self.tenants_collected.labels(group).inc(tenants)
+
+    def forget(self, group: str) -> None:
+        """Drop every series of ``group`` (the engine forgot it): 12,000 collected groups kept 40 MB of series."""
+        for metric in (self.wait, self.park, self.restore, self.grants, self.bytes_parked, self.tenants_collected):
+            with contextlib.suppress(KeyError):
+                metric.remove(group)
+        for metric in (self.parks, self.restores):
+            for outcome in ("ok", "failed"):
+                with contextlib.suppress(KeyError):
+                    metric.remove(group, outcome)
 
     def serve(self, host: str, port: int) -> Any:
         """Start the HTTP endpoint (``/metrics``) on a thread of its own; returns the server."""

@@ -382,7 +382,7 @@ def _orchestrator(v: Values) -> list[Obj]:
              "--etcd", ",".join(v.etcd_urls()), "--policy", o.policy, "--ttl", _num(o.ttl),
              "--park-timeout", _num(o.parkTimeout), "--max-turn", _num(o.maxTurn)]
     if v.metricsPort:
-        serve += ["--metrics-listen", f"0.0.0.0:{v.metricsPort}"]
+        serve += ["--metrics-listen", f"0.0.0.0:{v.metricsPort}", "--metrics-hash-ids"]  # scraped without a token
     controller = ["rota", "--log-level", v.logLevel, "k8s", "controller",
                   "--orchestrator", v.orchestrator_address(), "--auth-key", f"{AUTH_DIR}/key",
                   "--token-ttl", v.auth.tokenTtl]

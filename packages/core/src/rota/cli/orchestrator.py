@@ -79,13 +79,17 @@ def orchestrator() -> None:
 @click.option("--metrics-listen", default="", envvar="ROTA_METRICS_LISTEN",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (turn waits and parks as histograms, "
               "grants, holder per group, tenant states; env ROTA_METRICS_LISTEN). Default: none.")
+@click.option("--metrics-hash-ids", is_flag=True,
+              help="Serve /metrics without a token, every group and job id replaced by h- and 12 hex characters of "
+              "an HMAC-SHA256 keyed with --auth-key (stable across restarts). Without this flag an orchestrator with "
+              "--auth-key serves /metrics only to an admin token (Authorization: Bearer).")
 @click.option("--insecure", is_flag=True,
               help="Serve TCP without checking callers: anyone who can connect may act for any job. Only for "
               "trusted single-team setups and unmodified v1alpha1 clients; a warning is printed at every start.")
 def serve_cmd(listen: str | None, groups: str, policy: str, max_turn: float, ttl: float, park_timeout: float,
               v1_max_turn: float, capacity: int, resident_first: float, prefetch: bool | None, idle_exit: float,
               etcd: str, agents: tuple[str, ...], auth_key: str, tls_cert: str, tls_key: str, tls_client_ca: str,
-              metrics_listen: str, insecure: bool) -> None:
+              metrics_listen: str, metrics_hash_ids: bool, insecure: bool) -> None:
     """Serve the v1alpha1 orchestrator API and rota.v1 (fencing, sessions, status).
 
     Without --etcd, state lives in this process (the embedded orchestrator that
@@ -120,7 +124,7 @@ def serve_cmd(listen: str | None, groups: str, policy: str, max_turn: float, ttl
     except RotaError as exc:
         raise click.UsageError(str(exc)) from None
     if metrics_listen:
-        _serve_metrics(engine, metrics_listen)
+        _serve_metrics(engine, metrics_listen, server_auth, metrics_hash_ids)
     asyncio.run(_run(engine, listen, server_auth, tls, private=private))
 
 
@@ -166,9 +170,11 @@ def _orchestrator(pm: pluggy.PluginManager, config: OrchestratorConfig, url: str
     return Orchestrator(config, store, name=f"embedded@{listen}")
 
 
-def _serve_metrics(engine: OrchestratorProtocol, listen: str) -> None:
-    """``/metrics`` of ``engine`` (of the groups it leads now) on ``HOST:PORT``."""
+def _serve_metrics(engine: OrchestratorProtocol, listen: str, auth: ServerAuth, hash_ids: bool) -> None:
+    """``/metrics`` of ``engine`` (of the groups it leads now) on ``HOST:PORT``: with a key only for an admin
+    token, or ids hashed (:mod:`rota._metrics_http`)."""
     from rota._metrics import OrchestratorMetrics
+    from rota._metrics_http import serve_metrics, warn_if_exposed
 
     host, _, port = listen.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -177,11 +183,15 @@ def _serve_metrics(engine: OrchestratorProtocol, listen: str) -> None:
     metrics = OrchestratorMetrics(lambda: dict(engine.groups), leading=lambda: engine.leading)
     engine.report_metrics_to(metrics)
     try:
-        metrics.serve(host, int(port))
+        serve_metrics(metrics.registry, host.strip("[]"), int(port), auth=auth, hash_ids=hash_ids)
     except OSError as exc:
         raise click.BadParameter(f"cannot serve metrics on {listen}: {exc.strerror}",
                                  param_hint="--metrics-listen") from None
-    click.echo(f"rota orchestrator: metrics at http://{listen}/metrics", err=True)
+    how = "ids hashed" if hash_ids else "admin token needed" if auth.key else "no token checked"
+    click.echo(f"rota orchestrator: metrics at http://{listen}/metrics ({how})", err=True)
+    warning = warn_if_exposed(host)
+    if warning:
+        click.echo(f"rota orchestrator: {warning}", err=True)
 
 
 def _security(listen: str, key: bytes | None, tls_cert: str, tls_key: str, tls_client_ca: str,
