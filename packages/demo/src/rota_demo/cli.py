@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import sys
 import time
 
 import click
@@ -43,7 +44,9 @@ __all__ = ["demo"]
               help="The SFT trainer splits each step into this many microbatches (gradient accumulation), one "
               "turn each, so an RL turn waits one microbatch at most. Every mode runs the same split, so the "
               "losses compare bit for bit; it must divide --batch.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the models, data and samples; job i uses SEED+i in every mode, so the runs it compares "
+              "start from the same weights and see the same batches.")
 @click.option("--host-memory", default="",
               help="Host memory the run may use (e.g. 120GB); the demo refuses to start if its estimate is larger. "
               "Default: MemAvailable, or the memory cgroup's room if smaller. Set it where MemAvailable "
@@ -117,6 +120,9 @@ def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_s
         results = run_demo(cfg, progress)
     except HostMemoryShort as exc:  # refused before any worker started, instead of an OOM kill mid-run
         raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:  # Ctrl-C: the workers are stopped by now; no traceback, nothing written
+        click.echo("rota demo: interrupted; every worker stopped, nothing written", err=True)
+        sys.exit(130)
     summary = summarize(cfg, results)
     write_json(summary, out_dir / "demo.json")
     timeline_png(results, out_dir / "demo-timeline.png")

@@ -9,7 +9,7 @@ from typing import Any
 from rota.config import format_bytes, percentile
 from rota_demo.runner import JOBS, DemoConfig, ModeResult
 
-__all__ = ["summarize", "table", "timeline_png", "write_json"]
+__all__ = ["summarize", "table", "timeline_lanes", "timeline_png", "write_json"]
 
 _COLOURS = {"turn": "#2ca02c", "after": "#9467bd", "wait": "#d9d9d9", "park": "#d62728", "restore": "#1f77b4",
             "off": "#ff7f0e"}
@@ -157,8 +157,16 @@ def write_json(summary: dict[str, Any], path: pathlib.Path) -> None:
     path.write_text(json.dumps(summary, indent=2) + "\n")
 
 
+def timeline_lanes(res: ModeResult) -> list[tuple[str, str, str]]:
+    """(worker, lane label, group) per lane, in lane order: workers that share a device (a rota group) are
+    adjacent and labelled with it; workers with a device of their own are labelled "own device"."""
+    names = sorted(res.reports, key=lambda n: (res.reports[n].group == "", res.reports[n].group, n))
+    return [(n, f"{n} [{res.reports[n].group or 'own device'}]", res.reports[n].group) for n in names]
+
+
 def timeline_png(results: dict[str, ModeResult], path: pathlib.Path) -> None:
-    """One panel per mode, one lane per worker: turns, waits, parks, restores, off-device."""
+    """One panel per mode, one lane per worker: turns, waits, parks, restores, off-device; the lanes of one
+    shared device (group) are banded together and named by it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -170,12 +178,17 @@ def timeline_png(results: dict[str, ModeResult], path: pathlib.Path) -> None:
     fig, axes = plt.subplots(len(modes), 1, figsize=(12, 2.2 + 1.6 * len(modes)), squeeze=False, sharex=True)
     for ax, mode in zip(axes[:, 0], modes, strict=True):
         res = results[mode]
-        names = sorted(res.reports)
-        for lane, name in enumerate(names):
+        lanes = timeline_lanes(res)
+        for lane, (name, _, _) in enumerate(lanes):
             for kind, a, b in res.reports[name].events:
                 if kind in _COLOURS and b > a:
                     ax.broken_barh([(a, b - a)], (lane - 0.4, 0.8), facecolors=_COLOURS[kind], linewidth=0)
-        ax.set_yticks(range(len(names)), names, fontsize=8)
+        groups = [g for _, _, g in lanes]
+        for band, group in enumerate(dict.fromkeys(g for g in groups if g)):  # one shaded band per shared device
+            rows = [i for i, g in enumerate(groups) if g == group]
+            ax.axhspan(rows[0] - 0.5, rows[-1] + 0.5, color="#000000", alpha=0.04 + 0.04 * (band % 2), zorder=0)
+            ax.axhline(rows[-1] + 0.5, color="#777777", linewidth=0.6)
+        ax.set_yticks(range(len(lanes)), [label for _, label, _ in lanes], fontsize=8)
         ax.set_xlim(0, xmax * 1.02)
         ax.set_title(f"{mode}: makespan {res.makespan_s:.1f} s on {res.devices} device(s)", fontsize=10, loc="left")
     axes[-1, 0].set_xlabel("seconds since start")

@@ -179,6 +179,11 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
         start = time.monotonic()
         go.set()
         reports = _collect(results, procs, {"done"}, len(procs), progress, label)
+    except KeyboardInterrupt:  # Ctrl-C (the workers ignore it): stop them now, not after their turns
+        for p in procs:
+            if p.pid is not None and p.is_alive():
+                p.terminate()
+        raise
     finally:
         finish.set()  # every worker reported (or one died): all exit now, after the measured run
         for push in pushes:
@@ -348,8 +353,9 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
             total, reports, spans = 0.0, {}, {}
             for job, (span, job_reports) in alone.items():
                 for name, r in job_reports.items():  # lay the jobs end to end on one time axis (copies: dedicated
-                    reports[name] = dataclasses.replace(  # keeps its own times)
-                        r, events=[(k, a + total, b + total) for k, a, b in r.events], start=total, end=r.end + total)
+                    reports[name] = dataclasses.replace(  # keeps its own times), on the devices they share in turn
+                        r, events=[(k, a + total, b + total) for k, a, b in r.events], start=total, end=r.end + total,
+                        group=_group_of(name.rsplit("/", 1)[-1], cfg))
                 spans[job] = span
                 total += span
             out["serial"] = ModeResult("serial", total, devices=cfg.groups, reports=reports, job_spans=spans,

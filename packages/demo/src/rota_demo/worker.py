@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -81,6 +82,7 @@ class WorkerReport:
     push_pin_s: float = 0.0
     push_pinned: bool = False
     digests: list[str] = field(default_factory=list)  # with spec.record_digests: one per push, in order
+    group: str = ""  # the rota group (shared device) it took turns on; "" = a device of its own
 
 
 class _Device:
@@ -165,7 +167,9 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
     Why wait: a process that exits unregisters its pinned host pools and destroys its CUDA
     context, which stalled the other tenants' CUDA calls on that device for seconds (60 GB
     tenants on an H200). The run ends at the last report, as each job alone does; exits come after.
+    Ctrl-C is the parent's: it stops the workers (a worker's own KeyboardInterrupt would print a traceback).
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
 
     torch.set_num_threads(1)
@@ -175,7 +179,7 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
         torch.cuda.set_device(torch.device(spec.device))
     from rota_demo import workloads as w
 
-    report = WorkerReport(spec.name)
+    report = WorkerReport(spec.name, group=spec.group if spec.endpoint else "")
     trainer = spec.role == "trainer"
     dev = _Device(spec, report)
     with dev.setup():
