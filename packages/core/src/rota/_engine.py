@@ -438,10 +438,10 @@ class Orchestrator:
         """Register a tenant session; ``can_prefetch``: its client restores on a "restore" command;
         ``world_size``: ranks of the job (a job of several is aborted as a unit when one of them is lost)."""
         check_pair(job_id, group_id)
-        if world_size < 1 or not 0 <= rank < world_size:
+        if not 1 <= world_size <= MAX_WORLD_SIZE or not 0 <= rank < world_size:
             raise InvalidArgument(f"rank {rank} / world_size {world_size} is impossible (job={job_id!r}, "
-                                  f"group={group_id!r}); need 0 <= rank < world_size", job_id=job_id,
-                                  group_id=group_id)
+                                  f"group={group_id!r}); need 0 <= rank < world_size <= {MAX_WORLD_SIZE}",
+                                  job_id=job_id, group_id=group_id)
         key = (group_id, job_id)
         for old in self._live_sessions(key):  # one live session per rank: a second one never displaces it
             if old.rank != rank:
@@ -568,10 +568,10 @@ class Orchestrator:
         if create is None:
             create = not self.config.groups
         if not create:
-            known = ", ".join(sorted(self.groups)[:20]) or "none"
             why = ("this orchestrator serves a fixed list of groups (--groups)" if self.config.groups else
                    "a group exists from its first acquire until it has been idle for a while")
-            raise NotFound(f"group {group_id!r} does not exist (known: {known}); {why}", group_id=group_id)
+            # other groups are not named: their names are other teams' (rota status lists what a caller may see)
+            raise NotFound(f"group {group_id!r} does not exist; {why}", group_id=group_id)
         g = GroupState(group_id, created=time.monotonic())
         await self.store.commit(g)
         self.groups[group_id] = g
@@ -1016,6 +1016,7 @@ class AgentLinks:
 
 MAX_WEIGHT = 1e6
 MAX_BYTES = 1 << 50  # a byte count from a caller (footprint, host memory): 1 PiB
+MAX_WORLD_SIZE = 1024  # ranks of one job, and so its sessions (one per rank): 2,862 from one token ended INTERNAL
 
 
 def check_bytes(name: str, value: int) -> int:
@@ -1028,9 +1029,9 @@ def check_bytes(name: str, value: int) -> int:
 def _check_request(req: TurnRequest) -> None:
     """Every number of an acquire bounded: impossible ranks, extreme priorities, NaN or infinite weights refused."""
     where = f"(job={req.job_id!r}, group={req.group_id!r})"
-    if req.world_size < 0 or (req.world_size and not 0 <= req.rank < req.world_size):
+    if not 0 <= req.world_size <= MAX_WORLD_SIZE or (req.world_size and not 0 <= req.rank < req.world_size):
         raise InvalidArgument(f"rank {req.rank} / world_size {req.world_size} is impossible {where}; "
-                              "need 0 <= rank < world_size")
+                              f"need 0 <= rank < world_size <= {MAX_WORLD_SIZE}")
     if not MIN_PRIORITY <= req.priority <= MAX_PRIORITY:
         raise InvalidArgument(f"priority {req.priority} is out of range {where}; use {MIN_PRIORITY}..{MAX_PRIORITY}")
     if not math.isfinite(req.weight) or not 0 < req.weight <= MAX_WEIGHT:

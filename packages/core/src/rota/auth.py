@@ -145,7 +145,7 @@ def generate_key(path: str) -> None:
 
 
 def load_key(path: str) -> bytes:
-    """Read an auth key; refuse a file others may read, a link, or a key too short to sign with."""
+    """Read an auth key; refuse a file others may read or own, a link, or a key too short to sign with."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -161,6 +161,10 @@ def load_key(path: str) -> bytes:
         if st.st_mode & 0o077:
             raise ConfigError(f"auth key {path!r} is readable by others (mode {stat.S_IMODE(st.st_mode):o}); "
                               f"chmod 600 {path}")
+        if st.st_uid not in (os.geteuid(), 0):  # whoever owns it knows the key and can mint any token
+            raise ConfigError(f"auth key {path!r} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}) "
+                              f"or root: its owner could issue any token; use a key of your own (rota token keygen "
+                              "FILE) or chown it")
         raw = f.read(4096).strip()
     try:
         key = base64.b64decode(raw, validate=True)
