@@ -7,6 +7,7 @@ image is), this package adds a ``rota k8s`` group holding only these two.
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import click
 
@@ -31,8 +32,11 @@ __all__ = ["controller_cmd", "install_key_cmd", "k8s"]
 @click.option("--context", help="kubeconfig context.")
 @click.option("--watch-timeout", type=click.IntRange(1, 3600), default=60, show_default=True,
               help="Seconds per watch request before it is renewed (pending evictions retry then too).")
+@click.option("--health-listen", default="", metavar="HOST:PORT",
+              help="Serve GET /healthz here for the kubelet's probes: 200 while every watched namespace had a "
+              "list, watch event or renewal within 3 x --watch-timeout, else 503. Default: none.")
 def controller_cmd(endpoint: str, namespaces: tuple[str, ...], auth_key: str, token_ttl: str,
-                   kubeconfig: str | None, context: str | None, watch_timeout: int) -> None:
+                   kubeconfig: str | None, context: str | None, watch_timeout: int, health_listen: str) -> None:
     """Watch tenant pods; issue each job its token; release the turn of jobs whose pods are deleted, evicted or lost."""
     from rota.auth import load_key, parse_ttl
     from rota_k8s_controller.controller import Controller, TokenSecrets, core_api_from_environment, grpc_evictor
@@ -53,12 +57,27 @@ def controller_cmd(endpoint: str, namespaces: tuple[str, ...], auth_key: str, to
     tokens = TokenSecrets(api, key, ttl_s=ttl) if key else None
     ctl = Controller(api, grpc_evictor(endpoint, key=key), namespaces=namespaces, tokens=tokens,
                      watch_timeout=watch_timeout)
+    if health_listen:
+        _serve_health(health_listen, ctl, 3.0 * watch_timeout)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: ctl.stop())
     click.echo(f"rota k8s controller: watching pods labelled timeslice.io/group in "
                f"{', '.join(namespaces) or 'all namespaces'}, evicting through {endpoint}"
                f"{', issuing job tokens' if tokens else ' without credentials (no --auth-key)'}", err=True)
     ctl.run()
+
+
+def _serve_health(listen: str, ctl: Any, max_age_s: float) -> None:
+    """``--health-listen``: /healthz of ``ctl`` (a Controller) on HOST:PORT."""
+    from rota_k8s_controller._health import serve_health
+
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"{listen!r} is not HOST:PORT (e.g. 0.0.0.0:8081)", param_hint="--health-listen")
+    try:
+        serve_health(host.strip("[]"), int(port), ctl.out_of_touch_s, max_age_s)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot listen on {listen}: {exc.strerror}", param_hint="--health-listen") from None
 
 
 @click.command("install-key")

@@ -34,7 +34,9 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -333,6 +335,13 @@ class Controller:
         self.evicted: list[Eviction] = []  # what was sent, for status and tests
         self._lock = threading.RLock()
         self._watches: list[Any] = []
+        self._in_touch: dict[str, float] = {}  # namespace ("" = all) -> monotonic time of its last list or event
+
+    def out_of_touch_s(self) -> float:
+        """Seconds since the least recently heard-from watched namespace had a list, a watch event or a renewal;
+        infinite before every watched namespace's first list. The health probe's measure."""
+        now = time.monotonic()
+        return max((now - self._in_touch.get(ns, -math.inf) for ns in (self.namespaces or ("",))), default=0.0)
 
     # ---------------------------------------------------------------- API calls
 
@@ -414,6 +423,7 @@ class Controller:
 
         items, rv = self._list(namespace)
         self._resync(items, namespace)
+        self._in_touch[namespace] = time.monotonic()
         w = watch.Watch()
         with self._lock:
             self._watches.append(w)
@@ -423,11 +433,13 @@ class Controller:
                                   deserialize=False, _request_timeout=self.watch_timeout + 10):
                 if self.stopped.is_set():
                     break
+                self._in_touch[namespace] = time.monotonic()
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     self._observe(kind, obj)
                 else:
                     self._handle([])
+            self._in_touch[namespace] = time.monotonic()  # the server ended the watch on time
             self._handle([])
         finally:
             with self._lock:

@@ -144,6 +144,7 @@ AUTH_SECRET_DIR = "/etc/rota/auth-secret"  # the Secret as Kubernetes mounts it:
 ETCD_CLIENT_DIR = "/etc/rota/etcd-tls"  # the orchestrator's etcd client certificate (ROTA_ETCD_CA/CERT/KEY)
 ETCD_TLS_DIR = "/etc/etcd/tls"  # the members' certificate, for clients and peers
 SA_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the in-cluster client looks
+CONTROLLER_HEALTH_PORT = 8081  # rota k8s controller --health-listen: /healthz for the kubelet only
 ETCD_METRICS_PORT = 2381  # plain HTTP /health for the kubelet's probes only (no NetworkPolicy peer may reach it)
 TENANT_SELECTOR = {"matchExpressions": [{"key": GROUP_LABEL, "operator": "Exists"}]}
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server
@@ -385,7 +386,7 @@ def _orchestrator(v: Values) -> list[Obj]:
         serve += ["--metrics-listen", f"0.0.0.0:{v.metricsPort}", "--metrics-hash-ids"]  # scraped without a token
     controller = ["rota", "--log-level", v.logLevel, "k8s", "controller",
                   "--orchestrator", v.orchestrator_address(), "--auth-key", f"{AUTH_DIR}/key",
-                  "--token-ttl", v.auth.tokenTtl]
+                  "--token-ttl", v.auth.tokenTtl, "--health-listen", f"0.0.0.0:{CONTROLLER_HEALTH_PORT}"]
     for tenant_ns in v.tenantNamespaces:
         controller += ["--namespace", tenant_ns]
     # A follower redirects clients to the leader's advertised address: its pod IP (the
@@ -438,8 +439,15 @@ def _orchestrator(v: Values) -> list[Obj]:
                              # Issues each tenant job's token into a Secret of its namespace, and
                              # releases the turns of tenant pods that are deleted, evicted or whose
                              # node is lost. Evict is idempotent, so every replica may run one.
+                             # Liveness only: /healthz is 503 once no list or watch of the API server has
+                             # succeeded for 3 watch timeouts (3 min), and the kubelet restarts this
+                             # container. No readiness probe: the pod's readiness is the orchestrator's,
+                             # which serves tenants whether or not the API server answers.
                              "name": "controller", "image": v.image, "imagePullPolicy": v.imagePullPolicy,
                              "command": controller,
+                             "ports": [{"name": "health", "containerPort": CONTROLLER_HEALTH_PORT}],
+                             "livenessProbe": {"httpGet": {"port": CONTROLLER_HEALTH_PORT, "path": "/healthz"},
+                                               "initialDelaySeconds": 15, "periodSeconds": 10, "failureThreshold": 6},
                              "resources": _resources("20m", "64Mi", "256Mi"),
                              "securityContext": dict(_RESTRICTED),
                              "volumeMounts": [_AUTH_MOUNT, {"name": "kube-api-access", "mountPath": SA_TOKEN_DIR,
@@ -476,7 +484,7 @@ def _agent(v: Values) -> list[Obj]:
     command = ["rota", "--log-level", v.logLevel, "agent", "serve", "--listen", f"$(POD_IP):{a.port}",
                "--auth-key", f"{AUTH_DIR}/key", "--socket-dir", ""]
     if v.metricsPort:
-        command += ["--metrics-listen", f"$(POD_IP):{v.metricsPort}"]
+        command += ["--metrics-listen", f"$(POD_IP):{v.metricsPort}", "--metrics-hash-ids"]  # no token to scrape
     env: list[Obj] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                       {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
     resources = _resources("50m", "128Mi", a.memoryLimit)
