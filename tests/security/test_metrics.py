@@ -22,7 +22,7 @@ import rota
 from rota import auth
 from rota._engine import OrchestratorConfig
 from rota._metrics import OrchestratorMetrics
-from rota._metrics_http import serve_metrics
+from rota.metrics_http import serve_metrics
 from rota.testing import free_port, running_orchestrator
 
 
@@ -109,3 +109,14 @@ def test_a_collected_groups_series_are_dropped():
             assert "gone-" not in text, [line for line in text.splitlines() if "gone-" in line][:5]
         finally:
             server.shutdown()
+
+
+def test_the_agents_metrics_need_an_admin_token_too(start_agent):
+    """The node agent's /metrics names each job with residue: with --auth-key only an admin token reads it."""
+    mport = free_port()
+    agent = start_agent("--metrics-listen", f"127.0.0.1:{mport}")
+    url = f"http://127.0.0.1:{mport}/metrics"
+    for token in ("", agent.token("mallory")):
+        assert _scrape(url, token).status_code == 401
+    r = _scrape(url, agent.token(admin=True))
+    assert r.status_code == 200 and "rota_agent_jobs" in r.text

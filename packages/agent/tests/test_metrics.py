@@ -32,7 +32,8 @@ def test_parks_restores_seconds_bytes_and_states_are_scraped(child_env, socket_d
     port, mport = free_port(), free_port()
     env = dict(child_env, ROTA_LOAD_PLUGINS="rota-agent")
     p = subprocess.Popen([ROTA, "agent", "serve", "--listen", f"127.0.0.1:{port}", "--socket-dir", socket_dir,
-                          "--metrics-listen", f"127.0.0.1:{mport}"], env=env, stderr=subprocess.PIPE, text=True)
+                          "--metrics-listen", f"127.0.0.1:{mport}", "--insecure"], env=env, stderr=subprocess.PIPE,
+                         text=True)
     url = f"http://127.0.0.1:{mport}/metrics"
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:

@@ -66,10 +66,14 @@ def agent() -> None:
                    "A size (256MiB, 1GB, 1000000) [default: env ROTA_RESIDUE_MAX_BYTES, else 256 MiB].")
 @click.option("--metrics-listen", default="", metavar="HOST:PORT",
               help="Serve Prometheus /metrics here (parks and restores, their seconds, bytes moved, jobs by state, "
-                   "residue). It has no authentication: bind it where only your Prometheus reaches.")
+                   "residue per job). With --auth-key only to an admin token (Authorization: Bearer), unless "
+                   "--metrics-hash-ids; bind it where only your Prometheus reaches.")
+@click.option("--metrics-hash-ids", is_flag=True,
+              help="Serve /metrics without a token, every group and job id replaced by h- and 12 hex characters of "
+                   "an HMAC-SHA256 keyed with --auth-key.")
 def serve_cmd(listen: str, auth_key: str, tls_cert: str, tls_key: str, tls_client_ca: str, insecure: bool,
               socket_dir: str | None, op_timeout: float, step_timeout: float, forget_after: float,
-              residue_max_bytes: int | None, metrics_listen: str) -> None:
+              residue_max_bytes: int | None, metrics_listen: str, metrics_hash_ids: bool) -> None:
     """Serve SnapshotAgentService and grpc.health.v1 until SIGINT/SIGTERM."""
     from rota import plugin_manager
     from rota.errors import ConfigError
@@ -90,7 +94,7 @@ def serve_cmd(listen: str, auth_key: str, tls_cert: str, tls_key: str, tls_clien
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     if metrics_listen:
-        _serve_metrics(a, metrics_listen)
+        _serve_metrics(a, metrics_listen, auth, metrics_hash_ids)
     socket_dir = default_socket_dir() if socket_dir is None else socket_dir
     if not listen and not socket_dir:
         raise click.UsageError("--socket-dir '' leaves nothing to serve without --auth-key or --insecure: give a "
@@ -98,8 +102,10 @@ def serve_cmd(listen: str, auth_key: str, tls_cert: str, tls_key: str, tls_clien
     asyncio.run(_serve(a, listen, auth, socket_dir, tls))
 
 
-def _serve_metrics(a: Any, listen: str) -> None:
-    """``/metrics`` of agent ``a`` on ``HOST:PORT`` (prometheus-client's server, a thread of its own)."""
+def _serve_metrics(a: Any, listen: str, auth: Any, hash_ids: bool) -> None:
+    """``/metrics`` of agent ``a`` on ``HOST:PORT`` (a thread of its own): ids behind an admin token when the
+    agent checks tokens, or hashed (:mod:`rota.metrics_http`)."""
+    from rota.metrics_http import serve_metrics, warn_if_exposed
     from rota_agent._metrics import AgentMetrics
 
     host, _, port = listen.rpartition(":")
@@ -107,12 +113,15 @@ def _serve_metrics(a: Any, listen: str) -> None:
         raise click.BadParameter(f"{listen!r} is not HOST:PORT (e.g. 0.0.0.0:9464)", param_hint="--metrics-listen")
     metrics = AgentMetrics(lambda: a.jobs)
     try:
-        metrics.serve(host.strip("[]"), int(port))
+        serve_metrics(metrics.registry, host.strip("[]"), int(port), auth=auth, hash_ids=hash_ids)
     except OSError as exc:
         raise click.BadParameter(f"cannot serve metrics on {listen}: {exc.strerror}",
                                  param_hint="--metrics-listen") from None
     a.metrics = metrics
     click.echo(f"rota agent: metrics at http://{listen}/metrics", err=True)
+    warning = warn_if_exposed(host)
+    if warning:
+        click.echo(f"rota agent: {warning}", err=True)
 
 
 def _server_auth(listen: str, auth_key: str, insecure: bool, explicit: bool) -> tuple[Any, str]:

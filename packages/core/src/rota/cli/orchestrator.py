@@ -172,9 +172,9 @@ def _orchestrator(pm: pluggy.PluginManager, config: OrchestratorConfig, url: str
 
 def _serve_metrics(engine: OrchestratorProtocol, listen: str, auth: ServerAuth, hash_ids: bool) -> None:
     """``/metrics`` of ``engine`` (of the groups it leads now) on ``HOST:PORT``: with a key only for an admin
-    token, or ids hashed (:mod:`rota._metrics_http`)."""
+    token, or ids hashed (:mod:`rota.metrics_http`)."""
     from rota._metrics import OrchestratorMetrics
-    from rota._metrics_http import serve_metrics, warn_if_exposed
+    from rota.metrics_http import serve_metrics, warn_if_exposed
 
     host, _, port = listen.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -1,14 +1,15 @@
 """Serving ``/metrics`` without handing out what ``Status`` hides: tenant ids behind a token, or hashed.
 
-The orchestrator's metrics carry group and job ids as labels; ``Status`` shows a tenant
-only its own group, so an open ``/metrics`` would list every team's ids to anyone who
-reaches the port. When the orchestrator checks tokens (``--auth-key``), ``/metrics``
-answers only a request with ``Authorization: Bearer <admin token>`` (Prometheus:
-``authorization: {credentials_file: ...}``), else 401. ``--metrics-hash-ids`` serves it
-without a token, with every ``group`` and ``job`` label replaced by ``h-`` and 12 hex
-characters of an HMAC-SHA256 keyed with the auth key (or, without one, a key drawn at
-start): stable across scrapes and restarts with the same key, never reversible by
-guessing ids. A listener beyond loopback is warned about at start
+Used by the orchestrator (``rota orchestrator serve --metrics-listen``) and the node agent
+(``rota agent serve --metrics-listen``). Their metrics carry group and job ids as labels;
+``Status`` shows a tenant only its own group, so an open ``/metrics`` would list every
+team's ids to anyone who reaches the port. When the server checks tokens (``--auth-key``),
+``/metrics`` answers only a request with ``Authorization: Bearer <admin token>``
+(Prometheus: ``authorization: {credentials_file: ...}``), else 401. ``hash_ids``
+(``--metrics-hash-ids``) serves it without a token, with every ``group`` and ``job`` label
+replaced by ``h-`` and 12 hex characters of an HMAC-SHA256 keyed with the auth key (or,
+without one, a key drawn at start): stable across scrapes and restarts with the same key,
+never reversible by guessing ids. A listener beyond loopback is warned about at start
 (:func:`warn_if_exposed`).
 """
 
