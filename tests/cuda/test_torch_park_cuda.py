@@ -109,15 +109,17 @@ def test_hf_models_park_to_the_context_and_restore_bit_identically(kind: str, sn
                       "freed": before - after, "allocated_after": torch.cuda.memory_allocated(0)})
 
     gpu = rota.connect(group=f"cuda-{kind}", tenant=f"hf-{kind}", endpoint=endpoint)
+    model = _model(folder, lora)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # each tied weight once
     try:
-        losses = _steps(_model(folder, lora), 3, gpu, park)
+        losses = _steps(model, 3, gpu, park)
     finally:
         gpu.close()
-    record(kind=kind, context_bytes=context, parks=parks, losses=losses, reference=reference)
+    record(kind=kind, weights_bytes=weights, context_bytes=context, parks=parks, losses=losses, reference=reference)
     assert losses == reference, f"{kind}: losses with parks {losses} differ from no parks {reference}"
     assert len(parks) == 3
     for p in parks:
-        assert p["state_bytes"] > 500 * MIB, p  # the whole state moved: weights, grads, Adam
+        assert p["state_bytes"] >= weights, p  # the whole state moved: at least every weight
         assert p["nvml_after"] <= context + LIMIT, f"{kind}: a park left {(p['nvml_after'] - context) / MIB:.0f} " \
                                                    f"MiB beside the context: {p}"
         assert p["freed"] >= p["state_bytes"] - LIMIT, f"{kind}: freed less than the state: {p}"

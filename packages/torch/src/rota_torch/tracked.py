@@ -48,7 +48,7 @@ from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
 from rota_torch._parker import TensorParker, local_tensor, overlap
 from rota_torch._pool import align
-from rota_torch._residue import name_untracked, outside_allocator_bytes
+from rota_torch._residue import fragmentation, give_back_workspaces, name_untracked, outside_allocator_bytes
 from rota_torch.errors import AlreadyTracked, BackwardInFlight, DeviceMismatch, HoldsTurn, TrackingError
 
 __all__ = ["ADAM_LIKE", "IDLE_CACHE_SHARE", "TAGS", "Tracked", "check_tags", "switch", "tracked_models"]
@@ -324,6 +324,9 @@ class Tracked:
             for key in [k for k in result.residue if k.startswith("process:")]:
                 del result.residue[key]
         elif self.device.type == "cuda":  # read here too: a park of a parked model (a re-check) moves nothing
+            if self.parker.release_cached:
+                give_back_workspaces(self.device)
+            result.residue.update(fragmentation(self.device))
             result.residue["process:allocated"] = int(torch.cuda.memory_allocated(self.device))
             result.residue["process:reserved"] = int(torch.cuda.memory_reserved(self.device))
             result.residue.update(self._unexplained_residue(result.residue))
