@@ -135,6 +135,33 @@ def test_another_tenant_cannot_describe_publish_expire_or_sample_a_checkpoint(se
     assert _files(served) == before_files
 
 
+def test_another_tenant_cannot_export_or_fetch_external_weights(served: Served, victim: dict) -> None:
+    """alice's external weights: mallory can neither export alice's model, nor get its signed URLs, nor fetch one
+    with her own key, nor forge one; alice's plain GET of her own URL works without a key."""
+    alice = tinker.ServiceClient(base_url=served.url, api_key=KEYS["alice"])
+    tc = alice.create_training_client_from_state(victim["path"]).result(timeout=TIMEOUT)
+    path = tc.save_weights_external("ext").result(timeout=TIMEOUT).path
+    urls = tinker.RestClient(base_url=served.url, api_key=KEYS["alice"]).get_external_weights_urls(path).result(
+        timeout=TIMEOUT).urls
+    url = urls["adapter_model.safetensors"]
+    assert httpx.get(url, timeout=30).status_code == 200
+    mallory = KEYS["mallory"]
+    r = served.post("save_weights_external", mallory, {"model_id": tc.model_id, "path": "mine"})
+    assert r.status_code == 403, r.text
+    r = served.get(f"training_runs/{tc.model_id}/checkpoints/external_weights/ext/external_weights_urls", mallory)
+    assert r.status_code == 403 and "another tenant" in r.json()["detail"], r.text
+    assert httpx.get(url, headers={"X-API-Key": mallory}, timeout=30).status_code == 403
+    forged = url.split("?")[0] + "?expires=9999999999&sig=" + "ab" * 32
+    assert httpx.get(forged, timeout=30).status_code == 403
+    for route in ("external_weights/x/../../etc/passwd", f"external_weights/{tc.model_id}/ext/..",
+                  f"external_weights/{tc.model_id}/ext/.hidden"):
+        assert served.get(route, None).status_code in (403, 404), route
+    r = httpx.delete(f"{served.url}/api/v1/training_runs/{tc.model_id}/checkpoints/external_weights/ext",
+                     headers={"X-API-Key": mallory}, timeout=30)
+    assert r.status_code == 403
+    assert httpx.get(url, timeout=30).status_code == 200  # still alice's, still there
+
+
 @pytest.mark.parametrize("name", ["../../mallory", "..", "a/b", "ok\n", ".hidden", "x" * 65, "con:1"])
 def test_checkpoint_names_that_leave_the_folder_are_refused(served: Served, victim: dict, name: str) -> None:
     before = _files(served)

@@ -127,6 +127,7 @@ class Runs:
     def __init__(self) -> None:
         self.runs: OrderedDict[str, Run] = OrderedDict()
         self.checkpoints: dict[str, Checkpoint] = {}  # tinker path -> training checkpoint
+        self.external: dict[str, Any] = {}  # tinker path -> rota_tinker._external.External
         self.archives = threading.BoundedSemaphore(ARCHIVES_AT_ONCE)
 
     def record(self, model: Any, metadata: dict[str, str] | None) -> None:
@@ -144,7 +145,7 @@ class Runs:
             run.last_request = time.time()
 
     def bytes_of(self, tenant: str) -> int:
-        return sum(c.bytes for c in self.checkpoints.values() if c.tenant == tenant)
+        return sum(c.bytes for c in (*self.checkpoints.values(), *self.external.values()) if c.tenant == tenant)
 
 
 def _page(query: str) -> tuple[int, int]:
@@ -262,11 +263,13 @@ class CheckpointRoutes:
             training = [c for c in state.runs.checkpoints.values() if c.tenant == tenant and run in (None, c.run)]
             sampler = [w for w in state.weights.values() if w.tenant == tenant and not w.ephemeral
                        and run in (None, w.path.split("/")[2])]
+            external = [e for e in state.runs.external.values() if e.tenant == tenant and run in (None, e.run)]
         now = time.time()
         out = [{"checkpoint_id": f"{kind}/{c.path.rsplit('/', 1)[1]}", "checkpoint_type": type_,
                 "time": _iso(c.created), "tinker_path": c.path, "size_bytes": c.bytes, "public": c.public,
                 "user_metadata": c.user_metadata, "expires_at": None if c.expires is None else _iso(c.expires)}
-               for kind, type_, items in (("weights", "training", training), ("sampler_weights", "sampler", sampler))
+               for kind, type_, items in (("weights", "training", training), ("sampler_weights", "sampler", sampler),
+                                          ("external_weights", "external", external))
                for c in items if not expired(c, now)]
         return sorted(out, key=lambda c: c["time"])
 
@@ -315,6 +318,8 @@ class CheckpointRoutes:
         path = f"tinker://{run_id}/{kind}/{name}"
         if kind == "weights":
             return self._checkpoint(tenant, path)
+        if kind == "external_weights":
+            return self._external(tenant, run_id, name)  # type: ignore[attr-defined]
         w = self._owned(self.state.weights, path, "sampler weights", tenant)  # type: ignore[attr-defined]
         if w.ephemeral or expired(w):
             raise BadRequest(f"sampler weights {path!r} do not exist (expired, or saved for one sampling client "
@@ -366,6 +371,7 @@ class CheckpointRoutes:
             for c in gone:
                 state.runs.checkpoints.pop(c.path, None)
             weights = [w.path for w in state.weights.values() if expired(w, now)]
+        self.expire_external(now)  # type: ignore[attr-defined]
         for c in gone:
             threading.Thread(target=shutil.rmtree, args=(c.folder, True), daemon=True).start()
         for path in weights:
@@ -376,6 +382,9 @@ class CheckpointRoutes:
     def _delete_checkpoint(self, tenant: Any, run_id: str, kind: str, name: str) -> Reply:
         """``RestClient.delete_checkpoint[_from_tinker_path]``: the files go, their quota bytes are freed."""
         path = f"tinker://{run_id}/{kind}/{name}"
+        if kind == "external_weights":
+            self.delete_external(tenant, run_id, name)  # type: ignore[attr-defined]
+            return Reply.json({})
         if kind == "sampler_weights":
             self._owned(self.state.weights, path, "sampler weights", tenant)  # type: ignore[attr-defined]
             self.state.delete_weights(path)
@@ -423,19 +432,20 @@ def _kind(base: str, lora: dict[str, Any] | None) -> str:
 
 
 # routes with ids in the path (each checked whole); "query" handlers also get the query string
+KINDS = "weights|sampler_weights|external_weights"
 PATTERNS = [
     ("GET", re.compile(rf"/api/v1/training_runs/({ID})"), CheckpointRoutes._get_run),
     ("GET", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints"), CheckpointRoutes._list_run_checkpoints),
-    ("DELETE", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/(weights|sampler_weights)/({ID})"),
+    ("DELETE", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/({KINDS})/({ID})"),
      CheckpointRoutes._delete_checkpoint),
     ("GET", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/(weights|sampler_weights)/({ID})/archive"),
      CheckpointRoutes._archive),
     ("GET", re.compile(rf"/api/v1/sessions/({ID})"), CheckpointRoutes._get_session),
-    ("PUT", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/(weights|sampler_weights)/({ID})/ttl"),
+    ("PUT", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/({KINDS})/({ID})/ttl"),
      CheckpointRoutes._set_ttl),
-    ("POST", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/(weights|sampler_weights)/({ID})/publish"),
+    ("POST", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/({KINDS})/({ID})/publish"),
      CheckpointRoutes._publish),
-    ("DELETE", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/(weights|sampler_weights)/({ID})/publish"),
+    ("DELETE", re.compile(rf"/api/v1/training_runs/({ID})/checkpoints/({KINDS})/({ID})/publish"),
      CheckpointRoutes._unpublish),
 ]
 ROUTES = {

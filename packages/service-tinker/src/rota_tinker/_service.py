@@ -57,7 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rota_tinker import _checkpoints, _wire
+from rota_tinker import _checkpoints, _external, _wire
 from rota_tinker._config import STATE_BYTES_PER_PARAM, BaseModelSpec, ServiceConfig, Tenant
 from rota_tinker._hf import HfModelSpec
 from rota_tinker._http import HttpServer, Reply, Request
@@ -340,26 +340,31 @@ def _json(obj: Any, status: int = 200) -> Reply:
     return Reply.json(obj, status)
 
 
-class _Api(_checkpoints.CheckpointRoutes):
+class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes):
     """The routes. Each handler gets the request, its tenant and its parsed body (or a path argument)."""
 
     def __init__(self, state: _State) -> None:
         self.state = state
         self.config = state.config
         self.pool = ThreadPoolExecutor(max_workers=state.config.http_threads, thread_name_prefix="rota-tinker-http")
+        self.url_key = secrets.token_bytes(32)  # signs external weights' download URLs (they die with the process)
 
     # ------------------------------------------------------------ plumbing
 
     async def __call__(self, req: Request) -> Reply:
         if req.path == "/api/v1/healthz" and req.method == "GET":
             return _json({"status": "ok"})
+        loop = asyncio.get_running_loop()
+        if req.path.startswith("/api/v1/external_weights/"):  # a signed URL: the signature is the credential
+            if req.method != "GET":
+                raise BadRequest(f"{req.path[:120]} takes GET, not {req.method}", status=405)
+            return await loop.run_in_executor(self.pool, self.download_external, req)
         want, handler, args = self._route(req.path, req.method)
         if req.method != want:
             raise BadRequest(f"{req.path} takes {want}, not {req.method}", status=405)
         tenant = self._tenant(req)  # from the headers alone: a refused caller's body is never read
         limit = self.config.max_body_bytes if handler is _Api._forward_backward else self.config.max_json_bytes
         body = await req.body(limit, self.config.body_timeout_s)
-        loop = asyncio.get_running_loop()
         if handler is _Api._lookup_future:
             fut = await loop.run_in_executor(self.pool, self._guarded, handler, req, tenant, body)
             if isinstance(fut, Reply):
@@ -374,6 +379,8 @@ class _Api(_checkpoints.CheckpointRoutes):
                 self.expire()
             if fn is _Api._forward_backward:
                 return fn(self, req, tenant, body)
+            if fn in _external.WITH_REQUEST:
+                return fn(self, req, tenant, *args)
             if fn in _checkpoints.WITH_QUERY:
                 return fn(self, tenant, req.query)
             if fn in _checkpoints.WITH_BODY:
@@ -908,18 +915,20 @@ ROUTES: dict[str, tuple[str, Callable[..., Any]]] = {
 FUTURE_ROUTES = {"/api/v1/create_model": "CreateModel", "/api/v1/unload_model": "UnloadModel",
                  "/api/v1/forward_backward": "ForwardBackward", "/api/v1/optim_step": "OptimStep",
                  "/api/v1/save_weights_for_sampler": "SaveWeightsForSampler", "/api/v1/asample": "Sample",
-                 "/api/v1/save_weights": "SaveWeights", "/api/v1/load_weights": "LoadWeights"}
+                 "/api/v1/save_weights": "SaveWeights", "/api/v1/load_weights": "LoadWeights",
+                 "/api/v1/save_weights_external": "SaveWeightsExternal"}
 REFUSED_AS_FUTURES = {429: "Too Many Requests"}  # a quota
 # routes with ids in the path (each id checked whole by its pattern)
 PATTERNS: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [
     ("GET", re.compile(rf"/api/v1/samplers/({_ID})"), _Api._get_sampler),
     ("POST", re.compile(rf"/api/v1/sessions/({_ID})/finish"), _Api._finish_session),
     *_checkpoints.PATTERNS,
+    *_external.PATTERNS,
 ]
 ROUTES.update(_checkpoints.ROUTES)
+ROUTES.update(_external.ROUTES)
 # routes of the SDK this service does not implement -> the feature a 400 names (the SDK does not retry a 400)
 UNSUPPORTED: list[tuple[re.Pattern[str], str]] = [(re.compile(rf"/api/v1/{p}"), what) for p, what in (
-    ("save_weights_external", "save_weights_external (external-format weights)"),
     ("copy_weights", "copy_weights (copies between projects)"),
     ("join_sampling_session", "join_sampling_session (sampler handles shared across processes)"),
     ("retrieve_futures", "retrieve_futures (batched polling)"), ("cancel_future", "cancel_future"),
@@ -927,8 +936,7 @@ UNSUPPORTED: list[tuple[re.Pattern[str], str]] = [(re.compile(rf"/api/v1/{p}"), 
     ("auth/token", "auth/token (JWT credentials; use the tml-... API key)"),
     ("sessions/search", "search_sessions"), ("audit", "the audit log"), ("billing/usage/events", "billing"),
     (r"sessions/[^/]+/project", "projects (assign_session_project)"),
-    (r"sessions/[^/]+/trace_export", "export_session_trace"),
-    (r"training_runs/[^/]+/checkpoints/[^/]+/[^/]+/external_weights_urls", "external weights URLs"))]
+    (r"sessions/[^/]+/trace_export", "export_session_trace"))]
 
 
 class TinkerService:
