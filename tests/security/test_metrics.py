@@ -9,11 +9,8 @@ series test runs the engine in-process with a one-second idle-group TTL.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
-import threading
 import time
 
 import httpx
@@ -24,18 +21,11 @@ from rota._engine import OrchestratorConfig
 from rota._metrics import OrchestratorMetrics
 from rota.metrics_http import serve_metrics
 from rota.testing import free_port, running_orchestrator
+from tests.security.procs import serving
 
 
 def _serve(args: list[str]) -> tuple[subprocess.Popen, list[str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
-    proc = subprocess.Popen([sys.executable, "-m", "rota", "orchestrator", "serve", *args], env=env,
-                            stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    while not lines or "serving on" not in lines[-1]:
-        lines.append(proc.stderr.readline())  # type: ignore[union-attr]
-        assert lines[-1] or proc.poll() is None, f"rota orchestrator serve exited: {lines}"
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
-    return proc, lines
+    return serving(["orchestrator", "serve", *args])
 
 
 def _scrape(url: str, token: str = "") -> httpx.Response:

@@ -12,7 +12,6 @@ import concurrent.futures
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 
@@ -29,9 +28,8 @@ from rota._generated import timeslice_orchestrator_pb2 as v1a
 from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
 from rota.testing import free_port, running_orchestrator
 from rota_agent import WorkloadClient
+from tests.security.procs import ROTA, clean_env, rota_calls_refused, serving
 from tests.security.test_tls import pki  # noqa: F401  (fixture: a test CA and certificates for 127.0.0.1)
-
-ROTA = [sys.executable, "-m", "rota"]
 
 
 class Sniffer(grpc.GenericRpcHandler):
@@ -46,15 +44,7 @@ class Sniffer(grpc.GenericRpcHandler):
 
 
 def _orchestrator(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
-    proc = subprocess.Popen([*ROTA, "orchestrator", "serve", *args], env={**base, **(env or {})},
-                            stderr=subprocess.PIPE, text=True)
-    line = ""
-    while "serving on" not in line:
-        line = proc.stderr.readline()  # type: ignore[union-attr]
-        assert line or proc.poll() is None, f"rota orchestrator serve exited with {proc.wait()}"
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
-    return proc
+    return serving(["orchestrator", "serve", *args], clean_env(**(env or {})))[0]
 
 
 def _group_status(endpoint: str, token: str, group: str = "g") -> v1a.GetGroupStatusResponse:
@@ -83,13 +73,8 @@ def test_the_token_an_agent_is_shown_acts_nowhere_else(tmp_path):
         assert claims["aud"] == auth.AGENT_AUDIENCE and claims["exp"] - claims["iat"] <= 60, claims
 
         rogue = pb_grpc.RotaServiceStub(auth.channel(endpoint, token=stolen[-1]))
-        for call in (lambda: rogue.Evict(pb.EvictRequest(job_id="victim", group_id="g"), timeout=5),
-                     lambda: rogue.Acquire(pb.TurnRequest(job_id="mallory", group_id="g"), timeout=5),
-                     lambda: rogue.Status(pb.StatusRequest(), timeout=5)):
-            with pytest.raises(grpc.RpcError) as info:
-                call()
-            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, info.value.details()
-            assert "another kind of server" in info.value.details()
+        for details in rota_calls_refused(rogue, grpc.StatusCode.UNAUTHENTICATED):
+            assert "another kind of server" in details
         assert _group_status(endpoint, auth.issue(key, admin=True)).group.locking_job == "victim"
         victim.release()
     finally:
@@ -122,8 +107,7 @@ def test_an_orchestrator_with_tls_talks_to_its_agents_only_over_tls(tmp_path, pk
     tls = ["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")]
     args = ["--listen", f"127.0.0.1:{free_port()}", "--auth-key", key_file, *tls,
             "--agent", f"127.0.0.1:{listener.getsockname()[1]}"]
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
-    refused = subprocess.run([*ROTA, "orchestrator", "serve", *args], env=base, capture_output=True, text=True,
+    refused = subprocess.run([*ROTA, "orchestrator", "serve", *args], env=clean_env(), capture_output=True, text=True,
                              timeout=30)
     assert refused.returncode != 0 and "ROTA_TLS_CA" in refused.stderr, refused.stderr  # never plaintext
 
@@ -175,9 +159,8 @@ def test_priority_above_zero_needs_a_token_that_allows_it(tmp_path):
     key_file = str(tmp_path / "auth.key")
     auth.generate_key(key_file)
     key = auth.load_key(key_file)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
     issued = subprocess.run([*ROTA, "token", "issue", "--auth-key", key_file, "--group", "g", "--job", "boss",
-                             "--max-priority", "5"], env=base, capture_output=True, text=True, timeout=60)
+                             "--max-priority", "5"], env=clean_env(), capture_output=True, text=True, timeout=60)
     assert issued.returncode == 0, issued.stderr
     boss_token = issued.stdout.strip()
     with running_orchestrator(OrchestratorConfig(ttl_s=3.0), auth=auth.ServerAuth(key=key)) as (endpoint, engine):

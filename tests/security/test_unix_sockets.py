@@ -14,9 +14,7 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
-import threading
 
 import grpc
 import pytest
@@ -27,23 +25,11 @@ from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota._generated import snapshot_agent_pb2 as sa
 from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
 from tests.security.agentlib import Agent, wait_op
-
-ROTA = [sys.executable, "-m", "rota"]
-
-
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
+from tests.security.procs import ROTA, attacker_rpc, clean_env, rota_calls_refused, serving
 
 
 def _serve(listen: str, key_file: str) -> subprocess.Popen:
-    proc = subprocess.Popen([*ROTA, "orchestrator", "serve", "--listen", listen, "--auth-key", key_file],
-                            env=_env(), stderr=subprocess.PIPE, text=True)
-    line = ""
-    while "serving on" not in line:
-        line = proc.stderr.readline()  # type: ignore[union-attr]
-        assert line or proc.poll() is None, f"rota orchestrator serve exited with {proc.wait()}"
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
-    return proc
+    return serving(["orchestrator", "serve", "--listen", listen, "--auth-key", key_file])[0]
 
 
 @pytest.fixture
@@ -58,7 +44,7 @@ def test_a_unix_socket_in_a_shared_folder_is_refused(key):
     os.chmod(shared, 0o1777)
     try:
         out = subprocess.run([*ROTA, "orchestrator", "serve", "--listen", f"unix:{shared}/o.sock", "--auth-key",
-                              key[0]], env=_env(), capture_output=True, text=True, timeout=30)
+                              key[0]], env=clean_env(), capture_output=True, text=True, timeout=30)
         assert out.returncode != 0 and "mode 1777" in out.stderr and "chmod 700" in out.stderr, out.stderr
         assert not os.path.exists(f"{shared}/o.sock")
     finally:
@@ -77,12 +63,7 @@ def test_auth_key_is_checked_on_the_unix_socket(key, tmp_path):
         grant = victim.Acquire(pb.TurnRequest(job_id="victim", group_id="g"), timeout=10)
 
         anonymous = pb_grpc.RotaServiceStub(grpc.insecure_channel(listen))  # same uid, no token
-        for call in (lambda: anonymous.Evict(pb.EvictRequest(job_id="victim", group_id="g"), timeout=5),
-                     lambda: anonymous.Acquire(pb.TurnRequest(job_id="mallory", group_id="g"), timeout=5),
-                     lambda: anonymous.Status(pb.StatusRequest(), timeout=5)):
-            with pytest.raises(grpc.RpcError) as info:
-                call()
-            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, info.value.details()
+        rota_calls_refused(anonymous, grpc.StatusCode.UNAUTHENTICATED)
         mallory = pb_grpc.RotaServiceStub(auth.channel(listen, token=auth.issue(secret, group="g", job="mallory")))
         with pytest.raises(grpc.RpcError) as info:
             mallory.Evict(pb.EvictRequest(job_id="victim", group_id="g"), timeout=5)
@@ -103,19 +84,9 @@ def test_another_uid_cannot_reach_the_socket(key, as_attacker):
     listen = f"unix:{base}/orch/o.sock"
     proc = _serve(listen, key_file)
     try:
-        code = f"""
-import grpc
-from rota._generated import rota_v1_pb2 as pb, rota_v1_pb2_grpc as pb_grpc
-stub = pb_grpc.RotaServiceStub(grpc.insecure_channel({listen!r}))
-try:
-    stub.Evict(pb.EvictRequest(job_id="victim", group_id="g"), timeout=5)
-    print("EVICTED")
-except grpc.RpcError as exc:
-    print(exc.code().name)
-"""
-        done = as_attacker(code, env={"PYTHONPATH": os.pathsep.join(sys.path)})
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.strip().splitlines()[-1] == "UNAVAILABLE", done.stdout  # cannot even connect
+        got = attacker_rpc(as_attacker, listen, "pb_grpc.RotaServiceStub",
+                           'Evict(pb.EvictRequest(job_id="victim", group_id="g"), timeout=5)')
+        assert got == ["UNAVAILABLE"], got  # cannot even connect
     finally:
         proc.terminate()
         proc.wait(10)
@@ -142,39 +113,26 @@ def test_an_agent_without_a_key_serves_only_its_owner(agent_env, tenant, as_atta
     and the 0666 socket. Now it serves no TCP port and 0600 sockets; its owner's jobs still park."""
     socket_dir = tempfile.mkdtemp(prefix="rota-sec-")
     os.chmod(socket_dir, 0o755)
-    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "rota"), "agent", "serve", "--socket-dir",
-                             socket_dir], env=agent_env, stderr=subprocess.PIPE, text=True)
+    proc, _ = serving(["agent", "serve", "--socket-dir", socket_dir], agent_env, ready="serving")
     try:
-        line = ""
-        while "serving" not in line:
-            line = proc.stderr.readline()  # type: ignore[union-attr]
-            assert line or proc.poll() is None, f"rota agent serve exited with {proc.wait()}"
-        threading.Thread(target=proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
         assert _tcp_listeners(proc.pid) == set()  # no TCP port at all
         for name in ("agent.sock", "pid.sock"):
             assert stat.S_IMODE(os.stat(f"{socket_dir}/{name}").st_mode) == 0o600
 
         agent = Agent(None, "", socket_dir, proc)
         victim = tenant(agent, "victim")
-        code = f"""
-import socket, grpc
-from rota._generated import snapshot_agent_pb2 as sa, snapshot_agent_pb2_grpc as sa_grpc
+        door = f"""
+import socket
 s = socket.socket(socket.AF_UNIX)
 try:
     s.connect({socket_dir + "/pid.sock"!r})
     print("DOOR OPEN")
 except PermissionError:
     print("door refused")
-stub = sa_grpc.SnapshotAgentServiceStub(grpc.insecure_channel({agent.unix!r}))
-try:
-    stub.Snapshot(sa.SnapshotRequest(job_id="victim", group="g"), timeout=5)
-    print("PARKED")
-except grpc.RpcError as exc:
-    print(exc.code().name)
 """
-        done = as_attacker(code, env={"PYTHONPATH": os.pathsep.join(sys.path)})
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.split() == ["door", "refused", "UNAVAILABLE"], done.stdout
+        got = attacker_rpc(as_attacker, agent.unix, "sa_grpc.SnapshotAgentServiceStub",
+                           'Snapshot(sa.SnapshotRequest(job_id="victim", group="g"), timeout=5)', prelude=door)
+        assert got == ["door", "refused", "UNAVAILABLE"], got
         assert victim.ask("check")["parks"] == 0
 
         owner = sa_grpc.SnapshotAgentServiceStub(grpc.insecure_channel(agent.unix))  # the agent's own uid

@@ -38,40 +38,34 @@ def runtime_dir() -> pathlib.Path:
     path = pathlib.Path(os.environ.get("ROTA_RUNTIME_DIR") or (f"{xdg}/rota" if xdg else f"/tmp/rota-{os.getuid()}"))
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise ConfigError(f"cannot create the embedded orchestrator's folder {str(path)!r}: {exc.strerror}; set "
-                          "ROTA_RUNTIME_DIR to a folder of yours") from None
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"{str(path)!r} is a symbolic link or not a folder: the embedded orchestrator's folder "
-                          "must be a real folder of this user; remove it or set ROTA_RUNTIME_DIR")
-    if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        raise ConfigError(f"{str(path)!r} belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}; the "
-                          f"embedded orchestrator needs a folder owned by uid {os.getuid()} with mode 700 (another "
-                          "user could otherwise reach or replace its socket): remove it or set ROTA_RUNTIME_DIR")
+    except OSError:
+        pass  # private_folder says what is wrong with the folder itself
+    private_folder(str(path), "the embedded orchestrator's folder", "remove it or set ROTA_RUNTIME_DIR to a folder "
+                   "of yours")
     return path
 
 
 def private_socket_folder(socket_path: str) -> None:
     """Check (or create, mode 0700) the folder a Unix-socket server is about to listen in: this uid's own and
     closed to everyone else, so only its owner (and root) can reach the socket, which the server makes 0600."""
-    folder = os.path.dirname(os.path.abspath(socket_path))
+    private_folder(os.path.dirname(os.path.abspath(socket_path)), "the socket's folder",
+                   "listen on unix:PATH in a folder of yours with mode 700 (mkdir -m 700 DIR, or chmod 700 it)")
+
+
+def private_folder(path: str, what: str, fix: str) -> None:
+    """Create ``path`` 0700, or check that it is a real folder of this uid that no one else may enter."""
     try:
-        os.mkdir(folder, 0o700)
+        os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     except OSError as exc:
-        raise ConfigError(f"cannot create the socket's folder {folder!r}: {exc.strerror}; listen on unix:PATH "
-                          "in a folder of yours with mode 700") from None
-    st = os.lstat(folder)
+        raise ConfigError(f"cannot create {what} {path!r}: {exc.strerror}; {fix}") from None
+    st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        raise ConfigError(f"the socket's folder {folder!r} is uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}: a "
-                          f"Unix socket is served only in a real folder owned by uid {os.geteuid()} with mode 700, "
-                          "where no other user can reach or replace it; use such a folder (mkdir -m 700 DIR) or "
-                          "chmod 700 it")
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a symbolic link or not a folder"
+        raise ConfigError(f"{what} {path!r} is {kind} of uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}; it must "
+                          f"be a real folder of uid {os.geteuid()} with mode 700, where no other user can reach or "
+                          f"replace a socket: {fix}")
 
 
 def local_endpoint() -> str:
