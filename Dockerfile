@@ -4,9 +4,10 @@
 #   docker tag rota:0.1.0 REGISTRY/rota:0.1.0 && docker push REGISTRY/rota:0.1.0
 #   rota k8s render --image REGISTRY/rota:0.1.0 | kubectl apply -f -
 #
-# Two stages: the build stage installs rota's packages from this repository into a
-# virtual environment; the final stage is the same pinned Python with only that
-# environment, run as a non-root user (the agent's pod overrides it: see rota_k8s).
+# Two stages: the build stage installs rota's packages from this repository, with the
+# dependency versions image.lock pins, into a virtual environment; the final stage is the
+# same pinned Python with only that environment, run as a non-root user (the agent's pod
+# overrides it: see rota_k8s).
 ARG PYTHON_VERSION=3.11.11
 ARG DEBIAN=bookworm
 
@@ -18,9 +19,13 @@ COPY packages/agent-client packages/agent-client
 COPY packages/agent packages/agent
 COPY packages/orchestrator-etcd packages/orchestrator-etcd
 COPY packages/k8s-controller packages/k8s-controller
+# image.lock pins every third-party distribution (scripts/lock_image.py writes it): a rebuild
+# installs what was tested, not whatever is newest that day.
+COPY image.lock image.lock
 RUN python -m venv /opt/rota \
- && /opt/rota/bin/pip install ./packages/core ./packages/agent-client "./packages/agent[gpu]" \
+ && /opt/rota/bin/pip install -c image.lock ./packages/core ./packages/agent-client "./packages/agent[gpu]" \
         ./packages/orchestrator-etcd ./packages/k8s-controller \
+ && /opt/rota/bin/pip check \
  && /opt/rota/bin/rota --version
 
 FROM python:${PYTHON_VERSION}-slim-${DEBIAN}

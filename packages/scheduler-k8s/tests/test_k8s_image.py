@@ -82,3 +82,37 @@ def test_every_package_the_manifests_run_is_installed_from_the_repository() -> N
         assert re.search(rf"\./{folder}(\[\w+\])?\"?(\s|$)", install), folder
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert all(f"!{folder}" in ignore for folder in needed)
+
+
+def test_the_image_installs_with_the_dependency_lock() -> None:
+    """image.lock pins every third-party distribution (scripts/lock_image.py resolves them with pip); the
+    Dockerfile installs with it as constraints, and each pin satisfies what the image's packages ask for."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    lock = (ROOT / "image.lock").read_text().splitlines()
+    pins = {}
+    for line in (ln for ln in lock if ln and not ln.startswith("#")):
+        name, sep, version = line.partition("==")
+        assert sep and re.fullmatch(r"[A-Za-z0-9_.-]+", name) and version, line
+        assert canonicalize_name(name) not in pins, f"{name} pinned twice"
+        pins[canonicalize_name(name)] = version
+    (install,) = [r for r in instructions("RUN") if "pip install" in r]
+    assert "pip install -c image.lock " in install and "pip check" in install
+    assert "image.lock image.lock" in instructions("COPY")
+    assert "!image.lock" in (ROOT / ".dockerignore").read_text().splitlines()
+    local = {tomllib.loads(p.read_text())["project"]["name"] for p in ROOT.glob("packages/*/pyproject.toml")}
+    env = {"python_version": "3.11", "sys_platform": "linux", "platform_system": "Linux"}
+    for folder in with_local_dependencies(set(NEEDS.values()) | {"packages/core"}):
+        project = tomllib.loads((ROOT / folder / "pyproject.toml").read_text())["project"]
+        wanted = list(project.get("dependencies", []))
+        if folder == "packages/agent":  # the Dockerfile installs rota-agent[gpu]
+            wanted += project.get("optional-dependencies", {}).get("gpu", [])
+        for text in wanted:
+            req = Requirement(text)
+            if req.name in local or (req.marker is not None and not req.marker.evaluate(env)):
+                continue
+            pinned = pins.get(canonicalize_name(req.name))
+            assert pinned is not None, f"{req.name} ({folder}) is not in image.lock: run scripts/lock_image.py"
+            assert req.specifier.contains(pinned, prereleases=True), f"image.lock pins {req.name}=={pinned}, but " \
+                f"{folder} asks for {req.specifier}: run scripts/lock_image.py"
