@@ -3,7 +3,7 @@ the address and the setting, within the timeout (--timeout, ROTA_CONNECT_TIMEOUT
 
 Real parts: the installed `rota` executable in its own process, a real TCP listener that accepts and never
 answers (rota.testing.silent_listener), a port nobody listens on. No Slurm daemon is needed: the orchestrator
-is asked first.
+is asked first. And every option of `rota slurm` has help text.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import click
 
 from rota.testing import free_port, silent_listener
 
@@ -48,3 +50,15 @@ def test_slurm_epilog_with_a_silent_orchestrator_gives_up_at_its_timeout():
         line, rc, took = _run("slurm", "epilog", "--job", "7", "--group", "g", "--orchestrator", address,
                               "--timeout", "1.5")
     assert rc == 1 and address in line and "within 1.5 s" in line and took < 30
+
+
+def test_every_slurm_option_has_help():
+    """`rota slurm check --backend` (and every other option of rota slurm) says what it does in --help."""
+    from rota.cli.main import cli
+
+    slurm = cli.get_command(None, "slurm")  # type: ignore[arg-type]
+    missing = [f"{name} {opt.opts[0]}" for name, cmd in slurm.commands.items() for opt in cmd.params
+               if isinstance(opt, click.Option) and not opt.hidden and not opt.help]
+    assert missing == []
+    out = subprocess.run([ROTA, "slurm", "check", "--help"], capture_output=True, text=True, timeout=60).stdout
+    assert "How to read Slurm's jobs: cli (squeue/scontrol), pyslurm" in " ".join(out.split())
