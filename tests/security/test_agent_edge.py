@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -151,3 +153,43 @@ def test_silent_endpoints_of_one_job_do_not_hold_the_agent(start_agent, http_ser
         fast.close()
         for s in silent:
             s.close()
+
+
+SETUID_CHILD = """
+import json, subprocess, time, grpc
+from rota._generated import snapshot_agent_pb2 as sa, snapshot_agent_pb2_grpc as sa_grpc
+from rota_agent import WorkloadClient
+child = subprocess.Popen([{sleeper!r}, "60"])  # setuid root: the attacker's child, running with root's rights
+time.sleep(0.5)
+client = WorkloadClient({unix!r}, "mallory", "g", on_snapshot=lambda *_: None, on_restore=lambda *_: None,
+                        backend="cuda", pid=child.pid)
+client.wait_registered()
+stub = sa_grpc.SnapshotAgentServiceStub(grpc.insecure_channel({tcp!r}))
+req = sa.SnapshotRequest(job_id="mallory", group="g", backend_config=sa.BackendConfig(
+    cuda=sa.CudaBackendConfig(explicit_target=sa.ProcessTarget(pids=[child.pid]))))
+try:
+    stub.Snapshot(req, timeout=10)
+    print("ACCEPTED")
+except grpc.RpcError as exc:
+    print(exc.code().name)
+child.kill()
+client.close()
+"""
+
+
+def test_a_setuid_child_is_not_the_tenants_process(start_agent, as_attacker, tmp_path):
+    """The attacker registers its job claiming (rota-pid) a setuid-root child of its own; the child is not its."""
+    agent = start_agent(keyed=False)  # uids told apart by the pid door; --insecure TCP: everyone may ask
+    folder = tempfile.mkdtemp(prefix="rota-suid-")
+    os.chmod(folder, 0o755)
+    sleeper = os.path.join(folder, "sleep")
+    shutil.copy("/bin/sleep", sleeper)
+    os.chown(sleeper, 0, 0)
+    os.chmod(sleeper, 0o4755)
+    try:
+        done = as_attacker(SETUID_CHILD.format(sleeper=sleeper, unix=agent.unix, tcp=agent.tcp),
+                           env={"PYTHONPATH": os.pathsep.join(sys.path)})
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split()[-1] == "PERMISSION_DENIED", done.stdout
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -188,11 +188,12 @@ class CudaBackend:
                                    "did not come through the agent's pid door (connect with ROTA_AGENT=unix:"
                                    "<socket dir>/agent.sock, or set ROTA_AGENT_PROOF=<socket dir>/pid.sock)",
                                    job_id=job_id)
-        for pid in explicit:
-            if not _proc.descends(pid, set(own), self.proc_root):
+        uids = {_proc.uid(p, self.proc_root) for p in own}
+        for pid in explicit:  # a setuid child acts with another uid's rights: it is not the job's
+            if not _proc.descends(pid, set(own), self.proc_root) or _proc.uid(pid, self.proc_root) not in uids:
                 raise PermissionDenied(f"pid {pid} is not a process of job {job_id!r} (neither a process that "
-                                       "registered it nor a descendant of one); the agent parks only its "
-                                       "registered jobs' own processes", job_id=job_id)
+                                       "registered it nor a descendant of one running as its uid); the agent parks "
+                                       "only its registered jobs' own processes", job_id=job_id)
         pids = explicit or tuple(sorted(own))
         if self.machine not in ("x86_64", "AMD64"):
             raise Unsupported(f"whole-process CUDA checkpoint is x86-64 only (this node is {self.machine}); "
