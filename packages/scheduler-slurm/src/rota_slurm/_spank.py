@@ -91,6 +91,7 @@ class PlugstackLine:
     python: str = ""  # the Python rota is installed in: issues each job's token (with auth_key)
     auth_key: str = ""  # the orchestrator's auth key, readable by root only
     tls_ca: str = ""  # the orchestrator's TLS CA, given to jobs and the epilog
+    max_priority: int = 0  # the highest --timeslice-priority a job's token may carry (0: none above 0)
 
     def render(self) -> str:
         parts = ["required" if self.required else "optional", str(self.so_path)]
@@ -103,6 +104,8 @@ class PlugstackLine:
                 parts.append(f"{name}={value}")
         if self.epilog_timeout != 20:
             parts.append(f"epilog_timeout={self.epilog_timeout}")
+        if self.max_priority:
+            parts.append(f"max_priority={self.max_priority}")
         return " ".join(parts)
 
 

@@ -52,10 +52,12 @@ def time_left(job: str, timeout: float = 10.0) -> float | None:
     return parse_time_left(lines[0])
 
 
-def job_token(key_path: str, group: str, job: str, *, max_ttl_s: float, left_s: float | None) -> str:
-    """A token for ``job`` of ``group`` valid for ``left_s`` plus the margin, at most ``max_ttl_s``."""
+def job_token(key_path: str, group: str, job: str, *, max_ttl_s: float, left_s: float | None,
+              max_priority: int | None = None) -> str:
+    """A token for ``job`` of ``group`` valid for ``left_s`` plus the margin, at most ``max_ttl_s``, allowing
+    priorities up to ``max_priority`` (the plugin passes the job's own, once plugstack.conf allowed it)."""
     ttl = max_ttl_s if left_s is None else min(left_s + MARGIN_S, max_ttl_s)
-    return auth.issue(auth.load_key(key_path), group=group, job=job, ttl_s=ttl)
+    return auth.issue(auth.load_key(key_path), group=group, job=job, ttl_s=ttl, max_priority=max_priority)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,10 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", required=True, help="the job's time-slice group on this node, expanded")
     parser.add_argument("--job", required=True, help="the Slurm job id")
     parser.add_argument("--max-ttl", default=DEFAULT_MAX_TTL, help=f"longest lifetime (default {DEFAULT_MAX_TTL})")
+    parser.add_argument("--max-priority", type=int, default=None, help="the highest priority the job may ask for")
     args = parser.parse_args(argv)
     try:
         token = job_token(args.auth_key, args.group, args.job, max_ttl_s=auth.parse_ttl(args.max_ttl),
-                          left_s=time_left(args.job))
+                          left_s=time_left(args.job), max_priority=args.max_priority)
     except RotaError as exc:
         print(f"rota: {exc}", flush=True)
         return 1

@@ -49,10 +49,13 @@ def slurm() -> None:
               "ROTA_TOKEN for its own job, the epilog an admin token. Without it jobs get no token.")
 @click.option("--tls-ca", type=click.Path(dir_okay=False), default="",
               help="The orchestrator's TLS CA certificate: jobs and the epilog get ROTA_TLS_CA.")
+@click.option("--max-priority", type=click.IntRange(0, 1000), default=0, show_default=True,
+              help="The highest --timeslice-priority a job's token may carry (with --auth-key, the orchestrator "
+              "refuses a priority above its token's): a job asking more gets no token and its step fails.")
 @click.option("--include-dir", multiple=True, help="Extra -I directory holding slurm/spank.h.")
 @click.option("--optional", is_flag=True, help="Mark the plugin optional: jobs still run if it fails to load.")
 def install_spank(plugstack: Path | None, orchestrator: str | None, dest: Path, rota_exe: str, auth_key: str,
-                  tls_ca: str, include_dir: tuple[str, ...], optional: bool) -> None:
+                  tls_ca: str, max_priority: int, include_dir: tuple[str, ...], optional: bool) -> None:
     """Compile the SPANK plugin against slurm/spank.h and print or write its plugstack.conf line."""
     try:
         if auth_key:
@@ -62,7 +65,7 @@ def install_spank(plugstack: Path | None, orchestrator: str | None, dest: Path, 
         line = _spank.PlugstackLine(so, orchestrator=orchestrator or "",
                                     rota=rota_exe or _spank.default_rota_executable(), required=not optional,
                                     python=sys.executable, auth_key=auth_key,
-                                    tls_ca=os.path.abspath(tls_ca) if tls_ca else "")
+                                    tls_ca=os.path.abspath(tls_ca) if tls_ca else "", max_priority=max_priority)
         text = line.render()
     except RotaError as exc:
         raise click.ClickException(str(exc)) from None

@@ -60,6 +60,7 @@ class SlurmCluster:
     cpus_per_node: int = 4
     orchestrator: str = ""
     auth_key: str = ""  # the orchestrator's key: jobs get ROTA_TOKEN, the epilog an admin token
+    max_priority: int = 1000  # plugstack.conf max_priority=: the highest priority a job's token may carry
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     # ------------------------------------------------------------ paths, env
@@ -176,7 +177,8 @@ class SlurmCluster:
         so = build(self.root / "lib" / "rota_spank.so")
         write_plugstack(self.root / "etc" / "plugstack.conf",
                         PlugstackLine(so, orchestrator=self.orchestrator, rota=default_rota_executable(),
-                                      python=sys.executable, auth_key=self.auth_key))
+                                      python=sys.executable, auth_key=self.auth_key,
+                                      max_priority=self.max_priority))
         r = self.root
         ports = [first_node_port] + [free_port() for _ in self.nodes[1:]]
         nodes = "\n".join(

@@ -38,6 +38,9 @@
  *                       the epilog an admin token
  *   tls_ca=PATH         the orchestrator's TLS CA: jobs and the epilog get ROTA_TLS_CA
  *   epilog_timeout=S    seconds the epilog, or the token issuer, may take (default 20)
+ *   max_priority=N      the highest --timeslice-priority a job's token may carry (0..1000, default 0):
+ *                       the orchestrator refuses a priority above its token's; a job asking more
+ *                       than N gets no token and its step fails, saying so
  *
  * A group may contain `%n`, replaced by the node name (SLURMD_NODENAME): one group per
  * node, e.g. `--timeslice=gpu-%n`; and `%g`, replaced by the set of GPUs the step's
@@ -100,6 +103,7 @@ static char arg_python[ROTA_ARG_MAX] = "";
 static char arg_auth_key[ROTA_ARG_MAX] = "";
 static char arg_tls_ca[ROTA_ARG_MAX] = "";
 static int arg_epilog_timeout = 20;
+static long arg_max_priority = 0;
 static char step_gpus[ROTA_ID_MAX + 1] = ""; /* `gpu0_1`: this node's GPUs of the step, for %g */
 static char step_gpus_why[160] = "";         /* why step_gpus is empty */
 
@@ -199,6 +203,7 @@ static void parse_args(int ac, char **av)
     arg_tls_ca[0] = '\0';
     snprintf(arg_rota, sizeof(arg_rota), "%s", "rota");
     arg_epilog_timeout = 20;
+    arg_max_priority = 0;
     for (i = 0; i < ac; i++) {
         if (strncmp(av[i], "orchestrator=", 13) == 0)
             snprintf(arg_orchestrator, sizeof(arg_orchestrator), "%s", av[i] + 13);
@@ -212,6 +217,8 @@ static void parse_args(int ac, char **av)
             snprintf(arg_tls_ca, sizeof(arg_tls_ca), "%s", av[i] + 7);
         else if (strncmp(av[i], "epilog_timeout=", 15) == 0)
             arg_epilog_timeout = atoi(av[i] + 15) > 0 ? atoi(av[i] + 15) : 20;
+        else if (strncmp(av[i], "max_priority=", 13) == 0 && parse_priority(av[i] + 13, &arg_max_priority) == 0)
+            arg_max_priority = arg_max_priority < 0 ? 0 : arg_max_priority;
         else if (spank_context() == S_CTX_SLURMD)
             slurm_error("rota: unknown plugstack.conf argument '%s' (ignored)", av[i]);
     }
@@ -502,7 +509,7 @@ static int run_helper(char *const argv[], char *out, size_t len)
 static int issue_token(spank_t sp)
 {
     uint32_t job_id = 0;
-    char node[256], group[ROTA_ID_MAX + 1], job[32], out[4200];
+    char node[256], group[ROTA_ID_MAX + 1], job[32], prio[32], out[4200];
     char *argv[14];
     const char *why;
     size_t i, n;
@@ -534,6 +541,18 @@ static int issue_token(spank_t sp)
     argv[a++] = group;
     argv[a++] = "--job";
     argv[a++] = job;
+    if (have_priority && opt_priority > 0) { /* the token allows what the job asked, if the node allows that */
+        if (opt_priority > arg_max_priority) {
+            slurm_error("rota: job %s asks --timeslice-priority=%ld, above max_priority=%ld of plugstack.conf (the "
+                        "highest priority a job's token may carry): ask for at most %ld, or ask an admin to raise "
+                        "it (rota slurm install-spank --max-priority N)", job, opt_priority, arg_max_priority,
+                        arg_max_priority);
+            return -1;
+        }
+        snprintf(prio, sizeof(prio), "%ld", opt_priority);
+        argv[a++] = "--max-priority";
+        argv[a++] = prio;
+    }
     argv[a] = NULL;
     status = run_helper(argv, out, sizeof(out));
     n = strlen(out);
