@@ -7,8 +7,11 @@ valid token for its own job only. Each test shows the refusal and that the victi
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import grpc
 import pytest
@@ -69,3 +72,20 @@ def test_a_key_file_another_user_owns_is_refused(tmp_path, attacker_uid):
                           f"127.0.0.1:{free_port()}", "--auth-key", str(key_file)], env=env, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode != 0 and f"belongs to uid {attacker_uid[0]}" in out.stderr, out.stderr
+
+
+def test_a_runtime_folder_another_user_made_says_how_to_recover(as_attacker, child_env):
+    """Another uid made the victim's embedded-orchestrator folder first: refused, and the refusal says what to do."""
+    shared = Path(tempfile.mkdtemp(prefix="rota-shared-"))  # like /tmp
+    os.chmod(shared, 0o1777)
+    squatted = shared / "rota-0"
+    done = as_attacker(f"import os; os.mkdir({str(squatted)!r}, 0o700)")
+    assert done.returncode == 0, done.stderr
+    env = dict(child_env, ROTA_RUNTIME_DIR=str(squatted))
+    out = subprocess.run([sys.executable, "-c", "import rota; rota.connect(group='g', tenant='t')"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert "ConfigError" in last and "set ROTA_RUNTIME_DIR to a folder of yours" in last, last
+    assert os.listdir(squatted) == []  # nothing of the victim's went into it
+    shutil.rmtree(shared, ignore_errors=True)

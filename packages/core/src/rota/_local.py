@@ -40,8 +40,9 @@ def runtime_dir() -> pathlib.Path:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError:
         pass  # private_folder says what is wrong with the folder itself
-    private_folder(str(path), "the embedded orchestrator's folder", "remove it or set ROTA_RUNTIME_DIR to a folder "
-                   "of yours")
+    private_folder(str(path), "the embedded orchestrator's folder", "another user may have made it first: set "
+                   "ROTA_RUNTIME_DIR to a folder of yours (e.g. ~/.rota-run; or have it removed by root or its "
+                   "owner), or XDG_RUNTIME_DIR to your login session's")
     return path
 
 
