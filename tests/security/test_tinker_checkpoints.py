@@ -162,6 +162,25 @@ def test_another_tenant_cannot_export_or_fetch_external_weights(served: Served, 
     assert httpx.get(url, timeout=30).status_code == 200  # still alice's, still there
 
 
+def test_another_tenant_cannot_copy_label_or_find_sessions(served: Served, victim: dict) -> None:
+    """copy_weights of alice's checkpoints, a project on alice's session and session search are the owner's alone;
+    alice's checkpoint files keep their link count (nothing was linked into mallory's folders)."""
+    mallory = KEYS["mallory"]
+    links = {p: p.stat().st_nlink for p in served.data_dir.rglob("*") if p.is_file()}
+    for path in (victim["path"], victim["sampler_path"]):
+        r = served.post("copy_weights", mallory, {"source_path": path, "destination_project_id": "loot"})
+        assert r.status_code == 403 and "another tenant" in r.json()["detail"], r.text
+    r = httpx.put(f"{served.url}/api/v1/sessions/{victim['session']}/project", headers={"X-API-Key": mallory},
+                  json={"project_id": "loot"}, timeout=30)
+    assert r.status_code == 403, r.text
+    for body in ({"session_id": victim["session"]}, {"owner": {"type": "accessible"}}, {}):
+        r = served.post("sessions/search", mallory, body)
+        assert r.status_code == 200 and victim["session"] not in r.text, (body, r.text)
+    r = served.post("sessions/search", mallory, {"owner": {"type": "user", "owner_urns": ["alice"]}})
+    assert r.status_code == 400, r.text
+    assert {p: p.stat().st_nlink for p in served.data_dir.rglob("*") if p.is_file()} == links
+
+
 @pytest.mark.parametrize("name", ["../../mallory", "..", "a/b", "ok\n", ".hidden", "x" * 65, "con:1"])
 def test_checkpoint_names_that_leave_the_folder_are_refused(served: Served, victim: dict, name: str) -> None:
     before = _files(served)

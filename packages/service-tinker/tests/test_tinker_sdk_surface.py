@@ -26,7 +26,7 @@ from tinker.lib.public_interfaces.admin_client import AdminClient
 from tinker_testlib import KEYS, serving_hf_models
 
 from rota_tinker import TinkerService
-from rota_tinker.testing import hf_snapshot
+from rota_tinker.testing import hub_cache_snapshot
 
 QWEN = "acme/Qwen3-Tiny"
 DEADLINE_S = 120.0  # a hang guard, not a threshold: the SDK's shortest retry loop on a refusal lasts 5 minutes
@@ -52,14 +52,23 @@ PARTIAL: dict[str, str] = {
     **{f"ServiceClient.create_lora_training_client{a}": _ADAM for a in ("", "_async")},
     **{f"TrainingClient.optim_step{a}": "AdamParams only: other optimizers are refused" for a in ("", "_async")},
     **{f"TrainingClient.{m}{a}": _LOSSES for m in ("forward", "forward_backward") for a in ("", "_async")},
+    **{m: "the caller's own checkpoints (weights_access_token is refused)"
+       for m in ("ServiceClient.copy_weights", "RestClient.copy_weights", "RestClient.copy_weights_async")},
+    "RestClient.search_sessions": "the caller's live sessions (ended ones are not kept; owner 'user' is refused)",
 }
 
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerService]:
+    """The service on a hub-cache snapshot that this process's Hugging Face hub also reads (offline), as a user
+    sharing the service's cache has it: the SDK's get_tokenizer loads the tokenizer by the model's hub name."""
+    import huggingface_hub.constants
+
     root = tmp_path_factory.mktemp("surface")
-    hf_snapshot(root / "models" / "acme" / "Qwen3-Tiny", seed=1)
-    with serving_hf_models([str(root / "models")], str(root / "data"), "tinker-surface") as service:
+    hub_cache_snapshot(root / "cache", QWEN, seed=1)
+    with (pytest.MonkeyPatch.context() as mp,
+          serving_hf_models([str(root / "cache")], str(root / "data"), "tinker-surface") as service):
+        mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(root / "cache"))
         yield service
 
 

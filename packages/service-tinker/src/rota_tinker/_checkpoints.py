@@ -101,6 +101,8 @@ class Run:
     last_request: float = field(default_factory=time.time)
     user_metadata: dict[str, str] | None = None
     lora: dict[str, Any] | None = None  # rank and targets, as create_model gave them
+    session_id: str | None = None  # the session that created it
+    project_id: str | None = None  # its session's project (rota_tinker._projects)
 
 
 @dataclass
@@ -130,11 +132,11 @@ class Runs:
         self.external: dict[str, Any] = {}  # tinker path -> rota_tinker._external.External
         self.archives = threading.BoundedSemaphore(ARCHIVES_AT_ONCE)
 
-    def record(self, model: Any, metadata: dict[str, str] | None) -> None:
+    def record(self, model: Any, metadata: dict[str, str] | None, project: str | None = None) -> None:
         """Remember a new run; past MAX_RUNS of its tenant, that tenant's oldest is forgotten (no one else's)."""
         self.runs[model.model_id] = Run(model.model_id, model.tenant, model.base.name,
                                         model.lora["rank"] if model.lora else None, user_metadata=metadata,
-                                        lora=model.lora)
+                                        lora=model.lora, session_id=model.session_id, project_id=project)
         mine = [k for k, r in self.runs.items() if r.tenant == model.tenant]
         for k in mine[:max(0, len(mine) - MAX_RUNS)]:
             del self.runs[k]
@@ -278,8 +280,10 @@ class CheckpointRoutes:
 
     def _list_runs(self, tenant: Any, query: str) -> Reply:
         limit, offset = _page(query)
+        project = parse_qs(query, max_num_fields=8).get("project_id", [None])[0]
         with self.state.lock:
-            runs = [r for r in self.state.runs.runs.values() if r.tenant == tenant.name]
+            runs = [r for r in self.state.runs.runs.values()
+                    if r.tenant == tenant.name and project in (None, r.project_id)]
         runs.sort(key=lambda r: r.created, reverse=True)
         return Reply.json({"training_runs": [self._run_json(r) for r in runs[offset:offset + limit]],
                            "cursor": {"offset": offset, "limit": limit, "total_count": len(runs)}})

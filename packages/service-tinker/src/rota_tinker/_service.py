@@ -57,7 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rota_tinker import _checkpoints, _external, _wire
+from rota_tinker import _checkpoints, _external, _projects, _wire
 from rota_tinker._config import STATE_BYTES_PER_PARAM, BaseModelSpec, ServiceConfig, Tenant
 from rota_tinker._hf import HfModelSpec
 from rota_tinker._http import HttpServer, Reply, Request
@@ -103,6 +103,8 @@ class _Session:
     last_seen: float  # monotonic: created, or its last heartbeat
     user_metadata: dict[str, str] | None = None
     display_name: str | None = None
+    project_id: str | None = None  # rota_tinker._projects
+    created: float = field(default_factory=time.time)
 
 
 @dataclass
@@ -340,7 +342,7 @@ def _json(obj: Any, status: int = 200) -> Reply:
     return Reply.json(obj, status)
 
 
-class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes):
+class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.ProjectRoutes):
     """The routes. Each handler gets the request, its tenant and its parsed body (or a path argument)."""
 
     def __init__(self, state: _State) -> None:
@@ -383,7 +385,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes):
                 return fn(self, req, tenant, *args)
             if fn in _checkpoints.WITH_QUERY:
                 return fn(self, tenant, req.query)
-            if fn in _checkpoints.WITH_BODY:
+            if fn in _checkpoints.WITH_BODY or fn in _projects.WITH_BODY:
                 return fn(self, tenant, *args, self._json_body(req, body))
             if args or req.method == "GET":  # the ids are in the path; a body, if any, says nothing more
                 return fn(self, tenant, *args)
@@ -483,6 +485,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes):
         if not all(isinstance(t, str) for t in tags):
             raise BadRequest("field 'tags' must be a list of strings")
         metadata = _checkpoints.user_metadata(body.get("user_metadata"))
+        project = _projects.project_id(body.get("project_id"))
         name = field_of(body, "display_name", str, required=False)
         if name is not None and not 0 < len(name) <= 256:
             raise BadRequest("display_name must have 1-256 characters")
@@ -490,7 +493,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes):
         sid = state.new_id(f"{tenant.name}-session")
         with state.lock:
             state.check_quota(tenant.name, sessions=1)
-            state.sessions[sid] = _Session(sid, tenant.name, time.monotonic(), metadata, name)
+            state.sessions[sid] = _Session(sid, tenant.name, time.monotonic(), metadata, name, project)
         log.info("tenant %s: session %s", tenant.name, sid)
         return _json({"type": "create_session", "session_id": sid})
 
@@ -583,7 +586,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes):
                 live = sid in state.sessions
                 if live:
                     state.models[model_id] = model
-                    state.runs.record(model, metadata)
+                    state.runs.record(model, metadata, state.sessions[sid].project_id)
             if not live:  # its session ended meanwhile: nothing may keep the model
                 state.unload(model, state.future(tenant.name, "UnloadModel"))
             fut.succeed(json=answer)
@@ -736,6 +739,11 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes):
         with state.lock:
             state.sampling[sid] = _SamplingSession(sid, tenant.name, base, key, model_path, shareable, parent)
         return sid
+
+    @staticmethod
+    def copied_weights(item: _Weights, path: str, folder: str, expires: float | None) -> _Weights:
+        """Sampler weights copied by copy_weights (rota_tinker._projects): the same weights in another folder."""
+        return _Weights(path, item.tenant, item.base, folder, item.lora, item.bytes, expires=expires)
 
     def _weights_for(self, tenant: Tenant, model_path: str) -> _Weights:
         """The weights a sampler loads for ``model_path``: sampler weights, or a training checkpoint (its folder
@@ -924,18 +932,18 @@ PATTERNS: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [
     ("POST", re.compile(rf"/api/v1/sessions/({_ID})/finish"), _Api._finish_session),
     *_checkpoints.PATTERNS,
     *_external.PATTERNS,
+    *_projects.PATTERNS,
 ]
 ROUTES.update(_checkpoints.ROUTES)
 ROUTES.update(_external.ROUTES)
+ROUTES.update(_projects.ROUTES)
 # routes of the SDK this service does not implement -> the feature a 400 names (the SDK does not retry a 400)
 UNSUPPORTED: list[tuple[re.Pattern[str], str]] = [(re.compile(rf"/api/v1/{p}"), what) for p, what in (
-    ("copy_weights", "copy_weights (copies between projects)"),
     ("join_sampling_session", "join_sampling_session (sampler handles shared across processes)"),
     ("retrieve_futures", "retrieve_futures (batched polling)"), ("cancel_future", "cancel_future"),
     ("create_custom_loss", "create_custom_loss (server-side custom losses; forward_backward_custom works)"),
     ("auth/token", "auth/token (JWT credentials; use the tml-... API key)"),
-    ("sessions/search", "search_sessions"), ("audit", "the audit log"), ("billing/usage/events", "billing"),
-    (r"sessions/[^/]+/project", "projects (assign_session_project)"),
+    ("audit", "the audit log"), ("billing/usage/events", "billing"),
     (r"sessions/[^/]+/trace_export", "export_session_trace"))]
 
 
