@@ -128,6 +128,11 @@ def test_sampling_from_a_training_checkpoint_equals_its_sampler_weights(clients:
     params = types.SamplingParams(max_tokens=6, seed=9)
     assert (list(from_state.sample(PROMPT, 1, params).result(timeout=TIMEOUT).sequences[0].tokens)
             == list(from_weights.sample(PROMPT, 1, params).result(timeout=TIMEOUT).sequences[0].tokens))
+    rest = clients[1]
+    rest.delete_checkpoint_from_tinker_path(state).result(timeout=TIMEOUT)
+    with pytest.raises(tinker.NotFoundError):  # its sampling sessions end with it: no sampling deleted weights
+        from_state.compute_logprobs(PROMPT).result(timeout=TIMEOUT)
+    assert from_weights.compute_logprobs(PROMPT).result(timeout=TIMEOUT) == b
 
 
 def test_a_taken_name_is_refused_at_once(clients: tuple) -> None:

@@ -377,6 +377,7 @@ class CheckpointRoutes:
             weights = [w.path for w in state.weights.values() if expired(w, now)]
         self.expire_external(now)  # type: ignore[attr-defined]
         for c in gone:
+            state.forget_checkpoint(c.tenant, c.path, c.folder)
             threading.Thread(target=shutil.rmtree, args=(c.folder, True), daemon=True).start()
         for path in weights:
             state.delete_weights(path)
@@ -396,6 +397,7 @@ class CheckpointRoutes:
         ck = self._checkpoint(tenant, path)
         with self.state.lock:
             self.state.runs.checkpoints.pop(path, None)
+        self.state.forget_checkpoint(ck.tenant, ck.path, ck.folder)
         threading.Thread(target=shutil.rmtree, args=(ck.folder, True), daemon=True).start()
         return Reply.json({})
 

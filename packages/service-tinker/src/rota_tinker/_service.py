@@ -301,6 +301,18 @@ class _State:
         self.workers[(w.tenant, "sampler")].submit(fut, "forget", {"key": w.file}, lambda _r: fut.succeed(json={}))
 
 
+    def forget_checkpoint(self, tenant: str, path: str, folder: str) -> None:
+        """A training checkpoint deleted or expired: the sampling sessions on it end, a running sampler lets its copy
+        go (sampler weights go through delete_weights)."""
+        with self.lock:
+            for ssid in [k for k, s in self.sampling.items() if s.model_path == path]:
+                del self.sampling[ssid]
+        handle = self.workers[(tenant, "sampler")]
+        if handle.pid is not None:
+            fut = self.future(tenant, "ForgetWeights")
+            handle.submit(fut, "forget", {"key": folder}, lambda _r: fut.succeed(json={}))
+
+
 def _start_quietly(handle: WorkerHandle) -> None:
     """Start a worker ahead of its first unit; a failure is kept by the handle and fails that unit instead."""
     with contextlib.suppress(RuntimeError):
