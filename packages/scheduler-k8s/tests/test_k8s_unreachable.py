@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from k8s_fake_portforward import kubeconfig
+from k8s_fake_portforward import FakePortForwardApi, kubeconfig
 
 from rota.testing import free_port, silent_listener
 
@@ -70,3 +70,16 @@ def test_tenant_check_claim_with_a_silent_api_server(tmp_path):
     line = _one_line(out)
     assert "cannot read ResourceClaim" in line and f"API server at http://{address}" in line
     assert "ROTA_CONNECT_TIMEOUT_S" in line and took < 30
+
+
+def test_status_through_the_api_server_to_a_silent_orchestrator_names_the_pod(tmp_path):
+    """The API server answers (FakePortForwardApi, a fake: the pod list and a port-forward relaying to a real
+    socket), the orchestrator behind the port-forward never does: the line names the pod, not 127.0.0.1."""
+    labels = {"app.kubernetes.io/name": "rota-orchestrator", "app.kubernetes.io/part-of": "rota"}
+    with silent_listener() as address:
+        with FakePortForwardApi("rota-system", {"rota-orchestrator-a": (True, {50051: address})}, labels) as api:
+            kc = kubeconfig(tmp_path / "kubeconfig", api.url)
+            out, took = _run("kubectl-rota", "status", "--kubeconfig", kc, "--timeout", "1.5", timeout_s="60")
+    line = _one_line(out)
+    assert "did not answer within 1.5 s" in line and took < 30
+    assert "in pod rota-system/rota-orchestrator-a (through the API server's port-forward)" in line, line

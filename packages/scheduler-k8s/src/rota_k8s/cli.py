@@ -26,7 +26,7 @@ import click
 
 from rota import plugin_manager
 from rota.cli.options import Endpoint
-from rota.errors import InvalidArgument, RotaError
+from rota.errors import DeadlineExceeded, InvalidArgument, RotaError, Unavailable
 from rota.types import TurnRequest
 from rota_k8s._values import ValuesError, load_values
 from rota_k8s.manifests import MAX_GPUS, TenantSpec, claim_name, render, tenant, to_yaml
@@ -311,7 +311,11 @@ def status_cmd(group: str, endpoint: str | None, namespace: str, kubeconfig: str
             pod = ready_pod(api, namespace, timeout=wait)
             where = f"pod {namespace}/{pod}"
             with PodForward(api, namespace, pod, 50051) as forward:
-                reply = fetch_status(forward.address, group, wait)
+                try:
+                    reply = fetch_status(forward.address, group, wait)
+                except (DeadlineExceeded, Unavailable) as exc:  # name the pod, not the port-forward's loopback end
+                    raise type(exc)(str(exc).replace(f"at {forward.address}", f"in {where} (through the API "
+                                                     "server's port-forward)")) from None
     except RotaError as exc:
         raise click.ClickException(str(exc) if endpoint else f"the orchestrator: {exc}") from None
     log.info("status from %s", where)
