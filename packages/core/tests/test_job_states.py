@@ -18,6 +18,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from rota import admin
 from rota.testing import child_environment, eventually, free_port
 
 HERE = pathlib.Path(__file__).parent
@@ -57,6 +58,8 @@ def test_a_closed_tenant_is_ended_a_killed_one_lost_and_only_the_killed_one_aler
             return urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read().decode()
 
         eventually(lambda: _states(scrape()).get("killed") == "lost", "the killed tenant shown lost", timeout=30)
+        for job in ("closes", "killed"):  # the scheduler's epilog evicts both after they are gone: no change
+            assert admin.evict(endpoint, job, "g", reason=f"slurm job {job} ended") == admin.EvictResult(False, False)
         metrics = scrape()
         status = subprocess.run([sys.executable, "-m", "rota", "status", "--json", "--orchestrator", endpoint],
                                 env=env, capture_output=True, text=True, timeout=60)

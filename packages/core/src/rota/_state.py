@@ -310,7 +310,8 @@ class GroupState:
 
         Returns (was_holder, was_queued). A job that vanished without closing is ``lost``,
         one that closed its last session is ``ended`` (a FAULT it had stays shown): neither
-        is ever restored or handed anything. Otherwise it is ``idle``.
+        is ever restored or handed anything, and a later removal (the scheduler's eviction
+        of the finished job) keeps that state. Otherwise it is ``idle``.
         """
         was_holder = self.holder == job_id
         if was_holder:
@@ -328,7 +329,9 @@ class GroupState:
             self.loaded_job = ""
         rec = self.tenants.get(job_id)
         if rec is not None:
-            if lost:
+            if rec.state in GONE:
+                pass  # the first verdict stands: a scheduler's eviction after the job ended changes nothing
+            elif lost:
                 rec.state = "lost"
             elif not (ended and rec.state == "faulted"):
                 rec.state = "ended" if ended else "idle"
