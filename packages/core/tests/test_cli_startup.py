@@ -69,3 +69,21 @@ def test_one_spelling_of_the_tinker_command_is_listed():
     assert "  tinker " in listed and "  serve " not in listed
     alias = CliRunner().invoke(cli, ["serve", "tinker", "--help"])  # the hidden alias still runs
     assert alias.exit_code == 0 and "--capacity" in alias.output
+
+
+def test_commands_that_take_another_programs_arguments_leave_its_log_level_alone():
+    """`rota slurm submit -- ... --log-level x` and `rota k8s tenant -- python train.py --log-level x`: that
+    --log-level is sbatch's or the tenant's, so these commands get no --log-level of their own."""
+    pytest.importorskip("rota_slurm")
+    pytest.importorskip("rota_k8s")
+    from click import Context
+
+    ctx = Context(cli)
+    submit = cli.get_command(ctx, "slurm").get_command(ctx, "submit")
+    tenant = cli.get_command(ctx, "k8s").get_command(ctx, "tenant")
+    status = cli.get_command(ctx, "slurm").get_command(ctx, "status")
+    assert "log_level_anywhere" not in {p.name for p in submit.params} | {p.name for p in tenant.params}
+    assert "log_level_anywhere" in {p.name for p in status.params}
+    shown = CliRunner().invoke(cli, ["k8s", "tenant", "--group", "g", "--image", "img:1", "--", "python",
+                                     "train.py", "--log-level", "debug"])
+    assert shown.exit_code == 0 and "--log-level" in shown.stdout, shown.output

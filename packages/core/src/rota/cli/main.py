@@ -49,9 +49,9 @@ def _set_log_level(ctx: click.Context, param: click.Parameter, value: str | None
 
 
 def _passes_arguments_through(cmd: click.Command) -> bool:
-    """A command that hands its remaining arguments to another program (sbatch, an inference engine): a
-    ``--log-level`` among them is that program's."""
-    return any(isinstance(p, click.Argument) and p.nargs == -1 and p.type is click.UNPROCESSED for p in cmd.params)
+    """A command that takes any number of arguments, mostly to hand to another program (sbatch, an inference
+    engine, a tenant's command line): a ``--log-level`` among them is that program's."""
+    return any(isinstance(p, click.Argument) and p.nargs == -1 for p in cmd.params)
 
 
 def _with_log_level(cmd: click.Command) -> click.Command:
