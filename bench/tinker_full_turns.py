@@ -1,7 +1,9 @@
 """Full-parameter tenants of rota-service-tinker taking turns on one device: exact losses, switch time vs the floor.
 
 Three (``--shapes``) full-parameter tenants, each a real ``tinker`` SDK client training its own
-Qwen3-shaped model (Hugging Face config-only snapshots, random init from seed 0, ``--dtype``),
+Qwen3-shaped model (Hugging Face snapshots in the hub-cache layout with random ``--dtype`` weights written by
+``save_pretrained``, which the workers load with ``from_pretrained`` as users' models are; ``--config-only``
+for snapshots the service random-inits),
 run ``--steps`` forward_backward + optim_step steps each:
 
 * *alone*: each tenant by itself on a fresh service (no switch); its losses are the reference;
@@ -148,6 +150,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--floor-bytes", type=int, default=2**30, help="buffer size of the pinned-copy measurement")
+    p.add_argument("--config-only", action="store_true",
+                   help="snapshots with a config alone (the service random-inits them on the device) instead of "
+                        "random weights written with save_pretrained and loaded with from_pretrained, as users do")
     p.add_argument("--out", default="")
     args = p.parse_args()
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -160,7 +165,11 @@ def main() -> None:
 
     t0 = time.perf_counter()
     cache = tempfile.mkdtemp(prefix="tinker-bench-hub-")
-    specs = {s.name: s for s in {qwen3_shaped(cache, shape, args.dtype) for shape in set(shapes)}}
+    specs = {}
+    for shape in sorted(set(shapes)):
+        say(f"writing the {shape} snapshot ({'config only' if args.config_only else 'save_pretrained'})")
+        spec = qwen3_shaped(cache, shape, args.dtype, weights=not args.config_only)
+        specs[spec.name] = spec
     tenants = [(f"t{i}", f"bench/{shape}") for i, shape in enumerate(shapes)]
     alone = {}
     for t, b in tenants:

@@ -86,9 +86,11 @@ def hub_cache_snapshot(cache: str | Path, name: str, **kwargs: Any) -> Path:
     return hf_snapshot(repo / "snapshots" / "0123abcd", **kwargs)
 
 
-def qwen3_shaped(cache: str | Path, shape: str, dtype: str = "bfloat16") -> HfModelSpec:
-    """A config-only hub-cache snapshot ``bench/SHAPE`` of a Qwen3 shape (random init from seed 0), as served."""
-    hub_cache_snapshot(cache, f"bench/{shape}", weights=False, dtype=dtype, tie=True, max_position_embeddings=40960,
+def qwen3_shaped(cache: str | Path, shape: str, dtype: str = "bfloat16", *, weights: bool = False) -> HfModelSpec:
+    """A hub-cache snapshot ``bench/SHAPE`` of a Qwen3 shape, as served: config-only (the service random-inits it
+    from seed 0), or with ``weights`` (random weights written with ``save_pretrained``, which workers load with
+    ``from_pretrained``: the path users take)."""
+    hub_cache_snapshot(cache, f"bench/{shape}", weights=weights, dtype=dtype, tie=True, max_position_embeddings=40960,
                        **QWEN3_SHAPES[shape])
     return find_models([str(cache)])[f"bench/{shape}"]
 
