@@ -3,8 +3,8 @@
 The attacker submits ``--timeslice-priority=1000`` to jump every queue. The orchestrator
 (``--auth-key``) refuses a priority above the token's; the SPANK plugin issues each step's
 token with the job's own priority only when plugstack.conf's ``max_priority=`` allows it,
-and otherwise gives no token (slurmd's log says why), so the job cannot act at the orchestrator. Runs a real one-node Slurm
-cluster (root and the Slurm daemons needed).
+and otherwise gives no token (slurmd's log says why), so the job cannot act at the
+orchestrator. Runs a real one-node Slurm cluster (root and the Slurm daemons needed).
 """
 
 from __future__ import annotations
