@@ -1,6 +1,6 @@
 """One metrics vocabulary: ``/metrics`` and ``rota status --prometheus`` print the same group families with the
-same names, labels and values; restores the orchestrator drives are a histogram like parks; the README lists
-every family ``/metrics`` serves.
+same names, labels and values; restores are a histogram like parks (those the orchestrator drives, and a tenant's
+own at its grant, reported with its release); the README lists every family ``/metrics`` serves.
 
 Real parts: an orchestrator (device of 3 U, prefetch through the tenants' rota.v1 sessions) serving gRPC and
 /metrics on loopback, tenant processes (prefetch_tenant.py) whose hooks move a payload, a real HTTP scrape and a
@@ -16,6 +16,7 @@ import subprocess
 import sys
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rota._engine import OrchestratorConfig
@@ -61,6 +62,8 @@ def test_metrics_and_status_prometheus_agree_and_restores_are_a_histogram(tmp_pa
             a.ask("release")
             assert b.read()["restored"] is False
             b.ask("release")
+            assert c.ask("acquire")["restored"] is True  # parks a and b; c restores itself at its grant
+            c.ask("release")  # ... and reports how long that took
             c.stop()  # exits after closing its session: ended
             eventually(lambda: g.tenants["c"].state == "ended", "c ended")
             scraped = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read().decode()
@@ -77,12 +80,61 @@ def test_metrics_and_status_prometheus_agree_and_restores_are_a_histogram(tmp_pa
         assert samples == served[name], name
     assert shown["rota_group_prefetches"][("rota_group_prefetches_total", (("group", "g"), ("outcome", "hit")))] == 1
     states = {dict(k[1])["job"]: dict(k[1])["state"] for k, v in shown["rota_tenant_state"].items() if v == 1}
-    assert states == {"a": "resident", "b": "resident", "c": "ended"}
-    restores = served["rota_restore_seconds"]
-    assert restores[("rota_restore_seconds_count", (("group", "g"),))] == 1
+    assert states == {"a": "parked", "b": "parked", "c": "ended"}
+    restores = served["rota_restore_seconds"]  # b's prefetch (driven here) and c's own at its grant (reported)
+    assert restores[("rota_restore_seconds_count", (("group", "g"),))] == 2
+    assert restores[("rota_restore_seconds_sum", (("group", "g"),))] > 0
     assert served["rota_restores"][("rota_restores_total", (("group", "g"), ("outcome", "ok")))] == 1
-    assert served["rota_park_seconds"][("rota_park_seconds_count", (("group", "g"),))] == 2
+    assert served["rota_park_seconds"][("rota_park_seconds_count", (("group", "g"),))] == 4  # b, c, then a and b
 
     documented = set(re.findall(r"`(rota_[a-z0-9_]+)", README.read_text()))
     for name in (n for n in served if not n.endswith("_created")):  # counters are named with their _total
         assert name in documented or f"{name}_total" in documented, f"{name} missing from the README"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, float("inf"), 1e9])
+def test_a_release_with_a_bad_restore_time_is_refused_naming_it(bad):
+    """restore_seconds feeds a histogram: a caller cannot push NaN, negatives or absurd values into it."""
+    import grpc
+
+    from rota._generated import rota_v1_pb2 as pb
+    from rota._generated import rota_v1_pb2_grpc as pb_grpc
+
+    with running_orchestrator() as (ep, engine):
+        metrics = OrchestratorMetrics(lambda: engine.groups)
+        engine.report_metrics_to(metrics)
+        with grpc.insecure_channel(ep) as ch:
+            stub = pb_grpc.RotaServiceStub(ch)
+            grant = stub.Acquire(pb.TurnRequest(job_id="j", group_id="g"), timeout=30)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Release(pb.ReleaseRequest(job_id="j", group_id="g", token=grant.token, restore_seconds=bad),
+                             timeout=30)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "restore_seconds" in err.value.details()
+            stub.Release(pb.ReleaseRequest(job_id="j", group_id="g", token=grant.token, restore_seconds=0.25),
+                         timeout=30)
+        observed = metrics.registry.get_sample_value("rota_restore_seconds_count", {"group": "g"})
+        assert observed == 1 and metrics.registry.get_sample_value("rota_restore_seconds_sum", {"group": "g"}) == 0.25
+
+
+def test_a_jobs_restore_at_its_grant_is_its_slowest_rank_observed_once():
+    import concurrent.futures
+
+    import grpc
+
+    from rota._generated import rota_v1_pb2 as pb
+    from rota._generated import rota_v1_pb2_grpc as pb_grpc
+
+    with running_orchestrator() as (ep, engine):
+        metrics = OrchestratorMetrics(lambda: engine.groups)
+        engine.report_metrics_to(metrics)
+        with grpc.insecure_channel(ep) as ch, concurrent.futures.ThreadPoolExecutor(2) as pool:
+            stub = pb_grpc.RotaServiceStub(ch)
+            asks = [pool.submit(stub.Acquire, pb.TurnRequest(job_id="ddp", group_id="g", world_size=2, rank=r),
+                                timeout=30) for r in (0, 1)]
+            token = {a.result().token for a in asks}.pop()  # one grant, once both ranks asked
+            for rank, seconds in ((0, 0.1), (1, 0.3)):
+                stub.Release(pb.ReleaseRequest(job_id="ddp", group_id="g", token=token, rank=rank,
+                                               restore_seconds=seconds), timeout=30)
+                count = metrics.registry.get_sample_value("rota_restore_seconds_count", {"group": "g"})
+                assert count == (None if rank == 0 else 1)  # observed when the job's turn ends, not per rank
+        assert metrics.registry.get_sample_value("rota_restore_seconds_sum", {"group": "g"}) == 0.3

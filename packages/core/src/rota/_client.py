@@ -149,6 +149,7 @@ class Gpu:
         self._yield_requested = threading.Event()
         self._state_lock = threading.Lock()  # serialises park, restore and turn start
         self._turn_started = 0.0
+        self.turn_restore_s = 0.0  # this rank's restore at the current turn's start (0: none)
         self._follow_lock = threading.Lock()
         self._target = endpoint
         self._old_channels: list[grpc.Channel] = []
@@ -193,9 +194,11 @@ class Gpu:
                      t1 - t0)
         self.stats.events.append(("wait", t0, t1))
         with self._state_lock:
+            self.turn_restore_s = 0.0
             if self.parked:  # not restored ahead of the grant (by a prefetch): restore now
                 try:
                     self._restore_locked(ParkPlan(token=grant.token))
+                    self.turn_restore_s = time.monotonic() - t1  # reported with the release (restore histogram)
                 except Exception as exc:  # rolled back by the adapter: give the turn back, stay parked
                     log.error("restore of job %s rank %d in group %s failed: %s; releasing the turn (state stays "
                               "parked; acquire again to retry)", self.tenant, self.rank, self.group, exc)

@@ -198,6 +198,7 @@ class Orchestrator:
         self._pending: dict[str, asyncio.Future] = {}
         self._drivers: dict[str, asyncio.Task] = {}
         self._yield_sent: set[tuple[str, int]] = set()
+        self._turn_restores: dict[tuple[str, int], float] = {}  # (group, token) -> slowest rank's restore so far
         self._prefetching: dict[str, tuple[str, asyncio.Task]] = {}  # group -> (job, its prefetch)
         self._prefetch_failed: set[tuple[str, str, int]] = set()  # (group, job, token): not retried this turn
         self._tasks: list[asyncio.Task] = []
@@ -386,16 +387,26 @@ class Orchestrator:
 
     @_whole
     async def release(self, job_id: str, group_id: str, token: int = 0, rank: int = 0, *,
-                      footprint_bytes: int = 0) -> ReleaseInfo:
+                      footprint_bytes: int = 0, restore_seconds: float = 0.0) -> ReleaseInfo:
         """One rank of the holder releases; the group moves on when all ranks have.
 
         ``footprint_bytes`` (> 0): what the turn needed on the device, recorded before the next switch.
+        ``restore_seconds`` (> 0): how long this rank restored its state at the turn's start; the job's
+        restore (its slowest rank) is observed once, when its last rank releases.
         """
         check_pair(job_id, group_id)
         self._note_call((group_id, job_id))
         async with self._lock(group_id):
             g = await self._group(group_id)
+            turn = (group_id, g.token)
             info = g.release(job_id, token, rank, time.monotonic())
+            slowest = max(self._turn_restores.pop(turn, 0.0), restore_seconds)
+            for stale in [k for k in self._turn_restores if k[0] == group_id]:  # turns that ended otherwise
+                del self._turn_restores[stale]
+            if not info.group_released:
+                self._turn_restores[turn] = slowest
+            elif slowest > 0 and self.metrics is not None:
+                self.metrics.restore_reported(group_id, slowest)
             if footprint_bytes > 0 and job_id in g.tenants:
                 g.tenants[job_id].footprint_bytes = footprint_bytes
             await self.store.commit(g)

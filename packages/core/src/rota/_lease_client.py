@@ -67,7 +67,7 @@ def rota_acquire(request: TurnRequest, tenant: Gpu) -> Grant:
 @hookimpl(trylast=True)
 def rota_release(grant: Grant, tenant: Gpu) -> ReleaseInfo:
     msg = pb.ReleaseRequest(job_id=grant.job_id, group_id=grant.group_id, token=grant.token, rank=tenant.rank,
-                            footprint_bytes=tenant.safe_footprint())
+                            footprint_bytes=tenant.safe_footprint(), restore_seconds=tenant.turn_restore_s)
     attempts = 0
 
     def release() -> Any:

@@ -38,11 +38,11 @@ class OrchestratorMetrics:
                               buckets=WAIT_BUCKETS, registry=self.registry)
         self.park = Histogram("rota_park_seconds", "Time to park a job (all its ranks, or its agent).", ["group"],
                               buckets=SWITCH_BUCKETS, registry=self.registry)
-        self.restore = Histogram("rota_restore_seconds", "Time to restore a parked job that the orchestrator "
-                                 "asked for (its agent at the grant, or a prefetch ahead of it).", ["group"],
-                                 buckets=SWITCH_BUCKETS, registry=self.registry)
-        self.restores = Counter("rota_restores", "Restores the orchestrator asked for, by outcome (ok, failed).",
-                                ["group", "outcome"], registry=self.registry)
+        self.restore = Histogram("rota_restore_seconds", "Time to restore a parked job: at its grant (its slowest "
+                                 "rank, reported with the release), by its agent, or by a prefetch ahead of it.",
+                                 ["group"], buckets=SWITCH_BUCKETS, registry=self.registry)
+        self.restores = Counter("rota_restores", "Restores the orchestrator drove (agent, prefetch) by outcome "
+                                "(ok, failed).", ["group", "outcome"], registry=self.registry)
         self.grants = Counter("rota_grants", "Turns granted.", ["group"], registry=self.registry)
         self.parks = Counter("rota_parks", "Parks by outcome (ok, failed).", ["group", "outcome"],
                              registry=self.registry)
@@ -66,6 +66,10 @@ class OrchestratorMetrics:
         self.restores.labels(group, "ok" if ok else "failed").inc()
         if ok:
             self.restore.labels(group).observe(max(0.0, seconds))
+
+    def restore_reported(self, group: str, seconds: float) -> None:
+        """A tenant's own restore at its grant (reported with its release): timed, not counted in rota_restores."""
+        self.restore.labels(group).observe(max(0.0, seconds))
 
     def collected(self, group: str, tenants: int) -> None:
         self.tenants_collected.labels(group).inc(tenants)

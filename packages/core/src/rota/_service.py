@@ -158,8 +158,13 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
         self.acting_for(context, request.group_id, request.job_id, "release for")
         if request.token <= 0:
             raise InvalidArgument("token is missing: a rota.v1 Release must carry the token of its grant")
+        restore_s = request.restore_seconds
+        if not 0 <= restore_s <= MAX_RESTORE_SECONDS:  # NaN fails this too
+            raise InvalidArgument(f"restore_seconds {restore_s!r} must be a number of seconds from 0 to "
+                                  f"{MAX_RESTORE_SECONDS:g}")
         info = await self.engine.release(request.job_id, request.group_id, request.token, request.rank,
-                                         footprint_bytes=check_bytes("footprint_bytes", request.footprint_bytes))
+                                         footprint_bytes=check_bytes("footprint_bytes", request.footprint_bytes),
+                                         restore_seconds=restore_s)
         return pb.ReleaseReply(pending_waiters=info.pending_waiters, snapshot_deferred=info.snapshot_deferred,
                                group_released=info.group_released)
 
@@ -316,6 +321,8 @@ def group_info(g: GroupState, policy: str = "", *, viewer: Principal = LOCAL_ADM
                         prefetch_misses=g.prefetch_misses, prefetch_failures=g.prefetch_failures,
                         prefetch_wasted=g.prefetch_wasted)
 
+
+MAX_RESTORE_SECONDS = 86400.0  # a Release's restore_seconds: a day at most (it feeds a histogram)
 
 SERVICE_NAMES = (
     v1a.DESCRIPTOR.services_by_name["TimeSliceOrchestratorService"].full_name,

@@ -72,8 +72,9 @@ class OrchestratorProtocol(Protocol):
         """Wait until ``req.job_id`` holds ``req.group_id``; the grant carries its fencing token."""
 
     async def release(self, job_id: str, group_id: str, token: int = 0, rank: int = 0, *,
-                      footprint_bytes: int = 0) -> ReleaseInfo:
-        """End the turn (``token`` 0: a v1alpha1 Yield, which carries none)."""
+                      footprint_bytes: int = 0, restore_seconds: float = 0.0) -> ReleaseInfo:
+        """End the turn (``token`` 0: a v1alpha1 Yield, which carries none); ``restore_seconds``: the rank's
+        restore at the turn's start, for the restore histogram."""
 
     async def abandon(self, job_id: str, group_id: str, token: int) -> None:
         """A grant its caller never received (the call was cancelled): hand it on."""

@@ -382,11 +382,12 @@ class Replica:
             return await self._leading(req.job_id, req.group_id).acquire(req)
 
     async def release(self, job_id: str, group_id: str, token: int = 0, rank: int = 0, *,
-                      footprint_bytes: int = 0) -> ReleaseInfo:
+                      footprint_bytes: int = 0, restore_seconds: float = 0.0) -> ReleaseInfo:
         check_pair(job_id, group_id)
         with _naming(job_id, group_id):
             return await self._leading(job_id, group_id).release(job_id, group_id, token, rank,
-                                                                 footprint_bytes=footprint_bytes)
+                                                                 footprint_bytes=footprint_bytes,
+                                                                 restore_seconds=restore_seconds)
 
     async def abandon(self, job_id: str, group_id: str, token: int) -> None:
         engine = self._led(group_id)

@@ -38,18 +38,20 @@ class Grant(_message.Message):
     def __init__(self, token: _Optional[int] = ..., waited_ms: _Optional[int] = ..., context_restored: bool = ..., ttl_ms: _Optional[int] = ..., max_turn_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("job_id", "group_id", "token", "rank", "footprint_bytes")
+    __slots__ = ("job_id", "group_id", "token", "rank", "footprint_bytes", "restore_seconds")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     group_id: str
     token: int
     rank: int
     footprint_bytes: int
-    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., token: _Optional[int] = ..., rank: _Optional[int] = ..., footprint_bytes: _Optional[int] = ...) -> None: ...
+    restore_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., token: _Optional[int] = ..., rank: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., restore_seconds: _Optional[float] = ...) -> None: ...
 
 class ReleaseReply(_message.Message):
     __slots__ = ("pending_waiters", "snapshot_deferred", "group_released")
