@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from rota import auth
@@ -107,6 +108,34 @@ def test_a_secret_left_from_before_is_replaced_and_other_namespaces_get_none(
     fake_api.create_pod("y-0", namespace="team-a", labels=labels("y"))  # a later event in a watched one
     eventually(lambda: fake_api.secret("rota-token-y", "team-a"), "the later job's Secret")
     assert not [w for w in fake_api.secret_writes if w[1] == "elsewhere"]
+
+
+def test_a_jobs_token_allows_its_pods_priority_up_to_the_controllers_max(
+        fake_api: FakeKubeApi, core_api: Any, served: tuple[str, Any]) -> None:
+    """A tenant asks ROTA_PRIORITY in its pod; its token allows that up to --max-priority (3 here), so the
+    orchestrator (--auth-key) grants priority 3 and refuses 7; a pod asking none gets a token allowing 0."""
+    endpoint, _ = served
+    fake_api.secret_namespaces = {"team-a"}
+    ctl = Controller(core_api, grpc_evictor(endpoint, key=KEY), namespaces=("team-a",),
+                     tokens=TokenSecrets(core_api, KEY, max_priority=3), watch_timeout=1, retry_delay=0.05)
+    thread = threading.Thread(target=ctl.run, daemon=True)
+    thread.start()
+    try:
+        fake_api.create_pod("hi-0", namespace="team-a", labels=labels("hi"), env={"ROTA_PRIORITY": "7"})
+        fake_api.create_pod("lo-0", namespace="team-a", labels=labels("lo"))
+        hi = eventually(lambda: fake_api.secret("rota-token-hi", "team-a") and
+                        token_in(fake_api, "rota-token-hi", "team-a"), "the job's Secret")
+        lo = eventually(lambda: fake_api.secret("rota-token-lo", "team-a") and
+                        token_in(fake_api, "rota-token-lo", "team-a"), "the other job's Secret")
+        assert auth.verify(KEY, hi).max_priority == 3 and auth.verify(KEY, lo).max_priority is None
+        stub = pb_grpc.RotaServiceStub(auth.channel(endpoint, token=hi))
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Acquire(pb.TurnRequest(job_id="team-a.hi", group_id="team-a.grp0", priority=7), timeout=10)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        stub.Acquire(pb.TurnRequest(job_id="team-a.hi", group_id="team-a.grp0", priority=3), timeout=10)
+    finally:
+        ctl.stop()
+        thread.join(15)
 
 
 def test_a_refused_secret_write_is_not_retried_forever(fake_api: FakeKubeApi, core_api: Any,

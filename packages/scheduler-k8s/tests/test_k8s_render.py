@@ -147,8 +147,8 @@ def test_orchestrator_uses_the_rendered_etcd_and_runs_the_controller(objs: list[
     urls = cmd[cmd.index("--etcd") + 1].split(",")
     assert urls == [f"https://rota-etcd-{i}.rota-etcd.rota-system.svc:2379" for i in range(3)]
     assert ctl["command"][5:] == ["--orchestrator", "rota-orchestrator.rota-system.svc:50051",
-                                  "--auth-key", "/etc/rota/auth/key", "--token-ttl", "30d", "--health-listen",
-                                  "0.0.0.0:8081", "--namespace", "default"]
+                                  "--auth-key", "/etc/rota/auth/key", "--token-ttl", "30d", "--max-priority", "0",
+                                  "--health-listen", "0.0.0.0:8081", "--namespace", "default"]
     # the controller's liveness probe is its /healthz; the pod's readiness stays the orchestrator's alone
     assert ctl["livenessProbe"]["httpGet"] == {"port": 8081, "path": "/healthz"} and "readinessProbe" not in ctl
     assert ctl["ports"] == [{"name": "health", "containerPort": 8081}]

@@ -27,6 +27,9 @@ __all__ = ["controller_cmd", "install_key_cmd", "k8s"]
               "Secret rota-token-JOB of the job's namespace, and Evict carries an admin token made with it.")
 @click.option("--token-ttl", default="30d", show_default=True,
               help="Lifetime of job tokens; a pod reads ROTA_TOKEN when it starts, so make it outlast the jobs.")
+@click.option("--max-priority", type=click.IntRange(0, 1000), default=0, show_default=True,
+              help="The highest priority a job's token may allow: its pods' ROTA_PRIORITY up to this (an "
+              "orchestrator with --auth-key refuses a priority above its token's).")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Use this kubeconfig instead of the "
               "in-cluster service account.")
 @click.option("--context", help="kubeconfig context.")
@@ -35,7 +38,7 @@ __all__ = ["controller_cmd", "install_key_cmd", "k8s"]
 @click.option("--health-listen", default="", metavar="HOST:PORT",
               help="Serve GET /healthz here for the kubelet's probes: 200 while every watched namespace had a "
               "list, watch event or renewal within 3 x --watch-timeout, else 503. Default: none.")
-def controller_cmd(endpoint: str, namespaces: tuple[str, ...], auth_key: str, token_ttl: str,
+def controller_cmd(endpoint: str, namespaces: tuple[str, ...], auth_key: str, token_ttl: str, max_priority: int,
                    kubeconfig: str | None, context: str | None, watch_timeout: int, health_listen: str) -> None:
     """Watch tenant pods; issue each job its token; release the turn of jobs whose pods are deleted, evicted or lost."""
     from rota.auth import load_key, parse_ttl
@@ -54,7 +57,7 @@ def controller_cmd(endpoint: str, namespaces: tuple[str, ...], auth_key: str, to
         api = core_api_from_environment(kubeconfig, context)
     except Exception as exc:
         raise click.ClickException(f"no Kubernetes configuration: {exc}") from None
-    tokens = TokenSecrets(api, key, ttl_s=ttl) if key else None
+    tokens = TokenSecrets(api, key, ttl_s=ttl, max_priority=max_priority) if key else None
     ctl = Controller(api, grpc_evictor(endpoint, key=key), namespaces=namespaces, tokens=tokens,
                      watch_timeout=watch_timeout)
     if health_listen:

@@ -124,6 +124,18 @@ class _PodInfo:
     alive: bool
     why: str = ""
     owner: dict[str, Any] = field(default_factory=dict)  # what owns the job's token Secret
+    priority: int = 0  # the ROTA_PRIORITY its containers ask for (0 when none, or none above 0)
+
+
+def _priority(pod: Pod) -> int:
+    """The highest ROTA_PRIORITY a container of ``pod`` sets (``rota k8s`` tenants do), 0 if none is above 0."""
+    best = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for env in c.get("env") or []:
+            value = str(env.get("value") or "").strip() if env.get("name") == "ROTA_PRIORITY" else ""
+            if value.isdigit() and len(value) <= 6:
+                best = max(best, int(value))
+    return best
 
 
 def _owner(pod: Pod) -> dict[str, Any]:
@@ -169,7 +181,7 @@ class PodTracker:
             self.pods.pop(ident, None)
         else:
             why = dead_reason(pod) or ""
-            self.pods[ident] = _PodInfo(key, alive=not why, why=why, owner=_owner(pod))
+            self.pods[ident] = _PodInfo(key, alive=not why, why=why, owner=_owner(pod), priority=_priority(pod))
         if was_alive and not self._alive(key):
             return [_eviction(key, why)]
         return []
@@ -186,7 +198,8 @@ class PodTracker:
             if key is None:
                 continue
             why = dead_reason(pod) or ""
-            fresh[self._identity(pod)] = _PodInfo(key, alive=not why, why=why, owner=_owner(pod))
+            fresh[self._identity(pod)] = _PodInfo(key, alive=not why, why=why, owner=_owner(pod),
+                                                  priority=_priority(pod))
         self.pods = fresh
         out = []
         for key in sorted(before | {p.key for p in fresh.values() if mine(p)}):
@@ -204,6 +217,10 @@ class PodTracker:
     def live_jobs(self) -> dict[JobKey, dict[str, Any]]:
         """Every job with a live pod, and the owner its token Secret gets."""
         return {p.key: p.owner for p in self.pods.values() if p.alive}
+
+    def priority(self, key: JobKey) -> int:
+        """The highest priority the live pods of job ``key`` ask for (ROTA_PRIORITY; 0 when none above 0)."""
+        return max((p.priority for p in self.pods.values() if p.alive and p.key == key), default=0)
 
 
 Evictor = Callable[[Eviction], None]
@@ -246,16 +263,24 @@ class TokenSecrets:
     :param key: the auth key (the orchestrator's ``--auth-key``).
     :param ttl_s: lifetime of the tokens; a pod reads ROTA_TOKEN when it starts, so this
         must outlast the job.
+    :param max_priority: the highest priority a job's token may allow (``--max-priority``):
+        its pods' ROTA_PRIORITY up to this; the orchestrator refuses more than the token's.
     """
 
-    def __init__(self, core_api: Any, key: bytes, *, ttl_s: float = 30 * 86400.0) -> None:
-        self.api, self.key, self.ttl_s = core_api, key, ttl_s
+    def __init__(self, core_api: Any, key: bytes, *, ttl_s: float = 30 * 86400.0, max_priority: int = 0) -> None:
+        self.api, self.key, self.ttl_s, self.max_priority = core_api, key, ttl_s, max_priority
 
-    def body(self, key: JobKey, owner: dict[str, Any]) -> dict[str, Any]:
-        """The Secret of job ``key``: its token for exactly (namespace.group, namespace.job)."""
+    def body(self, key: JobKey, owner: dict[str, Any], priority: int = 0) -> dict[str, Any]:
+        """The Secret of job ``key``: its token for exactly (namespace.group, namespace.job), allowing the
+        ``priority`` its pods ask for up to ``max_priority``."""
         ns, group, job = key
         group_id, job_id = rota_ids(ns, group, job)
-        token = auth.issue(self.key, group=group_id, job=job_id, ttl_s=self.ttl_s)
+        allowed = min(priority, self.max_priority)
+        if priority > allowed:
+            log.warning("job %s asks for priority %d; its token allows %d (rota k8s controller --max-priority)",
+                        job_id, priority, allowed)
+        token = auth.issue(self.key, group=group_id, job=job_id, ttl_s=self.ttl_s,
+                           max_priority=allowed if allowed > 0 else None)
         meta: dict[str, Any] = {
             "name": token_secret_name(job), "namespace": ns,
             "labels": {"app.kubernetes.io/part-of": PART_OF, "app.kubernetes.io/managed-by": "rota-k8s",
@@ -265,11 +290,11 @@ class TokenSecrets:
         return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
                 "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()}}
 
-    def put(self, key: JobKey, owner: dict[str, Any]) -> None:
+    def put(self, key: JobKey, owner: dict[str, Any], priority: int = 0) -> None:
         """Create the job's Secret, or replace one left from before (another replica's, or a restart's)."""
         from kubernetes.client.exceptions import ApiException
 
-        body = self.body(key, owner)
+        body = self.body(key, owner, priority)
         name, ns = body["metadata"]["name"], key[0]
         try:
             try:
@@ -401,7 +426,7 @@ class Controller:
             if key in self.issued:
                 continue
             try:
-                tokens.put(key, owner)
+                tokens.put(key, owner, self.tracker.priority(key))
             except PermanentError as exc:
                 log.warning("%s; job %s gets no token", exc, rota_ids(*key)[1])
             except RotaError as exc:

@@ -123,13 +123,14 @@ class FakeKubeApi:
 
     def create_pod(self, name: str, *, namespace: str = "default", labels: dict[str, str] | None = None,
                    phase: str = "Running", node: str = "gpu-node-1",
-                   owner: dict[str, Any] | None = None) -> Pod:
+                   owner: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Pod:
         with self.cond:
             pod: Pod = {"apiVersion": "v1", "kind": "Pod",
                         "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
                                      "labels": dict(labels or {}),
                                      **({"ownerReferences": [dict(owner, controller=True)]} if owner else {})},
-                        "spec": {"nodeName": node, "containers": [{"name": "tenant", "image": "tenant:1"}]},
+                        "spec": {"nodeName": node, "containers": [{"name": "tenant", "image": "tenant:1", **(
+                            {"env": [{"name": k, "value": v} for k, v in env.items()]} if env else {})}]},
                         "status": {"phase": phase}}
             self.pods[(namespace, name)] = pod
             self._record("ADDED", pod)

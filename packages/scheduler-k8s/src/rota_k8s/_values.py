@@ -67,6 +67,7 @@ class AuthValues:
 
     secretName: str = "rota-auth"
     tokenTtl: str = "30d"
+    maxPriority: int = 0  # the highest ROTA_PRIORITY a job's token allows (rota k8s controller --max-priority)
 
 
 @dataclass(frozen=True)
@@ -280,6 +281,9 @@ def _check(v: Values) -> list[tuple[str, str]]:
         parse_ttl(v.auth.tokenTtl)
     except ConfigError:
         p.append(("auth.tokenTtl", f"{v.auth.tokenTtl!r} is not a duration of at most a year (e.g. 30d, 12h)"))
+    if not isinstance(v.auth.maxPriority, int) or isinstance(v.auth.maxPriority, bool) \
+            or not 0 <= v.auth.maxPriority <= 1000:
+        p.append(("auth.maxPriority", f"{v.auth.maxPriority!r} is not a whole number from 0 to 1000"))
     p.extend(_namespace_problems(v))
     if not v.etcd.endpoints:
         if v.etcd.replicas < 1 or v.etcd.replicas % 2 == 0 or v.etcd.replicas > 9:

@@ -386,7 +386,8 @@ def _orchestrator(v: Values) -> list[Obj]:
         serve += ["--metrics-listen", f"0.0.0.0:{v.metricsPort}", "--metrics-hash-ids"]  # scraped without a token
     controller = ["rota", "--log-level", v.logLevel, "k8s", "controller",
                   "--orchestrator", v.orchestrator_address(), "--auth-key", f"{AUTH_DIR}/key",
-                  "--token-ttl", v.auth.tokenTtl, "--health-listen", f"0.0.0.0:{CONTROLLER_HEALTH_PORT}"]
+                  "--token-ttl", v.auth.tokenTtl, "--max-priority", str(v.auth.maxPriority),
+                  "--health-listen", f"0.0.0.0:{CONTROLLER_HEALTH_PORT}"]
     for tenant_ns in v.tenantNamespaces:
         controller += ["--namespace", tenant_ns]
     # A follower redirects clients to the leader's advertised address: its pod IP (the
