@@ -15,11 +15,10 @@ import pytest
 import tinker
 from tinker import types
 from tinker.lib.public_interfaces.admin_client import AdminClient
-from tinker_testlib import KEYS, serving_hf_models
+from tinker_testlib import KEYS, serving_tiny_qwen
 
 from rota_tinker import TinkerService
 from rota_tinker._checkpoints import MIN_TTL_S
-from rota_tinker.testing import hf_snapshot
 
 QWEN = "acme/Qwen3-Tiny"
 TIMEOUT = 180
@@ -28,9 +27,7 @@ PROMPT = types.ModelInput.from_ints([17, 42, 99, 5, 230, 61, 7])
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerService]:
-    root = tmp_path_factory.mktemp("meta")
-    hf_snapshot(root / "models" / "acme" / "Qwen3-Tiny", seed=5)
-    with serving_hf_models([str(root / "models")], str(root / "data"), "tinker-meta") as s:
+    with serving_tiny_qwen(tmp_path_factory.mktemp("meta"), "tinker-meta", seed=5) as s:
         yield s
 
 

@@ -19,10 +19,9 @@ import pytest
 import tinker
 import torch
 from tinker import types
-from tinker_testlib import KEYS, full_training_client, serving_hf_models
+from tinker_testlib import KEYS, full_training_client, serving_tiny_qwen
 
 from rota_tinker import TinkerService
-from rota_tinker.testing import hf_snapshot
 
 QWEN = "acme/Qwen3-Tiny"
 TIMEOUT = 180
@@ -31,9 +30,7 @@ IDS = [17, 42, 99, 5, 230, 61, 7, 150, 33, 2]
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerService]:
-    root = tmp_path_factory.mktemp("external")
-    hf_snapshot(root / "models" / "acme" / "Qwen3-Tiny", seed=6)
-    with serving_hf_models([str(root / "models")], str(root / "data"), "tinker-external") as s:
+    with serving_tiny_qwen(tmp_path_factory.mktemp("external"), "tinker-external", seed=6) as s:
         yield s
 
 

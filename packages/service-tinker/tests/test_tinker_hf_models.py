@@ -331,7 +331,7 @@ def test_unsupported_features_answer_400_naming_them(hf_service: TinkerService) 
         assert r.status_code == 400 and what in r.json()["detail"], r.text
         assert "not implemented" in r.json()["detail"] or "only" in r.json()["detail"], r.text
 
-    refused(httpx.post(f"{hf_service.url}/api/v1/copy_weights", headers=key, json={}, timeout=30), "copy_weights")
+    refused(httpx.post(f"{hf_service.url}/api/v1/cancel_future", headers=key, json={}, timeout=30), "cancel_future")
     refused(httpx.post(f"{hf_service.url}/api/v1/asample", headers=key, timeout=30, json={
         "base_model": QWEN, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
         "sampling_params": {}, "record_stability_info": True}), "record_stability_info")

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import tinker
 from tinker import types
-from tinker_testlib import KEYS, serving_hf_models
+from tinker_testlib import KEYS, serving_tiny_qwen
 
 from rota_tinker import TinkerService
-from rota_tinker.testing import hf_snapshot
 
 QWEN = "acme/Qwen3-Tiny"
 TIMEOUT = 180
@@ -24,9 +23,7 @@ PROMPT = types.ModelInput.from_ints([17, 42, 99, 5, 230, 61, 7])
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinkerService]:
-    root = tmp_path_factory.mktemp("projects")
-    hf_snapshot(root / "models" / "acme" / "Qwen3-Tiny", seed=8)
-    with serving_hf_models([str(root / "models")], str(root / "data"), "tinker-projects") as s:
+    with serving_tiny_qwen(tmp_path_factory.mktemp("projects"), "tinker-projects", seed=8) as s:
         yield s
 
 

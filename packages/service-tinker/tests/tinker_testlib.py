@@ -7,6 +7,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -69,6 +70,17 @@ def serving_hf_models(model_dirs: list[str], data_dir: str, group: str, **config
                             model_dirs=tuple(searched), **config)
         with TinkerService(cfg) as svc:
             yield svc
+
+
+@contextlib.contextmanager
+def serving_tiny_qwen(root: Path, group: str, seed: int) -> Iterator[TinkerService]:
+    """The service for every tenant of KEYS on a tiny Qwen3 (random weights from ``seed``, a local tokenizer) in a
+    plain folder ``root/models/acme/Qwen3-Tiny``, served as ``acme/Qwen3-Tiny``."""
+    from rota_tinker.testing import hf_snapshot
+
+    hf_snapshot(root / "models" / "acme" / "Qwen3-Tiny", seed=seed)
+    with serving_hf_models([str(root / "models")], str(root / "data"), group) as svc:
+        yield svc
 
 
 def await_queued(service: TinkerService, tenant: str, kinds: list[str], since: int, timeout_s: float = 120) -> None:

@@ -346,15 +346,20 @@ class CheckpointRoutes:
         self._any_checkpoint(tenant, run_id, kind, name).public = False
         return Reply.json({})
 
-    def _weights_info(self, tenant: Any, body: dict[str, Any]) -> Reply:
-        """``get_weights_info_by_tinker_path``: what a checkpoint needs to be loaded (base model, LoRA shape)."""
-        path = field_of(body, "tinker_path", str)
+    def by_path(self, tenant: Any, body: dict[str, Any], name: str) -> tuple[Any, re.Match[str], dict[str, Any] | None]:
+        """The caller's training checkpoint or sampler weights at ``body[name]``, its path's parts (run, kind, name)
+        and its LoRA shape (None: full parameters)."""
+        path = field_of(body, name, str)
         m = WEIGHTS_PATH.fullmatch(path)
         if m is None:
-            raise BadRequest(f"tinker_path {path[:140]!r} is not a checkpoint path; use tinker://RUN/weights/NAME or "
+            raise BadRequest(f"{name} {path[:140]!r} is not a checkpoint path; use tinker://RUN/weights/NAME or "
                              "tinker://RUN/sampler_weights/NAME")
         item = self._any_checkpoint(tenant, *m.groups())
-        lora = item.lora if isinstance(item, Checkpoint) else self._run(tenant, m.group(1)).lora
+        return item, m, item.lora if isinstance(item, Checkpoint) else self._run(tenant, m.group(1)).lora
+
+    def _weights_info(self, tenant: Any, body: dict[str, Any]) -> Reply:
+        """``get_weights_info_by_tinker_path``: what a checkpoint needs to be loaded (base model, LoRA shape)."""
+        item, _, lora = self.by_path(tenant, body, "tinker_path")
         targets = lora["targets"] if lora else {}
         return Reply.json({"base_model": item.base.name, "is_lora": lora is not None,
                            "lora_rank": lora["rank"] if lora else None, "train_unembed": targets.get("unembed"),

@@ -21,7 +21,7 @@ import re
 import secrets
 from typing import Any
 
-from rota_tinker._checkpoints import ID, WEIGHTS_PATH, Checkpoint, Run, ttl
+from rota_tinker._checkpoints import ID, Checkpoint, Run, ttl
 from rota_tinker._http import Reply
 from rota_tinker._state_files import private_dir
 from rota_tinker._wire import NOT_IMPLEMENTED, BadRequest, field_of
@@ -107,20 +107,14 @@ class ProjectRoutes:
 
     def _copy_weights(self, tenant: Any, body: dict[str, Any]) -> Reply:
         """Hard-link one of the caller's checkpoints into a new, untrainable run of ``destination_project_id``."""
-        source = field_of(body, "source_path", str)
-        m = WEIGHTS_PATH.fullmatch(source)
-        if m is None:
-            raise BadRequest(f"source_path {source[:140]!r} is not a checkpoint path; use tinker://RUN/weights/NAME or "
-                             "tinker://RUN/sampler_weights/NAME")
         if body.get("weights_access_token") is not None:
             raise BadRequest("weights_access_token (another account's checkpoints) is not implemented by this "
                              "service; copy your own checkpoints", status=NOT_IMPLEMENTED)
         project = project_id(field_of(body, "destination_project_id", str, required=False), "destination_project_id")
         expires = ttl(body)
-        item = self._any_checkpoint(tenant, *m.groups())  # type: ignore[attr-defined]
+        item, m, lora = self.by_path(tenant, body, "source_path")  # type: ignore[attr-defined]
         kind, name = m.group(2), m.group(3)
         src_folder = item.folder if isinstance(item, Checkpoint) else item.file
-        lora = item.lora if isinstance(item, Checkpoint) else self._run(tenant, m.group(1)).lora  # type: ignore[attr-defined]
         state = self.state
         with state.lock:
             state.check_quota(tenant.name, nbytes=item.bytes)
