@@ -148,6 +148,11 @@ def test_a_tls_agent_takes_the_orchestrators_short_token(tmp_path, pki, start_ag
         victim.Acquire(pb.TurnRequest(job_id="victim", group_id="g"), timeout=10)
         states = _group_status(endpoint, agent.token(admin=True)).agent_job_states
         assert [(s.agent, s.job_id) for s in states] == [(agent.tcp, "victim")], states
+        out = subprocess.run([*ROTA, "agent", "status", "--agent", agent.tcp, "--json"], capture_output=True,
+                             text=True, timeout=60, env=clean_env(ROTA_TLS_CA=str(pki / "ca.pem"),
+                                                                  ROTA_TOKEN=agent.token(admin=True),
+                                                                  ROTA_LOAD_PLUGINS="rota-agent"))
+        assert out.returncode == 0 and '"job_id": "victim"' in out.stdout, out.stderr  # the operator's view, TLS
     finally:
         os.environ.pop("ROTA_TLS_CA")
         tenant.close()

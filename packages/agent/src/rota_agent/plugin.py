@@ -173,15 +173,13 @@ async def _serve(a: Any, listen: str, auth: Any, socket_dir: str, tls: Any = Non
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status_cmd(endpoint: str, as_json: bool) -> None:
     """Show the agent's jobs and accelerators."""
-    from rota.auth import bearer, env_token
+    from rota.auth import channel
     from rota.wire import snapshot_agent_pb2 as pb
     from rota.wire import snapshot_agent_pb2_grpc as pb_grpc
 
-    token = env_token()
-    with grpc.insecure_channel(endpoint) as ch:
+    with channel(endpoint) as ch:  # ROTA_TOKEN; TLS with ROTA_TLS_CA (an agent with --tls-cert)
         try:
-            st = pb_grpc.SnapshotAgentServiceStub(ch).Status(pb.StatusRequest(), timeout=5,
-                                                             metadata=bearer(token) if token else None)
+            st = pb_grpc.SnapshotAgentServiceStub(ch).Status(pb.StatusRequest(), timeout=5)
         except grpc.RpcError as exc:
             raise click.ClickException(f"agent {endpoint}: {exc.code().name}: {exc.details()}") from None
     from rota_agent_client.wire import ext, read
