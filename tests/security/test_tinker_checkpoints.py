@@ -131,6 +131,11 @@ def test_another_tenant_cannot_describe_publish_expire_or_sample_a_checkpoint(se
     assert r.status_code == 403, r.text
     usage = served.get("billing/usage/checkpoints/current", mallory).json()["data"]
     assert [(u["checkpoint_count"], u["size_bytes"]) for u in usage] == [(0, 0)]
+    r = served.get("audit", mallory)  # her own events only: alice's checkpoints never show there
+    assert r.status_code == 200 and run not in r.text and "alice" not in r.text, r.text
+    assert victim["path"] in served.get("audit", alice).text
+    for query in ({"event_type": "everything"}, {"day": "yesterday"}):
+        assert served.get("audit", mallory, params=query).status_code == 400, query
     assert served.get(f"training_runs/{run}/checkpoints", alice).json() == before  # not public, no expiry
     assert _files(served) == before_files
 

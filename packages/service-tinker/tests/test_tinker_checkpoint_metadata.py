@@ -140,3 +140,29 @@ def test_a_taken_name_is_refused_at_once(clients: tuple) -> None:
     tc.save_weights_for_sampler("once").result(timeout=TIMEOUT)
     with pytest.raises(tinker.BadRequestError, match="exists"):
         tc.save_weights_for_sampler("once").result(timeout=30)
+
+
+def test_audit_log_records_what_a_tenant_did_to_its_checkpoints(svc: TinkerService) -> None:
+    sc = tinker.ServiceClient(base_url=svc.url, api_key=KEYS["carol"])
+    rest = tinker.RestClient(base_url=svc.url, api_key=KEYS["carol"])
+    tc = sc.create_lora_training_client(base_model=QWEN, rank=2, seed=1).result(timeout=TIMEOUT)
+    path = tc.save_state("audited").result(timeout=TIMEOUT).path
+    rest.publish_checkpoint_from_tinker_path(path).result(timeout=TIMEOUT)
+    rest.set_checkpoint_ttl_from_tinker_path(path, 600).result(timeout=TIMEOUT)
+    tc.load_state(path).result(timeout=TIMEOUT)
+    rest.delete_checkpoint_from_tinker_path(path).result(timeout=TIMEOUT)
+    rest.assign_session_project(sc.holder.get_session_id(), "audit-proj").result(timeout=TIMEOUT)
+    admin = AdminClient(rest.holder)
+    entries = admin.get_audit_log().result(timeout=TIMEOUT).entries
+    assert [(e.event, e.event_details.get("tinker_path"), e.event_details.get("purpose")) for e in entries] == [
+        ("checkpoint_create", path, None), ("checkpoint_publish", path, None), ("checkpoint_ttl_set", path, None),
+        ("checkpoint_read", path, "load"), ("checkpoint_delete", path, None), ("project_session_assign", None, None)]
+    assert all(e.event_details["actor"] == "carol" for e in entries)
+    assert [e.timestamp for e in entries] == sorted(e.timestamp for e in entries)
+    assert [e.event for e in rest.get_audit_log("projects").result(timeout=TIMEOUT).entries] == [
+        "project_session_assign"]
+    yesterday = datetime.datetime.now(datetime.timezone.utc).date() - datetime.timedelta(days=1)
+    assert admin.get_audit_log(day=yesterday).result(timeout=TIMEOUT).entries == []
+    assert admin.get_audit_log("teams").result(timeout=TIMEOUT).entries == []
+    other = AdminClient(tinker.RestClient(base_url=svc.url, api_key=KEYS["dave"]).holder)
+    assert all(e.event_details["actor"] == "dave" for e in other.get_audit_log().result(timeout=TIMEOUT).entries)

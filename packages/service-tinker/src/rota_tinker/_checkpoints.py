@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
+from rota_tinker._audit import AuditLog
 from rota_tinker._http import Reply
 from rota_tinker._wire import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 
@@ -131,6 +132,7 @@ class Runs:
         self.checkpoints: dict[str, Checkpoint] = {}  # tinker path -> training checkpoint
         self.external: dict[str, Any] = {}  # tinker path -> rota_tinker._external.External
         self.archives = threading.BoundedSemaphore(ARCHIVES_AT_ONCE)
+        self.audit = AuditLog()
 
     def record(self, model: Any, metadata: dict[str, str] | None, project: str | None = None) -> None:
         """Remember a new run; past MAX_RUNS of its tenant, that tenant's oldest is forgotten (no one else's)."""
@@ -195,6 +197,7 @@ class CheckpointRoutes:
             with state.lock:
                 state.runs.checkpoints[path] = ck
                 state.runs.touch(m.model_id)
+            state.runs.audit.note(tenant.name, "checkpoint_create", tinker_path=path, model_id=m.model_id)
             fut.succeed(json={"path": path, "type": "save_weights"})
 
         state.workers[(tenant.name, "trainer")].submit(
@@ -214,6 +217,7 @@ class CheckpointRoutes:
     def _load_weights(self, tenant: Any, body: dict[str, Any]) -> Reply:
         ck = self._checkpoint(tenant, field_of(body, "path", str))
         optimizer = field_of(body, "optimizer", bool, required=False, default=False)
+        self.state.runs.audit.note(tenant.name, "checkpoint_read", tinker_path=ck.path, purpose="load")
         if body.get("weights_access_token") is not None:
             raise BadRequest("weights_access_token (another account's checkpoints) is not implemented by this "
                              "service; load your own checkpoints", status=NOT_IMPLEMENTED)
@@ -336,15 +340,19 @@ class CheckpointRoutes:
         expires = ttl(body)
         with self.state.lock:
             item.expires = expires
+        self.state.runs.audit.note(tenant.name, "checkpoint_ttl_set", tinker_path=item.path,
+                                   ttl_seconds=body.get("ttl_seconds"))
         return Reply.json({})
 
-    def _publish(self, tenant: Any, run_id: str, kind: str, name: str) -> Reply:
-        self._any_checkpoint(tenant, run_id, kind, name).public = True
+    def _publish(self, tenant: Any, run_id: str, kind: str, name: str, public: bool = True) -> Reply:
+        item = self._any_checkpoint(tenant, run_id, kind, name)
+        item.public = public
+        self.state.runs.audit.note(tenant.name, "checkpoint_publish" if public else "checkpoint_unpublish",
+                                   tinker_path=item.path)
         return Reply.json({})
 
     def _unpublish(self, tenant: Any, run_id: str, kind: str, name: str) -> Reply:
-        self._any_checkpoint(tenant, run_id, kind, name).public = False
-        return Reply.json({})
+        return self._publish(tenant, run_id, kind, name, public=False)
 
     def by_path(self, tenant: Any, body: dict[str, Any], name: str) -> tuple[Any, re.Match[str], dict[str, Any] | None]:
         """The caller's training checkpoint or sampler weights at ``body[name]``, its path's parts (run, kind, name)
@@ -379,12 +387,14 @@ class CheckpointRoutes:
             gone = [c for c in state.runs.checkpoints.values() if expired(c, now)]
             for c in gone:
                 state.runs.checkpoints.pop(c.path, None)
-            weights = [w.path for w in state.weights.values() if expired(w, now)]
+            weights = [(w.path, w.tenant) for w in state.weights.values() if expired(w, now)]
         self.expire_external(now)  # type: ignore[attr-defined]
         for c in gone:
+            state.runs.audit.note(c.tenant, "checkpoint_expire", tinker_path=c.path)
             state.forget_checkpoint(c.tenant, c.path, c.folder)
             threading.Thread(target=shutil.rmtree, args=(c.folder, True), daemon=True).start()
-        for path in weights:
+        for path, owner in weights:
+            state.runs.audit.note(owner, "checkpoint_expire", tinker_path=path)
             state.delete_weights(path)
 
     # ------------------------------------------------------------ delete / download
@@ -394,16 +404,16 @@ class CheckpointRoutes:
         path = f"tinker://{run_id}/{kind}/{name}"
         if kind == "external_weights":
             self.delete_external(tenant, run_id, name)  # type: ignore[attr-defined]
-            return Reply.json({})
-        if kind == "sampler_weights":
+        elif kind == "sampler_weights":
             self._owned(self.state.weights, path, "sampler weights", tenant)  # type: ignore[attr-defined]
             self.state.delete_weights(path)
-            return Reply.json({})
-        ck = self._checkpoint(tenant, path)
-        with self.state.lock:
-            self.state.runs.checkpoints.pop(path, None)
-        self.state.forget_checkpoint(ck.tenant, ck.path, ck.folder)
-        threading.Thread(target=shutil.rmtree, args=(ck.folder, True), daemon=True).start()
+        else:
+            ck = self._checkpoint(tenant, path)
+            with self.state.lock:
+                self.state.runs.checkpoints.pop(path, None)
+            self.state.forget_checkpoint(ck.tenant, ck.path, ck.folder)
+            threading.Thread(target=shutil.rmtree, args=(ck.folder, True), daemon=True).start()
+        self.state.runs.audit.note(tenant.name, "checkpoint_delete", tinker_path=path)  # the owner's, done
         return Reply.json({})
 
     def _archive(self, tenant: Any, run_id: str, kind: str, name: str) -> Reply:
@@ -421,6 +431,7 @@ class CheckpointRoutes:
                              "from the service's data directory instead", status=NOT_IMPLEMENTED)
         if not self.state.runs.archives.acquire(blocking=False):
             raise BadRequest(f"{ARCHIVES_AT_ONCE} archives are being built already; try again shortly", status=429)
+        self.state.runs.audit.note(tenant.name, "checkpoint_read", tinker_path=path, purpose="archive")
         try:
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w") as tar:

@@ -140,6 +140,7 @@ class ExternalRoutes:
                            user_metadata=user_metadata(body.get("user_metadata")))
             with state.lock:
                 state.runs.external[path] = ext
+            state.runs.audit.note(tenant.name, "checkpoint_create", tinker_path=path, model_id=m.model_id)
             fut.succeed(json={"type": "save_weights_external", "path": path, "size_bytes": size})
 
         # written as sampler weights under a name no caller can give (names start with a letter or digit)
@@ -162,6 +163,8 @@ class ExternalRoutes:
     def _external_urls(self, req: Request, tenant: Any, run_id: str, name: str) -> Reply:
         """``get_external_weights_urls``: a signed URL per file, each valid :data:`URL_TTL_S`."""
         ext = self._external(tenant, run_id, name)
+        self.state.runs.audit.note(tenant.name, "checkpoint_read", tinker_path=ext.path,
+                                   purpose="external_weights_urls")
         host = req.header("host")
         if not _HOST.fullmatch(host):
             raise BadRequest("the Host header is not a host[:port]; send the one you reach this service at")
@@ -219,6 +222,7 @@ class ExternalRoutes:
             for e in gone:
                 self.state.runs.external.pop(e.path, None)
         for e in gone:
+            self.state.runs.audit.note(e.tenant, "checkpoint_expire", tinker_path=e.path)
             threading.Thread(target=shutil.rmtree, args=(e.folder, True), daemon=True).start()
 
     def delete_external(self, tenant: Any, run_id: str, name: str) -> None:

@@ -58,6 +58,8 @@ class ProjectRoutes:
     def _assign_project(self, tenant: Any, session_id: str, body: dict[str, Any]) -> Reply:
         session = self._owned(self.state.sessions, session_id, "session", tenant)  # type: ignore[attr-defined]
         session.project_id = project_id(field_of(body, "project_id", str))
+        self.state.runs.audit.note(tenant.name, "project_session_assign", session_id=session_id,
+                                   project_id=session.project_id)
         return Reply.json({})
 
     def _search_sessions(self, tenant: Any, body: dict[str, Any]) -> Reply:
@@ -135,6 +137,9 @@ class ProjectRoutes:
                                                           item.bytes, expires=expires)
             else:
                 state.weights[path] = self.copied_weights(item, path, folder, expires)  # type: ignore[attr-defined]
+        state.runs.audit.note(tenant.name, "checkpoint_read", tinker_path=item.path, purpose="copy")
+        state.runs.audit.note(tenant.name, "checkpoint_create", tinker_path=path, model_id=run_id,
+                              copied_from=item.path, project_id=project)
         return Reply.json({"tinker_path": path})
 
 

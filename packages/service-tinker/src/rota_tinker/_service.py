@@ -57,7 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rota_tinker import _checkpoints, _external, _projects, _wire
+from rota_tinker import _audit, _checkpoints, _external, _projects, _wire
 from rota_tinker._config import STATE_BYTES_PER_PARAM, BaseModelSpec, ServiceConfig, Tenant
 from rota_tinker._hf import HfModelSpec
 from rota_tinker._http import HttpServer, Reply, Request
@@ -354,7 +354,7 @@ def _json(obj: Any, status: int = 200) -> Reply:
     return Reply.json(obj, status)
 
 
-class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.ProjectRoutes):
+class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.ProjectRoutes, _audit.AuditRoutes):
     """The routes. Each handler gets the request, its tenant and its parsed body (or a path argument)."""
 
     def __init__(self, state: _State) -> None:
@@ -395,7 +395,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
                 return fn(self, req, tenant, body)
             if fn in _external.WITH_REQUEST:
                 return fn(self, req, tenant, *args)
-            if fn in _checkpoints.WITH_QUERY:
+            if fn in _checkpoints.WITH_QUERY or fn in _audit.WITH_QUERY:
                 return fn(self, tenant, req.query)
             if fn in _checkpoints.WITH_BODY or fn in _projects.WITH_BODY:
                 return fn(self, tenant, *args, self._json_body(req, body))
@@ -736,6 +736,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
                 sid = self._new_sampling_session(tenant, m.base, w.file, tinker_path, w.lora, m.session_id)
                 fut.succeed(json={"type": "save_weights_for_sampler", "sampling_session_id": sid})
             else:
+                state.runs.audit.note(tenant.name, "checkpoint_create", tinker_path=tinker_path, model_id=m.model_id)
                 fut.succeed(json={"type": "save_weights_for_sampler", "path": tinker_path})
 
         state.workers[(tenant.name, "trainer")].submit(
@@ -949,13 +950,14 @@ PATTERNS: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [
 ROUTES.update(_checkpoints.ROUTES)
 ROUTES.update(_external.ROUTES)
 ROUTES.update(_projects.ROUTES)
+ROUTES.update(_audit.ROUTES)
 # routes of the SDK this service does not implement -> the feature a 400 names (the SDK does not retry a 400)
 UNSUPPORTED: list[tuple[re.Pattern[str], str]] = [(re.compile(rf"/api/v1/{p}"), what) for p, what in (
     ("join_sampling_session", "join_sampling_session (sampler handles shared across processes)"),
     ("retrieve_futures", "retrieve_futures (batched polling)"), ("cancel_future", "cancel_future"),
     ("create_custom_loss", "create_custom_loss (server-side custom losses; forward_backward_custom works)"),
     ("auth/token", "auth/token (JWT credentials; use the tml-... API key)"),
-    ("audit", "the audit log"), ("billing/usage/events", "billing"),
+    ("billing/usage/events", "billing"),
     (r"sessions/[^/]+/trace_export", "export_session_trace"))]
 
 
