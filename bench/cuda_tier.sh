@@ -4,6 +4,8 @@
 # On the device machine (no PyPI) it installs rota from the checkout through bench/device_env.sh (carry .whl);
 # elsewhere it uses ./dev's .venv (CUDA torch must be installed there). Writes the figures, each test's outcome,
 # the commit and the date to bench/results/cuda-tier-<UTC date>.json (and to $OUT when the device tool sets it).
+# The device tool's copy of the tree may carry an older .git: there, pass the commit that runs,
+#   ROTA_COMMIT=$(git rev-parse HEAD) bash bench/cuda_tier.sh   (the command line is made here, so HEAD is ours)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -d .whl ]; then

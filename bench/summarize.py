@@ -157,14 +157,25 @@ def main() -> None:
               f"LoRA in the base's bf16 {mine['median_s'] * 1e3:.0f} ms ({mine['device_busy_s'] * 1e3:.0f} ms of "
               f"kernels), peft's fp32 LoRA path {peft['median_s'] * 1e3:.0f} ms ({peft['device_busy_s'] * 1e3:.0f} ms) "
               "(lora-step-amp-h200.json).")
-    full = _load("tinker-full-turns-h200.json")
-    if full:
+    for name, how in (("tinker-full-turns-h200-hf.json", "snapshots loaded with from_pretrained"),
+                      ("tinker-full-turns-h200.json", "config-only snapshots random-initialised by the service")):
+        full = _load(name)
+        if not full:
+            continue
         rows = ", ".join(f"{t['base_model'].split('/')[-1]} park {sw['park_vs_floor']:.2f}x / restore "
                          f"{sw['restore_vs_floor']:.2f}x of {sw['park_bytes'] / 1e9:.1f} GB"
                          for t, sw in ((full["tenants"][k], full["switches"][k]) for k in full["tenants"]))
-        print(f"Tinker service, full-parameter tenants taking turns on one H200 (every switch parks; vs the pinned "
-              f"floor): {rows}; bit-identical to each alone: {full['all_bit_identical']} "
-              "(tinker-full-turns-h200.json).")
+        print(f"Tinker service, full-parameter tenants taking turns on one H200 ({how}; every switch parks; vs the "
+              f"pinned floor): {rows}; bit-identical to each alone: {full['all_bit_identical']} ({name}).")
+    tiers = sorted(p.name for p in RESULTS.glob("cuda-tier-*.json"))
+    if tiers:
+        tier = _load(tiers[-1])
+        outcomes = [t["outcome"] for t in tier["tests"].values()]
+        parks = [p for t in tier["tests"].values() for p in t.get("parks", []) if "parked_nvml_after" in p]
+        beyond = max((p["parked_nvml_after"] - p["parked_outside_allocator"] for p in parks), default=0)
+        print(f"CUDA tier on {tier['device']} at {tier['commit'][:10]} ({tier['date'][:10]}): "
+              f"{outcomes.count('passed')} of {len(outcomes)} passed; Tinker workers' parks: {len(parks)}, the most "
+              f"any left beside its CUDA context {beyond / 2**20:.0f} MiB ({tiers[-1]}).")
     for name, label in (("handoff-cpu.json", "embedded"), ("handoff-etcd-cpu.json", "through etcd")):
         d = _load(name)
         if d:
