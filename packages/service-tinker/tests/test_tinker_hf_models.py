@@ -83,7 +83,7 @@ def test_models_are_found_by_hub_name_and_listed(dirs: tuple[Path, Path], hf_ser
     found = find_models(search_dirs([str(dirs[1])], {"HF_HUB_CACHE": str(dirs[0])}))
     assert sorted(found) == [LLAMA, QWEN]
     assert found[QWEN].tokenizer_id == QWEN  # hub cache: the hub name loads from a shared cache
-    assert found[LLAMA].tokenizer_id == str(dirs[1] / "acme" / "Llama-Tiny")  # plain folder: its path
+    assert found[LLAMA].tokenizer_id == LLAMA  # plain folder: its hub name too, never the server's path
     caps = tinker.RestClient(base_url=hf_service.url, api_key=KEYS["alice"]).get_server_capabilities().result(
         timeout=TIMEOUT)
     assert {(m.model_name, m.max_context_length) for m in caps.supported_models} == {(QWEN, 128), (LLAMA, 128)}
@@ -95,7 +95,8 @@ def test_models_are_found_by_hub_name_and_listed(dirs: tuple[Path, Path], hf_ser
 def test_sdk_get_tokenizer_loads_offline_on_a_client_sharing_the_cache(dirs: tuple[Path, Path],
                                                                       hf_service: TinkerService) -> None:
     """A user's process (HF_HUB_OFFLINE=1, the service's hub cache): TrainingClient.get_tokenizer() and
-    SamplingClient.get_tokenizer() load both models' tokenizers, the plain-folder one by the path get_info gives."""
+    SamplingClient.get_tokenizer() load both models' tokenizers by the hub names get_info gives: the plain-folder
+    one from a copy of that folder beside the client (transformers takes ``ORG/NAME`` as a local folder first)."""
     script = (
         "import json, sys, tinker\n"
         "sc = tinker.ServiceClient(base_url=sys.argv[1], api_key=sys.argv[2])\n"
@@ -109,12 +110,12 @@ def test_sdk_get_tokenizer_loads_offline_on_a_client_sharing_the_cache(dirs: tup
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(dirs[0]), "TINKER_TELEMETRY": "0"}
     env.pop("HF_HOME", None)
     proc = subprocess.run([sys.executable, "-c", script, hf_service.url, KEYS["bob"]], env=env, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=600, cwd=dirs[1])
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     ids = tokenizer(hf_service).encode(TEXT)
     assert out[QWEN] == [QWEN, ids] and out["sampler"] == ids
-    assert out[LLAMA] == [str(dirs[1] / "acme" / "Llama-Tiny"), tokenizer(hf_service, LLAMA).encode(TEXT)]
+    assert out[LLAMA] == [LLAMA, tokenizer(hf_service, LLAMA).encode(TEXT)]
 
 
 def test_vocab_checks_stop_strings_and_prompt_logprobs(sc: dict[str, tinker.ServiceClient],

@@ -39,8 +39,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 class HfModelSpec:
     """A Hugging Face causal LM in a local snapshot folder: what the service needs to serve it by its hub name.
 
-    ``tokenizer_id`` is what ``get_info`` tells the SDK to load: the hub name for a hub-cache
-    snapshot (a client sharing the cache loads it offline), else the snapshot's absolute path.
+    ``tokenizer_id`` is what ``get_info`` tells the SDK to load: the hub name, for every layout (a client
+    sharing the hub cache loads it offline; one beside a plain ``ORG/NAME`` folder loads it from there).
+    Never the server's path: a caller learns nothing of the server's file system.
     """
 
     name: str
@@ -195,7 +196,7 @@ def read_snapshot(name: str, folder: str, *, hub: bool) -> HfModelSpec | None:
     has_tokenizer = any(os.path.isfile(os.path.join(folder, f)) for f in TOKENIZER_FILES)
     return HfModelSpec(name=name, path=folder, vocab=vocab, max_len=num("max_position_embeddings", 2048), dim=dim,
                        layers=layers, dtype=dtype, n_params=n_params, lora_shapes=shapes, eos_ids=tuple(eos),
-                       tokenizer_id=(name if hub else folder) if has_tokenizer else None, has_weights=bool(files))
+                       tokenizer_id=name if has_tokenizer else None, has_weights=bool(files))
 
 
 def _meta_params(name: str, folder: str) -> int:
