@@ -9,9 +9,11 @@ data directory. Each attack fails with a clear status and the victim's files and
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +138,12 @@ def test_another_tenant_cannot_describe_publish_expire_or_sample_a_checkpoint(se
     assert victim["path"] in served.get("audit", alice).text
     for query in ({"event_type": "everything"}, {"day": "yesterday"}):
         assert served.get("audit", mallory, params=query).status_code == 400, query
+    hour = int(time.time() // 3600) * 3600
+    window = {"starting_on": datetime.datetime.fromtimestamp(hour - 3600, datetime.timezone.utc).isoformat(),
+              "ending_before": datetime.datetime.fromtimestamp(hour + 7200, datetime.timezone.utc).isoformat()}
+    r = served.get("billing/usage/events", mallory, params=window)  # her usage only
+    assert r.status_code == 200 and victim["session"] not in r.text and run not in r.text, r.text
+    assert victim["session"] in served.get("billing/usage/events", alice, params=window).text
     assert served.get(f"training_runs/{run}/checkpoints", alice).json() == before  # not public, no expiry
     assert _files(served) == before_files
 

@@ -166,3 +166,35 @@ def test_audit_log_records_what_a_tenant_did_to_its_checkpoints(svc: TinkerServi
     assert admin.get_audit_log("teams").result(timeout=TIMEOUT).entries == []
     other = AdminClient(tinker.RestClient(base_url=svc.url, api_key=KEYS["dave"]).holder)
     assert all(e.event_details["actor"] == "dave" for e in other.get_audit_log().result(timeout=TIMEOUT).entries)
+
+
+def test_billing_usage_counts_tokens_and_checkpoints_by_the_hour(svc: TinkerService) -> None:
+    sc = tinker.ServiceClient(base_url=svc.url, api_key=KEYS["bob"], user_metadata={"who": "bob"})
+    tc = sc.create_lora_training_client(base_model=QWEN, rank=2, seed=1).result(timeout=TIMEOUT)
+    ids = list(range(3, 12))
+    datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                        loss_fn_inputs={"target_tokens": np.asarray(ids[1:], np.int64)})
+    tc.forward_backward([datum, datum], "cross_entropy").result(timeout=TIMEOUT)
+    tc.forward([datum], "cross_entropy").result(timeout=TIMEOUT)
+    path = tc.save_weights_for_sampler("billed").result(timeout=TIMEOUT).path
+    tc.save_state("billed").result(timeout=TIMEOUT)
+    sampler = sc.create_sampling_client(model_path=path).result(timeout=TIMEOUT)
+    res = sampler.sample(PROMPT, 2, types.SamplingParams(max_tokens=5, seed=2)).result(timeout=TIMEOUT)
+    hour = datetime.datetime.now(datetime.timezone.utc).replace(minute=0, second=0, microsecond=0)
+    admin = AdminClient(tinker.RestClient(base_url=svc.url, api_key=KEYS["bob"]).holder)
+    usage = admin.get_billing_usage(hour - datetime.timedelta(hours=1),
+                                    hour + datetime.timedelta(hours=2)).result(timeout=TIMEOUT)
+    totals: dict[str, int] = {}
+    for row in usage.data:  # one hour's buckets, or two if the test crossed an hour
+        info = row.event_info
+        totals[info.type] = totals.get(info.type, 0) + (info.count if info.type == "checkpoint" else info.token_count)
+        assert row.session_id == sc.holder.get_session_id() and row.base_model == QWEN
+        assert row.estimated_cost_usd is None  # no rate card here
+    assert totals == {"training": 3 * 8, "checkpoint": 2, "sampling_prefill": PROMPT.length,
+                      "sampling_sample": sum(len(s.tokens) for s in res.sequences)}
+    assert usage.sessions[sc.holder.get_session_id()].user_metadata == {"who": "bob"}
+    other = AdminClient(tinker.RestClient(base_url=svc.url, api_key=KEYS["dave"]).holder)
+    assert all(row.session_id != sc.holder.get_session_id() for row in other.get_billing_usage(
+        hour - datetime.timedelta(hours=1), hour + datetime.timedelta(hours=2)).result(timeout=TIMEOUT).data)
+    with pytest.raises(tinker.BadRequestError, match="14 days"):
+        admin.get_billing_usage(hour - datetime.timedelta(days=15), hour).result(timeout=30)

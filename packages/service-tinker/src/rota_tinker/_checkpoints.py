@@ -198,6 +198,7 @@ class CheckpointRoutes:
                 state.runs.checkpoints[path] = ck
                 state.runs.touch(m.model_id)
             state.runs.audit.note(tenant.name, "checkpoint_create", tinker_path=path, model_id=m.model_id)
+            state.usage_counts.note(tenant.name, "checkpoint", 1, m.base.name, m.session_id)
             fut.succeed(json={"path": path, "type": "save_weights"})
 
         state.workers[(tenant.name, "trainer")].submit(

@@ -141,6 +141,7 @@ class ExternalRoutes:
             with state.lock:
                 state.runs.external[path] = ext
             state.runs.audit.note(tenant.name, "checkpoint_create", tinker_path=path, model_id=m.model_id)
+            state.usage_counts.note(tenant.name, "checkpoint", 1, m.base.name, m.session_id)
             fut.succeed(json={"type": "save_weights_external", "path": path, "size_bytes": size})
 
         # written as sampler weights under a name no caller can give (names start with a letter or digit)

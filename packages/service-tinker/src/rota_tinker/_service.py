@@ -57,7 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rota_tinker import _audit, _checkpoints, _external, _projects, _wire
+from rota_tinker import _audit, _checkpoints, _external, _projects, _usage, _wire
 from rota_tinker._config import STATE_BYTES_PER_PARAM, BaseModelSpec, ServiceConfig, Tenant
 from rota_tinker._hf import HfModelSpec
 from rota_tinker._http import HttpServer, Reply, Request
@@ -157,6 +157,7 @@ class _State:
         self.creating: dict[str, _Model] = {}  # create_model accepted, the worker not done yet (counts for quotas)
         self.weights: dict[str, _Weights] = {}  # tinker:// path -> weights
         self.runs = _checkpoints.Runs()  # training runs and training checkpoints (save_state)
+        self.usage_counts = _usage.Usage()  # tokens and checkpoints by the hour (get_billing_usage)
         self.sampling: dict[str, _SamplingSession] = {}
         self.futures: dict[str, Future] = {}
         self._last_prune = 0.0
@@ -354,7 +355,8 @@ def _json(obj: Any, status: int = 200) -> Reply:
     return Reply.json(obj, status)
 
 
-class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.ProjectRoutes, _audit.AuditRoutes):
+class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.ProjectRoutes, _audit.AuditRoutes,
+           _usage.UsageRoutes):
     """The routes. Each handler gets the request, its tenant and its parsed body (or a path argument)."""
 
     def __init__(self, state: _State) -> None:
@@ -395,7 +397,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
                 return fn(self, req, tenant, body)
             if fn in _external.WITH_REQUEST:
                 return fn(self, req, tenant, *args)
-            if fn in _checkpoints.WITH_QUERY or fn in _audit.WITH_QUERY:
+            if fn in _checkpoints.WITH_QUERY or fn in _audit.WITH_QUERY or fn in _usage.WITH_QUERY:
                 return fn(self, tenant, req.query)
             if fn in _checkpoints.WITH_BODY or fn in _projects.WITH_BODY:
                 return fn(self, tenant, *args, self._json_body(req, body))
@@ -672,6 +674,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
         fut = self.state.future(tenant.name, "ForwardBackward")
 
         def done(result: Any) -> None:
+            self.state.usage_counts.note(tenant.name, "training", tokens, m.base.name, m.session_id)
             fut.succeed(proto=_wire.forward_backward_output(result["logprobs"], result["metrics"]))
 
         self.state.workers[(tenant.name, "trainer")].submit(
@@ -737,6 +740,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
                 fut.succeed(json={"type": "save_weights_for_sampler", "sampling_session_id": sid})
             else:
                 state.runs.audit.note(tenant.name, "checkpoint_create", tinker_path=tinker_path, model_id=m.model_id)
+                state.usage_counts.note(tenant.name, "checkpoint", 1, m.base.name, m.session_id)
                 fut.succeed(json={"type": "save_weights_for_sampler", "path": tinker_path})
 
         state.workers[(tenant.name, "trainer")].submit(
@@ -801,10 +805,11 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
     def _asample(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
         state = self.state
         sid = field_of(body, "sampling_session_id", str, required=False)
+        session = None
         if sid is not None:
             field_of(body, "seq_id", int)
             s = self._owned(state.sampling, sid, "sampling session", tenant)
-            base, key, shareable = s.base, s.key, s.shareable
+            base, key, shareable, session = s.base, s.key, s.shareable, s.parent
         elif body.get("model_path") is not None:
             w = self._weights_for(tenant, field_of(body, "model_path", str))
             base, key, shareable = w.base, w.file, w.lora
@@ -835,8 +840,15 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
         state.workers[(tenant.name, "sampler")].submit(
             fut, "sample", {"key": key, "base": base, "prompt": prompt, "params": params, "num_samples": num,
                             "seed": seed, "shared_base": shared},
-            lambda result: fut.succeed(proto=_wire.sample_response(result)), restart=True)
+            lambda result: self._sampled(fut, tenant, result, prompt.size, base.name, session), restart=True)
         return self._future_reply(fut, None, sample_sequence_ids=seq_ids)
+
+    def _sampled(self, fut: Future, tenant: Tenant, result: dict[str, Any], prompt_len: int, base: str,
+                 session: str | None) -> None:
+        usage = self.state.usage_counts
+        usage.note(tenant.name, "sampling_prefill", prompt_len, base, session)
+        usage.note(tenant.name, "sampling_sample", sum(len(seq[0]) for seq in result["sequences"]), base, session)
+        fut.succeed(proto=_wire.sample_response(result))
 
     @staticmethod
     def _prompt_outputs(body: dict[str, Any], prompt_len: int, vocab: int) -> dict[str, Any]:
@@ -951,13 +963,13 @@ ROUTES.update(_checkpoints.ROUTES)
 ROUTES.update(_external.ROUTES)
 ROUTES.update(_projects.ROUTES)
 ROUTES.update(_audit.ROUTES)
+ROUTES.update(_usage.ROUTES)
 # routes of the SDK this service does not implement -> the feature a 400 names (the SDK does not retry a 400)
 UNSUPPORTED: list[tuple[re.Pattern[str], str]] = [(re.compile(rf"/api/v1/{p}"), what) for p, what in (
     ("join_sampling_session", "join_sampling_session (sampler handles shared across processes)"),
     ("retrieve_futures", "retrieve_futures (batched polling)"), ("cancel_future", "cancel_future"),
     ("create_custom_loss", "create_custom_loss (server-side custom losses; forward_backward_custom works)"),
     ("auth/token", "auth/token (JWT credentials; use the tml-... API key)"),
-    ("billing/usage/events", "billing"),
     (r"sessions/[^/]+/trace_export", "export_session_trace"))]
 
 
