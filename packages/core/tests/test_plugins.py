@@ -113,3 +113,67 @@ def test_etcd_option_without_a_store_plugin_names_the_package_to_install(tmp_pat
                        timeout=60, env=dict(child_env, ROTA_LOAD_PLUGINS=""))
     assert r.returncode == 2, r.stderr
     assert "--etcd http://127.0.0.1:1 needs the etcd store plugin: pip install rota-orchestrator-etcd" in r.stderr
+
+
+def test_a_plugins_own_hook_spec_is_added_as_it_registers():
+    """rota_add_hookspecs is historic: a plugin registered after the manager was made still adds its spec."""
+    from rota.testing import new_plugin_manager as fresh
+
+    class Specs:
+        @rota.hookspecs.hookspec(firstresult=True)
+        def rota_test_answer(self, question):
+            """A third party's hook."""
+
+    class Owner:
+        @rota.hookimpl
+        def rota_add_hookspecs(self, pluginmanager):
+            pluginmanager.add_hookspecs(Specs)
+
+    class Answerer:
+        @rota.hookimpl
+        def rota_test_answer(self, question):
+            return f"{question}: 42"
+
+    pm = fresh(load_entry_points=False)
+    pm.register(Owner())
+    pm.register(Answerer())
+    assert pm.hook.rota_test_answer.spec is not None
+    assert pm.hook.rota_test_answer(question="q") == "q: 42"  # firstresult: the spec's options hold
+
+
+def test_call_each_isolates_a_failing_plugin_and_names_each_result():
+    from rota.hookspecs import call_each
+    from rota.testing import new_plugin_manager as fresh
+
+    class Adds:
+        def __init__(self, name):
+            self.name = name
+
+        @rota.hookimpl
+        def rota_cli(self, cli):
+            if self.name == "broken":
+                raise RuntimeError("no commands today")
+            cli.append(self.name)
+            return self.name
+
+    pm = fresh(load_entry_points=False)
+    for name in ("first", "broken", "last"):
+        pm.register(Adds(name), name=name)
+    errors, added = [], []
+    got = call_each(pm.hook.rota_cli, on_error=lambda plugin, exc: errors.append((plugin, str(exc))), cli=added)
+    assert got == [("last", "last"), ("first", "first")]  # pm.hook's order: the last registered first
+    assert errors == [("broken", "no commands today")] and added == ["last", "first"]
+    try:
+        call_each(pm.hook.rota_cli, cli=[])
+    except RuntimeError as exc:
+        assert "no commands today" in str(exc)
+    else:
+        raise AssertionError("without on_error a plugin's error propagates")
+
+
+def test_cli_with_plugins_holds_each_installed_plugins_commands():
+    from rota.testing import cli_with_plugins
+
+    group = cli_with_plugins()
+    assert {"status", "agent", "k8s", "slurm", "demo"} <= set(group.commands)
+    assert {"render", "controller", "install-key"} <= set(group.commands["k8s"].commands)  # rota_k8s's, trylast

@@ -1,7 +1,8 @@
 """The node agent's own hook: park backends, so a third party can add one.
 
-rota_agent adds this spec to rota's plugin manager (``pm.add_hookspecs``, as pytest-xdist
-adds its ``newhooks``); any distribution in the ``rota`` entry-point group may implement it.
+rota_agent's plugin adds this spec to each of rota's plugin managers through core's
+``rota_add_hookspecs`` (as pytest-xdist adds its ``newhooks`` through ``pytest_addhooks``);
+any distribution in the ``rota`` entry-point group may implement it.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ hookspec = pluggy.HookspecMarker("rota")
 def rota_agent_backends(step_timeout_s: float) -> dict[str, Backend] | None:
     """Park backends this plugin offers, by the name a job registers with (metadata ``rota-backend``).
 
-    Called by ``rota agent serve`` (and :func:`rota_agent.backends.available_backends`) when an
-    agent starts; implemented by rota_agent (app_channel, cuda, app_endpoint, noop) and by any
-    plugin adding a backend. Two plugins offering one name is an error naming both.
+    Called by ``rota agent serve``, through :func:`rota_agent.backends.available_backends`, when an
+    agent starts (one plugin at a time, :func:`rota.hookspecs.call_each`); implemented by rota_agent
+    (app_channel, cuda, app_endpoint, noop) and by any plugin adding a backend. Two plugins offering
+    one name is an error naming both.
 
     :param step_timeout_s: the agent's ``--step-timeout``: how long one backend step may take.
     """

@@ -2,9 +2,9 @@
 
 Registered under the ``rota`` entry-point group. ``rota agent serve`` runs the node
 agent in the foreground (the orchestrator's side, ``rota orchestrator serve --agent``,
-is core's). Hook: ``rota_agent_backends`` (the agent's own spec) offers its park
-backends; a served engine's registration (``rota_register_with_agent``) is
-rota_agent_client's.
+is core's). Hooks: ``rota_add_hookspecs`` adds the agent's own spec
+(:mod:`rota_agent.hookspecs`), whose ``rota_agent_backends`` offers its park backends;
+a served engine's registration (``rota_register_with_agent``) is rota_agent_client's.
 Each option's environment variable is named in its ``--help``.
 """
 
@@ -199,6 +199,14 @@ def status_cmd(endpoint: str, as_json: bool) -> None:
         click.echo(f"{j['job_id']:<32} {j['state']}{left}{'  ' + j['fault'] if j['fault'] else ''}")
     for a_ in accel:
         click.echo(f"{a_['id']:<44} {a_['used'] / 2**30:8.1f} / {a_['total'] / 2**30:.1f} GiB")
+
+
+@hookimpl
+def rota_add_hookspecs(pluginmanager: Any) -> None:
+    """The agent's own hook, ``rota_agent_backends``, added to each of rota's plugin managers."""
+    from rota_agent import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
 
 
 @hookimpl

@@ -166,7 +166,6 @@ class Gpu:
         self._session = threading.Thread(target=self._run_session, name=f"rota-session-{tenant}", daemon=True)
         self._session.start()
         atexit.register(self.close)
-        self.pm.hook.rota_tenant_started(tenant=self)
 
     # ------------------------------------------------------------------ turns
 

@@ -34,9 +34,12 @@ _DISTRIBUTIONS: dict[str, tuple[str, str]] = {}  # plugin name -> (distribution,
 
 
 def new_plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
-    """Build a fresh manager with rota's specs, the built-ins and (optionally) entry points."""
+    """Build a fresh manager with rota's specs (and each plugin's own, through ``rota_add_hookspecs``),
+    the built-ins and (optionally) entry points."""
     pm = pluggy.PluginManager("rota")
     pm.add_hookspecs(hookspecs)
+    # historic: every plugin registered from here on adds its own specs as it registers
+    pm.hook.rota_add_hookspecs.call_historic(kwargs={"pluginmanager": pm})
     for name in DEFAULT_PLUGINS:
         pm.register(importlib.import_module(name), name=name)
     if load_entry_points:

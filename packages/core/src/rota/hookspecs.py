@@ -10,10 +10,12 @@ and who implements it. Hooks are grouped by side:
   where group state lives (``rota_store``); rota_etcd implements both;
 * snapshot side — moving a tenant's device state out and back (trainer and serving adapters);
 * placement side — where tenants run (``rota_place``: rota_slurm, rota_k8s);
-* registration — policies and CLI commands plugins add;
+* registration — hook specs, policies and CLI commands plugins add;
 * lifecycle — events for metrics, tracing and aborting collectives.
 
-Heavy types are imported only for type checking, so this module costs nothing.
+Hooks are called through ``pm.hook``; where each implementation must be called on its own (one
+plugin's error must not stop the others, or a result must name its plugin), :func:`call_each`
+does it. Heavy types are imported only for type checking, so this module costs nothing.
 """
 
 from __future__ import annotations
@@ -33,9 +35,34 @@ if TYPE_CHECKING:
 hookspec = pluggy.HookspecMarker("rota")
 hookimpl = pluggy.HookimplMarker("rota")
 
-__all__ = ["hookimpl", "hookspec", "rota_acquire", "rota_cli", "rota_footprint", "rota_job_aborted",
-           "rota_orchestrator", "rota_park", "rota_place", "rota_register_policies", "rota_release", "rota_restore",
-           "rota_store", "rota_tenant_started", "rota_turn_ended", "rota_turn_started"]
+__all__ = ["call_each", "hookimpl", "hookspec", "rota_acquire", "rota_add_hookspecs", "rota_cli", "rota_footprint",
+           "rota_job_aborted", "rota_orchestrator", "rota_park", "rota_place", "rota_register_policies",
+           "rota_release", "rota_restore", "rota_store", "rota_turn_ended", "rota_turn_started"]
+
+
+def call_each(hook: pluggy.HookCaller, *, on_error: Callable[[str, Exception], None] | None = None,
+              **kwargs: Any) -> list[tuple[str, Any]]:
+    """Call each implementation of ``hook`` on its own, in ``pm.hook``'s order; return (plugin name, result) pairs.
+
+    For callers that need what ``pm.hook`` does not give: the plugin behind each result (an
+    agent backend offered twice names both plugins) or isolation (``rota`` adds every plugin's
+    commands; one that raises costs one line, not the CLI). With ``on_error``, an implementation
+    that raises is reported as ``on_error(plugin_name, exc)`` and left out; without it the error
+    propagates. Results include None; hook wrappers are not called.
+    """
+    out = []
+    for impl in reversed(hook.get_hookimpls()):  # pluggy calls the last registered (and tryfirst) first
+        if impl.hookwrapper or impl.wrapper:
+            continue
+        try:
+            result = impl.function(*(kwargs[name] for name in impl.argnames))
+        except Exception as exc:
+            if on_error is None:
+                raise
+            on_error(impl.plugin_name, exc)
+            continue
+        out.append((impl.plugin_name, result))
+    return out
 
 
 # ---------------------------------------------------------------- lease side
@@ -61,9 +88,10 @@ def rota_acquire(request: TurnRequest, tenant: Gpu) -> Grant | None:
 def rota_release(grant: Grant, tenant: Gpu) -> ReleaseInfo | None:
     """Give the group named by ``grant`` back.
 
-    Called by :meth:`rota.Gpu.release`; implemented by core's gRPC client (``trylast``),
-    like :func:`rota_acquire`. A grant whose token is stale is refused with
-    :class:`rota.errors.StaleToken`.
+    Called by :meth:`rota.Gpu.release`, and by :meth:`rota.Gpu.acquire` when restoring the
+    parked state at a grant failed (the turn is given back, the state stays parked);
+    implemented by core's gRPC client (``trylast``), like :func:`rota_acquire`. A grant whose
+    token is stale is refused with :class:`rota.errors.StaleToken`.
 
     :param grant: the grant being ended.
     :param tenant: the client object releasing.
@@ -100,11 +128,12 @@ def rota_store(url: str) -> GroupStore | None:
 
     Called by ``rota status --etcd URL`` (it reads the state without an orchestrator) and
     by ``rota orchestrator serve --etcd URL`` when no :func:`rota_orchestrator` answered.
-    Implemented by rota_etcd. Without ``--etcd``, the orchestrator keeps state in memory.
+    Implemented by rota_etcd, which answers every URL (an etcd it cannot reach fails when the
+    store is used). Without ``--etcd``, the orchestrator keeps state in memory.
 
     :param url: comma-separated store endpoints as the user gave them.
-    :returns: a :class:`rota.orchestrator.GroupStore`, or None if this plugin does not
-        serve that kind of URL.
+    :returns: a :class:`rota.orchestrator.GroupStore`; a plugin for another kind of store
+        returns None for URLs that are not its own.
 
     Stops at first non-None result.
     """
@@ -119,10 +148,11 @@ def rota_park(tenant: Gpu, plan: ParkPlan) -> ParkResult | None:
 
     Called by :class:`rota.Gpu` in the tenant process when the orchestrator sends a park
     command (it needs the device for another job), or through :meth:`rota.Gpu.park` (a node
-    agent), never while the tenant holds its turn. Implemented by ``rota_torch.Tracked`` (the tracked
-    state of rota_fsdp, rota_megatron and any trainer adapter built on it), by rota_vllm's in-process
-    engine and rota_sglang's, and by rota_serving's ``EndpointParker`` (served engines); each parks its
-    own part of ``tenant``.
+    agent), never while the tenant holds its turn. Implemented by the per-tenant plugin object each
+    ``rota_torch.Tracked`` registers on its Gpu's manager (the tracked state of rota_fsdp,
+    rota_megatron and any trainer adapter built on it), by rota_vllm's in-process engine and
+    rota_sglang's, by rota_serving's ``EndpointParker`` (served engines) and by the Tinker
+    service's workers; each parks its own part of ``tenant``.
 
     :param tenant: the client whose state is parked; adapters ignore other tenants.
     :param plan: tags and mode (offload or discard).
@@ -149,9 +179,9 @@ def rota_restore(tenant: Gpu, plan: ParkPlan) -> ParkResult | None:
 def rota_footprint(tenant: Gpu) -> dict[str, int] | None:
     """Report device bytes this tenant holds, per tag (weights, grads, optimizer...).
 
-    Called by :meth:`rota.Gpu.footprint` (what the client reports to the orchestrator); implemented by the
-    adapters and the Tinker service. Lets the orchestrator skip parking when everything
-    fits on the device.
+    Called by :meth:`rota.Gpu.footprint` (what the client reports to the orchestrator); implemented by
+    the same objects as :func:`rota_park` and by the Tinker service's LoRA pool. Lets the
+    orchestrator skip parking when everything fits on the device.
 
     :param tenant: the client asking.
     :returns: bytes per tag; results of all adapters are summed per tag.
@@ -180,13 +210,31 @@ def rota_place(request: TurnRequest, scheduler: str) -> Placement | None:
 # --------------------------------------------------------------- registration
 
 
+@hookspec(historic=True)
+def rota_add_hookspecs(pluginmanager: pluggy.PluginManager) -> None:
+    """Add a plugin's own hook specs to rota's plugin manager (as pytest's ``pytest_addhooks``).
+
+    Called by every plugin manager rota makes (:func:`rota.plugin_manager`,
+    :func:`rota.testing.new_plugin_manager`) before any plugin is registered; historic, so each
+    plugin registered later is called with it as it registers. Implemented by rota_agent
+    (:mod:`rota_agent.hookspecs`: ``rota_agent_backends``) and rota_serving
+    (:mod:`rota_serving.hookspecs`: ``rota_register_with_agent``). Add specs with
+    ``pluginmanager.add_hookspecs(module)``.
+
+    :param pluginmanager: the manager being made.
+    """
+
+
 @hookspec
 def rota_cli(cli: click.Group) -> None:
     """Add subcommands to the ``rota`` command line.
 
-    Called once by ``rota`` (:mod:`rota.cli`) when the CLI starts; implemented by the
-    plugins that bring commands (rota_agent, rota_slurm, rota_k8s, rota_vllm, rota_sglang,
-    rota_tinker). Add commands with ``cli.add_command``.
+    Called once by ``rota`` (:mod:`rota.cli`), through :func:`call_each`, the first time a
+    command that is not core's is asked for or the command list is shown; implemented by
+    the plugins that bring commands (rota_agent, rota_slurm, rota_k8s, rota_k8s_controller,
+    rota_vllm, rota_sglang, rota_tinker, rota_demo). Add commands with ``cli.add_command``;
+    a plugin never reads another's commands. Two plugins adding one name: the one called last
+    keeps it (rota_k8s's fuller ``k8s`` group is ``trylast`` over rota_k8s_controller's).
 
     :param cli: the top-level ``rota`` click group.
     """
@@ -207,16 +255,6 @@ def rota_register_policies(register: Callable[[str, Callable[..., Any]], None]) 
 
 
 # ----------------------------------------------------------------- lifecycle
-
-
-@hookspec
-def rota_tenant_started(tenant: Gpu) -> None:
-    """A tenant connected (``rota.connect`` returned). For metrics and tracing.
-
-    Called by the :class:`rota.Gpu` constructor; no plugin in this repository implements it.
-
-    :param tenant: the new client.
-    """
 
 
 @hookspec
@@ -250,8 +288,9 @@ def rota_job_aborted(tenant: Gpu, reason: str) -> None:
 def rota_turn_ended(tenant: Gpu, grant: Grant, seconds: float) -> None:
     """A turn ended: the tenant released the group.
 
-    Called by :meth:`rota.Gpu.release`; implemented by ``rota_torch.Tracked`` (the trainer
-    adapters' tracked state), which trims the device cache after each turn.
+    Called by :meth:`rota.Gpu.release`; implemented by the per-tenant plugin object of
+    ``rota_torch.Tracked`` (the trainer adapters' tracked state), which trims the device cache
+    after each turn.
 
     :param tenant: the client that held the group.
     :param grant: the grant that ended.

@@ -3,7 +3,9 @@
 Public on purpose: adapter packages use :func:`running_orchestrator` to test against
 the embedded orchestrator over real gRPC, in a thread of the test process;
 :class:`ListState` is a tenant state that parks without torch; :func:`eventually`
-waits for a condition with a deadline, so a test that goes wrong fails instead of hanging.
+waits for a condition with a deadline, so a test that goes wrong fails instead of hanging;
+:func:`new_plugin_manager` is a fresh plugin manager and :func:`cli_with_plugins` the ``rota``
+command line with every plugin's commands.
 """
 
 import contextlib
@@ -21,9 +23,25 @@ import rota
 from rota._client import Gpu
 from rota._engine import OrchestratorConfig
 from rota._inproc import free_port, running_orchestrator
+from rota._plugins import new_plugin_manager
 
-__all__ = ["ListState", "ScriptedProcess", "child_environment", "eventually", "free_port", "quick_config",
-           "run_ranks", "running_orchestrator", "silent_listener", "tenants"]
+__all__ = ["ListState", "ScriptedProcess", "child_environment", "cli_with_plugins", "eventually", "free_port",
+           "new_plugin_manager", "quick_config", "run_ranks", "running_orchestrator", "silent_listener", "tenants"]
+
+# new_plugin_manager(load_entry_points=True): a fresh manager made as rota's process-wide one is (core's specs
+# and built-ins, each plugin's own specs through rota_add_hookspecs, the installed entry points unless
+# load_entry_points=False), for a test that registers plugins of its own without touching rota.plugin_manager().
+
+
+def cli_with_plugins() -> Any:
+    """The ``rota`` click group with core's and every installed plugin's commands added, as the ``rota``
+    executable has them for its command list (a ``CliRunner`` test that looks a command up in ``commands``)."""
+    import click
+
+    from rota.cli.main import cli
+
+    cli.list_commands(click.Context(cli))  # what `rota --help` does: core's commands and every plugin's added
+    return cli
 
 T = TypeVar("T")
 

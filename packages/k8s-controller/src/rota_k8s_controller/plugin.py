@@ -1,7 +1,8 @@
 """rota's ``k8s`` in-cluster plugin: ``rota k8s controller`` and ``rota k8s install-key``.
 
 Registered through the ``rota`` entry-point group. When rota-scheduler-k8s is installed
-too, its ``rota k8s`` group (which holds these commands as well) takes the name.
+too, its ``rota k8s`` group (which holds these commands as well) takes the name: its
+``rota_cli`` is ``trylast``, so it is added after this one.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ if TYPE_CHECKING:
 
 @hookimpl
 def rota_cli(cli: click.Group) -> None:
-    """Add ``rota k8s`` with the two in-cluster commands, unless the full group is there already."""
+    """Add ``rota k8s`` with the two in-cluster commands (rota_k8s's fuller group replaces it when installed)."""
     from rota_k8s_controller.cli import k8s
 
-    if "k8s" not in cli.commands:
-        cli.add_command(k8s)
+    cli.add_command(k8s)

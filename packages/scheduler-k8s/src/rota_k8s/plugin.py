@@ -34,9 +34,10 @@ def rota_place(request: TurnRequest, scheduler: str) -> Placement | None:
     })
 
 
-@hookimpl
+@hookimpl(trylast=True)
 def rota_cli(cli: click.Group) -> None:
-    """Add ``rota k8s`` (render, tenant, controller, status)."""
+    """Add ``rota k8s`` (render, tenant, controller, status); ``trylast``, so this group replaces
+    rota_k8s_controller's (controller and install-key only) under the same name."""
     from rota_k8s.cli import k8s
 
     cli.add_command(k8s)

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import click
+from typing import TYPE_CHECKING
 
 from rota import hookimpl
+
+if TYPE_CHECKING:
+    import click
 
 
 @hookimpl
 def rota_cli(cli: click.Group) -> None:
-    """Add ``rota tinker`` (serve) and ``tinker`` under ``rota serve`` (made here if no other plugin made it)."""
-    from rota_tinker.cli import serve, serve_cmd, tinker
+    """Add ``rota tinker`` (serve) and the hidden ``rota serve`` group holding ``tinker`` (its alias)."""
+    from rota_tinker.cli import serve, tinker
 
     cli.add_command(tinker)
-    existing = cli.commands.get("serve")
-    if isinstance(existing, click.Group):
-        existing.add_command(serve_cmd, name="tinker")
-    else:
-        cli.add_command(serve)
+    cli.add_command(serve)

@@ -1,8 +1,9 @@
 """rota_serving's own hook: register a served engine's tenant with the node agent.
 
-rota_serving adds this spec to rota's plugin manager (``pm.add_hookspecs``) when a
-served engine is given an agent (``--agent`` or ``ROTA_AGENT``); rota_agent_client (the
-agent's tenant side) implements it. So the serving side and the agent never import each other.
+rota_serving's plugin (:mod:`rota_serving.plugin`) adds this spec to each of rota's plugin
+managers through core's ``rota_add_hookspecs``; it is called when a served engine is given an
+agent (``--agent`` or ``ROTA_AGENT``), and rota_agent_client (the agent's tenant side) implements
+it. So the serving side and the agent never import each other.
 """
 
 from __future__ import annotations

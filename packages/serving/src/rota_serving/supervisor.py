@@ -52,16 +52,17 @@ def check_listen(value: str, what: str = "--listen") -> tuple[str, int]:
 def register_with_agent(pm: pluggy.PluginManager, tenant: Gpu, agent: str, tags: Sequence[str]) -> Any:
     """Register ``tenant`` with the node agent at ``agent`` through the first plugin that can.
 
-    Adds :mod:`rota_serving.hookspecs` to ``pm`` when missing. Returns the registration
-    (its ``close()`` ends it).
+    ``pm`` is one of rota's managers, to which :mod:`rota_serving.plugin` added the hook's spec
+    (``rota_add_hookspecs``). Returns the registration (its ``close()`` ends it).
 
-    :raises ServingError: no installed plugin implements ``rota_register_with_agent``.
+    :raises ServingError: no installed plugin implements ``rota_register_with_agent``, or
+        rota-serving's plugin is not loaded (``ROTA_LOAD_PLUGINS`` leaves it out).
     """
-    from rota_serving import hookspecs
-
-    if not hasattr(pm.hook, "rota_register_with_agent") or pm.hook.rota_register_with_agent.spec is None:
-        pm.add_hookspecs(hookspecs)
-    link = pm.hook.rota_register_with_agent(tenant=tenant, agent=agent, tags=tuple(tags))
+    caller = getattr(pm.hook, "rota_register_with_agent", None)
+    if caller is not None and caller.spec is None:
+        raise ServingError("rota-serving's plugin is not loaded, so registering with a node agent is not possible; "
+                           "add rota-serving to ROTA_LOAD_PLUGINS", job_id=tenant.tenant, group_id=tenant.group)
+    link = caller(tenant=tenant, agent=agent, tags=tuple(tags)) if caller is not None else None
     if link is None:
         raise ServingError(f"agent {agent!r} (--agent or ROTA_AGENT) was given, but no installed plugin registers "
                            "tenants with a node agent; pip install rota-agent-client, or leave the agent out",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pluggy
 
 from rota.errors import ConfigError
+from rota.hookspecs import call_each
 from rota_agent.backends._base import Backend, Channel, Job, Moved
 from rota_agent.backends.app_channel import AppChannelBackend
 from rota_agent.backends.app_endpoint import AppEndpointBackend
@@ -19,19 +20,20 @@ def default_backends(*, step_timeout_s: float = 120.0) -> dict[str, Backend]:
 
 
 def available_backends(pm: pluggy.PluginManager, *, step_timeout_s: float = 120.0) -> dict[str, Backend]:
-    """Every backend an installed plugin offers through ``rota_agent_backends``, by name."""
-    from rota_agent import hookspecs
+    """Every backend an installed plugin offers through ``rota_agent_backends``, by name.
 
-    if not hasattr(pm.hook, "rota_agent_backends") or pm.hook.rota_agent_backends.spec is None:
-        pm.add_hookspecs(hookspecs)
+    ``pm`` is one of rota's managers, to which rota_agent's plugin added the hook's spec
+    (``rota_add_hookspecs``). Called plugin by plugin (:func:`rota.hookspecs.call_each`), so that
+    a name two plugins offer is an error naming both.
+    """
     found: dict[str, Backend] = {}
     owner: dict[str, str] = {}
-    for impl in pm.hook.rota_agent_backends.get_hookimpls():  # one by one: a clash names both plugins
-        for name, backend in (impl.function(step_timeout_s=step_timeout_s) or {}).items():
+    for plugin, offered in call_each(pm.hook.rota_agent_backends, step_timeout_s=step_timeout_s):
+        for name, backend in (offered or {}).items():
             if name in found:
-                raise ConfigError(f"agent backend {name!r} is offered by both {owner[name]} and {impl.plugin_name}; "
+                raise ConfigError(f"agent backend {name!r} is offered by both {owner[name]} and {plugin}; "
                                   "uninstall one of them")
-            found[name], owner[name] = backend, impl.plugin_name
+            found[name], owner[name] = backend, plugin
     return found
 
 

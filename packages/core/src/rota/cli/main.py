@@ -81,12 +81,12 @@ class RotaGroup(click.Group):
             return
         self.plugins_added = True
         from rota._plugins import plugin_manager
+        from rota.hookspecs import call_each
 
-        for impl in plugin_manager().hook.rota_cli.get_hookimpls():
-            try:
-                impl.function(cli=self)
-            except Exception as exc:
-                click.echo(f"rota: plugin {impl.plugin_name} could not add its commands: {exc}", err=True)
+        def report(plugin: str, exc: Exception) -> None:
+            click.echo(f"rota: plugin {plugin} could not add its commands: {exc}", err=True)
+
+        call_each(plugin_manager().hook.rota_cli, on_error=report, cli=self)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         self._add_core(cmd_name)
