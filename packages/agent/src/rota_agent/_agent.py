@@ -60,8 +60,7 @@ from rota.wire import snapshot_agent_pb2 as pb
 from rota.wire import snapshot_agent_pb2_grpc as pb_grpc
 from rota_agent import _residue
 from rota_agent._door import Door, Proof
-from rota_agent.backends import Backend, Channel, Job, default_backends
-from rota_agent.backends._base import check_tag_names
+from rota_agent.backends import Backend, Channel, Job, check_tag_names, default_backends
 from rota_agent.backends.app_endpoint import check_endpoints, check_owned
 from rota_agent.errors import (
     BackendFailed,

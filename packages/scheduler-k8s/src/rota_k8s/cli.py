@@ -13,7 +13,6 @@ and tenants), ROTA_GROUP (default ``--group``), ROTA_AUTH_KEY (the controller's
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -294,7 +293,7 @@ def status_cmd(group: str, endpoint: str | None, namespace: str, kubeconfig: str
     (`rota token issue --auth-key KEY --admin`), or to a job's token to see its group.
     """
     from rota.admin import client_timeout, fetch_status
-    from rota.cli.status import prometheus_text, render_table, status_json
+    from rota.cli.status import print_status
     from rota_k8s._portforward import PodForward, ready_pod
     from rota_k8s_controller.names import dns_label_ok
 
@@ -319,12 +318,7 @@ def status_cmd(group: str, endpoint: str | None, namespace: str, kubeconfig: str
     except RotaError as exc:
         raise click.ClickException(str(exc) if endpoint else f"the orchestrator: {exc}") from None
     log.info("status from %s", where)
-    if as_json:
-        click.echo(json.dumps(status_json(reply), indent=2))
-    elif prometheus:
-        click.echo(prometheus_text(reply), nl=False)
-    else:
-        click.echo(render_table(reply))
+    print_status(reply, as_json, prometheus)  # as `rota status` prints it
 
 
 def _core_api(kubeconfig: str | None, kube_context: str | None) -> Any:

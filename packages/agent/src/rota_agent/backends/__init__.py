@@ -6,7 +6,7 @@ import pluggy
 
 from rota.errors import ConfigError
 from rota.hookspecs import call_each
-from rota_agent.backends._base import Backend, Channel, Job, Moved
+from rota_agent.backends._base import Backend, Channel, Job, Moved, check_tag_names
 from rota_agent.backends.app_channel import AppChannelBackend
 from rota_agent.backends.app_endpoint import AppEndpointBackend
 from rota_agent.backends.cuda import CudaBackend, CudaDriver, LibCudaDriver
@@ -38,4 +38,4 @@ def available_backends(pm: pluggy.PluginManager, *, step_timeout_s: float = 120.
 
 
 __all__ = ["AppChannelBackend", "AppEndpointBackend", "Backend", "Channel", "CudaBackend", "CudaDriver", "Job",
-           "LibCudaDriver", "Moved", "NoopBackend", "available_backends", "default_backends"]
+           "LibCudaDriver", "Moved", "NoopBackend", "available_backends", "check_tag_names", "default_backends"]

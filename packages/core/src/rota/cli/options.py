@@ -1,4 +1,9 @@
-"""Click option types shared by rota's commands (and plugins' commands)."""
+"""Click option types shared by rota's commands and plugins' commands (public: plugins import it).
+
+:class:`Endpoint` (an orchestrator or agent address, named in its error by the flag or env var it
+came from), :class:`ByteSize` (80GiB, 500MB), :class:`Seconds` (finite, >= 0) and
+:func:`resident_first_option` (the ``--resident-first`` policy switch).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""``rota status``: holder, queue, residents and per-tenant accounting of groups."""
+"""``rota status``: holder, queue, residents and per-tenant accounting of groups.
+
+Public for plugins' status commands (``rota k8s status``, ``kubectl rota status``): :func:`print_status`
+prints a reply as ``rota status`` does (table, ``--json`` with :func:`status_json`'s schema, or
+``--prometheus``), so every status command shows the same thing the same way.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from rota.admin import client_timeout, fetch_status
 from rota.cli.options import Endpoint
 from rota.errors import RotaError
 
-__all__ = ["SCHEMA", "prometheus_text", "render_table", "status", "status_json", "store_status"]
+__all__ = ["SCHEMA", "print_status", "prometheus_text", "render_table", "status", "status_json", "store_status"]
 
 
 def store_status(url: str, group: str = "") -> pb.StatusReply:
@@ -111,7 +116,7 @@ def status(ctx: click.Context, group: str, endpoint: str | None, etcd: str, as_j
             reply = store_status(etcd, group)
         except RotaError as exc:
             raise click.ClickException(str(exc)) from None
-        _show(reply, as_json, prometheus)
+        print_status(reply, as_json, prometheus)
         return
     if not endpoint:
         endpoint = local_endpoint()
@@ -124,7 +129,7 @@ def status(ctx: click.Context, group: str, endpoint: str | None, etcd: str, as_j
         reply = fetch_status(endpoint, group, client_timeout(timeout))
     except RotaError as exc:
         raise click.ClickException(str(exc)) from None
-    _show(reply, as_json, prometheus)
+    print_status(reply, as_json, prometheus)
 
 
 SCHEMA = "rota.status/v1"  # documented in status.schema.json beside this module
@@ -147,7 +152,8 @@ def status_json(reply: pb.StatusReply) -> dict:
     return {"schema": SCHEMA, "orchestrator": reply.orchestrator, "groups": [plain(g) for g in reply.groups]}
 
 
-def _show(reply: pb.StatusReply, as_json: bool, prometheus: bool) -> None:
+def print_status(reply: pb.StatusReply, as_json: bool = False, prometheus: bool = False) -> None:
+    """Print ``reply`` as ``rota status`` does: JSON, Prometheus text, or the table."""
     if as_json:
         click.echo(json.dumps(status_json(reply), indent=2))
     elif prometheus:
