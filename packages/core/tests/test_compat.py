@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from rota.compat import check, installed, require, warn_if_mismatched
+from rota.compat import check, declared, installed, require, warn_if_mismatched
 from rota.errors import InvalidArgument, PermanentError, UnsupportedVersion
 
 MISSING = "rota-test-no-such-distribution"
@@ -69,3 +69,15 @@ def test_warn_if_mismatched_logs_once_and_never_raises(caplog):
         said = warn_if_mismatched("torch", "<2", 'pip install "torch<2"')
     assert said is not None and said.startswith(f"torch {TORCH} (installed) is not supported")
     assert [r.getMessage() for r in caplog.records] == [said]
+
+
+def test_declared_reads_a_range_from_the_installed_metadata_lower_bound_first():
+    """rota-core declares packaging>=23 and rota-torch the trainer adapters' torch range, each written once."""
+    req = next(r for r in importlib.metadata.requires("rota-core") if r.startswith("packaging"))
+    assert declared("rota-core", "packaging") == req.split(";")[0].removeprefix("packaging").strip()
+    spec = declared("rota-torch", "torch")
+    assert spec.startswith(">=") and ",<" in spec  # lower bound first, as people write it
+    with pytest.raises(InvalidArgument, match=r"rota-core declares no version range for vllm"):
+        declared("rota-core", "vllm")
+    with pytest.raises(InvalidArgument, match=rf"{MISSING} is not installed.*pip install {MISSING}"):
+        declared(MISSING, "torch")

@@ -12,12 +12,13 @@ warnings, and nothing here needs it.
 
 from __future__ import annotations
 
-from rota.compat import check, require
+from rota.compat import check, declared, require
 from rota.errors import UnsupportedVersion
 
-#: Inclusive lower and exclusive upper bound, as in pyproject.toml. Verified: 0.16.1.
-SUPPORTED = ("0.16", "0.17")
-SPEC = f">={SUPPORTED[0]},<{SUPPORTED[1]}"
+#: The range in pyproject.toml's dependencies, read from the installed metadata. Verified: 0.16.1.
+SPEC = declared("rota-adapter-megatron", "megatron-core")
+#: Inclusive lower and exclusive upper bound of :data:`SPEC`.
+SUPPORTED = tuple(part.lstrip("<>=") for part in SPEC.split(","))
 PIP_FIX = f'pip install "megatron-core{SPEC}"'
 ADAPTER = "rota-adapter-megatron"
 

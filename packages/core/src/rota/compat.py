@@ -8,7 +8,8 @@ metadata is read: the framework is never imported here.
 Versions are compared by their release numbers: a local part (``0.32.0+cpu``) and a
 pre-release (``0.16.0rc1``) count as that release. Every refusal is one
 :class:`rota.errors.UnsupportedVersion` whose message names the version found, the
-supported range and the fix.
+supported range and the fix. A range lives once, in the adapter's ``pyproject.toml``:
+:func:`declared` reads it back from the installed metadata.
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ import importlib.metadata
 import logging
 from collections.abc import Sequence
 
+from packaging.requirements import Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from rota.errors import InvalidArgument, UnsupportedVersion
 
 log = logging.getLogger(__name__)
 
-__all__ = ["UnsupportedVersion", "check", "installed", "require", "warn_if_mismatched"]
+__all__ = ["UnsupportedVersion", "check", "declared", "installed", "require", "warn_if_mismatched"]
 
 
 def _names(dist: str | Sequence[str]) -> tuple[str, ...]:
@@ -43,6 +46,26 @@ def installed(dist: str | Sequence[str]) -> tuple[str, str] | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
+
+
+def declared(by: str, dist: str) -> str:
+    """The version range distribution ``by`` declares for ``dist`` (a dependency or an extra's), lower bounds
+    first: ``declared("rota-adapter-vllm", "vllm") == ">=0.10,<0.33"``. So a range is written once, in
+    ``by``'s ``pyproject.toml``, and the checks read it from the installed metadata.
+
+    :raises InvalidArgument: ``by`` is not installed, or declares no range for ``dist``.
+    """
+    try:
+        lines = importlib.metadata.requires(by) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise InvalidArgument(f"{by} is not installed, so its supported {dist} versions are unknown; "
+                              f"pip install {by}") from None
+    for line in lines:
+        req = Requirement(line)
+        if canonicalize_name(req.name) == canonicalize_name(dist) and req.specifier:
+            return ",".join(str(s) for s in sorted(req.specifier, key=lambda s: (s.operator.startswith("<"),
+                                                                                  s.operator, s.version)))
+    raise InvalidArgument(f"{by} declares no version range for {dist} (its pyproject.toml's dependencies)")
 
 
 def _specifier(spec: str) -> SpecifierSet:

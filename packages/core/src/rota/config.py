@@ -11,13 +11,13 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from rota._ids import check_id, check_pair, shown
-from rota._units import env_bytes, format_bytes, parse_bytes, percentile
+from rota._units import env_bytes, format_bytes, parse_bytes
 from rota.errors import ConfigError
 
 _N = TypeVar("_N", int, float)
 
 __all__ = ["MAX_PRIORITY", "MIN_PRIORITY", "check_endpoint", "check_id", "check_pair", "env_bytes", "env_float",
-           "env_int", "format_bytes", "parse_bytes", "percentile", "shown"]
+           "env_int", "format_bytes", "parse_bytes", "shown"]
 
 # The priorities an orchestrator accepts (an acquire outside them is INVALID_ARGUMENT); schedulers check
 # them at submit with these values (rota_slurm compiles them into its SPANK plugin).

@@ -20,7 +20,7 @@ hooks), :mod:`~rota_serving.gate` (turns on demand), :mod:`~rota_serving.proxy`,
 from __future__ import annotations
 
 from rota_serving.cli import make_serve
-from rota_serving.endpoint import EndpointClient, ServingError, check_base_url, check_server_version
+from rota_serving.endpoint import EndpointClient, EngineVersions, ServingError, check_base_url, check_server_version
 from rota_serving.engines import APP_TAGS, CONTROL_PATHS, FREE_PATHS, SGLANG, VLLM, check_app, check_tags
 from rota_serving.gate import TurnGate
 from rota_serving.parker import EndpointParker, track_endpoint, wait_attached
@@ -28,6 +28,6 @@ from rota_serving.proxy import TurnProxy
 from rota_serving.supervisor import ServeConfig, Served, check_listen, register_with_agent, serve_app, stop_process
 
 __all__ = ["APP_TAGS", "CONTROL_PATHS", "FREE_PATHS", "SGLANG", "VLLM", "EndpointClient", "EndpointParker",
-           "ServeConfig", "Served", "ServingError", "TurnGate", "TurnProxy", "check_app", "check_base_url",
-           "check_listen", "check_server_version", "check_tags", "make_serve", "register_with_agent", "serve_app",
-           "stop_process", "track_endpoint", "wait_attached"]
+           "EngineVersions", "ServeConfig", "Served", "ServingError", "TurnGate", "TurnProxy", "check_app",
+           "check_base_url", "check_listen", "check_server_version", "check_tags", "make_serve", "register_with_agent",
+           "serve_app", "stop_process", "track_endpoint", "wait_attached"]

