@@ -81,3 +81,18 @@ def test_declared_reads_a_range_from_the_installed_metadata_lower_bound_first():
         declared("rota-core", "vllm")
     with pytest.raises(InvalidArgument, match=rf"{MISSING} is not installed.*pip install {MISSING}"):
         declared(MISSING, "torch")
+
+
+def test_lazy_getattr_imports_a_name_on_first_use_and_keeps_it(monkeypatch):
+    import sys
+    import types
+
+    from rota.compat import lazy_getattr
+
+    mod = types.ModuleType("rota_test_lazy")
+    mod.__getattr__ = lazy_getattr("rota_test_lazy", {"dumps": "json"})
+    monkeypatch.setitem(sys.modules, "rota_test_lazy", mod)
+    assert "dumps" not in vars(mod)
+    assert mod.dumps is __import__("json").dumps and "dumps" in vars(mod)  # the next lookup is plain
+    with pytest.raises(AttributeError, match=r"module 'rota_test_lazy' has no attribute 'loads'"):
+        mod.loads  # noqa: B018

@@ -17,8 +17,9 @@ bit-identical to an unparked run: parking copies raw storage bytes out and back.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rota.compat import lazy_getattr
 
 if TYPE_CHECKING:  # the public names, for type checkers; at run time they load on first use
     from rota_fsdp._tracked import FsdpTracked, track
@@ -47,12 +48,4 @@ __all__ = [
 ]
 
 _HOME = {name: "rota_torch" for name in __all__} | {"FsdpTracked": "rota_fsdp._tracked", "track": "rota_fsdp._tracked"}
-
-
-def __getattr__(name: str) -> Any:
-    """Import torch only when the adapter is used, not when `rota` loads its plugins."""
-    if name not in _HOME:
-        raise AttributeError(f"module 'rota_fsdp' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _HOME)  # torch is imported when the adapter is used, not when `rota` loads it

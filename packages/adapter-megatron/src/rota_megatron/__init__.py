@@ -20,9 +20,9 @@ Importing checks the installed megatron-core version (:func:`check_megatron`).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from rota.compat import lazy_getattr
 from rota_megatron._compat import PIP_FIX, SUPPORTED, MegatronVersionError, check_megatron
 
 MEGATRON_VERSION = check_megatron()  # reads package metadata only: cheap, and fails early with the fix
@@ -36,13 +36,7 @@ _HOME = {name: "rota_torch" for name in ("TAGS", "AlreadyTracked", "BackwardInFl
 _HOME |= {name: "rota_megatron._tracked" for name in ("MegatronTracked", "ddp_buffers", "leaf_optimizers",
                                                       "track")}
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module 'rota_megatron' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _HOME)
 
 __all__ = [
     "MEGATRON_VERSION",

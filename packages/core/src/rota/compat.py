@@ -14,9 +14,12 @@ supported range and the fix. A range lives once, in the adapter's ``pyproject.to
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import logging
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -27,7 +30,7 @@ from rota.errors import InvalidArgument, UnsupportedVersion
 
 log = logging.getLogger(__name__)
 
-__all__ = ["UnsupportedVersion", "check", "declared", "installed", "require", "warn_if_mismatched"]
+__all__ = ["UnsupportedVersion", "check", "declared", "installed", "lazy_getattr", "require", "warn_if_mismatched"]
 
 
 def _names(dist: str | Sequence[str]) -> tuple[str, ...]:
@@ -127,3 +130,19 @@ def warn_if_mismatched(dist: str | Sequence[str], spec: str, fix: str, *, needed
         log.warning("%s", exc)
         return str(exc)
     return None
+
+
+def lazy_getattr(module: str, home: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` (PEP 562) that imports each name of ``home`` (name -> module) on first use.
+
+    For adapters whose public names live with a heavy framework (torch, Megatron): ``rota`` loads
+    their plugin modules without importing it. Write ``__getattr__ = lazy_getattr(__name__, HOME)``.
+    """
+    def __getattr__(name: str) -> Any:
+        if name not in home:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(home[name]), name)
+        setattr(sys.modules[module], name, value)  # the next lookup is a plain attribute
+        return value
+
+    return __getattr__
