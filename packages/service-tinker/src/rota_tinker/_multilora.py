@@ -1,0 +1,306 @@
+"""Many tenants' LoRA adapters on one frozen base, trained in one batched pass.
+
+Why: a LoRA step of one tenant leaves the device idle most of its wall time (Python launches
+small kernels), and a process per tenant costs a CUDA context and its cache (11-13 GB each on an
+H200). Here one process holds the base and every tenant's adapters; the queued units of many
+tenants run as **one forward/backward over their concatenated rows**:
+
+* the base's matmuls run once over the whole batch (its weights are frozen: no gradient, no
+  cross-row sum anywhere, so a row's result depends only on that row);
+* each tenant's LoRA A/B apply only to its own rows: a segment matmul over row ranges
+  (``torch.nn.functional.grouped_mm`` on CUDA when every adapter of a layer has one rank and
+  the sizes suit it; a loop of two small matmuls per tenant otherwise);
+* each tenant's loss uses only its rows, so the backward of the summed loss gives every
+  adapter exactly its own gradient; each tenant has its own AdamW (its own learning rate,
+  betas, weight decay, clipping) over its own fp32 adapters.
+
+One batch may mix ranks, targets, loss functions and sequence lengths (rows are right-padded to
+the batch's longest with an attention mask; padded positions carry no loss). Adapters are fp32
+leaves named as peft names them (``base_model.model.PATH.lora_A.weight``), so their state dicts
+are peft's adapter files; on a half-precision base their matmuls run in the base's dtype.
+
+:func:`plan_batches` decides what runs together: every tenant's oldest queued unit joins the
+next batch (no tenant waits more than one batch), at most ``max_tenant_tokens`` of one tenant per
+batch (a 100x larger unit is cut by datum into several batches instead of starving the others).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from rota_tinker._models import LORA_ALPHA, LORA_TARGETS, datum_loss
+
+__all__ = ["BatchedLora", "Unit", "plan_batches"]
+
+
+@dataclass
+class Unit:
+    """One forward(_backward) request of one tenant: ``data`` is a list of (tokens, loss inputs) like the
+    trainer's (``target_tokens`` and the loss function's arrays, all of the tokens' length)."""
+
+    tenant: str
+    data: list[tuple[Any, dict[str, Any]]]
+    loss_fn: str = "cross_entropy"
+    loss_config: dict[str, float] | None = None
+    forward_only: bool = False
+
+    def tokens(self) -> int:
+        return sum(len(t) for t, _ in self.data)
+
+
+@dataclass
+class _Adapter:
+    """One tenant's adapters: module path -> (A ``[r, in]``, B ``[out, r]``), fp32 leaves, and its optimizer."""
+
+    rank: int
+    scale: float
+    layers: dict[str, tuple[nn.Parameter, nn.Parameter]]
+    optimizer: torch.optim.Optimizer = field(init=False)
+
+    def __post_init__(self) -> None:
+        params = [p for pair in self.layers.values() for p in pair]
+        self.optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for pair in self.layers.values() for p in pair]
+
+
+class _SegmentLora(nn.Module):
+    """A frozen linear plus, for the batch being run, each tenant's LoRA on its own rows."""
+
+    def __init__(self, base: nn.Linear, path: str, engine: BatchedLora) -> None:
+        super().__init__()
+        self.base, self.path = base, path
+        self._engine = [engine]  # a list: not a submodule (the engine is no nn.Module)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        segments = self._engine[0].segments
+        if segments is None:
+            return y
+        flat = x.reshape(-1, x.shape[-1])
+        per_row = flat.shape[0] // segments.rows
+        delta = _segment_delta(flat, self.path, segments, per_row)
+        return y + delta.view_as(y) if delta is not None else y
+
+
+@dataclass
+class _Segments:
+    """The batch being run: row ranges ``[starts[i], starts[i+1])`` of ``adapters[i]``."""
+
+    starts: list[int]
+    adapters: list[_Adapter]
+
+    @property
+    def rows(self) -> int:
+        return self.starts[-1]
+
+
+def _segment_delta(flat: torch.Tensor, path: str, seg: _Segments, per_row: int) -> torch.Tensor | None:
+    """Each segment's ``scale * x A^T B^T`` for its rows of ``flat`` (``per_row`` tokens a row); None if no
+    tenant of the batch adapts ``path``."""
+    pairs = [a.layers.get(path) for a in seg.adapters]
+    if all(p is None for p in pairs):
+        return None
+    dtype = flat.dtype
+    bounds = [s * per_row for s in seg.starts]
+    ranks = {p[0].shape[0] for p in pairs if p is not None}
+    if flat.is_cuda and len(ranks) == 1 and all(p is not None for p in pairs) and _grouped_ok(flat, pairs):
+        a = torch.stack([p[0].to(dtype).t() for p in pairs])  # [G, in, r]
+        b = torch.stack([p[1].to(dtype).t() for p in pairs])  # [G, r, out]
+        offs = torch.tensor(bounds[1:], dtype=torch.int32, device=flat.device)
+        scale = torch.tensor([ad.scale for ad in seg.adapters], dtype=dtype, device=flat.device)
+        mid = F.grouped_mm(flat, a, offs=offs)
+        mid = mid * torch.repeat_interleave(scale, torch.diff(offs, prepend=offs.new_zeros(1)),
+                                            output_size=flat.shape[0])[:, None]
+        return F.grouped_mm(mid, b, offs=offs)
+    out_features = next(p for p in pairs if p is not None)[1].shape[0]
+    pieces = []
+    for (lo, hi), pair, adapter in zip(itertools.pairwise(bounds), pairs, seg.adapters, strict=True):
+        if pair is None or hi == lo:
+            pieces.append(flat.new_zeros(hi - lo, out_features))
+        else:
+            pieces.append((flat[lo:hi] @ pair[0].to(dtype).t()) @ pair[1].to(dtype).t() * adapter.scale)
+    return torch.cat(pieces)
+
+
+def _grouped_ok(flat: torch.Tensor, pairs: Sequence[Any]) -> bool:
+    """Whether ``F.grouped_mm`` takes these sizes (it needs 16-byte aligned strides; bf16 on CUDA)."""
+    if not hasattr(F, "grouped_mm") or flat.dtype != torch.bfloat16:
+        return False
+    r, n_in = pairs[0][0].shape
+    n_out = pairs[0][1].shape[0]
+    return all(d % 8 == 0 for d in (r, n_in, n_out))
+
+
+class BatchedLora:
+    """A frozen base model with any number of tenants' LoRA adapters, run in batches (see the module docs).
+
+    :param model: the base (its parameters are frozen here); its linears whose leaf name is in
+        :data:`rota_tinker._models.LORA_TARGETS` take adapters.
+    :param device: where adapters live (the base's device).
+    """
+
+    def __init__(self, model: nn.Module, device: torch.device | str) -> None:
+        self.model, self.device = model, torch.device(device)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.adapters: dict[str, _Adapter] = {}
+        self.segments: _Segments | None = None
+        wanted = {n for names in LORA_TARGETS.values() for n in names}
+        self.linears: dict[str, tuple[str, nn.Linear]] = {}  # path -> (target group, linear)
+        for path, module in list(model.named_modules()):
+            leaf = path.rpartition(".")[2]
+            if isinstance(module, nn.Linear) and leaf in wanted:
+                group = next(g for g, names in LORA_TARGETS.items() if leaf in names)
+                self.linears[path] = (group, module)
+                parent = model.get_submodule(path.rpartition(".")[0]) if "." in path else model
+                setattr(parent, leaf, _SegmentLora(module, path, self))
+
+    # ------------------------------------------------------------------ tenants
+
+    def add(self, tenant: str, rank: int, seed: int, targets: dict[str, bool], alpha: float = LORA_ALPHA) -> int:
+        """Give ``tenant`` fresh adapters (A: kaiming-uniform from ``seed``, B: zeros, as peft starts them) on the
+        linears of the chosen groups; returns their parameter count."""
+        if tenant in self.adapters:
+            raise ValueError(f"tenant {tenant!r} already has adapters on this base")
+        if not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"rank={rank!r} must be a positive integer")
+        chosen = {p: lin for p, (g, lin) in self.linears.items() if targets.get(g)}
+        if not chosen:
+            raise ValueError(f"no linear of {type(self.model).__name__} matches LoRA targets {targets}")
+        gen = torch.Generator().manual_seed(seed)
+        layers = {}
+        for path, lin in sorted(chosen.items()):
+            a = torch.empty(rank, lin.in_features)
+            bound = 1 / math.sqrt(lin.in_features)  # kaiming_uniform_(a=sqrt(5)) of an [r, in] weight
+            a.uniform_(-bound, bound, generator=gen)
+            layers[path] = (nn.Parameter(a.to(self.device)), nn.Parameter(torch.zeros(lin.out_features, rank,
+                                                                                      device=self.device)))
+        self.adapters[tenant] = _Adapter(rank, alpha / rank, layers)
+        return sum(p.numel() for p in self.adapters[tenant].parameters())
+
+    def remove(self, tenant: str) -> None:
+        self.adapters.pop(tenant, None)
+
+    def state_dict(self, tenant: str) -> dict[str, torch.Tensor]:
+        """``tenant``'s adapters under peft's names (``base_model.model.PATH.lora_A.weight``), on the host."""
+        out = {}
+        for path, (a, b) in self.adapters[tenant].layers.items():
+            out[f"base_model.model.{path}.lora_A.weight"] = a.detach().cpu().clone()
+            out[f"base_model.model.{path}.lora_B.weight"] = b.detach().cpu().clone()
+        return out
+
+    # ------------------------------------------------------------------- a batch
+
+    @contextlib.contextmanager
+    def _running(self, segments: _Segments) -> Iterator[None]:
+        self.segments = segments
+        try:
+            yield
+        finally:
+            self.segments = None
+
+    def forward_backward(self, units: Sequence[Unit]) -> list[dict[str, Any]]:
+        """Run ``units`` (of different tenants, or several of one) as one batch; each gets its per-datum
+        logprobs and ``loss:sum``, and (unless ``forward_only``) its adapters' gradients accumulate its loss's."""
+        rows = [(u, i) for u, unit in enumerate(units) for i in range(len(unit.data))]
+        if not rows:
+            return []
+        longest = max(len(units[u].data[i][0]) for u, i in rows)
+        tokens = torch.zeros(len(rows), longest, dtype=torch.long)
+        targets = torch.zeros(len(rows), longest, dtype=torch.long)
+        real = torch.zeros(len(rows), longest, dtype=torch.long)
+        for r, (u, i) in enumerate(rows):
+            toks, ins = units[u].data[i]
+            n = len(toks)
+            tokens[r, :n] = torch.as_tensor(toks, dtype=torch.long)
+            targets[r, :n] = torch.as_tensor(ins["target_tokens"], dtype=torch.long)
+            real[r, :n] = 1
+        starts = [0]
+        for unit in units:
+            starts.append(starts[-1] + len(unit.data))
+        segments = _Segments(starts, [self.adapters[unit.tenant] for unit in units])
+        tokens, targets, real = (t.to(self.device) for t in (tokens, targets, real))
+        train = not all(unit.forward_only for unit in units)
+        with self._running(segments), torch.enable_grad() if train else torch.no_grad():
+            out = self.model(tokens, attention_mask=real, use_cache=False)
+            logits = (out.logits if hasattr(out, "logits") else out).float()
+            lp = torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(2)).squeeze(2)
+            results, total = [], None
+            for u, unit in enumerate(units):
+                loss, per_datum = None, []
+                for r in range(starts[u], starts[u + 1]):
+                    toks, ins = unit.data[r - starts[u]]
+                    n = len(toks)
+                    arrays = {k: torch.as_tensor(v, device=self.device).float() for k, v in ins.items()
+                              if k != "target_tokens"}
+                    one = datum_loss(unit.loss_fn, lp[r, :n], arrays, unit.loss_config)
+                    loss = one if loss is None else loss + one
+                    per_datum.append(lp[r, :n].detach().float().cpu().numpy())
+                results.append({"logprobs": per_datum, "metrics": {"loss:sum": float(loss.detach())}})
+                if not unit.forward_only:
+                    total = loss if total is None else total + loss
+        if total is not None:
+            total.backward()
+        return results
+
+    def optim_step(self, tenant: str, adam: dict[str, float]) -> dict[str, Any]:
+        """``tenant``'s AdamW step with its own settings (learning rate, betas, eps, weight decay, clipping)."""
+        adapter = self.adapters[tenant]
+        params = adapter.parameters()
+        norm = None
+        if adam.get("grad_clip_norm", 0) > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, adam["grad_clip_norm"]))
+        for group in adapter.optimizer.param_groups:
+            group.update(lr=adam["learning_rate"], betas=(adam.get("beta1", 0.9), adam.get("beta2", 0.95)),
+                         eps=adam.get("eps", 1e-12), weight_decay=adam.get("weight_decay", 0.0))
+        adapter.optimizer.step()
+        adapter.optimizer.zero_grad(set_to_none=False)
+        return {"metrics": {} if norm is None else {"grad_norm:mean": norm}}
+
+
+def plan_batches(queue: Sequence[Unit], max_tenant_tokens: int, max_batch_tokens: int) -> list[list[Unit]]:
+    """Split the queued units (oldest first) into batches: each batch takes every tenant's oldest pending unit
+    (so no tenant waits more than one batch), at most ``max_tenant_tokens`` of one tenant (a larger unit is
+    cut by datum; its parts run in consecutive batches) and, past the first unit, at most ``max_batch_tokens``
+    in all. A tenant a full batch left out goes first in the next: with ``max_batch_tokens`` at least the
+    tenants times ``max_tenant_tokens``, every tenant with work is in every batch."""
+    if max_tenant_tokens < 1 or max_batch_tokens < 1:
+        raise ValueError("token bounds must be >= 1")
+    pending: dict[str, list[Unit]] = {}
+    for unit in queue:  # a unit larger than the tenant's share is cut into parts by datum
+        part: list[tuple[Any, dict[str, Any]]] = []
+        for datum in unit.data:
+            if part and sum(len(t) for t, _ in part) + len(datum[0]) > max_tenant_tokens:
+                pending.setdefault(unit.tenant, []).append(Unit(unit.tenant, part, unit.loss_fn, unit.loss_config,
+                                                                unit.forward_only))
+                part = []
+            part.append(datum)
+        pending.setdefault(unit.tenant, []).append(Unit(unit.tenant, part, unit.loss_fn, unit.loss_config,
+                                                        unit.forward_only))
+    batches = []
+    order = list(pending)  # tenants left out of a batch (it was full) come first in the next one
+    while any(pending.values()):
+        batch, size, left = [], 0, []
+        for tenant in order:
+            if not pending[tenant]:
+                continue
+            unit = pending[tenant][0]
+            if batch and size + unit.tokens() > max_batch_tokens:
+                left.append(tenant)
+                continue
+            batch.append(pending[tenant].pop(0))
+            size += unit.tokens()
+        order = left + [t for t in order if t not in left]
+        batches.append(batch)
+    return batches

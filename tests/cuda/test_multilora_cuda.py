@@ -1,0 +1,77 @@
+"""rota_tinker's batched multi-LoRA on a GPU: equal ranks take ``torch.nn.functional.grouped_mm`` (two grouped
+matmuls per adapted linear for every tenant of the batch), and 8 tenants batched equal each alone within bf16
+rounding. Written in the session that added the engine (its CPU twin is
+packages/service-tinker/tests/test_tinker_multilora.py); the tier runs it on the next GPU session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+TOLERANCE = 2e-2  # relative: bf16 keeps 8 bits of mantissa, and 4 steps of Adam amplify a rounding step
+
+
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rota_tinker.testing import hf_snapshot
+
+    return hf_snapshot(tmp_path_factory.mktemp("qwen3"), "qwen3", seed=5, hidden=256, layers=2, dtype="bfloat16",
+                       intermediate_size=512, head_dim=64)
+
+
+def _engine(folder: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    from rota_tinker._multilora import BatchedLora
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, local_files_only=True,
+                                                 attn_implementation="eager").to("cuda:0").eval()
+    return BatchedLora(model, "cuda:0")
+
+
+def test_equal_ranks_run_grouped_and_equal_each_alone(snapshot: Path, record: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from rota_tinker._multilora import F, Unit
+
+    calls = {"grouped_mm": 0}
+    real = F.grouped_mm
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls["grouped_mm"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "grouped_mm", counted)
+    targets = {"attn": True, "mlp": True}
+    tenants = [f"t{i}" for i in range(8)]
+
+    def units(step: int) -> list[Any]:
+        out = []
+        for i, t in enumerate(tenants):
+            rng = np.random.default_rng([i, step])
+            toks = rng.integers(0, 200, size=33)
+            out.append(Unit(t, [(toks[:-1], {"target_tokens": toks[1:], "weights": np.ones(32, np.float32)})]))
+        return out
+
+    together = _engine(snapshot)
+    alone = {t: _engine(snapshot) for t in tenants}
+    for i, t in enumerate(tenants):
+        together.add(t, 16, seed=i, targets=targets)
+        alone[t].add(t, 16, seed=i, targets=targets)
+    worst = 0.0
+    for step in range(4):
+        batch = units(step)
+        got = together.forward_backward(batch)
+        for unit, mine in zip(batch, got, strict=True):
+            ref = alone[unit.tenant].forward_backward([unit])[0]["metrics"]["loss:sum"]
+            worst = max(worst, abs(mine["metrics"]["loss:sum"] - ref) / abs(ref))
+        for t in tenants:
+            together.optim_step(t, {"learning_rate": 1e-3})
+            alone[t].optim_step(t, {"learning_rate": 1e-3})
+    record(worst_relative_loss=worst, grouped_mm_calls=calls["grouped_mm"])
+    assert calls["grouped_mm"] > 0, "equal ranks on CUDA bf16 did not take grouped_mm"
+    assert worst <= TOLERANCE, worst
