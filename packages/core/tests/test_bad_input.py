@@ -1,4 +1,4 @@
-"""Bad input gets the WIRE.md status code, a message naming the value, and changes nothing."""
+"""Bad input gets the v1alpha1 API's status code, a message naming the value, and changes nothing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A client built only from the WIRE.md protos (compiled here, no rota code) works
+"""A client built only from the v1alpha1 protos (compiled here, no rota code) works
 against the embedded orchestrator: Acquire, Yield, ListGroups, GetGroupStatus."""
 
 from __future__ import annotations

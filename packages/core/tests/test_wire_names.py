@@ -1,4 +1,4 @@
-"""Service names come from the generated descriptors and match shared/WIRE.md; the
+"""Service names come from the generated descriptors and match the v1alpha1 protos; the
 committed stubs equal a fresh generation with the pinned grpcio-tools."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A v1alpha1 client that imports only stubs compiled from WIRE.md's proto — no rota.
+"""A v1alpha1 client that imports only stubs compiled from the v1alpha1 protos — no rota.
 
 Run by test_wire_client.py in its own interpreter (the stubs' descriptors would clash
 with rota's in one process), with the stubs' folder on PYTHONPATH. Usage: wire_client_script.py ENDPOINT

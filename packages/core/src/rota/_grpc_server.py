@@ -2,7 +2,7 @@
 
 Used by the orchestrator (:mod:`rota._service`, :mod:`rota._inproc`) and by the node
 agent (``rota_agent``), so both map :class:`rota.errors.RotaError` to the status codes
-of shared/WIRE.md the same way and fail the same way on a bad ``--listen``.
+of the v1alpha1 API the same way and fail the same way on a bad ``--listen``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """gRPC front of an orchestrator (:class:`rota.orchestrator.OrchestratorProtocol`): v1alpha1 and rota.v1 servicers.
 
 The servicers only translate messages and map :class:`rota.errors.RotaError` to the
-status codes of shared/WIRE.md; every rule lives in the engine. Used by the
+status codes of the v1alpha1 API (``timeslice_orchestrator.proto``); every rule lives in the engine. Used by the
 embedded orchestrator (``rota orchestrator serve``) and by ``rota_etcd``.
 """
 

@@ -6,7 +6,7 @@ builds one tenant workload and its group's shared DRA ResourceClaim. Both are pu
 functions of validated input, so tests and ``rota k8s render`` see the same objects,
 and :mod:`rota_k8s._validate` checks them against the official OpenAPI schemas.
 
-Conventions shared with llm-d's time-slicing project (shared/WIRE.md): tenant pods
+Conventions shared with llm-d's time-slicing project (its v1alpha1 API): tenant pods
 carry ``timeslice.io/job-id`` and ``timeslice.io/group``; the tenants of a group share
 one ``resource.k8s.io/v1`` ResourceClaim of device class ``gpu.nvidia.com``. rota adds
 ``timeslice.io/gpus`` (the claim's GPU count) to the claim and the tenant pods, so a
