@@ -1,10 +1,8 @@
-"""Fixtures of rota-adapter-fsdp's tests: a real orchestrator on loopback, tenants, cleanup."""
+"""rota-adapter-fsdp's tests run torch on one thread; ``endpoint`` and ``torch_connect`` are rota's and rota_torch's
+pytest plugins."""
 
 from __future__ import annotations
 
 import torch
-
-from rota.fixtures import endpoint  # noqa: F401
-from rota_torch.fixtures import connect  # noqa: F401
 
 torch.set_num_threads(1)

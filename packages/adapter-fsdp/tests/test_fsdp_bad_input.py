@@ -10,46 +10,46 @@ import rota_fsdp
 from rota.errors import InvalidArgument
 
 
-def test_model_on_another_device_than_the_tenant(connect):
-    gpu = connect("trainer")
+def test_model_on_another_device_than_the_tenant(torch_connect):
+    gpu = torch_connect("trainer")
     rota_fsdp.track(gpu, make_model(), device="cpu")
     with pytest.raises(rota_fsdp.DeviceMismatch, match="meta"):
         rota_fsdp.track(gpu, make_model(), device="meta")
 
 
-def test_model_spanning_devices(connect):
-    gpu = connect("trainer")
+def test_model_spanning_devices(torch_connect):
+    gpu = torch_connect("trainer")
     model = make_model()
     model[0].register_buffer("on_meta", torch.empty(3, device="meta"))
     with pytest.raises(rota_fsdp.DeviceMismatch, match=r"'0\.on_meta' is on meta but the tenant's device is cpu"):
         rota_fsdp.track(gpu, model)
 
 
-def test_double_track(connect):
-    gpu = connect("trainer")
+def test_double_track(torch_connect):
+    gpu = torch_connect("trainer")
     model = make_model()
     first = rota_fsdp.track(gpu, model)
     with pytest.raises(rota_fsdp.AlreadyTracked, match="already tracked"):
         rota_fsdp.track(gpu, model)
     with pytest.raises(rota_fsdp.AlreadyTracked, match=r"parameter 'weight'"):
         rota_fsdp.track(gpu, model[0])  # a child of a tracked model
-    other = connect("other")
+    other = torch_connect("other")
     with pytest.raises(rota_fsdp.AlreadyTracked):
         rota_fsdp.track(other, model)
     first.untrack()
     rota_fsdp.track(gpu, model)  # fine once untracked
 
 
-def test_unknown_tag_and_discard_of_untracked_tag(connect):
-    gpu = connect("trainer")
+def test_unknown_tag_and_discard_of_untracked_tag(torch_connect):
+    gpu = torch_connect("trainer")
     with pytest.raises(rota_fsdp.TrackingError, match="kv_cache"):
         rota_fsdp.track(gpu, make_model(), tags=("weights", "kv_cache"))
     with pytest.raises(rota_fsdp.TrackingError, match="grads"):
         rota_fsdp.track(gpu, make_model(), tags=("weights",), discard=("grads",))
 
 
-def test_park_while_holding_the_turn(connect):
-    gpu = connect("trainer")
+def test_park_while_holding_the_turn(torch_connect):
+    gpu = torch_connect("trainer")
     model = make_model()
     tracked = rota_fsdp.track(gpu, model)
     with gpu.turn():
@@ -60,8 +60,8 @@ def test_park_while_holding_the_turn(connect):
     assert not tracked.parked
 
 
-def test_park_while_backward_in_flight(connect):
-    gpu = connect("trainer")
+def test_park_while_backward_in_flight(torch_connect):
+    gpu = torch_connect("trainer")
     model = make_model()
     opt = make_optimizer(model)
     tracked = rota_fsdp.track(gpu, model, opt)
@@ -88,8 +88,8 @@ def test_park_while_backward_in_flight(connect):
         train_step(model, opt, 1)
 
 
-def test_forward_while_parked(connect):
-    gpu = connect("trainer")
+def test_forward_while_parked(torch_connect):
+    gpu = torch_connect("trainer")
     model = make_model()
     rota_fsdp.track(gpu, model)
     gpu.park()

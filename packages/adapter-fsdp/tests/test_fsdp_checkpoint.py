@@ -10,8 +10,8 @@ import rota_fsdp
 from rota_torch import VerifyError
 
 
-def test_checkpoint_from_parked_equals_live_after_restore(connect, tmp_path):
-    gpu = connect("trainer")
+def test_checkpoint_from_parked_equals_live_after_restore(torch_connect, tmp_path):
+    gpu = torch_connect("trainer")
     model = make_model()
     opt = make_optimizer(model)
     tracked = rota_fsdp.track(gpu, model, opt)
@@ -43,8 +43,8 @@ def test_checkpoint_from_parked_equals_live_after_restore(connect, tmp_path):
         assert torch.equal(train_step(fresh, fresh_opt, 3), train_step(model, opt, 3))
 
 
-def test_checkpoint_is_a_copy_not_a_view_of_the_pool(connect):
-    gpu = connect("trainer")
+def test_checkpoint_is_a_copy_not_a_view_of_the_pool(torch_connect):
+    gpu = torch_connect("trainer")
     model = make_model()
     tracked = rota_fsdp.track(gpu, model)
     gpu.park()

@@ -14,8 +14,8 @@ def _state_tensors(model, opt):
     return ts
 
 
-def test_park_frees_every_storage_and_restore_keeps_identities(connect):
-    gpu = connect("trainer")
+def test_park_frees_every_storage_and_restore_keeps_identities(torch_connect):
+    gpu = torch_connect("trainer")
     model = make_model()
     opt = make_optimizer(model)
     tracked = rota_fsdp.track(gpu, model, opt)
@@ -37,8 +37,8 @@ def test_park_frees_every_storage_and_restore_keeps_identities(connect):
         assert all(torch.equal(a, v) for a, v in zip(after, values, strict=True))
 
 
-def test_pool_allocations_do_not_grow_over_50_cycles(connect):
-    gpu = connect("trainer")
+def test_pool_allocations_do_not_grow_over_50_cycles(torch_connect):
+    gpu = torch_connect("trainer")
     model = make_model()
     opt = make_optimizer(model)
     tracked = rota_fsdp.track(gpu, model, opt)
@@ -56,8 +56,8 @@ def test_pool_allocations_do_not_grow_over_50_cycles(connect):
     assert pool.capacity == capacity and [c.data_ptr() for c in pool.chunks] == buffer
 
 
-def test_pool_grows_only_when_tracked_state_grows(connect):
-    gpu = connect("trainer")
+def test_pool_grows_only_when_tracked_state_grows(torch_connect):
+    gpu = torch_connect("trainer")
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # state not estimated ahead
     tracked = rota_fsdp.track(gpu, model, opt, tags=("weights", "optimizer"))
@@ -77,8 +77,8 @@ def test_pool_grows_only_when_tracked_state_grows(connect):
     assert pool.allocations == first + 1
 
 
-def test_shared_storages_are_copied_once_and_freed_once(connect):
-    gpu = connect("trainer")
+def test_shared_storages_are_copied_once_and_freed_once(torch_connect):
+    gpu = torch_connect("trainer")
     model = torch.nn.Linear(4, 4)
     flat = torch.zeros(4 * 4 + 4)  # one storage behind both parameters, like FSDP's flat buffers
     flat[:16].copy_(model.weight.detach().reshape(-1))

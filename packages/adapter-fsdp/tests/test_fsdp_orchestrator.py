@@ -11,8 +11,8 @@ from fsdp_testlib import make_model, make_optimizer, snapshot, train_step
 import rota_fsdp
 
 
-def test_orchestrator_parks_resident_tenant_before_granting_the_other(connect):
-    a, b = connect("tenant-a"), connect("tenant-b")
+def test_orchestrator_parks_resident_tenant_before_granting_the_other(torch_connect):
+    a, b = torch_connect("tenant-a"), torch_connect("tenant-b")
     model_a, model_b = make_model(0), make_model(1)
     opt_a, opt_b = make_optimizer(model_a), make_optimizer(model_b)
     tracked_a = rota_fsdp.track(a, model_a, opt_a)

@@ -27,8 +27,8 @@ class CommContext:
         self.reduce_scatter_state = Kept(buf, None)
 
 
-def test_unexplained_allocator_bytes_are_named_by_holder(connect):
-    gpu = connect("t")
+def test_unexplained_allocator_bytes_are_named_by_holder(torch_connect):
+    gpu = torch_connect("t")
     model, opt = make_model(), None
     opt = make_optimizer(model)
     train_step(model, opt, 0)
@@ -46,6 +46,6 @@ def test_unexplained_allocator_bytes_are_named_by_holder(connect):
     del leak, model[0].cache
 
 
-def test_small_unexplained_residue_is_not_walked(connect):
-    tracked = rota_fsdp.track(connect("t"), make_model(), None)
+def test_small_unexplained_residue_is_not_walked(torch_connect):
+    tracked = rota_fsdp.track(torch_connect("t"), make_model(), None)
     assert tracked._unexplained_residue({"process:allocated": 64 << 20}) == {}

@@ -19,9 +19,9 @@ def reference(steps: int = STEPS) -> tuple[list[torch.Tensor], dict[str, torch.T
 
 
 @pytest.mark.parametrize("discard", [(), ("grads",)])
-def test_parked_every_step_is_bit_identical(connect, discard):
+def test_parked_every_step_is_bit_identical(torch_connect, discard):
     ref_losses, ref_state = reference()
-    gpu = connect("trainer")
+    gpu = torch_connect("trainer")
     model = make_model()
     opt = make_optimizer(model)
     tracked = rota_fsdp.track(gpu, model, opt, discard=discard)
@@ -47,10 +47,10 @@ def test_parked_every_step_is_bit_identical(connect, discard):
         assert torch.equal(state[name], ref_state[name]), name
 
 
-def test_a_changed_byte_would_be_seen(connect):
+def test_a_changed_byte_would_be_seen(torch_connect):
     """The comparison above can fail: one flipped value while parked changes the trajectory."""
     ref_losses, _ = reference(5)
-    gpu = connect("trainer")
+    gpu = torch_connect("trainer")
     model = make_model()
     opt = make_optimizer(model)
     tracked = rota_fsdp.track(gpu, model, opt, verify="off")  # unchecked: the corruption reaches training
@@ -66,8 +66,8 @@ def test_a_changed_byte_would_be_seen(connect):
     assert not torch.equal(losses[4], ref_losses[4])
 
 
-def test_discarded_grads_come_back_zero_filled(connect):
-    gpu = connect("trainer")
+def test_discarded_grads_come_back_zero_filled(torch_connect):
+    gpu = torch_connect("trainer")
     model = make_model()
     opt = make_optimizer(model)
     rota_fsdp.track(gpu, model, opt, discard=("grads",))

@@ -1,4 +1,5 @@
-"""Fixtures of rota-adapter-megatron's tests: a real orchestrator on loopback, tenants, cleanup.
+"""rota-adapter-megatron's tests run torch on one thread (``endpoint``, ``torch_connect``: rota's and rota_torch's
+pytest plugins).
 
 Every test here needs megatron-core (the adapter's own dependency, installed by
 ``./dev setup``); a missing one skips with the pip line that fixes it.
@@ -8,9 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from rota.fixtures import endpoint  # noqa: F401
-from rota_torch.fixtures import connect  # noqa: F401
 
 torch.set_num_threads(1)
 

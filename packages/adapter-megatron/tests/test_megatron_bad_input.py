@@ -14,31 +14,31 @@ def _chunk(seed: int = 0) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 4))
 
 
-def test_double_track_of_a_chunk(connect):
-    gpu = connect("trainer")
+def test_double_track_of_a_chunk(torch_connect):
+    gpu = torch_connect("trainer")
     a, b = _chunk(), _chunk(1)
     first = rota_megatron.track(gpu, [a, b])
     with pytest.raises(rota_megatron.AlreadyTracked,
                        match=r"parameter '0\.0\.weight' of megatron\[1\] is already tracked through megatron\[2\]"):
         rota_megatron.track(gpu, [b])
     with pytest.raises(rota_megatron.AlreadyTracked, match="appears twice"):
-        rota_megatron.track(connect("other"), [_chunk(2)] * 2)
+        rota_megatron.track(torch_connect("other"), [_chunk(2)] * 2)
     first.untrack()
     rota_megatron.track(gpu, [a, b])  # fine once untracked
 
 
-def test_chunk_tracked_by_rota_fsdp_is_refused(connect):
+def test_chunk_tracked_by_rota_fsdp_is_refused(torch_connect):
     rota_fsdp = pytest.importorskip("rota_fsdp")  # another torch adapter: one registry for both
 
-    gpu = connect("trainer")
+    gpu = torch_connect("trainer")
     chunk = _chunk()
     rota_fsdp.track(gpu, chunk)
     with pytest.raises(rota_megatron.AlreadyTracked):
         rota_megatron.track(gpu, [chunk])
 
 
-def test_wrong_device(connect):
-    gpu = connect("trainer")
+def test_wrong_device(torch_connect):
+    gpu = torch_connect("trainer")
     with pytest.raises(rota_megatron.DeviceMismatch, match=r"'chunk0\.0\.weight' is on cpu but the tenant's "
                                                            r"device is meta"):
         rota_megatron.track(gpu, [_chunk()], device="meta")
@@ -48,8 +48,8 @@ def test_wrong_device(connect):
         rota_megatron.track(gpu, [chunk])
 
 
-def test_bad_chunks_and_optimizers(connect):
-    gpu = connect("trainer")
+def test_bad_chunks_and_optimizers(torch_connect):
+    gpu = torch_connect("trainer")
     with pytest.raises(rota_megatron.TrackingError, match="non-empty list of modules"):
         rota_megatron.track(gpu, [])
     with pytest.raises(rota_megatron.TrackingError, match="non-empty list of modules"):
@@ -63,8 +63,8 @@ def test_bad_chunks_and_optimizers(connect):
         rota_megatron.track(gpu, [_chunk()], tags=("weights", "kv_cache"))
 
 
-def test_forward_while_parked_and_park_during_turn(connect):
-    gpu = connect("trainer")
+def test_forward_while_parked_and_park_during_turn(torch_connect):
+    gpu = torch_connect("trainer")
     a, b = _chunk(), _chunk(1)
     opt = torch.optim.AdamW(list(a.parameters()) + list(b.parameters()), lr=1e-2)
     tracked = rota_megatron.track(gpu, [a, b], opt)

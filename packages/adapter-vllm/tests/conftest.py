@@ -1,4 +1,5 @@
-"""Fixtures of rota-adapter-vllm's tests: a real orchestrator on loopback, fake vLLM engines.
+"""Markers of rota-adapter-vllm's tests; the fixtures (``endpoint``, ``connect``, ``fake_vllm``) are rota's and
+rota_serving's pytest plugins.
 
 Tiers: the fast tier (default) runs against :class:`rota_serving.testing.FakeVllmServer`; tests marked ``heavy``
 need the real vLLM CPU server and run only with ``ROTA_HEAVY_TESTS=1`` (see
@@ -8,8 +9,6 @@ need the real vLLM CPU server and run only with ``ROTA_HEAVY_TESTS=1`` (see
 from __future__ import annotations
 
 import pytest
-
-from rota_serving.testing.fixtures import connect, endpoint, fake_vllm  # noqa: F401
 
 
 def pytest_configure(config: pytest.Config) -> None:

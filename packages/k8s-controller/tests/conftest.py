@@ -1,4 +1,5 @@
-"""Fixtures of rota-k8s-controller's tests: a FakeKubeApi, a real orchestrator, tenants over gRPC."""
+"""Fixtures of rota-k8s-controller's tests: a real orchestrator, tenants over gRPC (``fake_api``, ``core_api``: the
+package's pytest plugin)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 from grpc_tenant import Tenant
 
 from rota.testing import running_orchestrator
-from rota_k8s_controller.fixtures import core_api, fake_api  # noqa: F401
 
 
 @pytest.fixture

@@ -1,4 +1,6 @@
-"""Fixtures of rota-scheduler-k8s's tests: a FakeKubeApi, a real orchestrator, the ``rota`` CLI."""
+"""Fixtures of rota-scheduler-k8s's tests: a real orchestrator, the ``rota`` CLI.
+
+``fake_api`` is rota_k8s_controller's pytest plugin."""
 
 from __future__ import annotations
 
@@ -7,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from rota.testing import running_orchestrator
-from rota_k8s_controller.fixtures import fake_api  # noqa: F401
+from rota.testing import cli_with_plugins, running_orchestrator
 
 
 @pytest.fixture
@@ -20,9 +21,6 @@ def orchestrator() -> Iterator[tuple[str, Any]]:
 @pytest.fixture
 def rota_cli() -> Any:
     """The real ``rota`` click group with plugin commands added, as ``rota`` builds it."""
-    from rota._plugins import plugin_manager
-    from rota.cli.main import cli
-
-    plugin_manager().hook.rota_cli(cli=cli)
+    cli = cli_with_plugins()
     assert "k8s" in cli.commands, "rota_k8s.plugin did not add `rota k8s`"
     return cli

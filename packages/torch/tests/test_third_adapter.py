@@ -70,12 +70,12 @@ def _state(model: Recurrent, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [t.detach().clone() for t in [*model.parameters(), model.memory, *momentum]]
 
 
-def test_a_third_adapter_parks_and_restores_bit_identically(connect):
+def test_a_third_adapter_parks_and_restores_bit_identically(torch_connect):
     model, opt = _setup()
     want_losses = [_step(model, opt, i) for i in range(STEPS)]
     want_state = _state(model, opt)
 
-    gpu = connect("recurrent")
+    gpu = torch_connect("recurrent")
     model, opt = _setup()
     tracked = RecurrentTracked(gpu, model, opt, verify="full")
     losses = []
@@ -95,10 +95,10 @@ def test_a_third_adapter_parks_and_restores_bit_identically(connect):
     assert all(torch.equal(g, w) for g, w in zip(got_state, want_state, strict=True))
 
 
-def test_the_defaults_alone_would_leave_the_memory_behind(connect):
+def test_the_defaults_alone_would_leave_the_memory_behind(torch_connect):
     """The check above can fail: a bare Tracked does not know the memory and reports it as residue."""
     model, opt = _setup()
-    tracked = Tracked(connect("bare"), model, opt)
+    tracked = Tracked(torch_connect("bare"), model, opt)
     with tracked.gpu.turn():
         _step(model, opt, 0)
     result = tracked.gpu.park()

@@ -1,8 +1,9 @@
-"""pytest fixtures for testing a plugin against a real orchestrator (needs pytest).
+"""pytest fixtures for testing a plugin against a real orchestrator: ``endpoint`` and ``connect``.
 
-A ``conftest.py`` imports the ones it uses (pytest finds fixtures by name there)::
-
-    from rota.fixtures import connect, endpoint  # noqa: F401
+A pytest plugin: rota-core registers it under the ``pytest11`` entry points, so every pytest run
+where rota-core is installed has these fixtures; a test names them and imports nothing. The
+other packages' fixtures come the same way: ``torch_connect`` (rota_torch), ``fake_vllm`` and
+``fake_sglang`` (rota_serving), ``fake_api`` and ``core_api`` (rota_k8s_controller).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""pytest fixtures for tests against :class:`~rota_k8s_controller.testing.FakeKubeApi` (needs pytest).
+"""pytest fixtures for tests against :class:`~rota_k8s_controller.testing.FakeKubeApi`: ``fake_api``, ``core_api``.
 
-A ``conftest.py`` imports the ones it uses (pytest finds fixtures by name there)::
-
-    from rota_k8s_controller.fixtures import core_api, fake_api  # noqa: F401
+A pytest plugin (rota-k8s-controller's ``pytest11`` entry point): a test names them and imports nothing.
 """
 
 from __future__ import annotations

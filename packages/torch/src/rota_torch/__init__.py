@@ -16,7 +16,7 @@ Two layers:
   :meth:`Tracked.grads`, :meth:`Tracked.optimizer_state` and
   :meth:`Tracked.pool_estimate`.
 
-Imports torch (``torch==2.13.0``); rota-core does not.
+Imports torch (``torch>=2.4,<2.15``, the range of every trainer adapter); rota-core does not.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""pytest fixtures for the tests of trainer adapters (needs pytest): ``connect`` untracks, before
-closing, every model a test tracked on its tenants. A ``conftest.py`` imports what it uses::
+"""pytest fixture for the tests of trainer adapters: ``torch_connect``, rota's ``connect`` that untracks,
+before closing, every model a test tracked on its tenants.
 
-    from rota.fixtures import endpoint  # noqa: F401
-    from rota_torch.fixtures import connect  # noqa: F401
+A pytest plugin (rota-torch's ``pytest11`` entry point), on :mod:`rota.fixtures`' ``endpoint``.
 """
 
 from __future__ import annotations
@@ -15,11 +14,11 @@ import rota
 from rota.testing import tenants
 from rota_torch.testing import untrack_models_of
 
-__all__ = ["connect"]
+__all__ = ["torch_connect"]
 
 
 @pytest.fixture
-def connect(endpoint: str) -> Iterator[Callable[..., rota.Gpu]]:
+def torch_connect(endpoint: str) -> Iterator[Callable[..., rota.Gpu]]:
     """``connect(tenant, group="g")`` -> a Gpu on the test orchestrator; untracked and closed after the test."""
     with tenants(endpoint, before_close=untrack_models_of) as connect:
         yield connect

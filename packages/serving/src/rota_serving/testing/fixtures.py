@@ -1,8 +1,7 @@
-"""pytest fixtures for the tests of rota_serving and of the adapters built on it.
+"""pytest fixtures for the tests of rota_serving and of the adapters built on it: ``fake_vllm``, ``fake_sglang``.
 
-A ``conftest.py`` imports the ones it uses (pytest finds fixtures by name there)::
-
-    from rota_serving.testing.fixtures import connect, endpoint, fake_vllm  # noqa: F401
+A pytest plugin (rota-serving's ``pytest11`` entry point); ``endpoint`` and ``connect`` are
+:mod:`rota.fixtures`'.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from rota.fixtures import connect, endpoint
 from rota_serving.testing.fake_sglang import FakeSglangServer
 from rota_serving.testing.fake_vllm import FakeVllmServer
 
@@ -30,4 +28,4 @@ def fake_sglang() -> Iterator[FakeSglangServer]:
         yield srv
 
 
-__all__ = ["connect", "endpoint", "fake_sglang", "fake_vllm"]
+__all__ = ["fake_sglang", "fake_vllm"]
