@@ -199,6 +199,9 @@ class ServiceConfig:
     max_bytes: int = 64 * 2**30
     # A session without a heartbeat (the SDK sends one every 10 s) for this long ends: its models are unloaded.
     session_ttl_s: float = 300.0
+    # stop(): for up to this long, answer the live sessions' heartbeats with 410 (session ended) before closing,
+    # so their SDKs stop heart-beating instead of warning every 10 s forever; 0 closes at once.
+    farewell_s: float = 0.0
     # HTTP front end (uvicorn): open connections at most; the head of each request must arrive within
     # header_timeout_s and its body within body_timeout_s; handlers run on http_threads threads; JSON bodies
     # are at most max_json_bytes (forward_backward protobuf bodies: max_body_bytes).
@@ -276,6 +279,9 @@ class ServiceConfig:
         for name in ("session_ttl_s", "header_timeout_s", "body_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0 seconds")
+        if not 0 <= self.farewell_s <= 60:
+            raise ConfigError(f"farewell_s={self.farewell_s!r} must be 0-60 seconds (--farewell; the SDK heart-beats "
+                              "every 10 s)")
         bad = [k for k, spec in self.base_models.items() if k != spec.name]
         if bad:
             raise ConfigError(f"base_models keys {bad} differ from their specs' names; key each spec by its name")

@@ -162,6 +162,8 @@ class _State:
         self.futures: dict[str, Future] = {}
         self._last_prune = 0.0
         self._last_sweep = 0.0
+        self.stopping = False  # stop() is saying farewell: heartbeats answer 410 (TinkerService.stop)
+        self.farewelled: set[str] = set()  # sessions whose heartbeat got that answer
         self.forgotten_futures = 0  # finished futures dropped after future_ttl_s
         self.counter = itertools.count(1)
         self.workers: dict[tuple[str, str], WorkerHandle] = {}
@@ -513,6 +515,10 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
 
     def _heartbeat(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
         sid = self._session(tenant, body)  # an ended session answers 410: the SDK stops its heartbeat loop
+        if self.state.stopping:
+            with self.state.lock:
+                self.state.farewelled.add(sid)
+            raise BadRequest("the service is stopping: this session has ended", status=410)
         with self.state.lock:
             session = self.state.sessions.get(sid)
             if session is not None:
@@ -1093,7 +1099,9 @@ class TinkerService:
 
         Workers release their turn and drop shared bases before exiting; one that does not exit
         within ``stop_timeout_s`` is killed. Returns the names of those killed (normally none).
+        With ``farewell_s``, live sessions first get their heartbeats answered 410 (see :meth:`_farewell`).
         """
+        self._farewell()
         self._http.shutdown()
         self.api.pool.shutdown(wait=False, cancel_futures=True)
         killed = close_all(self.state.workers.values(), self.config.stop_timeout_s)
@@ -1104,6 +1112,25 @@ class TinkerService:
             log.warning("stopped; killed %s (they did not exit within %.0f s)", killed, self.config.stop_timeout_s)
         self._orchestrator.close()
         return killed
+
+    def _farewell(self) -> None:
+        """Answer the heartbeats of sessions seen in the last 30 s with 410 until each has had it, for at most
+        ``farewell_s``: their SDKs then stop heart-beating (they would warn every 10 s, forever, at a closed port)."""
+        if self.config.farewell_s <= 0:
+            return
+        now = time.monotonic()
+        with self.state.lock:
+            live = {sid for sid, s in self.state.sessions.items() if now - s.last_seen < 30.0}
+            self.state.stopping = True
+        if not live:
+            return
+        log.info("saying farewell to %d live sessions (up to %g s, --farewell)", len(live), self.config.farewell_s)
+        deadline = now + self.config.farewell_s
+        while time.monotonic() < deadline:
+            with self.state.lock:
+                if live <= self.state.farewelled:
+                    return
+            time.sleep(0.1)
 
     def __enter__(self) -> TinkerService:
         self.start()

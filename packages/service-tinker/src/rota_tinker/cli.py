@@ -49,6 +49,9 @@ _LIMITS = (
      "Bytes of model state and saved weights one API key may hold (429 past it)."),
     ("--session-ttl", "session_ttl_s", click.FloatRange(min=1), 300.0,
      "Seconds without a heartbeat after which a session ends and its models are unloaded."),
+    ("--farewell", "farewell_s", click.FloatRange(min=0, max=60), 12.0,
+     "On stop (Ctrl-C, SIGTERM), seconds to keep answering live sessions' heartbeats with 410 (session ended) "
+     "so their SDKs stop heart-beating quietly; stops sooner once each has had its answer. 0: stop at once."),
     ("--max-connections", "max_connections", click.IntRange(min=1), 2048,
      "Open HTTP connections at most (503 past it)."),
     ("--max-client-connections", "max_client_connections", click.IntRange(min=1), 256,
