@@ -1,16 +1,17 @@
-"""The inference engines rota serves, described once: names, memory tags, routes.
+"""What serving needs to know of the inference engines: memory tags and routes.
 
-Who reads it: every module of :mod:`rota_serving`, and the adapters (rota_vllm,
-rota_sglang) when they check the tags a caller passes.
+The engines' names and their sleep/wake protocol are core's :mod:`rota.engines` (the node
+agent speaks it too); this module adds what only serving needs. Who reads it: every module of
+:mod:`rota_serving`, and the adapters (rota_vllm, rota_sglang) when they check the tags a caller passes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rota.engines import SGLANG, VLLM
 from rota.errors import InvalidArgument
 
-VLLM, SGLANG = "vllm", "sglang"
 #: Tags each engine understands (vLLM ``wake_up(tags=)``, SGLang memory-saver tags).
 APP_TAGS: dict[str, tuple[str, ...]] = {VLLM: ("weights", "kv_cache"), SGLANG: ("weights", "kv_cache", "cuda_graph")}
 #: Engine routes that move memory: only rota may call them, so the proxy refuses them.
