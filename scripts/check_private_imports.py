@@ -1,0 +1,100 @@
+"""The private-module rule of pyproject's import-linter contracts, for what import-linter cannot see.
+
+import-linter checks importable packages; tests/, packages/*/tests and bench/ are folders of scripts
+and test modules, so this applies the same rule to them: a module whose name has a part starting
+with ``_`` (``rota._engine``, ``rota_etcd._store``) is imported only by its own package, which
+here means the tests of the distribution that ships it (``packages/orchestrator-etcd/tests`` may
+import ``rota_etcd._store``). Everything else uses public modules (``rota.wire``, not
+``rota._generated``), except the imports in EXCEPTIONS, each with its reason.
+
+Usage: python scripts/check_private_imports.py   (exit 1 naming each import that breaks the rule)
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKED = ("tests", "bench", "packages/*/tests")
+
+# (file, private module) -> why it may import it. Keep it short: a public seam is the better fix.
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("bench/handoff.py", "rota._local"): "measures the embedded orchestrator's start-up: is_serving is how it waits",
+    ("bench/handoff.py", "rota._units"): "percentile, core's own, so the figures match rota status'",
+    ("bench/scale.py", "rota._units"): "percentile, core's own, so the figures match rota status'",
+    ("bench/scale.py", "rota_etcd._shards"): "places groups on the shards it measures",
+    ("bench/scale_sim.py", "rota_etcd._shards"): "simulates etcd's shard assignment",
+    ("bench/scale_sim.py", "rota_etcd._store"): "measures the size of the encoded group state",
+    ("bench/lora_step_profile.py", "rota_tinker._models"): "profiles the service's LoRA step itself",
+    ("bench/tinker_density.py", "rota_tinker._models"): "builds the service's tiny model",
+    ("tests/cuda/test_multilora_cuda.py", "rota_tinker._multilora"): "checks the batched LoRA kernels on a GPU",
+    ("tests/security/test_metrics.py", "rota._metrics"): "attacks the metrics collector directly (forgotten groups)",
+    ("tests/security/test_tinker_checkpoints.py", "rota_tinker._checkpoints"): "bounds of the checkpoint registry",
+    ("tests/security/test_tinker_checkpoints.py", "rota_tinker._service"): "a tenant's model record, attacked directly",
+    ("tests/security/test_tinker_pool.py", "rota_tinker._pool"): "the LoRA pool's admission, attacked directly",
+}
+
+
+# import package -> its folder, for every package of this repository (packages/NAME/src/PACKAGE)
+SOURCES = {p.name: p for p in ROOT.glob("packages/*/src/*") if p.is_dir() and p.name.isidentifier()}
+
+
+def _own_packages(path: Path) -> set[str]:
+    """The import packages a test file's distribution ships (packages/NAME/src/*), none for tests/ and bench/."""
+    rel = path.relative_to(ROOT).parts
+    if rel[0] != "packages":
+        return set()
+    return {name for name, src in SOURCES.items() if src.parent.parent.name == rel[1]}
+
+
+def _is_module(name: str) -> bool:
+    parts = name.split(".")
+    where = SOURCES[parts[0]].joinpath(*parts[1:])
+    return where.is_dir() or where.with_suffix(".py").is_file()
+
+
+def _imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) of each import of this repository's modules (``from a import b``: b too, if a module)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+            out += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return [(line, m) for line, m in out if m.split(".")[0] in SOURCES and _is_module(m)]
+
+
+def _private(module: str) -> str | None:
+    """The private module ``module`` is or is inside (``rota._generated.x`` -> ``rota._generated``), if any."""
+    parts = module.split(".")
+    for i, part in enumerate(parts[1:], start=1):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[: i + 1])
+    return None
+
+
+def check() -> list[str]:
+    problems = []
+    for pattern in CHECKED:
+        for path in sorted(ROOT.glob(f"{pattern}/**/*.py")):
+            rel = str(path.relative_to(ROOT))
+            own = _own_packages(path)
+            seen = set()
+            for line, module in _imports(ast.parse(path.read_text(), rel)):
+                private = _private(module)
+                if private is None or private.split(".")[0] in own or (rel, private) in EXCEPTIONS:
+                    continue
+                if (line, private) not in seen:
+                    seen.add((line, private))
+                    problems.append(f"{rel}:{line}: imports {private}, private to {private.split('.')[0]}; use its "
+                                    "public modules (or add the import to EXCEPTIONS in this script, with why)")
+    return problems
+
+
+if __name__ == "__main__":
+    found = check()
+    print("\n".join(found) or "private imports: only a package's own tests, and the listed exceptions")
+    sys.exit(1 if found else 0)
