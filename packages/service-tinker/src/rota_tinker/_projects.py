@@ -38,15 +38,27 @@ def project_id(value: Any, where: str = "project_id") -> str | None:
     return value
 
 
-def _iso(t: float) -> str:
-    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat()
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
-def _when(value: Any) -> float:
+def _us(t: float) -> int:
+    """A wall time in whole microseconds: what created_at shows, so a cursor compares exactly."""
+    return round(t * 1e6)
+
+
+def _iso(us: int) -> str:
+    return (_EPOCH + datetime.timedelta(microseconds=us)).isoformat()
+
+
+def _when(value: Any) -> int:
     try:
-        return datetime.datetime.fromisoformat(str(value)).timestamp()
+        when = datetime.datetime.fromisoformat(str(value))
     except ValueError:
         raise BadRequest("cursor.last_created_at must be an ISO 8601 time with its zone") from None
+    if when.tzinfo is None:
+        raise BadRequest("cursor.last_created_at must carry its zone (the created_at search_sessions gave)")
+    delta = when - _EPOCH
+    return (delta.days * 86400 + delta.seconds) * 10**6 + delta.microseconds
 
 
 class ProjectRoutes:
@@ -95,11 +107,11 @@ class ProjectRoutes:
                 return False
             return (projects is None or s.project_id in projects) and want_active
 
-        found = sorted((s for s in mine if matches(s)), key=lambda s: (-s.created, s.session_id))
+        found = sorted((s for s in mine if matches(s)), key=lambda s: (-_us(s.created), s.session_id))
         if after is not None:
-            found = [s for s in found if (-s.created, s.session_id) > (-after[0], after[1])]
+            found = [s for s in found if (-_us(s.created), s.session_id) > (-after[0], after[1])]
         page = found[:limit]
-        out = [{"session_id": s.session_id, "created_at": _iso(s.created), "owner": tenant.name,
+        out = [{"session_id": s.session_id, "created_at": _iso(_us(s.created)), "owner": tenant.name,
                 "project_id": s.project_id or "", "status": {"type": "active"},
                 "checkpoints_count": counts.get(s.session_id, 0), "display_name": s.display_name,
                 "user_metadata": s.user_metadata} for s in page]
