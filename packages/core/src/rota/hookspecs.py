@@ -113,7 +113,7 @@ def rota_orchestrator(config: OrchestratorConfig, url: str, listen: str) -> Orch
     plugin answers, core serves its own :class:`rota.orchestrator.Orchestrator` with the
     state in memory, or, with ``url``, in the store :func:`rota_store` opens.
 
-    :param config: the engine settings from the command line (policy, TTLs, capacity, agents).
+    :param config: the orchestrator's settings from the command line (policy, TTLs, capacity, agents).
     :param url: the store URL of ``--etcd`` (comma-separated endpoints); empty without it.
     :param listen: the address the server listens on (HOST:PORT or unix:PATH).
     :returns: an object of :class:`rota.orchestrator.OrchestratorProtocol`, or None.
