@@ -163,3 +163,36 @@ def test_adapters_are_peft_adapters(snapshot: Path) -> None:
             logits = model(torch.as_tensor(toks)[None]).logits.float()
             lp = torch.log_softmax(logits, -1)[0].gather(1, torch.as_tensor(ins["target_tokens"])[:, None])[:, 0]
             assert _rel(torch.as_tensor(mine), lp) < 1e-5
+
+
+def test_sampling_rows_of_many_tenants_decode_as_one_batch(snapshot: Path) -> None:
+    """Sample requests of six tenants and one of the bare base decode as one batch, each row with its own
+    adapter: every request gets the tokens it gets decoded alone (logprobs within fp32 rounding)."""
+    from transformers import AutoModelForCausalLM
+
+    from rota_tinker._sampling import sample
+
+    vocab = _base(snapshot).config.vocab_size
+    engine = BatchedLora(_base(snapshot), "cpu")
+    tenants = [{**_tenant(i), "loss_fn": "cross_entropy"} for i in range(6)]
+    for t in tenants:
+        engine.add(t["name"], t["rank"], seed=int(t["name"][1:]), targets=t["targets"])
+        for step in range(2):
+            engine.forward_backward([_unit(t, step, vocab)])
+            engine.optim_step(t["name"], {"learning_rate": 3e-2})
+    requests = [{"tenant": t["name"], "prompt": np.arange(3 + i, 9 + 2 * i) % vocab, "num_samples": 1 + i % 2,
+                 "seed": i, "params": {"temperature": 0.0 if i % 2 else 1.0, "max_tokens": 6}}
+                for i, t in enumerate(tenants)]
+    requests.append({"tenant": None, "prompt": np.arange(5, 12), "num_samples": 2, "seed": 9,
+                     "params": {"temperature": 1.0, "max_tokens": 6}})
+    together = engine.sample(requests, max_len=128)
+    alone = [engine.sample([r], max_len=128)[0] for r in requests]
+    base = AutoModelForCausalLM.from_pretrained(snapshot, local_files_only=True, attn_implementation="eager").eval()
+    plain = sample(base, [requests[-1]], torch.device("cpu"), 128)[0]  # the bare base, without the engine
+    for got, ref in [*zip(together, alone, strict=True), (together[-1], plain)]:
+        for (toks, lps, reason, _), (rtoks, rlps, rreason, _) in zip(got["sequences"], ref["sequences"], strict=True):
+            assert toks.tolist() == rtoks.tolist() and reason == rreason
+            assert np.allclose(lps, rlps, rtol=1e-4, atol=1e-5)
+    assert {tuple(s[0].tolist()) for s in together[0]["sequences"]} != \
+           {tuple(s[0].tolist()) for s in sample(base, [requests[0]], torch.device("cpu"), 128)[0]["sequences"]}, \
+        "the tenant's adapter changed nothing: the comparison shows nothing"

@@ -98,7 +98,7 @@ class _Segments:
     """The batch being run: row ranges ``[starts[i], starts[i+1])`` of ``adapters[i]``."""
 
     starts: list[int]
-    adapters: list[_Adapter]
+    adapters: list[_Adapter | None]  # None: rows of the bare base (a sample from the base model)
 
     @property
     def rows(self) -> int:
@@ -108,7 +108,7 @@ class _Segments:
 def _segment_delta(flat: torch.Tensor, path: str, seg: _Segments, per_row: int) -> torch.Tensor | None:
     """Each segment's ``scale * x A^T B^T`` for its rows of ``flat`` (``per_row`` tokens a row); None if no
     tenant of the batch adapts ``path``."""
-    pairs = [a.layers.get(path) for a in seg.adapters]
+    pairs = [a.layers.get(path) if a is not None else None for a in seg.adapters]
     if all(p is None for p in pairs):
         return None
     dtype = flat.dtype
@@ -118,7 +118,7 @@ def _segment_delta(flat: torch.Tensor, path: str, seg: _Segments, per_row: int) 
         a = torch.stack([p[0].to(dtype).t() for p in pairs])  # [G, in, r]
         b = torch.stack([p[1].to(dtype).t() for p in pairs])  # [G, r, out]
         offs = torch.tensor(bounds[1:], dtype=torch.int32, device=flat.device)
-        scale = torch.tensor([ad.scale for ad in seg.adapters], dtype=dtype, device=flat.device)
+        scale = torch.tensor([ad.scale for ad in seg.adapters if ad is not None], dtype=dtype, device=flat.device)
         mid = F.grouped_mm(flat, a, offs=offs)
         mid = mid * torch.repeat_interleave(scale, torch.diff(offs, prepend=offs.new_zeros(1)),
                                             output_size=flat.shape[0])[:, None]
@@ -129,7 +129,7 @@ def _segment_delta(flat: torch.Tensor, path: str, seg: _Segments, per_row: int) 
         if pair is None or hi == lo:
             pieces.append(flat.new_zeros(hi - lo, out_features))
         else:
-            pieces.append((flat[lo:hi] @ pair[0].to(dtype).t()) @ pair[1].to(dtype).t() * adapter.scale)
+            pieces.append((flat[lo:hi] @ pair[0].to(dtype).t()) @ pair[1].to(dtype).t() * adapter.scale)  # type: ignore[union-attr]
     return torch.cat(pieces)
 
 
@@ -253,6 +253,21 @@ class BatchedLora:
         if total is not None:
             total.backward()
         return results
+
+    def sample(self, requests: Sequence[dict[str, Any]], max_len: int, tokenizer: Any = None) -> list[dict[str, Any]]:
+        """Decode the sample requests of many tenants as one batch, each row with its own tenant's adapters.
+
+        A request is what :func:`rota_tinker._sampling.sample` takes, plus ``tenant`` (None: the bare base);
+        its ``num_samples`` rows are one segment. Each result is what that function gives.
+        """
+        from rota_tinker._sampling import sample
+
+        starts = [0]
+        for r in requests:
+            starts.append(starts[-1] + r["num_samples"])
+        segments = _Segments(starts, [self.adapters[r["tenant"]] if r.get("tenant") else None for r in requests])
+        with self._running(segments), torch.no_grad():
+            return sample(self.model, list(requests), self.device, max_len, tokenizer)
 
     def optim_step(self, tenant: str, adam: dict[str, float]) -> dict[str, Any]:
         """``tenant``'s AdamW step with its own settings (learning rate, betas, eps, weight decay, clipping)."""
