@@ -39,7 +39,9 @@ from torch.nn import functional as F
 
 from rota_tinker._models import LORA_ALPHA, LORA_TARGETS, datum_loss
 
-__all__ = ["BatchedLora", "Unit", "plan_batches"]
+__all__ = ["MICRO_TOKENS", "BatchedLora", "Unit", "plan_batches"]
+
+MICRO_TOKENS = 8192  # rows x length of one forward/backward: the trainer's micro-batch (its logits take the memory)
 
 
 @dataclass
@@ -210,49 +212,69 @@ class BatchedLora:
         finally:
             self.segments = None
 
-    def forward_backward(self, units: Sequence[Unit]) -> list[dict[str, Any]]:
+    def forward_backward(self, units: Sequence[Unit], micro_tokens: int = MICRO_TOKENS) -> list[dict[str, Any]]:
         """Run ``units`` (of different tenants, or several of one) as one batch; each gets its per-datum
-        logprobs and ``loss:sum``, and (unless ``forward_only``) its adapters' gradients accumulate its loss's."""
+        logprobs and ``loss:sum``, and (unless ``forward_only``) its adapters' gradients accumulate its loss's.
+
+        The rows go through in micro-batches of at most ``micro_tokens`` (rows x their longest; at least one row):
+        each holds the rows of several tenants and has its own backward (logits are what takes the memory).
+        """
         rows = [(u, i) for u, unit in enumerate(units) for i in range(len(unit.data))]
-        if not rows:
-            return []
-        longest = max(len(units[u].data[i][0]) for u, i in rows)
-        tokens = torch.zeros(len(rows), longest, dtype=torch.long)
-        targets = torch.zeros(len(rows), longest, dtype=torch.long)
-        real = torch.zeros(len(rows), longest, dtype=torch.long)
-        for r, (u, i) in enumerate(rows):
+        parts: list[list[tuple[int, int]]] = [[]]
+        longest = 0
+        for u, i in rows:
+            n = len(units[u].data[i][0])
+            if parts[-1] and (len(parts[-1]) + 1) * max(longest, n) > micro_tokens:
+                parts.append([])
+                longest = 0
+            parts[-1].append((u, i))
+            longest = max(longest, n)
+        losses = [0.0] * len(units)
+        logprobs: list[list[Any]] = [[None] * len(unit.data) for unit in units]
+        for part in parts:
+            if part:
+                self._micro(units, part, losses, logprobs)
+        return [{"logprobs": lp, "metrics": {"loss:sum": loss}} for lp, loss in zip(logprobs, losses, strict=True)]
+
+    def _micro(self, units: Sequence[Unit], part: list[tuple[int, int]], losses: list[float],
+               logprobs: list[list[Any]]) -> None:
+        """One micro-batch: its rows (unit, datum) in unit order, one forward, one backward."""
+        longest = max(len(units[u].data[i][0]) for u, i in part)
+        tokens = torch.zeros(len(part), longest, dtype=torch.long)
+        targets = torch.zeros(len(part), longest, dtype=torch.long)
+        real = torch.zeros(len(part), longest, dtype=torch.long)
+        starts, owners = [0], []
+        for r, (u, i) in enumerate(part):
             toks, ins = units[u].data[i]
-            n = len(toks)
-            tokens[r, :n] = torch.as_tensor(toks, dtype=torch.long)
-            targets[r, :n] = torch.as_tensor(ins["target_tokens"], dtype=torch.long)
-            real[r, :n] = 1
-        starts = [0]
-        for unit in units:
-            starts.append(starts[-1] + len(unit.data))
-        segments = _Segments(starts, [self.adapters[unit.tenant] for unit in units])
+            tokens[r, :len(toks)] = torch.as_tensor(toks, dtype=torch.long)
+            targets[r, :len(toks)] = torch.as_tensor(ins["target_tokens"], dtype=torch.long)
+            real[r, :len(toks)] = 1
+            if owners and owners[-1] == u:
+                starts[-1] = r + 1
+            else:
+                owners.append(u)
+                starts.append(r + 1)
+        segments = _Segments(starts, [self.adapters[units[u].tenant] for u in owners])
         tokens, targets, real = (t.to(self.device) for t in (tokens, targets, real))
-        train = not all(unit.forward_only for unit in units)
+        train = not all(units[u].forward_only for u, _ in part)
+        total = None
         with self._running(segments), torch.enable_grad() if train else torch.no_grad():
             out = self.model(tokens, attention_mask=real, use_cache=False)
             logits = (out.logits if hasattr(out, "logits") else out).float()
             lp = torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(2)).squeeze(2)
-            results, total = [], None
-            for u, unit in enumerate(units):
-                loss, per_datum = None, []
-                for r in range(starts[u], starts[u + 1]):
-                    toks, ins = unit.data[r - starts[u]]
-                    n = len(toks)
-                    arrays = {k: torch.as_tensor(v, device=self.device).float() for k, v in ins.items()
-                              if k != "target_tokens"}
-                    one = datum_loss(unit.loss_fn, lp[r, :n], arrays, unit.loss_config)
-                    loss = one if loss is None else loss + one
-                    per_datum.append(lp[r, :n].detach().float().cpu().numpy())
-                results.append({"logprobs": per_datum, "metrics": {"loss:sum": float(loss.detach())}})
+            for r, (u, i) in enumerate(part):
+                unit = units[u]
+                toks, ins = unit.data[i]
+                n = len(toks)
+                arrays = {k: torch.as_tensor(v, device=self.device).float() for k, v in ins.items()
+                          if k != "target_tokens"}
+                one = datum_loss(unit.loss_fn, lp[r, :n], arrays, unit.loss_config)
+                losses[u] += float(one.detach())
+                logprobs[u][i] = lp[r, :n].detach().float().cpu().numpy()
                 if not unit.forward_only:
-                    total = loss if total is None else total + loss
+                    total = one if total is None else total + one
         if total is not None:
             total.backward()
-        return results
 
     def sample(self, requests: Sequence[dict[str, Any]], max_len: int, tokenizer: Any = None) -> list[dict[str, Any]]:
         """Decode the sample requests of many tenants as one batch, each row with its own tenant's adapters.
