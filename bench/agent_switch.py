@@ -172,7 +172,7 @@ def residue_of(msg, kind) -> dict:
 
 
 def wait_op(stub, op_id: str, timeout: float = 280):
-    from rota._generated import snapshot_agent_pb2 as sa
+    from rota.wire import snapshot_agent_pb2 as sa
 
     end = time.monotonic() + timeout
     pause = 0.002
@@ -188,7 +188,7 @@ def wait_op(stub, op_id: str, timeout: float = 280):
 def whole_process(stub, nbytes: int, repeats: int) -> dict:
     import torch
 
-    from rota._generated import snapshot_agent_pb2 as sa
+    from rota.wire import snapshot_agent_pb2 as sa
     from rota_agent_client.wire import ext
 
     t = Proc(["--role", "cuda-tenant", "--bytes", str(nbytes)])
@@ -292,7 +292,7 @@ def floor(device: str, nbytes: int, repeats: int = 3) -> dict:
 
 def parked_residue(stub, job: str, device: str) -> dict:
     """Residue the agent holds for ``job`` after its last park (adapters by category, NVML per pid)."""
-    from rota._generated import snapshot_agent_pb2 as sa
+    from rota.wire import snapshot_agent_pb2 as sa
     from rota_agent_client.wire import ext
 
     st = stub.Status(sa.StatusRequest(), timeout=10)
@@ -377,9 +377,9 @@ def main() -> None:
     import grpc
     import torch
 
-    from rota._engine import OrchestratorConfig
-    from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
+    from rota.orchestrator import OrchestratorConfig
     from rota.testing import running_orchestrator
+    from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
     from rota_agent import Agent, running_agent
 
     parts = set(args.parts.split(","))

@@ -368,7 +368,7 @@ def _rank_summary(r: dict[str, Any]) -> dict[str, Any]:
 def bench(ns: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from rota._engine import OrchestratorConfig
+    from rota.orchestrator import OrchestratorConfig
     from rota.testing import free_port, running_orchestrator
 
     world = ns.world or (torch.cuda.device_count() if ns.device == "cuda" else 2)

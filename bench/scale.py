@@ -52,8 +52,8 @@ async def worker(endpoints: list[str], tenants: list[tuple[str, str]], start_at:
                  probe: str, hold_s: float = 0.0) -> dict:
     import grpc
 
-    from rota._generated import rota_v1_pb2 as pb
-    from rota._generated import rota_v1_pb2_grpc as pb_grpc
+    from rota.wire import rota_v1_pb2 as pb
+    from rota.wire import rota_v1_pb2_grpc as pb_grpc
 
     channels = {e: grpc.aio.insecure_channel(e) for e in endpoints}
     stubs = {e: pb_grpc.RotaServiceStub(ch) for e, ch in channels.items()}

@@ -36,8 +36,8 @@ import platform
 import sys
 import time
 
-from rota._engine import MemoryStore, Orchestrator, OrchestratorConfig
-from rota._types import TurnRequest
+from rota.orchestrator import MemoryStore, Orchestrator, OrchestratorConfig
+from rota.types import TurnRequest
 from rota_etcd._shards import assign, shard_of
 from rota_etcd._store import encode_state
 

@@ -489,7 +489,7 @@ def main() -> None:
     if args.device != "cpu" and _gpu_index(args.device) is None:
         p.error(f"--device {args.device!r} not understood; use cpu, cuda or cuda:N")
     if args.capacity != "auto":
-        from rota._units import parse_bytes
+        from rota.config import parse_bytes
         from rota.errors import RotaError
 
         try:

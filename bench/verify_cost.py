@@ -94,7 +94,7 @@ def cost(device: torch.device, nbytes: int, count: int, repeats: int) -> dict:
 def residue(device: torch.device, nbytes: int) -> dict:
     import rota
     import rota_fsdp
-    from rota._engine import OrchestratorConfig
+    from rota.orchestrator import OrchestratorConfig
     from rota.testing import running_orchestrator
 
     width = max(256, int((nbytes / 2 / 4) ** 0.5))

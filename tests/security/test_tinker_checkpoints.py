@@ -191,6 +191,10 @@ def test_another_tenant_cannot_copy_label_or_find_sessions(served: Served, victi
         assert r.status_code == 200 and victim["session"] not in r.text, (body, r.text)
     r = served.post("sessions/search", mallory, {"owner": {"type": "user", "owner_urns": ["alice"]}})
     assert r.status_code == 400, r.text
+    r = served.get(f"sessions/{victim['session']}/trace_export", mallory)
+    assert r.status_code == 403 and "url" not in r.json(), r.text
+    r = served.get(f"session_traces/{victim['session']}", None, params={"expires": "9999999999", "sig": "ab" * 32})
+    assert r.status_code == 403, r.text
     assert {p: p.stat().st_nlink for p in served.data_dir.rglob("*") if p.is_file()} == links
 
 

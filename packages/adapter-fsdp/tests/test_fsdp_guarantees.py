@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import rota
-from rota._engine import OrchestratorConfig
+from rota.orchestrator import OrchestratorConfig
 from rota.testing import running_orchestrator
 
 WORKER = Path(__file__).with_name("guard_worker.py")

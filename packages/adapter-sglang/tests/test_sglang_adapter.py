@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 import rota_sglang
-from rota.cli.main import _add_plugin_commands, cli
 from rota.errors import InvalidArgument
 from rota.rpc import free_port
+from rota.testing import cli_with_plugins
 from rota_serving import ServeConfig, serve_app
 from rota_serving.testing import FakeSglangServer, fake_engine_command, get_json, post_json
 from rota_sglang import SglangServer, UnsupportedVersion, check_server, engine_command
@@ -111,7 +111,7 @@ def test_bad_inputs_are_refused_with_the_fix(connect):
 
 
 def test_cli_serve_dry_run_builds_the_engine_command():
-    _add_plugin_commands()  # through the `rota` entry point: proves the plugin is wired
+    cli = cli_with_plugins()  # through the `rota` entry point: proves the plugin is wired
     res = CliRunner().invoke(cli, ["sglang", "serve", "--dry-run", "--", "Qwen/Qwen3-0.6B"])
     assert res.exit_code == 0, res.output
     cmd = json.loads(res.output)["command"]

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 import rota.compat
 import rota_vllm
-from rota.cli.main import _add_plugin_commands, cli
 from rota.errors import InvalidArgument
+from rota.testing import cli_with_plugins
 from rota_serving.testing import FakeVllmServer
 from rota_vllm import UnsupportedVersion, VllmServer, check_server, engine_command
 
@@ -119,7 +119,7 @@ def test_require_vllm_without_vllm_says_how_to_install(monkeypatch):
 
 
 def test_cli_serve_builds_the_command_and_rejects_bad_flags():
-    _add_plugin_commands()
+    cli = cli_with_plugins()
     r = CliRunner().invoke(cli, ["vllm", "serve", "--dry-run", "--", "Qwen/Qwen3-0.6B", "--dtype", "bfloat16"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)

@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from rota._generated import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2 as sa
 from rota_agent_client.wire import attach, ext, read
 
 PKG = pathlib.Path(__file__).resolve().parent.parent

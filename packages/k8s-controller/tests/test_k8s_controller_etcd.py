@@ -15,9 +15,9 @@ import grpc
 import pytest
 from grpc_tenant import Tenant
 
-from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota.testing import eventually
+from rota.wire import rota_v1_pb2 as pb
+from rota.wire import rota_v1_pb2_grpc as pb_grpc
 from rota_k8s_controller.controller import Controller, grpc_evictor
 from rota_k8s_controller.names import GROUP_LABEL, JOB_LABEL
 from rota_k8s_controller.testing import FakeKubeApi

@@ -22,10 +22,10 @@ import grpc
 import pytest
 
 from rota import auth
-from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota.errors import ConfigError
 from rota.testing import eventually, running_orchestrator
+from rota.wire import rota_v1_pb2 as pb
+from rota.wire import rota_v1_pb2_grpc as pb_grpc
 from rota_k8s_controller._keys import install_key
 from rota_k8s_controller.controller import Controller, TokenSecrets, grpc_evictor
 from rota_k8s_controller.names import GROUP_LABEL, JOB_LABEL

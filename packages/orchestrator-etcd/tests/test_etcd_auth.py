@@ -8,8 +8,8 @@ import pytest
 
 import rota
 from rota import auth
-from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
+from rota.wire import rota_v1_pb2 as pb
+from rota.wire import rota_v1_pb2_grpc as pb_grpc
 from rota_etcd.testing import OrchestratorProcess
 
 

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from k8s_fake_portforward import FakePortForwardApi, kubeconfig
 from prometheus_client.parser import text_string_to_metric_families
 
-from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
+from rota.wire import rota_v1_pb2 as pb
+from rota.wire import rota_v1_pb2_grpc as pb_grpc
 from rota_k8s import load_values, render
 from rota_k8s.cli import k8s
 

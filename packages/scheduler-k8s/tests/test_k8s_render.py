@@ -183,7 +183,7 @@ def _parse_rota_command(argv: list[str]) -> str:
     """Parse ``argv`` with the real ``rota`` CLI (plugins included) without running it; return the leaf."""
     import click
 
-    from rota._plugins import plugin_manager
+    from rota import plugin_manager
     from rota.cli.main import cli
 
     plugin_manager().hook.rota_cli(cli=cli)
@@ -221,7 +221,7 @@ def test_rendered_commands_parse_with_the_real_cli(objs: list[dict[str, Any]]) -
 
 
 def test_rendered_agent_command_parses_with_the_real_cli(objs: list[dict[str, Any]]) -> None:
-    from rota._plugins import plugin_manager
+    from rota import plugin_manager
     from rota.cli.main import cli
 
     plugin_manager().hook.rota_cli(cli=cli)

@@ -9,9 +9,9 @@ import yaml
 from click.testing import CliRunner
 from k8s_checks import pod_env, pod_specs, restricted_problems, roundtrip
 
-from rota._plugins import new_plugin_manager
-from rota._types import TurnRequest
 from rota.errors import InvalidArgument
+from rota.testing import new_plugin_manager
+from rota.types import TurnRequest
 from rota_k8s import GROUP_LABEL, JOB_LABEL, TenantSpec, claim_name, tenant, validate_objects
 
 

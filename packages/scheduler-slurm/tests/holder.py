@@ -23,8 +23,8 @@ def main() -> None:
         gpu.acquire()
     else:
         from rota import auth
-        from rota._generated import timeslice_orchestrator_pb2 as v1a
-        from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
+        from rota.wire import timeslice_orchestrator_pb2 as v1a
+        from rota.wire import timeslice_orchestrator_pb2_grpc as v1a_grpc
 
         with auth.channel(os.environ["ROTA_ORCHESTRATOR"]) as ch:
             stub = v1a_grpc.TimeSliceOrchestratorServiceStub(ch)

@@ -114,8 +114,8 @@ def test_epilog_without_group_is_a_noop(rota_slurm_cli) -> None:  # type: ignore
 def test_epilog_evicts_at_the_plugstack_orchestrator(orchestrator: str, rota_slurm_cli) -> None:  # type: ignore[no-untyped-def]
     """As a site Epilog= script: job and group from the env, orchestrator and key from plugstack.conf."""
     from rota import auth
-    from rota._generated import timeslice_orchestrator_pb2 as v1a
-    from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
+    from rota.wire import timeslice_orchestrator_pb2 as v1a
+    from rota.wire import timeslice_orchestrator_pb2_grpc as v1a_grpc
 
     with auth.channel(orchestrator) as ch:  # the admin token of this process
         v1a_grpc.TimeSliceOrchestratorServiceStub(ch).Acquire(v1a.AcquireRequest(job_id="900001", group_id="ep-g"),

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from rota import TurnRequest, auth
-from rota._plugins import new_plugin_manager
 from rota.cli.main import cli
 from rota.errors import ConfigError
+from rota.testing import new_plugin_manager
 from rota_slurm import GresLayout, PlugstackLine, conflicts, gres_conf, write_plugstack
 from rota_slurm._slurm import SlurmJob, _job_from_json, parse_gres_detail
 from rota_slurm._spank import plugstack_path, read_plugstack
@@ -136,8 +136,8 @@ def test_submit_accepts_placeholders(rota_cli_with_slurm) -> None:  # type: igno
 def test_epilog_with_gpu_sets_evicts_the_job_from_its_nodes_matching_groups(
         orchestrator: str, rota_cli_with_slurm) -> None:  # type: ignore[no-untyped-def]
     from rota import auth
-    from rota._generated import timeslice_orchestrator_pb2 as v1a
-    from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
+    from rota.wire import timeslice_orchestrator_pb2 as v1a
+    from rota.wire import timeslice_orchestrator_pb2_grpc as v1a_grpc
     from rota_slurm._orchestrator import group_status
 
     held = {"epg2-n1-gpu0": "900002", "epg2-n1-gpu0_1": "900002", "epg2-n2-gpu0": "900002",
