@@ -325,29 +325,18 @@ def test_process_readings_of_several_parts_are_the_last_ones(orchestrator):
         gpu.close()
 
 
-class _Leaky:
-    """An adapter whose park leaves ``left`` bytes on the device until ``freed`` (a cache the tenant can drop)."""
-
-    def __init__(self, gpu: rota.Gpu) -> None:
-        self.gpu, self.left = gpu, 1 << 30
-
-    @rota.hookimpl
-    def rota_park(self, tenant: rota.Gpu, plan: rota.ParkPlan) -> rota.ParkResult | None:
-        return rota.ParkResult(residue={"untracked:cache": self.left}) if tenant is self.gpu else None
-
-
 def test_recheck_park_measures_again_after_the_tenant_freed_what_it_left(orchestrator):
     endpoint, _ = orchestrator
     gpu = rota.connect(group="g", tenant="leaky", endpoint=endpoint)
-    leaky = _Leaky(gpu)
-    gpu.pm.register(leaky, name="leaky")
+    state = ListState(gpu, leaves=1 << 30)
     try:
-        with pytest.raises(rota.residue.ResidueError, match=r"untracked:cache 1024\.0 MiB"):
+        with pytest.raises(rota.residue.ResidueError, match=r"untracked:state\.cache 1024\.0 MiB"):
             gpu.park()
-        assert "untracked:cache" in gpu.recheck_park()  # nothing freed yet: still a fault, still named
-        leaky.left = 0
+        assert "untracked:state.cache" in gpu.recheck_park()  # nothing freed yet: still a fault, still named
+        state.leaves = 0
         assert gpu.recheck_park() == ""
-        assert gpu.last_park.residue == {"untracked:cache": 0} and gpu.stats.parks[-1] is gpu.last_park
+        assert gpu.last_park.residue == {"untracked:state.cache": 0} and gpu.stats.parks[-1] is gpu.last_park
+        assert state.host == list(range(10))  # re-reading moved nothing
     finally:
-        gpu.pm.unregister(name="leaky")
+        state.close()
         gpu.close()

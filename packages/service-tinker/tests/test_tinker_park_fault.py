@@ -1,7 +1,7 @@
 """A worker whose tenant's last park left too much on the device takes no turn until that is resolved: it frees
 what it can and measures again (Gpu.recheck_park); while the residue stays, the unit fails naming it.
 
-The tenant is a real rota.Gpu on a real orchestrator; what it parks is a test adapter that leaves a named
+The tenant is a real rota.Gpu on a real orchestrator; what it parks is rota.testing's ListState leaving a named
 1 GiB behind until told to free it (on CUDA that is what a cache a model keeps would do)."""
 
 from __future__ import annotations
@@ -10,35 +10,25 @@ import pytest
 
 import rota
 from rota.residue import ResidueError
-from rota.testing import quick_config, running_orchestrator
+from rota.testing import ListState, quick_config, running_orchestrator
 from rota_tinker._worker import ParkFault, resolve_failed_park
-
-
-class _Leaky:
-    def __init__(self, gpu: rota.Gpu) -> None:
-        self.gpu, self.left = gpu, 1 << 30
-
-    @rota.hookimpl
-    def rota_park(self, tenant: rota.Gpu, plan: rota.ParkPlan) -> rota.ParkResult | None:
-        return rota.ParkResult(residue={"untracked:model.cache": self.left}) if tenant is self.gpu else None
 
 
 def test_a_failed_park_keeps_the_tenant_off_the_device_until_it_is_freed() -> None:
     with running_orchestrator(quick_config()) as (endpoint, _engine):
         gpu = rota.connect(group="g", tenant="alice.trainer", endpoint=endpoint)
-        leaky = _Leaky(gpu)
-        gpu.pm.register(leaky, name="leaky")
+        leaky = ListState(gpu, leaves=1 << 30)
         try:
             resolve_failed_park(gpu)  # nothing parked yet: nothing to resolve
             with pytest.raises(ResidueError):
                 gpu.park()
-            with pytest.raises(ParkFault, match=r"takes no turn .*untracked:model\.cache 1024\.0 MiB"):
+            with pytest.raises(ParkFault, match=r"takes no turn .*untracked:state\.cache 1024\.0 MiB"):
                 resolve_failed_park(gpu)
             assert gpu.grant is None  # it did not acquire
-            leaky.left = 0  # what stayed is gone now
+            leaky.leaves = 0  # what stayed is gone now
             resolve_failed_park(gpu)
             gpu.acquire()  # and it takes turns again
             gpu.release()
         finally:
-            gpu.pm.unregister(name="leaky")
+            leaky.close()
             gpu.close()

@@ -102,11 +102,13 @@ class ListState:
 
     Registers itself on ``gpu``'s plugin manager (``close()`` unregisters it) and answers
     ``rota_park``/``rota_restore``/``rota_footprint`` for that tenant only, reporting
-    ``nbytes``; with ``fail`` every park raises. ``calls`` lists the hooks it ran.
+    ``nbytes``; with ``fail`` every park raises; ``leaves`` bytes stay behind at every park, reported as
+    ``untracked:state.cache`` (set it to 0 to free them; a park of a parked state measures again).
+    ``calls`` lists the hooks it ran.
     """
 
-    def __init__(self, gpu: Gpu, nbytes: int = 1000, fail: bool = False) -> None:
-        self.gpu, self.nbytes, self.fail = gpu, nbytes, fail
+    def __init__(self, gpu: Gpu, nbytes: int = 1000, fail: bool = False, leaves: int = 0) -> None:
+        self.gpu, self.nbytes, self.fail, self.leaves = gpu, nbytes, fail, leaves
         self.device: list[int] | None = list(range(10))
         self.host: list[int] | None = None
         self.calls: list[str] = []
@@ -119,8 +121,11 @@ class ListState:
         self.calls.append("park")
         if self.fail:
             raise RuntimeError("device said no")
+        left = {"untracked:state.cache": self.leaves} if self.leaves or self.device is None else {}
+        if self.device is None:  # parked already: nothing moves, what is left is read again
+            return rota.ParkResult(residue=left)
         self.host, self.device = self.device, None
-        return rota.ParkResult(bytes_moved=self.nbytes)
+        return rota.ParkResult(bytes_moved=self.nbytes, residue=left)
 
     @rota.hookimpl
     def rota_restore(self, tenant: Gpu, plan: Any) -> rota.ParkResult | None:
