@@ -8,8 +8,8 @@ import pytest
 from agentlib import registered_here, run_op
 
 from rota import hookimpl
-from rota._plugins import new_plugin_manager
 from rota.errors import ConfigError
+from rota.testing import new_plugin_manager
 from rota.wire import snapshot_agent_pb2 as sa
 from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
 from rota_agent import Agent, running_agent
@@ -68,4 +68,11 @@ def test_two_plugins_offering_one_backend_name_is_an_error_naming_both():
     pm.register(ThirdPartyPlugin(), name="first")
     pm.register(ThirdPartyPlugin(), name="second")
     with pytest.raises(ConfigError, match=r"'recording' is offered by both (first and second|second and first)"):
+        available_backends(pm)
+
+
+def test_without_rota_agents_plugin_the_error_says_to_load_it():
+    pm = new_plugin_manager(load_entry_points=False)  # as with ROTA_LOAD_PLUGINS leaving rota-agent out
+    pm.register(ThirdPartyPlugin(), name="third-party")
+    with pytest.raises(ConfigError, match=r"rota-agent's plugin is not loaded.*add rota-agent to ROTA_LOAD_PLUGINS"):
         available_backends(pm)

@@ -26,9 +26,13 @@ def available_backends(pm: pluggy.PluginManager, *, step_timeout_s: float = 120.
     (``rota_add_hookspecs``). Called plugin by plugin (:func:`rota.hookspecs.call_each`), so that
     a name two plugins offer is an error naming both.
     """
+    caller = getattr(pm.hook, "rota_agent_backends", None)
+    if caller is None or caller.spec is None:
+        raise ConfigError("rota-agent's plugin is not loaded, so no park backend is known; add rota-agent to "
+                          "ROTA_LOAD_PLUGINS (or leave it unset)")
     found: dict[str, Backend] = {}
     owner: dict[str, str] = {}
-    for plugin, offered in call_each(pm.hook.rota_agent_backends, step_timeout_s=step_timeout_s):
+    for plugin, offered in call_each(caller, step_timeout_s=step_timeout_s):
         for name, backend in (offered or {}).items():
             if name in found:
                 raise ConfigError(f"agent backend {name!r} is offered by both {owner[name]} and {plugin}; "
