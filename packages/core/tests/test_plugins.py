@@ -177,3 +177,24 @@ def test_cli_with_plugins_holds_each_installed_plugins_commands():
     group = cli_with_plugins()
     assert {"status", "agent", "k8s", "slurm", "demo"} <= set(group.commands)
     assert {"render", "controller", "install-key"} <= set(group.commands["k8s"].commands)  # rota_k8s's, trylast
+
+
+def test_a_plugin_whose_hook_specs_fail_costs_one_line_not_rota(tmp_path):
+    """An installed distribution (a real dist-info on the path) whose rota_add_hookspecs fails (its spec module is
+    missing): rota still starts, names it in one line, and keeps every other plugin and their specs."""
+    (tmp_path / "twice_specs.py").write_text(
+        "import rota\n\n@rota.hookimpl\ndef rota_add_hookspecs(pluginmanager):\n"
+        "    from twice_specs_missing import hookspecs\n    pluginmanager.add_hookspecs(hookspecs)\n")
+    info = tmp_path / "rota_twice_specs-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rota-twice-specs\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[rota]\ntwice_specs = twice_specs\n")
+    r = subprocess.run([sys.executable, "-m", "rota", "plugins", "--json"], capture_output=True, text=True,
+                       timeout=120, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    assert "plugin rota-twice-specs (twice_specs) failed to load: No module named 'twice_specs_missing'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    names = {p["name"] for p in json.loads(r.stdout)}
+    assert "twice_specs" not in names and {"rota_agent", "rota_serving"} <= names
+    hooks = {p["name"]: p["hooks"] for p in json.loads(r.stdout)}
+    assert "rota_agent_backends" in hooks["rota_agent"]

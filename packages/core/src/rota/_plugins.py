@@ -59,11 +59,12 @@ def _load_entry_points(pm: pluggy.PluginManager) -> None:
         if pm.get_plugin(ep.name) is not None:
             continue
         try:
-            plugin = ep.load()
+            pm.register(ep.load(), name=ep.name)  # registering runs its rota_add_hookspecs, which may fail too
         except Exception as exc:  # a broken plugin must not break rota: one line, no traceback
+            if pm.get_plugin(ep.name) is not None:
+                pm.unregister(name=ep.name)
             print(f"rota: plugin {dist} ({ep.value}) failed to load: {exc}", file=sys.stderr)
             continue
-        pm.register(plugin, name=ep.name)
         _DISTRIBUTIONS[ep.name] = (dist, ep.dist.version if ep.dist else "unknown")
     for missing in sorted((wanted or set()) - seen):
         print(f"rota: ROTA_LOAD_PLUGINS names {missing!r}, which is not installed", file=sys.stderr)
