@@ -1,13 +1,17 @@
-"""Projects (labels inside one tenant), session search and copy_weights through the real tinker SDK on a tiny Qwen3
-folder: a session's project, display name and metadata find it again, pages follow their cursor, runs list by
-project, and a copied checkpoint (hard links, no bytes copied) samples like its source and outlives it."""
+"""Projects (labels inside one tenant), session search, session traces and copy_weights through the real tinker SDK on
+a tiny Qwen3 folder: a session's project, display name and metadata find it again, pages follow their cursor, runs
+list by project, a session's trace holds its own requests, and a copied checkpoint (hard links, no bytes copied)
+samples like its source and outlives it."""
 
 from __future__ import annotations
 
+import json
 import os
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import tinker
@@ -101,3 +105,27 @@ def test_copy_weights_links_a_checkpoint_into_a_project(svc: TinkerService) -> N
         assert got == want, path
     with pytest.raises(tinker.BadRequestError, match="source_path"):
         rest.copy_weights("tinker://nope", "archive").result(timeout=30)
+
+
+def test_session_trace_holds_the_sessions_requests(svc: TinkerService) -> None:
+    sc = tinker.ServiceClient(base_url=svc.url, api_key=KEYS["carol"])
+    rest = tinker.RestClient(base_url=svc.url, api_key=KEYS["carol"])
+    tc = trained(sc)  # create, one forward_backward, one optim_step
+    path = tc.save_weights_for_sampler("traced").result(timeout=TIMEOUT).path
+    sc.create_sampling_client(model_path=path).result(timeout=TIMEOUT).sample(
+        PROMPT, 1, types.SamplingParams(max_tokens=3, seed=1)).result(timeout=TIMEOUT)
+    trained(tinker.ServiceClient(base_url=svc.url, api_key=KEYS["carol"]))  # another session's requests
+    sid = sc.holder.get_session_id()
+    url = rest.export_session_trace(sid).result(timeout=TIMEOUT)
+    with urllib.request.urlopen(url) as r:  # a plain GET, as the SDK's docstring shows
+        trace = json.load(r)
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    kinds = sorted(e["name"] for e in slices)
+    assert kinds == ["CreateModel", "ForwardBackward", "OptimStep", "Sample", "SaveWeightsForSampler"], kinds
+    assert all(e["dur"] > 0 and "compute_s" in e["args"] for e in slices if e["name"] != "CreateModel")
+    assert [e["ts"] for e in slices] == sorted(e["ts"] for e in slices)
+    with pytest.raises(tinker.PermissionDeniedError):
+        tinker.RestClient(base_url=svc.url, api_key=KEYS["dave"]).export_session_trace(sid).result(timeout=TIMEOUT)
+    assert httpx.get(url, headers={"X-API-Key": KEYS["dave"]}, timeout=30).status_code == 403
+    assert httpx.get(url.replace("sig=", "sig=0"), timeout=30).status_code == 403
+    assert httpx.get(url.split("?")[0], timeout=30).status_code == 403

@@ -55,6 +55,8 @@ PARTIAL: dict[str, str] = {
     **{m: "the caller's own checkpoints (weights_access_token is refused)"
        for m in ("ServiceClient.copy_weights", "RestClient.copy_weights", "RestClient.copy_weights_async")},
     "RestClient.search_sessions": "the caller's live sessions (ended ones are not kept; owner 'user' is refused)",
+    **{f"RestClient.export_session_trace{a}": "Chrome JSON trace (Perfetto opens it) of the requests still kept"
+       for a in ("", "_async")},
     **{f"{c}.get_billing_usage{a}": "token and checkpoint counts by the hour; no costs, no storage GB-hours"
        for c in ("RestClient", "AdminClient") for a in ("", "_async")},
 }

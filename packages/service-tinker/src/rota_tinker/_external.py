@@ -125,7 +125,7 @@ class ExternalRoutes:
             if path in state.runs.external:
                 raise BadRequest(f"{path} exists; save under another name or delete it first", status=CONFLICT)
             state.check_quota(tenant.name, nbytes=m.bytes)
-        fut = state.future(tenant.name, "SaveWeightsExternal")
+        fut = state.future(tenant.name, "SaveWeightsExternal", m.session_id)
 
         def done(result: Any) -> None:
             src = result["file"]

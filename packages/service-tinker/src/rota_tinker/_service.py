@@ -57,7 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rota_tinker import _audit, _checkpoints, _external, _projects, _usage, _wire
+from rota_tinker import _audit, _checkpoints, _external, _projects, _trace, _usage, _wire
 from rota_tinker._config import STATE_BYTES_PER_PARAM, BaseModelSpec, ServiceConfig, Tenant
 from rota_tinker._hf import HfModelSpec
 from rota_tinker._http import HttpServer, Reply, Request
@@ -160,6 +160,7 @@ class _State:
         self.usage_counts = _usage.Usage()  # tokens and checkpoints by the hour (get_billing_usage)
         self.sampling: dict[str, _SamplingSession] = {}
         self.futures: dict[str, Future] = {}
+        self.future_session: dict[str, str] = {}  # request id -> its session (for session traces)
         self._last_prune = 0.0
         self._last_sweep = 0.0
         self.stopping = False  # stop() is saying farewell: heartbeats answer 410 (TinkerService.stop)
@@ -202,11 +203,14 @@ class _State:
     def new_id(self, prefix: str) -> str:
         return f"{prefix}-{next(self.counter)}-{secrets.token_hex(4)}"
 
-    def future(self, tenant: str, kind: str) -> Future:
+    def future(self, tenant: str, kind: str, session: str | None = None) -> Future:
+        """A new request's future; ``session``: the session it belongs to (its trace, rota_tinker._trace)."""
         fut = Future(request_id=self.new_id("req"), tenant=tenant, kind=kind)
         with self.lock:
             self._forget_old_futures()
             self.futures[fut.request_id] = fut
+            if session is not None:
+                self.future_session[fut.request_id] = session
         return fut
 
     def _forget_old_futures(self) -> None:
@@ -219,6 +223,7 @@ class _State:
         old = [rid for rid, f in self.futures.items() if f.finished_at is not None and f.finished_at < cutoff]
         for rid in old:
             del self.futures[rid]
+            self.future_session.pop(rid, None)
             self.forgotten_futures += 1
 
     # ------------------------------------------------------------ quotas
@@ -358,7 +363,7 @@ def _json(obj: Any, status: int = 200) -> Reply:
 
 
 class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.ProjectRoutes, _audit.AuditRoutes,
-           _usage.UsageRoutes):
+           _usage.UsageRoutes, _trace.TraceRoutes):
     """The routes. Each handler gets the request, its tenant and its parsed body (or a path argument)."""
 
     def __init__(self, state: _State) -> None:
@@ -377,6 +382,10 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
             if req.method != "GET":
                 raise BadRequest(f"{req.path[:120]} takes GET, not {req.method}", status=405)
             return await loop.run_in_executor(self.pool, self.download_external, req)
+        if req.path.startswith("/api/v1/session_traces/"):  # likewise
+            if req.method != "GET":
+                raise BadRequest(f"{req.path[:120]} takes GET, not {req.method}", status=405)
+            return await loop.run_in_executor(self.pool, self.download_trace, req)
         want, handler, args = self._route(req.path, req.method)
         if req.method != want:
             raise BadRequest(f"{req.path} takes {want}, not {req.method}", status=405)
@@ -397,7 +406,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
                 self.expire()
             if fn is _Api._forward_backward:
                 return fn(self, req, tenant, body)
-            if fn in _external.WITH_REQUEST:
+            if fn in _external.WITH_REQUEST or fn in _trace.WITH_REQUEST:
                 return fn(self, req, tenant, *args)
             if fn in _checkpoints.WITH_QUERY or fn in _audit.WITH_QUERY or fn in _usage.WITH_QUERY:
                 return fn(self, tenant, req.query)
@@ -597,7 +606,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
                 raise BadRequest(f"model {model_id[:140]!r} exists already; use a new model_seq_id", status=CONFLICT)
             state.check_quota(tenant.name, models=1, nbytes=model.bytes)
             state.creating[model_id] = model
-        fut = state.future(tenant.name, "CreateModel")
+        fut = state.future(tenant.name, "CreateModel", sid)
         trainer = state.workers[(tenant.name, "trainer")]
 
         def done(result: Any) -> None:
@@ -677,7 +686,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
                 raise BadRequest(f"data[{i}] has {d.tokens.size} tokens; base model {m.base.name!r} takes at most "
                                  f"{m.base.max_len}")
             data.append((d.tokens, inputs))
-        fut = self.state.future(tenant.name, "ForwardBackward")
+        fut = self.state.future(tenant.name, "ForwardBackward", m.session_id)
 
         def done(result: Any) -> None:
             self.state.usage_counts.note(tenant.name, "training", tokens, m.base.name, m.session_id)
@@ -703,7 +712,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
                              "be >= 0 and eps > 0")
         if not (0 <= adam["beta1"] < 1 and 0 <= adam["beta2"] < 1):
             raise BadRequest(f"adam_params beta1={adam['beta1']}, beta2={adam['beta2']} must be within [0, 1)")
-        fut = self.state.future(tenant.name, "OptimStep")
+        fut = self.state.future(tenant.name, "OptimStep", m.session_id)
         self.state.workers[(tenant.name, "trainer")].submit(
             fut, "optim_step", {"model_id": m.model_id, "adam": adam},
             lambda result: fut.succeed(json={"metrics": result["metrics"]}))
@@ -728,7 +737,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
             if tinker_path in state.weights:
                 raise BadRequest(f"{tinker_path} exists; save under another name or delete it first", status=CONFLICT)
             state.check_quota(tenant.name, nbytes=nbytes, sessions=1 if ephemeral else 0)
-        fut = state.future(tenant.name, "SaveWeightsForSampler")
+        fut = state.future(tenant.name, "SaveWeightsForSampler", m.session_id)
 
         def done(result: Any) -> None:
             w = _Weights(tinker_path, tenant.name, m.base, result["file"], m.lora is not None, int(result["bytes"]),
@@ -836,7 +845,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
         params.update(outputs)
         seed = params.pop("seed")
         seed = secrets.randbelow(2**31) if seed is None else seed
-        fut = state.future(tenant.name, "Sample")
+        fut = state.future(tenant.name, "Sample", session)
         seq_ids = [f"{fut.request_id}:{i}" for i in range(num)]
         try:
             shared = state.shared_base(base, shareable)
@@ -964,6 +973,7 @@ PATTERNS: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [
     *_checkpoints.PATTERNS,
     *_external.PATTERNS,
     *_projects.PATTERNS,
+    *_trace.PATTERNS,
 ]
 ROUTES.update(_checkpoints.ROUTES)
 ROUTES.update(_external.ROUTES)
@@ -975,8 +985,7 @@ UNSUPPORTED: list[tuple[re.Pattern[str], str]] = [(re.compile(rf"/api/v1/{p}"), 
     ("join_sampling_session", "join_sampling_session (sampler handles shared across processes)"),
     ("retrieve_futures", "retrieve_futures (batched polling)"), ("cancel_future", "cancel_future"),
     ("create_custom_loss", "create_custom_loss (server-side custom losses; forward_backward_custom works)"),
-    ("auth/token", "auth/token (JWT credentials; use the tml-... API key)"),
-    (r"sessions/[^/]+/trace_export", "export_session_trace"))]
+    ("auth/token", "auth/token (JWT credentials; use the tml-... API key)"))]
 
 
 class TinkerService:
