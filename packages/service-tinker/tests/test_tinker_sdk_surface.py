@@ -294,7 +294,8 @@ def public_methods() -> list[str]:
 def table(outcomes: dict[str, tuple[str, str]]) -> str:
     counts = {k: sum(1 for o, _ in outcomes.values() if o == k) for k in ("works", "partial", "refused")}
     lines = [f"{len(outcomes)} public methods of tinker {tinker.__version__}: {counts['works']} work, "
-             f"{counts['partial']} partly, {counts['refused']} are refused at once (a 4xx the SDK does not retry), "
+             f"{counts['partial']} partly, {counts['refused']} {'is' if counts['refused'] == 1 else 'are'} refused at "
+             "once (a 4xx the SDK does not retry), "
              "none hangs.", "", "| method | outcome | what is missing / why |", "|---|---|---|"]
     lines += [f"| `{name}` | {o} | {why.replace('|', '/')} |" for name, (o, why) in sorted(outcomes.items())]
     return "\n".join(lines)
