@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Iterator
 
-from rota._generated import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2 as sa
 from rota_agent_client import WorkloadClient
 from rota_agent_client.wire import ext, read
 

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from rota._engine import OrchestratorConfig
-from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
-from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
+from rota.orchestrator import OrchestratorConfig
 from rota.testing import ScriptedProcess, running_orchestrator
+from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
+from rota.wire import timeslice_orchestrator_pb2_grpc as v1a_grpc
 from rota_agent import Agent, running_agent
 
 HERE = os.path.dirname(os.path.abspath(__file__))

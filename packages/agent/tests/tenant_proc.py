@@ -24,8 +24,8 @@ import time
 import grpc
 
 import rota
-from rota._generated import timeslice_orchestrator_pb2 as v1a
-from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
+from rota.wire import timeslice_orchestrator_pb2 as v1a
+from rota.wire import timeslice_orchestrator_pb2_grpc as v1a_grpc
 from rota_agent import WorkloadClient, register
 
 PAYLOAD = hashlib.sha256(b"seed").digest() * 4096  # 128 KiB of "device" state

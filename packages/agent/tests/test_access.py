@@ -15,8 +15,8 @@ from agentlib import jobs, run_op
 from test_cuda_backend import FakeCudaDriver
 
 from rota import auth
-from rota._generated import snapshot_agent_pb2 as sa
-from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
+from rota.wire import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
 from rota_agent import Agent, WorkloadClient, _agent, running_agent
 from rota_agent.backends import AppChannelBackend, CudaBackend
 from rota_agent.backends.cuda import CHECKPOINTED

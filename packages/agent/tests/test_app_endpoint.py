@@ -15,7 +15,7 @@ import time
 import grpc
 import pytest
 
-from rota._generated import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2 as sa
 from rota_agent import WorkloadClient
 
 

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rota._generated import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2 as sa
 from rota_agent import WorkloadClient
 
 

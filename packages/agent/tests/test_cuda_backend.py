@@ -16,8 +16,8 @@ import grpc
 import pytest
 from agentlib import registered_here
 
-from rota._generated import snapshot_agent_pb2 as sa
-from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
+from rota.wire import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
 from rota_agent import Agent, running_agent
 from rota_agent.backends import AppChannelBackend, CudaBackend
 from rota_agent.backends.cuda import CHECKPOINTED, CUDA_ERROR_NOT_SUPPORTED, LOCKED, RUNNING, CudaError

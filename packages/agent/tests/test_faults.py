@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import grpc
 
-from rota._generated import snapshot_agent_pb2 as sa
-from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
-from rota._generated import timeslice_orchestrator_pb2 as v1a
+from rota.wire import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
+from rota.wire import timeslice_orchestrator_pb2 as v1a
 
 
 def test_crash_mid_park_faults_job_and_group_moves_on(cluster, tenants):
@@ -34,7 +34,7 @@ def test_crash_mid_park_faults_job_and_group_moves_on(cluster, tenants):
 
 
 def test_park_that_hangs_faults_after_deadline(tenants, child_env, tmp_path):
-    from rota._engine import OrchestratorConfig
+    from rota.orchestrator import OrchestratorConfig
     from rota.testing import running_orchestrator
     from rota_agent import Agent, running_agent
 

@@ -12,8 +12,8 @@ import grpc
 import pytest
 from agentlib import jobs, run_op, wait_op
 
-from rota._generated import snapshot_agent_pb2 as sa
-from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
+from rota.wire import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
 from rota_agent import Agent, running_agent
 from rota_agent.backends import AppChannelBackend, NoopBackend
 

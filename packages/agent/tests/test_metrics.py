@@ -12,9 +12,9 @@ import grpc
 from agentlib import registered_here, run_op
 from prometheus_client.parser import text_string_to_metric_families
 
-from rota._generated import snapshot_agent_pb2 as sa
-from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
 from rota.testing import free_port
+from rota.wire import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
 
 ROTA = os.path.join(os.path.dirname(sys.executable), "rota")
 

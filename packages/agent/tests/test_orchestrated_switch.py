@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import grpc
 
-from rota._generated import snapshot_agent_pb2 as sa
-from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
-from rota._generated import timeslice_orchestrator_pb2 as v1a
+from rota.wire import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
+from rota.wire import timeslice_orchestrator_pb2 as v1a
 
 
 def _agent_states(agent_ep: str) -> dict[str, str]:

@@ -16,12 +16,12 @@ import pytest
 from agentlib import jobs, registered_here, residue, run_op
 from test_cuda_backend import FakeCudaDriver
 
-from rota._engine import OrchestratorConfig
-from rota._generated import snapshot_agent_pb2 as sa
-from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
 from rota.errors import ConfigError
+from rota.orchestrator import OrchestratorConfig
 from rota.residue import DEFAULT_RESIDUE_MAX_BYTES
 from rota.testing import running_orchestrator
+from rota.wire import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
 from rota_agent import Agent, running_agent
 from rota_agent.backends import AppChannelBackend, CudaBackend, NoopBackend
 

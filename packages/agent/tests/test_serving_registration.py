@@ -7,8 +7,7 @@ import pytest
 from agentlib import jobs, run_op
 
 from rota import ParkResult, hookimpl
-from rota._plugins import new_plugin_manager
-from rota.testing import quick_config, running_orchestrator, tenants
+from rota.testing import new_plugin_manager, quick_config, running_orchestrator, tenants
 from rota.wire import snapshot_agent_pb2 as sa
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 
-from rota._engine import Orchestrator, OrchestratorConfig
 from rota._state import GroupState
-from rota._types import TurnRequest
+from rota.orchestrator import Orchestrator, OrchestratorConfig
+from rota.types import TurnRequest
 
 
 class SlowStore:

@@ -132,8 +132,8 @@ def test_ended_tenants_leave_the_status_after_their_grace_and_are_counted():
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from rota._engine import OrchestratorConfig
     from rota._metrics import OrchestratorMetrics
+    from rota.orchestrator import OrchestratorConfig
     from rota.testing import running_orchestrator
 
     config = OrchestratorConfig(ended_tenant_ttl_s=0.5, idle_group_ttl_s=0)

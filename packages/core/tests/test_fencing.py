@@ -6,9 +6,9 @@ import grpc
 import pytest
 
 import rota
-from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota.errors import StaleToken
+from rota.wire import rota_v1_pb2 as pb
+from rota.wire import rota_v1_pb2_grpc as pb_grpc
 
 
 def test_stale_token_is_refused_and_changes_nothing(orchestrator):

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 import rota
-from rota._engine import OrchestratorConfig
+from rota.orchestrator import OrchestratorConfig
 from rota.testing import running_orchestrator
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_worker.py")

@@ -19,8 +19,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rota._engine import OrchestratorConfig
 from rota._metrics import OrchestratorMetrics
+from rota.orchestrator import OrchestratorConfig
 from rota.testing import ScriptedProcess, eventually, free_port, running_orchestrator
 
 HERE = pathlib.Path(__file__).parent
@@ -97,8 +97,8 @@ def test_a_release_with_a_bad_restore_time_is_refused_naming_it(bad):
     """restore_seconds feeds a histogram: a caller cannot push NaN, negatives or absurd values into it."""
     import grpc
 
-    from rota._generated import rota_v1_pb2 as pb
-    from rota._generated import rota_v1_pb2_grpc as pb_grpc
+    from rota.wire import rota_v1_pb2 as pb
+    from rota.wire import rota_v1_pb2_grpc as pb_grpc
 
     with running_orchestrator() as (ep, engine):
         metrics = OrchestratorMetrics(lambda: engine.groups)
@@ -121,8 +121,8 @@ def test_a_jobs_restore_at_its_grant_is_its_slowest_rank_observed_once():
 
     import grpc
 
-    from rota._generated import rota_v1_pb2 as pb
-    from rota._generated import rota_v1_pb2_grpc as pb_grpc
+    from rota.wire import rota_v1_pb2 as pb
+    from rota.wire import rota_v1_pb2_grpc as pb_grpc
 
     with running_orchestrator() as (ep, engine):
         metrics = OrchestratorMetrics(lambda: engine.groups)

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import rota
-from rota._engine import OrchestratorConfig
+from rota.orchestrator import OrchestratorConfig
 from rota.testing import ListState, eventually, running_orchestrator
 
 
@@ -249,9 +249,9 @@ def test_tenant_that_acquires_right_after_connect_is_still_parked(orchestrator, 
 def test_status_shows_host_memory_residue_and_fault(orchestrator, monkeypatch):
     """Heartbeats carry what the last park left: host bytes, residue; a failed park's
     cause is kept as the tenant's fault, shown by `rota status`."""
-    from rota._generated import rota_v1_pb2 as pb
     from rota.admin import fetch_status
     from rota.cli.status import prometheus_text, render_table
+    from rota.wire import rota_v1_pb2 as pb
 
     monkeypatch.setenv("ROTA_HEARTBEAT_S", "0.05")
     endpoint, engine = orchestrator

@@ -61,7 +61,7 @@ def test_orchestrator_serve_serves_what_a_rota_orchestrator_plugin_returns(tmp_p
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from rota._plugins import plugin_manager
+    from rota import plugin_manager
     from rota.orchestrator import LEADER_HEALTH, Orchestrator
     from rota.wire import rota_v1_pb2, rota_v1_pb2_grpc
 

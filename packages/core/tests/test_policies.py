@@ -6,9 +6,9 @@ import threading
 import time
 
 import rota
-from rota._engine import OrchestratorConfig
-from rota._plugins import plugin_manager
+from rota import plugin_manager
 from rota._state import GroupState
+from rota.orchestrator import OrchestratorConfig
 from rota.policies import FairShare, Policy, Priority, TenantRecord, Waiter, available_policies, make_policy
 from rota.testing import eventually, running_orchestrator
 
@@ -154,7 +154,7 @@ def test_resident_first_lets_a_parked_job_displace_only_lower_priority_residents
 
 def test_a_plugin_policy_typed_on_the_public_types_is_available_and_decides_the_grant():
     """A policy plugin as a third party writes it: rota.policies' Waiter/TenantRecord, rota_register_policies."""
-    from rota._plugins import new_plugin_manager
+    from rota.testing import new_plugin_manager
 
     class Newest:
         name, max_turn_s = "newest", 0.0

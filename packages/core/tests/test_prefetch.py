@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from click.testing import CliRunner
 
-from rota._engine import Orchestrator, OrchestratorConfig
 from rota.errors import InvalidArgument
+from rota.orchestrator import Orchestrator, OrchestratorConfig
 from rota.testing import ScriptedProcess, eventually, running_orchestrator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -202,8 +202,8 @@ def _evict(endpoint: str, job: str) -> None:
     """What a scheduler plugin does when it sees a job end: rota.v1 Evict over gRPC."""
     import grpc
 
-    from rota._generated import rota_v1_pb2 as pb
-    from rota._generated import rota_v1_pb2_grpc as pb_grpc
+    from rota.wire import rota_v1_pb2 as pb
+    from rota.wire import rota_v1_pb2_grpc as pb_grpc
 
     with grpc.insecure_channel(endpoint) as ch:
         pb_grpc.RotaServiceStub(ch).Evict(pb.EvictRequest(job_id=job, group_id="g", reason="job ended"), timeout=10)
@@ -331,8 +331,8 @@ class OldSession:
     def __init__(self, endpoint: str, job: str, footprint: int) -> None:
         import grpc
 
-        from rota._generated import rota_v1_pb2 as pb
-        from rota._generated import rota_v1_pb2_grpc as pb_grpc
+        from rota.wire import rota_v1_pb2 as pb
+        from rota.wire import rota_v1_pb2_grpc as pb_grpc
 
         self.pb, self.job, self.footprint = pb, job, footprint
         self.channel = grpc.insecure_channel(endpoint)

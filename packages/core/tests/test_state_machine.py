@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rota._state import GroupState
-from rota._types import TurnRequest
 from rota.errors import NotHolder, StaleToken
 from rota.policies import Fifo
+from rota.types import TurnRequest
 
 JOBS = [f"j{i}" for i in range(5)]
 ops = st.lists(st.tuples(st.sampled_from(["acquire", "release", "crash", "timeout", "stale"]),

@@ -7,7 +7,7 @@ import pathlib
 import subprocess
 import sys
 
-from rota._generated import rota_v1_pb2, snapshot_agent_pb2, timeslice_orchestrator_pb2
+from rota.wire import rota_v1_pb2, snapshot_agent_pb2, timeslice_orchestrator_pb2
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]  # the repository (this file is in packages/core/tests)
 
