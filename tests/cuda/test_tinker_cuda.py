@@ -1,6 +1,7 @@
 """The Tinker service on a real GPU, as a user runs it: a Qwen3-shaped Hugging Face snapshot (random bf16 weights
 written with ``save_pretrained`` in the hub-cache layout, tied embeddings, a local tokenizer), two API keys that
-each train a full-parameter and a LoRA client through the tinker SDK at ``capacity 0`` (every switch parks).
+each train a full-parameter and a LoRA client through the tinker SDK at ``capacity 0`` (every switch parks):
+trainers holding a full model and LoRA adapters, and samplers holding sampler weights.
 
 Every park of every worker gives the device back (NVML of the worker: its CUDA context plus at most 256 MiB),
 none fails, the losses of the two tenants equal each other and a run with no parks (bit for bit), a
@@ -84,10 +85,12 @@ def _script(svc: Any, tenants: list[str], data: list[Any]) -> dict[str, Any]:
                 saved[(t, k)] = tc.save_state(f"step2-{k}").result(600).path
     samples: dict[str, list[int]] = {}
     prompt = types.ModelInput.from_ints(list(range(5, 21)))
-    for (t, k), tc in tcs.items():
-        sampler = tc.save_weights_and_get_sampling_client(name=f"final-{k}")
-        out = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=12, seed=11, temperature=1.0)).result(600)
-        samples[f"{t}.{k}"] = list(out.sequences[0].tokens)
+    samplers = {(t, k): tc.save_weights_and_get_sampling_client(name=f"final-{k}") for (t, k), tc in tcs.items()}
+    for _ in range(2):  # twice round: each sampler is parked by the next tenant's and restored for its second
+        for (t, k), sampler in samplers.items():
+            out = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=12, seed=11, temperature=1.0)).result(600)
+            got = list(out.sequences[0].tokens)
+            assert samples.setdefault(f"{t}.{k}", got) == got, f"{t}.{k}: a restored sampler sampled otherwise"
     for c in sc.values():
         c.close("success").result(30)
     return {"losses": losses, "samples": samples}
@@ -128,6 +131,7 @@ def test_two_tenants_full_and_lora_at_capacity_0_park_every_switch_and_free_the_
     for u in parks:
         by_worker[u["tenant"]] = by_worker.get(u["tenant"], 0) + 1
     assert all(by_worker.get(t, 0) >= 3 for t in ("alice", "bob")), f"too few parks to show anything: {by_worker}"
+    assert any(u["kind"] == "Sample" for u in parks), "no sampler park was seen (samplers holding weights park too)"
     for u in parks:
         assert "parked_nvml_after" in u, f"a park without NVML readings: {u}"
         left = u["parked_nvml_after"] - u["parked_outside_allocator"]
