@@ -3,7 +3,7 @@
 ``hf_snapshot`` writes a Qwen3- or Llama-architecture causal LM (random weights from a seed,
 or a config alone, which the service random-inits) with a byte-level BPE tokenizer trained
 on a few sentences, in the Hugging Face format; ``hub_cache_snapshot`` lays it out as the hub
-cache does (``models--ORG--NAME/snapshots/REV`` and ``refs/main``), so ``rota serve tinker``
+cache does (``models--ORG--NAME/snapshots/REV`` and ``refs/main``), so ``rota tinker serve``
 serves it under ``ORG/NAME`` and the SDK's ``get_tokenizer()`` loads it offline.
 """
 
@@ -124,12 +124,12 @@ def full_training_client(sc: Any, base_model: str, timeout_s: float = 120) -> An
 @contextlib.contextmanager
 def serving_process(args: Sequence[str], env: Mapping[str, str], *,
                     timeout_s: float = 60.0) -> Iterator[tuple[subprocess.Popen, str, list[str]]]:
-    """``rota serve tinker ARGS`` in a process of its own, as an operator runs it, until the block ends.
+    """``rota tinker serve ARGS`` in a process of its own, as an operator runs it, until the block ends.
 
     Yields (the process, its ``rota tinker: serving ...`` line, the list its stderr keeps filling);
     at the end it is stopped with SIGINT, then killed if it does not exit within a minute.
     """
-    cmd = [sys.executable, "-m", "rota", "serve", "tinker", *args]
+    cmd = [sys.executable, "-m", "rota", "tinker", "serve", *args]
     proc = subprocess.Popen(cmd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
