@@ -324,7 +324,9 @@ class Tracked:
             for key in [k for k in result.residue if k.startswith("process:")]:
                 del result.residue[key]
         elif self.device.type == "cuda":  # read here too: a park of a parked model (a re-check) moves nothing
-            if self.parker.release_cached:
+            # cuBLAS's workspaces go only when no tracked model of this process is on the device: another tenant
+            # sharing the process (the demo's in-process mode) may be mid-matmul with them
+            if self.parker.release_cached and all(t.parked for t in tracked_models()):
                 give_back_workspaces(self.device)
             result.residue.update(fragmentation(self.device))
             result.residue["process:allocated"] = int(torch.cuda.memory_allocated(self.device))
