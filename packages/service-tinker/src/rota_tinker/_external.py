@@ -170,7 +170,8 @@ class ExternalRoutes:
         if not _HOST.fullmatch(host):
             raise BadRequest("the Host header is not a host[:port]; send the one you reach this service at")
         expires = int(time.time()) + URL_TTL_S
-        urls = {f: f"http://{host}/api/v1/external_weights/{quote(run_id)}/{name}/{f}?expires={expires}"
+        scheme = "https" if self.config.tls_cert else "http"  # type: ignore[attr-defined]
+        urls = {f: f"{scheme}://{host}/api/v1/external_weights/{quote(run_id)}/{name}/{f}?expires={expires}"
                    f"&sig={self._sign(ext, f, expires)}" for f in ext.files}
         return Reply.json({"urls": urls, "expires": _iso_utc(expires)})
 
