@@ -5,9 +5,10 @@
 #   bash bench/tinker_h200.sh density  # LoRA density on a Qwen3-1.7B-shaped base, think 4x and 8x the step
 #   bash bench/tinker_h200.sh last     # the full tenants with 3 steps, and N = 8 at think 4x
 #   bash bench/tinker_h200.sh pool     # LoRA density with the LoRA pool (--lora-concurrency 4), think 4x
+#   bash bench/tinker_h200.sh multilora  # one batched LoRA step of N = 1..64 tenants (rota_tinker._multilora)
 # JSON and logs go to bench/results/ and, when the device tool sets it, to $OUT as well.
 set -euo pipefail
-stage=${1:?usage: bash bench/tinker_h200.sh smoke|full|density|last|pool}
+stage=${1:?usage: bash bench/tinker_h200.sh smoke|full|density|last|pool|multilora}
 source bench/device_env.sh
 results=bench/results
 out=${OUT:-$results}
@@ -45,5 +46,8 @@ case $stage in
   pool)  # the LoRA pool: up to 4 tenants' units at once in one rota turn of the shared base, think 4x the step
     run tinker-density-h200-qwen3-1.7b-pool timeout 560 python3 bench/tinker_density.py --device cuda:0 \
         --model qwen3-1.7b --tenants 1,8,10,12 --steps 10 --lora-concurrency 4 --point-timeout-s 150 ;;
-  *) echo "unknown stage $stage: use smoke, full, density, last or pool" >&2; exit 2 ;;
+  multilora)  # the device's side of issue 29: batched steps of N tenants on a from_pretrained Qwen3-1.7B snapshot
+    run multilora-step-h200-qwen3-1.7b timeout 500 python3 bench/multilora_step.py --device cuda:0 \
+        --model qwen3-1.7b --tenants 1,8,16,32,48,64 --steps 5 ;;
+  *) echo "unknown stage $stage: use smoke, full, density, last, pool or multilora" >&2; exit 2 ;;
 esac
