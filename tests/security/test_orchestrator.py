@@ -136,6 +136,38 @@ def test_row6_a_second_session_for_a_live_rank_does_not_displace_it(victim_holds
     unchanged(engine, grant)
 
 
+def _first_reply(endpoint: str, tok: str, job: str, pid: int, resume: str) -> object:
+    """Open an Attach stream with ``resume`` and return its first reply (the "attached" message), then hang up."""
+    def requests():
+        yield pb.TenantMessage(hello=pb.Hello(job_id=job, group_id="g", rank=0, world_size=1, pid=pid, resume=resume))
+        time.sleep(30)  # keep the stream open until it is cancelled
+    call = stub(endpoint, tok).Attach(requests(), timeout=10)
+    try:
+        return next(call)
+    finally:
+        call.cancel()
+
+
+def test_a_live_session_is_taken_over_only_with_its_own_secret(victim_holds):
+    """Round 2, low row: with the victim's token (leaked to another process) and its pid (public on the host), a
+    Hello displaced the victim's live session. Now only the secret the orchestrator gave that session on its
+    "attached" message (which only the victim's process saw) takes it over: a reconnect of the same process."""
+    endpoint, engine, victim, grant = victim_holds
+    pid = os.getpid()  # the victim's own pid
+    refused(lambda: _attach(endpoint, token("victim"), "victim", pid), grpc.StatusCode.ALREADY_EXISTS)
+    refused(lambda: _first_reply(endpoint, token("victim"), "victim", pid, "0" * 32), grpc.StatusCode.ALREADY_EXISTS)
+    details = refused(lambda: _first_reply(endpoint, token("victim"), "victim", pid, "not-a-secret"),
+                      grpc.StatusCode.INVALID_ARGUMENT)
+    assert "32 hex digits" in details
+    time.sleep(0.5)
+    live = engine._live_sessions(("g", "victim"))
+    assert len(live) == 1 and live[0].resume == victim._resume  # the victim's own session, untouched
+    unchanged(engine, grant)
+    # the process that holds the secret reconnects: its new session takes the old one over
+    first = _first_reply(endpoint, token("victim"), "victim", pid, victim._resume)
+    assert first.command_id == "attached" and len(first.resume) == 32 and first.resume != victim._resume
+
+
 def test_row7_negative_footprints_are_refused(served):
     endpoint, engine = served
     bad = pb.TurnRequest(job_id="mallory", group_id="g", footprint_bytes=-5)

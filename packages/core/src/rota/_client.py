@@ -146,6 +146,7 @@ class Gpu:
         self.aborted = ""  # why the orchestrator aborted this job (another rank died or faulted)
         self.last_park = ParkResult()
         self.park_failed = False  # the last park raised: its state stayed on the device (heartbeats count it)
+        self._resume = ""  # our live session's secret (rota.v1 TenantCommand.resume): a reconnect takes it over
         self._yield_requested = threading.Event()
         self._state_lock = threading.Lock()  # serialises park, restore and turn start
         self._turn_started = 0.0
@@ -468,7 +469,8 @@ class Gpu:
             hello = pb.TenantMessage(hello=pb.Hello(job_id=self.tenant, group_id=self.group, rank=self.rank,
                                                     world_size=self.world_size, pid=os.getpid(),
                                                     footprint_bytes=self.safe_footprint(),
-                                                    can_prefetch=True))  # _handle runs "restore" commands
+                                                    can_prefetch=True,  # _handle runs "restore" commands
+                                                    resume=self._resume))  # takes over our own live session
             try:
                 for cmd in self.stub.Attach(self._session_messages(hello)):
                     self._handle(cmd)
@@ -509,6 +511,7 @@ class Gpu:
         kind = cmd.WhichOneof("command")
         if kind is None:  # the orchestrator's "attached" acknowledgement
             self._session_error = None
+            self._resume = cmd.resume  # shown by our next hello, should this stream break while it looks alive
             self._attached.set()
             return
         if kind == "yield_soon":

@@ -41,9 +41,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import logging
 import math
 import os
+import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -176,6 +178,7 @@ class Session:
     can_prefetch: bool = False  # its client restores parked state on a "restore" command (ahead of its grant)
     world_size: int = 1  # ranks of its job: losing one of several ends the whole job's turn
     said_goodbye: bool = False  # the tenant closed the session on purpose (a dead process cannot)
+    resume: str = field(default_factory=lambda: secrets.token_hex(16))  # shown again to take this session over
 
 
 class Orchestrator:
@@ -445,19 +448,26 @@ class Orchestrator:
     # ------------------------------------------------------------- sessions
 
     async def attach(self, job_id: str, group_id: str, rank: int, pid: int, footprint_bytes: int,
-                     *, can_prefetch: bool = False, world_size: int = 1) -> Session:
+                     *, can_prefetch: bool = False, world_size: int = 1, resume: str = "") -> Session:
         """Register a tenant session; ``can_prefetch``: its client restores on a "restore" command;
-        ``world_size``: ranks of the job (a job of several is aborted as a unit when one of them is lost)."""
+        ``world_size``: ranks of the job (a job of several is aborted as a unit when one of them is lost);
+        ``resume``: the secret of this rank's live session (``Session.resume``), which only the process that
+        holds it can show: it alone may take that session over."""
         check_pair(job_id, group_id)
         if not 1 <= world_size <= MAX_WORLD_SIZE or not 0 <= rank < world_size:
             raise InvalidArgument(f"rank {rank} / world_size {world_size} is impossible (job={job_id!r}, "
                                   f"group={group_id!r}); need 0 <= rank < world_size <= {MAX_WORLD_SIZE}",
                                   job_id=job_id, group_id=group_id)
+        if resume and (len(resume) != 32 or not all(c in "0123456789abcdef" for c in resume)):
+            raise InvalidArgument(f"resume must be the 32 hex digits the orchestrator gave this rank's session "
+                                  f"(got {len(resume)} characters); leave it empty on a first attach",
+                                  job_id=job_id, group_id=group_id)
         key = (group_id, job_id)
-        for old in self._live_sessions(key):  # one live session per rank: a second one never displaces it
+        for old in self._live_sessions(key):  # one live session per rank: only its own process, with its secret,
+            # takes it over (a reconnect)
             if old.rank != rank:
                 continue
-            if not (pid and old.pid == pid):
+            if not (pid and old.pid == pid and resume and hmac.compare_digest(resume, old.resume)):
                 raise AlreadyAttached(f"rank {rank} of job {job_id!r} in group {group_id!r} already has a live "
                                       "session from another process; a rank attaches once (close the other "
                                       "process, or wait for its TTL)", job_id=job_id, group_id=group_id)

@@ -205,11 +205,13 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
             self.acting_for(context, h.group_id, h.job_id, "attach as")
             session = await self.engine.attach(h.job_id, h.group_id, h.rank, h.pid,
                                                check_bytes("footprint_bytes", h.footprint_bytes),
-                                               can_prefetch=h.can_prefetch, world_size=h.world_size or 1)
+                                               can_prefetch=h.can_prefetch, world_size=h.world_size or 1,
+                                               resume=h.resume)
         except RotaError as exc:
             log_refusal("Attach", context, exc)
             await context.abort(exc.code, str(exc), trailing_metadata=exc.trailers())
-        yield pb.TenantCommand(command_id="attached")  # no command: "you are attached", before any grant
+        # no command: "you are attached", before any grant; with the secret that lets this process reconnect
+        yield pb.TenantCommand(command_id="attached", resume=session.resume)
         reader = asyncio.create_task(self._read(session, request_iterator))
         why, clean = "stream closed", False  # clean: the tenant said goodbye (Gpu.close) before ending it
         getter: asyncio.Task | None = None

@@ -411,11 +411,11 @@ class Replica:
         return await engine.agent_job_states(group_id) if engine is not None else []
 
     async def attach(self, job_id: str, group_id: str, rank: int, pid: int, footprint_bytes: int, *,
-                     can_prefetch: bool = False, world_size: int = 1) -> Session:
+                     can_prefetch: bool = False, world_size: int = 1, resume: str = "") -> Session:
         check_pair(job_id, group_id)
         engine = self._leading(job_id, group_id)
         s = await engine.attach(job_id, group_id, rank, pid, footprint_bytes, can_prefetch=can_prefetch,
-                                world_size=world_size)
+                                world_size=world_size, resume=resume)
         self._owner[s] = engine
         log.debug("session of job %s rank %d (pid %d) attached to group %s", job_id, rank, pid, group_id)
         return s

@@ -64,7 +64,7 @@ class ReleaseReply(_message.Message):
     def __init__(self, pending_waiters: _Optional[int] = ..., snapshot_deferred: bool = ..., group_released: bool = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("job_id", "group_id", "rank", "world_size", "pid", "footprint_bytes", "can_prefetch")
+    __slots__ = ("job_id", "group_id", "rank", "world_size", "pid", "footprint_bytes", "can_prefetch", "resume")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class Hello(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
     CAN_PREFETCH_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     group_id: str
     rank: int
@@ -79,7 +80,8 @@ class Hello(_message.Message):
     pid: int
     footprint_bytes: int
     can_prefetch: bool
-    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., can_prefetch: bool = ...) -> None: ...
+    resume: str
+    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., can_prefetch: bool = ..., resume: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("footprint_bytes", "host_bytes", "spilled_bytes", "residue_bytes")
@@ -160,18 +162,20 @@ class AbortJob(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class TenantCommand(_message.Message):
-    __slots__ = ("command_id", "park", "yield_soon", "restore", "abort")
+    __slots__ = ("command_id", "park", "yield_soon", "restore", "abort", "resume")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     PARK_FIELD_NUMBER: _ClassVar[int]
     YIELD_SOON_FIELD_NUMBER: _ClassVar[int]
     RESTORE_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     park: ParkCommand
     yield_soon: YieldSoon
     restore: RestoreCommand
     abort: AbortJob
-    def __init__(self, command_id: _Optional[str] = ..., park: _Optional[_Union[ParkCommand, _Mapping]] = ..., yield_soon: _Optional[_Union[YieldSoon, _Mapping]] = ..., restore: _Optional[_Union[RestoreCommand, _Mapping]] = ..., abort: _Optional[_Union[AbortJob, _Mapping]] = ...) -> None: ...
+    resume: str
+    def __init__(self, command_id: _Optional[str] = ..., park: _Optional[_Union[ParkCommand, _Mapping]] = ..., yield_soon: _Optional[_Union[YieldSoon, _Mapping]] = ..., restore: _Optional[_Union[RestoreCommand, _Mapping]] = ..., abort: _Optional[_Union[AbortJob, _Mapping]] = ..., resume: _Optional[str] = ...) -> None: ...
 
 class EvictRequest(_message.Message):
     __slots__ = ("job_id", "group_id", "reason")
