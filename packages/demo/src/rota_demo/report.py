@@ -6,10 +6,19 @@ import json
 import pathlib
 from typing import Any
 
-from rota.config import format_bytes, percentile
+import numpy as np
+
+from rota.config import format_bytes
 from rota_demo.runner import JOBS, DemoConfig, ModeResult
 
 __all__ = ["summarize", "table", "timeline_lanes", "timeline_png", "write_json"]
+
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of ``values``, as rota status reports them; 0.0 when empty."""
+    return float(np.percentile(values, q, method="nearest")) if values else 0.0
+
 
 _COLOURS = {"turn": "#2ca02c", "after": "#9467bd", "wait": "#d9d9d9", "park": "#d62728", "restore": "#1f77b4",
             "off": "#ff7f0e"}
