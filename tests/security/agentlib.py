@@ -21,9 +21,9 @@ import grpc
 import pytest
 
 from rota import auth
-from rota._generated import snapshot_agent_pb2 as sa
-from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
 from rota.testing import ScriptedProcess, free_port
+from rota.wire import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
 from rota_agent import WorkloadClient
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -35,7 +35,7 @@ def rota_calls_refused(stub: object, code: object) -> list[str]:
     import grpc
     import pytest
 
-    from rota._generated import rota_v1_pb2 as pb
+    from rota.wire import rota_v1_pb2 as pb
 
     details = []
     for call in (lambda: stub.Evict(pb.EvictRequest(job_id="victim", group_id="g"), timeout=5),  # type: ignore
@@ -53,8 +53,8 @@ def attacker_rpc(as_attacker: object, target: str, stub: str, call: str, prelude
     printed: what ``prelude`` prints, then "CALLED" or the grpc status code's name."""
     code = f"""
 import grpc
-from rota._generated import rota_v1_pb2 as pb, rota_v1_pb2_grpc as pb_grpc
-from rota._generated import snapshot_agent_pb2 as sa, snapshot_agent_pb2_grpc as sa_grpc
+from rota.wire import rota_v1_pb2 as pb, rota_v1_pb2_grpc as pb_grpc
+from rota.wire import snapshot_agent_pb2 as sa, snapshot_agent_pb2_grpc as sa_grpc
 {prelude}
 stub = {stub}(grpc.insecure_channel({target!r}))
 try:

@@ -24,9 +24,9 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from rota._generated import snapshot_agent_pb2 as sa
-from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
-from rota._types import ParkResult
+from rota.types import ParkResult
+from rota.wire import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
 from rota_agent import WorkloadClient
 from rota_agent_client.wire import ext, read
 from tests.security.agentlib import (

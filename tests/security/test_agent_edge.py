@@ -27,7 +27,7 @@ import time
 import grpc
 import pytest
 
-from rota._generated import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2 as sa
 from tests.security.agentlib import PERMISSION_DENIED, registered, wait_op
 
 FOREIGN = r"""
@@ -157,7 +157,7 @@ def test_silent_endpoints_of_one_job_do_not_hold_the_agent(start_agent, http_ser
 
 SETUID_CHILD = """
 import json, subprocess, time, grpc
-from rota._generated import snapshot_agent_pb2 as sa, snapshot_agent_pb2_grpc as sa_grpc
+from rota.wire import snapshot_agent_pb2 as sa, snapshot_agent_pb2_grpc as sa_grpc
 from rota_agent import WorkloadClient
 child = subprocess.Popen([{sleeper!r}, "60"])  # setuid root: the attacker's child, running with root's rights
 time.sleep(0.5)

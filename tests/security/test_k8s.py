@@ -36,11 +36,11 @@ from click.testing import CliRunner
 
 import rota
 from rota import auth
-from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
-from rota._generated import snapshot_agent_pb2 as agent_pb
-from rota._generated import snapshot_agent_pb2_grpc as agent_grpc
 from rota.testing import free_port, running_orchestrator
+from rota.wire import rota_v1_pb2 as pb
+from rota.wire import rota_v1_pb2_grpc as pb_grpc
+from rota.wire import snapshot_agent_pb2 as agent_pb
+from rota.wire import snapshot_agent_pb2_grpc as agent_grpc
 from rota_k8s import load_values, render, validate_objects
 from rota_k8s.manifests import AUTH_DIR, AUTH_SECRET_DIR, ETCD_TLS_DIR, GROUP_LABEL
 from rota_k8s_controller.controller import Controller, TokenSecrets, grpc_evictor
@@ -329,7 +329,7 @@ def the_pods_env(fake: Any, meta: dict[str, Any], spec: dict[str, Any]) -> dict[
 
 @pytest.fixture
 def rota_cli() -> Any:
-    from rota._plugins import plugin_manager
+    from rota import plugin_manager
     from rota.cli.main import cli
 
     plugin_manager().hook.rota_cli(cli=cli)

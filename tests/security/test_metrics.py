@@ -17,9 +17,9 @@ import httpx
 
 import rota
 from rota import auth
-from rota._engine import OrchestratorConfig
 from rota._metrics import OrchestratorMetrics
 from rota.metrics_http import serve_metrics
+from rota.orchestrator import OrchestratorConfig
 from rota.testing import free_port, running_orchestrator
 from tests.security.procs import serving
 

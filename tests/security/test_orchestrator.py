@@ -22,12 +22,12 @@ import pytest
 
 import rota
 from rota import auth
-from rota._engine import OrchestratorConfig
-from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
-from rota._generated import timeslice_orchestrator_pb2 as v1a
-from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
+from rota.orchestrator import OrchestratorConfig
 from rota.testing import running_orchestrator
+from rota.wire import rota_v1_pb2 as pb
+from rota.wire import rota_v1_pb2_grpc as pb_grpc
+from rota.wire import timeslice_orchestrator_pb2 as v1a
+from rota.wire import timeslice_orchestrator_pb2_grpc as v1a_grpc
 
 KEY = b"k" * 32
 

@@ -18,10 +18,10 @@ import pytest
 
 import rota
 from rota import auth
-from rota._engine import OrchestratorConfig
-from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
+from rota.orchestrator import OrchestratorConfig
 from rota.testing import free_port, running_orchestrator
+from rota.wire import rota_v1_pb2 as pb
+from rota.wire import rota_v1_pb2_grpc as pb_grpc
 
 KEY = b"k" * 32
 

@@ -21,12 +21,12 @@ import pytest
 
 import rota
 from rota import auth
-from rota._engine import OrchestratorConfig
-from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
-from rota._generated import timeslice_orchestrator_pb2 as v1a
-from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
+from rota.orchestrator import OrchestratorConfig
 from rota.testing import free_port, running_orchestrator
+from rota.wire import rota_v1_pb2 as pb
+from rota.wire import rota_v1_pb2_grpc as pb_grpc
+from rota.wire import timeslice_orchestrator_pb2 as v1a
+from rota.wire import timeslice_orchestrator_pb2_grpc as v1a_grpc
 from rota_agent import WorkloadClient
 from tests.security.procs import ROTA, clean_env, rota_calls_refused, serving
 from tests.security.test_tls import pki  # noqa: F401  (fixture: a test CA and certificates for 127.0.0.1)

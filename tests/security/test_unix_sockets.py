@@ -20,10 +20,10 @@ import grpc
 import pytest
 
 from rota import auth
-from rota._generated import rota_v1_pb2 as pb
-from rota._generated import rota_v1_pb2_grpc as pb_grpc
-from rota._generated import snapshot_agent_pb2 as sa
-from rota._generated import snapshot_agent_pb2_grpc as sa_grpc
+from rota.wire import rota_v1_pb2 as pb
+from rota.wire import rota_v1_pb2_grpc as pb_grpc
+from rota.wire import snapshot_agent_pb2 as sa
+from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
 from tests.security.agentlib import Agent, wait_op
 from tests.security.procs import ROTA, attacker_rpc, clean_env, rota_calls_refused, serving
 

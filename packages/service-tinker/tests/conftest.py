@@ -14,7 +14,7 @@ import pytest
 import tinker
 from tinker_testlib import KEYS, WIDE
 
-from rota._engine import OrchestratorConfig
+from rota.orchestrator import OrchestratorConfig
 from rota.testing import running_orchestrator
 from rota_tinker import DEFAULT_BASE_MODELS, ServiceConfig, Tenant, TinkerService
 

@@ -22,7 +22,7 @@ from tinker import types
 from tinker_testlib import KEYS, WIDE, await_queued, batch, concurrently, full_training_client
 
 import rota
-from rota._engine import OrchestratorConfig
+from rota.orchestrator import OrchestratorConfig
 from rota.policies import Fifo
 from rota.testing import running_orchestrator
 from rota_tinker import DEFAULT_BASE_MODELS, ServiceConfig, Tenant, TinkerService

@@ -11,7 +11,7 @@ import torch
 
 import rota
 import rota_fsdp
-from rota._engine import OrchestratorConfig
+from rota.orchestrator import OrchestratorConfig
 from rota.testing import running_orchestrator
 from rota_tinker._worker import WorkingSet
 from rota_torch.testing import untrack_models_of

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from tinker import types
 
-from rota._engine import OrchestratorConfig
+from rota.orchestrator import OrchestratorConfig
 from rota.testing import running_orchestrator
 from rota_tinker import BaseModelSpec, ServiceConfig, Tenant, TinkerService, find_models, search_dirs
 from rota_tinker.testing import full_training_client  # noqa: F401 (the tests import it from here)
