@@ -28,8 +28,10 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("bench/scale_sim.py", "rota_etcd._shards"): "simulates etcd's shard assignment",
     ("bench/scale_sim.py", "rota_etcd._store"): "measures the size of the encoded group state",
     ("bench/lora_step_profile.py", "rota_tinker._models"): "profiles the service's LoRA step itself",
+    ("bench/multilora_step.py", "rota_tinker._multilora"): "measures the batched LoRA step itself, without a service",
     ("bench/tinker_density.py", "rota_tinker._models"): "builds the service's tiny model",
     ("tests/cuda/test_multilora_cuda.py", "rota_tinker._multilora"): "checks the batched LoRA kernels on a GPU",
+    ("tests/security/test_ledger.py", "rota_torch._ledger"): "attacks the node host-memory ledger's files directly",
     ("tests/security/test_metrics.py", "rota._metrics"): "attacks the metrics collector directly (forgotten groups)",
     ("tests/security/test_tinker_checkpoints.py", "rota_tinker._checkpoints"): "bounds of the checkpoint registry",
     ("tests/security/test_tinker_checkpoints.py", "rota_tinker._service"): "a tenant's model record, attacked directly",
@@ -77,7 +79,7 @@ def _private(module: str) -> str | None:
 
 
 def check() -> list[str]:
-    problems = []
+    problems, used = [], set()
     for pattern in CHECKED:
         for path in sorted(ROOT.glob(f"{pattern}/**/*.py")):
             rel = str(path.relative_to(ROOT))
@@ -85,12 +87,16 @@ def check() -> list[str]:
             seen = set()
             for line, module in _imports(ast.parse(path.read_text(), rel)):
                 private = _private(module)
+                if (rel, private) in EXCEPTIONS:
+                    used.add((rel, private))
                 if private is None or private.split(".")[0] in own or (rel, private) in EXCEPTIONS:
                     continue
                 if (line, private) not in seen:
                     seen.add((line, private))
                     problems.append(f"{rel}:{line}: imports {private}, private to {private.split('.')[0]}; use its "
                                     "public modules (or add the import to EXCEPTIONS in this script, with why)")
+    for rel, private in sorted(EXCEPTIONS.keys() - used):
+        problems.append(f"{rel}: no longer imports {private}; remove it from EXCEPTIONS in this script")
     return problems
 
 
