@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from rota.cli.main import _add_plugin_commands, cli
+from rota.testing import cli_with_plugins
 
-
-def setup_module() -> None:
-    _add_plugin_commands()  # what the `rota` executable does first: plugins add their subcommands
+cli = cli_with_plugins()  # the `rota` group with every plugin's subcommands, as the executable lists them
 
 
 def test_rota_tinker_serve_is_a_subcommand() -> None:

@@ -125,8 +125,3 @@ def main(args: Any = None) -> None:
     except RotaError as exc:  # library errors reach users as one clear line
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
-
-
-def _add_plugin_commands() -> None:
-    """Add every plugin's commands now (tests that look at ``cli.commands``; ``rota`` itself adds them on need)."""
-    cli._add_plugins()  # type: ignore[attr-defined]
