@@ -12,7 +12,7 @@ Three answers, none of them from a live cluster:
 * the event rate: one turn per tenant per --period seconds (an Acquire and a Release,
   each a committed state change) needs tenants * 2 / period events/s in all, and the
   busiest replica's share of that. Then the real core state machine
-  (``rota._engine.Orchestrator``) runs that replica's share of groups and tenants with
+  (``rota.orchestrator.Orchestrator``) runs that replica's share of groups and tenants with
   an in-memory store (``MemoryStore``: a fake of etcd, named so) on one core, every
   tenant taking --rounds turns as fast as it can, to measure the events/s one
   process's engine sustains, and the time to encode a group's state for etcd
