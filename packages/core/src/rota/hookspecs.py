@@ -151,8 +151,9 @@ def rota_park(tenant: Gpu, plan: ParkPlan) -> ParkResult | None:
     agent), never while the tenant holds its turn. Implemented by the per-tenant plugin object each
     ``rota_torch.Tracked`` registers on its Gpu's manager (the tracked state of rota_fsdp,
     rota_megatron and any trainer adapter built on it), by rota_vllm's in-process engine and
-    rota_sglang's, by rota_serving's ``EndpointParker`` (served engines) and by the Tinker
-    service's workers; each parks its own part of ``tenant``.
+    rota_sglang's, and by rota_serving's ``EndpointParker`` (served engines); each parks its own
+    part of ``tenant``. The Tinker service's workers wrap it (a hook wrapper adding the process's
+    NVML bytes before and after each park).
 
     :param tenant: the client whose state is parked; adapters ignore other tenants.
     :param plan: tags and mode (offload or discard).
@@ -180,8 +181,8 @@ def rota_footprint(tenant: Gpu) -> dict[str, int] | None:
     """Report device bytes this tenant holds, per tag (weights, grads, optimizer...).
 
     Called by :meth:`rota.Gpu.footprint` (what the client reports to the orchestrator); implemented by
-    the same objects as :func:`rota_park` and by the Tinker service's LoRA pool. Lets the
-    orchestrator skip parking when everything fits on the device.
+    the same objects as :func:`rota_park`, and by the Tinker service's workers (their working set)
+    and LoRA pool. Lets the orchestrator skip parking when everything fits on the device.
 
     :param tenant: the client asking.
     :returns: bytes per tag; results of all adapters are summed per tag.
