@@ -12,7 +12,7 @@ Routes of :class:`rota_tinker._service._Api` (a mixin, like :mod:`rota_tinker._c
   are deleted. The checkpoint is ``tinker://RUN/external_weights/NAME``, listed, deleted and given a
   TTL like the others;
 * ``GET training_runs/{run}/checkpoints/external_weights/{name}/external_weights_urls``: the owner
-  (its API key checked, like every route) gets one URL per file, valid :data:`URL_TTL_S`:
+  (its API key checked, like every route) gets one URL per file, valid an hour (:mod:`rota_tinker._signed`):
   ``/api/v1/external_weights/RUN/NAME/FILE?expires=T&sig=S``, S an HMAC (a key of this service
   process, so URLs die with it) over owner, checkpoint, file and T. That route needs no API key
   (the signature is the credential, as with any signed URL); one given must be the owner's.
@@ -20,8 +20,6 @@ Routes of :class:`rota_tinker._service._Api` (a mixin, like :mod:`rota_tinker._c
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 import re
 import secrets
@@ -30,16 +28,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import quote
 
 from rota_tinker._checkpoints import ID, MAX_ARCHIVE_BYTES, NAME, expired, ttl, user_metadata
 from rota_tinker._http import Reply, Request
+from rota_tinker._signed import check_caller, expiry, expiry_and_signature, make_url, signed
 from rota_tinker._state_files import private_dir
 from rota_tinker._wire import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 
-URL_TTL_S = 3600  # how long a signed download URL stays valid
 MAX_RECIPIENTS = 10
-_HOST = re.compile(r"[A-Za-z0-9.\-]{1,253}(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]{2,45}\](:[0-9]{1,5})?")
 _FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -157,22 +154,15 @@ class ExternalRoutes:
             raise BadRequest(f"external weights {path!r} have expired (their TTL passed)", status=404)
         return ext
 
-    def _sign(self, ext: External, file: str, expires: int) -> str:
-        msg = f"{ext.tenant}\n{ext.path}\n{file}\n{expires}".encode()
-        return hmac.new(self.url_key, msg, hashlib.sha256).hexdigest()
-
     def _external_urls(self, req: Request, tenant: Any, run_id: str, name: str) -> Reply:
-        """``get_external_weights_urls``: a signed URL per file, each valid :data:`URL_TTL_S`."""
+        """``get_external_weights_urls``: a signed URL per file, all valid until one expiry."""
         ext = self._external(tenant, run_id, name)
         self.state.runs.audit.note(tenant.name, "checkpoint_read", tinker_path=ext.path,
                                    purpose="external_weights_urls")
-        host = req.header("host")
-        if not _HOST.fullmatch(host):
-            raise BadRequest("the Host header is not a host[:port]; send the one you reach this service at")
-        expires = int(time.time()) + URL_TTL_S
-        scheme = "https" if self.config.tls_cert else "http"  # type: ignore[attr-defined]
-        urls = {f: f"{scheme}://{host}/api/v1/external_weights/{quote(run_id)}/{name}/{f}?expires={expires}"
-                   f"&sig={self._sign(ext, f, expires)}" for f in ext.files}
+        expires = expiry()
+        urls = {f: make_url(req, self.config, self.url_key, expires,  # type: ignore[attr-defined]
+                            f"/api/v1/external_weights/{quote(run_id)}/{name}/{f}", ext.tenant, ext.path, f)
+                for f in ext.files}
         return Reply.json({"urls": urls, "expires": _iso_utc(expires)})
 
     def download_external(self, req: Request) -> Reply:
@@ -182,23 +172,15 @@ class ExternalRoutes:
         if m is None:
             raise BadRequest("no such external weights file; use the URLs get_external_weights_urls gave", status=404)
         run_id, name, file = m.groups()
-        try:
-            args = parse_qs(req.query, max_num_fields=4, strict_parsing=True)
-            expires, sig = int(args["expires"][0]), args["sig"][0]
-        except (KeyError, ValueError):
-            raise BadRequest("this URL lacks a valid expires/sig; use the URLs get_external_weights_urls gave",
-                             status=403) from None
+        expires, sig = expiry_and_signature(req, "URLs get_external_weights_urls")
         with self.state.lock:
             ext = self.state.runs.external.get(f"tinker://{run_id}/external_weights/{name}")
-        if (ext is None or file not in ext.files or expired(ext) or expires < time.time()
-                or not hmac.compare_digest(sig, self._sign(ext, file, expires))):
+        if (ext is None or file not in ext.files or expired(ext)
+                or not signed(self.url_key, expires, sig, ext.tenant, ext.path, file)):
             raise BadRequest("this URL is not valid (expired, deleted, or not signed by this service); ask "
                              "get_external_weights_urls for new ones", status=403)
-        key = req.headers.get("x-api-key")
-        if key is not None:
-            caller = self.config.tenant_for_key(key)  # type: ignore[attr-defined]
-            if caller is None or caller.name != ext.tenant:
-                raise BadRequest("these external weights belong to another tenant", status=403)
+        check_caller(req, self.config, ext.tenant,  # type: ignore[attr-defined]
+                     "these external weights belong to another tenant")
         full = os.path.join(ext.folder, file)
         try:
             size = os.path.getsize(full)

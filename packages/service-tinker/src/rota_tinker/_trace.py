@@ -12,21 +12,17 @@ protobuf format, whatever name it is saved under).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import re
 import time
 from typing import Any
-from urllib.parse import parse_qs
 
 from rota_tinker._checkpoints import ID
 from rota_tinker._http import Reply, Request
+from rota_tinker._signed import check_caller, expiry, expiry_and_signature, make_url, signed
 from rota_tinker._wire import BadRequest
 from rota_tinker._workers import unit_breakdown
 
-URL_TTL_S = 3600
-_HOST = re.compile(r"[A-Za-z0-9.\-]{1,253}(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]{2,45}\](:[0-9]{1,5})?")
 _DOWNLOAD = re.compile(rf"/api/v1/session_traces/({ID})")
 
 
@@ -37,20 +33,13 @@ class TraceRoutes:
     config: Any
     url_key: bytes
 
-    def _trace_sign(self, tenant: str, session_id: str, expires: int) -> str:
-        return hmac.new(self.url_key, f"trace\n{tenant}\n{session_id}\n{expires}".encode(), hashlib.sha256).hexdigest()
-
     def _trace_export(self, req: Request, tenant: Any, session_id: str) -> Reply:
         with self.state.lock:
             ended = session_id in self.state.finished[tenant.name]
         if not ended:
             self._owned(self.state.sessions, session_id, "session", tenant)  # type: ignore[attr-defined]
-        host = req.header("host")
-        if not _HOST.fullmatch(host):
-            raise BadRequest("the Host header is not a host[:port]; send the one you reach this service at")
-        expires = int(time.time()) + URL_TTL_S
-        url = (f"http://{host}/api/v1/session_traces/{session_id}?expires={expires}"
-               f"&sig={self._trace_sign(tenant.name, session_id, expires)}")
+        url = make_url(req, self.config, self.url_key, expiry(), f"/api/v1/session_traces/{session_id}", "trace",
+                       tenant.name, session_id)
         return Reply.json({"status": "ready", "url": url})
 
     def download_trace(self, req: Request) -> Reply:
@@ -59,22 +48,12 @@ class TraceRoutes:
         if m is None:
             raise BadRequest("no such trace; use the URL export_session_trace gave", status=404)
         session_id = m.group(1)
-        try:
-            args = parse_qs(req.query, max_num_fields=4, strict_parsing=True)
-            expires, sig = int(args["expires"][0]), args["sig"][0]
-        except (KeyError, ValueError):
-            raise BadRequest("this URL lacks a valid expires/sig; use the URL export_session_trace gave",
-                             status=403) from None
+        expires, sig = expiry_and_signature(req, "URL export_session_trace")
         owner = self._trace_owner(session_id)
-        if (owner is None or expires < time.time()
-                or not hmac.compare_digest(sig, self._trace_sign(owner, session_id, expires))):
+        if owner is None or not signed(self.url_key, expires, sig, "trace", owner, session_id):
             raise BadRequest("this URL is not valid (expired, or not signed by this service); ask "
                              "export_session_trace for a new one", status=403)
-        key = req.headers.get("x-api-key")
-        if key is not None:
-            caller = self.config.tenant_for_key(key)
-            if caller is None or caller.name != owner:
-                raise BadRequest("this trace belongs to another tenant", status=403)
+        check_caller(req, self.config, owner, "this trace belongs to another tenant")
         return Reply(200, json.dumps(self._trace(owner, session_id)).encode())
 
     def _trace_owner(self, session_id: str) -> str | None:
