@@ -97,12 +97,9 @@ def _script(svc: Any, tenants: list[str], data: list[Any]) -> dict[str, Any]:
 
 
 def _holder_bytes(svc: Any) -> dict[str, int]:
-    import torch
+    from rota_torch import process_device_bytes
 
-    from rota.nvml import device_process_bytes
-
-    idx = torch.cuda._get_nvml_device_index(0)
-    return {name: device_process_bytes(idx, h.pid) or 0 for name, h in svc.state.holders.items() if h.pid}
+    return {name: process_device_bytes("cuda:0", h.pid) or 0 for name, h in svc.state.holders.items() if h.pid}
 
 
 @pytest.fixture(scope="module")

@@ -268,6 +268,26 @@ def token_logprobs(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor
     return batch_logprobs(model, tokens.unsqueeze(0), targets.unsqueeze(0))[0]
 
 
+# AdamParams' defaults (the tinker SDK's), for settings a step does not name
+ADAM_DEFAULTS = {"beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0, "grad_clip_norm": 0.0}
+
+
+def adam_step(optimizer: torch.optim.Optimizer, adam: dict[str, float]) -> dict[str, Any]:
+    """One optim_step: clip the gradients to ``grad_clip_norm`` (> 0), set the step's learning rate, betas, eps and
+    weight decay, step, zero the gradients in place (their tensors stay, for parking); its metrics."""
+    cfg = {**ADAM_DEFAULTS, **adam}
+    norm = None
+    if cfg["grad_clip_norm"] > 0:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        norm = float(torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip_norm"]))
+    for group in optimizer.param_groups:
+        group.update(lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
+                     weight_decay=cfg["weight_decay"])
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=False)
+    return {"metrics": {} if norm is None else {"grad_norm:mean": norm}}
+
+
 # loss_fn -> its loss_fn_config keys and their defaults (the Tinker docs' values)
 LOSS_CONFIG: dict[str, dict[str, float]] = {
     "cross_entropy": {}, "importance_sampling": {},

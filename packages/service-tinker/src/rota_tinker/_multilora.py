@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rota_tinker._models import LORA_ALPHA, LORA_TARGETS, datum_loss
+from rota_tinker._models import LORA_ALPHA, LORA_TARGETS, adam_step, datum_loss
 
 __all__ = ["MICRO_TOKENS", "BatchedLora", "Unit", "plan_batches"]
 
@@ -69,8 +69,8 @@ class _Adapter:
     optimizer: torch.optim.Optimizer = field(init=False)
 
     def __post_init__(self) -> None:
-        params = [p for pair in self.layers.values() for p in pair]
-        self.optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(self.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
+                                           weight_decay=0.0)
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for pair in self.layers.values() for p in pair]
@@ -292,18 +292,8 @@ class BatchedLora:
             return sample(self.model, list(requests), self.device, max_len, tokenizer)
 
     def optim_step(self, tenant: str, adam: dict[str, float]) -> dict[str, Any]:
-        """``tenant``'s AdamW step with its own settings (learning rate, betas, eps, weight decay, clipping)."""
-        adapter = self.adapters[tenant]
-        params = adapter.parameters()
-        norm = None
-        if adam.get("grad_clip_norm", 0) > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(params, adam["grad_clip_norm"]))
-        for group in adapter.optimizer.param_groups:
-            group.update(lr=adam["learning_rate"], betas=(adam.get("beta1", 0.9), adam.get("beta2", 0.95)),
-                         eps=adam.get("eps", 1e-12), weight_decay=adam.get("weight_decay", 0.0))
-        adapter.optimizer.step()
-        adapter.optimizer.zero_grad(set_to_none=False)
-        return {"metrics": {} if norm is None else {"grad_norm:mean": norm}}
+        """``tenant``'s AdamW step with its own settings (:func:`rota_tinker._models.adam_step`)."""
+        return adam_step(self.adapters[tenant].optimizer, adam)
 
 
 def plan_batches(queue: Sequence[Unit], max_tenant_tokens: int, max_batch_tokens: int) -> list[list[Unit]]:

@@ -193,10 +193,11 @@ class WorkingSet:
 
 
 class ParkMeter:
-    """NVML's bytes of this worker process just before and after each park of its tenant (every tracked model).
+    """NVML's bytes of this worker process just before each park of its tenant (every tracked model).
 
-    A hook wrapper around ``rota_park``: it adds one part, ``process:nvml_before`` and ``process:nvml``, after
-    every adapter parked, so the readings say what the whole park gave back to the driver.
+    A hook wrapper around ``rota_park``: it adds one part, ``process:nvml_before``, after every adapter parked.
+    What the park left is read once, by rota_torch's last part (``process:outside_allocator`` + ``reserved``:
+    NVML's bytes after it), so the two say what the whole park gave back to the driver.
     """
 
     def __init__(self, gpu: Any, device: Any) -> None:
@@ -212,8 +213,7 @@ class ParkMeter:
         if before is not None:
             from rota import ParkResult
 
-            after = process_device_bytes(self.device)
-            parts.append(ParkResult(residue={"process:nvml_before": before, "process:nvml": after or 0}))
+            parts.append(ParkResult(residue={"process:nvml_before": before}))
         return parts
 
 
@@ -373,16 +373,14 @@ class _Loop:
         parks, self.parks_seen = self.gpu.stats.parks.since(self.parks_seen)
         out = {"parked_s": sum(e - s for kind, s, e in events if kind == "park"),
                "parked_bytes": float(sum(p.bytes_moved for p in parks))}
-        if parks:
-            last = parks[-1].residue
-            for key, field in (("process:nvml_before", "parked_nvml_before"), ("process:nvml", "parked_nvml_after"),
-                               ("process:outside_allocator", "parked_outside_allocator")):
-                if key in last:
-                    out[field] = float(last[key])
-            if "process:nvml" in last:
-                from rota.residue import residue_left
+        last = parks[-1].residue if parks else {}
+        if "process:nvml_before" in last and "process:outside_allocator" in last:
+            from rota.residue import residue_left
 
-                out["parked_residue"] = float(residue_left(parks[-1]))
+            outside = last["process:outside_allocator"]
+            out.update(parked_nvml_before=float(last["process:nvml_before"]), parked_outside_allocator=float(outside),
+                       parked_nvml_after=float(outside + last.get("process:reserved", 0)),  # NVML's bytes after it
+                       parked_residue=float(residue_left(parks[-1])))
         if not parks_only:
             out["wait_s"] = sum(e - s for kind, s, e in events if kind == "wait")
             out["restore_s"] = sum(e - s for kind, s, e in events if kind == "restore")
@@ -604,20 +602,9 @@ class Trainer(_Base):
         return {"logprobs": logprobs, "metrics": {"loss:sum": sum(losses)}}
 
     def op_optim_step(self, model_id: str, adam: dict[str, float]) -> dict[str, Any]:
-        import torch
+        from rota_tinker._models import adam_step
 
-        entry = self._get(model_id)
-        params = [p for group in entry.optimizer.param_groups for p in group["params"]]
-        norm = None
-        if adam["grad_clip_norm"] > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(params, adam["grad_clip_norm"]))
-        for group in entry.optimizer.param_groups:
-            group.update(lr=adam["learning_rate"], betas=(adam["beta1"], adam["beta2"]), eps=adam["eps"],
-                         weight_decay=adam["weight_decay"])
-        entry.optimizer.step()
-        entry.optimizer.zero_grad(set_to_none=False)
-        metrics = {} if norm is None else {"grad_norm:mean": norm}
-        return {"metrics": metrics}
+        return adam_step(self._get(model_id).optimizer, adam)
 
     def op_unload(self, model_id: str) -> dict[str, Any]:
         """Drop a model (in a turn: untracking restores a parked model first); nothing to do if it is gone."""
