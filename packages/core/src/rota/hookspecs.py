@@ -153,7 +153,7 @@ def rota_park(tenant: Gpu, plan: ParkPlan) -> ParkResult | None:
     rota_megatron and any trainer adapter built on it), by rota_vllm's in-process engine and
     rota_sglang's, and by rota_serving's ``EndpointParker`` (served engines); each parks its own
     part of ``tenant``. The Tinker service's workers wrap it (a hook wrapper adding the process's
-    NVML bytes before and after each park).
+    NVML bytes before each park; rota_torch's last part reads them after it).
 
     :param tenant: the client whose state is parked; adapters ignore other tenants.
     :param plan: tags and mode (offload or discard).
