@@ -350,7 +350,7 @@ def test_unsupported_features_answer_400_naming_them(hf_service: TinkerService) 
     rl = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={
         "target_tokens": np.asarray(ids[1:], np.int64), "logprobs": np.zeros(len(ids) - 1, np.float32),
         "advantages": np.ones(len(ids) - 1, np.float32)})
-    with pytest.raises(tinker.BadRequestError, match="loss_fn 'stable_reinforce'"):
+    with pytest.raises(tinker.BadRequestError, match="has no provenance"):  # stable_reinforce needs recorded samples
         tc.forward([rl], "stable_reinforce").result(timeout=30)  # the SDK's own client raises, it does not retry
     assert np.isfinite(tc.forward([datum(ids)], "cross_entropy").result(timeout=TIMEOUT).metrics["loss:sum"])
 

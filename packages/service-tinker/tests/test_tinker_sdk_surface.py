@@ -36,22 +36,15 @@ CLASSES = {"ServiceClient": tinker.ServiceClient, "TrainingClient": tinker.Train
            "SamplingClient": tinker.SamplingClient, "RestClient": tinker.RestClient, "AdminClient": AdminClient}
 # methods that answer, with what they leave out (the table's "partial"; written by hand: a call that answers cannot
 # show what it leaves out)
-_STABILITY = "record_stability_info=True is refused (StableReinforce is not implemented)"
 _USAGE = "the caller's own checkpoints' count and bytes; no costs, no projects"
 _PUBLIC = "marks the caller's checkpoint public in listings; no other tenant can read it (no sharing here)"
 _ADAM = "AdamW only: other optimizer configs are refused"
-_LOSSES = "every built-in loss but stable_reinforce (refused)"
 PARTIAL: dict[str, str] = {
-    **{f"{c}.{m}{a}": _STABILITY for c, m in (("ServiceClient", "create_sampling_client"),
-                                             ("TrainingClient", "create_sampling_client"),
-                                             ("TrainingClient", "save_weights_and_get_sampling_client"))
-       for a in ("", "_async")}, "SamplingClient.create": _STABILITY,
     **{f"{c}.get_current_checkpoint_storage_usage{a}": _USAGE for c in ("RestClient", "AdminClient")
        for a in ("", "_async")},
     **{f"RestClient.publish_checkpoint_from_tinker_path{a}": _PUBLIC for a in ("", "_async")},
     **{f"ServiceClient.create_lora_training_client{a}": _ADAM for a in ("", "_async")},
     **{f"TrainingClient.optim_step{a}": "AdamParams only: other optimizers are refused" for a in ("", "_async")},
-    **{f"TrainingClient.{m}{a}": _LOSSES for m in ("forward", "forward_backward") for a in ("", "_async")},
     **{m: "the caller's own checkpoints (weights_access_token is refused)"
        for m in ("ServiceClient.copy_weights", "RestClient.copy_weights", "RestClient.copy_weights_async")},
     "RestClient.search_sessions": "the caller's live sessions (ended ones are not kept; owner 'user' is refused)",

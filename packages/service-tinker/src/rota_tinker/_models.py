@@ -295,6 +295,7 @@ LOSS_CONFIG: dict[str, dict[str, float]] = {
     "cispo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "gspo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "dro": {"beta": 0.05},
+    "stable_reinforce": {"kl_coeff": 0.0},
 }
 
 
@@ -307,6 +308,8 @@ def datum_loss(loss_fn: str, lp: torch.Tensor, inputs: dict[str, torch.Tensor],
         return -(lp * weights).sum() if weights is not None else -lp.sum()
     if loss_fn not in LOSS_CONFIG:
         raise ValueError(f"loss_fn {loss_fn!r} not supported")
+    if loss_fn == "stable_reinforce":
+        return stable_reinforce(lp, inputs["logprobs"], inputs["advantages"], inputs["sampled_mask"], cfg["kl_coeff"])
     sampled, adv = inputs["logprobs"], inputs["advantages"]
     ratio = torch.exp(lp - sampled)
     if loss_fn == "importance_sampling":
@@ -322,3 +325,24 @@ def datum_loss(loss_fn: str, lp: torch.Tensor, inputs: dict[str, torch.Tensor],
     if loss_fn in ("ppo", "gspo"):
         return -torch.min(ratio * adv, clipped * adv).sum()
     return -(clipped.detach() * lp * adv).sum()  # cispo
+
+
+def stable_reinforce(lp: torch.Tensor, sampler_lp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                     kl_coeff: float) -> torch.Tensor:
+    """StableReinforce as this service defines it (the Tinker docs do not publish the formula; the service README
+    says what was assumed and why), over the rows where ``mask`` is 1 (target tokens that were sampled, their
+    sampler logprob ``sampler_lp`` recorded at sampling time):
+
+    ``-sum A * sg(min(r, 1)) * log p  +  kl_coeff * sum (r - 1 - log r)``, with ``r = p / q`` per token.
+
+    The first term is REINFORCE with truncated importance weights: on-policy (r = 1) it is plain REINFORCE, and a
+    stale or numerically different sampler can only shrink a token's weight, never blow it up. The second is the
+    k3 estimate of KL(q || p) on the sampled tokens (>= 0 per token, gradient ``kl_coeff * (r - 1)`` per logprob),
+    which pulls the learner back toward what was sampled.
+    """
+    on = mask != 0
+    log_ratio = torch.where(on, lp - sampler_lp, torch.zeros_like(lp))
+    ratio = torch.exp(log_ratio)
+    weight = torch.clamp(ratio, max=1.0).detach()
+    policy = -(torch.where(on, weight * lp * adv, torch.zeros_like(lp))).sum()
+    return policy + kl_coeff * torch.where(on, ratio - 1 - log_ratio, torch.zeros_like(lp)).sum()

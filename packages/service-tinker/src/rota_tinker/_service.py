@@ -61,6 +61,7 @@ from rota_tinker import _audit, _checkpoints, _external, _projects, _trace, _usa
 from rota_tinker._config import STATE_BYTES_PER_PARAM, BaseModelSpec, ServiceConfig, Tenant
 from rota_tinker._hf import HfModelSpec
 from rota_tinker._http import HttpServer, Reply, Request
+from rota_tinker._stability import StabilityRecords
 from rota_tinker._state_files import private_dir
 from rota_tinker._wire import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 from rota_tinker._worker import WorkerSpec
@@ -159,6 +160,7 @@ class _State:
         self.runs = _checkpoints.Runs()  # training runs and training checkpoints (save_state)
         self.usage_counts = _usage.Usage()  # tokens and checkpoints by the hour (get_billing_usage)
         self.sampling: dict[str, _SamplingSession] = {}
+        self.stability = StabilityRecords()  # samples recorded for stable_reinforce (record_stability_info)
         self.futures: dict[str, Future] = {}
         self.future_session: dict[str, str] = {}  # request id -> its session (for session traces)
         self._last_prune = 0.0
@@ -282,6 +284,7 @@ class _State:
             for ssid in [k for k, s in self.sampling.items() if s.parent == sid]:
                 del self.sampling[ssid]
             models = [m for m in self.models.values() if m.session_id == sid]
+        self.stability.end_session(sid)
         log.info("tenant %s: session %s ended (%s); unloading %d model(s)", session.tenant, sid, why, len(models))
         for m in models:
             self.unload(m, self.future(m.tenant, "UnloadModel"))
@@ -685,6 +688,9 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
             if d.tokens.size > m.base.max_len:
                 raise BadRequest(f"data[{i}] has {d.tokens.size} tokens; base model {m.base.name!r} takes at most "
                                  f"{m.base.max_len}")
+            if fb.loss_fn == "stable_reinforce":  # the sampler's records, checked against the datum's provenance
+                inputs = self.state.stability.loss_inputs(tenant.name, m.session_id, i, d.tokens, inputs,
+                                                          d.provenance)
             data.append((d.tokens, inputs))
         fut = self.state.future(tenant.name, "ForwardBackward", m.session_id)
 
@@ -831,9 +837,11 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
         else:
             base = self._base(field_of(body, "base_model", str))
             key, shareable = f"base:{base.name}", True
-        if field_of(body, "record_stability_info", bool, required=False, default=False):
-            raise BadRequest("record_stability_info=true (StableReinforce) is not implemented by this service; leave "
-                             "it false", status=NOT_IMPLEMENTED)
+        record = field_of(body, "record_stability_info", bool, required=False, default=False)
+        if record and session is None:
+            raise BadRequest("record_stability_info=true is taken only with a sampling_session_id (records belong "
+                             "to the training session that sampled them): sample through the SDK's SamplingClient, "
+                             "which makes one")
         num = field_of(body, "num_samples", int, required=False, default=1, bounds=(1, MAX_SAMPLES))
         prompt = _wire.prompt_tokens(body.get("prompt"), base.vocab)
         if prompt.size >= base.max_len:
@@ -855,11 +863,16 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
         state.workers[(tenant.name, "sampler")].submit(
             fut, "sample", {"key": key, "base": base, "prompt": prompt, "params": params, "num_samples": num,
                             "seed": seed, "shared_base": shared},
-            lambda result: self._sampled(fut, tenant, result, prompt.size, base.name, session), restart=True)
+            lambda result: self._sampled(fut, tenant, result, prompt.size, base.name, session,
+                                         (seq_ids, prompt) if record else None), restart=True)
         return self._future_reply(fut, None, sample_sequence_ids=seq_ids)
 
     def _sampled(self, fut: Future, tenant: Tenant, result: dict[str, Any], prompt_len: int, base: str,
-                 session: str | None) -> None:
+                 session: str | None, record: tuple[list[str], Any] | None = None) -> None:
+        if record is not None and session is not None:  # record_stability_info: kept for stable_reinforce
+            seq_ids, prompt = record
+            self.state.stability.record(tenant.name, session, seq_ids, prompt,
+                                        [(seq[0], seq[1]) for seq in result["sequences"]])
         usage = self.state.usage_counts
         usage.note(tenant.name, "sampling_prefill", prompt_len, base, session)
         usage.note(tenant.name, "sampling_sample", sum(len(seq[0]) for seq in result["sequences"]), base, session)

@@ -30,12 +30,17 @@ LOSS_INPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "cross_entropy": (("target_tokens",), ("weights",)),
     "importance_sampling": _RL_INPUTS, "ppo": _RL_INPUTS, "cispo": _RL_INPUTS, "dro": _RL_INPUTS,
     "gspo": (_RL_INPUTS[0], ("sequence_ratio_mask",)),  # the mask: tokens of the sequence ratio (default: all)
+    # the sampler's logprobs come from the service's own records (rota_tinker._stability); the caller's copy, which
+    # the cookbook sends, is taken and not used
+    "stable_reinforce": (("target_tokens", "advantages"), ("logprobs",)),
 }
 LOSS_FNS = tuple(LOSS_INPUTS)
 # loss_fn -> the loss_fn_config keys it takes (see rota_tinker._models.LOSS_CONFIG for their defaults)
 _CLIP = ("clip_low_threshold", "clip_high_threshold")
 LOSS_CONFIG_KEYS = {"cross_entropy": (), "importance_sampling": (), "ppo": _CLIP, "cispo": _CLIP, "gspo": _CLIP,
-                    "dro": ("beta",)}
+                    "dro": ("beta",), "stable_reinforce": ("kl_coeff",)}
+MAX_SPANS = 4096  # provenance runs per datum field (a multi-turn datum has two per turn)
+MAX_SEQUENCE_ID = 128  # characters of a sequence_id (this service's are about 40)
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 MAX_JSON_DEPTH = 32  # the SDK's bodies nest 5 deep at most
 INT64 = (-(2**63), 2**63 - 1)
@@ -56,12 +61,25 @@ class BadRequest(ValueError):
         self.status = status
 
 
+@dataclass(frozen=True)
+class Span:
+    """One provenance run (the SDK's ``PromptProvenanceSpan`` / ``SampledProvenanceSpan``): ``length`` datum positions
+    are positions ``[offset, offset + length)`` of sequence ``sequence_id``'s prompt or sampled tokens."""
+
+    sampled: bool  # False: prompt tokens
+    sequence_id: str
+    offset: int
+    length: int
+
+
 @dataclass
 class Datum:
     """One training example: input tokens and per-token loss inputs (numpy arrays)."""
 
     tokens: np.ndarray  # int64 [T]
     inputs: dict[str, np.ndarray]  # name -> [T]
+    # provenance (Datum.with_provenance): runs tiling model_input, and runs tiling the target rows; None: none given
+    provenance: tuple[list[Span], list[Span]] | None = None
 
 
 @dataclass
@@ -186,17 +204,10 @@ def parse_forward_backward(body: bytes) -> FwdBwd:
     if not msg.model_id:
         raise BadRequest("model_id is empty; pass the model_id returned by create_model")
     if msg.loss_fn not in LOSS_FNS:
-        status = NOT_IMPLEMENTED if msg.loss_fn in ("stable_reinforce", "custom") else 400
+        status = NOT_IMPLEMENTED if msg.loss_fn == "custom" else 400
         raise BadRequest(f"loss_fn {msg.loss_fn[:60]!r} is not supported by this service; use one of {list(LOSS_FNS)} "
                          "(forward_backward_custom works: the SDK computes a custom loss on the client)", status=status)
-    loss_config: dict[str, float] = {}
-    for key, value in msg.loss_fn_config.items():
-        if key not in LOSS_CONFIG_KEYS[msg.loss_fn]:
-            raise BadRequest(f"loss_fn_config key {key[:60]!r} is not one of {list(LOSS_CONFIG_KEYS[msg.loss_fn])} "
-                             f"taken by loss_fn {msg.loss_fn!r}")
-        if not math.isfinite(value):
-            raise BadRequest(f"loss_fn_config[{key!r}] is {value!r}; send a finite number")
-        loss_config[key] = float(value)
+    loss_config = _loss_config(msg)
     if not msg.data:
         raise BadRequest("data is empty; send at least one Datum")
     required, optional = LOSS_INPUTS[msg.loss_fn]
@@ -229,9 +240,65 @@ def parse_forward_backward(body: bytes) -> FwdBwd:
                                  f"{tokens.size} tokens; give one value per input position")
             if n != "target_tokens":  # token ids are checked against the model's vocabulary by the caller
                 inputs[n] = finite_values(arr, f"data[{i}].loss_fn_inputs[{n!r}]")
-        data.append(Datum(tokens=tokens, inputs=inputs))
+        data.append(Datum(tokens=tokens, inputs=inputs, provenance=_provenance(d, i, tokens.size)))
     return FwdBwd(model_id=msg.model_id, seq_id=msg.seq_id, loss_fn=msg.loss_fn, forward_only=msg.forward_only,
                   data=data, loss_config=loss_config)
+
+
+def _loss_config(msg: Any) -> dict[str, float]:
+    """``loss_fn_config_v2`` when set (the SDK mirrors its numbers into the legacy map), else ``loss_fn_config``."""
+    if msg.loss_fn_config_v2:
+        items = []
+        for key, value in msg.loss_fn_config_v2.items():
+            if value.WhichOneof("value") != "number":
+                raise BadRequest(f"loss_fn_config[{key[:60]!r}] is text; loss_fn {msg.loss_fn!r} takes numbers only")
+            items.append((key, value.number))
+    else:
+        items = list(msg.loss_fn_config.items())
+    out: dict[str, float] = {}
+    for key, value in items:
+        if key not in LOSS_CONFIG_KEYS[msg.loss_fn]:
+            raise BadRequest(f"loss_fn_config key {key[:60]!r} is not one of {list(LOSS_CONFIG_KEYS[msg.loss_fn])} "
+                             f"taken by loss_fn {msg.loss_fn!r}")
+        if not math.isfinite(value):
+            raise BadRequest(f"loss_fn_config[{key!r}] is {value!r}; send a finite number")
+        out[key] = float(value)
+    return out
+
+
+def _spans(runs: Any, where: str, positions: int) -> list[Span]:
+    """A field's provenance runs, checked: known arms, ids of at most :data:`MAX_SEQUENCE_ID` characters, offsets
+    and lengths >= 0, and lengths that tile the ``positions`` of the field exactly."""
+    if len(runs) > MAX_SPANS:
+        raise BadRequest(f"{where} has {len(runs)} runs; this service takes at most {MAX_SPANS} per datum field")
+    out = []
+    for k, run in enumerate(runs):
+        arm = run.WhichOneof("span")
+        if arm is None:
+            raise BadRequest(f"{where}[{k}] is empty; give a PromptProvenanceSpan or a SampledProvenanceSpan")
+        span = getattr(run, arm)
+        if not span.sequence_id or len(span.sequence_id) > MAX_SEQUENCE_ID:
+            raise BadRequest(f"{where}[{k}].sequence_id must be 1-{MAX_SEQUENCE_ID} characters; give a "
+                             "SampledSequence.sequence_id")
+        if span.offset < 0 or span.length < 0:
+            raise BadRequest(f"{where}[{k}] has offset {span.offset} and length {span.length}; both must be >= 0")
+        out.append(Span(arm == "sampled_tokens", span.sequence_id, int(span.offset), int(span.length)))
+    covered = sum(s.length for s in out)
+    if covered != positions:
+        raise BadRequest(f"{where} covers {covered} positions but the field has {positions}; the runs must tile it "
+                         "exactly (Datum.with_provenance checks this)")
+    return out
+
+
+def _provenance(d: Any, i: int, positions: int) -> tuple[list[Span], list[Span]] | None:
+    """A datum's provenance: both span lists or neither (as ``Datum`` asserts)."""
+    if not d.model_input_spans and not d.loss_fn_input_spans:
+        return None
+    if not d.model_input_spans or not d.loss_fn_input_spans:
+        raise BadRequest(f"data[{i}] has provenance for one field only; set model_input_spans and "
+                         "loss_fn_input_spans together (Datum.with_provenance)")
+    return (_spans(d.model_input_spans, f"data[{i}].model_input_spans", positions),
+            _spans(d.loss_fn_input_spans, f"data[{i}].loss_fn_input_spans", positions))
 
 
 def forward_backward_output(logprobs: list[np.ndarray], metrics: dict[str, float]) -> bytes:
