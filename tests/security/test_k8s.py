@@ -329,11 +329,9 @@ def the_pods_env(fake: Any, meta: dict[str, Any], spec: dict[str, Any]) -> dict[
 
 @pytest.fixture
 def rota_cli() -> Any:
-    from rota import plugin_manager
-    from rota.cli.main import cli
+    from rota.testing import cli_with_plugins
 
-    plugin_manager().hook.rota_cli(cli=cli)
-    return cli
+    return cli_with_plugins()
 
 
 def test_row23_a_job_id_in_another_namespace_is_another_job(rota_cli: Any) -> None:

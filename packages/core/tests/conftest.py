@@ -1,23 +1,15 @@
-"""Fixtures of rota-core's tests: a real orchestrator on loopback, an environment for tenant processes."""
+"""rota-core's tests run their orchestrator with a shorter TTL and park timeout than the fixtures' default.
+
+``orchestrator``, ``endpoint``, ``connect`` and ``child_env`` are rota-core's pytest plugin (rota.fixtures).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from rota.orchestrator import Orchestrator, OrchestratorConfig
-from rota.testing import child_environment, running_orchestrator
+from rota.orchestrator import OrchestratorConfig
 
 
 @pytest.fixture
-def orchestrator() -> Iterator[tuple[str, Orchestrator]]:
-    """A fresh embedded orchestrator (short TTL) served over real gRPC on a loopback port."""
-    with running_orchestrator(OrchestratorConfig(ttl_s=2.0, park_timeout_s=10.0)) as served:
-        yield served
-
-
-@pytest.fixture
-def child_env(tmp_path) -> dict[str, str]:
-    """Environment for tenant subprocesses: no inherited ROTA_* settings, own runtime dir."""
-    return child_environment(tmp_path / "runtime")
+def orchestrator_config() -> OrchestratorConfig:
+    return OrchestratorConfig(ttl_s=2.0, park_timeout_s=10.0)

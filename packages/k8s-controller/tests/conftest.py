@@ -1,5 +1,5 @@
-"""Fixtures of rota-k8s-controller's tests: a real orchestrator, tenants over gRPC (``fake_api``, ``core_api``: the
-package's pytest plugin)."""
+"""Fixtures of rota-k8s-controller's tests: the orchestrator's settings, tenants over gRPC (``orchestrator`` is
+rota-core's pytest plugin, rota.fixtures; ``fake_api`` and ``core_api`` the package's own)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from grpc_tenant import Tenant
 
-from rota.testing import running_orchestrator
+from rota.orchestrator import OrchestratorConfig
 
 
 @pytest.fixture
-def orchestrator() -> Iterator[tuple[str, Any]]:
-    with running_orchestrator() as (endpoint, engine):
-        yield endpoint, engine
+def orchestrator_config() -> OrchestratorConfig:
+    """The default settings: these tenants acquire over rota.v1 without a session (no heartbeats)."""
+    return OrchestratorConfig()
 
 
 @pytest.fixture

@@ -45,9 +45,6 @@ def prefix(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.fixture
-def child_env(tmp_path, prefix: str) -> dict[str, str]:
-    """Environment for tenant and orchestrator subprocesses."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
-    env.update(ROTA_RUNTIME_DIR=str(tmp_path / "runtime"), PYTHONUNBUFFERED="1", ROTA_ETCD_PREFIX=prefix,
-               ROTA_ETCD_LEADER_TTL="2")
-    return env
+def child_env(child_env: dict[str, str], prefix: str) -> dict[str, str]:
+    """rota.fixtures' environment for tenant subprocesses, with this test's etcd prefix (orchestrators too)."""
+    return {**child_env, "ROTA_ETCD_PREFIX": prefix, "ROTA_ETCD_LEADER_TTL": "2"}

@@ -1,21 +1,21 @@
-"""Fixtures of rota-scheduler-k8s's tests: a real orchestrator, the ``rota`` CLI.
+"""Fixtures of rota-scheduler-k8s's tests: the orchestrator's settings, the ``rota`` CLI.
 
-``fake_api`` is rota_k8s_controller's pytest plugin."""
+``orchestrator`` is rota-core's pytest plugin (rota.fixtures), ``fake_api`` rota_k8s_controller's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from rota.testing import cli_with_plugins, running_orchestrator
+from rota.orchestrator import OrchestratorConfig
+from rota.testing import cli_with_plugins
 
 
 @pytest.fixture
-def orchestrator() -> Iterator[tuple[str, Any]]:
-    with running_orchestrator() as (endpoint, engine):
-        yield endpoint, engine
+def orchestrator_config() -> OrchestratorConfig:
+    """The default settings: the status tests' tenants acquire over rota.v1 without a session (no heartbeats)."""
+    return OrchestratorConfig()
 
 
 @pytest.fixture

@@ -183,11 +183,9 @@ def _parse_rota_command(argv: list[str]) -> str:
     """Parse ``argv`` with the real ``rota`` CLI (plugins included) without running it; return the leaf."""
     import click
 
-    from rota import plugin_manager
-    from rota.cli.main import cli
+    from rota.testing import cli_with_plugins
 
-    plugin_manager().hook.rota_cli(cli=cli)
-    cmd: click.Command = cli
+    cmd: click.Command = cli_with_plugins()
     ctx = cmd.make_context(argv[0], argv[1:])
     path = [argv[0]]
     while isinstance(cmd, click.Group):
@@ -221,10 +219,9 @@ def test_rendered_commands_parse_with_the_real_cli(objs: list[dict[str, Any]]) -
 
 
 def test_rendered_agent_command_parses_with_the_real_cli(objs: list[dict[str, Any]]) -> None:
-    from rota import plugin_manager
-    from rota.cli.main import cli
+    from rota.testing import cli_with_plugins
 
-    plugin_manager().hook.rota_cli(cli=cli)
+    cli = cli_with_plugins()
     if "agent" not in cli.commands:
         pytest.skip("rota-agent is not installed in this environment")
     if "auth_key" not in {p.name for p in cli.commands["agent"].commands["serve"].params}:  # type: ignore[attr-defined]

@@ -51,8 +51,9 @@ def _operator_shell(admin_token: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def orchestrator(auth_key: Path, admin_token: str) -> Iterator[str]:
-    """Endpoint of a served orchestrator; its log is at ``orchestrator.log`` in the tmp dir."""
+def orchestrator_address(auth_key: Path, admin_token: str) -> Iterator[str]:
+    """The address of this session's ``rota orchestrator serve`` process (with ``--auth-key``; the fixtures' own
+    ``orchestrator`` is embedded); its log is at ``orchestrator.log`` in the tmp dir."""
     endpoint = f"127.0.0.1:{free_port()}"
     logdir = Path(tempfile.mkdtemp(prefix="rota-orch-"))
     admin = pytest.MonkeyPatch()  # only while it starts: the tests get the token from _operator_shell
@@ -90,13 +91,13 @@ _LOGS: dict[str, Path] = {}
 
 
 @pytest.fixture
-def orchestrator_log(orchestrator: str) -> Path:
+def orchestrator_log(orchestrator_address: str) -> Path:
     """The log file of the session's orchestrator (served at --log-level info; evictions are warnings)."""
     return _LOGS["orchestrator"]
 
 
 @pytest.fixture(scope="session")
-def slurm(orchestrator: str, auth_key: Path) -> Iterator[SlurmCluster]:
+def slurm(orchestrator_address: str, auth_key: Path) -> Iterator[SlurmCluster]:
     """A running two-node Slurm cluster whose SPANK plugin points jobs at ``orchestrator`` with their tokens."""
     missing = missing_binaries()
     if missing:
@@ -105,7 +106,7 @@ def slurm(orchestrator: str, auth_key: Path) -> Iterator[SlurmCluster]:
         pytest.skip("Slurm test cluster needs root")
     root = Path(tempfile.mkdtemp(prefix="rota-slurm-"))
     cluster = SlurmCluster(root, nodes=("n1", "n2"), gpus_per_node=2, shards_per_gpu=4, cpus_per_node=4,
-                           orchestrator=orchestrator, auth_key=str(auth_key))
+                           orchestrator=orchestrator_address, auth_key=str(auth_key))
     cluster.start()
     try:
         yield cluster

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from rota.cli.main import cli
+from rota.testing import cli_with_plugins
 from rota_slurm._orchestrator import group_status
-from rota_slurm.plugin import rota_cli
 from rota_slurm.testing import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -22,10 +21,8 @@ HOLDER = Path(__file__).with_name("holder.py")
 
 @pytest.fixture
 def rota_slurm_cli(slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    if "slurm" not in cli.commands:
-        rota_cli(cli)
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
-    return cli
+    return cli_with_plugins()
 
 
 def _until(pred, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
@@ -36,7 +33,7 @@ def _until(pred, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-u
         time.sleep(0.2)
 
 
-def test_submit_and_status(slurm: SlurmCluster, orchestrator: str, outdir: Path, rota_slurm_cli) -> None:  # type: ignore[no-untyped-def]
+def test_submit_and_status(slurm: SlurmCluster, orchestrator_address: str, outdir: Path, rota_slurm_cli) -> None:  # type: ignore[no-untyped-def]
     runner = CliRunner()
     res = runner.invoke(rota_slurm_cli, ["slurm", "submit", "--group", "cli-g", "--tenants", "2", "--node", "n2",
                                          "--", "-o", str(outdir / "%j.out"), "--wrap",
@@ -45,17 +42,17 @@ def test_submit_and_status(slurm: SlurmCluster, orchestrator: str, outdir: Path,
     jobs = res.output.split()
     assert len(jobs) == 2
     try:
-        _until(lambda: (g := group_status(orchestrator, "cli-g")) and g[0].holder in jobs and len(g[0].queue) == 1,
-               "one tenant holding, one waiting")
-        st = runner.invoke(rota_slurm_cli, ["slurm", "status", "--orchestrator", orchestrator, "--group", "cli-g",
-                                            "--json"])
+        _until(lambda: (g := group_status(orchestrator_address, "cli-g")) and g[0].holder in jobs
+               and len(g[0].queue) == 1, "one tenant holding, one waiting")
+        st = runner.invoke(rota_slurm_cli, ["slurm", "status", "--orchestrator", orchestrator_address,
+                                            "--group", "cli-g", "--json"])
         assert st.exit_code == 0, st.output
         rows = {r["job_id"]: r for r in json.loads(st.output)["jobs"]}
         assert set(rows) == set(jobs)
         assert sorted(r["turn"] for r in rows.values()) == ["holding", "waiting"]
         assert {r["slurm_state"] for r in rows.values()} == {"RUNNING"}  # both placed on n2's shards at once
         assert {r["nodes"] for r in rows.values()} == {"n2"}
-        table = runner.invoke(rota_slurm_cli, ["slurm", "status", "--orchestrator", orchestrator])
+        table = runner.invoke(rota_slurm_cli, ["slurm", "status", "--orchestrator", orchestrator_address])
         assert "holding" in table.output and "waiting" in table.output
         # without --orchestrator: the one in the cluster's plugstack.conf, found through $SLURM_CONF
         found = runner.invoke(rota_slurm_cli, ["slurm", "status", "--group", "cli-g"],
@@ -64,7 +61,7 @@ def test_submit_and_status(slurm: SlurmCluster, orchestrator: str, outdir: Path,
     finally:
         slurm.run("scancel", *jobs)
         slurm.wait_jobs(jobs, timeout=60)
-    _until(lambda: not group_status(orchestrator, "cli-g")[0].holder, "group cli-g freed", timeout=30)
+    _until(lambda: not group_status(orchestrator_address, "cli-g")[0].holder, "group cli-g freed", timeout=30)
 
 
 def test_status_without_an_orchestrator_anywhere_says_where_to_put_it(rota_slurm_cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -111,13 +108,13 @@ def test_epilog_without_group_is_a_noop(rota_slurm_cli) -> None:  # type: ignore
     assert res.exit_code == 0 and res.output == ""
 
 
-def test_epilog_evicts_at_the_plugstack_orchestrator(orchestrator: str, rota_slurm_cli) -> None:  # type: ignore[no-untyped-def]
+def test_epilog_evicts_at_the_plugstack_orchestrator(orchestrator_address: str, rota_slurm_cli) -> None:  # type: ignore[no-untyped-def]
     """As a site Epilog= script: job and group from the env, orchestrator and key from plugstack.conf."""
     from rota import auth
     from rota.wire import timeslice_orchestrator_pb2 as v1a
     from rota.wire import timeslice_orchestrator_pb2_grpc as v1a_grpc
 
-    with auth.channel(orchestrator) as ch:  # the admin token of this process
+    with auth.channel(orchestrator_address) as ch:  # the admin token of this process
         v1a_grpc.TimeSliceOrchestratorServiceStub(ch).Acquire(v1a.AcquireRequest(job_id="900001", group_id="ep-g"),
                                                                timeout=30)
     res = CliRunner().invoke(rota_slurm_cli, ["slurm", "epilog"], env={
@@ -125,4 +122,4 @@ def test_epilog_evicts_at_the_plugstack_orchestrator(orchestrator: str, rota_slu
         "SPANK_ROTA_ORCHESTRATOR": "127.0.0.1:9", "ROTA_ORCHESTRATOR": "127.0.0.1:9"})  # ignored
     assert res.exit_code == 0, res.output
     assert "holder=True" in res.output
-    assert group_status(orchestrator, "ep-g")[0].holder == ""
+    assert group_status(orchestrator_address, "ep-g")[0].holder == ""

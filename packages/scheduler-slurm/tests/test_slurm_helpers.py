@@ -9,20 +9,16 @@ import pytest
 from click.testing import CliRunner
 
 from rota import TurnRequest, auth
-from rota.cli.main import cli
 from rota.errors import ConfigError
-from rota.testing import new_plugin_manager
+from rota.testing import cli_with_plugins, new_plugin_manager
 from rota_slurm import GresLayout, PlugstackLine, conflicts, gres_conf, write_plugstack
 from rota_slurm._slurm import SlurmJob, _job_from_json, parse_gres_detail
 from rota_slurm._spank import plugstack_path, read_plugstack
-from rota_slurm.plugin import rota_cli
 
 
 @pytest.fixture(scope="module")
 def rota_cli_with_slurm():  # type: ignore[no-untyped-def]
-    if "slurm" not in cli.commands:
-        rota_cli(cli)
-    return cli
+    return cli_with_plugins()
 
 
 def test_gres_conf_spreads_shards_over_gpus() -> None:
@@ -134,7 +130,7 @@ def test_submit_accepts_placeholders(rota_cli_with_slurm) -> None:  # type: igno
 
 
 def test_epilog_with_gpu_sets_evicts_the_job_from_its_nodes_matching_groups(
-        orchestrator: str, rota_cli_with_slurm) -> None:  # type: ignore[no-untyped-def]
+        orchestrator_address: str, rota_cli_with_slurm) -> None:  # type: ignore[no-untyped-def]
     from rota import auth
     from rota.wire import timeslice_orchestrator_pb2 as v1a
     from rota.wire import timeslice_orchestrator_pb2_grpc as v1a_grpc
@@ -142,8 +138,8 @@ def test_epilog_with_gpu_sets_evicts_the_job_from_its_nodes_matching_groups(
 
     held = {"epg2-n1-gpu0": "900002", "epg2-n1-gpu0_1": "900002", "epg2-n2-gpu0": "900002",
             "epg2-n1-gpu1": "900003", "epg2x-n1-gpu0": "900002"}
-    epilog = ["slurm", "epilog", "--orchestrator", orchestrator]  # the token: this process's admin ROTA_TOKEN
-    with auth.channel(orchestrator) as ch:  # v1alpha1: no session, only Evict frees these
+    epilog = ["slurm", "epilog", "--orchestrator", orchestrator_address]  # the token: this process's admin ROTA_TOKEN
+    with auth.channel(orchestrator_address) as ch:  # v1alpha1: no session, only Evict frees these
         stub = v1a_grpc.TimeSliceOrchestratorServiceStub(ch)
         for group, job in held.items():
             stub.Acquire(v1a.AcquireRequest(job_id=job, group_id=group), timeout=30)
@@ -153,7 +149,7 @@ def test_epilog_with_gpu_sets_evicts_the_job_from_its_nodes_matching_groups(
     assert res.exit_code == 0, res.output
     assert sorted(res.output.splitlines()) == ["job 900002 left group epg2-n1-gpu0 (holder=True, queued=False)",
                                                "job 900002 left group epg2-n1-gpu0_1 (holder=True, queued=False)"]
-    holders = {g.group_id: g.holder for g in group_status(orchestrator) if g.group_id in held}
+    holders = {g.group_id: g.holder for g in group_status(orchestrator_address) if g.group_id in held}
     assert holders == {"epg2-n1-gpu0": "", "epg2-n1-gpu0_1": "", "epg2-n2-gpu0": "900002", "epg2-n1-gpu1": "900003",
                        "epg2x-n1-gpu0": "900002"}
     again = CliRunner().invoke(rota_cli_with_slurm, epilog, env={

@@ -17,10 +17,11 @@ ROTA = os.path.join(os.path.dirname(sys.executable), "rota")
 
 
 @pytest.mark.skipif(bool(missing_binaries()) or os.geteuid() != 0, reason="needs root and Slurm's packages")
-def test_quickstart_runs_timeslice_jobs_and_stops_cleanly(orchestrator: str, auth_key: Path, tmp_path: Path) -> None:
+def test_quickstart_runs_timeslice_jobs_and_stops_cleanly(orchestrator_address: str, auth_key: Path,
+                                                          tmp_path: Path) -> None:
     folder = tmp_path / "qs"
-    proc = subprocess.Popen([ROTA, "slurm", "quickstart", str(folder), "--orchestrator", orchestrator, "--auth-key",
-                             str(auth_key), "--gpus", "1", "--tenants-per-gpu", "2"],
+    proc = subprocess.Popen([ROTA, "slurm", "quickstart", str(folder), "--orchestrator", orchestrator_address,
+                             "--auth-key", str(auth_key), "--gpus", "1", "--tenants-per-gpu", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         conf, hints = "", []

@@ -38,7 +38,7 @@ def _token_of(env: dict[str, str], auth_key: Path) -> auth.Principal:
     return auth.verify(auth.load_key(str(auth_key)), env["ROTA_TOKEN"])
 
 
-def test_sbatch_sets_rota_env(slurm: SlurmCluster, orchestrator: str, auth_key: Path, outdir: Path) -> None:
+def test_sbatch_sets_rota_env(slurm: SlurmCluster, orchestrator_address: str, auth_key: Path, outdir: Path) -> None:
     # ROTA_RANK/ROTA_WORLD_SIZE (and a token) from the submitting shell must not reach a one-task step
     job = slurm.sbatch("--timeslice=envg", "--timeslice-priority=7", "--gres=shard:1", "-w", "n1", "-t", "30",
                        "--export=ALL,ROTA_RANK=3,ROTA_WORLD_SIZE=5,ROTA_TOKEN=forged", "-o", str(outdir / "%j.out"),
@@ -47,7 +47,7 @@ def test_sbatch_sets_rota_env(slurm: SlurmCluster, orchestrator: str, auth_key: 
     env = _env_of(outdir / f"{job}.out")
     assert env["ROTA_GROUP"] == "envg"
     assert env["ROTA_TENANT"] == job == env["SLURM_JOB_ID"]
-    assert env["ROTA_ORCHESTRATOR"] == orchestrator
+    assert env["ROTA_ORCHESTRATOR"] == orchestrator_address
     assert env["ROTA_PRIORITY"] == "7"
     # one process: its ranks are its own (torch.distributed under torchrun), not the job's task count
     assert "ROTA_RANK" not in env and "ROTA_WORLD_SIZE" not in env

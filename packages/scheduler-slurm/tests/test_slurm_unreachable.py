@@ -54,9 +54,9 @@ def test_slurm_epilog_with_a_silent_orchestrator_gives_up_at_its_timeout():
 
 def test_every_slurm_option_has_help():
     """`rota slurm check --backend` (and every other option of rota slurm) says what it does in --help."""
-    from rota.cli.main import cli
+    from rota.testing import cli_with_plugins
 
-    slurm = cli.get_command(None, "slurm")  # type: ignore[arg-type]
+    slurm = cli_with_plugins().commands["slurm"]
     missing = [f"{name} {opt.opts[0]}" for name, cmd in slurm.commands.items() for opt in cmd.params
                if isinstance(opt, click.Option) and not opt.hidden and not opt.help]
     assert missing == []
