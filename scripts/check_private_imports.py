@@ -1,13 +1,20 @@
-"""The private-module rule of pyproject's import-linter contracts, for what import-linter cannot see.
+"""pyproject's import-linter contracts, for what import-linter cannot see: tests and benchmarks.
 
 import-linter checks importable packages; tests/, packages/*/tests and bench/ are folders of scripts
-and test modules, so this applies the same rule to them: a module whose name has a part starting
-with ``_`` (``rota._engine``, ``rota_etcd._store``) is imported only by its own package, which
-here means the tests of the distribution that ships it (``packages/orchestrator-etcd/tests`` may
-import ``rota_etcd._store``). Everything else uses public modules (``rota.wire``, not
-``rota._generated``), except the imports in EXCEPTIONS, each with its reason.
+and test modules, so this applies the same rules to them, read from the contracts in pyproject.toml:
 
-Usage: python scripts/check_private_imports.py   (exit 1 naming each import that breaks the rule)
+* private modules: a module whose name has a part starting with ``_`` (``rota._engine``,
+  ``rota_etcd._store``) is imported only by its own package, which here means the tests of the
+  distribution that ships it (``packages/orchestrator-etcd/tests`` may import ``rota_etcd._store``).
+  Everything else uses public modules (``rota.wire``, not ``rota._generated``);
+* layers: a package's tests import what the package may import (its own layer's other packages and
+  the layers above it never); tests/ and bench/ sit above every layer;
+* forbidden modules: a plugin's tests use of core's command line only what the plugin may
+  (``rota.testing.cli_with_plugins`` gives the ``rota`` group); tests/ and bench/ likewise.
+
+Except the imports in EXCEPTIONS, each with its reason.
+
+Usage: python scripts/check_private_imports.py   (exit 1 naming each import that breaks a rule)
 """
 
 from __future__ import annotations
@@ -16,10 +23,16 @@ import ast
 import sys
 from pathlib import Path
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
 CHECKED = ("tests", "bench", "packages/*/tests")
 
-# (file, private module) -> why it may import it. Keep it short: a public seam is the better fix.
+# (file, module) -> why it may import it (a private module, another layer's package or a forbidden module).
+# Keep it short: a public seam is the better fix.
 EXCEPTIONS: dict[tuple[str, str], str] = {
     ("bench/handoff.py", "rota._local"): "measures the embedded orchestrator's start-up: is_serving is how it waits",
     ("bench/handoff.py", "rota._units"): "percentile, core's own, so the figures match rota status'",
@@ -36,7 +49,20 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("tests/security/test_tinker_checkpoints.py", "rota_tinker._checkpoints"): "bounds of the checkpoint registry",
     ("tests/security/test_tinker_checkpoints.py", "rota_tinker._service"): "a tenant's model record, attacked directly",
     ("tests/security/test_tinker_pool.py", "rota_tinker._pool"): "the LoRA pool's admission, attacked directly",
+    ("packages/agent/tests/tenant_proc.py", "rota_fsdp"): "a tenant whose state the agent parks is a real trainer's",
+    ("packages/core/tests/prefetch_tenant.py", "rota_agent"): "a prefetch is also asked of a node agent's tenant",
+    ("packages/core/tests/prefetch_tenant.py", "rota_torch"): "a prefetch restores real tensors ahead of a grant",
+    ("packages/core/tests/test_prefetch.py", "rota_agent"): "a prefetch is also asked of a node agent's tenant",
 }
+
+CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+# package -> its layer, 0 at the top (rota_demo | rota_tinker), from the layers contract
+LAYER = {pkg.strip(): i for c in CONTRACTS if c["type"] == "layers" for i, layer in enumerate(c["layers"])
+         for pkg in layer.split("|")}
+# forbidden contracts: (source packages, forbidden modules)
+FORBIDDEN = [({m.split(".")[0] for m in c["source_modules"]}, c["forbidden_modules"])
+             for c in CONTRACTS if c["type"] == "forbidden"]
+INDEPENDENT = [set(c["modules"]) for c in CONTRACTS if c["type"] == "independence"]
 
 
 # import package -> its folder, for every package of this repository (packages/NAME/src/PACKAGE)
@@ -78,6 +104,28 @@ def _private(module: str) -> str | None:
     return None
 
 
+def _broken(module: str, own: set[str]) -> tuple[str, str] | None:
+    """(the module or package named in the rule, the rule) that importing ``module`` from tests of ``own`` breaks."""
+    private = _private(module)
+    if private is not None and private.split(".")[0] not in own:
+        return private, f"private to {private.split('.')[0]}; use its public modules"
+    pkg = module.split(".")[0]
+    if own and pkg not in own and pkg in LAYER and LAYER[pkg] <= min(LAYER[o] for o in own):
+        return pkg, f"the layers contract keeps {', '.join(sorted(own))} from importing it"
+    for modules in INDEPENDENT:
+        if own & modules and pkg in modules - own:
+            return pkg, f"{', '.join(sorted(own & modules))} and {pkg} are independent by pyproject's contracts"
+    plugins = set(LAYER) - {"rota"}
+    for source, forbidden in FORBIDDEN:  # tests/ and bench/: what every plugin may not
+        sources = own or (plugins if plugins <= source else set())
+        if sources & source and not own & {f.split(".")[0] for f in forbidden}:
+            hit = next((f for f in forbidden if module == f or module.startswith(f + ".")), None)
+            if hit is not None:
+                whom = ", ".join(sorted(sources & source)) if own else "every plugin"
+                return hit, f"forbidden to {whom} by pyproject's contracts"
+    return None
+
+
 def check() -> list[str]:
     problems, used = [], set()
     for pattern in CHECKED:
@@ -86,15 +134,16 @@ def check() -> list[str]:
             own = _own_packages(path)
             seen = set()
             for line, module in _imports(ast.parse(path.read_text(), rel)):
-                private = _private(module)
-                if (rel, private) in EXCEPTIONS:
-                    used.add((rel, private))
-                if private is None or private.split(".")[0] in own or (rel, private) in EXCEPTIONS:
+                broken = _broken(module, own)
+                if broken is None:
                     continue
-                if (line, private) not in seen:
-                    seen.add((line, private))
-                    problems.append(f"{rel}:{line}: imports {private}, private to {private.split('.')[0]}; use its "
-                                    "public modules (or add the import to EXCEPTIONS in this script, with why)")
+                name, why = broken
+                if (rel, name) in EXCEPTIONS:
+                    used.add((rel, name))
+                elif (line, name) not in seen:
+                    seen.add((line, name))
+                    problems.append(f"{rel}:{line}: imports {name}, {why} (or add the import to EXCEPTIONS in "
+                                    "this script, with why)")
     for rel, private in sorted(EXCEPTIONS.keys() - used):
         problems.append(f"{rel}: no longer imports {private}; remove it from EXCEPTIONS in this script")
     return problems
@@ -102,5 +151,5 @@ def check() -> list[str]:
 
 if __name__ == "__main__":
     found = check()
-    print("\n".join(found) or "private imports: only a package's own tests, and the listed exceptions")
+    print("\n".join(found) or "tests and bench keep the import contracts, but for the listed exceptions")
     sys.exit(1 if found else 0)
