@@ -33,9 +33,9 @@ class FakeAllocatorPeak:
 
 
 def turn(gpu: rota.Gpu, working: WorkingSet) -> None:
-    """One turn as the worker's loop runs it: acquire, measure the turn, release."""
+    """One turn as the worker's loop runs it: acquire (rota_turn_started restarts the peak), measure the turn,
+    release."""
     gpu.acquire()
-    working.turn_started()
     working.turn_ended()
     gpu.release()
 
@@ -55,7 +55,8 @@ def test_working_set_is_reported_and_counted_against_capacity() -> None:
         try:
             assert a.footprint()["working"] == 0  # nothing measured before a first turn
             turn(a, sets[0])
-            assert a.footprint()["working"] == 2 * MIB and fakes[0].resets == 1
+            assert a.footprint()["working"] == 2 * MIB and fakes[0].resets == 1  # its own turn's hook only
+            assert fakes[1].resets == 0
             turn(b, sets[1])  # b's working set is not known yet: it fits beside a, a stays resident
             assert len(a.stats.parks) == 0
             turn(a, sets[0])  # now both are known: 2 x (2 MiB + tracked) > 3 MiB, so b is parked for a

@@ -262,7 +262,8 @@ def rota_register_policies(register: Callable[[str, Callable[..., Any]], None]) 
 def rota_turn_started(tenant: Gpu, grant: Grant) -> None:
     """A turn began: the grant was received and state restored.
 
-    Called by :meth:`rota.Gpu.acquire`; no plugin in this repository implements it.
+    Called by :meth:`rota.Gpu.acquire`; implemented by the Tinker service's workers (their working
+    set restarts the allocator's peak, so the turn's own peak is measured).
 
     :param tenant: the client holding the group.
     :param grant: the grant of this turn.

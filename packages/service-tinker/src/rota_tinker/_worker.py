@@ -158,9 +158,11 @@ class _Stop(Exception):
 class WorkingSet:
     """The ``working`` footprint of a CUDA tenant: its last turn's peak CUDA cache beyond its tracked tensors.
 
-    Registered on the tenant's plugin manager; the value is measured at the end of each turn
-    (so the hook, called on every acquire and heartbeat, only reads a number). ``peak`` and
-    ``reset`` read and restart the allocator's peak (``torch.cuda``'s for ``device`` by default).
+    Registered on the tenant's plugin manager: ``rota_turn_started`` restarts the allocator's peak, and the
+    worker's loop calls :meth:`turn_ended` just before its release (``rota_turn_ended`` comes after the
+    release, which already reports the footprint), so ``rota_footprint``, called on every acquire and
+    heartbeat, only reads a number. ``peak`` and ``reset`` read and restart the allocator's peak
+    (``torch.cuda``'s for ``device`` by default).
     """
 
     def __init__(self, gpu: Any, device: Any, *, peak: Callable[[], int] | None = None,
@@ -174,13 +176,17 @@ class WorkingSet:
             lambda: torch.cuda.reset_peak_memory_stats(device) if torch.cuda.is_initialized() else None)
         gpu.pm.register(self, name=f"rota-tinker-working-set-{id(self)}")
 
-    def turn_started(self) -> None:
+    @hookimpl
+    def rota_turn_started(self, tenant: Any, grant: Any) -> None:
+        if tenant is not self.gpu:
+            return
         try:
             self._reset()
         except Exception as e:  # a measurement must never cost the tenant its worker
             log.warning("working set: could not reset the allocator's peak: %s", e)
 
     def turn_ended(self) -> None:
+        """Measure the turn that is ending: its peak beyond what the tenant tracks."""
         try:
             tracked = sum(v for k, v in self.gpu.footprint().items() if k != "working")
             self.bytes = max(0, self._peak() - tracked)
@@ -251,9 +257,7 @@ class _OwnTurn:
 
     def begin(self) -> dict[str, float]:
         resolve_failed_park(self.gpu)
-        self.gpu.acquire()
-        if self.loop.working is not None:
-            self.loop.working.turn_started()
+        self.gpu.acquire()  # the working set's rota_turn_started restarts the allocator's peak
         return {"new_turn": 1.0, **self.loop.events()}
 
     def may_continue(self) -> bool:
