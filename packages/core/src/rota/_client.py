@@ -22,6 +22,14 @@ Environment (each value is checked; a bad one raises :class:`rota.errors.ConfigE
     ROTA_TLS_CA, ROTA_TLS_CERT, ROTA_TLS_KEY   TLS to the orchestrator (CA; client cert for mTLS)
     ROTA_RESIDUE_MAX_BYTES   device bytes a park may leave behind before it is a fault
                        (default 256 MiB; see :func:`rota.residue.residue_fault`)
+    ROTA_DEVICES       devices of this host the job may run on (``0,1``, ``cuda:0,cuda:1``, or ``all``:
+                       every device CUDA_VISIBLE_DEVICES lists, as Slurm's GRES and a Kubernetes
+                       claim set it); each turn is placed on one of them and :attr:`Gpu.device` names
+                       it (see :mod:`rota.devices`). Unset: the group's one device, as before.
+
+Several devices: a turn may be granted on another device than the one the job's state
+is on. The restore hooks then get ``ParkPlan.device``: a parked state is restored there,
+a resident one moves there device to device (rota_torch: a peer copy), before the turn.
 
 Switch guarantees on this side: a park whose adapters report more residue than
 ``ROTA_RESIDUE_MAX_BYTES`` is reported to the orchestrator as failed, naming what
@@ -63,6 +71,7 @@ from rota._ids import check_id
 from rota._plugins import plugin_manager
 from rota._types import Grant, ParkPlan, ParkResult, ReleaseInfo, TurnRequest
 from rota.config import check_endpoint, env_float, env_int
+from rota.devices import env_devices, parse_devices
 from rota.errors import (
     ConfigError,
     Faulted,
@@ -116,6 +125,7 @@ class TurnStats:
     waits_ms: Recent = field(default_factory=Recent)  # of float
     parks: Recent = field(default_factory=Recent)  # of ParkResult
     restores: Recent = field(default_factory=Recent)  # of ParkResult
+    moves: Recent = field(default_factory=Recent)  # of ParkResult: resident state moved to the turn's device
     events: Recent = field(default_factory=Recent)  # of (kind, start, end), monotonic
 
 
@@ -125,11 +135,19 @@ class Gpu:
     def __init__(self, group: str, tenant: str, endpoint: str, *, rank: int = 0, world_size: int = 1,
                  priority: int = 0, weight: float = 1.0, heartbeat_s: float = 1.0,
                  pm: pluggy.PluginManager | None = None, footprint_hint: int = 0, token: str | None = None,
-                 connect_timeout_s: float = CONNECT_TIMEOUT_S, endpoint_source: str = "endpoint") -> None:
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S, endpoint_source: str = "endpoint",
+                 devices: tuple[str, ...] | list[str] | str | None = None) -> None:
         self.group = check_id("group", group, job_id=tenant, group_id=group)
         self.tenant = check_id("tenant", tenant, job_id=tenant, group_id=group)
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is outside world size {world_size} (job={tenant!r}, group={group!r})")
+        self.devices = parse_devices(devices, "devices")
+        if self.devices and world_size > 1:
+            raise ConfigError(f"devices={','.join(self.devices)} given to rank {rank} of a job of {world_size} ranks; "
+                              "a multi-rank job keeps its devices (its collectives are bound to them): unset "
+                              "ROTA_DEVICES for it and let the launcher pick each rank's device")
+        # where this job's state lives (or will be built): the first named device until a grant says otherwise
+        self._state_device = self.devices[0] if self.devices else ""
         self.endpoint, self.rank, self.world_size = endpoint, rank, world_size
         self.connect_timeout_s, self.endpoint_source = connect_timeout_s, endpoint_source
         self._session_error: RotaError | None = None  # why the session last failed (for a clear acquire error)
@@ -177,7 +195,7 @@ class Gpu:
         if self.grant is not None:
             return self.grant
         req = TurnRequest(self.tenant, self.group, self.priority, self.weight, self.world_size, self.rank,
-                          self.footprint_bytes())
+                          self.footprint_bytes(), self.devices)
         self._wait_attached()  # else the orchestrator could not park us later
         t0 = time.monotonic()
         waiting = threading.Timer(1.0, log.info, ("job %s rank %d: waiting for a turn in group %s", self.tenant,
@@ -195,9 +213,10 @@ class Gpu:
         self.stats.events.append(("wait", t0, t1))
         with self._state_lock:
             self.turn_restore_s = 0.0
-            if self.parked:  # not restored ahead of the grant (by a prefetch): restore now
+            if self.parked or self._moves(grant.device):  # not restored ahead of the grant (by a prefetch),
+                # or granted on another device than its state's: restore (or move) now
                 try:
-                    self._restore_locked(ParkPlan(token=grant.token))
+                    self._restore_locked(ParkPlan(token=grant.token, device=grant.device))
                     self.turn_restore_s = time.monotonic() - t1  # reported with the release (restore histogram)
                 except Exception as exc:  # rolled back by the adapter: give the turn back, stay parked
                     log.error("restore of job %s rank %d in group %s failed: %s; releasing the turn (state stays "
@@ -216,6 +235,21 @@ class Gpu:
         self.stats.waits_ms.append(grant.waited_ms)
         self.pm.hook.rota_turn_started(tenant=self, grant=grant)
         return grant
+
+    def _moves(self, device: str) -> bool:
+        """A turn on ``device`` needs this job's resident state moved there first."""
+        return bool(device and self._state_device and device != self._state_device)
+
+    @property
+    def device(self) -> str | None:
+        """The device of this job's turn (``cuda:1``): where its state is, or is being built; None
+        when no devices were named (the group's one device: the process's own default).
+
+        In a turn it is the granted device; between turns, the device of the last turn.
+        """
+        if self.grant is not None and self.grant.device:
+            return self.grant.device
+        return self._state_device or None
 
     def _wait_attached(self) -> None:
         """Wait for the session to be registered; a refusal or silence past the connect timeout is an error
@@ -415,14 +449,19 @@ class Gpu:
 
     def _restore_locked(self, plan: ParkPlan) -> ParkResult:
         """Run the restore hooks (caller holds ``_state_lock``): at a grant, or ahead of it
-        when the orchestrator prefetches. On failure the adapters rolled back: still parked."""
-        if not self.parked:
+        when the orchestrator prefetches; with ``plan.device`` another device than its state's,
+        a resident state moves there. On failure the adapters rolled back: still parked (or where it was)."""
+        moving = not self.parked and self._moves(plan.device)
+        if not self.parked and not moving:
             return ParkResult()
         t0 = time.monotonic()
         result = self._run_snapshot_hooks(self.pm.hook.rota_restore, plan)
-        self.stats.restores.append(result)
-        self.stats.events.append(("restore", t0, time.monotonic()))
+        kind = "move" if moving else "restore"
+        (self.stats.moves if moving else self.stats.restores).append(result)
+        self.stats.events.append((kind, t0, time.monotonic()))
         self.parked = False
+        if plan.device:
+            self._state_device = plan.device
         return result
 
     def _prefetch(self, command_id: str, token: int) -> None:
@@ -617,8 +656,11 @@ def _ranks() -> tuple[int, int]:
 
 def connect(group: str | None = None, tenant: str | None = None, endpoint: str | None = None, *,
             priority: int | None = None, weight: float | None = None, footprint_hint: int = 0,
-            token: str | None = None) -> Gpu:
+            token: str | None = None, devices: str | int | list[str | int] | tuple[str, ...] | None = None) -> Gpu:
     """Join a group as a tenant; defaults come from ``ROTA_*`` (see module docs).
+
+    ``devices``: the devices of this host the job may run on (default ``ROTA_DEVICES``; see
+    :mod:`rota.devices`): each turn is placed on one and :attr:`Gpu.device` names it.
 
     With no orchestrator configured, starts (or finds) the embedded one on this host.
     ``footprint_hint``: device bytes the job will hold once built; with an orchestrator
@@ -628,6 +670,7 @@ def connect(group: str | None = None, tenant: str | None = None, endpoint: str |
     """
     group = group or os.environ.get("ROTA_GROUP") or "default"
     rank, world = _ranks()
+    named = parse_devices(devices, "devices") if devices is not None else env_devices()
     tenant = tenant or os.environ.get("ROTA_TENANT")
     if not tenant:
         if world > 1:
@@ -652,4 +695,5 @@ def connect(group: str | None = None, tenant: str | None = None, endpoint: str |
         raise ConfigError(f"weight {share!r} must be > 0")
     return Gpu(group, tenant, endpoint, rank=rank, world_size=world, priority=prio, weight=share,
                heartbeat_s=env_float("ROTA_HEARTBEAT_S", 1.0), footprint_hint=footprint_hint, token=token,
-               connect_timeout_s=env_float("ROTA_CONNECT_TIMEOUT_S", CONNECT_TIMEOUT_S), endpoint_source=source)
+               connect_timeout_s=env_float("ROTA_CONNECT_TIMEOUT_S", CONNECT_TIMEOUT_S), endpoint_source=source,
+               devices=named)

@@ -52,10 +52,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from rota import _lanes
 from rota._ids import check_id, check_pair
 from rota._state import GONE, GroupState
 from rota._types import Grant, ReleaseInfo, TurnRequest
 from rota.config import MAX_PRIORITY, MIN_PRIORITY
+from rota.devices import MAX_DEVICES, lane_base, lane_device, parse_devices
 from rota.errors import AlreadyAttached, Faulted, InvalidArgument, NotFound, RotaError, Unavailable
 from rota.policies import Fifo, Policy
 
@@ -285,6 +287,10 @@ class Orchestrator:
             if fut is not None:
                 grant = await asyncio.shield(fut)
             self._note_call(key)  # granted: the TTL to re-attach counts from the grant, not from the ask
+            if grant.group_id != req.group_id:  # granted in a lane: the group, and the device of this turn
+                from dataclasses import replace
+
+                grant = replace(grant, group_id=req.group_id, device=lane_device(grant.group_id))
             return self._with_limits(grant)
         except asyncio.CancelledError:
             if not self._live_sessions(key):  # a v1alpha1 caller gave up: leave the queue, or hand back a
@@ -295,6 +301,7 @@ class Orchestrator:
     async def _enqueue(self, req: TurnRequest) -> tuple[Grant | None, asyncio.Future | None]:
         """Queue the job (committed) and return its grant future, or its current grant."""
         async with self._lock(req.group_id):
+            req = await self._lane_request(req)
             g = await self._group(req.group_id)
             if g.tenants.get(req.job_id) and g.tenants[req.job_id].state == "faulted":
                 g.tenants[req.job_id].state = "idle"  # FAULTED is retryable: this acquire retries it
@@ -324,6 +331,53 @@ class Orchestrator:
             self._kick(req.group_id)
         return None, fut
 
+    async def _lane_request(self, req: TurnRequest) -> TurnRequest:
+        """``req`` for the lane its turn is placed in, if it names devices (else ``req``), under the lock.
+
+        Tenants of one group either all name devices or none do; a job whose state leaves
+        another lane has that lane committed here, and is ``parked`` in its new one (its
+        grant then says its state must be brought in).
+        """
+        lanes = _lanes.lanes_of(self.groups, req.group_id)
+        plain = self.groups.get(req.group_id)
+        where = f"(job={req.job_id!r}, group={req.group_id!r})"
+        if not req.devices:
+            if lanes:
+                raise InvalidArgument(f"group {req.group_id!r} spans devices ({', '.join(sorted(lanes))}) but this "
+                                      f"acquire names none {where}; give every tenant of the group ROTA_DEVICES")
+            return req
+        if plain is not None and (plain.holder or plain.queue or plain.residents):
+            raise InvalidArgument(f"group {req.group_id!r} is used by tenants that name no devices, but this acquire "
+                                  f"names {', '.join(req.devices)} {where}; give every tenant of a group the same "
+                                  "kind of ROTA_DEVICES (or none)")
+        lane, left, choice = _lanes.choose_lane(self.groups, req.group_id, req.job_id, req.devices,
+                                                req.footprint_bytes, self.config.capacity_bytes)
+        if left:
+            await self.store.commit(self.groups[left])
+            self._kick(left)
+            log.info("job %s in group %s: its state moves from %s to %s (%s)", req.job_id, req.group_id,
+                     lane_device(left), lane_device(lane), choice.reason if choice else "")
+        g = await self._group(lane, create=self._may_create(req.group_id))
+        if left:
+            g.tenant(req.job_id).state = "parked"  # not on this device yet: its grant brings it in
+        from dataclasses import replace
+
+        return replace(req, group_id=lane)
+
+    def _may_create(self, group_id: str) -> bool:
+        return not self.config.groups or lane_base(group_id) in self.config.groups
+
+    def _begin_switch(self, g: GroupState, chosen: Any) -> list[str]:
+        """``g.begin_switch``; in a lane, the residents parked are the cheapest set (rota.placement)."""
+        choose = _lanes.evict_chooser(self.groups, g, self.config.capacity_bytes) \
+            if _lanes.is_lane(g.group_id) else None
+        return g.begin_switch(chosen, self.config.capacity_bytes, choose)
+
+    def _turn_lane(self, group_id: str, job_id: str) -> str:
+        """The lane of ``group_id`` where ``job_id`` holds or waits (``group_id`` itself when it has none)."""
+        lane = _lanes.lane_with(self.groups, group_id, job_id)
+        return lane.group_id if lane is not None else group_id
+
     def _grant_at_once(self, g: GroupState, job_id: str) -> Grant | None:
         """Grant ``job_id`` now, under the group's lock, if nothing has to happen first: the group is free,
         no prefetch runs, the policy picks this job, and no resident has to be parked (no agents to ask).
@@ -336,7 +390,7 @@ class Orchestrator:
         chosen = self.config.policy.choose(g.grantable(), g.tenants, time.monotonic())
         if chosen is None or chosen.job_id != job_id:
             return None
-        evict = g.begin_switch(chosen, self.config.capacity_bytes)
+        evict = self._begin_switch(g, chosen)
         if any(self._live_sessions((g.group_id, j)) for j in evict):  # parks first: the driver's job
             g.abort_switch()
             return None
@@ -358,6 +412,7 @@ class Orchestrator:
         meantime (its deadline passed as the holder released) goes to the next waiter instead of being held by
         nobody."""
         async with self._lock(group_id):  # after a still-running _enqueue of the same call (FIFO)
+            group_id = self._turn_lane(group_id, job_id)
             fut = self._grants.pop((group_id, job_id), None)
             if fut is not None and not fut.done():
                 fut.cancel()
@@ -379,6 +434,7 @@ class Orchestrator:
         if self._live_sessions((group_id, job_id)):
             return
         async with self._lock(group_id):
+            group_id = self._turn_lane(group_id, job_id)
             g = self.groups.get(group_id)
             if g is None or g.holder != job_id or g.token != token:
                 return
@@ -400,9 +456,14 @@ class Orchestrator:
         check_pair(job_id, group_id)
         self._note_call((group_id, job_id))
         async with self._lock(group_id):
+            group_id = self._turn_lane(group_id, job_id)
             g = await self._group(group_id)
             turn = (group_id, g.token)
             info = g.release(job_id, token, rank, time.monotonic())
+            if _lanes.is_lane(group_id) and info.group_released:  # its state is on this device now, only
+                for other in _lanes.moved_in(self.groups, g, job_id):
+                    await self.store.commit(other)
+                    self._kick(other.group_id)
             slowest = max(self._turn_restores.pop(turn, 0.0), restore_seconds)
             for stale in [k for k in self._turn_restores if k[0] == group_id]:  # turns that ended otherwise
                 del self._turn_restores[stale]
@@ -425,6 +486,15 @@ class Orchestrator:
         async with self._lock(group_id):
             g = await self._group(group_id)
             result = g.remove(job_id, time.monotonic(), lost=lost, ended=ended)
+            for lane in _lanes.lanes_of(self.groups, group_id).values():  # and out of every device of the group
+                if job_id in lane.tenants:
+                    in_lane = lane.remove(job_id, time.monotonic(), lost=lost, ended=ended)
+                    result = (result[0] or in_lane[0], result[1] or in_lane[1])
+                    await self.store.commit(lane)
+                    self._settle((lane.group_id, job_id), Unavailable(
+                        f"job {job_id!r} was removed from group {group_id!r}: {reason}", job_id=job_id,
+                        group_id=group_id))
+                    self._kick(lane.group_id)
             inflight = self._prefetching.get(group_id)
             if (lost or ended) and inflight is not None and inflight[0] == job_id:  # a gone process frees its memory
                 inflight[1].cancel()
@@ -443,6 +513,10 @@ class Orchestrator:
             return [self.groups[k] for k in sorted(self.groups)]
         check_id("group_id", group_id, group_id=group_id)
         async with self._lock(group_id):
+            lanes = _lanes.lanes_of(self.groups, group_id)
+            if lanes:
+                plain = self.groups.get(group_id)
+                return ([plain] if plain is not None else []) + [lanes[d] for d in sorted(lanes)]
             return [await self._group(group_id, create=False)]
 
     # ------------------------------------------------------------- sessions
@@ -555,7 +629,7 @@ class Orchestrator:
         """
         cause = f"rank {s.rank} faulted: {reason}"
         async with self._lock(s.group_id):
-            g = self.groups.get(s.group_id)
+            g = self.groups.get(self._turn_lane(s.group_id, s.job_id))
             if g is None or s.job_id not in g.tenants:
                 return
             log.error("job %s in group %s: %s; job FAULTED as a unit", s.job_id, s.group_id, cause)
@@ -572,11 +646,13 @@ class Orchestrator:
                 other.outbox.put_nowait(("abort", "", reason))
 
     def _live_sessions(self, key: tuple[str, str]) -> list[Session]:
-        return [s for s in self._sessions.get(key, []) if s.alive]
+        """Live sessions of (group, job); a lane's jobs are the group's (they attach to the group)."""
+        return [s for s in self._sessions.get((lane_base(key[0]), key[1]), []) if s.alive]
 
     # ------------------------------------------------------------ internals
 
     def _lock(self, group_id: str) -> asyncio.Lock:
+        group_id = lane_base(group_id)  # a group's lanes share its lock: a placement reads and moves across them
         lock = self._locks.get(group_id)
         if lock is None:
             lock = self._locks[group_id] = asyncio.Lock()
@@ -587,7 +663,7 @@ class Orchestrator:
         if g is not None:
             return g
         if create is None:
-            create = not self.config.groups
+            create = self._may_create(group_id)
         if not create:
             why = ("this orchestrator serves a fixed list of groups (--groups)" if self.config.groups else
                    "a group exists from its first acquire until it has been idle for a while")
@@ -628,7 +704,7 @@ class Orchestrator:
                     asyncio.get_running_loop().call_later(recheck, self._kick, group_id)
                     self._maybe_prefetch(g)
                     return
-                evict = g.begin_switch(chosen, self.config.capacity_bytes)
+                evict = self._begin_switch(g, chosen)
                 others = [j for j in g.residents if j != chosen.job_id]
                 incoming_parked = g.tenant(chosen.job_id).state == "parked"
             located: dict[str, str] = {}
@@ -679,7 +755,8 @@ class Orchestrator:
     def _maybe_prefetch(self, g: GroupState) -> None:
         """Start restoring the job the policy would grant next, if it is parked and fits
         beside every resident. Called by the group's driver, under the group's lock."""
-        if not self.config.prefetch_on or not g.holder or not g.grantable() or g.group_id in self._prefetching:
+        if not self.config.prefetch_on or not g.holder or not g.grantable() or g.group_id in self._prefetching \
+                or _lanes.is_lane(g.group_id):  # a lane's prefetch would restore on the device it left: none yet
             return
         chosen = self.config.policy.choose(g.grantable(), g.tenants, time.monotonic())
         if chosen is None:
@@ -792,7 +869,7 @@ class Orchestrator:
     async def _park(self, group_id: str, job_id: str, token: int, agent: str = "") -> tuple[bool, str, int, float]:
         """Ask every rank of a resident job to park (or its agent); wait for all acknowledgements."""
         if agent and self.agents is not None:
-            return await self.agents.run(agent, "snapshot", job_id, group_id)
+            return await self.agents.run(agent, "snapshot", job_id, lane_base(group_id))
         return await self._session_command(group_id, job_id, "park", token)
 
     async def _session_command(self, group_id: str, job_id: str, kind: str, token: int
@@ -840,9 +917,9 @@ class Orchestrator:
         for gid, job in self._grants:
             busy.setdefault(gid, set()).add(job)
         for g in list(self.groups.values()):
-            if g.group_id in cfg.groups:
+            if lane_base(g.group_id) in cfg.groups:
                 continue
-            keep = busy.get(g.group_id, set())
+            keep = busy.get(lane_base(g.group_id), set())
             if cfg.ended_tenant_ttl_s and any(now - r.last_active > cfg.ended_tenant_ttl_s for r in g.tenants.values()):
                 async with self._lock(g.group_id):
                     gone = g.collect(now, cfg.ended_tenant_ttl_s, keep=keep)
@@ -863,7 +940,8 @@ class Orchestrator:
                 if self.metrics is not None:
                     self.metrics.forget(g.group_id)  # its series go with it
             self._drivers.pop(g.group_id, None)
-            self._locks.pop(g.group_id, None)
+            if not _lanes.is_lane(g.group_id):
+                self._locks.pop(g.group_id, None)
             log.info("group %s had nothing in it for %.0f s: forgotten", g.group_id, now - idle)
 
     async def _check_liveness(self) -> None:
@@ -893,7 +971,7 @@ class Orchestrator:
                 for s in self._live_sessions(key):
                     s.outbox.put_nowait(("yield", uuid.uuid4().hex, g.token))
             v1_limit = self.config.v1_max_turn_s
-            if v1_limit and held > v1_limit and key not in self._attached_once:
+            if v1_limit and held > v1_limit and (lane_base(key[0]), key[1]) not in self._attached_once:
                 await self.evict(g.holder, g.group_id, reason=f"turn exceeded --v1-max-turn {v1_limit:g} s")
         await self._collect(now)
         busy = any(g.holder or g.queue for g in self.groups.values()) or any(self._sessions.values())
@@ -1058,6 +1136,14 @@ def _check_request(req: TurnRequest) -> None:
     if not math.isfinite(req.weight) or not 0 < req.weight <= MAX_WEIGHT:
         raise InvalidArgument(f"weight {req.weight!r} must be a finite number in (0, {MAX_WEIGHT:g}] {where}")
     check_bytes("footprint_bytes", req.footprint_bytes)
+    if req.devices:
+        if len(req.devices) > MAX_DEVICES:
+            raise InvalidArgument(f"{len(req.devices)} devices named {where}; at most {MAX_DEVICES}")
+        if tuple(parse_devices(list(req.devices), "devices")) != tuple(req.devices):
+            raise InvalidArgument(f"devices {req.devices!r} are not canonical names {where}; send cuda:N or fake:N")
+        if req.world_size > 1:
+            raise InvalidArgument(f"a job of {req.world_size} ranks keeps its devices (each rank its own, bound to "
+                                  f"its collectives) {where}; name no devices for it (unset ROTA_DEVICES)")
 
 
 __all__ = ["AgentLinks", "Faulted", "GroupStore", "MemoryStore", "Orchestrator", "OrchestratorConfig", "Session"]

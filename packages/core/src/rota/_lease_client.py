@@ -57,11 +57,11 @@ def call_with_retry(fn: Callable[[], Any], *, job_id: str, group_id: str, what: 
 def rota_acquire(request: TurnRequest, tenant: Gpu) -> Grant:
     msg = pb.TurnRequest(job_id=request.job_id, group_id=request.group_id, priority=request.priority,
                          weight=request.weight, world_size=request.world_size, rank=request.rank,
-                         footprint_bytes=request.footprint_bytes)
+                         footprint_bytes=request.footprint_bytes, devices=list(request.devices))
     reply = call_with_retry(lambda: tenant.stub.Acquire(msg, wait_for_ready=True), job_id=request.job_id,
                             group_id=request.group_id, what="acquire", follow=tenant.follow_leader)
     return Grant(request.job_id, request.group_id, reply.token, reply.waited_ms, reply.context_restored,
-                 reply.ttl_ms, reply.max_turn_ms)
+                 reply.ttl_ms, reply.max_turn_ms, reply.device)
 
 
 @hookimpl(trylast=True)

@@ -30,6 +30,7 @@ from rota._state import GroupState
 from rota._types import TurnRequest
 from rota._units import percentile
 from rota.auth import LOCAL_ADMIN, PermissionDenied, Principal, ServerAuth
+from rota.devices import MAX_DEVICES, lane_base
 from rota.errors import DeadlineExceeded, InvalidArgument, RotaError
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ class _Guarded:
             return await self.engine.status(group_id)
         if who.admin:
             return await self.engine.status()
-        return [g for g in await self.engine.status() if g.group_id == who.group]
+        return [g for g in await self.engine.status() if lane_base(g.group_id) == who.group]  # with its lanes
 
 
 class TimeSliceService(_Guarded, v1a_grpc.TimeSliceOrchestratorServiceServicer):
@@ -137,8 +138,10 @@ def _hider(who: Principal) -> Any:
 
 def _turn_request(request: pb.TurnRequest) -> TurnRequest:
     """A TurnRequest from the wire (the engine bounds every number of it)."""
+    if len(request.devices) > MAX_DEVICES:  # bounded before anything reads them
+        raise InvalidArgument(f"{len(request.devices)} devices named; at most {MAX_DEVICES}")
     return TurnRequest(request.job_id, request.group_id, request.priority, request.weight or 1.0,
-                       request.world_size or 1, request.rank, request.footprint_bytes)
+                       request.world_size or 1, request.rank, request.footprint_bytes, tuple(request.devices))
 
 
 class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
@@ -151,7 +154,7 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
             who.check_priority(request.priority)
         g = await self.delivered(context, _turn_request(request))
         return pb.Grant(token=g.token, waited_ms=g.waited_ms, context_restored=g.context_restored,
-                        ttl_ms=g.ttl_ms, max_turn_ms=g.max_turn_ms)
+                        ttl_ms=g.ttl_ms, max_turn_ms=g.max_turn_ms, device=g.device)
 
     @rpc_errors
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseReply:

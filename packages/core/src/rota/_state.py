@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,18 +211,25 @@ class GroupState:
     def ready_for_grant(self) -> bool:
         return not self.holder and not self.switching_to and any(w.complete for w in self.queue)
 
-    def begin_switch(self, chosen: Waiter, capacity_bytes: int) -> list[str]:
+    def begin_switch(self, chosen: Waiter, capacity_bytes: int,
+                     choose: Callable[[dict[str, int], int, int], list[str] | None] | None = None) -> list[str]:
         """Start handing the group to ``chosen``; return residents that must be parked.
 
         With ``capacity_bytes`` > 0, residents that fit beside ``chosen`` stay
         (residency-aware switching); otherwise every other resident with a known
         footprint is parked. Residents whose footprint is 0 hold nothing to park.
+        ``choose(residents, need, residue)`` (a lane of a multi-device group: the cheapest
+        set by :func:`rota.placement.evict_plan`) picks them instead of :meth:`park_order`.
         """
         assert self.ready_for_grant() and chosen in self.queue
         self.switching_to = chosen.job_id
         others = [j for j in self.park_order() if j != chosen.job_id]
         need = self.tenant(chosen.job_id).footprint_bytes
         evict: list[str] = []
+        if choose is not None:
+            picked = choose({j: self.tenant(j).footprint_bytes for j in others}, need,
+                            self.residue_off(chosen.job_id))
+            return list(others) if picked is None else picked  # nothing frees enough: park them all
         if capacity_bytes > 0:
             total = need + sum(self.tenant(j).footprint_bytes for j in others) + self.residue_off(chosen.job_id)
             for job in others:  # park residents in park order until everything fits

@@ -11,7 +11,8 @@ class Grant:
     """Proof that a job holds a group, returned by ``acquire``.
 
     ``token`` is the fencing token: it grows with every grant of the group and a
-    release or park carrying an older one is refused.
+    release or park carrying an older one is refused. ``device``: the device of this
+    turn when the job named several (``TurnRequest.devices``), else "".
     """
 
     job_id: str
@@ -21,6 +22,7 @@ class Grant:
     context_restored: bool = False
     ttl_ms: int = 0
     max_turn_ms: int = 0
+    device: str = ""
 
 
 @dataclass(frozen=True)
@@ -44,13 +46,16 @@ class ParkPlan:
     """Which tags to park or restore, and how. Empty ``tags`` means every tag.
 
     ``discard`` names tags that may be dropped instead of copied (e.g. gradients
-    that are zeroed before the next step anyway).
+    that are zeroed before the next step anyway). ``device`` (restore only): where the
+    state goes, when the turn was granted on a device other than the one it was parked
+    from or still sits on ("" = where it was); a resident state moves device to device.
     """
 
     tags: frozenset[str] = frozenset()
     mode: ParkMode = ParkMode.OFFLOAD
     discard: frozenset[str] = frozenset()
     token: int = 0
+    device: str = ""
 
     def wants(self, tag: str) -> bool:
         """True if ``tag`` is covered by this plan."""
@@ -92,6 +97,7 @@ class TurnRequest:
     world_size: int = 1
     rank: int = 0
     footprint_bytes: int = 0
+    devices: tuple[str, ...] = ()  # devices of this host the job may run on (see rota.devices)
 
 
 @dataclass(frozen=True)

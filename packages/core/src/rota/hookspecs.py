@@ -167,11 +167,12 @@ def rota_restore(tenant: Gpu, plan: ParkPlan) -> ParkResult | None:
 
     Called by :class:`rota.Gpu` in the tenant process right after a grant whose state had
     been parked, or ahead of it (the orchestrator's prefetch command, or a node agent
-    through :meth:`rota.Gpu.restore`).
+    through :meth:`rota.Gpu.restore`); also after a grant on another device than the one
+    its resident state is on (a group over several GPUs), to move it there.
     Implemented by the same adapters as :func:`rota_park`.
 
     :param tenant: the client whose state is restored.
-    :param plan: the tags to restore.
+    :param plan: the tags to restore; ``plan.device`` (when set) is where the state goes.
     :returns: bytes moved and seconds taken, or None if nothing was tracked.
     """
 

@@ -2,7 +2,8 @@
 
 Public on purpose: adapter packages use :func:`running_orchestrator` to test against
 the embedded orchestrator over real gRPC, in a thread of the test process;
-:class:`ListState` is a tenant state that parks without torch; :func:`eventually`
+:class:`ListState` is a tenant state that parks without torch, :class:`FakeDevices` fake GPUs
+(names and byte counts, no memory) on which :class:`FakeDeviceState` tenants park, restore and move; :func:`eventually`
 waits for a condition with a deadline, so a test that goes wrong fails instead of hanging;
 :func:`new_plugin_manager` is a fresh plugin manager and :func:`cli_with_plugins` the ``rota``
 command line with every plugin's commands.
@@ -25,8 +26,9 @@ from rota._engine import OrchestratorConfig
 from rota._inproc import free_port, running_orchestrator
 from rota._plugins import new_plugin_manager
 
-__all__ = ["ListState", "ScriptedProcess", "child_environment", "cli_with_plugins", "eventually", "free_port",
-           "new_plugin_manager", "quick_config", "run_ranks", "running_orchestrator", "silent_listener", "tenants"]
+__all__ = ["FakeDeviceState", "FakeDevices", "ListState", "ScriptedProcess", "child_environment", "cli_with_plugins",
+           "eventually", "free_port", "new_plugin_manager", "quick_config", "run_ranks", "running_orchestrator",
+           "silent_listener", "tenants"]
 
 # new_plugin_manager(load_entry_points=True): a fresh manager made as rota's process-wide one is (core's specs
 # and built-ins, each plugin's own specs through rota_add_hookspecs, the installed entry points unless
@@ -140,6 +142,104 @@ class ListState:
         return {"weights": self.nbytes} if tenant is self.gpu and self.device is not None else None
 
     def close(self) -> None:
+        self.gpu.pm.unregister(self)
+
+
+class FakeDevices:
+    """A fake host's GPUs: named devices (``fake:0``...) with a capacity in bytes and no memory behind them.
+
+    Records, for every device, which tenants' states occupy it and who computes on it,
+    and every breach: a second tenant computing on a busy device, bytes over capacity.
+    Tests of placement assert :attr:`breaches` stays empty.
+    """
+
+    def __init__(self, n: int, capacity: int = 0) -> None:
+        self.names = tuple(f"fake:{i}" for i in range(n))
+        self.capacity = capacity
+        self.held: dict[str, dict[str, int]] = {d: {} for d in self.names}  # device -> tenant -> bytes
+        self.computing: dict[str, str] = {}
+        self.breaches: list[str] = []
+        self.moves = 0
+        self._lock = threading.Lock()
+
+    def put(self, device: str, tenant: str, nbytes: int) -> None:
+        with self._lock:
+            self.held[device][tenant] = nbytes
+            used = sum(self.held[device].values())
+            if self.capacity and used > self.capacity:
+                self.breaches.append(f"{device}: {used} bytes > capacity {self.capacity} ({self.held[device]})")
+
+    def take(self, device: str, tenant: str) -> None:
+        with self._lock:
+            self.held[device].pop(tenant, None)
+
+    @contextlib.contextmanager
+    def compute(self, device: str, tenant: str) -> Iterator[None]:
+        """A tenant's turn on ``device``: a breach if another computes there or the state is not there."""
+        with self._lock:
+            other = self.computing.get(device)
+            if other:
+                self.breaches.append(f"{device}: {tenant} granted while {other} computes there")
+            if tenant not in self.held[device]:
+                self.breaches.append(f"{device}: {tenant} computes there but its state is on "
+                                     f"{[d for d, ts in self.held.items() if tenant in ts] or 'the host'}")
+            self.computing[device] = tenant
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self.computing.get(device) == tenant:
+                    del self.computing[device]
+
+
+class FakeDeviceState:
+    """A tenant's state of ``nbytes`` on :class:`FakeDevices`: built on the device of its first turn, parked to
+    the host, restored to the granted device, moved device to device when its turn is elsewhere."""
+
+    def __init__(self, gpu: Gpu, devices: FakeDevices, nbytes: int) -> None:
+        self.gpu, self.devices, self.nbytes = gpu, devices, nbytes
+        self.where = ""  # device holding the state; "" = host (parked) or not built yet
+        self.built = False
+        self.calls: list[str] = []
+        gpu.pm.register(self, name=f"fake-state-{gpu.tenant}-{id(self)}")
+
+    def build(self, device: str) -> None:
+        if not self.built:
+            self.built, self.where = True, device
+            self.devices.put(device, self.gpu.tenant, self.nbytes)
+
+    @rota.hookimpl
+    def rota_park(self, tenant: Gpu, plan: Any) -> rota.ParkResult | None:
+        if tenant is not self.gpu or not self.where:
+            return None
+        self.calls.append("park")
+        self.devices.take(self.where, tenant.tenant)
+        self.where = ""
+        return rota.ParkResult(bytes_moved=self.nbytes)
+
+    @rota.hookimpl
+    def rota_restore(self, tenant: Gpu, plan: Any) -> rota.ParkResult | None:
+        if tenant is not self.gpu or not self.built:
+            return None
+        target = plan.device or self.where
+        if self.where and self.where != target:
+            self.calls.append("move")
+            self.devices.moves += 1
+            self.devices.put(target, tenant.tenant, self.nbytes)  # both ends hold it while the copy runs
+            self.devices.take(self.where, tenant.tenant)
+        elif not self.where:
+            self.calls.append("restore")
+            self.devices.put(target, tenant.tenant, self.nbytes)
+        self.where = target
+        return rota.ParkResult(bytes_moved=self.nbytes)
+
+    @rota.hookimpl
+    def rota_footprint(self, tenant: Gpu) -> dict[str, int] | None:
+        return {"weights": self.nbytes} if tenant is self.gpu else None  # also while parked, as rota_torch's
+
+    def close(self) -> None:
+        if self.where:
+            self.devices.take(self.where, self.gpu.tenant)
         self.gpu.pm.unregister(self)
 
 

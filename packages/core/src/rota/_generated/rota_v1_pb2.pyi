@@ -6,7 +6,7 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TurnRequest(_message.Message):
-    __slots__ = ("job_id", "group_id", "priority", "weight", "world_size", "rank", "footprint_bytes")
+    __slots__ = ("job_id", "group_id", "priority", "weight", "world_size", "rank", "footprint_bytes", "devices")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -14,6 +14,7 @@ class TurnRequest(_message.Message):
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     group_id: str
     priority: int
@@ -21,21 +22,24 @@ class TurnRequest(_message.Message):
     world_size: int
     rank: int
     footprint_bytes: int
-    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., footprint_bytes: _Optional[int] = ...) -> None: ...
+    devices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("token", "waited_ms", "context_restored", "ttl_ms", "max_turn_ms")
+    __slots__ = ("token", "waited_ms", "context_restored", "ttl_ms", "max_turn_ms", "device")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     WAITED_MS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_RESTORED_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_TURN_MS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     token: int
     waited_ms: int
     context_restored: bool
     ttl_ms: int
     max_turn_ms: int
-    def __init__(self, token: _Optional[int] = ..., waited_ms: _Optional[int] = ..., context_restored: bool = ..., ttl_ms: _Optional[int] = ..., max_turn_ms: _Optional[int] = ...) -> None: ...
+    device: str
+    def __init__(self, token: _Optional[int] = ..., waited_ms: _Optional[int] = ..., context_restored: bool = ..., ttl_ms: _Optional[int] = ..., max_turn_ms: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("job_id", "group_id", "token", "rank", "footprint_bytes", "restore_seconds")

@@ -1,0 +1,106 @@
+"""A group over several devices: one lane (a :class:`GroupState`) per device, placed by :mod:`rota.placement`.
+
+Each lane keeps every rule of a group: one holder, a queue, residents, a fencing token that
+grows. So no device is ever granted twice. A job is in at most one lane at a time: it is
+queued (or holds, or is resident) in the lane :func:`choose_lane` placed its turn in; when
+its state moves to another device the old lane forgets it, counting its bytes as left behind
+(``residue_bytes``) until its turn on the new device has ended (the move is done by then).
+
+Functions here change lanes in memory only; the orchestrator (:mod:`rota._engine`) calls
+them under the group's one lock and commits what they changed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from rota._state import GroupState
+from rota.devices import LANE_SEP, lane_base, lane_device, lane_id
+from rota.placement import Choice, DeviceView, evict_plan, place
+
+
+def lanes_of(groups: dict[str, GroupState], base: str) -> dict[str, GroupState]:
+    """device -> lane of group ``base``."""
+    prefix = base + LANE_SEP
+    return {lane_device(gid): g for gid, g in groups.items() if gid.startswith(prefix)}
+
+
+def is_lane(group_id: str) -> bool:
+    return LANE_SEP in group_id
+
+
+def waiting_jobs(lanes: dict[str, GroupState]) -> set[str]:
+    """Jobs queued in any lane: their next turns need their state."""
+    return {w.job_id for g in lanes.values() for w in g.queue}
+
+
+def lane_with(groups: dict[str, GroupState], base: str, job_id: str) -> GroupState | None:
+    """The lane where ``job_id`` holds, switches in, waits, is resident or parked; None if none."""
+    found = None
+    for g in lanes_of(groups, base).values():
+        if g.holder == job_id or g.switching_to == job_id or g.queued(job_id) is not None:
+            return g
+        rec = g.tenants.get(job_id)
+        if rec is not None and (job_id in g.residents or rec.state == "parked"):
+            found = g
+    return found
+
+
+def choose_lane(groups: dict[str, GroupState], base: str, job_id: str, devices: tuple[str, ...], need: int,
+                capacity: int) -> tuple[str, str, Choice | None]:
+    """(lane id, lane the job's state leaves or "", the placement) for the job's next turn.
+
+    A job already queued, switching in or holding somewhere stays there (an acquire is
+    idempotent). Otherwise :func:`rota.placement.place` decides; if the state is elsewhere,
+    that lane forgets the job now (its bytes still count there as residue until the move).
+    """
+    lanes = lanes_of(groups, base)
+    for dev, g in lanes.items():
+        if g.holder == job_id or g.switching_to == job_id or g.queued(job_id) is not None:
+            return lane_id(base, dev), "", None
+    home = next((d for d, g in lanes.items() if job_id in g.residents), "")
+    parked_on = next((d for d, g in lanes.items() if job_id in g.tenants and g.tenants[job_id].state == "parked"), "")
+    if not need:
+        need = max((g.tenants[job_id].footprint_bytes for g in lanes.values() if job_id in g.tenants), default=0)
+    views = []
+    for dev in devices:
+        g = lanes.get(dev)
+        if g is None:
+            views.append(DeviceView(dev, capacity=capacity))
+            continue
+        views.append(DeviceView(dev, busy=bool(g.holder or g.switching_to or g.queue), queue=len(g.queue),
+                                residents={j: g.tenant(j).footprint_bytes for j in g.residents if j != job_id},
+                                capacity=capacity, residue=g.residue_off(job_id), holder=g.holder))
+    choice = place(job_id, need, views, home=home if home in devices else "", waiting=waiting_jobs(lanes))
+    source = home or parked_on
+    if source and source != choice.device:
+        old = lanes[source]
+        rec = old.tenant(job_id)
+        resident, nbytes = job_id in old.residents, rec.footprint_bytes
+        old.remove(job_id, time.monotonic(), lost=False)
+        rec.residue_bytes = nbytes if resident else 0  # still on the old device until its move is done
+        return lane_id(base, choice.device), lane_id(base, source), choice
+    return lane_id(base, choice.device), "", choice
+
+
+def moved_in(groups: dict[str, GroupState], lane: GroupState, job_id: str) -> list[GroupState]:
+    """``job_id`` ended a turn on ``lane``: its state left every other lane. Returns lanes changed."""
+    changed = []
+    for g in lanes_of(groups, lane_base(lane.group_id)).values():
+        rec = g.tenants.get(job_id)
+        if g is not lane and rec is not None and rec.residue_bytes and job_id not in g.residents:
+            rec.residue_bytes = 0
+            changed.append(g)
+    return changed
+
+
+def evict_chooser(groups: dict[str, GroupState], lane: GroupState, capacity: int
+                  ) -> Callable[[dict[str, int], int, int], list[str] | None]:
+    """What a switch in ``lane`` parks: the cheapest residents, counting who waits (:func:`evict_plan`)."""
+    waiting = waiting_jobs(lanes_of(groups, lane_base(lane.group_id)))
+
+    def choose(residents: dict[str, int], need: int, residue: int) -> list[str] | None:
+        return evict_plan(residents, need, capacity, residue=residue, waiting=waiting)
+
+    return choose
