@@ -165,7 +165,7 @@ class Proc:
 
 def residue_of(msg, kind) -> dict:
     """The agent's rota-owned residue report inside a GetOperationResponse or JobStatus."""
-    from rota_agent_client.wire import read
+    from rota_agent_client.extension import read
 
     r = read(msg, kind).residue
     return {"by_key": dict(r.bytes), "counted_bytes": r.counted_bytes, "limit_bytes": r.limit_bytes}
@@ -189,7 +189,7 @@ def whole_process(stub, nbytes: int, repeats: int) -> dict:
     import torch
 
     from rota.wire import snapshot_agent_pb2 as sa
-    from rota_agent_client.wire import ext
+    from rota_agent_client.extension import ext
 
     t = Proc(["--role", "cuda-tenant", "--bytes", str(nbytes)])
     info = t.read()
@@ -293,7 +293,7 @@ def floor(device: str, nbytes: int, repeats: int = 3) -> dict:
 def parked_residue(stub, job: str, device: str) -> dict:
     """Residue the agent holds for ``job`` after its last park (adapters by category, NVML per pid)."""
     from rota.wire import snapshot_agent_pb2 as sa
-    from rota_agent_client.wire import ext
+    from rota_agent_client.extension import ext
 
     st = stub.Status(sa.StatusRequest(), timeout=10)
     out = {"job": job, "state": ""}

@@ -28,7 +28,7 @@ from rota.types import ParkResult
 from rota.wire import snapshot_agent_pb2 as sa
 from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
 from rota_agent import WorkloadClient
-from rota_agent_client.wire import ext, read
+from rota_agent_client.extension import ext, read
 from tests.security.agentlib import (
     PERMISSION_DENIED,
     UNAUTHENTICATED,

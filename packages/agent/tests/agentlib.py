@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from rota.wire import snapshot_agent_pb2 as sa
 from rota_agent_client import WorkloadClient
-from rota_agent_client.wire import ext, read
+from rota_agent_client.extension import ext, read
 
 POLLS = 3000  # GetOperation polls before giving up (bounded by count; pytest's timeout bounds the time)
 

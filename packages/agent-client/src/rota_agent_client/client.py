@@ -39,7 +39,7 @@ from rota.types import ParkMode, ParkPlan, ParkResult
 from rota.wire import snapshot_agent_pb2 as pb
 from rota.wire import snapshot_agent_pb2_grpc as pb_grpc
 from rota_agent_client.door import door_path, fetch
-from rota_agent_client.wire import REGISTERED, attach, ext
+from rota_agent_client.extension import REGISTERED, attach, ext
 
 if TYPE_CHECKING:
     from rota import Gpu

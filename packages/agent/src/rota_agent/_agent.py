@@ -74,7 +74,7 @@ from rota_agent.errors import (
     Unsupported,
     WrongState,
 )
-from rota_agent_client.wire import REGISTERED, attach, ext, read
+from rota_agent_client.extension import REGISTERED, attach, ext, read
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ whose process stays alive, NVML bytes include the CUDA context (hundreds of MiB 
 park can free), so they are reported but not counted.
 
 Wire: the report travels in rota-owned fields (numbered from 1000) appended to
-v1alpha1 messages, which v1alpha1 peers ignore (:mod:`rota_agent_client.wire`).
+v1alpha1 messages, which v1alpha1 peers ignore (:mod:`rota_agent_client.extension`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 from rota.errors import ConfigError
 from rota.residue import RESIDUE_ENV, residue_counted, residue_fault, residue_max_bytes
 from rota.types import ParkResult
-from rota_agent_client.wire import ext
+from rota_agent_client.extension import ext
 
 NVML_PREFIX = "nvml:pid:"
 

@@ -182,7 +182,7 @@ def status_cmd(endpoint: str, as_json: bool) -> None:
             st = pb_grpc.SnapshotAgentServiceStub(ch).Status(pb.StatusRequest(), timeout=5)
         except grpc.RpcError as exc:
             raise click.ClickException(f"agent {endpoint}: {exc.code().name}: {exc.details()}") from None
-    from rota_agent_client.wire import ext, read
+    from rota_agent_client.extension import ext, read
 
     jobs = []
     for j in st.job_statuses:

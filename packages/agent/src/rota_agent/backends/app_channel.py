@@ -7,7 +7,7 @@ the job (one per rank) and waits for each ``CommandResult``. In the tenant,
 that closes while a command is pending (the process died) fails the step at once.
 
 Each park reply may carry the residue the tenant's adapters computed (rota-owned
-``CommandResultExt`` fields, see :mod:`rota_agent_client.wire`); the ranks' residues are
+``CommandResultExt`` fields, see :mod:`rota_agent_client.extension`); the ranks' residues are
 summed into :attr:`Moved.residue`, also on a failed park (``BackendFailed.residue``).
 
 Rollback: a tenant whose park or restore *fails* has rolled it back itself (the
@@ -28,7 +28,7 @@ from rota.wire import snapshot_agent_pb2 as pb
 from rota_agent import _residue
 from rota_agent.backends._base import Channel, Job, Moved
 from rota_agent.errors import BackendFailed, BadBackendConfig, UnknownJob, WrongState
-from rota_agent_client.wire import ext, read
+from rota_agent_client.extension import ext, read
 
 MAX_ERROR_CHARS = 300  # of one tenant's error text, kept on one line
 _MODES = {pb.SUSPEND_MODE_UNSPECIFIED, pb.SUSPEND_MODE_OFFLOAD, pb.SUSPEND_MODE_DISCARD}

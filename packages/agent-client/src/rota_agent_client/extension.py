@@ -1,4 +1,4 @@
-"""rota's own fields on the snapshot_agent.v1alpha1 wire, shared by the agent and its clients.
+"""rota's own fields in the snapshot_agent.v1alpha1 messages (an extension), shared by the agent and its clients.
 
 ``ext`` is the generated code of ``agent_ext.proto``: each ``*Ext`` message travels inside
 the bytes of the v1alpha1 message it is named after, with field numbers from 1000 up,

@@ -10,7 +10,7 @@ import pathlib
 import pytest
 
 from rota.wire import snapshot_agent_pb2 as sa
-from rota_agent_client.wire import attach, ext, read
+from rota_agent_client.extension import attach, ext, read
 
 PKG = pathlib.Path(__file__).resolve().parent.parent
 
