@@ -151,9 +151,10 @@ def rota_park(tenant: Gpu, plan: ParkPlan) -> ParkResult | None:
     agent), never while the tenant holds its turn. Implemented by the per-tenant plugin object each
     ``rota_torch.Tracked`` registers on its Gpu's manager (the tracked state of rota_fsdp,
     rota_megatron and any trainer adapter built on it), by rota_vllm's in-process engine and
-    rota_sglang's, and by rota_serving's ``EndpointParker`` (served engines); each parks its own
-    part of ``tenant``. The Tinker service's workers wrap it (a hook wrapper adding the process's
-    NVML bytes before each park; rota_torch's last part reads them after it).
+    rota_sglang's, by rota_serving's ``EndpointParker`` (served engines), and, for tests, by
+    :mod:`rota.testing`'s adapters without torch (``ListState``); each parks its own part of
+    ``tenant``. The Tinker service's workers wrap it (a hook wrapper adding the process's NVML
+    bytes before each park; rota_torch's last part reads them after it).
 
     :param tenant: the client whose state is parked; adapters ignore other tenants.
     :param plan: tags and mode (offload or discard).

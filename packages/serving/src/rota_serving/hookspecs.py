@@ -24,8 +24,9 @@ def rota_register_with_agent(tenant: Gpu, agent: str, tags: Sequence[str]) -> An
     """Register ``tenant`` with the node agent at ``agent``, which then parks and restores it
     through the tenant's own ``rota_park``/``rota_restore`` hooks.
 
-    Called by :func:`rota_serving.serve_app` (``rota vllm serve``, ``rota sglang serve``)
-    when an agent is given; implemented by rota_agent_client (:func:`rota_agent_client.register`).
+    Called by :func:`rota_serving.serve_app` (``rota vllm serve``, ``rota sglang serve``), through
+    :func:`rota_serving.register_with_agent`, when an agent is given; implemented by rota_agent_client
+    (:func:`rota_agent_client.register`).
     Stops at first non-None result.
 
     :param tenant: the served engine's rota client.
