@@ -18,8 +18,8 @@ from collections import deque
 from typing import Any
 from urllib.parse import parse_qs
 
+from rota_tinker._formats import BadRequest
 from rota_tinker._http import Reply
-from rota_tinker._wire import BadRequest
 
 MAX_EVENTS = 10_000
 EVENT_TYPES = {"all": "", "checkpoints": "checkpoint_", "projects": "project_", "teams": None, "organizations": None}

@@ -50,8 +50,8 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from rota_tinker._audit import AuditLog
+from rota_tinker._formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 from rota_tinker._http import Reply
-from rota_tinker._wire import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 
 ID = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"  # model ids; ':' for the SDK's "SESSION:train:N"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # checkpoint names: they become file names

@@ -31,10 +31,10 @@ from typing import Any
 from urllib.parse import quote
 
 from rota_tinker._checkpoints import ID, MAX_ARCHIVE_BYTES, NAME, expired, ttl, user_metadata
+from rota_tinker._formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 from rota_tinker._http import Reply, Request
 from rota_tinker._signed import check_caller, expiry, expiry_and_signature, make_url, signed
 from rota_tinker._state_files import private_dir
-from rota_tinker._wire import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 
 MAX_RECIPIENTS = 10
 _FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

@@ -38,8 +38,8 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from rota_tinker._formats import BadRequest
 from rota_tinker._gate import Gate
-from rota_tinker._wire import BadRequest
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ import secrets
 from typing import Any
 
 from rota_tinker._checkpoints import ID, Checkpoint, Run, ttl
+from rota_tinker._formats import NOT_IMPLEMENTED, BadRequest, field_of
 from rota_tinker._http import Reply
 from rota_tinker._state_files import private_dir
-from rota_tinker._wire import NOT_IMPLEMENTED, BadRequest, field_of
 
 PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 MAX_SEARCH = 200

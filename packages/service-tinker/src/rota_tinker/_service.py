@@ -57,13 +57,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rota_tinker import _audit, _checkpoints, _external, _projects, _trace, _usage, _wire
+from rota_tinker import _audit, _checkpoints, _external, _formats, _projects, _trace, _usage
 from rota_tinker._config import STATE_BYTES_PER_PARAM, BaseModelSpec, ServiceConfig, Tenant
+from rota_tinker._formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 from rota_tinker._hf import HfModelSpec
 from rota_tinker._http import HttpServer, Reply, Request
 from rota_tinker._stability import StabilityRecords
 from rota_tinker._state_files import private_dir
-from rota_tinker._wire import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 from rota_tinker._worker import WorkerSpec
 from rota_tinker._workers import Future, WorkerHandle, close_all, unit_breakdown
 
@@ -461,7 +461,8 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
         if ctype != "application/json":
             raise BadRequest(f"Content-Type {ctype[:60] or '(none)'!r} is not accepted here; send application/json",
                              status=415)
-        return _wire.parse_json(_wire.decompress(body, req.header("content-encoding"), self.config.max_json_bytes))
+        body = _formats.decompress(body, req.header("content-encoding"), self.config.max_json_bytes)
+        return _formats.parse_json(body)
 
     # ------------------------------------------------------------ ownership
 
@@ -671,8 +672,8 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
         if ctype != PROTO:
             raise BadRequest(f"forward_backward takes Content-Type {PROTO} (the tinker SDK's "
                              f"ForwardBackwardRequest protobuf), not {ctype[:60] or '(none)'!r}", status=415)
-        fb = _wire.parse_forward_backward(_wire.decompress(body, req.header("content-encoding"),
-                                                           self.config.max_body_bytes))
+        fb = _formats.parse_forward_backward(_formats.decompress(body, req.header("content-encoding"),
+                                                                 self.config.max_body_bytes))
         m = self._model(tenant, fb.model_id)
         tokens = sum(d.tokens.size for d in fb.data)
         if tokens > self.config.max_request_tokens:
@@ -682,9 +683,9 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
                              "does so by itself)")
         data = []
         for i, d in enumerate(fb.data):
-            _wire.token_ids(d.tokens, m.base.vocab, f"data[{i}].model_input")
-            inputs = {**d.inputs, "target_tokens": _wire.token_ids(d.inputs["target_tokens"], m.base.vocab,
-                                                                    f"data[{i}].loss_fn_inputs['target_tokens']")}
+            _formats.token_ids(d.tokens, m.base.vocab, f"data[{i}].model_input")
+            inputs = {**d.inputs, "target_tokens": _formats.token_ids(d.inputs["target_tokens"], m.base.vocab,
+                                                                      f"data[{i}].loss_fn_inputs['target_tokens']")}
             if d.tokens.size > m.base.max_len:
                 raise BadRequest(f"data[{i}] has {d.tokens.size} tokens; base model {m.base.name!r} takes at most "
                                  f"{m.base.max_len}")
@@ -696,7 +697,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
 
         def done(result: Any) -> None:
             self.state.usage_counts.note(tenant.name, "training", tokens, m.base.name, m.session_id)
-            fut.succeed(proto=_wire.forward_backward_output(result["logprobs"], result["metrics"]))
+            fut.succeed(proto=_formats.forward_backward_output(result["logprobs"], result["metrics"]))
 
         self.state.workers[(tenant.name, "trainer")].submit(
             fut, "forward_backward",
@@ -843,7 +844,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
                              "to the training session that sampled them): sample through the SDK's SamplingClient, "
                              "which makes one")
         num = field_of(body, "num_samples", int, required=False, default=1, bounds=(1, MAX_SAMPLES))
-        prompt = _wire.prompt_tokens(body.get("prompt"), base.vocab)
+        prompt = _formats.prompt_tokens(body.get("prompt"), base.vocab)
         if prompt.size >= base.max_len:
             raise BadRequest(f"prompt has {prompt.size} tokens; base model {base.name!r} takes fewer than "
                              f"{base.max_len}")
@@ -876,7 +877,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
         usage = self.state.usage_counts
         usage.note(tenant.name, "sampling_prefill", prompt_len, base, session)
         usage.note(tenant.name, "sampling_sample", sum(len(seq[0]) for seq in result["sequences"]), base, session)
-        fut.succeed(proto=_wire.sample_response(result))
+        fut.succeed(proto=_formats.sample_response(result))
 
     @staticmethod
     def _prompt_outputs(body: dict[str, Any], prompt_len: int, vocab: int) -> dict[str, Any]:
@@ -896,7 +897,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
                 raise BadRequest("prompt_logprobs_last_n needs a prompt of at least 2 tokens")
             out["last_n"] = last_n
         if body.get("target_prompt_logprobs") is not None:
-            out["target"] = _wire.target_ids(body["target_prompt_logprobs"], prompt_len, vocab, MAX_TOPK)
+            out["target"] = _formats.target_ids(body["target_prompt_logprobs"], prompt_len, vocab, MAX_TOPK)
         return out
 
     @staticmethod

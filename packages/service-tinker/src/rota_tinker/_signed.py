@@ -16,8 +16,8 @@ import time
 from typing import Any
 from urllib.parse import parse_qs
 
+from rota_tinker._formats import BadRequest
 from rota_tinker._http import Request
-from rota_tinker._wire import BadRequest
 
 URL_TTL_S = 3600  # how long a signed download URL stays valid
 _HOST = re.compile(r"[A-Za-z0-9.\-]{1,253}(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]{2,45}\](:[0-9]{1,5})?")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rota_tinker._wire import BadRequest, Span
+from rota_tinker._formats import BadRequest, Span
 
 RECORD_TTL_S = 86400.0  # the Tinker docs: trainable for one day after sampling, restarted by each use
 MAX_RECORDED_TOKENS = 4_000_000  # prompt + sampled tokens recorded per tenant (about 12 bytes each)

@@ -18,9 +18,9 @@ import time
 from typing import Any
 
 from rota_tinker._checkpoints import ID
+from rota_tinker._formats import BadRequest
 from rota_tinker._http import Reply, Request
 from rota_tinker._signed import check_caller, expiry, expiry_and_signature, make_url, signed
-from rota_tinker._wire import BadRequest
 from rota_tinker._workers import unit_breakdown
 
 _DOWNLOAD = re.compile(rf"/api/v1/session_traces/({ID})")

@@ -19,8 +19,8 @@ from collections import OrderedDict
 from typing import Any
 from urllib.parse import parse_qs
 
+from rota_tinker._formats import BadRequest
 from rota_tinker._http import Reply
-from rota_tinker._wire import BadRequest
 
 MAX_BUCKETS = 100_000
 MAX_WINDOW_S = 14 * 86400  # the SDK's documented longest window

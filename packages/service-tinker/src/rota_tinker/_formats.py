@@ -1,4 +1,4 @@
-"""The Tinker wire formats this service reads and writes, checked field by field.
+"""The Tinker API's request and result formats this service reads and writes, checked field by field.
 
 ``forward_backward`` bodies arrive as the SDK's protobuf (``application/x-protobuf``,
 optionally ``Content-Encoding: zstd``) and are parsed with the SDK's own bundled
