@@ -7,12 +7,12 @@ Who calls it: the training script, once, after ``get_model`` / ``get_megatron_op
 
 :class:`MegatronTracked` is a :class:`rota_torch.Tracked`: the same hooks, guards,
 errors, knobs and tenant registry as every torch adapter (a parameter tracked through
-another one is refused here), and its engine parks by *distinct storage*. What it says
+another one is refused here), and its parker parks by *distinct storage*. What it says
 is only *which* tensors make up a Megatron job, per tag:
 
 * ``weights`` — every chunk's parameters and buffers, and each Megatron DDP buffer's
   ``param_data`` (``buffers`` and ``expert_parallel_buffers`` of every chunk). With the
-  DistributedOptimizer the parameters are views into ``param_data``: the engine sees
+  DistributedOptimizer the parameters are views into ``param_data``: the parker sees
   one storage and parks the buffer once; the views stay valid because the same
   storage is resized back on restore.
 * ``grads`` — each DDP buffer's ``grad_data`` (``param.main_grad`` are views of it),

@@ -2,7 +2,7 @@
 
 Two layers:
 
-* the engine — :class:`TensorParker` tracks tensors by tag, parks them by *distinct
+* the parker — :class:`TensorParker` tracks tensors by tag, parks them by *distinct
   untyped storage* into one reused :class:`HostPool` (pinned on CUDA, ordinary memory
   on CPU so the same code path is testable anywhere) and restores the same storages,
   so tensor, parameter and storage identities survive; :func:`overlap` parks one

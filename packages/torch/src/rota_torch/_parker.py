@@ -23,7 +23,7 @@ Invariants, and why:
   (so the caching allocator ties the memory to the stream that will use it) and the
   copies run on the side stream after that.
 * **Discard** frees a storage without copying it. On restore a discarded storage comes
-  back *zero-filled* (same tensor objects, all bytes zero), never as None: the engine
+  back *zero-filled* (same tensor objects, all bytes zero), never as None: the parker
   only sees tensors, and setting ``.grad = None`` is the adapter's business.
 * Tensors on another device than the parker's (e.g. Adam's CPU ``step`` counters of a
   CUDA model) are skipped: they already live on the host.
