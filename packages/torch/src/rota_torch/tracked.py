@@ -46,6 +46,7 @@ import torch
 
 from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
+from rota_torch._move import move_resident, rehome_parked
 from rota_torch._parker import TensorParker, local_tensor, overlap
 from rota_torch._pool import align
 from rota_torch._residue import fragmentation, give_back_workspaces, name_untracked, outside_allocator_bytes
@@ -346,9 +347,50 @@ class Tracked:
         return any(t is not self and t.gpu is self.gpu and not t.parked for t in tracked_models())
 
     def restore(self, plan: ParkPlan | None = None) -> ParkResult:
-        """Bring everything parked back onto the device (discarded tags zero-filled or re-created)."""
+        """Bring everything parked back onto the device (discarded tags zero-filled or re-created).
+
+        With ``plan.device`` another device than the model's (a turn granted on another GPU of
+        the group), the state goes there: restored there if parked, moved device to device
+        if resident (:mod:`rota_torch._move`). A restore that fails there leaves it parked.
+        """
         self._check_active()
-        return self.parker.restore()
+        target = self._granted_device(plan)
+        if target is None or target == self.device:
+            return self.parker.restore()
+        source = self.device
+        if self.parker.parked:
+            rehome_parked(self.parker, target)
+            self._moved(source, target)
+            return self.parker.restore()
+        result = move_resident(self.parker, target)
+        self._moved(source, target)
+        log.info("tenant %s: %s moved %s -> %s (%.3f GB device to device in %.3f s)", self.gpu.tenant,
+                 self.describe(), source, target, result.bytes_moved / 1e9, result.seconds)
+        return result
+
+    def _granted_device(self, plan: ParkPlan | None) -> torch.device | None:
+        """``plan.device`` as a torch device (None when the plan names none); fake and unknown ones refused."""
+        name = getattr(plan, "device", "") if plan is not None else ""
+        if not name:
+            return None
+        if not name.startswith("cuda:") or self.device.type != "cuda":
+            raise DeviceMismatch(f"turn of tenant {self.gpu.tenant!r} granted on {name}, but {self.describe()} is on "
+                                 f"{self.device}: rota_torch moves state only between CUDA devices; name cuda:N "
+                                 "devices in ROTA_DEVICES (fake:N is for placement tests)",
+                                 job_id=self.gpu.tenant, group_id=self.gpu.group)
+        target = torch.device(name)
+        if target.index >= torch.cuda.device_count():
+            raise DeviceMismatch(f"turn of tenant {self.gpu.tenant!r} granted on {name}, but this process sees "
+                                 f"{torch.cuda.device_count()} CUDA device(s); make ROTA_DEVICES match "
+                                 "CUDA_VISIBLE_DEVICES", job_id=self.gpu.tenant, group_id=self.gpu.group)
+        return target
+
+    def _moved(self, source: torch.device, target: torch.device) -> None:
+        with _lock:
+            self.device = target
+            _devices[self.gpu] = target
+        if target.type == "cuda":  # the new device's own baseline, for NCCL-growth readings
+            self._outside_at_track = outside_allocator_bytes(target)
 
     def footprint(self) -> dict[str, int]:
         """Device bytes per tag when resident (also while parked)."""
@@ -490,6 +532,10 @@ class Tracked:
         named = list(self.device_tensors())
         if device is None:
             device = getattr(self.gpu, "device", None) or _devices.get(self.gpu)
+        if isinstance(device, str) and device.startswith("fake:"):
+            raise DeviceMismatch(f"tenant {self.gpu.tenant!r} names fake device {device}: rota_torch parks tensors "
+                                 "of real devices; name cuda:N in ROTA_DEVICES (fake:N is for placement tests)",
+                                 job_id=self.gpu.tenant, group_id=self.gpu.group)
         if device is None:
             if not named:
                 raise TrackingError(f"{self.describe()} has no parameters or buffers to infer a device from; "
