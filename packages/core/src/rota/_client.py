@@ -456,9 +456,9 @@ class Gpu:
             return ParkResult()
         t0 = time.monotonic()
         result = self._run_snapshot_hooks(self.pm.hook.rota_restore, plan)
-        kind = "move" if moving else "restore"
-        (self.stats.moves if moving else self.stats.restores).append(result)
-        self.stats.events.append((kind, t0, time.monotonic()))
+        if not moving or result.bytes_moved or result.by_tag:  # a move of nothing built yet is no move
+            (self.stats.moves if moving else self.stats.restores).append(result)
+            self.stats.events.append(("move" if moving else "restore", t0, time.monotonic()))
         self.parked = False
         if plan.device:
             self._state_device = plan.device
