@@ -20,10 +20,9 @@ export ROTA_CUDA_TIER_JSON=$PWD/$json
 export ROTA_COMMIT=${ROTA_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 set +e
 log=bench/results/cuda-tier-$stamp.log
-$PY -m pytest tests/cuda -m cuda -p no:cacheprovider -ra "$@" 2>&1 | tee "$log" | grep -E "passed|failed|PASSED|FAILED|ERROR|Error|park" \
+$PY -m pytest tests/cuda -m cuda -p no:cacheprovider -ra "$@" 2>&1 | tee "$log" ${OUT:+"$OUT/$(basename "$log")"} | grep -E "passed|failed|PASSED|FAILED|ERROR|Error|park" \
   | grep -v "warnings.warn" | tail -40
 rc=${PIPESTATUS[0]}
-[ -n "${OUT:-}" ] && cp "$log" "$OUT/"
 set -e
 [ -n "${OUT:-}" ] && [ -f "$json" ] && cp "$json" "$OUT/"
 echo "cuda tier: exit $rc, figures in $json"
