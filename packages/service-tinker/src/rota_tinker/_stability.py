@@ -5,9 +5,10 @@ A sample request with ``record_stability_info`` (the SDK's ``SamplingClient`` ma
 ``sequence_id`` the SDK stamps on it: the prompt, the sampled tokens and the sampler's
 logprob of each. A ``stable_reinforce`` request names those sequences through its data's
 provenance (``Datum.with_provenance``); :meth:`StabilityRecords.loss_inputs` checks every
-claim against the record (each token the datum says came from a prompt or a sample is that
-token) and turns it into what the loss reads (:func:`rota_tinker._models.datum_loss`): the
-recorded logprobs on sampled target rows and a mask of those rows.
+claim against the record (each input token the datum says came from a prompt or a sample,
+and each target it says was sampled, is that token) and turns it into what the loss reads
+(:func:`rota_tinker._models.datum_loss`): the recorded logprobs on sampled target rows and a
+mask of those rows.
 
 Why server-side records: the loss's importance weights then use what the sampler really
 computed, not numbers the caller sends, and a datum cannot attribute tokens to a sequence
@@ -102,8 +103,9 @@ class StabilityRecords:
         mask = np.zeros(targets.size, np.float32)
         with self._lock:
             self._expire(tenant)
-            self._claims(tenant, session, f"data[{i}].model_input_spans", input_spans, tokens)
-            records = self._claims(tenant, session, f"data[{i}].loss_fn_input_spans", target_spans, targets)
+            self._claims(tenant, session, f"data[{i}].model_input_spans", input_spans, tokens, prompt_tokens=True)
+            records = self._claims(tenant, session, f"data[{i}].loss_fn_input_spans", target_spans, targets,
+                                   prompt_tokens=False)
             pos = 0
             for span, rec in zip(target_spans, records, strict=True):
                 rows = slice(pos, pos + span.length)
@@ -122,8 +124,10 @@ class StabilityRecords:
                 self._records.move_to_end(rec_id)
         return {"target_tokens": targets, "advantages": adv, "logprobs": sampler_lp, "sampled_mask": mask}
 
-    def _claims(self, tenant: str, session: str, where: str, spans: list[Span], values: np.ndarray) -> list[_Record]:
-        """Each run's record, after checking that the run's tokens are the recorded ones."""
+    def _claims(self, tenant: str, session: str, where: str, spans: list[Span], values: np.ndarray, *,
+                prompt_tokens: bool) -> list[_Record]:
+        """Each run's record, after checking that the run's tokens are the recorded ones (a prompt run's only when
+        ``prompt_tokens``: target rows over a prompt are padding the loss does not read; the cookbook sends 0s)."""
         out, pos = [], 0
         for k, span in enumerate(spans):
             rec = self._records.get(span.sequence_id)
@@ -139,7 +143,7 @@ class StabilityRecords:
                                  f"sequence {span.sequence_id!r}'s {what}, which has {source.size}")
             got = values[pos:pos + span.length]
             want = source[span.offset:span.offset + span.length]
-            if not np.array_equal(got, want):
+            if (span.sampled or prompt_tokens) and not np.array_equal(got, want):
                 j = int(np.argmax(got != want))
                 raise BadRequest(f"{where}[{k}]: token {int(got[j])} at position {pos + j} is not token "
                                  f"{int(want[j])} at position {span.offset + j} of sequence {span.sequence_id!r}'s "
