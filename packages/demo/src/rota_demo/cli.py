@@ -20,6 +20,9 @@ __all__ = ["demo"]
 @click.option("--groups", type=click.IntRange(1, 2), default=2, show_default=True,
               help="2: trainers share one device and samplers another; 1: every worker on one device.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--elastic", is_flag=True,
+              help="Time-sliced on one group over every GPU of the host (ROTA_DEVICES of all of them): rota places "
+              "each turn on a GPU and moves resident state device to device. Needs --device cuda.")
 @click.option("--hidden", type=click.IntRange(min=8), default=512, show_default=True, help="Model width.")
 @click.option("--layers", type=click.IntRange(min=1), default=3, show_default=True, help="Residual blocks.")
 @click.option("--state", "state_size", default="",
@@ -53,9 +56,9 @@ __all__ = ["demo"]
               "under-reads, e.g. a VM whose memory grows as it is used.")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=".",
               show_default=True, help="Where demo.json and demo-timeline.png go.")
-def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_size: str, batch: int, seq: int,
-         capacity: str, off_device: float, modes: str, policy: str, resident_first: float, sft_turns: int, seed: int,
-         host_memory: str, out_dir: pathlib.Path) -> None:
+def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layers: int, state_size: str, batch: int,
+         seq: int, capacity: str, off_device: float, modes: str, policy: str, resident_first: float, sft_turns: int,
+         seed: int, host_memory: str, out_dir: pathlib.Path) -> None:
     """Three real training jobs take turns on shared devices; compare with dedicated and serial.
 
     Two RL jobs (a sampler generates with the current policy, a judge scores off the
@@ -91,7 +94,7 @@ def demo(steps: int, groups: int, device: str, hidden: int, layers: int, state_s
     cfg = DemoConfig(steps=steps, groups=groups, device=device, size=size, off_device_s=off_device, seed=seed,
                      modes=tuple(m.strip() for m in modes.split(",") if m.strip()), capacity_bytes=capacity_bytes,
                      host_memory_bytes=host_memory_bytes, policy=policy, resident_first_s=resident_first,
-                     sft_turns=sft_turns)
+                     sft_turns=sft_turns, elastic=elastic)
     try:
         cfg.check()
     except RotaError as exc:

@@ -119,11 +119,11 @@ class WeightPush:
         self.pinned = int(rc) == 0
         return time.perf_counter() - t0
 
-    def _sync(self) -> None:
-        if self.pinned:
+    def _sync(self, model: Any) -> None:
+        if self.pinned:  # the model's device now: in a group over several GPUs it may have moved since bind()
             import torch
 
-            torch.cuda.synchronize(self._device)
+            torch.cuda.synchronize(next(model.parameters()).device)
 
     # ------------------------------------------------------------------- trainer
 
@@ -141,7 +141,7 @@ class WeightPush:
         with torch.no_grad():
             for name, t in model.state_dict().items():
                 self._views[name].copy_(t, non_blocking=self.pinned)
-        self._sync()
+        self._sync(model)
 
     # ------------------------------------------------------------------- sampler
 
@@ -155,7 +155,7 @@ class WeightPush:
         with torch.no_grad():
             for name, t in model.state_dict().items():
                 t.copy_(self._views[name], non_blocking=self.pinned)
-        self._sync()
+        self._sync(model)
         self._free.release()
 
 

@@ -46,8 +46,8 @@ def _job_end(res: ModeResult, job: str) -> float:
 def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]:
     """The numbers of demo.json."""
     out: dict[str, Any] = {"device": cfg.device, "config": {
-        "steps": cfg.steps, "groups": cfg.groups, "off_device_s": cfg.off_device_s, "seed": cfg.seed,
-        "policy": cfg.policy, "resident_first_s": cfg.resident_first_s, "sft_turns": cfg.sft_turns,
+        "steps": cfg.steps, "groups": cfg.groups, "elastic": cfg.elastic, "off_device_s": cfg.off_device_s,
+        "seed": cfg.seed, "policy": cfg.policy, "resident_first_s": cfg.resident_first_s, "sft_turns": cfg.sft_turns,
         "model": cfg.size.__dict__, "trainer_state_bytes": cfg.size.trainer_state_bytes,
         "push_buffer_bytes": cfg.size.push_bytes}}
     for mode, res in results.items():
@@ -56,7 +56,7 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
                      "gpu_hours": res.devices * res.makespan_s / 3600,
                      "busy_fraction": _device_time(res) / (res.devices * res.makespan_s) if res.makespan_s else 0.0,
                      "how": res.how}
-        if cfg.groups == 2:  # one device for the trainers, one for the samplers
+        if cfg.groups == 2 and not (cfg.elastic and mode == "timesliced"):  # trainers' device, samplers' device
             out[mode]["trainer_device_busy"] = _role_busy(res, "trainer")
             out[mode]["sampler_device_busy"] = _role_busy(res, "sampler")
     ded, ser, ts = results.get("dedicated"), results.get("serial"), results.get("timesliced")
@@ -65,6 +65,7 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
         parks = [p for r in ts.reports.values() for p in r.parks]
         restores = [p for r in ts.reports.values() for p in r.restores]
         waits = [w for r in ts.reports.values() for w in r.waits_ms]
+        moves = [m for r in ts.reports.values() for m in r.moves]
         out["timesliced"].update({
             "orchestrator_busy_fraction": ts.busy_seconds / (ts.devices * ts.makespan_s) if ts.makespan_s else 0.0,
             "switches": ts.switches, "parks": len(parks), "restores": len(restores), "prefetch": ts.prefetch,
@@ -78,6 +79,12 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
             "pool_setup_s_max": max((r.pool_setup_s for r in ts.reports.values()), default=0.0),
             "capacity_bytes": cfg.capacity_bytes, "policy": cfg.policy, "resident_first_s": cfg.resident_first_s,
             "push_pinned": all(r.push_pinned for r in ts.reports.values()),
+            # held seconds over the makespan of each group, or of each device of the --elastic group (gpus@cuda:N)
+            "busy_by_group": {g: b / ts.makespan_s for g, b in sorted(ts.busy_by_group.items())} if ts.makespan_s
+            else {},
+            "moves": len(moves), "move_ms_p50": percentile([s * 1000 for _, s in moves], 50),
+            "move_ms_p99": percentile([s * 1000 for _, s in moves], 99), "bytes_moved_device_to_device":
+            sum(b for b, _ in moves),
         })
     ratios: dict[str, float] = {}
     if ts and ser:
@@ -144,6 +151,9 @@ def table(summary: dict[str, Any]) -> str:
                      f"p99 {ts['restore_ms_p99']:.1f} ms), moved {format_bytes(ts['bytes_moved'])}, "
                      f"queue wait p50 {ts['wait_ms_p50']:.1f} ms p99 {ts['wait_ms_p99']:.1f} ms, "
                      f"adapters: {', '.join(ts['adapters'])}")
+        if ts.get("busy_by_group"):
+            lines.append("busy per group (device): " + ", ".join(f"{g} {b:.0%}" for g, b in ts["busy_by_group"].items())
+                         + f"; moves device to device {ts['moves']} (p50 {ts['move_ms_p50']:.1f} ms)")
         pre = ts.get("prefetch") or {}
         if any(pre.values()):
             lines.append(f"prefetch (next tenant restored during the holder's turn): {pre.get('hits', 0)} hits, "

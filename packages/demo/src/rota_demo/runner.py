@@ -65,6 +65,7 @@ class DemoConfig:
     policy: str = "priority"  # time-sliced: "priority" (RL trainers and samplers before SFT's) or "fifo"
     resident_first_s: float = 0.0  # > 0 (with capacity_bytes): resident waiters first, parked ones after this long
     sft_turns: int = 4  # the SFT trainer's microbatches per step, a turn each (same sequence in every mode)
+    elastic: bool = False  # time-sliced: one group over every GPU of the host, each turn placed by rota
 
     def check(self) -> None:
         if self.steps < 1:
@@ -87,6 +88,9 @@ class DemoConfig:
                                   "(each turn takes an equal microbatch)")
         if self.policy not in POLICIES:
             raise InvalidArgument(f"--policy {self.policy!r}: choose from {', '.join(POLICIES)}")
+        if self.elastic and not self.device.startswith("cuda"):
+            raise InvalidArgument(f"--elastic places turns on the host's GPUs; it needs --device cuda (got "
+                                  f"{self.device!r})")
         if self.host_memory_bytes < 0:
             raise InvalidArgument(f"--host-memory {self.host_memory_bytes} must be > 0 bytes (omit it to read "
                                   "MemAvailable)")
@@ -107,11 +111,22 @@ class ModeResult:
     switches: int = 0
     prefetch: dict[str, int] = field(default_factory=dict)  # time-sliced: the orchestrator's prefetch counters
     job_spans: dict[str, float] = field(default_factory=dict)
+    busy_by_group: dict[str, float] = field(default_factory=dict)  # time-sliced: held seconds per group or lane
     how: str = ""  # how the mode was measured, for the report
+
+
+ELASTIC_GROUP = "gpus"  # --elastic: the one group over every GPU (its lanes are gpus@cuda:0, gpus@cuda:1...)
 
 
 def _group_of(role: str, cfg: DemoConfig) -> str:
     return "gpu0" if cfg.groups == 1 or role == "trainer" else "gpu1"
+
+
+def elastic_devices() -> tuple[str, ...]:
+    """Every GPU this process sees: the devices of the --elastic group."""
+    import torch
+
+    return tuple(f"cuda:{i}" for i in range(torch.cuda.device_count()))
 
 
 def _device_of(role: str, cfg: DemoConfig) -> str:
@@ -128,8 +143,10 @@ def _specs(cfg: DemoConfig, jobs: tuple[tuple[str, str], ...], endpoint: str | N
         seed = cfg.seed + [j for j, _ in JOBS].index(job)  # a job's seed does not depend on who runs beside it
         for role in ("trainer", "sampler"):
             # A sampler parks only when switches park everything (no capacity): only then pin its pool ahead.
-            specs.append(WorkerSpec(job=job, kind=kind, role=role, steps=cfg.steps, seed=seed,
-                                    size=cfg.size, device=_device_of(role, cfg), group=_group_of(role, cfg),
+            elastic = elastic_devices() if cfg.elastic and endpoint else ()
+            specs.append(WorkerSpec(job=job, kind=kind, role=role, steps=cfg.steps, seed=seed, devices=elastic,
+                                    size=cfg.size, device=elastic[0] if elastic else _device_of(role, cfg),
+                                    group=ELASTIC_GROUP if elastic else _group_of(role, cfg),
                                     endpoint=endpoint, off_device_s=cfg.off_device_s,
                                     eval_every=cfg.eval_every(), record_digests=cfg.record_digests,
                                     priority=POLICIES[cfg.policy][kind], sft_turns=cfg.sft_turns,
@@ -361,8 +378,9 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
             out["serial"] = ModeResult("serial", total, devices=cfg.groups, reports=reports, job_spans=spans,
                                        how=f"the same runs end to end on {cfg.groups} device(s)")
     if "timesliced" in cfg.modes:
-        progress(f"time-sliced: all jobs at once, taking turns through rota on {cfg.groups} group(s), "
-                 f"{cfg.policy} policy")
+        shared = len(elastic_devices()) if cfg.elastic else cfg.groups
+        where = f"one group over {shared} GPU(s)" if cfg.elastic else f"{cfg.groups} group(s)"
+        progress(f"time-sliced: all jobs at once, taking turns through rota on {where}, {cfg.policy} policy")
         policy: Any = Priority() if cfg.policy == "priority" else Fifo()
         if cfg.resident_first_s:  # jobs that do not fit together wait for room instead of trading places
             policy = ResidentFirst(policy, patience_s=cfg.resident_first_s, capacity_bytes=cfg.capacity_bytes)
@@ -380,12 +398,14 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
                                                                 max_priority=max(spec.priority, 0)))
                      for spec in _specs(cfg, JOBS, endpoint)]
             span, reports = _run_workers(specs, progress, "time-sliced", on_go=lambda: at_go.update(counters()))
+            final = counters()
             delta = [tuple(a - b for a, b in zip(now, at_go.get(gid, (0,) * 6), strict=True))
-                     for gid, now in counters().items()]  # setup (before "go") is not part of the run
+                     for gid, now in final.items()]  # setup (before "go") is not part of the run
             prefetch = {k: int(sum(d[2 + i] for d in delta)) for i, k in enumerate(("hits", "misses", "failures",
                                                                                     "wasted"))}
+            busy = {gid: d[0] for gid, d in zip(final, delta, strict=True) if d[0] > 0}
         out["timesliced"] = ModeResult(
-            "timesliced", span, devices=cfg.groups, reports=reports, busy_seconds=sum(d[0] for d in delta),
-            switches=int(sum(d[1] for d in delta)), prefetch=prefetch,
-            how=f"all jobs at once on {cfg.groups} device(s), taking turns through rota ({policy.name} policy)")
+            "timesliced", span, devices=shared, reports=reports, busy_seconds=sum(d[0] for d in delta),
+            switches=int(sum(d[1] for d in delta)), prefetch=prefetch, busy_by_group=busy,
+            how=f"all jobs at once on {where}, taking turns through rota ({policy.name} policy)")
     return out

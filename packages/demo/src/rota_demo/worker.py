@@ -43,9 +43,10 @@ class WorkerSpec:
     steps: int
     seed: int
     size: ModelSize
-    device: str
+    device: str  # where it starts (with devices: the first; each turn's device is the grant's)
     group: str
     endpoint: str | None = None  # None: dedicated device, no rota
+    devices: tuple[str, ...] = ()  # a group over several devices (--elastic): rota places each turn
     off_device_s: float = 0.1
     eval_every: int = 4
     record_digests: bool = False  # test hook: sha256 of the weights at every push, at both ends
@@ -73,6 +74,7 @@ class WorkerReport:
     events: list[tuple[str, float, float]] = field(default_factory=list)
     parks: list[tuple[int, float]] = field(default_factory=list)  # (bytes, seconds)
     restores: list[tuple[int, float]] = field(default_factory=list)
+    moves: list[tuple[int, float]] = field(default_factory=list)  # resident state moved device to device
     waits_ms: list[float] = field(default_factory=list)
     start: float = 0.0
     end: float = 0.0
@@ -90,13 +92,19 @@ class _Device:
 
     def __init__(self, spec: WorkerSpec, report: WorkerReport) -> None:
         self.spec, self.report, self.gpu, self.tracked = spec, report, None, None
-        self._counts = (0, 0, 0, 0)
+        self._counts = (0, 0, 0, 0, 0)
         if spec.endpoint:
             import rota
 
             need = spec.size.trainer_state_bytes if spec.role == "trainer" else spec.size.weight_bytes
             self.gpu = rota.connect(group=spec.group, tenant=spec.tenant, endpoint=spec.endpoint,
-                                    priority=spec.priority, footprint_hint=need, token=spec.token)
+                                    priority=spec.priority, footprint_hint=need, token=spec.token,
+                                    devices=list(spec.devices) or None)
+
+    @property
+    def device(self) -> str:
+        """The device of this turn (the grant's, in a group over several devices), else the worker's own."""
+        return (self.gpu.device if self.gpu is not None else None) or self.spec.device
 
     @contextlib.contextmanager
     def setup(self) -> Iterator[None]:
@@ -125,7 +133,7 @@ class _Device:
         """The clock starts: what the client recorded during setup is not part of the run."""
         if self.gpu is not None:
             st = self.gpu.stats
-            self._counts = (st.events.total, st.parks.total, st.restores.total, st.waits_ms.total)
+            self._counts = (st.events.total, st.parks.total, st.restores.total, st.waits_ms.total, st.moves.total)
 
     @contextlib.contextmanager
     def phase(self, after: Any = None) -> Iterator[None]:
@@ -152,10 +160,11 @@ class _Device:
         if self.gpu is None:
             return
         stats = self.gpu.stats
-        events, parks, restores, waits = self._counts
+        events, parks, restores, waits, moves = self._counts
         self.report.events += stats.events.since(events)[0]
         self.report.parks = [(p.bytes_moved, p.seconds) for p in stats.parks.since(parks)[0]]
         self.report.restores = [(r.bytes_moved, r.seconds) for r in stats.restores.since(restores)[0]]
+        self.report.moves = [(m.bytes_moved, m.seconds) for m in stats.moves.since(moves)[0]]
         self.report.waits_ms = list(stats.waits_ms.since(waits)[0])
         self.gpu.close()
 
@@ -183,11 +192,11 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
     trainer = spec.role == "trainer"
     dev = _Device(spec, report)
     with dev.setup():
-        model, opt = w.build(spec.size, spec.seed, spec.device, optimizer=trainer)
+        model, opt = w.build(spec.size, spec.seed, dev.device, optimizer=trainer)
         if not trainer:  # a sampler never backpropagates: no grads, so its host pool holds the weights only
             model.requires_grad_(False)
         report.state_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) * (4 if trainer else 1)
-        _warm_up(spec, model, opt)  # every tensor exists before tracking; first-call costs paid here
+        _warm_up(spec, model, opt, dev.device)  # every tensor exists before tracking; first-call costs paid here
         dev.track(model, opt)
     push.bind(model)
     report.push_pin_s, report.push_pinned = push.pin(), push.pinned
@@ -228,7 +237,7 @@ def _free_device_state(model: Any, opt: Any) -> None:
         torch.cuda.empty_cache()
 
 
-def _warm_up(spec: WorkerSpec, model: Any, opt: Any) -> None:
+def _warm_up(spec: WorkerSpec, model: Any, opt: Any, device: str) -> None:
     """Run the worker's own device work once, changing nothing it will compute later.
 
     A trainer takes one step of its own kind on an all-zero batch at learning rate 0
@@ -242,7 +251,7 @@ def _warm_up(spec: WorkerSpec, model: Any, opt: Any) -> None:
 
     from rota_demo import workloads as w
 
-    size, device = spec.size, spec.device
+    size = spec.size
     zeros = torch.zeros(size.batch, size.seq, dtype=torch.long, device=device)
     if spec.role == "sampler":
         if spec.kind == "rl":
@@ -313,7 +322,7 @@ def _rl_sampler(spec, model, opt, dev, inbox, outbox, results, push, report) -> 
         with dev.phase():
             if version is not None:
                 _take(spec, model, push, report, version, step)
-            tokens = w.generate(model, spec.size, spec.seed, step, spec.device).cpu()
+            tokens = w.generate(model, spec.size, spec.seed, step, dev.device).cpu()
         with dev.off_device():  # the environment / judge: real wall time, no device
             time.sleep(spec.off_device_s)
             rewards = w.reward(tokens, spec.size.vocab)
@@ -331,7 +340,7 @@ def _rl_trainer(spec, model, opt, dev, inbox, outbox, results, push, report) -> 
             push.claim()  # before the turn: the sampler has read the last push (it sent these tokens after)
         publish = (lambda: _publish(spec, model, push, report)) if pushing else None
         with dev.phase(after=publish):  # the push copies run while the next trainer computes
-            loss = w.reinforce_step(model, opt, tokens.to(spec.device), rewards.to(spec.device))
+            loss = w.reinforce_step(model, opt, tokens.to(dev.device), rewards.to(dev.device))
         report.values.append(loss)
         results.put(("progress", spec.name, (step, loss)))
         if pushing:
@@ -350,7 +359,7 @@ def _sft_trainer(spec, model, opt, dev, inbox, outbox, results, push, report) ->
             push.claim()  # before the turn: waits only if the eval sampler still reads the previous push
         publish = (lambda: _publish(spec, model, push, report)) if pushing else None
         # a turn per microbatch: a waiting RL job waits one microbatch at most
-        loss = w.sft_step(model, opt, x, y, spec.sft_turns, device=spec.device,
+        loss = w.sft_step(model, opt, x, y, spec.sft_turns,  # each microbatch to the model's device of its turn
                           turn=lambda last, publish=publish: dev.phase(after=publish if last else None))
         report.values.append(loss)
         results.put(("progress", spec.name, (step, loss)))
@@ -366,4 +375,4 @@ def _sft_sampler(spec, model, opt, dev, inbox, outbox, results, push, report) ->
         version = inbox.recv()
         with dev.phase():
             _take(spec, model, push, report, version, i + 1)
-            report.values.append(w.eval_loss(model, x.to(spec.device), y.to(spec.device)))
+            report.values.append(w.eval_loss(model, x.to(dev.device), y.to(dev.device)))

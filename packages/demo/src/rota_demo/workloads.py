@@ -149,7 +149,8 @@ def sft_accumulate(model: Policy, x: torch.Tensor, y: torch.Tensor, parts: int) 
 
 def sft_step(model: Policy, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, parts: int = 1, *,
              device: str | None = None, turn: Callable[[bool], AbstractContextManager] | None = None) -> float:
-    """A whole SFT step: ``parts`` microbatches (each moved to ``device`` inside its turn), then the update.
+    """A whole SFT step: ``parts`` microbatches (each moved to ``device``, default the model's device at that
+    turn: a turn may run on another device than the last), then the update.
 
     ``turn(last)`` wraps each microbatch (the worker's device phase: it gives the device back
     between microbatches; the last one also updates). Without it, nothing is given back.
@@ -160,7 +161,8 @@ def sft_step(model: Policy, opt: torch.optim.Optimizer, x: torch.Tensor, y: torc
         with turn(last) if turn is not None else contextlib.nullcontext():
             if i == 0:
                 opt.zero_grad(set_to_none=False)
-            loss += sft_accumulate(model, xi.to(device or xi.device), yi.to(device or yi.device), parts)
+            to = device or next(model.parameters()).device
+            loss += sft_accumulate(model, xi.to(to), yi.to(to), parts)
             if last:
                 opt.step()
     return loss
