@@ -61,6 +61,14 @@ class BadRequest(ValueError):
         self.status = status
 
 
+class QuotaExceeded(BadRequest):
+    """A per-key quota refused the request (429): how the SDK hears it depends on the route
+    (:data:`rota_tinker._service.QUOTA_AS_429`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=429)
+
+
 @dataclass(frozen=True)
 class Span:
     """One provenance run (the SDK's ``PromptProvenanceSpan`` / ``SampledProvenanceSpan``): ``length`` datum positions

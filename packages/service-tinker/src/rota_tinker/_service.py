@@ -59,7 +59,7 @@ from typing import Any
 
 from rota_tinker import _audit, _checkpoints, _external, _formats, _projects, _trace, _usage
 from rota_tinker._config import STATE_BYTES_PER_PARAM, BaseModelSpec, ServiceConfig, Tenant
-from rota_tinker._formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
+from rota_tinker._formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, QuotaExceeded, field_of
 from rota_tinker._hf import HfModelSpec
 from rota_tinker._http import HttpServer, Reply, Request
 from rota_tinker._stability import StabilityRecords
@@ -240,21 +240,22 @@ class _State:
         return {"models": len(models), "sessions": sessions, "bytes": nbytes}
 
     def check_quota(self, tenant: str, *, models: int = 0, sessions: int = 0, nbytes: int = 0) -> None:
-        """Raise 429 when adding this much would take ``tenant`` past a quota (lock held)."""
+        """Raise QuotaExceeded (429) when adding this much would take ``tenant`` past a quota (lock held)."""
         have = self.usage(tenant)
         c = self.config
         if models and have["models"] + models > c.max_models:
-            raise BadRequest(f"tenant {tenant} already holds {have['models']} models, the most one key may hold "
-                             f"(max_models={c.max_models}); unload one (POST /api/v1/unload_model) or finish the "
-                             "session that made it (ServiceClient.close())", status=429)
+            raise QuotaExceeded(f"tenant {tenant} already holds {have['models']} models, the most one key may "
+                                f"hold (max_models={c.max_models}); unload one (POST /api/v1/unload_model) or "
+                                "finish the session that made it (ServiceClient.close())")
         if sessions and have["sessions"] + sessions > c.max_sessions:
-            raise BadRequest(f"tenant {tenant} already has {have['sessions']} live sessions (training and sampling), "
-                             f"the most one key may hold (max_sessions={c.max_sessions}); finish one "
-                             "(ServiceClient.close()) or let idle ones expire", status=429)
+            raise QuotaExceeded(f"tenant {tenant} already has {have['sessions']} live sessions (training and "
+                                f"sampling), the most one key may hold (max_sessions={c.max_sessions}); finish one "
+                                "(ServiceClient.close()) or let idle ones expire")
         if nbytes and have["bytes"] + nbytes > c.max_bytes:
-            raise BadRequest(f"tenant {tenant} holds {have['bytes']} bytes of models and saved weights; {nbytes} more "
-                             f"would pass max_bytes={c.max_bytes}; unload a model (POST /api/v1/unload_model) or "
-                             "delete saved weights (RestClient.delete_checkpoint_from_tinker_path)", status=429)
+            raise QuotaExceeded(f"tenant {tenant} holds {have['bytes']} bytes of models and saved weights; {nbytes} "
+                                f"more would pass max_bytes={c.max_bytes}; unload a model (POST "
+                                "/api/v1/unload_model) or delete saved weights "
+                                "(RestClient.delete_checkpoint_from_tinker_path)")
 
     # ------------------------------------------------------------ freeing
 
@@ -420,6 +421,10 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
             return fn(self, tenant, self._json_body(req, body))
         except BadRequest as e:
             kind = FUTURE_ROUTES.get(req.path)
+            if isinstance(e, QuotaExceeded) and kind is None and req.path not in QUOTA_AS_429:
+                # the SDK sends these through its retry loop, which retries a 429 for 5 minutes whatever
+                # x-should-retry says: a 400 it raises at once, naming the quota
+                raise BadRequest(f"{e.status} {REFUSED_AS_FUTURES[e.status]}: {e}") from e
             if e.status not in REFUSED_AS_FUTURES or kind is None:
                 raise
             # the SDK retries a 429 or 5xx of these submissions for 5 minutes (it does not read x-should-retry
@@ -980,6 +985,9 @@ FUTURE_ROUTES = {"/api/v1/create_model": "CreateModel", "/api/v1/unload_model": 
                  "/api/v1/save_weights": "SaveWeights", "/api/v1/load_weights": "LoadWeights",
                  "/api/v1/save_weights_external": "SaveWeightsExternal"}
 REFUSED_AS_FUTURES = {429: "Too Many Requests"}  # a quota
+# routes the SDK calls without its retry loop: its client reads x-should-retry: false on a quota's 429 and raises
+# RateLimitError at once; a quota on any other route that is not a future is a 400 (_Api._guarded)
+QUOTA_AS_429 = {"/api/v1/create_session", "/api/v1/create_sampling_session"}
 # routes with ids in the path (each id checked whole by its pattern)
 PATTERNS: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [
     ("GET", re.compile(rf"/api/v1/samplers/({_ID})"), _Api._get_sampler),
