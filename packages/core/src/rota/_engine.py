@@ -264,7 +264,7 @@ class Orchestrator:
         """Whether ``job_id`` shows life in ``group_id``: a live session seen within the TTL, or (a job of a
         previous life that has not re-attached yet) a call within the TTL; a v1alpha1 job, which has no
         session to judge by, always does."""
-        key = (group_id, job_id)
+        key = (lane_base(group_id), job_id)  # a lane's jobs attach to its group
         if key not in self._attached_once:
             return True
         now = time.monotonic()
@@ -481,7 +481,9 @@ class Orchestrator:
     @_whole
     async def evict(self, job_id: str, group_id: str, *, reason: str, lost: bool = False,
                     ended: bool = False) -> tuple[bool, bool]:
-        """Take a job out of a group (scheduler saw it end, it died: ``lost``, or it closed its sessions: ``ended``)."""
+        """Take a job out of a group (scheduler saw it end, it died: ``lost``, or it closed its sessions: ``ended``);
+        out of every lane of it too (a lane's id names its group)."""
+        group_id = lane_base(group_id)
         check_pair(job_id, group_id)
         async with self._lock(group_id):
             g = await self._group(group_id)

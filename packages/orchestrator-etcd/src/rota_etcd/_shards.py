@@ -17,10 +17,13 @@ import math
 import zlib
 from collections.abc import Sequence
 
+from rota.devices import lane_base
+
 
 def shard_of(group_id: str, shards: int) -> int:
-    """The shard of ``group_id`` among ``shards`` (stable across processes and hosts)."""
-    return zlib.crc32(group_id.encode()) % shards if shards > 1 else 0
+    """The shard of ``group_id`` among ``shards`` (stable across processes and hosts); a lane of a group
+    over several GPUs (``G@cuda:1``, :mod:`rota.devices`) is in its group's shard, led with it."""
+    return zlib.crc32(lane_base(group_id).encode()) % shards if shards > 1 else 0
 
 
 def _score(shard: int, replica: str) -> bytes:
