@@ -1,7 +1,7 @@
 """The node agent as the security tests drive it: a real ``rota agent serve`` process, tenants, HTTP servers.
 
-``start_agent``, ``tenant`` and ``http_servers`` are fixtures (tests/security/conftest.py
-imports them); the rest are helpers the agent's security tests share.
+Helpers the agent's security tests share; the fixtures built on them (``start_agent``, ``tenant``,
+``http_servers``) are tests/security/conftest.py's.
 """
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ from __future__ import annotations
 import http.server
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +19,6 @@ import grpc
 import pytest
 
 from rota import auth
-from rota.testing import ScriptedProcess, free_port
 from rota.wire import snapshot_agent_pb2 as sa
 from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
 from rota_agent import WorkloadClient
@@ -48,64 +45,6 @@ class Agent:
 
     def admin(self) -> sa_grpc.SnapshotAgentServiceStub:
         return self.stub(self.token(admin=True) if self.key else "")
-
-
-@pytest.fixture
-def agent_env(child_env) -> dict[str, str]:
-    return dict(child_env, ROTA_LOAD_PLUGINS="rota-agent")
-
-
-@pytest.fixture
-def start_agent(agent_env, tmp_path) -> Iterator[Callable[..., Agent]]:
-    """start_agent(*flags, keyed=True): a real agent process; stopped (and its socket dir removed) afterwards."""
-    started: list[Agent] = []
-
-    def start(*flags: str, keyed: bool = True) -> Agent:
-        socket_dir = tempfile.mkdtemp(prefix="rota-sec-")
-        os.chmod(socket_dir, 0o755)  # other uids may reach the sockets (the door tells who they are)
-        args = [ROTA, "agent", "serve", "--listen", f"127.0.0.1:{free_port()}", "--socket-dir", socket_dir, *flags]
-        key = None
-        if not keyed:
-            args.append("--insecure")  # TCP without tokens (without it a keyless agent serves only its sockets)
-        if keyed:
-            path = tmp_path / f"key{len(started)}"
-            auth.generate_key(str(path))
-            key = auth.load_key(str(path))
-            args += ["--auth-key", str(path)]
-        proc = subprocess.Popen(args, env=agent_env, stderr=subprocess.PIPE, text=True)
-        agent = Agent(key, args[4], socket_dir, proc)
-        started.append(agent)
-        line = ""
-        while "serving" not in line:
-            line = proc.stderr.readline()  # type: ignore[union-attr]
-            assert line or proc.poll() is None, f"rota agent serve exited with {proc.wait()}"
-        threading.Thread(target=proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]  # keep it drained
-        return agent
-
-    yield start
-    for agent in started:
-        agent.proc.terminate()
-        agent.proc.wait(20)
-        shutil.rmtree(agent.dir, ignore_errors=True)
-
-
-@pytest.fixture
-def tenant(agent_env) -> Iterator[Callable[..., ScriptedProcess]]:
-    """tenant(agent, job, *args, token=...): a tenant_proc.py process registered with the agent's Unix socket."""
-    started: list[ScriptedProcess] = []
-
-    def start(agent: Agent, job: str, *args: str, token: str | None = None, group: str = "g") -> ScriptedProcess:
-        child = dict(agent_env, ROTA_LOAD_PLUGINS="")
-        if agent.key:
-            child["ROTA_TOKEN"] = token if token is not None else agent.token(job, group)
-        t = ScriptedProcess(TENANT, ["--mode", "v1", "--orch", "127.0.0.1:1", "--agent", agent.unix, "--job", job,
-                                     "--group", group, *args], child, timeout=30)
-        started.append(t)
-        return t
-
-    yield start
-    for t in started:
-        t.stop()
 
 
 def refused(call: Callable, request: object) -> tuple[grpc.StatusCode, str]:
@@ -194,20 +133,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     do_GET = do_POST = _any
-
-
-@pytest.fixture
-def http_servers() -> Iterator[Callable[..., Recorder]]:
-    made: list[Recorder] = []
-
-    def make(answer: Callable[[str], tuple[int, dict[str, str], bytes]]) -> Recorder:
-        made.append(Recorder(answer))
-        return made[-1]
-
-    yield make
-    for s in made:
-        s.shutdown()
-        s.server_close()
 
 
 def registered(agent: Agent, job: str, *, group: str = "g", token: str | None = None, **kw: object) -> WorkloadClient:

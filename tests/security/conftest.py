@@ -1,7 +1,9 @@
 """Fixtures of the security tests: each test drives a real rota server the way an attacker would.
 
 Rows about local users run the attacker as a second uid through ``setpriv`` (util-linux),
-with a system user created for it; those tests skip when not run as root.
+with a system user created for it; those tests skip when not run as root. The node agent's rows get
+a real ``rota agent serve`` process (``start_agent``), tenants registered with it (``tenant``) and HTTP
+servers that record what they are sent (``http_servers``), built on tests/security/agentlib.py.
 """
 
 from __future__ import annotations
@@ -11,11 +13,15 @@ import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.security.agentlib import agent_env, http_servers, start_agent, tenant  # noqa: F401  (fixtures)
+from rota import auth
+from rota.testing import ScriptedProcess, free_port
+from tests.security.agentlib import ROTA, TENANT, Agent, Recorder
 
 ATTACKER = "rota-attacker"
 
@@ -46,3 +52,75 @@ def as_attacker(attacker_uid) -> Iterator[Callable[..., subprocess.CompletedProc
         return subprocess.run(cmd, env=base, capture_output=True, text=True, timeout=timeout)
 
     yield run
+
+
+@pytest.fixture
+def agent_env(child_env) -> dict[str, str]:
+    return dict(child_env, ROTA_LOAD_PLUGINS="rota-agent")
+
+
+@pytest.fixture
+def start_agent(agent_env, tmp_path) -> Iterator[Callable[..., Agent]]:
+    """start_agent(*flags, keyed=True): a real agent process; stopped (and its socket dir removed) afterwards."""
+    started: list[Agent] = []
+
+    def start(*flags: str, keyed: bool = True) -> Agent:
+        socket_dir = tempfile.mkdtemp(prefix="rota-sec-")
+        os.chmod(socket_dir, 0o755)  # other uids may reach the sockets (the door tells who they are)
+        args = [ROTA, "agent", "serve", "--listen", f"127.0.0.1:{free_port()}", "--socket-dir", socket_dir, *flags]
+        key = None
+        if not keyed:
+            args.append("--insecure")  # TCP without tokens (without it a keyless agent serves only its sockets)
+        if keyed:
+            path = tmp_path / f"key{len(started)}"
+            auth.generate_key(str(path))
+            key = auth.load_key(str(path))
+            args += ["--auth-key", str(path)]
+        proc = subprocess.Popen(args, env=agent_env, stderr=subprocess.PIPE, text=True)
+        agent = Agent(key, args[4], socket_dir, proc)
+        started.append(agent)
+        line = ""
+        while "serving" not in line:
+            line = proc.stderr.readline()  # type: ignore[union-attr]
+            assert line or proc.poll() is None, f"rota agent serve exited with {proc.wait()}"
+        threading.Thread(target=proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]  # keep it drained
+        return agent
+
+    yield start
+    for agent in started:
+        agent.proc.terminate()
+        agent.proc.wait(20)
+        shutil.rmtree(agent.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def tenant(agent_env) -> Iterator[Callable[..., ScriptedProcess]]:
+    """tenant(agent, job, *args, token=...): a tenant_proc.py process registered with the agent's Unix socket."""
+    started: list[ScriptedProcess] = []
+
+    def start(agent: Agent, job: str, *args: str, token: str | None = None, group: str = "g") -> ScriptedProcess:
+        child = dict(agent_env, ROTA_LOAD_PLUGINS="")
+        if agent.key:
+            child["ROTA_TOKEN"] = token if token is not None else agent.token(job, group)
+        t = ScriptedProcess(TENANT, ["--mode", "v1", "--orch", "127.0.0.1:1", "--agent", agent.unix, "--job", job,
+                                     "--group", group, *args], child, timeout=30)
+        started.append(t)
+        return t
+
+    yield start
+    for t in started:
+        t.stop()
+
+
+@pytest.fixture
+def http_servers() -> Iterator[Callable[..., Recorder]]:
+    made: list[Recorder] = []
+
+    def make(answer: Callable[[str], tuple[int, dict[str, str], bytes]]) -> Recorder:
+        made.append(Recorder(answer))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.shutdown()
+        s.server_close()
