@@ -21,9 +21,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 _COLOURS = {"turn": "#2ca02c", "after": "#9467bd", "wait": "#d9d9d9", "park": "#d62728", "restore": "#1f77b4",
-            "off": "#ff7f0e"}
+            "move": "#17becf", "off": "#ff7f0e"}
 _LABELS = {"turn": "on device (turn)", "after": "weight push after the turn (copy engine)",
-           "wait": "waiting for a turn", "park": "park", "restore": "restore", "off": "off device (reward / data)"}
+           "wait": "waiting for a turn", "park": "park", "restore": "restore", "move": "move to another GPU",
+           "off": "off device (reward / data)"}
 
 
 def _device_time(res: ModeResult, role: str = "") -> float:
@@ -212,7 +213,7 @@ def timeline_png(results: dict[str, ModeResult], path: pathlib.Path) -> None:
         ax.set_title(f"{mode}: makespan {res.makespan_s:.1f} s on {res.devices} device(s)", fontsize=10, loc="left")
     axes[-1, 0].set_xlabel("seconds since start")
     fig.legend(handles=[Patch(color=c, label=_LABELS[k]) for k, c in _COLOURS.items()], loc="upper center",
-               ncol=6, fontsize=8, frameon=False)
+               ncol=7, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     fig.savefig(path, dpi=110)
     plt.close(fig)
