@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
+import os
 import pathlib
 import sys
 import time
@@ -107,7 +109,9 @@ def run(state: str, steps: int, capacity: int, host_memory: int, resident_first:
         ModelSize.for_state_bytes(parse_bytes(state, what="--state"), batch=64, seq=16)
     base = DemoConfig(steps=steps, groups=2, device="cuda", size=size, capacity_bytes=capacity,
                       host_memory_bytes=host_memory, resident_first_s=resident_first if capacity else 0.0)
-    report: dict[str, Any] = {"bench": "elastic_x2", "state": state, "smoke": smoke, "steps": steps,
+    report: dict[str, Any] = {"bench": "elastic_x2", "commit": os.environ.get("ROTA_COMMIT", "unknown"),
+                              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                              "state": state, "smoke": smoke, "steps": steps,
                               "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
                               "torch": torch.__version__, "capacity_bytes": capacity,
                               "resident_first_s": base.resident_first_s,

@@ -16,6 +16,7 @@ mkdir -p "$results" "$out"
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
 nvidia-smi topo -m 2>/dev/null | head -4 || true
 date=$(date -u +%Y%m%dT%H%M%SZ)
+export ROTA_COMMIT=${ROTA_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}  # into every JSON
 copy() { for f in "$@"; do [ -f "$f" ] && [ "$out" != "$results" ] && cp "$f" "$out/"; done; return 0; }
 tier() {  # the device tests of issue 32 (one GPU: the one-GPU test; two: all three)
   local name=cuda-tier-devices-$1-$date rc=0
