@@ -120,7 +120,7 @@ def warm_up(folder: Path, tok: object, data: list[tuple[list[int], list[str]]]) 
         tokens[i, :len(s)] = torch.tensor(s)
         weights[i, len(p) - 1:len(s) - 1] = 1.0
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(150):
+    for _ in range(100):
         logits = model(tokens[:, :-1]).logits
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
         loss = (nll * weights).sum() / weights.sum()

@@ -93,21 +93,21 @@ def _trained(service: TinkerService) -> int:
 def test_rl_loop_runs_with_its_defaults(world: tuple[Path, dict[str, str]], service: TinkerService,
                                         tmp_path: Path) -> None:
     """rl_loop: GSM8K-style questions (the datasets cache), stable_reinforce, its final checkpoint."""
-    before = _trained(service)
+    before, used = _trained(service), service.state.stability.trained["alice"]
     _run(world, "tinker_cookbook.recipes.rl_loop", f"base_url={service.url}", f"model_name={MODEL}",
          f"log_path={tmp_path / 'rl'}", "batch_size=8", "group_size=4")
     rows = _metrics(tmp_path / "rl")
     rewards = [r["reward/total"] for r in rows]
     assert rows and 0 < max(rewards), rewards  # some answers were right
     assert _trained(service) > before  # a training step ran (a batch whose rewards were all equal is skipped)
-    assert service.state.stability.count("alice") > 0  # it sampled with record_stability_info
+    assert service.state.stability.trained["alice"] > used  # on data with provenance, against recorded samples
     assert (tmp_path / "rl" / "checkpoints.jsonl").exists()
 
 
 def test_math_rl_runs_with_its_defaults(world: tuple[Path, dict[str, str]], service: TinkerService,
                                         tmp_path: Path) -> None:
     """math_rl's train: the arithmetic env (its default), stable_reinforce, two steps."""
-    before = _trained(service)
+    before, used = _trained(service), service.state.stability.trained["alice"]
     _run(world, "tinker_cookbook.recipes.math_rl.train", f"base_url={service.url}", f"model_name={MODEL}",
          f"log_path={tmp_path / 'math'}", "groups_per_batch=4", "max_steps=2")
     rows = [r for r in _metrics(tmp_path / "math") if "env/all/reward/total" in r]
@@ -115,3 +115,4 @@ def test_math_rl_runs_with_its_defaults(world: tuple[Path, dict[str, str]], serv
     correct = [r["env/all/correct"] for r in rows if "env/all/correct" in r]
     assert any(c > 0 for c in correct), rows  # some answers were right
     assert _trained(service) >= before + 2  # both steps trained
+    assert service.state.stability.trained["alice"] > used  # stable_reinforce, on recorded samples

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,6 +59,7 @@ class StabilityRecords:
         self._lock = threading.Lock()
         self._records: OrderedDict[str, _Record] = OrderedDict()
         self._tokens: dict[str, int] = {}  # tenant -> recorded tokens
+        self.trained: Counter[str] = Counter()  # tenant -> data trained on with records (a metric; tests read it)
 
     def record(self, tenant: str, session: str, sequence_ids: list[str], prompt: np.ndarray,
                sequences: list[tuple[list[int], list[float]]]) -> None:
@@ -122,6 +123,7 @@ class StabilityRecords:
             for rec_id in {s.sequence_id for s in (*input_spans, *target_spans)}:
                 self._records[rec_id].used = now
                 self._records.move_to_end(rec_id)
+            self.trained[tenant] += 1
         return {"target_tokens": targets, "advantages": adv, "logprobs": sampler_lp, "sampled_mask": mask}
 
     def _claims(self, tenant: str, session: str, where: str, spans: list[Span], values: np.ndarray, *,
