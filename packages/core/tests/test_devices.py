@@ -99,6 +99,28 @@ def test_resident_job_moves_device_to_device_when_its_device_is_busy(fake_host):
     assert "a" not in lane0.residents and lane0.tenants["a"].residue_bytes == 0  # the move is done
 
 
+def test_a_device_that_goes_idle_takes_a_job_waiting_for_a_busy_one(fake_host):
+    """c is resident on fake:0 and waits there behind a (both devices were busy when it asked); when b leaves
+    fake:1, that device takes c at once, its state moving device to device, while a still holds fake:0."""
+    make, engine = fake_host
+    (a, _), (b, _), (c, sc) = make("a", 3000), make("b", 3000), make("c", 3000)
+    assert make.turn(c, sc) == "fake:0"
+    assert b.acquire().device == "fake:1"  # the emptier device
+    assert a.acquire().device == "fake:0"  # free, and room beside c
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(c.acquire()), daemon=True)
+    waiter.start()
+    eventually(lambda: engine.groups["g@fake:0"].queued("c"), "c queued for its own (busy) device")
+    b.release()
+    waiter.join(10)
+    assert got and got[0].device == "fake:1" and sc.calls == ["move"]
+    assert engine.groups["g@fake:0"].holder == "a"  # a's turn went on meanwhile
+    with make.devices.compute("fake:1", "c"):
+        pass
+    c.release()
+    a.release()
+
+
 def test_a_job_that_fits_nowhere_parks_the_cheapest_resident(fake_host):
     make, _ = fake_host
     (a, sa), (b, sb), (c, sc) = make("a", 7000), make("b", 5000), make("c", 6000)

@@ -696,6 +696,8 @@ class Orchestrator:
                 continue
             async with self._lock(group_id):
                 g = self.groups.get(group_id)
+                if g is not None and _lanes.is_lane(group_id) and not g.ready_for_grant():
+                    await self._steal(g)  # an idle device takes a waiter another device's holder keeps waiting
                 if g is None or not g.ready_for_grant():
                     if g is not None:
                         self._maybe_prefetch(g)
@@ -745,6 +747,21 @@ class Orchestrator:
                     self._settle((group_id, grant.job_id), exc)
                     return
                 self._settle((group_id, grant.job_id), grant)
+
+    async def _steal(self, lane: GroupState) -> None:
+        """Under the lock: idle ``lane`` takes a waiter of a busy lane that fits here (:func:`rota._lanes.steal`);
+        its pending acquire now waits for this lane."""
+        stolen = _lanes.steal(self.groups, lane, self.config.capacity_bytes, time.monotonic())
+        if stolen is None:
+            return
+        job, left = stolen
+        fut = self._grants.pop((left, job), None)
+        if fut is not None:
+            self._grants[(lane.group_id, job)] = fut
+        await self.store.commit(self.groups[left])
+        await self.store.commit(lane)
+        log.info("job %s in group %s: waited for %s, moves to idle %s", job, lane_base(lane.group_id),
+                 lane_device(left), lane_device(lane.group_id))
 
     async def agent_job_states(self, group_id: str) -> list[tuple[str, str, str]]:
         """(agent, JobState name, job) for every job of ``group_id`` that an agent knows."""

@@ -84,6 +84,46 @@ def choose_lane(groups: dict[str, GroupState], base: str, job_id: str, devices: 
     return lane_id(base, choice.device), "", choice
 
 
+def steal(groups: dict[str, GroupState], lane: GroupState, capacity: int, now: float) -> tuple[str, str] | None:
+    """An idle ``lane`` takes a waiter of a busy lane that may run on its device and fits there without parking
+    anyone (the earliest to arrive); returns (job, the lane it left), or None.
+
+    Placement happens when a job asks; a job that then waits behind its device's holder
+    would wait on while another device idles. Its state, if resident on the busy device,
+    moves (it counts there as residue until its turn here ends), as :func:`choose_lane` does.
+    """
+    if lane.holder or lane.switching_to or lane.queue:
+        return None
+    device = lane_device(lane.group_id)
+    resident = {j: lane.tenant(j).footprint_bytes for j in lane.residents}
+    found = []
+    for old in lanes_of(groups, lane_base(lane.group_id)).values():
+        if old is lane or not (old.holder or old.switching_to):  # an idle lane grants its own waiters
+            continue
+        for w in old.grantable():
+            need = old.tenant(w.job_id).footprint_bytes
+            if w.job_id == old.switching_to or w.world_size > 1 or device not in w.devices:
+                continue
+            view = DeviceView(device, residents=resident, capacity=capacity, residue=lane.residue_off(w.job_id))
+            if view.fits(need):
+                found.append((w.arrived, w.seq, old, w))
+    if not found:
+        return None
+    _, _, old, w = min(found, key=lambda f: (f[0], f[1]))
+    rec = old.tenant(w.job_id)
+    moves_state = w.job_id in old.residents or rec.state == "parked"
+    nbytes, was_resident = rec.footprint_bytes, w.job_id in old.residents
+    old.remove(w.job_id, now, lost=False)
+    rec.residue_bytes = nbytes if was_resident else 0
+    mine = lane.tenant(w.job_id)
+    mine.priority, mine.weight, mine.world_size, mine.footprint_bytes = rec.priority, rec.weight, 1, nbytes
+    mine.state, mine.last_active = "parked" if moves_state else "waiting", now
+    lane.seq += 1
+    w.seq = lane.seq
+    lane.queue.append(w)
+    return w.job_id, old.group_id
+
+
 def moved_in(groups: dict[str, GroupState], lane: GroupState, job_id: str) -> list[GroupState]:
     """``job_id`` ended a turn on ``lane``: its state left every other lane. Returns lanes changed."""
     changed = []

@@ -43,6 +43,7 @@ class Waiter:
     world_size: int = 1
     footprint_bytes: int = 0
     ranks: list[int] = field(default_factory=list)  # ranks that asked for this turn (empty: state from before)
+    devices: list[str] = field(default_factory=list)  # devices it may run on (a lane's waiter may move to another)
 
     @property
     def complete(self) -> bool:
@@ -148,6 +149,7 @@ class GroupState:
             if rec.state not in ("resident", "parked", "holding"):
                 rec.state = "waiting"
         waiter.world_size = rec.world_size
+        waiter.devices = list(req.devices)
         if req.rank not in waiter.ranks:
             waiter.ranks.append(req.rank)
         return None
