@@ -36,6 +36,8 @@ REQUIREMENTS = ["aiohttp>=3.9", "blobfile>=3", "chz>=0.4", "cloudpickle>=3", "da
                 "pyrage>=1.4", "termcolor>=2", "tiktoken>=0.12", "math-verify>=0.5", "pylatexenc>=2"]
 MODEL = "Qwen/Qwen3-4B-Instruct-2507"
 RUN_TIMEOUT_S = 600  # a hang guard, not a threshold
+# the first test also makes the venv (a pip install from PyPI, a few minutes at most) and the world (about 30 s)
+pytestmark = pytest.mark.timeout(1800)
 
 
 def _cookbook_python() -> Path:
