@@ -34,7 +34,9 @@ import numpy as np
 from rota_tinker._formats import BadRequest, Span
 
 RECORD_TTL_S = 86400.0  # the Tinker docs: trainable for one day after sampling, restarted by each use
-MAX_RECORDED_TOKENS = 4_000_000  # prompt + sampled tokens recorded per tenant (about 12 bytes each)
+# prompt + sampled tokens recorded per tenant: 8 bytes a prompt token (a request's samples share one copy but each
+# counts it), 12 a sampled one with its logprob
+MAX_RECORDED_TOKENS = 4_000_000
 
 
 @dataclass
