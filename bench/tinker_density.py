@@ -65,6 +65,9 @@ the run goes on.
     # the same with the LoRA pool: up to 4 tenants' units at once in one turn of the base's pool
     python bench/tinker_density.py --device cuda:0 --model qwen3-1.7b --tenants 1,8,10,12 --steps 10 \\
         --lora-concurrency 4 --out bench/results/tinker-density-h200-qwen3-1.7b-pool.json
+    # the same with the batched LoRA worker: every tenant's units in one batched pass (issue: >= 32 at <= 1.25x)
+    python bench/tinker_density.py --device cuda:0 --model qwen3-1.7b --tenants 1,8,16,32,48,64 --steps 8 \\
+        --lora-batch --out bench/results/tinker-density-h200-qwen3-1.7b-batch.json
     # CPU smoke run of the same path (a tiny Qwen3 shape)
     python bench/tinker_density.py --device cpu --model qwen3-tiny --dtype float32 --batch 2 --seq-len 16 \\
         --tenants 1,2 --steps 3 --warmup 1
@@ -225,7 +228,8 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
                                worker_start_timeout_s=min(300.0, args.point_timeout_s),
                                units_per_turn=args.units_per_turn, release_cached=not args.keep_cache,
                                stop_timeout_s=20.0, capacity_bytes=capacity, max_bytes=2**50,
-                               lora_concurrency=args.lora_concurrency if share else 1)
+                               lora_concurrency=args.lora_concurrency if share else 1,
+                               lora_batch=args.lora_batch and share)
         with TinkerService(config) as svc, _Peak(args.device) as peak:
             t_start = time.perf_counter()
             clients = [tinker.ServiceClient(base_url=svc.url, api_key=t.api_key) for t in tenants]
@@ -281,6 +285,7 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
                 _in_threads(loop, n, deadline, stage)
                 holder = svc.base_holder_info(spec.name, timeout_s=left()) if share else None
                 pids = [svc.worker_pid(t.name, "trainer") for t in tenants] + ([holder["pid"]] if holder else [])
+                pids += [h.pid for h in svc.state.batchers.values()]  # --lora-batch: the batched worker
                 host_pss = _pss([p for p in pids if p is not None])
                 units = svc.unit_timings()
                 starts = svc.worker_starts()
@@ -450,6 +455,9 @@ def main() -> None:
     p.add_argument("--lora-concurrency", type=int, default=1,
                    help="the service's lora_concurrency: LoRA units on the shared base that run at once in one turn "
                         "of its pool (1: exclusive turns; every point, N = 1 included, runs with it)")
+    p.add_argument("--lora-batch", action="store_true",
+                   help="the service's lora_batch: every tenant's LoRA model in one batched worker, queued units "
+                        "run as one batched pass (every point, N = 1 included, runs with it)")
     p.add_argument("--keep-cache", action="store_true",
                    help="the service's release_cached=False: a parked tenant keeps its CUDA cache (no re-allocation)")
     p.add_argument("--capacity", default="auto",
@@ -476,6 +484,8 @@ def main() -> None:
         p.error(f"--think-jitter {args.think_jitter} must be within [0, 1)")
     if not 1 <= args.lora_concurrency <= 64:
         p.error(f"--lora-concurrency {args.lora_concurrency} must be within [1, 64]")
+    if args.lora_batch and args.lora_concurrency > 1:
+        p.error("--lora-batch replaces the LoRA pool: drop --lora-concurrency")
     if args.units_per_turn < 1 or args.point_timeout_s <= 0:
         p.error("--units-per-turn must be >= 1 and --point-timeout-s > 0")
     if args.dim % args.heads:

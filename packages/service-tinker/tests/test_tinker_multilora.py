@@ -8,6 +8,7 @@ other shapes than one tenant's). A tenant poisoned with NaN and huge values chan
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from rota_tinker._multilora import BatchedLora, Unit, plan_batches
+from rota_tinker._multilora import BatchedLora, Unit, _GroupedLora, plan_batches
 from rota_tinker.testing import hf_snapshot
 
 LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo")
@@ -218,3 +219,78 @@ def test_micro_batches_cut_across_tenants_give_the_same_steps(snapshot: Path) ->
     (cut, w_cut), (whole, w_whole) = results[24], results[1 << 20]
     assert max(_rel(a, b) for x, y in zip(cut, whole, strict=True) for a, b in zip(x, y, strict=True)) < 1e-4
     assert max(_rel(w_cut[t][k], w_whole[t][k]) for t in w_cut for k in w_cut[t]) < 1e-4
+
+
+def test_fresh_adapters_are_peft_s_from_the_same_seed(snapshot: Path) -> None:
+    """A tenant added with seed s starts from exactly the adapters peft makes from seed s (add_lora, what the
+    trainer processes use), and its optimizer orders them as the trainer's does: a checkpoint moves between the
+    batched engine and a trainer process either way."""
+    from rota_tinker._models import adapters_of, add_lora
+
+    targets = {"attn": True, "mlp": True, "unembed": True}
+    engine = BatchedLora(_base(snapshot), "cpu")
+    engine.add("t", 8, seed=1234, targets=targets)
+    peft_model = add_lora(_base(snapshot), 8, 1234, targets)
+    import peft
+
+    theirs = {k: v for k, v in peft.get_peft_model_state_dict(peft_model).items() if ".lora_" in k}
+    mine = engine.state_dict("t")
+    assert set(mine) == set(theirs)
+    assert [k for k in mine if not torch.equal(mine[k], theirs[k])] == []
+    order = [p.shape for p in adapters_of(peft_model).parameters()]
+    assert order == [p.shape for p in engine.adapters["t"].parameters()]
+    engine.load("t", {k: v + 1 for k, v in theirs.items()})
+    assert all(torch.equal(engine.state_dict("t")[k], theirs[k] + 1) for k in mine)
+    with pytest.raises(ValueError, match="missing"):
+        engine.load("t", {})
+
+
+def test_the_grouped_pass_equals_the_reference_path(snapshot: Path) -> None:
+    """The grouped segment LoRA (two grouped matmuls forward, four backward, the gradients added straight into
+    every tenant's fp32 .grad) trains exactly what each segment's own matmuls through autograd train: losses
+    and adapters after 4 steps of 3 tenants, with one forward_only unit and a poisoned neighbour."""
+    targets = {"attn": True, "mlp": True, "unembed": True}
+    rng = np.random.default_rng(3)
+    vocab = 256
+
+    def unit(name: str, rows: int, poison: bool = False, forward_only: bool = False) -> Unit:
+        data = []
+        for _ in range(rows):
+            toks = rng.integers(0, vocab, size=9)
+            w = np.full(8, np.nan if poison else 1.0, np.float32)
+            data.append((toks[:-1], {"target_tokens": toks[1:], "weights": w}))
+        return Unit(name, data, forward_only=forward_only)
+
+    runs = {}
+    for grouped in (True, False):
+        engine = BatchedLora(_base(snapshot), "cpu")
+        engine.grouped = grouped
+        for i, name in enumerate(("a", "b", "c")):
+            engine.add(name, 8, seed=i, targets=targets)
+        calls = {"n": 0}
+        original = _GroupedLora.apply
+
+        def counting(*args: Any, _original: Any = original, _calls: dict = calls) -> Any:
+            _calls["n"] += 1
+            return _original(*args)
+
+        losses = []
+        state = rng.bit_generator.state
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_GroupedLora, "apply", counting)
+            for _ in range(4):
+                out = engine.forward_backward([unit("a", 2), unit("b", 1, poison=True), unit("c", 3, forward_only=True),
+                                               unit("a", 1)])
+                losses.append([o["metrics"]["loss:sum"] for o in out])
+                for name in ("a", "c"):
+                    engine.optim_step(name, {"learning_rate": 1e-2})
+        rng.bit_generator.state = state  # both runs draw the same data
+        assert (calls["n"] > 0) == grouped
+        runs[grouped] = (losses, {t: engine.state_dict(t) for t in ("a", "c")})
+    (g_loss, g_state), (r_loss, r_state) = runs[True], runs[False]
+    worst = max(_rel(x, y) for gl, rl in zip(g_loss, r_loss, strict=True) for x, y in zip(gl, rl, strict=True)
+                if not math.isnan(y))
+    assert worst < 1e-5, worst
+    assert all(math.isnan(gl[1]) for gl in g_loss)  # the poisoned tenant's own loss, nobody else's
+    for t in ("a", "c"):
+        assert max(_rel(g_state[t][k], r_state[t][k]) for k in g_state[t]) < 1e-5

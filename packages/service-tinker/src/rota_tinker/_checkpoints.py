@@ -201,7 +201,7 @@ class CheckpointRoutes:
             state.usage_counts.note(tenant.name, "checkpoint", 1, m.base.name, m.session_id)
             fut.succeed(json={"path": path, "type": "save_weights"})
 
-        state.workers[(tenant.name, "trainer")].submit(
+        state.trainer_of(m).submit(
             fut, "save_state", {"model_id": m.model_id, "name": name, "base": m.base}, done)
         return self._future_reply(fut, m.model_id)  # type: ignore[attr-defined]
 
@@ -247,7 +247,7 @@ class CheckpointRoutes:
                              "create_training_client_from_state")
         answer["model_id"] = m.model_id
         fut = self.state.future(tenant.name, "LoadWeights", m.session_id)
-        self.state.workers[(tenant.name, "trainer")].submit(
+        self.state.trainer_of(m).submit(
             fut, "load_state", {"model_id": m.model_id, "folder": ck.folder, "optimizer": optimizer},
             lambda _r: fut.succeed(json=answer))
         return self._future_reply(fut, m.model_id)  # type: ignore[attr-defined]

@@ -176,6 +176,10 @@ class ServiceConfig:
     # (rota_tinker._pool): each still computes exactly what it would alone; 1 gives every LoRA
     # tenant exclusive turns. Needs share_lora_base.
     lora_concurrency: int = 1
+    # Every tenant's LoRA models on a shared base in one worker, their queued units run as one batched pass
+    # (rota_tinker._batch_worker); lora_batch_tokens bounds one model's tokens in one pass. Needs share_lora_base.
+    lora_batch: bool = False
+    lora_batch_tokens: int = 16384
     # After a park, hand the tenant's cached device memory back (torch.cuda.empty_cache) so other
     # tenants' processes can use it; False keeps it (no re-allocation next turn) when all working sets fit.
     release_cached: bool = True
@@ -253,6 +257,15 @@ class ServiceConfig:
         if self.lora_concurrency > 1 and not self.share_lora_base:
             raise ConfigError(f"lora_concurrency={self.lora_concurrency} runs LoRA units together on a shared base, "
                               "but share_lora_base is off (--no-share-base): drop one of the two")
+        if not isinstance(self.lora_batch, bool):
+            raise ConfigError(f"lora_batch={self.lora_batch!r} must be True or False")
+        if self.lora_batch and (not self.share_lora_base or self.lora_concurrency > 1):
+            raise ConfigError("lora_batch (--lora-batch) trains LoRA models together on the shared base: it needs "
+                              "share_lora_base (drop --no-share-base) and replaces the LoRA pool (drop "
+                              f"--lora-concurrency {self.lora_concurrency})")
+        if (not isinstance(self.lora_batch_tokens, int) or isinstance(self.lora_batch_tokens, bool)
+                or not 1 <= self.lora_batch_tokens <= 1 << 20):
+            raise ConfigError(f"lora_batch_tokens={self.lora_batch_tokens!r} must be an integer in [1, {1 << 20}]")
         if not isinstance(self.capacity_bytes, int) or self.capacity_bytes < 0:
             raise ConfigError(f"capacity_bytes={self.capacity_bytes!r} must be an integer >= 0 (0: park on every "
                               "switch)")

@@ -142,7 +142,7 @@ class ExternalRoutes:
             fut.succeed(json={"type": "save_weights_external", "path": path, "size_bytes": size})
 
         # written as sampler weights under a name no caller can give (names start with a letter or digit)
-        state.workers[(tenant.name, "trainer")].submit(
+        state.trainer_of(m).submit(
             fut, "save_for_sampler", {"model_id": m.model_id, "name": f"x-external-{secrets.token_hex(8)}",
                                       "base": m.base}, done)
         return self._future_reply(fut, m.model_id)  # type: ignore[attr-defined]

@@ -27,6 +27,7 @@ batch (a 100x larger unit is cut by datum into several batches instead of starvi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -54,6 +55,7 @@ class Unit:
     loss_fn: str = "cross_entropy"
     loss_config: dict[str, float] | None = None
     forward_only: bool = False
+    key: Any = None  # the caller's name for the request this unit is (a part of)
 
     def tokens(self) -> int:
         return sum(len(t) for t, _ in self.data)
@@ -101,10 +103,25 @@ class _Segments:
 
     starts: list[int]
     adapters: list[_Adapter | None]  # None: rows of the bare base (a sample from the base model)
+    grouped_ok: bool = True  # False: every segment through its own two matmuls (autograd; a reference)
+    anchor: torch.Tensor | None = None  # an empty leaf needing grad: _GroupedLora's outputs then do too
+    _grouped: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
         return self.starts[-1]
+
+    def grouped(self, per_row: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``grouped_mm``'s group ends (token offsets) and each token's LoRA scale, made once per forward (every
+        layer of it asks; built per layer they were four kernels and two host copies a layer)."""
+        key = (per_row, dtype)
+        if key not in self._grouped:
+            bounds = [s * per_row for s in self.starts]
+            offs = torch.tensor(bounds[1:], dtype=torch.int32).to(device, non_blocking=True)
+            scale = torch.cat([torch.full((hi - lo, 1), ad.scale if ad is not None else 0.0, dtype=dtype)
+                               for (lo, hi), ad in zip(itertools.pairwise(bounds), self.adapters, strict=True)])
+            self._grouped[key] = (offs, scale.to(device, non_blocking=True))
+        return self._grouped[key]
 
 
 def _segment_delta(flat: torch.Tensor, path: str, seg: _Segments, per_row: int) -> torch.Tensor | None:
@@ -116,15 +133,9 @@ def _segment_delta(flat: torch.Tensor, path: str, seg: _Segments, per_row: int) 
     dtype = flat.dtype
     bounds = [s * per_row for s in seg.starts]
     ranks = {p[0].shape[0] for p in pairs if p is not None}
-    if flat.is_cuda and len(ranks) == 1 and all(p is not None for p in pairs) and _grouped_ok(flat, pairs):
-        a = torch.stack([p[0].to(dtype).t() for p in pairs])  # [G, in, r]
-        b = torch.stack([p[1].to(dtype).t() for p in pairs])  # [G, r, out]
-        offs = torch.tensor(bounds[1:], dtype=torch.int32, device=flat.device)
-        scale = torch.tensor([ad.scale for ad in seg.adapters if ad is not None], dtype=dtype, device=flat.device)
-        mid = F.grouped_mm(flat, a, offs=offs)
-        mid = mid * torch.repeat_interleave(scale, torch.diff(offs, prepend=offs.new_zeros(1)),
-                                            output_size=flat.shape[0])[:, None]
-        return F.grouped_mm(mid, b, offs=offs)
+    if seg.grouped_ok and len(ranks) == 1 and all(p is not None for p in pairs) and _grouped_ok(flat, pairs, bounds):
+        offs, scale = seg.grouped(per_row, flat.device, dtype)
+        return _GroupedLora.apply(flat, seg.anchor, pairs, offs, scale)
     out_features = next(p for p in pairs if p is not None)[1].shape[0]
     pieces = []
     for (lo, hi), pair, adapter in zip(itertools.pairwise(bounds), pairs, seg.adapters, strict=True):
@@ -135,13 +146,55 @@ def _segment_delta(flat: torch.Tensor, path: str, seg: _Segments, per_row: int) 
     return torch.cat(pieces)
 
 
-def _grouped_ok(flat: torch.Tensor, pairs: Sequence[Any]) -> bool:
-    """Whether ``F.grouped_mm`` takes these sizes (it needs 16-byte aligned strides; bf16 on CUDA)."""
-    if not hasattr(F, "grouped_mm") or flat.dtype != torch.bfloat16:
+def _grouped_ok(flat: torch.Tensor, pairs: Sequence[Any], bounds: Sequence[int]) -> bool:
+    """Whether ``F.grouped_mm`` takes these sizes: bf16 on CUDA (any float on the CPU), 16-byte aligned strides
+    and group sizes (the weight gradients contract over each group's tokens)."""
+    if not hasattr(F, "grouped_mm") or (flat.is_cuda and flat.dtype != torch.bfloat16):
         return False
     r, n_in = pairs[0][0].shape
     n_out = pairs[0][1].shape[0]
-    return all(d % 8 == 0 for d in (r, n_in, n_out))
+    return all(d % 8 == 0 for d in (r, n_in, n_out)) and all((hi - lo) % 8 == 0 for lo, hi in
+                                                            itertools.pairwise(bounds))
+
+
+class _GroupedLora(torch.autograd.Function):
+    """Every segment's ``scale * x A^T B^T`` in two grouped matmuls, forward and backward.
+
+    Why a Function of its own: through autograd, each tenant's A and B of each layer is a node of its own
+    (stacking, casting back, accumulating: about 8 kernels and their Python per tenant and layer, which
+    made the step launch-bound). Here the adapters are not autograd inputs (an empty ``anchor`` leaf is, so the
+    output needs a gradient even where ``flat`` does not, as in the first layer): the backward computes every
+    tenant's A and B gradients of the layer as two grouped matmuls and adds them to their fp32 ``.grad``
+    with one foreach add. A row's gradient still depends only on its own tenant's rows.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, flat: torch.Tensor, anchor: torch.Tensor | None, pairs: list[tuple[nn.Parameter, ...]],
+                offs: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        a = torch.stack([p[0].detach() for p in pairs]).to(flat.dtype)  # [G, r, in]
+        b = torch.stack([p[1].detach() for p in pairs]).to(flat.dtype)  # [G, out, r]
+        mid = F.grouped_mm(flat, a.transpose(1, 2), offs=offs) * scale  # [T, r]
+        ctx.save_for_backward(flat, mid, a, b, offs, scale)
+        ctx.pairs = pairs
+        return F.grouped_mm(mid, b.transpose(1, 2), offs=offs)  # [T, out]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None, None]:
+        flat, mid, a, b, offs, scale = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_b = F.grouped_mm(grad.t().contiguous(), mid, offs=offs)  # [G, out, r]: each group's grad^T mid
+        grad_mid = F.grouped_mm(grad, b, offs=offs) * scale  # [T, r]
+        grad_a = F.grouped_mm(grad_mid.t().contiguous(), flat, offs=offs)  # [G, r, in]
+        params = [p for pair in ctx.pairs for p in pair]
+        grads = [g for ga, gb in zip(grad_a.float().unbind(0), grad_b.float().unbind(0), strict=True)
+                 for g in (ga, gb)]
+        if len({id(p) for p in params}) == len(params):
+            torch._foreach_add_([p.grad for p in params], grads)
+        else:  # a tenant in several segments (units not next to each other): no foreach over one tensor twice
+            for p, g in zip(params, grads, strict=True):
+                p.grad.add_(g)
+        grad_flat = F.grouped_mm(grad_mid, a, offs=offs) if ctx.needs_input_grad[0] else None  # [T, in]
+        return grad_flat, None, None, None, None
 
 
 class BatchedLora:
@@ -158,6 +211,8 @@ class BatchedLora:
             p.requires_grad_(False)
         self.adapters: dict[str, _Adapter] = {}
         self.segments: _Segments | None = None
+        self.grouped = True  # False: the reference path (each segment's two matmuls through autograd)
+        self._anchor = torch.empty(0, device=self.device, requires_grad=True)  # see _GroupedLora
         wanted = {n for names in LORA_TARGETS.values() for n in names}
         self.linears: dict[str, tuple[str, nn.Linear]] = {}  # path -> (target group, linear)
         for path, module in list(model.named_modules()):
@@ -171,25 +226,51 @@ class BatchedLora:
     # ------------------------------------------------------------------ tenants
 
     def add(self, tenant: str, rank: int, seed: int, targets: dict[str, bool], alpha: float = LORA_ALPHA) -> int:
-        """Give ``tenant`` fresh adapters (A: kaiming-uniform from ``seed``, B: zeros, as peft starts them) on the
-        linears of the chosen groups; returns their parameter count."""
+        """Give ``tenant`` fresh adapters on the linears of the chosen groups, as peft starts them from ``seed``
+        (:func:`rota_tinker._models.add_lora`: the same random draws in the same order, so A is the same
+        kaiming-uniform and B zeros); returns their parameter count."""
         if tenant in self.adapters:
             raise ValueError(f"tenant {tenant!r} already has adapters on this base")
         if not isinstance(rank, int) or rank < 1:
             raise ValueError(f"rank={rank!r} must be a positive integer")
-        chosen = {p: lin for p, (g, lin) in self.linears.items() if targets.get(g)}
+        chosen = {p: lin for p, (g, lin) in self.linears.items() if targets.get(g)}  # in module order, as peft
         if not chosen:
             raise ValueError(f"no linear of {type(self.model).__name__} matches LoRA targets {targets}")
         gen = torch.Generator().manual_seed(seed)
         layers = {}
-        for path, lin in sorted(chosen.items()):
+        for path, lin in chosen.items():
             a = torch.empty(rank, lin.in_features)
+            b = torch.empty(lin.out_features, rank)
             bound = 1 / math.sqrt(lin.in_features)  # kaiming_uniform_(a=sqrt(5)) of an [r, in] weight
-            a.uniform_(-bound, bound, generator=gen)
-            layers[path] = (nn.Parameter(a.to(self.device)), nn.Parameter(torch.zeros(lin.out_features, rank,
-                                                                                      device=self.device)))
+            a.uniform_(-bound, bound, generator=gen)  # peft makes nn.Linear(in, r) and nn.Linear(r, out): their
+            b.uniform_(-1 / math.sqrt(rank), 1 / math.sqrt(rank), generator=gen)  # own inits draw first, then
+            a.uniform_(-bound, bound, generator=gen)  # it draws A again (kaiming) and zeros B
+            pair = (nn.Parameter(a.to(self.device)), nn.Parameter(torch.zeros(lin.out_features, rank,
+                                                                                device=self.device)))
+            for p in pair:  # the grouped backward adds into them (see _GroupedLora); zero_grad keeps them
+                p.grad = torch.zeros_like(p)
+            layers[path] = pair
         self.adapters[tenant] = _Adapter(rank, alpha / rank, layers)
         return sum(p.numel() for p in self.adapters[tenant].parameters())
+
+    def load(self, tenant: str, state: dict[str, torch.Tensor]) -> None:
+        """Set ``tenant``'s adapters in place from peft's adapter file names (what :meth:`state_dict` gives; other
+        tensors peft writes there, such as a targeted unembedding's frozen base weight, are not adapters).
+
+        :raises ValueError: ``state`` lacks one of its adapters, has others, or a shape differs.
+        """
+        mine = self.state_dict(tenant)
+        state = {k: v for k, v in state.items() if ".lora_" in k}
+        if set(mine) != set(state):
+            raise ValueError(f"the adapters do not fit this model: missing {sorted(set(mine) - set(state))[:4]}, "
+                             f"unexpected {sorted(set(state) - set(mine))[:4]}")
+        with torch.no_grad():
+            for path, (a, b) in self.adapters[tenant].layers.items():
+                for name, p in (("lora_A", a), ("lora_B", b)):
+                    src = state[f"base_model.model.{path}.{name}.weight"]
+                    if tuple(src.shape) != tuple(p.shape):
+                        raise ValueError(f"{path}.{name} is {tuple(src.shape)} in the file, {tuple(p.shape)} here")
+                    p.copy_(src.to(p.dtype))
 
     def remove(self, tenant: str) -> None:
         self.adapters.pop(tenant, None)
@@ -254,7 +335,8 @@ class BatchedLora:
             else:
                 owners.append(u)
                 starts.append(r + 1)
-        segments = _Segments(starts, [self.adapters[units[u].tenant] for u in owners])
+        segments = _Segments(starts, [self.adapters[units[u].tenant] for u in owners], grouped_ok=self.grouped,
+                             anchor=self._anchor)
         tokens, targets, real = (t.to(self.device) for t in (tokens, targets, real))
         train = not all(units[u].forward_only for u, _ in part)
         total = None
@@ -262,17 +344,21 @@ class BatchedLora:
             out = self.model(tokens, attention_mask=real, use_cache=False)
             logits = (out.logits if hasattr(out, "logits") else out).float()
             lp = torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(2)).squeeze(2)
+            del logits, out
+            ones = []
             for r, (u, i) in enumerate(part):
                 unit = units[u]
                 toks, ins = unit.data[i]
-                n = len(toks)
                 arrays = {k: torch.as_tensor(v, device=self.device).float() for k, v in ins.items()
                           if k != "target_tokens"}
-                one = datum_loss(unit.loss_fn, lp[r, :n], arrays, unit.loss_config)
-                losses[u] += float(one.detach())
-                logprobs[u][i] = lp[r, :n].detach().float().cpu().numpy()
+                one = datum_loss(unit.loss_fn, lp[r, :len(toks)], arrays, unit.loss_config)
+                ones.append(one.detach())
                 if not unit.forward_only:
                     total = one if total is None else total + one
+            host_lp, host_loss = lp.detach().float().cpu().numpy(), torch.stack(ones).cpu().tolist()  # one wait
+            for r, (u, i) in enumerate(part):
+                losses[u] += host_loss[r]
+                logprobs[u][i] = host_lp[r, :len(units[u].data[i][0])].copy()
         if total is not None:
             total.backward()
 
@@ -309,12 +395,10 @@ def plan_batches(queue: Sequence[Unit], max_tenant_tokens: int, max_batch_tokens
         part: list[tuple[Any, dict[str, Any]]] = []
         for datum in unit.data:
             if part and sum(len(t) for t, _ in part) + len(datum[0]) > max_tenant_tokens:
-                pending.setdefault(unit.tenant, []).append(Unit(unit.tenant, part, unit.loss_fn, unit.loss_config,
-                                                                unit.forward_only))
+                pending.setdefault(unit.tenant, []).append(dataclasses.replace(unit, data=part))
                 part = []
             part.append(datum)
-        pending.setdefault(unit.tenant, []).append(Unit(unit.tenant, part, unit.loss_fn, unit.loss_config,
-                                                        unit.forward_only))
+        pending.setdefault(unit.tenant, []).append(dataclasses.replace(unit, data=part))
     batches = []
     order = list(pending)  # tenants left out of a batch (it was full) come first in the next one
     while any(pending.values()):

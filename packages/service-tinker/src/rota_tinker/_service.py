@@ -79,6 +79,7 @@ MAX_NEW_TOKENS = 1024
 SEED_BOUNDS = (0, 2**63 - 1)
 # a model's newest ephemeral sampler weights kept; older ones are deleted (an RL loop saves one every step)
 EPHEMERAL_KEEP = 4
+BATCH_UNITS_PER_TURN = 4096  # the batched LoRA worker runs every unit queued when its turn starts (a bound)
 
 # The flags this server answers /client/config with: API keys only (no JWT exchange),
 # the plain httpx transport, uncompressed protobuf forward_backward bodies.
@@ -178,6 +179,7 @@ class _State:
                                   deterministic=config.deterministic, lora_concurrency=config.lora_concurrency)
                 self.workers[(t.name, role)] = WorkerHandle(spec, config.worker_start_timeout_s)
         self.holders: dict[str, WorkerHandle] = {}  # base name -> its holder on config.device
+        self.batchers: dict[str, WorkerHandle] = {}  # base name -> its batched LoRA worker (config.lora_batch)
         self.endpoint = endpoint  # a holder with a LoRA pool takes turns there (rota_tinker._pool)
 
     def holder(self, base: BaseModelSpec) -> WorkerHandle:
@@ -191,6 +193,22 @@ class _State:
                                   lora_concurrency=self.config.lora_concurrency,
                                   pool_job=f"lora-pool.{len(self.holders)}")
                 handle = self.holders[base.name] = WorkerHandle(spec, self.config.worker_start_timeout_s)
+        return handle
+
+    def trainer_of(self, m: _Model) -> WorkerHandle:
+        """The worker that holds model ``m``: with ``lora_batch`` a LoRA model is in its base's batched worker
+        (rota_tinker._batch_worker, made on first use), anything else in its tenant's trainer."""
+        if not (self.config.lora_batch and m.lora is not None):
+            return self.workers[(m.tenant, "trainer")]
+        with self.lock:
+            handle = self.batchers.get(m.base.name)
+            if handle is None:
+                spec = WorkerSpec(tenant=f"lora-batch.{len(self.batchers)}", role="batch", group=self.config.group,
+                                  endpoint=self.endpoint, device=self.config.device, data_dir=self.config.data_dir,
+                                  torch_threads=self.config.torch_threads, units_per_turn=BATCH_UNITS_PER_TURN,
+                                  deterministic=self.config.deterministic,
+                                  lora_batch_tokens=self.config.lora_batch_tokens)
+                handle = self.batchers[m.base.name] = WorkerHandle(spec, self.config.worker_start_timeout_s)
         return handle
 
     def shared_base(self, base: BaseModelSpec, shareable: bool) -> str | None:
@@ -296,7 +314,7 @@ class _State:
             self.models.pop(m.model_id, None)
         for path in list(m.ephemeral):
             self.delete_weights(path)
-        self.workers[(m.tenant, "trainer")].submit(
+        self.trainer_of(m).submit(
             fut, "unload", {"model_id": m.model_id},
             lambda _result: fut.succeed(json={"model_id": m.model_id, "type": "unload_model"}))
 
@@ -616,7 +634,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
             state.check_quota(tenant.name, models=1, nbytes=model.bytes)
             state.creating[model_id] = model
         fut = state.future(tenant.name, "CreateModel", sid)
-        trainer = state.workers[(tenant.name, "trainer")]
+        trainer = state.trainer_of(model)
 
         def done(result: Any) -> None:
             with state.lock:
@@ -645,8 +663,10 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
                 except RuntimeError as e:
                     fut.fail(f"the shared base {base.name!r} is not available: {e}", "server")
                     return
-                trainer.submit(fut, "create", {"model_id": model_id, "base": base, "lora": lora,
-                                               "shared_base": shared, "load": load}, done, restart=True)
+                args = {"model_id": model_id, "base": base, "lora": lora, "shared_base": shared, "load": load}
+                if trainer.spec.role == "batch":  # it holds many tenants' models: their folders are named by tenant
+                    args["tenant"] = tenant.name
+                trainer.submit(fut, "create", args, done, restart=True)
             except Exception as e:  # never leave the future pending
                 log.exception("create_model %s failed to start", model_id)
                 fut.fail(f"create_model could not start: {type(e).__name__}", "server")
@@ -704,7 +724,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
             self.state.usage_counts.note(tenant.name, "training", tokens, m.base.name, m.session_id)
             fut.succeed(proto=_formats.forward_backward_output(result["logprobs"], result["metrics"]))
 
-        self.state.workers[(tenant.name, "trainer")].submit(
+        self.state.trainer_of(m).submit(
             fut, "forward_backward",
             {"model_id": m.model_id, "loss_fn": fb.loss_fn, "forward_only": fb.forward_only, "data": data,
              "loss_config": fb.loss_config}, done)
@@ -725,7 +745,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
         if not (0 <= adam["beta1"] < 1 and 0 <= adam["beta2"] < 1):
             raise BadRequest(f"adam_params beta1={adam['beta1']}, beta2={adam['beta2']} must be within [0, 1)")
         fut = self.state.future(tenant.name, "OptimStep", m.session_id)
-        self.state.workers[(tenant.name, "trainer")].submit(
+        self.state.trainer_of(m).submit(
             fut, "optim_step", {"model_id": m.model_id, "adam": adam},
             lambda result: fut.succeed(json={"metrics": result["metrics"]}))
         return self._future_reply(fut, m.model_id)
@@ -770,7 +790,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
                 state.usage_counts.note(tenant.name, "checkpoint", 1, m.base.name, m.session_id)
                 fut.succeed(json={"type": "save_weights_for_sampler", "path": tinker_path})
 
-        state.workers[(tenant.name, "trainer")].submit(
+        state.trainer_of(m).submit(
             fut, "save_for_sampler", {"model_id": m.model_id, "name": name, "base": m.base}, done)
         return self._future_reply(fut, m.model_id)
 
@@ -1057,7 +1077,7 @@ class TinkerService:
         folder = tempfile.mkdtemp(prefix="rota-tinker-", dir=xdg if xdg and os.path.isdir(xdg) else None)
         self._orchestrator.callback(shutil.rmtree, folder, True)
         # a busy LoRA pool would hold the device forever: past MAX_TURN_S, with others waiting, it is asked to yield
-        policy = Fifo(max_turn_s=MAX_TURN_S if config.lora_concurrency > 1 else 0.0)
+        policy = Fifo(max_turn_s=MAX_TURN_S if config.lora_concurrency > 1 or config.lora_batch else 0.0)
         endpoint, _engine = self._orchestrator.enter_context(running_orchestrator(
             OrchestratorConfig(capacity_bytes=config.capacity_bytes, policy=policy),
             listen=f"unix:{folder}/orchestrator.sock", auth=ServerAuth(local=True)))
@@ -1111,7 +1131,7 @@ class TinkerService:
     def worker_starts(self) -> dict[str, dict[str, float]]:
         """Where each started worker's (and base holder's) start went, in seconds: spawn, import, setup, total."""
         with self.state.lock:
-            handles = [*self.state.workers.values(), *self.state.holders.values()]
+            handles = [*self.state.workers.values(), *self.state.batchers.values(), *self.state.holders.values()]
         return {h.name: dict(h.start_s) for h in handles if h.start_s}
 
     def unit_timings(self) -> list[dict[str, Any]]:
@@ -1135,9 +1155,10 @@ class TinkerService:
         self._farewell()
         self._http.shutdown()
         self.api.pool.shutdown(wait=False, cancel_futures=True)
-        killed = close_all(self.state.workers.values(), self.config.stop_timeout_s)
         with self.state.lock:
+            consumers = [*self.state.workers.values(), *self.state.batchers.values()]
             holders = list(self.state.holders.values())
+        killed = close_all(consumers, self.config.stop_timeout_s)
         killed += close_all(holders, self.config.stop_timeout_s)
         if killed:
             log.warning("stopped; killed %s (they did not exit within %.0f s)", killed, self.config.stop_timeout_s)

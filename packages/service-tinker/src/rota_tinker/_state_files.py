@@ -67,9 +67,7 @@ def write(folder: str, entry: Any, base: Any, *, weights: dict[str, Any] | None 
 
     from rota_tinker._models import peft_state
 
-    tmp = f"{folder}.{secrets.token_hex(4)}.tmp"
-    os.mkdir(tmp, 0o700)
-    try:
+    def fill(tmp: str) -> None:
         if entry.lora is not None:
             entry.model.peft_config["default"].base_model_name_or_path = base.name
             given = {} if weights is None else {"state_dict": peft_state(entry.model, weights)}
@@ -87,8 +85,38 @@ def write(folder: str, entry: Any, base: Any, *, weights: dict[str, Any] | None 
                       os.path.join(tmp, "model.safetensors"))
         if optimizer:
             torch.save(entry.optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+
+    return _write_folder(folder, fill, base, entry.lora)
+
+
+def write_adapters(folder: str, adapters: dict[str, Any], config: Any, base: Any, lora: dict[str, Any],
+                   optimizer_state: dict[str, Any] | None) -> int:
+    """Write a LoRA checkpoint from peft-named ``adapters`` and peft's ``config`` (the batched engine's models,
+    :mod:`rota_tinker._batch_worker`): the files :func:`write` gives a trainer's LoRA model, which
+    :func:`read_weights` and ``peft.PeftModel.from_pretrained`` load; ``optimizer_state``: None for sampler
+    weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    def fill(tmp: str) -> None:
+        config.base_model_name_or_path = base.name
+        config.save_pretrained(tmp)
+        save_file({k: v.contiguous() for k, v in adapters.items()}, os.path.join(tmp, "adapter_model.safetensors"))
+        if optimizer_state is not None:
+            torch.save(optimizer_state, os.path.join(tmp, "optimizer.pt"))
+
+    return _write_folder(folder, fill, base, lora)
+
+
+def _write_folder(folder: str, fill: Any, base: Any, lora: dict[str, Any] | None) -> int:
+    """Let ``fill(tmp)`` write a checkpoint's files into a fresh 0700 folder, add ``rota.json``, make every file 0600,
+    then put it in place of ``folder`` (a reader never sees half of one); its size in bytes."""
+    tmp = f"{folder}.{secrets.token_hex(4)}.tmp"
+    os.mkdir(tmp, 0o700)
+    try:
+        fill(tmp)
         with open(os.path.join(tmp, "rota.json"), "w") as f:
-            json.dump({"base_model": base.name, "lora": entry.lora}, f)
+            json.dump({"base_model": base.name, "lora": lora}, f)
         size = 0
         for name in os.listdir(tmp):
             path = os.path.join(tmp, name)

@@ -74,7 +74,7 @@ class WorkerSpec:
     """Everything a worker needs; picklable for ``spawn``."""
 
     tenant: str
-    role: str  # "trainer" | "sampler" | "base" (a base holder: rota_tinker._base.BaseHolder)
+    role: str  # "trainer" | "sampler" | "base" (rota_tinker._base.BaseHolder) | "batch" (rota_tinker._batch_worker)
     group: str
     endpoint: str | None
     device: str
@@ -86,6 +86,7 @@ class WorkerSpec:
     deterministic: bool = False  # torch.use_deterministic_algorithms (ServiceConfig.deterministic)
     lora_concurrency: int = 1  # > 1: LoRA units on a shared base run in its pool's turn (rota_tinker._pool)
     pool_job: str = ""  # a base holder's rota job id as its pool's tenant (lora_concurrency > 1)
+    lora_batch_tokens: int = 0  # role "batch": the most tokens of one model in one batched pass
 
 
 # tokens of one forward/backward micro-batch: bounds the float32 logits (~5 GB at a 150k vocabulary)
@@ -120,8 +121,9 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
             worker: Any = BaseHolder(spec)
             hello = worker.hello()
         else:
-            gpu = rota.connect(group=spec.group, tenant=f"{spec.tenant}.{spec.role}", endpoint=spec.endpoint)
-            worker = (Trainer if spec.role == "trainer" else Sampler)(spec, gpu)
+            name = spec.tenant if spec.role == "batch" else f"{spec.tenant}.{spec.role}"
+            gpu = rota.connect(group=spec.group, tenant=name, endpoint=spec.endpoint)
+            worker = _roles()[spec.role](spec, gpu)
             if worker.device.type == "cuda":
                 working = WorkingSet(gpu, worker.device)
                 ParkMeter(gpu, worker.device)
@@ -146,6 +148,12 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
         worker.close()
         if gpu is not None:
             gpu.close()
+
+
+def _roles() -> dict[str, type]:
+    from rota_tinker._batch_worker import BatchTrainer
+
+    return {"trainer": Trainer, "sampler": Sampler, "batch": BatchTrainer}
 
 
 _Unit = tuple[str, str, dict[str, Any], dict[str, float]]  # request id, op, its arguments, its timing
@@ -333,7 +341,9 @@ class _Loop:
             batched = queue[0][1] in self.worker.BATCHED_OPS
             if batched and not stop:  # the units queued behind it may join its batch
                 stop = self._take_queued(queue, self.units_per_turn - ran, turn)
-            n = next((i for i, unit in enumerate(queue) if unit[1] != queue[0][1]), len(queue)) if batched else 1
+            mixed = getattr(self.worker, "MIXED_BATCHES", False)  # any batched ops together (batch_mixed)
+            n = next((i for i, unit in enumerate(queue) if (unit[1] not in self.worker.BATCHED_OPS if mixed
+                                                            else unit[1] != queue[0][1])), len(queue)) if batched else 1
             batch, queue = queue[:n], queue[n:]
             outcomes = self._run(batch)
             ran += len(batch)
@@ -408,7 +418,10 @@ class _Loop:
             return [self._call(op, batch[0][2], batch[0][3])]
         t0 = time.monotonic()
         try:
-            results = getattr(self.worker, f"batch_{op}")([args for _, _, args, _ in batch])
+            if getattr(self.worker, "MIXED_BATCHES", False):
+                results = self.worker.batch_mixed([(o, args) for _, o, args, _ in batch])
+            else:
+                results = getattr(self.worker, f"batch_{op}")([args for _, _, args, _ in batch])
         except Exception as e:
             results = [e] * len(batch)
         spent = time.monotonic() - t0

@@ -126,6 +126,15 @@ def _limit_options(fn: Callable[..., None]) -> Callable[..., None]:
                    "LoRA step leaves the device idle while Python launches its kernels, so a few run beside each "
                    "other at little cost to each. Each still computes exactly what it would alone; its adapters "
                    "then stay on the device (never parked). 1: every LoRA tenant takes exclusive turns.")
+@click.option("--lora-batch/--no-lora-batch", default=False, show_default=True, envvar="ROTA_TINKER_LORA_BATCH",
+              help="Train every tenant's LoRA models on one shared base in one process, their queued "
+                   "forward_backward units as one batched pass (the base's matmuls once over all their tokens, "
+                   "each tenant's adapters on its own rows, its own loss and AdamW): many tenants cost one CUDA "
+                   "context and one set of activations. Adapters stay on the device. Needs --share-base; "
+                   "excludes --lora-concurrency > 1.")
+@click.option("--lora-batch-tokens", type=click.IntRange(1, 1 << 20), default=16384, show_default=True,
+              help="With --lora-batch: the most tokens of one model in one batched pass. A larger request is cut "
+                   "by datum and runs over consecutive passes, so it cannot starve the others.")
 @click.option("--data-dir", default=None, envvar="ROTA_TINKER_DATA_DIR",
               help="Where sampler weights are written (env ROTA_TINKER_DATA_DIR; default: a temp dir).")
 @click.option("--long-poll", type=float, default=10.0, show_default=True,
@@ -136,7 +145,7 @@ def _limit_options(fn: Callable[..., None]) -> Callable[..., None]:
 def serve_cmd(listen: str, tls_cert: str, tls_key: str, tenants: tuple[str, ...], device: str,
               model_dirs: tuple[str, ...], base_models: tuple[str, ...], group: str,
               orchestrator: str | None, capacity: int, units_per_turn: int, keep_cache: bool, deterministic: bool,
-              share_base: bool, lora_concurrency: int,
+              share_base: bool, lora_concurrency: int, lora_batch: bool, lora_batch_tokens: int,
               data_dir: str | None, long_poll: float, worker_start_timeout: float, **limits: float) -> None:
     """Serve the tinker SDK's training and sampling API; each API key is a tenant.
 
@@ -168,7 +177,8 @@ def serve_cmd(listen: str, tls_cert: str, tls_key: str, tenants: tuple[str, ...]
                                base_models=models, model_dirs=tuple(dirs),
                                capacity_bytes=capacity, units_per_turn=units_per_turn, release_cached=not keep_cache,
                                share_lora_base=share_base, deterministic=deterministic,
-                               lora_concurrency=lora_concurrency,
+                               lora_concurrency=lora_concurrency, lora_batch=lora_batch,
+                               lora_batch_tokens=lora_batch_tokens,
                                worker_start_timeout_s=worker_start_timeout, tls_cert=tls_cert, tls_key=tls_key,
                                **limits)  # type: ignore[arg-type]
     except RotaError as e:

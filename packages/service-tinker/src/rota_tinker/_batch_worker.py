@@ -1,0 +1,208 @@
+"""The batched LoRA worker: every tenant's LoRA models on one shared base, trained in batched passes.
+
+With ``ServiceConfig.lora_batch`` the service sends the units of LoRA models on a shared base to one
+worker process per (base, device) instead of each tenant's trainer. It attaches to the base holder's
+copy of the base (:mod:`rota_tinker._base`) and holds every such model's adapters and AdamW state in
+one :class:`rota_tinker._multilora.BatchedLora`. Its loop (:class:`rota_tinker._worker._Loop`) hands
+it every ``forward_backward`` and ``optim_step`` unit queued when a turn starts, of any tenant, in
+one call (:meth:`BatchTrainer.batch_mixed`):
+
+* each model's units keep their order (round ``k`` takes each model's ``k``-th unit);
+* the ``forward_backward`` units of a round run as one batched pass, at most ``tenant_tokens`` tokens
+  of one model per pass (:func:`rota_tinker._multilora.plan_batches`: a larger unit is cut by datum
+  and runs over consecutive passes; nobody waits more than one pass for its turn in the batch);
+* an ``optim_step`` runs that model's own AdamW.
+
+The worker is one rota tenant (``lora-batch.N``): its batch takes turns against full-parameter
+tenants and samplers on the device, like the LoRA pool (:mod:`rota_tinker._pool`). Adapters and
+Adam state stay on the device for a model's life (a few hundred MB per tenant on a 1.7B base: they
+are never parked, like the base). Checkpoints are the trainers' files (peft's adapter files and
+``optimizer.pt`` in the same parameter order), so a model moves between this worker and a trainer
+either way.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Any
+
+from rota_tinker._multilora import BatchedLora, Unit, plan_batches
+from rota_tinker._worker import UserError, _Base
+
+__all__ = ["BatchTrainer"]
+
+BATCH_TOKENS = 1 << 20  # tokens of one batched pass, all tenants together (micro-batches bound the memory)
+
+
+class BatchTrainer(_Base):
+    """The LoRA models of every tenant on one shared base (see the module docs)."""
+
+    DEVICE_OPS = frozenset({"create", "forward_backward", "optim_step", "unload", "save_state", "load_state",
+                            "save_for_sampler"})
+    BATCHED_OPS = frozenset({"forward_backward", "optim_step"})
+    MIXED_BATCHES = True  # the loop hands queued units of both ops, in arrival order, to batch_mixed
+
+    def __init__(self, spec: Any, gpu: Any) -> None:
+        super().__init__(spec, gpu)
+        self.engine: BatchedLora | None = None
+        self.owners: dict[str, tuple[str, dict[str, Any], Any]] = {}  # model id -> (tenant, lora, base)
+
+    def needs_turn(self, op: str, args: dict[str, Any]) -> bool:
+        return args["model_id"] in self.owners if op == "unload" else op in self.DEVICE_OPS
+
+    # ------------------------------------------------------------------ models
+
+    def _engine(self, base: Any, shared_base: str | None) -> BatchedLora:
+        if shared_base is None:
+            raise UserError("the batched LoRA worker needs the shared base (share_lora_base)")
+        if self.engine is None:
+            from rota_tinker._worker import _base_model
+
+            self.engine = BatchedLora(_base_model(base, self.device, shared_base), self.device)
+            self.base_name = base.name
+        elif base.name != self.base_name:
+            raise UserError(f"this batched worker holds base {self.base_name!r}, not {base.name!r}")
+        return self.engine
+
+    def _get(self, model_id: str) -> tuple[str, dict[str, Any], Any]:
+        if model_id not in self.owners:
+            raise UserError(f"model {model_id!r} is not loaded in the batched LoRA worker")
+        return self.owners[model_id]
+
+    def op_create(self, model_id: str, base: Any, lora: dict[str, Any] | None, tenant: str,
+                  shared_base: str | None = None, load: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Add a model's adapters, as peft starts them from its seed; ``load``: then that checkpoint's."""
+        if lora is None:
+            raise UserError("the batched LoRA worker holds LoRA models only")
+        engine = self._engine(base, shared_base)
+        n = engine.add(model_id, lora["rank"], lora["seed"], lora["targets"])
+        self.owners[model_id] = (tenant, lora, base)
+        if load is not None:
+            try:
+                self.op_load_state(model_id, **load)
+            except BaseException:
+                self.op_unload(model_id)
+                raise
+        return {"trainable_params": n}
+
+    def op_unload(self, model_id: str) -> dict[str, Any]:
+        if self.owners.pop(model_id, None) is not None and self.engine is not None:
+            self.engine.remove(model_id)
+            gc.collect()
+        return {}
+
+    def op_optim_step(self, model_id: str, adam: dict[str, float]) -> dict[str, Any]:
+        self._get(model_id)
+        assert self.engine is not None
+        return self.engine.optim_step(model_id, adam)
+
+    # ------------------------------------------------------------------ batches
+
+    def batch_mixed(self, units: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | Exception]:
+        """Run queued ``forward_backward``/``optim_step`` units of many models (see the module docs); each gets
+        its result or the exception that failed it (a bad model id fails only its own units)."""
+        out: list[dict[str, Any] | Exception] = [None] * len(units)  # type: ignore[list-item]
+        queues: dict[str, list[int]] = {}
+        for i, (_, args) in enumerate(units):
+            queues.setdefault(args["model_id"], []).append(i)
+        while any(queues.values()):
+            this_round = [q.pop(0) for q in queues.values() if q]
+            passes = [i for i in this_round if units[i][0] == "forward_backward"]
+            self._forward_backward(units, passes, out)
+            for i in this_round:
+                if units[i][0] == "optim_step":
+                    try:
+                        out[i] = self.op_optim_step(**units[i][1])
+                    except Exception as e:
+                        out[i] = e
+        return out
+
+    def _forward_backward(self, units: list[tuple[str, dict[str, Any]]], rows: list[int],
+                          out: list[dict[str, Any] | Exception]) -> None:
+        """One round's forward_backward units as batched passes; each unit's parts summed back into its result."""
+        todo = []
+        for i in rows:
+            args = units[i][1]
+            try:
+                self._get(args["model_id"])
+            except UserError as e:
+                out[i] = e
+                continue
+            todo.append(Unit(args["model_id"], args["data"], args["loss_fn"], args.get("loss_config"),
+                             args["forward_only"], key=i))
+        if not todo:
+            return
+        assert self.engine is not None
+        results: dict[int, dict[str, Any]] = {}
+        try:
+            for batch in plan_batches(todo, self.spec.lora_batch_tokens, BATCH_TOKENS):
+                for unit, result in zip(batch, self.engine.forward_backward(batch), strict=True):
+                    mine = results.setdefault(unit.key, {"logprobs": [], "metrics": {"loss:sum": 0.0}})
+                    mine["logprobs"].extend(result["logprobs"])
+                    mine["metrics"]["loss:sum"] += result["metrics"]["loss:sum"]
+        except Exception as e:  # a failed pass (out of memory, say) fails every unit in it; none half-applied
+            for unit in todo:
+                out[unit.key] = e
+            return
+        for key, result in results.items():
+            out[key] = result
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _folder(self, model_id: str, kind: str, name: str) -> str:
+        from rota_tinker._state_files import private_dir
+
+        tenant = self._get(model_id)[0]
+        folder = private_dir(os.path.join(self.spec.data_dir, tenant))
+        folder = private_dir(os.path.join(folder, model_id))
+        return os.path.join(private_dir(os.path.join(folder, kind)), name)
+
+    def _write(self, model_id: str, path: str, optimizer: bool) -> int:
+        import peft
+
+        from rota_tinker._models import LORA_ALPHA
+        from rota_tinker._state_files import write_adapters
+
+        _, lora, base = self._get(model_id)
+        assert self.engine is not None
+        leaves = sorted({p.rpartition(".")[2] for p, (g, _) in self.engine.linears.items() if lora["targets"].get(g)})
+        config = peft.LoraConfig(r=lora["rank"], lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=leaves)
+        opt = self.engine.adapters[model_id].optimizer.state_dict() if optimizer else None
+        return write_adapters(path, self.engine.state_dict(model_id), config, base, lora, opt)
+
+    def op_save_state(self, model_id: str, name: str, base: Any) -> dict[str, Any]:
+        """A training checkpoint (adapters and AdamW state) in ``DATA_DIR/TENANT/MODEL/weights/NAME``."""
+        path = self._folder(model_id, "weights", name)
+        return {"folder": path, "bytes": self._write(model_id, path, optimizer=True)}
+
+    def op_save_for_sampler(self, model_id: str, name: str, base: Any) -> dict[str, Any]:
+        """Sampler weights (the adapters, no optimizer state) in ``DATA_DIR/TENANT/MODEL/sampler_weights/NAME``."""
+        path = self._folder(model_id, "sampler_weights", name)
+        return {"file": path, "bytes": self._write(model_id, path, optimizer=False), "from_parked": False}
+
+    def op_load_state(self, model_id: str, folder: str, optimizer: bool) -> dict[str, Any]:
+        """Load a training checkpoint (a trainer's or this worker's) into the model in place."""
+        import torch
+        from safetensors.torch import load_file
+
+        from rota_tinker._state_files import saved_lora
+
+        _, lora, _ = self._get(model_id)
+        assert self.engine is not None
+        try:
+            saved = saved_lora(folder)
+            if saved is None or saved["rank"] != lora["rank"] or saved["targets"] != lora["targets"]:
+                raise ValueError(f"checkpoint {os.path.basename(folder)} was saved with LoRA {saved}, this model "
+                                 f"has rank {lora['rank']} on {lora['targets']}")
+            self.engine.load(model_id, load_file(os.path.join(folder, "adapter_model.safetensors")))
+        except (ValueError, FileNotFoundError) as e:
+            raise UserError(str(e)) from e
+        opt = self.engine.adapters[model_id].optimizer
+        if optimizer:
+            state = torch.load(os.path.join(folder, "optimizer.pt"), map_location="cpu", weights_only=True)
+            opt.load_state_dict(state)
+        else:
+            opt.state.clear()
+        return {}
+
