@@ -49,6 +49,16 @@ class Tenants:
             gpu.close()
 
 
+def _acquire(gpu: rota.Gpu, timeout: float = 10.0) -> rota.Grant:
+    """``gpu.acquire()``, failing the test (instead of hanging it) if no grant comes within ``timeout``."""
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(gpu.acquire()), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert got, f"{gpu.tenant} was not granted a turn within {timeout:g} s"
+    return got[0]
+
+
 @pytest.fixture
 def fake_host():
     devices = FakeDevices(2, capacity=10_000)
@@ -76,25 +86,23 @@ def test_resident_job_returns_to_its_device_without_a_switch(fake_host):
     make, _ = fake_host
     (a, sa), (b, sb) = make("a", 3000), make("b", 3000)
     first = make.turn(a, sa)
-    make.turn(b, sb)
-    assert make.turn(a, sa) == first and make.turn(b, sb) != first
+    assert make.turn(b, sb) == first  # a free device with room: the fullest one (best fit)
+    assert make.turn(a, sa) == first and make.turn(b, sb) == first
     assert sa.calls == sb.calls == []  # nothing parked, restored or moved
 
 
 def test_resident_job_moves_device_to_device_when_its_device_is_busy(fake_host):
     make, engine = fake_host
-    (a, sa), (b, _), (c, _) = make("a", 3000), make("b", 3000), make("c", 3000)
+    (a, sa), (b, _) = make("a", 3000), make("b", 3000)
     assert make.turn(a, sa) == "fake:0"
-    assert b.acquire().device == "fake:1"  # the free, emptier device
-    assert c.acquire().device == "fake:0"  # fits beside a; fake:1 is busy
-    b.release()
-    grant = a.acquire()  # its device is held by c; fake:1 is free and a fits beside b: a moves
+    assert b.acquire().device == "fake:0"  # free, and room beside a: the fullest device that fits
+    grant = a.acquire()  # its device is held by b; fake:1 is free and a fits there: a moves
     assert grant.device == "fake:1" and sa.calls == ["move"] and a.stats.moves.total == 1
     assert "a" not in make.devices.held["fake:0"] and "a" in make.devices.held["fake:1"]
     with make.devices.compute("fake:1", "a"):
         pass
     a.release()
-    c.release()
+    b.release()
     lane0 = engine.groups["g@fake:0"]
     assert "a" not in lane0.residents and lane0.tenants["a"].residue_bytes == 0  # the move is done
 
@@ -105,8 +113,8 @@ def test_a_device_that_goes_idle_takes_a_job_waiting_for_a_busy_one(fake_host):
     make, engine = fake_host
     (a, _), (b, _), (c, sc) = make("a", 3000), make("b", 3000), make("c", 3000)
     assert make.turn(c, sc) == "fake:0"
-    assert b.acquire().device == "fake:1"  # the emptier device
-    assert a.acquire().device == "fake:0"  # free, and room beside c
+    assert a.acquire().device == "fake:0"  # free, and room beside c (best fit)
+    assert b.acquire().device == "fake:1"
     got: list = []
     waiter = threading.Thread(target=lambda: got.append(c.acquire()), daemon=True)
     waiter.start()
@@ -125,29 +133,35 @@ def test_a_job_that_fits_nowhere_parks_the_cheapest_resident(fake_host):
     make, _ = fake_host
     (a, sa), (b, sb), (c, sc) = make("a", 7000), make("b", 5000), make("c", 6000)
     assert make.turn(a, sa) == "fake:0"
-    assert make.turn(b, sb) == "fake:1"
+    assert make.turn(b, sb) == "fake:1"  # no room beside a
     assert make.turn(c, sc) == "fake:1"  # 6000 fits beside neither: parking b (5000) costs less than a (7000)
     assert sb.calls == ["park"] and sa.calls == []
     assert make.turn(b, sb) == "fake:1" and sb.calls == ["park", "restore"] and sc.calls == ["park"]
 
 
 def test_a_waiting_resident_costs_its_restore_too():
-    devices = FakeDevices(2, capacity=10_000)
-    with running_orchestrator(config()) as (endpoint, engine):
+    """c fits nowhere: parking a (4500 bytes) would be cheapest by bytes, but a waits for its next turn, so
+    parking it costs its restore too (9000); b (5000, not waiting) is parked instead."""
+    devices = FakeDevices(2, capacity=9_000)
+    with running_orchestrator(config(9_000)) as (endpoint, engine):
         make = Tenants(endpoint, devices)
-        (a, sa), (b, sb), (c, _), (h, _) = make("a", 5000), make("b", 6000), make("c", 6000), make("h", 100)
-        make.turn(a, sa)  # fake:0
-        make.turn(b, sb)  # fake:1
-        h.acquire()  # fake:0 (more room left there)
-        done = threading.Event()
-        threading.Thread(target=lambda: (make.turn(a, sa), done.set()), daemon=True).start()  # a waits for fake:0
-        eventually(lambda: engine.groups["g@fake:0"].queued("a"), "a queued for its device")
-        grant = c.acquire()  # fits nowhere: a (5000) is cheaper by bytes, but waits, so 10000 > b's 6000
-        assert grant.device == "fake:1" and sb.calls == ["park"] and sa.calls == []
-        c.release()
-        h.release()
-        assert done.wait(10)
-        make.close()
+        try:
+            (a, sa), (b, sb), (c, _), (h, _) = make("a", 4500), make("b", 5000), make("c", 5000), make("h", 1000)
+            assert make.turn(a, sa) == "fake:0"
+            sb.build(b.acquire().device)
+            assert b.device == "fake:1"  # no room beside a
+            assert h.acquire().device == "fake:0"  # fake:1 is busy; room beside a
+            b.release()
+            done = threading.Event()
+            threading.Thread(target=lambda: (make.turn(a, sa), done.set()), daemon=True).start()
+            eventually(lambda: engine.groups["g@fake:0"].queued("a"), "a queued for its device (no room beside b)")
+            grant = _acquire(c)  # (were a parked, c would queue behind h on fake:0)
+            assert grant.device == "fake:1" and sb.calls == ["park"] and sa.calls == []
+            c.release()
+            h.release()
+            assert done.wait(10)
+        finally:
+            make.close()
     assert not devices.breaches
 
 

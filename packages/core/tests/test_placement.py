@@ -113,3 +113,20 @@ def test_placement_property_fits_and_never_parks_the_holder():
             assert cap == 0 or view.used() - freed + need <= cap
         if c.move_from:
             assert c.move_from == home and not view.busy and view.fits(need)
+
+
+def test_best_fit_packs_three_60gb_trainers_and_their_samplers_on_two_devices():
+    """The issue's 60 GB case: 3 trainers of 60.6 GB and 3 samplers of 15.2 GB on two 130 GB devices fit only as
+    two trainers on one device; placing each on the free device with the least room left finds that, whatever
+    the order they arrive in (the emptiest device first would leave the third trainer no room)."""
+    import itertools
+
+    cap, t, s = 130 * GB, 60_600_000_000, 15_200_000_000
+    jobs = {"t1": t, "t2": t, "t3": t, "s1": s, "s2": s, "s3": s}
+    for order in itertools.permutations(jobs):
+        held: dict[str, dict[str, int]] = {"cuda:0": {}, "cuda:1": {}}
+        for job in order:
+            c = place(job, jobs[job], [v(d, residents=held[d], capacity=cap) for d in held])
+            assert not c.evict, (order, job, held)
+            held[c.device][job] = jobs[job]
+        assert all(sum(h.values()) <= cap for h in held.values())

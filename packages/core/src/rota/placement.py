@@ -4,9 +4,10 @@ The orchestrator calls :func:`place` when a job that named several devices asks 
 turn, with a :class:`DeviceView` of each device it may use (see :mod:`rota.devices`):
 
 1. a job whose state is still resident on a device goes there, when that device is free;
-2. otherwise to a free device where its footprint fits without parking anyone (a job
-   resident on a busy device *moves* there, device to device: a peer copy costs far less
-   than waiting a whole turn);
+2. otherwise to a free device where its footprint fits without parking anyone, the one with
+   the least room left (best fit: three 60 GB trainers and three 15 GB samplers fit on two
+   130 GB devices only as two trainers on one); a job resident on a busy device *moves*
+   there, device to device (a peer copy costs far less than waiting a whole turn);
 3. otherwise a resident job waits for its own device;
 4. otherwise (parked or new) to a device where it fits without parking, busy or not
    (shortest queue first);
@@ -117,8 +118,8 @@ def place(job: str, need: int, views: list[DeviceView], *, home: str = "",
     if here is not None and not here.busy:
         return Choice(home, "resident")
     free_fit = [v for v in views if not v.busy and v.device != home and v.fits(need)]
-    if free_fit:
-        best = max(free_fit, key=lambda v: (v.capacity - v.used() if v.capacity else 0, -views.index(v)))
+    if free_fit:  # best fit: the least room left, so big states still find a device with room for them
+        best = min(free_fit, key=lambda v: (v.capacity - v.used() if v.capacity else 0, views.index(v)))
         return Choice(best.device, "moved: its device is busy, this one is free" if here is not None
                       else "fits on a free device", move_from=home if here is not None else "")
     if here is not None:
