@@ -31,12 +31,13 @@ def _deterministic() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def endpoint() -> Iterator[tuple[str, object]]:
+def served() -> Iterator[str]:
+    """One orchestrator for the module, told the devices' size (placement needs it)."""
     from rota.orchestrator import OrchestratorConfig
     from rota.testing import running_orchestrator
 
     with running_orchestrator(OrchestratorConfig(ttl_s=30.0, park_timeout_s=120.0, capacity_bytes=60 << 30)) as up:
-        yield up
+        yield up[0]
 
 
 def _model(device: str) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -74,13 +75,12 @@ def _on(model: nn.Module, opt: torch.optim.Optimizer, device: str) -> None:
                 assert v.device == want, k
 
 
-def test_one_gpu_grant_names_the_device_and_restores_there(endpoint, record):
+def test_one_gpu_grant_names_the_device_and_restores_there(served, record):
     """The one-GPU part: a group over [cuda:0]; every turn is granted on cuda:0 and a parked tenant is
     restored there (ParkPlan.device) through the new path."""
     import rota
     import rota_fsdp
 
-    served, _ = endpoint
     gpu = rota.connect(group="one", tenant="t1", endpoint=served, devices=["cuda:0"])
     try:
         assert gpu.device == "cuda:0"
@@ -112,11 +112,10 @@ def _baseline(device: int) -> int:
 
 @TWO
 @pytest.mark.parametrize("parked", [False, True], ids=["resident-peer-copy", "parked-restore-elsewhere"])
-def test_move_between_two_gpus_is_bit_identical_and_leaves_nothing(endpoint, record, parked):
+def test_move_between_two_gpus_is_bit_identical_and_leaves_nothing(served, record, parked):
     import rota
     import rota_fsdp
 
-    served, _ = endpoint
     reference = _reference()
     base0 = _baseline(0)
     gpu = rota.connect(group=f"two-{parked}", tenant="m", endpoint=served)  # a tenant of one device, moved by hand
@@ -143,13 +142,12 @@ def test_move_between_two_gpus_is_bit_identical_and_leaves_nothing(endpoint, rec
 
 
 @TWO
-def test_orchestrator_moves_a_resident_tenant_to_the_free_gpu(endpoint, record):
+def test_orchestrator_moves_a_resident_tenant_to_the_free_gpu(served, record):
     """a on cuda:0; b takes cuda:1; c takes cuda:0 beside a; b leaves cuda:1: a's next turn finds its GPU busy
     and the other free, so it moves there device to device, and its losses stay those of a run with no move."""
     import rota
     import rota_fsdp
 
-    served, _ = endpoint
     devices = ["cuda:0", "cuda:1"]
     reference = _reference()
     gpus = {n: rota.connect(group="pair", tenant=n, endpoint=served, devices=devices) for n in "abc"}
