@@ -113,6 +113,7 @@ class _Device:
             yield
         else:
             with self.gpu.turn():
+                self._on_turn_device()
                 yield
 
     def track(self, model: Any, opt: Any) -> None:
@@ -148,7 +149,15 @@ class _Device:
                 self.report.events.append(("after", t1, time.monotonic()))
         else:
             with self.gpu.turn(after=after):
+                self._on_turn_device()
                 yield
+
+    def _on_turn_device(self) -> None:
+        """The turn's device is the current one (a turn of a group over several GPUs may be on another)."""
+        if self.spec.devices:
+            import torch
+
+            torch.cuda.set_device(torch.device(self.device))
 
     @contextlib.contextmanager
     def off_device(self) -> Iterator[None]:
