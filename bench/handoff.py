@@ -76,7 +76,7 @@ def main() -> None:
         elif ns.etcd:
             args += ["--etcd", ns.etcd]
         server = subprocess.Popen(args, stderr=subprocess.DEVNULL)
-        from rota._local import is_serving
+        from rota._tenant.local import is_serving
 
         deadline = time.monotonic() + 20
         while not is_serving(endpoint, 0.5):

@@ -101,7 +101,7 @@ def test_multi_rank_without_tenant_is_a_config_error(monkeypatch):
 
 def test_torchrun_ranks_win_over_inherited_rota_ranks(monkeypatch):
     """A torchrun worker under a Slurm task inherits the task's ROTA_RANK: torchrun's own RANK must win."""
-    from rota._client import _ranks
+    from rota._tenant.client import _ranks
 
     monkeypatch.setenv("ROTA_WORLD_SIZE", "4")
     monkeypatch.setenv("ROTA_RANK", "0")

@@ -16,7 +16,7 @@ from rota.cli.main import cli
 
 def test_builtins_register_through_the_same_hooks():
     infos = {i.name: i for i in describe(new_plugin_manager(load_entry_points=False))}
-    assert "rota_acquire" in infos["rota._lease_client"].hooks
+    assert "rota_acquire" in infos["rota._tenant.lease"].hooks
     assert "rota_register_policies" in infos["rota.policies"].hooks
 
 
@@ -24,7 +24,7 @@ def test_rota_plugins_json_lists_hooks():
     result = CliRunner().invoke(cli, ["plugins", "--json"])
     assert result.exit_code == 0, result.output
     names = [p["name"] for p in json.loads(result.output)]
-    assert "rota._lease_client" in names
+    assert "rota._tenant.lease" in names
 
 
 def test_inline_plugin_answers_acquire_first(orchestrator):

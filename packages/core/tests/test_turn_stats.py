@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-import rota._client as client
-from rota._client import Recent, TurnStats
+import rota._tenant.client as client
+from rota._tenant.client import Recent, TurnStats
 
 
 def test_recent_is_bounded_and_since_returns_what_is_new(monkeypatch: pytest.MonkeyPatch) -> None:

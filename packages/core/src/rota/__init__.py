@@ -17,8 +17,8 @@ this host. Plugins (adapters, etcd orchestrator, schedulers) are distributions i
 ``rota`` entry-point group and implement the hooks in :mod:`rota.hookspecs`.
 """
 
-from rota._client import Gpu, connect
 from rota._plugins import plugin_manager
+from rota._tenant.client import Gpu, connect
 from rota._types import Grant, ParkMode, ParkPlan, ParkResult, Placement, ReleaseInfo, TurnRequest
 from rota.errors import RotaError
 from rota.hookspecs import hookimpl

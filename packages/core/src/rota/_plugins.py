@@ -26,7 +26,7 @@ from rota import hookspecs
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "rota"
-DEFAULT_PLUGINS = ("rota._lease_client", "rota.policies", "rota._collectives")
+DEFAULT_PLUGINS = ("rota._tenant.lease", "rota.policies", "rota._tenant.collectives")
 
 _lock = threading.Lock()
 _manager: pluggy.PluginManager | None = None

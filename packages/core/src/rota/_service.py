@@ -25,8 +25,8 @@ from rota._generated import timeslice_orchestrator_pb2 as v1a
 from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
 from rota._grpc_server import BadMessage, LenientRequests, bind, health_servicer, log_refusal, rpc_errors
 from rota._ids import check_id, check_pair
-from rota._local import private_socket_folder
 from rota._state import GroupState
+from rota._tenant.local import private_socket_folder
 from rota._types import TurnRequest
 from rota._units import percentile
 from rota.auth import LOCAL_ADMIN, PermissionDenied, Principal, ServerAuth
@@ -345,7 +345,7 @@ async def serve(engine: OrchestratorProtocol, listen: str, *, extra: Callable[[g
 
     ``auth`` says who may call (:class:`rota.auth.ServerAuth`; default: a Unix socket's
     owner, or, on TCP, nobody without a token); ``tls``: the server's certificate. A Unix
-    socket is served only in a 0700 folder of this uid (:func:`rota._local.private_socket_folder`)
+    socket is served only in a 0700 folder of this uid (:func:`rota._tenant.local.private_socket_folder`)
     and made 0600.
     """
     auth = auth or ServerAuth(local=listen.startswith("unix:"))

@@ -23,7 +23,7 @@ server has a certificate (``--tls-cert``). They expire (default 24 h) and are ne
 echoed back: a refusal says what was wrong, not what was sent. A server with an auth
 key checks them on every listener, Unix sockets included; a Unix socket of a server
 without one (the embedded orchestrator's) admits only its owner: it is 0600 in a folder
-only its owner (and root) can enter (:mod:`rota._local`).
+only its owner (and root) can enter (:mod:`rota._tenant.local`).
 
 No home-made crypto: signing and checking are PyJWT's; keys come from ``secrets``.
 """

@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import rota
-from rota._client import Gpu
 from rota._engine import OrchestratorConfig
 from rota._inproc import free_port, running_orchestrator
 from rota._plugins import new_plugin_manager
+from rota._tenant.client import Gpu
 
 __all__ = ["FakeDeviceState", "FakeDevices", "ListState", "ScriptedProcess", "child_environment", "cli_with_plugins",
            "eventually", "free_port", "new_plugin_manager", "quick_config", "run_ranks", "running_orchestrator",

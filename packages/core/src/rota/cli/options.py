@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from rota._client import check_endpoint
+from rota._tenant.client import check_endpoint
 from rota._units import parse_bytes
 from rota.errors import RotaError
 

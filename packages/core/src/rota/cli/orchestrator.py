@@ -131,7 +131,7 @@ def serve_cmd(listen: str | None, groups: str, policy: str, max_turn: float, ttl
 def _private_socket() -> str:
     """This user's socket (the embedded orchestrator's): its folder made or checked 0700; refused while another
     orchestrator serves there."""
-    from rota._local import is_serving, local_endpoint
+    from rota._tenant.local import is_serving, local_endpoint
 
     try:
         endpoint = local_endpoint()

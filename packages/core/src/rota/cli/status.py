@@ -15,8 +15,8 @@ import click
 
 from rota._generated import rota_v1_pb2 as pb
 from rota._ids import check_id
-from rota._local import local_endpoint
 from rota._plugins import plugin_manager
+from rota._tenant.local import local_endpoint
 from rota._units import format_bytes
 from rota.admin import client_timeout, fetch_status
 from rota.cli.options import Endpoint

@@ -21,7 +21,7 @@ from rota.errors import NotHolder, NotLeader, StaleToken, TransientError, from_r
 from rota.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from rota._client import Gpu
+    from rota._tenant.client import Gpu
 
 log = logging.getLogger(__name__)
 

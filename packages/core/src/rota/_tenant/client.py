@@ -1,7 +1,7 @@
 """The tenant-side client: ``rota.connect()`` returns a :class:`Gpu`.
 
 A :class:`Gpu` is one rank of one job in one group. It acquires and releases turns
-through the plugin hooks (the built-in :mod:`rota._lease_client` speaks gRPC to the
+through the plugin hooks (the built-in :mod:`rota._tenant.lease` speaks gRPC to the
 orchestrator), keeps a session open so the orchestrator sees it alive, and runs the
 snapshot hooks: restore when a turn starts after a park, park when the
 orchestrator asks (only ever between turns).
@@ -44,7 +44,7 @@ A job of several ranks is one unit: when one rank's restore fails or its turn ra
 it reports a :meth:`Gpu.fault` and the orchestrator FAULTs the whole job and ends its
 turn; when a rank's process dies, its session breaks and the same happens. The other
 ranks are sent ``abort``: the ``rota_job_aborted`` hook aborts their collectives (the
-built-in :mod:`rota._collectives` aborts ``torch.distributed``), and their client refuses
+built-in :mod:`rota._tenant.collectives` aborts ``torch.distributed``), and their client refuses
 further turns until the job is restarted.
 """
 
@@ -685,7 +685,7 @@ def connect(group: str | None = None, tenant: str | None = None, endpoint: str |
     if endpoint:
         check_endpoint(endpoint, source)
     else:
-        from rota._local import ensure_local_orchestrator
+        from rota._tenant.local import ensure_local_orchestrator
 
         endpoint, source = ensure_local_orchestrator(), "this host's embedded orchestrator"
     residue_max_bytes()  # checked now, not at the first park
