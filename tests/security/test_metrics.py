@@ -17,7 +17,7 @@ import httpx
 
 import rota
 from rota import auth
-from rota._metrics import OrchestratorMetrics
+from rota._orchestrator.metrics import OrchestratorMetrics
 from rota.metrics_http import serve_metrics
 from rota.orchestrator import OrchestratorConfig
 from rota.testing import free_port, running_orchestrator

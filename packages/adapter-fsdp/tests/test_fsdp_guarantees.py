@@ -41,7 +41,7 @@ def _run(mode: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> tuple[d
         try:
             _wait(tmp_path / "ready", proc)
             other = rota.connect(group="g", tenant="other", endpoint=endpoint)
-            with caplog.at_level(logging.ERROR, logger="rota._engine"):
+            with caplog.at_level(logging.ERROR, logger="rota._orchestrator"):
                 grant = other.acquire()  # the worker is parked (or faulted) first; the group moves on
             assert grant.job_id == "other"
             state = engine.groups["g"].tenants[f"{mode}-job"].state

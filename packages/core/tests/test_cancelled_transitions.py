@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rota._state import GroupState
+from rota._orchestrator.state import GroupState
 from rota.orchestrator import Orchestrator, OrchestratorConfig
 from rota.types import TurnRequest
 

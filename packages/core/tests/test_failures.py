@@ -132,7 +132,7 @@ def test_ended_tenants_leave_the_status_after_their_grace_and_are_counted():
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from rota._metrics import OrchestratorMetrics
+    from rota._orchestrator.metrics import OrchestratorMetrics
     from rota.orchestrator import OrchestratorConfig
     from rota.testing import running_orchestrator
 

@@ -1,4 +1,4 @@
-"""Property test of a group over several devices (rota._lanes over rota._state), pure, under random turns.
+"""Property test of a group over several devices (rota._orchestrator: lanes over state), pure, under random turns.
 
 Idle lanes take waiters of busy ones (``steal``), as the engine does. A job is in at most one lane at a time
 (queued, switching, holding or resident); each lane has at most one holder, so no device is granted twice; a
@@ -11,8 +11,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rota._lanes import choose_lane, evict_chooser, lanes_of, moved_in, steal
-from rota._state import GroupState
+from rota._orchestrator.lanes import choose_lane, evict_chooser, lanes_of, moved_in, steal
+from rota._orchestrator.state import GroupState
 from rota.errors import NotHolder
 from rota.policies import Fifo
 from rota.types import TurnRequest

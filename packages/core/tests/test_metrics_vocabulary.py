@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rota._metrics import OrchestratorMetrics
+from rota._orchestrator.metrics import OrchestratorMetrics
 from rota.orchestrator import OrchestratorConfig
 from rota.testing import ScriptedProcess, eventually, free_port, running_orchestrator
 

@@ -47,7 +47,7 @@ def test_refused_credentials_and_evictions_are_logged_as_warnings(caplog):
         holder = rota.Gpu("g", "holder", endpoint, token=token)
         holder.acquire()
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="rota._engine"):
+        with caplog.at_level(logging.WARNING, logger="rota._orchestrator"):
             result = admin.evict(endpoint, "holder", "g", reason="node drained", token=auth.issue(key, admin=True))
         assert result.was_holder
         evicted = [r for r in caplog.records if r.getMessage().startswith("evicted job holder")]

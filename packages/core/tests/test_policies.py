@@ -7,7 +7,7 @@ import time
 
 import rota
 from rota import plugin_manager
-from rota._state import GroupState
+from rota._orchestrator.state import GroupState
 from rota.orchestrator import OrchestratorConfig
 from rota.policies import FairShare, Policy, Priority, TenantRecord, Waiter, available_policies, make_policy
 from rota.testing import eventually, running_orchestrator

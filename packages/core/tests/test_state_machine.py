@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rota._state import GroupState
+from rota._orchestrator.state import GroupState
 from rota.errors import NotHolder, StaleToken
 from rota.policies import Fifo
 from rota.types import TurnRequest

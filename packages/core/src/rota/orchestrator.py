@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rota._engine import GroupStore, MemoryStore, Orchestrator, OrchestratorConfig, Session
-from rota._inproc import running_orchestrator
-from rota._service import LEADER_HEALTH, SERVICE_NAMES
-from rota._state import GroupState
+from rota._orchestrator.engine import GroupStore, MemoryStore, Orchestrator, OrchestratorConfig, Session
+from rota._orchestrator.inproc import running_orchestrator
+from rota._orchestrator.service import LEADER_HEALTH, SERVICE_NAMES
+from rota._orchestrator.state import GroupState
 
 if TYPE_CHECKING:
     from grpc_health.v1.health import aio

@@ -5,6 +5,6 @@ Used by the orchestrator, the node agent and any plugin that serves gRPC.
 
 from __future__ import annotations
 
-from rota._grpc_server import bind, free_port, health_servicer, rpc_errors, serve_in_thread, server_tls
+from rota._orchestrator.grpc_server import bind, free_port, health_servicer, rpc_errors, serve_in_thread, server_tls
 
 __all__ = ["bind", "free_port", "health_servicer", "rpc_errors", "serve_in_thread", "server_tls"]

@@ -5,7 +5,7 @@ Plugins and policies import these from here (``rota.types``); the names are stab
 
 from __future__ import annotations
 
-from rota._state import TenantRecord, Waiter
+from rota._orchestrator.state import TenantRecord, Waiter
 from rota._types import Grant, ParkMode, ParkPlan, ParkResult, Placement, ReleaseInfo, TurnRequest
 
 __all__ = ["Grant", "ParkMode", "ParkPlan", "ParkResult", "Placement", "ReleaseInfo", "TenantRecord", "TurnRequest",

@@ -5,7 +5,7 @@ Key layout (``PREFIX`` is ``/rota/`` unless ``ROTA_ETCD_PREFIX`` says otherwise)
     PREFIX leader          who leads: {"id", "address", "host", "pid", "since"};
                            attached to the leader's lease. Its create_revision is the
                            leadership term: every commit compares it.
-    PREFIX groups/GROUP    the group's whole state as JSON (rota._state.GroupState:
+    PREFIX groups/GROUP    the group's whole state as JSON (rota._orchestrator.state.GroupState:
                            token, holder, FIFO/priority queue, residents, loaded job,
                            per-tenant GPU seconds and turns); times are wall-clock.
     PREFIX turns/GROUP     the current turn {"job", "token", "granted"}, attached to a

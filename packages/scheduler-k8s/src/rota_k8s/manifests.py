@@ -82,7 +82,7 @@ MAX_GPUS = 64  # GPUs one claim (one node) may ask for
 CLAIM_API_VERSION = "resource.k8s.io/v1"
 DEVICE_CLASS = "gpu.nvidia.com"
 CLAIM_REQUEST = "gpu"
-# grpc.health.v1 names (rota._service): the orchestrator service is SERVING on every replica that
+# grpc.health.v1 names (rota._orchestrator.service): the orchestrator service is SERVING on every replica that
 # answers (the leader, and followers that know it and redirect: readiness); rota.leader on the leader only.
 ORCHESTRATOR_SERVICE = "timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService"
 LEADER_HEALTH = "rota.leader"

@@ -12,10 +12,10 @@ import click
 import grpc
 import pluggy
 
-from rota._engine import Orchestrator, OrchestratorConfig
-from rota._grpc_server import server_tls
+from rota._orchestrator.engine import Orchestrator, OrchestratorConfig
+from rota._orchestrator.grpc_server import server_tls
+from rota._orchestrator.service import serve
 from rota._plugins import plugin_manager
-from rota._service import serve
 from rota.auth import ServerAuth, load_key
 from rota.cli.options import ByteSize, Endpoint, Seconds, resident_first_option
 from rota.errors import RotaError
@@ -173,7 +173,7 @@ def _orchestrator(pm: pluggy.PluginManager, config: OrchestratorConfig, url: str
 def _serve_metrics(engine: OrchestratorProtocol, listen: str, auth: ServerAuth, hash_ids: bool) -> None:
     """``/metrics`` of ``engine`` (of the groups it leads now) on ``HOST:PORT``: with a key only for an admin
     token, or ids hashed (:mod:`rota.metrics_http`)."""
-    from rota._metrics import OrchestratorMetrics
+    from rota._orchestrator.metrics import OrchestratorMetrics
     from rota.metrics_http import serve_metrics, warn_if_exposed
 
     host, _, port = listen.rpartition(":")

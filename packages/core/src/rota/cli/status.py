@@ -27,7 +27,7 @@ __all__ = ["SCHEMA", "print_status", "prometheus_text", "render_table", "status"
 
 def store_status(url: str, group: str = "") -> pb.StatusReply:
     """Status of one or all groups read straight from a state store (``--etcd URL``)."""
-    from rota._service import group_info
+    from rota._orchestrator.service import group_info
 
     store = plugin_manager().hook.rota_store(url=url)
     if store is None:
@@ -54,7 +54,7 @@ def prometheus_text(reply: pb.StatusReply) -> str:
     labels and values (the event histograms and counters exist only where the orchestrator counts them)."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from rota._metrics import GroupsCollector
+    from rota._orchestrator.metrics import GroupsCollector
 
     registry = CollectorRegistry(auto_describe=True)
     registry.register(GroupsCollector(reply.groups))

@@ -6,7 +6,7 @@ queued (or holds, or is resident) in the lane :func:`choose_lane` placed its tur
 its state moves to another device the old lane forgets it, counting its bytes as left behind
 (``residue_bytes``) until its turn on the new device has ended (the move is done by then).
 
-Functions here change lanes in memory only; the orchestrator (:mod:`rota._engine`) calls
+Functions here change lanes in memory only; the orchestrator (:mod:`rota._orchestrator.engine`) calls
 them under the group's one lock and commits what they changed.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from rota._state import GroupState
+from rota._orchestrator.state import GroupState
 from rota.devices import LANE_SEP, lane_base, lane_device, lane_id
 from rota.placement import Choice, DeviceView, evict_plan, place
 

@@ -18,14 +18,14 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2_grpc
 
-from rota._engine import MAX_PRIORITY, check_bytes
 from rota._generated import rota_v1_pb2 as pb
 from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota._generated import timeslice_orchestrator_pb2 as v1a
 from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
-from rota._grpc_server import BadMessage, LenientRequests, bind, health_servicer, log_refusal, rpc_errors
 from rota._ids import check_id, check_pair
-from rota._state import GroupState
+from rota._orchestrator.engine import MAX_PRIORITY, check_bytes
+from rota._orchestrator.grpc_server import BadMessage, LenientRequests, bind, health_servicer, log_refusal, rpc_errors
+from rota._orchestrator.state import GroupState
 from rota._tenant.local import private_socket_folder
 from rota._types import TurnRequest
 from rota._units import percentile

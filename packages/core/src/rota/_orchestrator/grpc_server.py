@@ -1,6 +1,6 @@
 """What every rota gRPC server shares: error mapping, binding, health, a thread to run in.
 
-Used by the orchestrator (:mod:`rota._service`, :mod:`rota._inproc`) and by the node
+Used by the orchestrator (:mod:`rota._orchestrator.service`, :mod:`rota._orchestrator.inproc`) and by the node
 agent (``rota_agent``), so both map :class:`rota.errors.RotaError` to the status codes
 of the v1alpha1 API the same way and fail the same way on a bad ``--listen``.
 """

@@ -21,7 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from rota._state import TENANT_STATES
+from rota._orchestrator.state import TENANT_STATES
 
 # Waits run from milliseconds (a free group) to minutes (a long queue); switches from
 # milliseconds (resident) to tens of seconds (whole-process checkpoints).
@@ -97,7 +97,7 @@ class _StateCollector:
         self.groups, self.leading = groups, leading
 
     def collect(self) -> Iterator[Any]:
-        from rota._service import group_info
+        from rota._orchestrator.service import group_info
 
         yield GaugeMetricFamily("rota_orchestrator_leader", "1 while this orchestrator grants turns (an HA replica: "
                                 "while it leads).", value=1 if self.leading() else 0)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from rota._engine import Orchestrator, OrchestratorConfig
-from rota._grpc_server import free_port, serve_in_thread
-from rota._service import serve
+from rota._orchestrator.engine import Orchestrator, OrchestratorConfig
+from rota._orchestrator.grpc_server import free_port, serve_in_thread
+from rota._orchestrator.service import serve
 from rota.auth import ServerAuth
 
 __all__ = ["free_port", "running_orchestrator"]

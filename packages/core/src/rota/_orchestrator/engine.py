@@ -2,7 +2,7 @@
 
 :class:`Orchestrator` owns the rules of *when* things happen — blocking acquires,
 parking residents before a grant, tenant sessions and their liveness, maximum turn
-length — while :mod:`rota._state` owns *what* a transition does and a
+length — while :mod:`rota._orchestrator.state` owns *what* a transition does and a
 :class:`GroupStore` owns where state lives. The embedded orchestrator uses
 :class:`MemoryStore`; ``rota_etcd`` supplies a store whose ``commit`` is an etcd
 transaction conditioned on its leadership, so a deposed leader cannot grant.
@@ -52,9 +52,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from rota import _lanes
 from rota._ids import check_id, check_pair
-from rota._state import GONE, GroupState
+from rota._orchestrator import lanes as _lanes
+from rota._orchestrator.state import GONE, GroupState
 from rota._types import Grant, ReleaseInfo, TurnRequest
 from rota.config import MAX_PRIORITY, MIN_PRIORITY
 from rota.devices import MAX_DEVICES, lane_base, lane_device, parse_devices
@@ -749,7 +749,7 @@ class Orchestrator:
                 self._settle((group_id, grant.job_id), grant)
 
     async def _steal(self, lane: GroupState) -> None:
-        """Under the lock: idle ``lane`` takes a waiter of a busy lane that fits here (:func:`rota._lanes.steal`);
+        """Under the lock: idle ``lane`` takes a waiter of a busy lane that fits here (:func:`.lanes.steal`);
         its pending acquire now waits for this lane."""
         stolen = _lanes.steal(self.groups, lane, self.config.capacity_bytes, time.monotonic())
         if stolen is None:
