@@ -20,10 +20,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rota._orchestrator.engine import GroupStore, MemoryStore, Orchestrator, OrchestratorConfig, Session
+from rota._orchestrator.config import OrchestratorConfig
+from rota._orchestrator.engine import Orchestrator
 from rota._orchestrator.inproc import running_orchestrator
 from rota._orchestrator.service import LEADER_HEALTH, SERVICE_NAMES
+from rota._orchestrator.sessions import Session
 from rota._orchestrator.state import GroupState
+from rota._orchestrator.store import GroupStore, MemoryStore
 
 if TYPE_CHECKING:
     from grpc_health.v1.health import aio

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import rota
-from rota._orchestrator.engine import OrchestratorConfig
+from rota._orchestrator.config import OrchestratorConfig
 from rota._orchestrator.inproc import free_port, running_orchestrator
 from rota._plugins import new_plugin_manager
 from rota._tenant.client import Gpu

@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from rota._orchestrator.engine import Orchestrator, OrchestratorConfig
+from rota._orchestrator.config import OrchestratorConfig
+from rota._orchestrator.engine import Orchestrator
 from rota._orchestrator.grpc_server import free_port, serve_in_thread
 from rota._orchestrator.service import serve
 from rota.auth import ServerAuth

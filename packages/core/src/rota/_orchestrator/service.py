@@ -23,13 +23,14 @@ from rota._generated import rota_v1_pb2_grpc as pb_grpc
 from rota._generated import timeslice_orchestrator_pb2 as v1a
 from rota._generated import timeslice_orchestrator_pb2_grpc as v1a_grpc
 from rota._ids import check_id, check_pair
-from rota._orchestrator.engine import MAX_PRIORITY, check_bytes
+from rota._orchestrator.config import check_bytes
 from rota._orchestrator.grpc_server import BadMessage, LenientRequests, bind, health_servicer, log_refusal, rpc_errors
 from rota._orchestrator.state import GroupState
 from rota._tenant.local import private_socket_folder
 from rota._types import TurnRequest
 from rota._units import percentile
 from rota.auth import LOCAL_ADMIN, PermissionDenied, Principal, ServerAuth
+from rota.config import MAX_PRIORITY
 from rota.devices import MAX_DEVICES, lane_base
 from rota.errors import DeadlineExceeded, InvalidArgument, RotaError
 

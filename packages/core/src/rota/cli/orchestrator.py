@@ -12,7 +12,8 @@ import click
 import grpc
 import pluggy
 
-from rota._orchestrator.engine import Orchestrator, OrchestratorConfig
+from rota._orchestrator.config import OrchestratorConfig
+from rota._orchestrator.engine import Orchestrator
 from rota._orchestrator.grpc_server import server_tls
 from rota._orchestrator.service import serve
 from rota._plugins import plugin_manager
