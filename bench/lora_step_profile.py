@@ -9,7 +9,7 @@ and peak memory. Variants:
 * ``worker``: the service worker's forward_backward as written (per-datum loss and syncs);
 * ``one_loss``: the same rows, one summed loss, one transfer of the logprobs;
 * ``fp32_lora``: ``one_loss`` as peft computes LoRA alone (inputs cast to the fp32 adapters), not in the
-  base's half precision as the service does (``rota_tinker._models.lora_in_base_precision``);
+  base's half precision as the service does (``rota_tinker._worker.models.lora_in_base_precision``);
 * ``empty_cache``: ``worker`` after ``torch.cuda.empty_cache()`` (what a park with
   ``release_cached`` costs the next turn);
 * ``rows_xK``: K times the rows through one adapter (the device's cost of a K-tenant pass);
@@ -56,7 +56,7 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from rota_tinker._models import add_lora, batch_logprobs, build_base, datum_loss, lora_config
+    from rota_tinker._worker.models import add_lora, batch_logprobs, build_base, datum_loss, lora_config
     from rota_tinker.testing import qwen3_shaped
 
     dev = torch.device(args.device)
@@ -206,7 +206,7 @@ def concurrent(args_device: str, model_name: str, k: int, reps: int, batch: int,
 def _one(device: str, model_name: str, reps: int, batch: int, seq_len: int, barrier, q) -> None:
     import torch
 
-    from rota_tinker._models import add_lora, batch_logprobs, build_base
+    from rota_tinker._worker.models import add_lora, batch_logprobs, build_base
     from rota_tinker.testing import qwen3_shaped
 
     dev = torch.device(device)

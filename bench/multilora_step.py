@@ -1,4 +1,4 @@
-"""One batched LoRA step of N tenants on one shared base (rota_tinker._multilora), against one tenant's step.
+"""One batched LoRA step of N tenants on one shared base (rota_tinker._worker.multilora), against one tenant's step.
 
 In one process, no service: a Qwen3-shaped snapshot written with ``save_pretrained`` and loaded with
 ``from_pretrained`` (as users' models are), N tenants each with rank-``--rank`` adapters on attention, MLP and
@@ -53,7 +53,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rota_tinker._multilora import BatchedLora, Unit
+    from rota_tinker._worker.multilora import BatchedLora, Unit
     from rota_tinker.testing import QWEN3_SHAPES, qwen3_shaped
 
     if args.model not in QWEN3_SHAPES:

@@ -45,7 +45,7 @@ Definition (also written into the JSON as ``definition``):
   points (on the H200, the same forward_backward took 213 to 264 ms in different points);
   this ratio shows what queueing and switching cost apart from that drift.
 * *breakdown* (per point, per kind of unit, medians over the measured window; from the
-  service's per-unit timing, see ``rota_tinker._workers.unit_breakdown``): pipe queue,
+  service's per-unit timing, see ``rota_tinker._http.handles.unit_breakdown``): pipe queue,
   turn wait, restore, compute, release, the long poll's answer lag, and the share of
   units that started a turn (the rest ran in a turn their tenant already held).
 
@@ -376,7 +376,7 @@ def base_spec_bytes(spec: object) -> int:
     import torch
 
     from rota_tinker import HfModelSpec
-    from rota_tinker._models import TinyLM
+    from rota_tinker._worker.models import TinyLM
 
     if isinstance(spec, HfModelSpec):
         return spec.params() * getattr(torch, spec.dtype).itemsize

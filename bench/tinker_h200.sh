@@ -5,7 +5,7 @@
 #   bash bench/tinker_h200.sh density  # LoRA density on a Qwen3-1.7B-shaped base, think 4x and 8x the step
 #   bash bench/tinker_h200.sh last     # the full tenants with 3 steps, and N = 8 at think 4x
 #   bash bench/tinker_h200.sh pool     # LoRA density with the LoRA pool (--lora-concurrency 4), think 4x
-#   bash bench/tinker_h200.sh multilora  # one batched LoRA step of N = 1..64 tenants (rota_tinker._multilora)
+#   bash bench/tinker_h200.sh multilora  # one batched LoRA step of N = 1..64 tenants (rota_tinker._worker.multilora)
 # JSON and logs go to bench/results/ and, when the device tool sets it, to $OUT as well.
 set -euo pipefail
 stage=${1:?usage: bash bench/tinker_h200.sh smoke|full|density|last|pool|multilora}

@@ -25,7 +25,7 @@ def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _engine(folder: Path) -> Any:
     from transformers import AutoModelForCausalLM
 
-    from rota_tinker._multilora import BatchedLora
+    from rota_tinker._worker.multilora import BatchedLora
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, local_files_only=True,
                                                  attn_implementation="eager").to("cuda:0").eval()
@@ -36,7 +36,7 @@ def test_equal_ranks_run_grouped_and_equal_each_alone(snapshot: Path, record: An
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np
 
-    from rota_tinker._multilora import F, Unit
+    from rota_tinker._worker.multilora import F, Unit
 
     calls = {"grouped_mm": 0}
     real = F.grouped_mm
@@ -78,11 +78,11 @@ def test_equal_ranks_run_grouped_and_equal_each_alone(snapshot: Path, record: An
 
 
 def test_the_grouped_pass_equals_the_reference_path_on_cuda(snapshot: Path, record: Any) -> None:
-    """The grouped segment LoRA (rota_tinker._multilora._GroupedLora: its own backward, gradients added straight
+    """The grouped segment LoRA (rota_tinker._worker.multilora._GroupedLora: its own backward, gradients added straight
     into the fp32 .grad) trains what each segment's own matmuls through autograd train, in bf16 on the GPU."""
     import numpy as np
 
-    from rota_tinker._multilora import Unit
+    from rota_tinker._worker.multilora import Unit
 
     targets = {"attn": True, "mlp": True, "unembed": True}
     runs = {}

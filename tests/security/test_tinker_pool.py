@@ -1,4 +1,4 @@
-"""A LoRA pool's gate (rota_tinker._pool) admits only the service's own trainer processes.
+"""A LoRA pool's gate (rota_tinker._worker.pool) admits only the service's own trainer processes.
 
 The gate decides who runs on the device inside the pool's rota turn. It listens on the base
 holder's Unix socket, and a connection must answer multiprocessing's HMAC challenge with the
@@ -16,7 +16,7 @@ import pytest
 
 import rota
 from rota.testing import running_orchestrator
-from rota_tinker._pool import PoolGate
+from rota_tinker._worker.pool import PoolGate
 
 
 def test_a_process_without_the_services_key_cannot_enter_the_pool() -> None:

@@ -18,7 +18,7 @@ from tinker.lib.public_interfaces.admin_client import AdminClient
 from tinker_testlib import KEYS, serving_tiny_qwen
 
 from rota_tinker import TinkerService
-from rota_tinker._checkpoints import MIN_TTL_S
+from rota_tinker._http.checkpoints import MIN_TTL_S
 
 QWEN = "acme/Qwen3-Tiny"
 TIMEOUT = 180

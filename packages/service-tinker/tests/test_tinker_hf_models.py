@@ -362,7 +362,7 @@ def test_state_estimates_count_the_real_parameters(tmp_path: Path, arch: str, ti
     """Qwen3, Llama, Qwen2.5 (qwen2) and Gemma families build and train; the byte quota's estimate counts exactly
     what the workers build: from safetensors headers, or (random init, no weights in the folder) on a meta model;
     LoRA parameters as peft makes them."""
-    from rota_tinker._models import adapters_of, add_lora, build_base, token_logprobs
+    from rota_tinker._worker.models import adapters_of, add_lora, build_base, token_logprobs
 
     spec = find_models([str(hf_snapshot(tmp_path / "m", arch=arch, tie=tie, weights=weights).parent)])["m"]
     assert spec.has_weights is weights
@@ -454,7 +454,7 @@ def test_large_requests_run_in_micro_batches_with_the_same_results(sc: dict[str,
                                                                    hf_service: TinkerService) -> None:
     """70 sequences of 120 tokens (past MICRO_BATCH_TOKENS in one forward): each datum's logprobs and the summed loss
     are what the sequences give one at a time."""
-    from rota_tinker._worker import MICRO_BATCH_TOKENS
+    from rota_tinker._worker.main import MICRO_BATCH_TOKENS
 
     rng = np.random.default_rng(3)
     data = [datum(rng.integers(0, 300, size=121).tolist()) for _ in range(70)]

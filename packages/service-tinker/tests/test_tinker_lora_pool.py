@@ -26,7 +26,7 @@ from rota.orchestrator import OrchestratorConfig
 from rota.policies import Fifo
 from rota.testing import running_orchestrator
 from rota_tinker import DEFAULT_BASE_MODELS, ServiceConfig, Tenant, TinkerService
-from rota_tinker._pool import PoolGate, PoolTurn
+from rota_tinker._worker.pool import PoolGate, PoolTurn
 
 TIMEOUT = 180
 

@@ -1,4 +1,4 @@
-"""LoRA on a half-precision base computes in the base's dtype, with fp32 adapters (rota_tinker._models).
+"""LoRA on a half-precision base computes in the base's dtype, with fp32 adapters (rota_tinker._worker.models).
 
 peft would cast every LoRA input to fp32; the service runs those matmuls in the base's bf16
 instead (autocast), as mixed-precision training does. What must hold: the adapters, their
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rota_tinker import find_models
-from rota_tinker._models import add_lora, batch_logprobs, build_base, lora_compute_dtype, lora_in_base_precision
+from rota_tinker._worker.models import add_lora, batch_logprobs, build_base, lora_compute_dtype, lora_in_base_precision
 from rota_tinker.testing import hf_snapshot
 
 TARGETS = {"attn": True, "mlp": True, "unembed": True}

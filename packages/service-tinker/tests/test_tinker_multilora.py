@@ -1,4 +1,4 @@
-"""Many tenants' LoRA in one batched pass on a real Hugging Face model (rota_tinker._multilora).
+"""Many tenants' LoRA in one batched pass on a real Hugging Face model (rota_tinker._worker.multilora).
 
 A tiny Qwen3 written with ``save_pretrained`` and loaded with ``from_pretrained``; 32 tenants with mixed ranks,
 targets, learning rates, loss functions and sequence lengths train 10 steps batched together, and each tenant
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from rota_tinker._multilora import BatchedLora, Unit, _GroupedLora, plan_batches
+from rota_tinker._worker.multilora import BatchedLora, Unit, _GroupedLora, plan_batches
 from rota_tinker.testing import hf_snapshot
 
 LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo")
@@ -142,7 +142,7 @@ def test_adapters_are_peft_adapters(snapshot: Path) -> None:
     same logprobs: the batched pass computes peft's LoRA, and its weights leave as peft files."""
     import peft
 
-    from rota_tinker._models import LORA_ALPHA, lora_config
+    from rota_tinker._worker.models import LORA_ALPHA, lora_config
 
     vocab = _base(snapshot).config.vocab_size
     t = {**_tenant(0), "rank": 8, "targets": TARGETS[0], "loss_fn": "cross_entropy"}
@@ -171,7 +171,7 @@ def test_sampling_rows_of_many_tenants_decode_as_one_batch(snapshot: Path) -> No
     adapter: every request gets the tokens it gets decoded alone (logprobs within fp32 rounding)."""
     from transformers import AutoModelForCausalLM
 
-    from rota_tinker._sampling import sample
+    from rota_tinker._worker.sampling import sample
 
     vocab = _base(snapshot).config.vocab_size
     engine = BatchedLora(_base(snapshot), "cpu")
@@ -225,7 +225,7 @@ def test_fresh_adapters_are_peft_s_from_the_same_seed(snapshot: Path) -> None:
     """A tenant added with seed s starts from exactly the adapters peft makes from seed s (add_lora, what the
     trainer processes use), and its optimizer orders them as the trainer's does: a checkpoint moves between the
     batched engine and a trainer process either way."""
-    from rota_tinker._models import adapters_of, add_lora
+    from rota_tinker._worker.models import adapters_of, add_lora
 
     targets = {"attn": True, "mlp": True, "unembed": True}
     engine = BatchedLora(_base(snapshot), "cpu")

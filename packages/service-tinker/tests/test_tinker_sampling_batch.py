@@ -132,7 +132,7 @@ def test_requests_of_one_turn_decode_as_one_batch_each_as_alone(svc: TinkerServi
 def test_prompt_logprobs_batches_keep_their_logits_bounded() -> None:
     """Prompt logprobs take logits at every prompt position of every row: a batch with them is split where rows x
     prompt width would pass the bound; batches without them are not split (their logits are one row each)."""
-    from rota_tinker._sampling import decode_batches
+    from rota_tinker._worker.sampling import decode_batches
 
     def req(n: int, length: int, prompt_logprobs: bool = False) -> dict[str, Any]:
         return {"num_samples": n, "prompt": np.zeros(length, np.int64), "params": {"prompt_logprobs": prompt_logprobs}}

@@ -1,6 +1,6 @@
 """StableReinforce (``stable_reinforce``) and ``record_stability_info``: a tiny Qwen3 served from a hub cache, driven
 by the real tinker SDK. Samples recorded at sampling time, provenance checked against them, the loss's value and
-gradient against its formula (:func:`rota_tinker._models.stable_reinforce`, the service README's definition)."""
+gradient against its formula (:func:`rota_tinker._worker.models.stable_reinforce`, the service README's definition)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tinker import types
 from tinker_testlib import KEYS, serving_hf_models
 
 from rota_tinker import TinkerService
-from rota_tinker._models import stable_reinforce
+from rota_tinker._worker.models import stable_reinforce
 from rota_tinker.testing import hub_cache_snapshot
 
 TIMEOUT = 180

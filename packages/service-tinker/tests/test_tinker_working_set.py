@@ -13,7 +13,7 @@ import rota
 import rota_fsdp
 from rota.orchestrator import OrchestratorConfig
 from rota.testing import running_orchestrator
-from rota_tinker._worker import WorkingSet
+from rota_tinker._worker.main import WorkingSet
 from rota_torch.testing import untrack_models_of
 
 MIB = 2**20

@@ -32,7 +32,7 @@ def save_base(spec: BaseModelSpec, path: str) -> None:
 
     Imports torch and builds the model (the HTTP side of the service needs neither).
     """
-    from rota_tinker._models import save_base as write
+    from rota_tinker._worker.models import save_base as write
 
     write(spec, path)
 
@@ -41,7 +41,7 @@ def __getattr__(name: str) -> object:
     """``TinkerService`` is imported on first use: it brings torch and the tinker SDK, which ``rota --help``
     and every other command that loads this plugin's CLI must not pay for."""
     if name == "TinkerService":
-        from rota_tinker._service import TinkerService
+        from rota_tinker._http.service import TinkerService
 
         return TinkerService
     raise AttributeError(f"module 'rota_tinker' has no attribute {name!r}")

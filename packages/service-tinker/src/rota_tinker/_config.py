@@ -1,6 +1,6 @@
 """Service configuration: tenants (API key -> tenant), base models, devices, limits.
 
-Read by :mod:`rota_tinker._service` (and built by :mod:`rota_tinker.cli` from flags
+Read by :mod:`rota_tinker._http.service` (and built by :mod:`rota_tinker.cli` from flags
 and environment variables). Everything is validated here, once, with errors that
 name the bad value and say how to fix it, so the HTTP layer can trust it.
 
@@ -64,12 +64,12 @@ class BaseModelSpec:
 
 
     def params(self) -> int:
-        """Parameters of the model (rota_tinker._models.TinyLM): embeddings, blocks, final norm, unembedding."""
+        """Parameters of the model (rota_tinker._worker.models.TinyLM): embeddings, blocks, final norm, unembedding."""
         d = self.dim
         return 2 * self.vocab * d + self.max_len * d + self.layers * (12 * d * d + 9 * d) + 2 * d
 
     def lora_params(self, rank: int, targets: dict[str, bool]) -> int:
-        """Parameters of LoRA adapters of ``rank`` on ``targets`` (rota_tinker._models.add_lora)."""
+        """Parameters of LoRA adapters of ``rank`` on ``targets`` (rota_tinker._worker.models.add_lora)."""
         d = self.dim
         per_layer = (4 * rank * 2 * d if targets.get("attn") else 0) + (10 * rank * d if targets.get("mlp") else 0)
         return self.layers * per_layer + (rank * (d + self.vocab) if targets.get("unembed") else 0)
@@ -167,17 +167,17 @@ class ServiceConfig:
     worker_start_timeout_s: float = 120.0
     torch_threads: int = 1
     # LoRA tenants on one base share one resident copy held by a base-holder process
-    # (rota_tinker._base); False gives every LoRA worker its own copy (for comparisons).
+    # (rota_tinker._worker.holder); False gives every LoRA worker its own copy (for comparisons).
     share_lora_base: bool = True
     # A tenant's work units already queued when one finishes run in the same rota turn, up to
     # this many: forward_backward and the optim_step behind it cost one switch, not two.
     units_per_turn: int = 4
     # LoRA units on one shared base that may run at once, in one rota turn of that base's pool
-    # (rota_tinker._pool): each still computes exactly what it would alone; 1 gives every LoRA
+    # (rota_tinker._worker.pool): each still computes exactly what it would alone; 1 gives every LoRA
     # tenant exclusive turns. Needs share_lora_base.
     lora_concurrency: int = 1
     # Every tenant's LoRA models on a shared base in one worker, their queued units run as one batched pass
-    # (rota_tinker._batch_worker); lora_batch_tokens bounds one model's tokens in one pass. Needs share_lora_base.
+    # (rota_tinker._worker.batch); lora_batch_tokens bounds one model's tokens in one pass. Needs share_lora_base.
     lora_batch: bool = False
     lora_batch_tokens: int = 16384
     # After a park, hand the tenant's cached device memory back (torch.cuda.empty_cache) so other
@@ -211,7 +211,7 @@ class ServiceConfig:
     # are at most max_json_bytes (forward_backward protobuf bodies: max_body_bytes).
     max_connections: int = 2048
     # ... of which one peer address may hold max_client_connections, and those that have not shown a known API key
-    # yet at most max_unauthenticated (and half of max_connections), oldest closed first (rota_tinker._gate).
+    # yet at most max_unauthenticated (and half of max_connections), oldest closed first (rota_tinker._http.gate).
     max_client_connections: int = 256
     max_unauthenticated: int = 1024
     # HTTPS: the certificate and private key (PEM files); "" serves plain HTTP.

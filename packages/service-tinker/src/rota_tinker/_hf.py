@@ -12,7 +12,7 @@ under each directory searched:
 A folder is a model when its ``config.json`` names a ``...ForCausalLM`` architecture. Its
 weights are its ``*.safetensors`` files; a snapshot without any is random-init from seed 0
 (how the benchmarks build a 1.7B-shaped model from a config alone). The workers build
-every model with ``transformers.AutoModelForCausalLM`` (:mod:`rota_tinker._models`).
+every model with ``transformers.AutoModelForCausalLM`` (:mod:`rota_tinker._worker.models`).
 """
 
 from __future__ import annotations

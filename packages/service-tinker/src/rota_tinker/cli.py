@@ -156,7 +156,7 @@ def serve_cmd(listen: str, tls_cert: str, tls_key: str, tenants: tuple[str, ...]
     """
     from rota_tinker._config import DEFAULT_BASE_MODELS, ServiceConfig, parse_base_model, parse_keys
     from rota_tinker._hf import find_models, search_dirs
-    from rota_tinker._service import TinkerService
+    from rota_tinker._http.service import TinkerService
 
     host, port = _listen(listen)
     try:

@@ -15,7 +15,7 @@ tenant 503. The gate bounds connections where they come from, before any key is 
   the last minute, up to ``FAIL_DELAY_MAX_S``, while its connection counts against the
   peer's cap, so a peer tries a few keys a second, not thousands.
 
-Lives on the server's event loop (no locks); used by :mod:`rota_tinker._http`.
+Lives on the server's event loop (no locks); used by :mod:`rota_tinker._http.server`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ held one thread each (1,500 half-sent requests held 1,513 threads and starved
 and no thread, and is bounded three ways:
 
 * ``max_connections``: uvicorn's ``limit_concurrency``; past it, requests get 503; below
-  it, :class:`rota_tinker._gate.Gate` caps each peer's connections and those that have
+  it, :class:`rota_tinker._http.gate.Gate` caps each peer's connections and those that have
   shown no API key yet, so a slow or keyless client cannot take a keyed one's place, and
   slows wrong keys;
 * a **head deadline**: each request's head (request line and headers) must arrive within
@@ -18,7 +18,7 @@ and no thread, and is bounded three ways:
 
 Handlers decide who is calling from the headers before any body is read; an answer
 given without reading the body closes the connection (``Connection: close``), so a
-refused upload is never read. Used by :mod:`rota_tinker._service`.
+refused upload is never read. Used by :mod:`rota_tinker._http.service`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from rota_tinker._formats import BadRequest
-from rota_tinker._gate import Gate
+from rota_tinker._http.formats import BadRequest
+from rota_tinker._http.gate import Gate
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ class HttpServer:
             log.info("%s %s -> %d: %s", request.method, request.path, e.status, e)
             reply = Reply.json({"detail": str(e), "status": e.status}, e.status)
             if e.status == 429:  # a quota: retrying soon does not help (submissions the SDK retries regardless
-                # answer a failed future instead: rota_tinker._service.REFUSED_AS_FUTURES)
+                # answer a failed future instead: rota_tinker._http.service.REFUSED_AS_FUTURES)
                 reply.headers = ((b"x-should-retry", b"false"),)
         except ConnectionResetError:
             log.debug("client went away during %s", request.path)

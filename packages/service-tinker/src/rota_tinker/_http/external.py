@@ -2,7 +2,7 @@
 ``RestClient.get_external_weights_urls`` gives for them (``tinker_cookbook.weights.download`` fetches
 them with a plain ``urllib`` GET).
 
-Routes of :class:`rota_tinker._service._Api` (a mixin, like :mod:`rota_tinker._checkpoints`):
+Routes of :class:`rota_tinker._http.service._Api` (a mixin, like :mod:`rota_tinker._http.checkpoints`):
 
 * ``POST save_weights_external`` (``model_id``, ``path`` = NAME, ``ttl_seconds``,
   ``age_encryption_recipients``): the trainer writes the model as sampler weights do (peft
@@ -12,7 +12,7 @@ Routes of :class:`rota_tinker._service._Api` (a mixin, like :mod:`rota_tinker._c
   are deleted. The checkpoint is ``tinker://RUN/external_weights/NAME``, listed, deleted and given a
   TTL like the others;
 * ``GET training_runs/{run}/checkpoints/external_weights/{name}/external_weights_urls``: the owner
-  (its API key checked, like every route) gets one URL per file, valid an hour (:mod:`rota_tinker._signed`):
+  (its API key checked, like every route) gets one URL per file, valid an hour (:mod:`rota_tinker._http.signed`):
   ``/api/v1/external_weights/RUN/NAME/FILE?expires=T&sig=S``, S an HMAC (a key of this service
   process, so URLs die with it) over owner, checkpoint, file and T. That route needs no API key
   (the signature is the credential, as with any signed URL); one given must be the owner's.
@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from rota_tinker._checkpoints import ID, MAX_ARCHIVE_BYTES, NAME, expired, ttl, user_metadata
-from rota_tinker._formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
-from rota_tinker._http import Reply, Request
-from rota_tinker._signed import check_caller, expiry, expiry_and_signature, make_url, signed
-from rota_tinker._state_files import private_dir
+from rota_tinker._http.checkpoints import ID, MAX_ARCHIVE_BYTES, NAME, expired, ttl, user_metadata
+from rota_tinker._http.formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
+from rota_tinker._http.server import Reply, Request
+from rota_tinker._http.signed import check_caller, expiry, expiry_and_signature, make_url, signed
+from rota_tinker._worker.state_files import private_dir
 
 MAX_RECIPIENTS = 10
 _FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -102,7 +102,7 @@ def _publish(src: str, dest: str, recipients: list[Any] | None) -> tuple[list[st
 
 
 class ExternalRoutes:
-    """The external-weights routes of :class:`rota_tinker._service._Api`."""
+    """The external-weights routes of :class:`rota_tinker._http.service._Api`."""
 
     state: Any
     config: Any

@@ -1,6 +1,6 @@
 """Training checkpoints on disk (``save_state`` / ``load_state``): the files a user can also load without rota.
 
-Written and read by a tenant's trainer (:mod:`rota_tinker._worker`), inside a turn (the model is
+Written and read by a tenant's trainer (:mod:`rota_tinker._worker.main`), inside a turn (the model is
 on its device). One folder per checkpoint, ``DATA_DIR/TENANT/MODEL/weights/NAME/``. Weights saved
 for the sampler (``save_weights_for_sampler``) are the same files without ``optimizer.pt``, in
 ``DATA_DIR/TENANT/MODEL/sampler_weights/NAME/``, written by the trainer from the tracked host copy
@@ -65,7 +65,7 @@ def write(folder: str, entry: Any, base: Any, *, weights: dict[str, Any] | None 
     """
     import torch
 
-    from rota_tinker._models import peft_state
+    from rota_tinker._worker.models import peft_state
 
     def fill(tmp: str) -> None:
         if entry.lora is not None:
@@ -92,7 +92,7 @@ def write(folder: str, entry: Any, base: Any, *, weights: dict[str, Any] | None 
 def write_adapters(folder: str, adapters: dict[str, Any], config: Any, base: Any, lora: dict[str, Any],
                    optimizer_state: dict[str, Any] | None) -> int:
     """Write a LoRA checkpoint from peft-named ``adapters`` and peft's ``config`` (the batched engine's models,
-    :mod:`rota_tinker._batch_worker`): the files :func:`write` gives a trainer's LoRA model, which
+    :mod:`rota_tinker._worker.batch`): the files :func:`write` gives a trainer's LoRA model, which
     :func:`read_weights` and ``peft.PeftModel.from_pretrained`` load; ``optimizer_state``: None for sampler
     weights."""
     import torch

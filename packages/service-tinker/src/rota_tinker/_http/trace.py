@@ -5,7 +5,7 @@ external weights' (an HMAC over owner, session and expiry, 1 hour, no API key ne
 it), that returns the session's timeline when fetched: one slice per finished request still kept
 (``future_ttl_s``) of the session's models and sampling clients (create, forward_backward,
 optim_step, saves, loads, samples), from submission to its answer, on a track per kind, with the
-unit's breakdown (queue, turn acquisition, compute, release, parks: rota_tinker._workers.unit_breakdown)
+unit's breakdown (queue, turn acquisition, compute, release, parks: rota_tinker._http.handles.unit_breakdown)
 in its args. The file is Chrome's JSON trace format, which ui.perfetto.dev opens (not Perfetto's
 protobuf format, whatever name it is saved under).
 """
@@ -17,17 +17,17 @@ import re
 import time
 from typing import Any
 
-from rota_tinker._checkpoints import ID
-from rota_tinker._formats import BadRequest
-from rota_tinker._http import Reply, Request
-from rota_tinker._signed import check_caller, expiry, expiry_and_signature, make_url, signed
-from rota_tinker._workers import unit_breakdown
+from rota_tinker._http.checkpoints import ID
+from rota_tinker._http.formats import BadRequest
+from rota_tinker._http.handles import unit_breakdown
+from rota_tinker._http.server import Reply, Request
+from rota_tinker._http.signed import check_caller, expiry, expiry_and_signature, make_url, signed
 
 _DOWNLOAD = re.compile(rf"/api/v1/session_traces/({ID})")
 
 
 class TraceRoutes:
-    """The trace routes of :class:`rota_tinker._service._Api`."""
+    """The trace routes of :class:`rota_tinker._http.service._Api`."""
 
     state: Any
     config: Any

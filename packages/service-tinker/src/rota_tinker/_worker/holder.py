@@ -2,7 +2,7 @@
 
 Two sides, both in worker processes (the HTTP process holds no model):
 
-* :class:`BaseHolder` runs in its own process (role ``base`` of :mod:`rota_tinker._worker`),
+* :class:`BaseHolder` runs in its own process (role ``base`` of :mod:`rota_tinker._worker.main`),
   one per (device, base model) that a LoRA tenant uses. It builds the base once, packs
   every weight into **one flat tensor** (CPU: POSIX shared memory; CUDA: one device
   allocation), and serves it on a Unix socket: each connecting worker receives the flat
@@ -16,7 +16,7 @@ Invariants: the base is **read-only** for tenants (its parameters have
 ``requires_grad=False``, no optimizer sees them, :func:`attach`'s callers never call
 ``rota_fsdp.track`` on the base: only adapters and their optimizer state are parked);
 the holder's memory is resident like a CUDA context and never parked (with
-``lora_concurrency`` > 1 the holder is also the rota tenant of its LoRA pool, :mod:`rota_tinker._pool`,
+``lora_concurrency`` > 1 the holder is also the rota tenant of its LoRA pool, :mod:`rota_tinker._worker.pool`,
 which only takes turns); and it must outlive its consumers (the service stops tenant
 workers before holders, and waits for them: a consumer of a CUDA IPC handle must not
 outlive the producer, and a consumer drops its references (:func:`detach_all`) before it
@@ -81,7 +81,7 @@ class BaseHolder:
         import torch
         import torch.multiprocessing  # registers the tensor reductions that Connection.send uses
 
-        from rota_tinker._models import build_base
+        from rota_tinker._worker.models import build_base
 
         self.spec, self.base = spec, spec.base
         self.device = torch.device(spec.device)
@@ -103,7 +103,7 @@ class BaseHolder:
         self.gpu, self.gate = None, None
         if spec.lora_concurrency > 1:  # LoRA trainers on this base run in one rota turn, several at once
             import rota
-            from rota_tinker._pool import PoolGate
+            from rota_tinker._worker.pool import PoolGate
 
             self.gpu = rota.connect(group=spec.group, tenant=spec.pool_job, endpoint=spec.endpoint)
             self.gate = PoolGate(self.gpu, spec.lora_concurrency)
@@ -135,7 +135,7 @@ class BaseHolder:
         """Send the flat tensor and layout to one consumer; wait for its ack (it then holds its own reference)."""
         try:
             want = conn.recv()
-            if want == ("gate",) and self.gate is not None:  # a LoRA trainer's pool connection (rota_tinker._pool)
+            if want == ("gate",) and self.gate is not None:  # a LoRA trainer's pool connection (.pool)
                 self.gate.serve(conn)
                 return
             if want != ("base", self.base.name):
@@ -179,7 +179,7 @@ def attach(base: Any, device: Any, address: str) -> Any:
     import torch.multiprocessing  # registers the tensor reductions that Connection.recv uses
     from torch import nn
 
-    from rota_tinker._models import meta_model
+    from rota_tinker._worker.models import meta_model
 
     key = (base.name, str(device))
     want = torch.device(device)

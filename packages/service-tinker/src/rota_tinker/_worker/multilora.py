@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rota_tinker._models import LORA_ALPHA, LORA_TARGETS, adam_step, datum_loss
+from rota_tinker._worker.models import LORA_ALPHA, LORA_TARGETS, adam_step, datum_loss
 
 __all__ = ["MICRO_TOKENS", "BatchedLora", "Unit", "plan_batches"]
 
@@ -201,7 +201,7 @@ class BatchedLora:
     """A frozen base model with any number of tenants' LoRA adapters, run in batches (see the module docs).
 
     :param model: the base (its parameters are frozen here); its linears whose leaf name is in
-        :data:`rota_tinker._models.LORA_TARGETS` take adapters.
+        :data:`rota_tinker._worker.models.LORA_TARGETS` take adapters.
     :param device: where adapters live (the base's device).
     """
 
@@ -227,7 +227,7 @@ class BatchedLora:
 
     def add(self, tenant: str, rank: int, seed: int, targets: dict[str, bool], alpha: float = LORA_ALPHA) -> int:
         """Give ``tenant`` fresh adapters on the linears of the chosen groups, as peft starts them from ``seed``
-        (:func:`rota_tinker._models.add_lora`: the same random draws in the same order, so A is the same
+        (:func:`rota_tinker._worker.models.add_lora`: the same random draws in the same order, so A is the same
         kaiming-uniform and B zeros); returns their parameter count."""
         if tenant in self.adapters:
             raise ValueError(f"tenant {tenant!r} already has adapters on this base")
@@ -365,10 +365,10 @@ class BatchedLora:
     def sample(self, requests: Sequence[dict[str, Any]], max_len: int, tokenizer: Any = None) -> list[dict[str, Any]]:
         """Decode the sample requests of many tenants as one batch, each row with its own tenant's adapters.
 
-        A request is what :func:`rota_tinker._sampling.sample` takes, plus ``tenant`` (None: the bare base);
+        A request is what :func:`rota_tinker._worker.sampling.sample` takes, plus ``tenant`` (None: the bare base);
         its ``num_samples`` rows are one segment. Each result is what that function gives.
         """
-        from rota_tinker._sampling import sample
+        from rota_tinker._worker.sampling import sample
 
         starts = [0]
         for r in requests:
@@ -378,7 +378,7 @@ class BatchedLora:
             return sample(self.model, list(requests), self.device, max_len, tokenizer)
 
     def optim_step(self, tenant: str, adam: dict[str, float]) -> dict[str, Any]:
-        """``tenant``'s AdamW step with its own settings (:func:`rota_tinker._models.adam_step`)."""
+        """``tenant``'s AdamW step with its own settings (:func:`rota_tinker._worker.models.adam_step`)."""
         return adam_step(self.adapters[tenant].optimizer, adam)
 
 

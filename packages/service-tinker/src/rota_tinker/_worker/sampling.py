@@ -1,6 +1,6 @@
 """Sampling: the sample requests of one turn decoded together as one batch, each with its own parameters.
 
-Used by the sampler worker (:class:`rota_tinker._worker.Sampler`), one call per model: a single
+Used by the sampler worker (:class:`rota_tinker._worker.main.Sampler`), one call per model: a single
 request and several queued ones go through the same :func:`sample`. Every request contributes
 its ``num_samples`` rows; prompts of different lengths are left-padded, and an attention mask
 and position ids counted from each row's first real token keep each row to its own tokens.
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rota_tinker._models import lora_compute_dtype, lora_in_base_precision
+from rota_tinker._worker.models import lora_compute_dtype, lora_in_base_precision
 
 __all__ = ["decode_batches", "needs_prompt_logits", "sample"]
 

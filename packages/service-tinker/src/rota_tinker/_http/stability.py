@@ -7,7 +7,7 @@ logprob of each. A ``stable_reinforce`` request names those sequences through it
 provenance (``Datum.with_provenance``); :meth:`StabilityRecords.loss_inputs` checks every
 claim against the record (each input token the datum says came from a prompt or a sample,
 and each target it says was sampled, is that token) and turns it into what the loss reads
-(:func:`rota_tinker._models.datum_loss`): the recorded logprobs on sampled target rows and a
+(:func:`rota_tinker._worker.models.datum_loss`): the recorded logprobs on sampled target rows and a
 mask of those rows.
 
 Why server-side records: the loss's importance weights then use what the sampler really
@@ -19,7 +19,7 @@ is unknown to a caller), live for :data:`RECORD_TTL_S` after their last use (the
 docs' one day, restarted by each training request naming them), end with their session,
 and are bounded per tenant by :data:`MAX_RECORDED_TOKENS` (the least recently used go
 first; a training request naming a dropped one is a 400 saying so). Called by
-:mod:`rota_tinker._service`; numpy only.
+:mod:`rota_tinker._http.service`; numpy only.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rota_tinker._formats import BadRequest, Span
+from rota_tinker._http.formats import BadRequest, Span
 
 RECORD_TTL_S = 86400.0  # the Tinker docs: trainable for one day after sampling, restarted by each use
 # prompt + sampled tokens recorded per tenant: 8 bytes a prompt token (a request's samples share one copy but each

@@ -1,6 +1,6 @@
 """One worker process: the trainer or the sampler of one tenant.
 
-Started by :mod:`rota_tinker._workers` with the ``spawn`` method; talks to the HTTP
+Started by :mod:`rota_tinker._http.handles` with the ``spawn`` method; talks to the HTTP
 process over a ``multiprocessing`` pipe: requests ``(request_id, op, args)``, replies
 ``(request_id, "ok", result, timing)`` or ``(request_id, "err", message, category,
 timing)``; ``None`` asks it to exit. Work units run in arrival order (queued samples together).
@@ -12,9 +12,9 @@ Units already queued when one finishes run in the **same turn** (up to
 ``units_per_turn``, and not once the policy asks the tenant to yield): the
 ``optim_step`` the SDK sends right behind a ``forward_backward`` costs no second switch.
 Sample units queued together run as **one decode batch** (per weights; see
-:mod:`rota_tinker._sampling`): the sampler's ``batch_sample`` takes them all at once.
+:mod:`rota_tinker._worker.sampling`): the sampler's ``batch_sample`` takes them all at once.
 Each reply carries the unit's timing (turn wait, restore, compute, release; see
-:func:`rota_tinker._workers.unit_breakdown`). What is parked between turns (by
+:func:`rota_tinker._http.handles.unit_breakdown`). What is parked between turns (by
 :mod:`rota_fsdp`):
 
 * full-parameter models: weights, grads and the Adam state;
@@ -24,11 +24,11 @@ Each reply carries the unit's timing (turn wait, restore, compute, release; see
   LoRA).
 
 LoRA models (and base-only samplers) do not load their own base when the service shares
-bases (the default): they :func:`rota_tinker._base.attach` to the resident copy of the
+bases (the default): they :func:`rota_tinker._worker.holder.attach` to the resident copy of the
 base-holder process of their (device, base), which is role ``base`` here (no rota
 tenant: the base is resident, never parked, and read-only).
 
-With ``lora_concurrency`` > 1 (:mod:`rota_tinker._pool`) the device units of LoRA models on a shared
+With ``lora_concurrency`` > 1 (:mod:`rota_tinker._worker.pool`) the device units of LoRA models on a shared
 base, and samples on a shared base, run in that base's LoRA pool instead: several tenants' units at
 once in one rota turn of the pool; such models are never tracked (they stay on the device).
 
@@ -39,7 +39,7 @@ when it decides which tenants stay resident, so residents never add up past the 
 
 Saving weights for the sampler needs no device: it is written from the tracked host
 copy (``Tracked.state_dict()``), without a turn, to ``DATA_DIR/TENANT/MODEL/sampler_weights/NAME/``
-in the files peft and transformers load (:mod:`rota_tinker._state_files`; directories 0700,
+in the files peft and transformers load (:mod:`rota_tinker._worker.state_files`; directories 0700,
 files 0600). Unloading a model
 (``unload``) or forgetting a sampler's weights (``forget``) untracks it inside a turn
 (a parked model is restored before it is dropped, so that must not happen outside one).
@@ -74,7 +74,7 @@ class WorkerSpec:
     """Everything a worker needs; picklable for ``spawn``."""
 
     tenant: str
-    role: str  # "trainer" | "sampler" | "base" (rota_tinker._base.BaseHolder) | "batch" (rota_tinker._batch_worker)
+    role: str  # "trainer" | "sampler" | "base" (.holder.BaseHolder) | "batch" (.batch.BatchTrainer)
     group: str
     endpoint: str | None
     device: str
@@ -84,7 +84,7 @@ class WorkerSpec:
     units_per_turn: int = 4  # queued units of this tenant that may share one turn
     release_cached: bool = True  # empty the CUDA cache after each park (ServiceConfig.release_cached)
     deterministic: bool = False  # torch.use_deterministic_algorithms (ServiceConfig.deterministic)
-    lora_concurrency: int = 1  # > 1: LoRA units on a shared base run in its pool's turn (rota_tinker._pool)
+    lora_concurrency: int = 1  # > 1: LoRA units on a shared base run in its pool's turn (rota_tinker._worker.pool)
     pool_job: str = ""  # a base holder's rota job id as its pool's tenant (lora_concurrency > 1)
     lora_batch_tokens: int = 0  # role "batch": the most tokens of one model in one batched pass
 
@@ -116,7 +116,7 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
     gpu, working = None, None
     try:
         if spec.role == "base":
-            from rota_tinker._base import BaseHolder
+            from rota_tinker._worker.holder import BaseHolder
 
             worker: Any = BaseHolder(spec)
             hello = worker.hello()
@@ -151,7 +151,7 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
 
 
 def _roles() -> dict[str, type]:
-    from rota_tinker._batch_worker import BatchTrainer
+    from rota_tinker._worker.batch import BatchTrainer
 
     return {"trainer": Trainer, "sampler": Sampler, "batch": BatchTrainer}
 
@@ -340,6 +340,9 @@ class _Loop:
         while queue:
             batched = queue[0][1] in self.worker.BATCHED_OPS
             if batched and not stop:  # the units queued behind it may join its batch
+                linger = getattr(self.worker, "LINGER_S", 0.0)
+                if linger and len(queue) == 1:  # its companion (an optim_step sent right behind it) may be in flight
+                    self.conn.poll(linger)
                 stop = self._take_queued(queue, self.units_per_turn - ran, turn)
             mixed = getattr(self.worker, "MIXED_BATCHES", False)  # any batched ops together (batch_mixed)
             n = next((i for i, unit in enumerate(queue) if (unit[1] not in self.worker.BATCHED_OPS if mixed
@@ -382,7 +385,7 @@ class _Loop:
 
     def events(self, parks_only: bool = False) -> dict[str, float]:
         """This tenant's rota events since the last unit: grant wait, restores, parks (seconds; bytes parked; on
-        CUDA the process's NVML bytes around the last park, see :data:`rota_tinker._workers.PARK_READINGS`)."""
+        CUDA the process's NVML bytes around the last park, see :data:`rota_tinker._http.handles.PARK_READINGS`)."""
         events, self.seen = self.gpu.stats.events.since(self.seen)
         parks, self.parks_seen = self.gpu.stats.parks.since(self.parks_seen)
         out = {"parked_s": sum(e - s for kind, s, e in events if kind == "park"),
@@ -449,8 +452,8 @@ def _failed(op: str, e: Exception) -> tuple[Any, ...]:
 
 def _base_model(base: Any, device: Any, shared_base: str | None) -> Any:
     """The base model: attached to the holder at ``shared_base`` (read-only, never parked), or a private copy."""
-    from rota_tinker._base import attach
-    from rota_tinker._models import build_base
+    from rota_tinker._worker.holder import attach
+    from rota_tinker._worker.models import build_base
 
     return attach(base, device, shared_base) if shared_base else build_base(base, device)
 
@@ -468,7 +471,7 @@ class _Base:
         self.pools: dict[str, Any] = {}  # a base holder's address -> this worker's PoolTurn in its pool
 
     def pool_of(self, op: str, args: dict[str, Any]) -> Any:
-        """The LoRA pool turn ``op`` runs in (rota_tinker._pool), or None: its own turn, or none at all."""
+        """The LoRA pool turn ``op`` runs in (rota_tinker._worker.pool), or None: its own turn, or none at all."""
         return None
 
     def _pool_at(self, address: str | None) -> Any:
@@ -476,7 +479,7 @@ class _Base:
         if address is None or self.spec.lora_concurrency <= 1:
             return None
         if address not in self.pools:
-            from rota_tinker._pool import PoolTurn
+            from rota_tinker._worker.pool import PoolTurn
 
             self.pools[address] = PoolTurn(address, self.device, room_for=self.spec.lora_concurrency)
         return self.pools[address]
@@ -493,7 +496,7 @@ class _Base:
         """Drop every model and this process's references to shared bases (a CUDA holder then sees them released)."""
         import torch
 
-        from rota_tinker._base import detach_all
+        from rota_tinker._worker.holder import detach_all
 
         self.models.clear()
         detach_all()
@@ -551,7 +554,7 @@ class Trainer(_Base):
         import torch
 
         import rota_fsdp
-        from rota_tinker._models import adapters_of, add_lora
+        from rota_tinker._worker.models import adapters_of, add_lora
 
         model = _base_model(base, self.device, shared_base if lora is not None else None)
         if lora is not None:
@@ -589,7 +592,7 @@ class Trainer(_Base):
 
         import torch
 
-        from rota_tinker._models import batch_logprobs, datum_loss
+        from rota_tinker._worker.models import batch_logprobs, datum_loss
 
         entry = self._get(model_id)
         logprobs: list[Any] = [None] * len(data)
@@ -619,7 +622,7 @@ class Trainer(_Base):
         return {"logprobs": logprobs, "metrics": {"loss:sum": sum(losses)}}
 
     def op_optim_step(self, model_id: str, adam: dict[str, float]) -> dict[str, Any]:
-        from rota_tinker._models import adam_step
+        from rota_tinker._worker.models import adam_step
 
         return adam_step(self._get(model_id).optimizer, adam)
 
@@ -634,7 +637,7 @@ class Trainer(_Base):
 
     def op_save_state(self, model_id: str, name: str, base: Any) -> dict[str, Any]:
         """Write a training checkpoint (weights and optimizer state) to ``MODEL/weights/NAME`` (in a turn)."""
-        from rota_tinker import _state_files
+        from rota_tinker._worker import state_files as _state_files
 
         entry = self._get(model_id)
         folder = _state_files.private_dir(os.path.join(self._model_folder(model_id), "weights"))
@@ -643,7 +646,7 @@ class Trainer(_Base):
 
     def op_load_state(self, model_id: str, folder: str, optimizer: bool) -> dict[str, Any]:
         """Load a training checkpoint into the model in place (in a turn)."""
-        from rota_tinker import _state_files
+        from rota_tinker._worker import state_files as _state_files
 
         try:
             _state_files.read(folder, self._get(model_id), optimizer)
@@ -652,14 +655,14 @@ class Trainer(_Base):
         return {}
 
     def _model_folder(self, model_id: str) -> str:
-        from rota_tinker._state_files import private_dir
+        from rota_tinker._worker.state_files import private_dir
 
         return private_dir(os.path.join(self.spec.data_dir, self.spec.tenant, model_id))
 
     def op_save_for_sampler(self, model_id: str, name: str, base: Any) -> dict[str, Any]:
         """Write sampler weights ``MODEL/sampler_weights/NAME`` (a checkpoint without the optimizer state) from the
         tracked host copy: no turn, no device (a parked model is read where it is parked)."""
-        from rota_tinker import _state_files
+        from rota_tinker._worker import state_files as _state_files
 
         entry = self._get(model_id)
         state = entry.tracked.state_dict()
@@ -697,14 +700,14 @@ class Sampler(_Base):
     def _load(self, key: str, base: Any, shared_base: str | None) -> Any:
         """The model of ``key``; ``shared_base`` (LoRA weights or the bare base only): attach to the shared base."""
         import rota_fsdp
-        from rota_tinker import _state_files
-        from rota_tinker._models import adapters_of, add_lora
+        from rota_tinker._worker import state_files as _state_files
+        from rota_tinker._worker.models import adapters_of, add_lora
 
         if key in self.models:
             return self.models[key]
         model = _base_model(base, self.device, shared_base)
         parked = None if shared_base else model  # a shared base is never parked; only an adapter on it
-        if not key.startswith("base:"):  # a folder of sampler weights (rota_tinker._state_files)
+        if not key.startswith("base:"):  # a folder of sampler weights (rota_tinker._worker.state_files)
             lora = _state_files.saved_lora(key)
             if lora is not None:
                 model = add_lora(model, lora["rank"], lora["seed"], lora["targets"])
@@ -724,13 +727,13 @@ class Sampler(_Base):
     def batch_sample(self, units: list[dict[str, Any]]) -> list[dict[str, Any] | Exception]:
         """The sample units of one turn: those on the same weights (``key``) decode together as one batch
         (split where prompt logprobs would pass :data:`MICRO_BATCH_TOKENS` logits rows: see
-        :func:`rota_tinker._sampling.decode_batches`).
+        :func:`rota_tinker._worker.sampling.decode_batches`).
 
         Each unit (``key``, ``base``, ``prompt``, ``params``, ``num_samples``, ``seed``, ``shared_base``)
         gets its own result, or the exception that failed its batch (weights that cannot load, say); a
         result's ``timing`` gives the units and rows of the decode batch it was in.
         """
-        from rota_tinker._sampling import decode_batches, sample
+        from rota_tinker._worker.sampling import decode_batches, sample
 
         groups: dict[str, list[int]] = {}
         for i, unit in enumerate(units):

@@ -1,6 +1,6 @@
 """Worker processes as seen from the HTTP process: start, send a work unit, collect its result.
 
-Used by :mod:`rota_tinker._service`. One :class:`WorkerHandle` per (tenant, role); a
+Used by :mod:`rota_tinker._http.service`. One :class:`WorkerHandle` per (tenant, role); a
 reader thread turns each reply into the completion of a :class:`Future`. When the
 process dies, every pending and later future of that worker fails with an error naming
 the tenant, the role and the exit code; other tenants' workers are untouched.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_for
 from typing import Any
 
-from rota_tinker._worker import WorkerSpec, main
+from rota_tinker._worker.main import WorkerSpec, main
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ OnResult = Callable[[Any], None]
 # (name, later stamp, earlier stamp): the legs of a unit's life between two monotonic stamps
 _LEGS = (("queue_s", "recv", "submitted"), ("reply_s", "result", "done"), ("encode_s", "encoded", "result"),
          ("answer_lag_s", "answered", "encoded"), ("total_s", "answered", "submitted"))
-# durations measured inside the worker (see rota_tinker._worker)
+# durations measured inside the worker (see rota_tinker._worker.main)
 DURATIONS = ("acquire_s", "wait_s", "restore_s", "compute_s", "release_s", "parked_s", "parked_bytes")
 # device bytes of the worker process around its last park (NVML, CUDA only): before, after, outside the allocator;
 # and what that park left on the device by rota's count (rota.residue.residue_left: the limit's measure)
@@ -114,7 +114,7 @@ def unit_breakdown(timing: dict[str, float]) -> dict[str, float]:
     :data:`PARK_READINGS`: NVML's bytes of the worker process just before and after that park and the
     part of them outside torch's allocator (its CUDA context, cuBLAS workspaces), and the residue rota counted
     against ``ROTA_RESIDUE_MAX_BYTES``. A unit of a LoRA pool
-    (:mod:`rota_tinker._pool`) has ``pool_running``: the units in the pool when it entered (itself included);
+    (:mod:`rota_tinker._worker.pool`) has ``pool_running``: the units in the pool when it entered (itself included);
     its ``wait_s`` is its wait at the pool's gate.
     """
     out = {k: float(timing[k]) for k in (*DURATIONS, *PARK_READINGS, "new_turn", "batch_units", "decode_rows",

@@ -2,7 +2,7 @@
 
 Who calls it: the official ``tinker`` SDK (``TINKER_BASE_URL=http://HOST:PORT``,
 ``TINKER_API_KEY=tml-...``), started by ``rota tinker serve`` or, in tests, by
-:class:`TinkerService` directly. Served by uvicorn (:mod:`rota_tinker._http`): every
+:class:`TinkerService` directly. Served by uvicorn (:mod:`rota_tinker._http.server`): every
 request is small (work runs in the workers), handlers run on a few threads, and
 ``retrieve_future`` long-polls without holding one.
 
@@ -26,12 +26,12 @@ Rules enforced here:
   429 saying which and how to free some. A session ends when the SDK finishes it or its
   heartbeats stop for ``session_ttl_s``; its models are then unloaded and its sampling
   sessions end. ``unload_model`` frees one model, deleting a checkpoint frees its file.
-* Work units go to the tenant's trainer or sampler worker (:mod:`rota_tinker._worker`)
+* Work units go to the tenant's trainer or sampler worker (:mod:`rota_tinker._worker.main`)
   and come back as futures; a failed unit (or a dead worker) fails its future with an
   error the SDK raises as ``RequestFailedError``.
 * LoRA models (and samplers of LoRA weights or of a bare base) attach to the one
   resident base of their (device, base) held by a base-holder process
-  (:mod:`rota_tinker._base`), started on first use and stopped after every tenant
+  (:mod:`rota_tinker._worker.holder`), started on first use and stopped after every tenant
   worker (the producer of shared memory outlives its consumers).
 * Turns: without ``ServiceConfig.endpoint`` the service serves its own orchestrator on a
   Unix socket in a directory only its uid can enter, so no other user can take the
@@ -57,15 +57,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rota_tinker import _audit, _checkpoints, _external, _formats, _projects, _trace, _usage
 from rota_tinker._config import STATE_BYTES_PER_PARAM, BaseModelSpec, ServiceConfig, Tenant
-from rota_tinker._formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, QuotaExceeded, field_of
 from rota_tinker._hf import HfModelSpec
-from rota_tinker._http import HttpServer, Reply, Request
-from rota_tinker._stability import StabilityRecords
-from rota_tinker._state_files import private_dir
-from rota_tinker._worker import WorkerSpec
-from rota_tinker._workers import Future, WorkerHandle, close_all, unit_breakdown
+from rota_tinker._http import audit as _audit
+from rota_tinker._http import checkpoints as _checkpoints
+from rota_tinker._http import external as _external
+from rota_tinker._http import formats as _formats
+from rota_tinker._http import projects as _projects
+from rota_tinker._http import trace as _trace
+from rota_tinker._http import usage as _usage
+from rota_tinker._http.formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, QuotaExceeded, field_of
+from rota_tinker._http.handles import Future, WorkerHandle, close_all, unit_breakdown
+from rota_tinker._http.server import HttpServer, Reply, Request
+from rota_tinker._http.stability import StabilityRecords
+from rota_tinker._worker.main import WorkerSpec
+from rota_tinker._worker.state_files import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +111,7 @@ class _Session:
     last_seen: float  # monotonic: created, or its last heartbeat
     user_metadata: dict[str, str] | None = None
     display_name: str | None = None
-    project_id: str | None = None  # rota_tinker._projects
+    project_id: str | None = None  # rota_tinker._http.projects
     created: float = field(default_factory=time.time)
 
 
@@ -125,7 +131,7 @@ class _Weights:
     path: str
     tenant: str
     base: BaseModelSpec
-    file: str  # its folder (rota_tinker._state_files): the sampler's key, the archive's content
+    file: str  # its folder (rota_tinker._worker.state_files): the sampler's key, the archive's content
     lora: bool  # adapter weights (they go on the shared base), or a full model
     bytes: int  # its files' size
     ephemeral: bool = False  # saved for a sampling client only (not listed as a checkpoint)
@@ -180,7 +186,7 @@ class _State:
                 self.workers[(t.name, role)] = WorkerHandle(spec, config.worker_start_timeout_s)
         self.holders: dict[str, WorkerHandle] = {}  # base name -> its holder on config.device
         self.batchers: dict[str, WorkerHandle] = {}  # base name -> its batched LoRA worker (config.lora_batch)
-        self.endpoint = endpoint  # a holder with a LoRA pool takes turns there (rota_tinker._pool)
+        self.endpoint = endpoint  # a holder with a LoRA pool takes turns there (rota_tinker._worker.pool)
 
     def holder(self, base: BaseModelSpec) -> WorkerHandle:
         """The base-holder process of ``base`` on the service's device (made on first use, started by ``ensure``)."""
@@ -197,7 +203,7 @@ class _State:
 
     def trainer_of(self, m: _Model) -> WorkerHandle:
         """The worker that holds model ``m``: with ``lora_batch`` a LoRA model is in its base's batched worker
-        (rota_tinker._batch_worker, made on first use), anything else in its tenant's trainer."""
+        (rota_tinker._worker.batch, made on first use), anything else in its tenant's trainer."""
         if not (self.config.lora_batch and m.lora is not None):
             return self.workers[(m.tenant, "trainer")]
         with self.lock:
@@ -224,7 +230,7 @@ class _State:
         return f"{prefix}-{next(self.counter)}-{secrets.token_hex(4)}"
 
     def future(self, tenant: str, kind: str, session: str | None = None) -> Future:
-        """A new request's future; ``session``: the session it belongs to (its trace, rota_tinker._trace)."""
+        """A new request's future; ``session``: the session it belongs to (its trace, rota_tinker._http.trace)."""
         fut = Future(request_id=self.new_id("req"), tenant=tenant, kind=kind)
         with self.lock:
             self._forget_old_futures()
@@ -806,7 +812,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
 
     @staticmethod
     def copied_weights(item: _Weights, path: str, folder: str, expires: float | None) -> _Weights:
-        """Sampler weights copied by copy_weights (rota_tinker._projects): the same weights in another folder."""
+        """Sampler weights copied by copy_weights (rota_tinker._http.projects): the same weights in another folder."""
         return _Weights(path, item.tenant, item.base, folder, item.lora, item.bytes, expires=expires)
 
     def _weights_for(self, tenant: Tenant, model_path: str) -> _Weights:
@@ -906,7 +912,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
 
     @staticmethod
     def _prompt_outputs(body: dict[str, Any], prompt_len: int, vocab: int) -> dict[str, Any]:
-        """The outputs a sample request asks for besides its samples (see rota_tinker._sampling.sample)."""
+        """The outputs a sample request asks for besides its samples (see rota_tinker._worker.sampling.sample)."""
         out: dict[str, Any] = {"prompt_logprobs": field_of(body, "prompt_logprobs", bool, required=False,
                                                            default=False)}
         for wire, key in (("topk_prompt_logprobs", "topk_prompt"), ("topk_sample_logprobs", "topk_sample"),
@@ -1071,7 +1077,7 @@ class TinkerService:
         from rota.auth import ServerAuth
         from rota.orchestrator import OrchestratorConfig, running_orchestrator
         from rota.policies import Fifo
-        from rota_tinker._pool import MAX_TURN_S
+        from rota_tinker._worker.pool import MAX_TURN_S
 
         xdg = os.environ.get("XDG_RUNTIME_DIR")
         folder = tempfile.mkdtemp(prefix="rota-tinker-", dir=xdg if xdg and os.path.isdir(xdg) else None)
@@ -1137,7 +1143,7 @@ class TinkerService:
     def unit_timings(self) -> list[dict[str, Any]]:
         """Every finished work unit still kept (``future_ttl_s``): tenant, kind, request id, stamps and breakdown.
 
-        For benchmarks: see :func:`rota_tinker._workers.unit_breakdown` for what each part means.
+        For benchmarks: see :func:`rota_tinker._http.handles.unit_breakdown` for what each part means.
         """
         with self.state.lock:
             futures = list(self.state.futures.values())

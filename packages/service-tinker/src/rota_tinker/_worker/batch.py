@@ -2,19 +2,19 @@
 
 With ``ServiceConfig.lora_batch`` the service sends the units of LoRA models on a shared base to one
 worker process per (base, device) instead of each tenant's trainer. It attaches to the base holder's
-copy of the base (:mod:`rota_tinker._base`) and holds every such model's adapters and AdamW state in
-one :class:`rota_tinker._multilora.BatchedLora`. Its loop (:class:`rota_tinker._worker._Loop`) hands
+copy of the base (:mod:`rota_tinker._worker.holder`) and holds every such model's adapters and AdamW state in
+one :class:`rota_tinker._worker.multilora.BatchedLora`. Its loop (:class:`rota_tinker._worker.main._Loop`) hands
 it every ``forward_backward`` and ``optim_step`` unit queued when a turn starts, of any tenant, in
 one call (:meth:`BatchTrainer.batch_mixed`):
 
 * each model's units keep their order (round ``k`` takes each model's ``k``-th unit);
 * the ``forward_backward`` units of a round run as one batched pass, at most ``tenant_tokens`` tokens
-  of one model per pass (:func:`rota_tinker._multilora.plan_batches`: a larger unit is cut by datum
+  of one model per pass (:func:`rota_tinker._worker.multilora.plan_batches`: a larger unit is cut by datum
   and runs over consecutive passes; nobody waits more than one pass for its turn in the batch);
 * an ``optim_step`` runs that model's own AdamW.
 
 The worker is one rota tenant (``lora-batch.N``): its batch takes turns against full-parameter
-tenants and samplers on the device, like the LoRA pool (:mod:`rota_tinker._pool`). Adapters and
+tenants and samplers on the device, like the LoRA pool (:mod:`rota_tinker._worker.pool`). Adapters and
 Adam state stay on the device for a model's life (a few hundred MB per tenant on a 1.7B base: they
 are never parked, like the base). Checkpoints are the trainers' files (peft's adapter files and
 ``optimizer.pt`` in the same parameter order), so a model moves between this worker and a trainer
@@ -27,8 +27,8 @@ import gc
 import os
 from typing import Any
 
-from rota_tinker._multilora import BatchedLora, Unit, plan_batches
-from rota_tinker._worker import UserError, _Base
+from rota_tinker._worker.main import UserError, _Base
+from rota_tinker._worker.multilora import BatchedLora, Unit, plan_batches
 
 __all__ = ["BatchTrainer"]
 
@@ -42,6 +42,9 @@ class BatchTrainer(_Base):
                             "save_for_sampler"})
     BATCHED_OPS = frozenset({"forward_backward", "optim_step"})
     MIXED_BATCHES = True  # the loop hands queued units of both ops, in arrival order, to batch_mixed
+    # a lone unit waits this long for more before its pass starts: the SDK sends a step's optim_step right behind
+    # its forward_backward, and without it the optim_step would wait for the whole next pass
+    LINGER_S = 0.005
 
     def __init__(self, spec: Any, gpu: Any) -> None:
         super().__init__(spec, gpu)
@@ -57,7 +60,7 @@ class BatchTrainer(_Base):
         if shared_base is None:
             raise UserError("the batched LoRA worker needs the shared base (share_lora_base)")
         if self.engine is None:
-            from rota_tinker._worker import _base_model
+            from rota_tinker._worker.main import _base_model
 
             self.engine = BatchedLora(_base_model(base, self.device, shared_base), self.device)
             self.base_name = base.name
@@ -151,7 +154,7 @@ class BatchTrainer(_Base):
     # ------------------------------------------------------------------ checkpoints
 
     def _folder(self, model_id: str, kind: str, name: str) -> str:
-        from rota_tinker._state_files import private_dir
+        from rota_tinker._worker.state_files import private_dir
 
         tenant = self._get(model_id)[0]
         folder = private_dir(os.path.join(self.spec.data_dir, tenant))
@@ -161,8 +164,8 @@ class BatchTrainer(_Base):
     def _write(self, model_id: str, path: str, optimizer: bool) -> int:
         import peft
 
-        from rota_tinker._models import LORA_ALPHA
-        from rota_tinker._state_files import write_adapters
+        from rota_tinker._worker.models import LORA_ALPHA
+        from rota_tinker._worker.state_files import write_adapters
 
         _, lora, base = self._get(model_id)
         assert self.engine is not None
@@ -186,7 +189,7 @@ class BatchTrainer(_Base):
         import torch
         from safetensors.torch import load_file
 
-        from rota_tinker._state_files import saved_lora
+        from rota_tinker._worker.state_files import saved_lora
 
         _, lora, _ = self._get(model_id)
         assert self.engine is not None

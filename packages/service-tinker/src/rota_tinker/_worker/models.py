@@ -1,7 +1,7 @@
 """The models behind the service: Hugging Face causal LMs (and a small test transformer), peft LoRA, losses
-(sampling from them: :mod:`rota_tinker._sampling`).
+(sampling from them: :mod:`rota_tinker._worker.sampling`).
 
-Imported only by worker processes (:mod:`rota_tinker._worker`); the HTTP process builds no
+Imported only by worker processes (:mod:`rota_tinker._worker.main`); the HTTP process builds no
 model (it still has torch loaded when torch is installed: the tinker SDK's types import it).
 A Hugging Face model (:class:`rota_tinker._hf.HfModelSpec`) is built with
 ``transformers.AutoModelForCausalLM`` from its local snapshot, in the dtype its config names
@@ -164,7 +164,8 @@ def _attention() -> dict[str, str]:
 
 
 def meta_model(spec: BaseModelSpec | HfModelSpec) -> nn.Module:
-    """The model's modules on ``meta`` (no memory): :func:`rota_tinker._base.attach` points them at a shared copy."""
+    """The model's modules on ``meta`` (no memory): :func:`rota_tinker._worker.holder.attach` points them at a
+    shared copy."""
     with torch.device("meta"):
         if isinstance(spec, HfModelSpec):
             from transformers import AutoModelForCausalLM

@@ -1,11 +1,11 @@
 """Training runs and checkpoints: ``save_state``/``load_state``, listing, deleting and downloading them.
 
-The routes here are part of :class:`rota_tinker._service._Api` (a mixin: they use its state,
+The routes here are part of :class:`rota_tinker._http.service._Api` (a mixin: they use its state,
 ownership checks and worker handles). Served (under ``/api/v1``):
 
 * ``save_weights`` (``TrainingClient.save_state``): a training checkpoint
   ``tinker://MODEL/weights/NAME`` (weights and optimizer state, written by the trainer in a
-  turn; files in :mod:`rota_tinker._state_files`);
+  turn; files in :mod:`rota_tinker._worker.state_files`);
 * ``load_weights``: into an existing model (``model_id``), or as a new model
   ``SESSION:train:SEQ`` (``ServiceClient.create_training_client_from_state[_with_optimizer]``
   send ``session_id`` and ``model_seq_id``, and address the model by that id from then on);
@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
-from rota_tinker._audit import AuditLog
-from rota_tinker._formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
-from rota_tinker._http import Reply
+from rota_tinker._http.audit import AuditLog
+from rota_tinker._http.formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
+from rota_tinker._http.server import Reply
 
 ID = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"  # model ids; ':' for the SDK's "SESSION:train:N"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # checkpoint names: they become file names
@@ -103,7 +103,7 @@ class Run:
     user_metadata: dict[str, str] | None = None
     lora: dict[str, Any] | None = None  # rank and targets, as create_model gave them
     session_id: str | None = None  # the session that created it
-    project_id: str | None = None  # its session's project (rota_tinker._projects)
+    project_id: str | None = None  # its session's project (rota_tinker._http.projects)
 
 
 @dataclass
@@ -130,7 +130,7 @@ class Runs:
     def __init__(self) -> None:
         self.runs: OrderedDict[str, Run] = OrderedDict()
         self.checkpoints: dict[str, Checkpoint] = {}  # tinker path -> training checkpoint
-        self.external: dict[str, Any] = {}  # tinker path -> rota_tinker._external.External
+        self.external: dict[str, Any] = {}  # tinker path -> rota_tinker._http.external.External
         self.archives = threading.BoundedSemaphore(ARCHIVES_AT_ONCE)
         self.audit = AuditLog()
 
@@ -166,7 +166,7 @@ def _page(query: str) -> tuple[int, int]:
 
 
 class CheckpointRoutes:
-    """The checkpoint and listing routes of :class:`rota_tinker._service._Api`."""
+    """The checkpoint and listing routes of :class:`rota_tinker._http.service._Api`."""
 
     state: Any
     config: Any

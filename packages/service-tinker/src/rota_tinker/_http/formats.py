@@ -4,7 +4,7 @@
 optionally ``Content-Encoding: zstd``) and are parsed with the SDK's own bundled
 schema, ``tinker.proto.tinker_public_pb2``. ``ForwardBackwardOutput`` and
 ``SampleResponse`` results go back as that protobuf too (the SDK 0.38 refuses JSON for
-them). Everything else is JSON. Called by :mod:`rota_tinker._service`; no torch here.
+them). Everything else is JSON. Called by :mod:`rota_tinker._http.service`; no torch here.
 
 Every parse error is a :class:`BadRequest` whose message names the field and the fix.
 Numbers are checked where they are read: JSON ``NaN``/``Infinity`` and nesting deeper
@@ -30,12 +30,12 @@ LOSS_INPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "cross_entropy": (("target_tokens",), ("weights",)),
     "importance_sampling": _RL_INPUTS, "ppo": _RL_INPUTS, "cispo": _RL_INPUTS, "dro": _RL_INPUTS,
     "gspo": (_RL_INPUTS[0], ("sequence_ratio_mask",)),  # the mask: tokens of the sequence ratio (default: all)
-    # the sampler's logprobs come from the service's own records (rota_tinker._stability); the caller's copy, which
+    # the sampler's logprobs come from the service's own records (rota_tinker._http.stability); the caller's copy, which
     # the cookbook sends, is taken and not used
     "stable_reinforce": (("target_tokens", "advantages"), ("logprobs",)),
 }
 LOSS_FNS = tuple(LOSS_INPUTS)
-# loss_fn -> the loss_fn_config keys it takes (see rota_tinker._models.LOSS_CONFIG for their defaults)
+# loss_fn -> the loss_fn_config keys it takes (see rota_tinker._worker.models.LOSS_CONFIG for their defaults)
 _CLIP = ("clip_low_threshold", "clip_high_threshold")
 LOSS_CONFIG_KEYS = {"cross_entropy": (), "importance_sampling": (), "ppo": _CLIP, "cispo": _CLIP, "gspo": _CLIP,
                     "dro": ("beta",), "stable_reinforce": ("kl_coeff",)}
@@ -63,7 +63,7 @@ class BadRequest(ValueError):
 
 class QuotaExceeded(BadRequest):
     """A per-key quota refused the request (429): how the SDK hears it depends on the route
-    (:data:`rota_tinker._service.QUOTA_AS_429`)."""
+    (:data:`rota_tinker._http.service.QUOTA_AS_429`)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, status=429)
@@ -328,7 +328,7 @@ def forward_backward_output(logprobs: list[np.ndarray], metrics: dict[str, float
 
 
 def sample_response(result: dict[str, Any]) -> bytes:
-    """``SampleResponse`` protobuf from a :func:`rota_tinker._sampling.sample` result: ``sequences`` ((tokens,
+    """``SampleResponse`` protobuf from a :func:`rota_tinker._worker.sampling.sample` result: ``sequences`` ((tokens,
     logprobs, stop_reason, top-k or None) each) and what the request asked for at its prompt."""
     out = pb.SampleResponse()
     if result.get("prompt_logprobs") is not None:

@@ -19,8 +19,8 @@ from collections import OrderedDict
 from typing import Any
 from urllib.parse import parse_qs
 
-from rota_tinker._formats import BadRequest
-from rota_tinker._http import Reply
+from rota_tinker._http.formats import BadRequest
+from rota_tinker._http.server import Reply
 
 MAX_BUCKETS = 100_000
 MAX_WINDOW_S = 14 * 86400  # the SDK's documented longest window
@@ -65,7 +65,7 @@ def _iso(t: float) -> str:
 
 
 class UsageRoutes:
-    """``GET /api/v1/billing/usage/events`` of :class:`rota_tinker._service._Api`."""
+    """``GET /api/v1/billing/usage/events`` of :class:`rota_tinker._http.service._Api`."""
 
     state: Any
 

@@ -18,8 +18,8 @@ from collections import deque
 from typing import Any
 from urllib.parse import parse_qs
 
-from rota_tinker._formats import BadRequest
-from rota_tinker._http import Reply
+from rota_tinker._http.formats import BadRequest
+from rota_tinker._http.server import Reply
 
 MAX_EVENTS = 10_000
 EVENT_TYPES = {"all": "", "checkpoints": "checkpoint_", "projects": "project_", "teams": None, "organizations": None}
@@ -46,7 +46,7 @@ class AuditLog:
 
 
 class AuditRoutes:
-    """``GET /api/v1/audit`` of :class:`rota_tinker._service._Api`."""
+    """``GET /api/v1/audit`` of :class:`rota_tinker._http.service._Api`."""
 
     state: Any
 

@@ -1,6 +1,6 @@
 """Projects and session search: labels a tenant gives its own sessions and runs, and what finds them again.
 
-Routes of :class:`rota_tinker._service._Api` (a mixin, like :mod:`rota_tinker._checkpoints`). A
+Routes of :class:`rota_tinker._http.service._Api` (a mixin, like :mod:`rota_tinker._http.checkpoints`). A
 project is a name inside one tenant (this service has no organisations; nothing is shared):
 
 * ``create_session``'s ``project_id`` and ``PUT sessions/{id}/project``
@@ -21,10 +21,10 @@ import re
 import secrets
 from typing import Any
 
-from rota_tinker._checkpoints import ID, Checkpoint, Run, ttl
-from rota_tinker._formats import NOT_IMPLEMENTED, BadRequest, field_of
-from rota_tinker._http import Reply
-from rota_tinker._state_files import private_dir
+from rota_tinker._http.checkpoints import ID, Checkpoint, Run, ttl
+from rota_tinker._http.formats import NOT_IMPLEMENTED, BadRequest, field_of
+from rota_tinker._http.server import Reply
+from rota_tinker._worker.state_files import private_dir
 
 PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 MAX_SEARCH = 200
@@ -62,7 +62,7 @@ def _when(value: Any) -> int:
 
 
 class ProjectRoutes:
-    """The project, session-search and copy routes of :class:`rota_tinker._service._Api`."""
+    """The project, session-search and copy routes of :class:`rota_tinker._http.service._Api`."""
 
     state: Any
     config: Any

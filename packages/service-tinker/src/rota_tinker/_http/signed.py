@@ -1,5 +1,5 @@
-"""Signed download URLs of this service: external weights (:mod:`rota_tinker._external`) and session traces
-(:mod:`rota_tinker._trace`).
+"""Signed download URLs of this service: external weights (:mod:`rota_tinker._http.external`) and session traces
+(:mod:`rota_tinker._http.trace`).
 
 A URL carries ``expires=T&sig=S``: S an HMAC-SHA256, keyed by a secret of this service process (URLs die with
 it), over the fields that name what it serves and T. It is its own credential (no API key needed, as with any
@@ -16,8 +16,8 @@ import time
 from typing import Any
 from urllib.parse import parse_qs
 
-from rota_tinker._formats import BadRequest
-from rota_tinker._http import Request
+from rota_tinker._http.formats import BadRequest
+from rota_tinker._http.server import Request
 
 URL_TTL_S = 3600  # how long a signed download URL stays valid
 _HOST = re.compile(r"[A-Za-z0-9.\-]{1,253}(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]{2,45}\](:[0-9]{1,5})?")
