@@ -29,7 +29,9 @@ def _tinker_line(tinker: dict, name: str) -> None:
     base = tinker["points"][0]
     parks = "tenants resident between turns" if base.get("capacity_bytes") else "every switch parks"
     pool = tinker["args"].get("lora_concurrency", 1)
-    if pool > 1:
+    if tinker["args"].get("lora_batch"):
+        parks = "--lora-batch (every tenant's queued units in one batched pass)"
+    elif pool > 1:
         parks = f"LoRA pool of {pool} (units of up to {pool} tenants at once in one rota turn)"
     print(f"Tinker service, LoRA tenants on one shared {base['base_bytes'] / 1e9:.1f} GB base, one H200, think "
           f"{tinker['think_s'] / base['median_step_s']:.1f}x the step, {tinker['args']['steps']} steps, {parks} "
@@ -141,7 +143,8 @@ def main() -> None:
         costs = ", ".join(f"{size}: sample {m['sample']['extra_fraction_of_switch']:.1%}, full "
                           f"{m['full']['extra_fraction_of_switch']:.1%}" for size, m in verify["verify"].items())
         print(f"Cost of `--verify` as a fraction of switch time (extra over `off`): {costs} (verify-cuda.json).")
-    for name in ("tinker-density-h200-qwen3-1.7b-pool.json", "tinker-density-h200-qwen3-1.7b-pool-repeat.json",
+    for name in ("tinker-density-h200-qwen3-1.7b-batch.json", "tinker-density-h200-qwen3-1.7b-pool.json",
+                 "tinker-density-h200-qwen3-1.7b-pool-repeat.json",
                  "tinker-density-h200-qwen3-1.7b-pool-fp32-lora.json",
                  "tinker-density-h200-qwen3-1.7b.json", "tinker-density-h200-qwen3-1.7b-n8.json",
                  "tinker-density-h200.json", "tinker-density-h200-r8.json", "tinker-density-h200-r4-8steps.json",
@@ -167,14 +170,17 @@ def main() -> None:
                          for t, sw in ((full["tenants"][k], full["switches"][k]) for k in full["tenants"]))
         print(f"Tinker service, full-parameter tenants taking turns on one H200 ({how}; every switch parks; vs the "
               f"pinned floor): {rows}; bit-identical to each alone: {full['all_bit_identical']} ({name}).")
-    tiers = sorted(p.name for p in RESULTS.glob("cuda-tier-*.json"))
+    # the newest run of the whole tier (a run of some of its tests, -k, has fewer)
+    tiers = sorted(RESULTS.glob("cuda-tier-*.json"), key=lambda p: (len(_load(p.name)["tests"]), p.name))
+    tiers = [p.name for p in tiers]
     if tiers:
         tier = _load(tiers[-1])
         outcomes = [t["outcome"] for t in tier["tests"].values()]
         parks = [p for t in tier["tests"].values() for p in t.get("parks", []) if "parked_nvml_after" in p]
         beyond = max((p["parked_nvml_after"] - p["parked_outside_allocator"] for p in parks), default=0)
         print(f"CUDA tier on {tier['device']} at {tier['commit'][:10]} ({tier['date'][:10]}): "
-              f"{outcomes.count('passed')} of {len(outcomes)} passed; Tinker workers' parks: {len(parks)}, the most "
+              f"{outcomes.count('passed')} of {len(outcomes)} passed ({outcomes.count('skipped')} skipped: "
+              f"two-GPU tests on one GPU); Tinker workers' parks: {len(parks)}, the most "
               f"any left beside its CUDA context {beyond / 2**20:.0f} MiB ({tiers[-1]}).")
     for name, label in (("handoff-cpu.json", "embedded"), ("handoff-etcd-cpu.json", "through etcd")):
         d = _load(name)
