@@ -137,3 +137,47 @@ def test_another_tenant_cannot_reach_a_batched_model(batched: Any) -> None:
         assert r.status_code == 403, (route, r.status_code, r.text)
     assert [u for u in batched.unit_timings() if u["kind"] == "OptimStep"] == before  # nothing reached the worker
     assert steps(tinker.ServiceClient(base_url=batched.url, api_key=KEYS["bob"]), "bob", n=1, tc=tc)[0]
+
+
+def test_samples_of_several_tenants_decode_as_one_batch(batched: Any, models: Path, tmp_path: Path) -> None:
+    """Samples from two tenants' LoRA sampler weights and from the bare base, held back together, decode in the
+    batched worker as one batch (each row with its own adapters), and equal the same samples from the tenants'
+    sampler processes of a service without --lora-batch."""
+    prompt = types.ModelInput.from_ints([5, 6, 7, 8])
+    params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=11)
+    samplers = {}
+    for t in ("bob", "carol"):
+        sc = tinker.ServiceClient(base_url=batched.url, api_key=KEYS[t])
+        _, tc = steps(sc, t, n=1)
+        samplers[t] = tc.save_weights_and_get_sampling_client(f"{t}-s")
+    samplers["dave"] = tinker.ServiceClient(base_url=batched.url, api_key=KEYS["dave"]).create_sampling_client(
+        base_model=QWEN)
+    blocker = rota.connect(group="tinker-batch", tenant="blocker", endpoint=batched.config.endpoint)
+    try:
+        blocker.acquire()
+        with batched.state.lock:
+            since = len(batched.state.futures)
+        futs = {t: s.sample(prompt, 2, params) for t, s in samplers.items()}
+        for t in samplers:
+            await_queued(batched, t, ["Sample"], since, TIMEOUT)
+        time.sleep(0.5)
+        blocker.release()
+        together = {t: [s.tokens for s in f.result(timeout=TIMEOUT).sequences] for t, f in futs.items()}
+    finally:
+        blocker.close()
+    with batched.state.lock:
+        ours = {f.request_id for f in list(batched.state.futures.values())[since:]}
+    units = [u for u in batched.unit_timings() if u["request_id"] in ours and u["kind"] == "Sample"]
+    assert len(units) == 3 and {u["batch_units"] for u in units} == {3.0}, units
+    assert {u["decode_rows"] for u in units} == {6.0}
+    with serving_hf_models([str(models)], str(tmp_path), "tinker-unbatched-samples") as plain:
+        alone = {}
+        for t in ("bob", "carol"):
+            sc = tinker.ServiceClient(base_url=plain.url, api_key=KEYS[t])
+            _, tc = steps(sc, t, n=1)
+            alone[t] = [s.tokens for s in tc.save_weights_and_get_sampling_client(f"{t}-s").sample(
+                prompt, 2, params).result(timeout=TIMEOUT).sequences]
+        alone["dave"] = [s.tokens for s in tinker.ServiceClient(base_url=plain.url, api_key=KEYS["dave"])
+                         .create_sampling_client(base_model=QWEN).sample(prompt, 2, params).result(timeout=TIMEOUT)
+                         .sequences]
+    assert together == alone

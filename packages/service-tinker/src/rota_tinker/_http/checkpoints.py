@@ -392,7 +392,7 @@ class CheckpointRoutes:
         self.expire_external(now)  # type: ignore[attr-defined]
         for c in gone:
             state.runs.audit.note(c.tenant, "checkpoint_expire", tinker_path=c.path)
-            state.forget_checkpoint(c.tenant, c.path, c.folder)
+            state.forget_checkpoint(c.tenant, c.path, c.folder, c.base)
             threading.Thread(target=shutil.rmtree, args=(c.folder, True), daemon=True).start()
         for path, owner in weights:
             state.runs.audit.note(owner, "checkpoint_expire", tinker_path=path)
@@ -412,7 +412,7 @@ class CheckpointRoutes:
             ck = self._checkpoint(tenant, path)
             with self.state.lock:
                 self.state.runs.checkpoints.pop(path, None)
-            self.state.forget_checkpoint(ck.tenant, ck.path, ck.folder)
+            self.state.forget_checkpoint(ck.tenant, ck.path, ck.folder, ck.base)
             threading.Thread(target=shutil.rmtree, args=(ck.folder, True), daemon=True).start()
         self.state.runs.audit.note(tenant.name, "checkpoint_delete", tinker_path=path)  # the owner's, done
         return Reply.json({})

@@ -204,18 +204,38 @@ class _State:
     def trainer_of(self, m: _Model) -> WorkerHandle:
         """The worker that holds model ``m``: with ``lora_batch`` a LoRA model is in its base's batched worker
         (rota_tinker._worker.batch, made on first use), anything else in its tenant's trainer."""
-        if not (self.config.lora_batch and m.lora is not None):
-            return self.workers[(m.tenant, "trainer")]
+        if self.config.lora_batch and m.lora is not None:
+            return self.batcher(m.base)
+        return self.workers[(m.tenant, "trainer")]
+
+    def sampler_of(self, tenant: str, base: BaseModelSpec, shareable: bool) -> WorkerHandle:
+        """Where a sample runs: with ``lora_batch``, samples on the shared base (LoRA weights or the bare base) decode
+        in its batched worker, many tenants' rows in one batch; others in the tenant's sampler."""
+        if self.config.lora_batch and shareable and self.config.share_lora_base:
+            return self.batcher(base)
+        return self.workers[(tenant, "sampler")]
+
+    def batcher(self, base: BaseModelSpec) -> WorkerHandle:
+        """The batched LoRA worker of ``base`` (made on first use, started by its first unit)."""
         with self.lock:
-            handle = self.batchers.get(m.base.name)
+            handle = self.batchers.get(base.name)
             if handle is None:
                 spec = WorkerSpec(tenant=f"lora-batch.{len(self.batchers)}", role="batch", group=self.config.group,
                                   endpoint=self.endpoint, device=self.config.device, data_dir=self.config.data_dir,
                                   torch_threads=self.config.torch_threads, units_per_turn=BATCH_UNITS_PER_TURN,
                                   deterministic=self.config.deterministic,
                                   lora_batch_tokens=self.config.lora_batch_tokens)
-                handle = self.batchers[m.base.name] = WorkerHandle(spec, self.config.worker_start_timeout_s)
+                handle = self.batchers[base.name] = WorkerHandle(spec, self.config.worker_start_timeout_s)
         return handle
+
+    def _forget_everywhere(self, tenant: str, base: BaseModelSpec, key: str) -> None:
+        """Let the tenant's sampler (if running) and the base's batched worker (if any) drop weights ``key``."""
+        with self.lock:
+            handles = [self.workers[(tenant, "sampler")], self.batchers.get(base.name)]
+        for handle in handles:
+            if handle is not None and handle.pid is not None:
+                fut = self.future(tenant, "ForgetWeights")
+                handle.submit(fut, "forget", {"key": key}, lambda _r, fut=fut: fut.succeed(json={}))
 
     def shared_base(self, base: BaseModelSpec, shareable: bool) -> str | None:
         """The address workers fetch ``base`` from, or None (sharing is off, or a full model needs its own copy).
@@ -333,16 +353,22 @@ class _State:
             for ssid in [k for k, s in self.sampling.items() if s.model_path == path]:
                 del self.sampling[ssid]
         shutil.rmtree(w.file, ignore_errors=True)
+        if self.batchers:
+            self._forget_everywhere(w.tenant, w.base, w.file)
+            return
         fut = self.future(w.tenant, "ForgetWeights")
         self.workers[(w.tenant, "sampler")].submit(fut, "forget", {"key": w.file}, lambda _r: fut.succeed(json={}))
 
 
-    def forget_checkpoint(self, tenant: str, path: str, folder: str) -> None:
+    def forget_checkpoint(self, tenant: str, path: str, folder: str, base: BaseModelSpec | None = None) -> None:
         """A training checkpoint deleted or expired: the sampling sessions on it end, a running sampler lets its copy
         go (sampler weights go through delete_weights)."""
         with self.lock:
             for ssid in [k for k, s in self.sampling.items() if s.model_path == path]:
                 del self.sampling[ssid]
+        if base is not None and self.batchers:
+            self._forget_everywhere(tenant, base, folder)
+            return
         handle = self.workers[(tenant, "sampler")]
         if handle.pid is not None:
             fut = self.future(tenant, "ForgetWeights")
@@ -892,7 +918,7 @@ class _Api(_checkpoints.CheckpointRoutes, _external.ExternalRoutes, _projects.Pr
         except RuntimeError as e:
             fut.fail(f"the shared base {base.name!r} is not available: {e}", "server")
             return self._future_reply(fut, None, sample_sequence_ids=seq_ids)
-        state.workers[(tenant.name, "sampler")].submit(
+        state.sampler_of(tenant.name, base, shareable).submit(
             fut, "sample", {"key": key, "base": base, "prompt": prompt, "params": params, "num_samples": num,
                             "seed": seed, "shared_base": shared},
             lambda result: self._sampled(fut, tenant, result, prompt.size, base.name, session,

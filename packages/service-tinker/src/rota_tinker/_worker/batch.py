@@ -11,7 +11,10 @@ one call (:meth:`BatchTrainer.batch_mixed`):
 * the ``forward_backward`` units of a round run as one batched pass, at most ``tenant_tokens`` tokens
   of one model per pass (:func:`rota_tinker._worker.multilora.plan_batches`: a larger unit is cut by datum
   and runs over consecutive passes; nobody waits more than one pass for its turn in the batch);
-* an ``optim_step`` runs that model's own AdamW.
+* an ``optim_step`` runs that model's own AdamW;
+* ``sample`` units (from LoRA sampler weights or the bare base, of any tenant) decode together, each
+  row with its own weights' adapters (loaded from their folder on first use, the least recently used
+  let go past :data:`MAX_WEIGHTS`).
 
 The worker is one rota tenant (``lora-batch.N``): its batch takes turns against full-parameter
 tenants and samplers on the device, like the LoRA pool (:mod:`rota_tinker._worker.pool`). Adapters and
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections import OrderedDict
 from typing import Any
 
 from rota_tinker._worker.main import UserError, _Base
@@ -33,14 +37,15 @@ from rota_tinker._worker.multilora import BatchedLora, Unit, plan_batches
 __all__ = ["BatchTrainer"]
 
 BATCH_TOKENS = 1 << 20  # tokens of one batched pass, all tenants together (micro-batches bound the memory)
+MAX_WEIGHTS = 256  # sampler weights whose adapters stay loaded (least recently used go first)
 
 
 class BatchTrainer(_Base):
     """The LoRA models of every tenant on one shared base (see the module docs)."""
 
     DEVICE_OPS = frozenset({"create", "forward_backward", "optim_step", "unload", "save_state", "load_state",
-                            "save_for_sampler"})
-    BATCHED_OPS = frozenset({"forward_backward", "optim_step"})
+                            "save_for_sampler", "sample", "forget"})
+    BATCHED_OPS = frozenset({"forward_backward", "optim_step", "sample"})
     MIXED_BATCHES = True  # the loop hands queued units of both ops, in arrival order, to batch_mixed
     # a lone unit waits this long for more before its pass starts: the SDK sends a step's optim_step right behind
     # its forward_backward, and without it the optim_step would wait for the whole next pass
@@ -50,9 +55,15 @@ class BatchTrainer(_Base):
         super().__init__(spec, gpu)
         self.engine: BatchedLora | None = None
         self.owners: dict[str, tuple[str, dict[str, Any], Any]] = {}  # model id -> (tenant, lora, base)
+        self.weights: OrderedDict[str, str] = OrderedDict()  # sampler weights' folder -> its adapters' name, LRU
+        self.tokenizers: dict[str, Any] = {}  # base model name -> its tokenizer (for stop strings)
 
     def needs_turn(self, op: str, args: dict[str, Any]) -> bool:
-        return args["model_id"] in self.owners if op == "unload" else op in self.DEVICE_OPS
+        if op == "unload":
+            return args["model_id"] in self.owners
+        if op == "forget":
+            return args["key"] in self.weights
+        return op in self.DEVICE_OPS
 
     # ------------------------------------------------------------------ models
 
@@ -107,8 +118,14 @@ class BatchTrainer(_Base):
         its result or the exception that failed it (a bad model id fails only its own units)."""
         out: list[dict[str, Any] | Exception] = [None] * len(units)  # type: ignore[list-item]
         queues: dict[str, list[int]] = {}
-        for i, (_, args) in enumerate(units):
-            queues.setdefault(args["model_id"], []).append(i)
+        samples = []
+        for i, (op, args) in enumerate(units):
+            if op == "sample":  # from saved weights: no order with the models' training units
+                samples.append(i)
+            else:
+                queues.setdefault(args["model_id"], []).append(i)
+        if samples:
+            self._samples([units[i][1] for i in samples], out, samples)
         while any(queues.values()):
             this_round = [q.pop(0) for q in queues.values() if q]
             passes = [i for i in this_round if units[i][0] == "forward_backward"]
@@ -150,6 +167,84 @@ class BatchTrainer(_Base):
             return
         for key, result in results.items():
             out[key] = result
+
+    # ------------------------------------------------------------------ sampling
+
+    def _samples(self, units: list[dict[str, Any]], out: list[Any], where: list[int]) -> None:
+        """Sample units of many tenants (LoRA sampler weights or the bare base) decoded in as few batches as fit,
+        each row with its own weights' adapters; unit ``k``'s outcome goes to ``out[where[k]]``."""
+        from rota_tinker._worker.main import MICRO_BATCH_TOKENS
+        from rota_tinker._worker.sampling import decode_batches
+
+        requests: list[dict[str, Any] | None] = []
+        for i, unit in zip(where, units, strict=True):
+            try:
+                requests.append({**unit, "tenant": self._sampler_weights(unit)})
+            except Exception as e:  # weights that cannot load fail their own unit only
+                out[i] = e
+                requests.append(None)
+        ready = [k for k, r in enumerate(requests) if r is not None]
+        for part in decode_batches([requests[k] for k in ready], MICRO_BATCH_TOKENS):  # type: ignore[misc]
+            batch = [requests[ready[j]] for j in part]
+            base = batch[0]["base"]  # type: ignore[index]
+            tokenizer = self._tokenizer(base) if any(r["params"].get("stop_strings") for r in batch) else None  # type: ignore[index]
+            try:
+                assert self.engine is not None
+                results: list[Any] = self.engine.sample(batch, base.max_len, tokenizer)  # type: ignore[arg-type]
+            except Exception as e:
+                results = [e] * len(batch)
+            for j, result in zip(part, results, strict=True):
+                if isinstance(result, dict):
+                    result["timing"] = {"batch_units": float(len(batch)), "decode_rows": float(result.pop("rows"))}
+                out[where[ready[j]]] = result
+
+    def _sampler_weights(self, unit: dict[str, Any]) -> str | None:
+        """The engine's name of the adapters ``unit`` samples from (loaded from its folder on first use, the least
+        recently used let go past :data:`MAX_WEIGHTS`); None for the bare base."""
+        from safetensors.torch import load_file
+
+        from rota_tinker._worker.state_files import saved_lora
+
+        engine = self._engine(unit["base"], unit.get("shared_base"))
+        key = unit["key"]
+        if key.startswith("base:"):
+            return None
+        if key in self.weights:
+            self.weights.move_to_end(key)
+            return self.weights[key]
+        lora = saved_lora(key)
+        if lora is None:
+            raise UserError(f"{os.path.basename(key)} holds full-parameter weights; they cannot go on a shared base")
+        name = f"weights:{len(self.weights)}:{os.path.basename(key)}"
+        while name in engine.adapters:
+            name += "'"
+        engine.add(name, lora["rank"], lora["seed"], lora["targets"])
+        try:
+            engine.load(name, load_file(os.path.join(key, "adapter_model.safetensors")))
+        except (ValueError, FileNotFoundError) as e:
+            engine.remove(name)
+            raise UserError(str(e)) from e
+        for p in engine.adapters[name].parameters():  # frozen: no gradient (its AdamW never steps: no state)
+            p.requires_grad_(False)
+            p.grad = None
+        self.weights[key] = name
+        while len(self.weights) > MAX_WEIGHTS:
+            self.op_forget(next(iter(self.weights)))
+        return name
+
+    def op_forget(self, key: str) -> dict[str, Any]:
+        """Drop the adapters of deleted sampler weights (nothing to do if they were never loaded)."""
+        name = self.weights.pop(key, None)
+        if name is not None and self.engine is not None:
+            self.engine.remove(name)
+        return {}
+
+    def _tokenizer(self, base: Any) -> Any:
+        if base.name not in self.tokenizers:
+            from transformers import AutoTokenizer
+
+            self.tokenizers[base.name] = AutoTokenizer.from_pretrained(base.path, local_files_only=True)
+        return self.tokenizers[base.name]
 
     # ------------------------------------------------------------------ checkpoints
 
