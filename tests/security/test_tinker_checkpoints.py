@@ -235,7 +235,7 @@ def test_one_tenant_cannot_push_out_another_tenants_runs() -> None:
     """Run records are capped per tenant: a tenant creating models without end forgets only its own oldest runs."""
     from rota_tinker import DEFAULT_BASE_MODELS
     from rota_tinker._http.checkpoints import MAX_RUNS, Runs
-    from rota_tinker._http.service import _Model
+    from rota_tinker._http.state import _Model
 
     runs, base = Runs(), DEFAULT_BASE_MODELS["rota/tiny"]
     runs.record(_Model("victim-run", "alice", base, None, "s1", 0), None)

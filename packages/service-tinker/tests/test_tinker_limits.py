@@ -12,7 +12,7 @@ import tinker
 from tinker_testlib import KEYS, batch
 
 from rota_tinker import DEFAULT_BASE_MODELS, BaseModelSpec, TinkerService
-from rota_tinker._http.service import EPHEMERAL_KEEP
+from rota_tinker._http.state import EPHEMERAL_KEEP
 from rota_tinker._worker.models import TinyLM, adapters_of, add_lora
 
 TIMEOUT = 120
