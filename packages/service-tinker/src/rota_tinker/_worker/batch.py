@@ -31,8 +31,9 @@ import os
 from collections import OrderedDict
 from typing import Any
 
-from rota_tinker._worker.main import UserError, _Base
+from rota_tinker._worker.main import UserError
 from rota_tinker._worker.multilora import BatchedLora, Unit, plan_batches
+from rota_tinker._worker.roles import _Base
 
 __all__ = ["BatchTrainer"]
 
@@ -71,7 +72,7 @@ class BatchTrainer(_Base):
         if shared_base is None:
             raise UserError("the batched LoRA worker needs the shared base (share_lora_base)")
         if self.engine is None:
-            from rota_tinker._worker.main import _base_model
+            from rota_tinker._worker.roles import _base_model
 
             self.engine = BatchedLora(_base_model(base, self.device, shared_base), self.device)
             self.base_name = base.name

@@ -1,6 +1,6 @@
 """Sampling: the sample requests of one turn decoded together as one batch, each with its own parameters.
 
-Used by the sampler worker (:class:`rota_tinker._worker.main.Sampler`), one call per model: a single
+Used by the sampler worker (:class:`rota_tinker._worker.roles.Sampler`), one call per model: a single
 request and several queued ones go through the same :func:`sample`. Every request contributes
 its ``num_samples`` rows; prompts of different lengths are left-padded, and an attention mask
 and position ids counted from each row's first real token keep each row to its own tokens.
