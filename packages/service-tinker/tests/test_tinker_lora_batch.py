@@ -10,7 +10,6 @@ a checkpoint resumes with its AdamW state; one tenant's model ids are nobody els
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,8 @@ from typing import Any
 import pytest
 import tinker
 from tinker import types
-from tinker_testlib import KEYS, await_queued, concurrently, serving_hf_models
+from tinker_testlib import KEYS, concurrently, held_back, serving_hf_models
 
-import rota
 from rota_tinker.testing import hf_snapshot
 
 QWEN = "acme/Qwen3-Tiny"
@@ -77,23 +75,8 @@ def test_queued_units_of_three_tenants_run_as_one_pass_in_one_turn(batched: Any)
     sc = {t: tinker.ServiceClient(base_url=batched.url, api_key=KEYS[t]) for t in SEEDS}
     tcs = concurrently({t: (lambda t=t: sc[t].create_lora_training_client(
         base_model=QWEN, rank=RANKS[t], seed=SEEDS[t]).result(timeout=TIMEOUT)) for t in SEEDS})
-    blocker = rota.connect(group="tinker-batch", tenant="blocker", endpoint=batched.config.endpoint)
-    try:
-        blocker.acquire()
-        with batched.state.lock:
-            since = len(batched.state.futures)
-        fbs = {t: tcs[t].forward_backward(data(0, SEEDS[t]), "cross_entropy") for t in SEEDS}
-        for t in SEEDS:
-            await_queued(batched, t, ["ForwardBackward"], since, TIMEOUT)
-        time.sleep(0.5)  # the units reach the worker's pipe (no threshold: fewer together only weakens the check)
-        blocker.release()
-        for fut in fbs.values():
-            fut.result(timeout=TIMEOUT)
-    finally:
-        blocker.close()
-    with batched.state.lock:
-        ours = {f.request_id for f in list(batched.state.futures.values())[since:]}
-    units = [u for u in batched.unit_timings() if u["request_id"] in ours and u["kind"] == "ForwardBackward"]
+    _, units = held_back(batched, "tinker-batch", "ForwardBackward", lambda: {
+        t: tcs[t].forward_backward(data(0, SEEDS[t]), "cross_entropy") for t in SEEDS})
     assert len(units) == 3 and {u["batch_units"] for u in units} == {3.0}, units
     assert sum(u["new_turn"] for u in units) == 1.0  # one turn of the batched worker for all three
     assert set(batched.state.batchers) == {QWEN} and batched.state.batchers[QWEN].pid is not None
@@ -152,22 +135,9 @@ def test_samples_of_several_tenants_decode_as_one_batch(batched: Any, models: Pa
         samplers[t] = tc.save_weights_and_get_sampling_client(f"{t}-s")
     samplers["dave"] = tinker.ServiceClient(base_url=batched.url, api_key=KEYS["dave"]).create_sampling_client(
         base_model=QWEN)
-    blocker = rota.connect(group="tinker-batch", tenant="blocker", endpoint=batched.config.endpoint)
-    try:
-        blocker.acquire()
-        with batched.state.lock:
-            since = len(batched.state.futures)
-        futs = {t: s.sample(prompt, 2, params) for t, s in samplers.items()}
-        for t in samplers:
-            await_queued(batched, t, ["Sample"], since, TIMEOUT)
-        time.sleep(0.5)
-        blocker.release()
-        together = {t: [s.tokens for s in f.result(timeout=TIMEOUT).sequences] for t, f in futs.items()}
-    finally:
-        blocker.close()
-    with batched.state.lock:
-        ours = {f.request_id for f in list(batched.state.futures.values())[since:]}
-    units = [u for u in batched.unit_timings() if u["request_id"] in ours and u["kind"] == "Sample"]
+    results, units = held_back(batched, "tinker-batch", "Sample", lambda: {
+        t: s.sample(prompt, 2, params) for t, s in samplers.items()})
+    together = {t: [s.tokens for s in r.sequences] for t, r in results.items()}
     assert len(units) == 3 and {u["batch_units"] for u in units} == {3.0}, units
     assert {u["decode_rows"] for u in units} == {6.0}
     with serving_hf_models([str(models)], str(tmp_path), "tinker-unbatched-samples") as plain:

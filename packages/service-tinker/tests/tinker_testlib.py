@@ -94,3 +94,28 @@ def await_queued(service: TinkerService, tenant: str, kinds: list[str], since: i
         time.sleep(0.05)
     raise AssertionError(f"{kinds} of {tenant} never reached its workers")
 
+
+
+def held_back(service: TinkerService, group: str, kind: str, submit: Callable[[], dict[str, Any]],
+              timeout_s: float = 180) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Submit requests (``submit()`` gives each tenant's SDK future) while another rota tenant holds the device, let
+    go once all reached their workers, wait for them: (each tenant's result, the unit timings of ``kind`` they
+    made)."""
+    import rota
+
+    blocker = rota.connect(group=group, tenant="blocker", endpoint=service.config.endpoint)
+    try:
+        blocker.acquire()
+        with service.state.lock:
+            since = len(service.state.futures)
+        futures = submit()
+        for tenant in futures:
+            await_queued(service, tenant, [kind], since, timeout_s)
+        time.sleep(0.5)  # the units reach the worker's pipe (no threshold: fewer together only weakens a check)
+        blocker.release()
+        results = {t: f.result(timeout=timeout_s) for t, f in futures.items()}
+    finally:
+        blocker.close()
+    with service.state.lock:
+        ours = {f.request_id for f in list(service.state.futures.values())[since:]}
+    return results, [u for u in service.unit_timings() if u["request_id"] in ours and u["kind"] == kind]

@@ -12,6 +12,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,15 +146,21 @@ class _State:
 
     def holder(self, base: BaseModelSpec) -> WorkerHandle:
         """The base-holder process of ``base`` on the service's device (made on first use, started by ``ensure``)."""
+        return self._made_once(self.holders, base, lambda n: dict(
+            tenant=f"{base.name}@{self.config.device}", role="base", base=base,
+            lora_concurrency=self.config.lora_concurrency, pool_job=f"lora-pool.{n}"))
+
+    def _made_once(self, table: dict[str, WorkerHandle], base: BaseModelSpec,
+                   fields: Callable[[int], dict[str, Any]]) -> WorkerHandle:
+        """``table``'s worker for ``base``, its handle made on first use from ``fields(len(table))`` (a WorkerSpec's
+        own fields; the service's group, endpoint, device, data directory and threads are added)."""
         with self.lock:
-            handle = self.holders.get(base.name)
+            handle = table.get(base.name)
             if handle is None:
-                spec = WorkerSpec(tenant=f"{base.name}@{self.config.device}", role="base", group=self.config.group,
-                                  endpoint=self.endpoint, device=self.config.device, data_dir=self.config.data_dir,
-                                  torch_threads=self.config.torch_threads, base=base,
-                                  lora_concurrency=self.config.lora_concurrency,
-                                  pool_job=f"lora-pool.{len(self.holders)}")
-                handle = self.holders[base.name] = WorkerHandle(spec, self.config.worker_start_timeout_s)
+                spec = WorkerSpec(group=self.config.group, endpoint=self.endpoint, device=self.config.device,
+                                  data_dir=self.config.data_dir, torch_threads=self.config.torch_threads,
+                                  **fields(len(table)))
+                handle = table[base.name] = WorkerHandle(spec, self.config.worker_start_timeout_s)
         return handle
 
     def trainer_of(self, m: _Model) -> WorkerHandle:
@@ -172,16 +179,9 @@ class _State:
 
     def batcher(self, base: BaseModelSpec) -> WorkerHandle:
         """The batched LoRA worker of ``base`` (made on first use, started by its first unit)."""
-        with self.lock:
-            handle = self.batchers.get(base.name)
-            if handle is None:
-                spec = WorkerSpec(tenant=f"lora-batch.{len(self.batchers)}", role="batch", group=self.config.group,
-                                  endpoint=self.endpoint, device=self.config.device, data_dir=self.config.data_dir,
-                                  torch_threads=self.config.torch_threads, units_per_turn=BATCH_UNITS_PER_TURN,
-                                  deterministic=self.config.deterministic,
-                                  lora_batch_tokens=self.config.lora_batch_tokens)
-                handle = self.batchers[base.name] = WorkerHandle(spec, self.config.worker_start_timeout_s)
-        return handle
+        return self._made_once(self.batchers, base, lambda n: dict(
+            tenant=f"lora-batch.{n}", role="batch", units_per_turn=BATCH_UNITS_PER_TURN,
+            deterministic=self.config.deterministic, lora_batch_tokens=self.config.lora_batch_tokens))
 
     def _forget_everywhere(self, tenant: str, base: BaseModelSpec, key: str) -> None:
         """Let the tenant's sampler (if running) and the base's batched worker (if any) drop weights ``key``."""
