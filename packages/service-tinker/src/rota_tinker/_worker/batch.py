@@ -162,7 +162,8 @@ class BatchTrainer(_Base):
                     mine = results.setdefault(unit.key, {"logprobs": [], "metrics": {"loss:sum": 0.0}})
                     mine["logprobs"].extend(result["logprobs"])
                     mine["metrics"]["loss:sum"] += result["metrics"]["loss:sum"]
-        except Exception as e:  # a failed pass (out of memory, say) fails every unit in it; none half-applied
+        except Exception as e:  # a failed pass (out of memory, say) fails every unit in it; as in a trainer
+            # process, what its earlier micro-batches added to gradients stays
             for unit in todo:
                 out[unit.key] = e
             return
