@@ -97,7 +97,10 @@ def _tcp_listeners(pid: int) -> set[int]:
     """Inodes of the TCP sockets ``pid`` listens on (from /proc, as the agent itself reads them)."""
     inodes = set()
     for name in os.listdir(f"/proc/{pid}/fd"):
-        link = os.readlink(f"/proc/{pid}/fd/{name}")
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{name}")
+        except FileNotFoundError:  # closed since the listing (a short-lived fd): not a listener
+            continue
         if link.startswith("socket:["):
             inodes.add(int(link[8:-1]))
     listening = set()
