@@ -47,7 +47,7 @@ class BatchTrainer(_Base):
     DEVICE_OPS = frozenset({"create", "forward_backward", "optim_step", "unload", "save_state", "load_state",
                             "save_for_sampler", "sample", "forget"})
     BATCHED_OPS = frozenset({"forward_backward", "optim_step", "sample"})
-    MIXED_BATCHES = True  # the loop hands queued units of both ops, in arrival order, to batch_mixed
+    MIXED_BATCHES = True  # the loop hands queued units of all three ops, in arrival order, to batch_mixed
     # a lone unit waits this long for more before its pass starts: the SDK sends a step's optim_step right behind
     # its forward_backward, and without it the optim_step would wait for the whole next pass
     LINGER_S = 0.005
@@ -57,7 +57,6 @@ class BatchTrainer(_Base):
         self.engine: BatchedLora | None = None
         self.owners: dict[str, tuple[str, dict[str, Any], Any]] = {}  # model id -> (tenant, lora, base)
         self.weights: OrderedDict[str, str] = OrderedDict()  # sampler weights' folder -> its adapters' name, LRU
-        self.tokenizers: dict[str, Any] = {}  # base model name -> its tokenizer (for stop strings)
 
     def needs_turn(self, op: str, args: dict[str, Any]) -> bool:
         if op == "unload":
@@ -115,8 +114,8 @@ class BatchTrainer(_Base):
     # ------------------------------------------------------------------ batches
 
     def batch_mixed(self, units: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | Exception]:
-        """Run queued ``forward_backward``/``optim_step`` units of many models (see the module docs); each gets
-        its result or the exception that failed it (a bad model id fails only its own units)."""
+        """Run queued ``forward_backward``/``optim_step``/``sample`` units of many tenants (see the module docs);
+        each gets its result or the exception that failed it (a bad model id fails only its own units)."""
         out: list[dict[str, Any] | Exception] = [None] * len(units)  # type: ignore[list-item]
         queues: dict[str, list[int]] = {}
         samples = []
@@ -241,13 +240,6 @@ class BatchTrainer(_Base):
             self.engine.remove(name)
         return {}
 
-    def _tokenizer(self, base: Any) -> Any:
-        if base.name not in self.tokenizers:
-            from transformers import AutoTokenizer
-
-            self.tokenizers[base.name] = AutoTokenizer.from_pretrained(base.path, local_files_only=True)
-        return self.tokenizers[base.name]
-
     # ------------------------------------------------------------------ checkpoints
 
     def _folder(self, model_id: str, kind: str, name: str) -> str:
@@ -259,15 +251,13 @@ class BatchTrainer(_Base):
         return os.path.join(private_dir(os.path.join(folder, kind)), name)
 
     def _write(self, model_id: str, path: str, optimizer: bool) -> int:
-        import peft
-
-        from rota_tinker._worker.models import LORA_ALPHA
+        from rota_tinker._worker.models import lora_config
         from rota_tinker._worker.state_files import write_adapters
 
         _, lora, base = self._get(model_id)
         assert self.engine is not None
-        leaves = sorted({p.rpartition(".")[2] for p, (g, _) in self.engine.linears.items() if lora["targets"].get(g)})
-        config = peft.LoraConfig(r=lora["rank"], lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=leaves)
+        leaves = {path.rpartition(".")[2] for path in self.engine.linears}  # its linears are wrapped: name them
+        config = lora_config(self.engine.model, lora["rank"], lora["targets"], leaves=leaves)
         opt = self.engine.adapters[model_id].optimizer.state_dict() if optimizer else None
         return write_adapters(path, self.engine.state_dict(model_id), config, base, lora, opt)
 
@@ -286,15 +276,9 @@ class BatchTrainer(_Base):
         import torch
         from safetensors.torch import load_file
 
-        from rota_tinker._worker.state_files import saved_lora
-
-        _, lora, _ = self._get(model_id)
+        self._get(model_id)
         assert self.engine is not None
-        try:
-            saved = saved_lora(folder)
-            if saved is None or saved["rank"] != lora["rank"] or saved["targets"] != lora["targets"]:
-                raise ValueError(f"checkpoint {os.path.basename(folder)} was saved with LoRA {saved}, this model "
-                                 f"has rank {lora['rank']} on {lora['targets']}")
+        try:  # BatchedLora.load refuses adapters of another rank or other targets (shapes, names)
             self.engine.load(model_id, load_file(os.path.join(folder, "adapter_model.safetensors")))
         except (ValueError, FileNotFoundError) as e:
             raise UserError(str(e)) from e

@@ -339,11 +339,11 @@ class _Loop:
         while queue:
             batched = queue[0][1] in self.worker.BATCHED_OPS
             if batched and not stop:  # the units queued behind it may join its batch
-                linger = getattr(self.worker, "LINGER_S", 0.0)
+                linger = self.worker.LINGER_S
                 if linger and len(queue) == 1:  # its companion (an optim_step sent right behind it) may be in flight
                     self.conn.poll(linger)
                 stop = self._take_queued(queue, self.units_per_turn - ran, turn)
-            mixed = getattr(self.worker, "MIXED_BATCHES", False)  # any batched ops together (batch_mixed)
+            mixed = self.worker.MIXED_BATCHES  # any batched ops together (batch_mixed)
             n = next((i for i, unit in enumerate(queue) if (unit[1] not in self.worker.BATCHED_OPS if mixed
                                                             else unit[1] != queue[0][1])), len(queue)) if batched else 1
             batch, queue = queue[:n], queue[n:]
@@ -420,7 +420,7 @@ class _Loop:
             return [self._call(op, batch[0][2], batch[0][3])]
         t0 = time.monotonic()
         try:
-            if getattr(self.worker, "MIXED_BATCHES", False):
+            if self.worker.MIXED_BATCHES:
                 results = self.worker.batch_mixed([(o, args) for _, o, args, _ in batch])
             else:
                 results = getattr(self.worker, f"batch_{op}")([args for _, _, args, _ in batch])

@@ -175,11 +175,13 @@ def meta_model(spec: BaseModelSpec | HfModelSpec) -> nn.Module:
         return TinyLM(spec)
 
 
-def lora_config(model: nn.Module, rank: int, targets: dict[str, bool]) -> Any:
-    """peft's ``LoraConfig`` for ``rank`` on the linears of the chosen groups that ``model`` has."""
+def lora_config(model: nn.Module, rank: int, targets: dict[str, bool], leaves: set[str] | None = None) -> Any:
+    """peft's ``LoraConfig`` for ``rank`` on the linears of the chosen groups that ``model`` has (``leaves``: their
+    names, where its linears are wrapped, as in :class:`rota_tinker._worker.multilora.BatchedLora`)."""
     import peft
 
-    leaves = {name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    if leaves is None:
+        leaves = {name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     wanted = sorted({n for g, names in LORA_TARGETS.items() if targets.get(g) for n in names} & leaves)
     if not wanted:
         raise ValueError(f"no linear of {type(model).__name__} matches LoRA targets {targets}")

@@ -27,6 +27,8 @@ def _base_model(base: Any, device: Any, shared_base: str | None) -> Any:
 class _Base:
     DEVICE_OPS: frozenset[str] = frozenset()  # ops that run inside a turn
     BATCHED_OPS: frozenset[str] = frozenset()  # ops whose queued units run together (``batch_OP``)
+    MIXED_BATCHES = False  # True: queued units of any BATCHED_OPS run together, through ``batch_mixed``
+    LINGER_S = 0.0  # how long a lone batched unit waits for more before it runs
 
     def __init__(self, spec: WorkerSpec, gpu: Any) -> None:
         import torch
@@ -35,6 +37,15 @@ class _Base:
         self.device = torch.device(spec.device)
         self.models: dict[str, Any] = {}
         self.pools: dict[str, Any] = {}  # a base holder's address -> this worker's PoolTurn in its pool
+        self.tokenizers: dict[str, Any] = {}  # base model name -> its tokenizer (loaded for stop strings)
+
+    def _tokenizer(self, base: Any) -> Any:
+        """The base model's own tokenizer (from its snapshot, offline), for stop strings."""
+        if base.name not in self.tokenizers:
+            from transformers import AutoTokenizer
+
+            self.tokenizers[base.name] = AutoTokenizer.from_pretrained(base.path, local_files_only=True)
+        return self.tokenizers[base.name]
 
     def pool_of(self, op: str, args: dict[str, Any]) -> Any:
         """The LoRA pool turn ``op`` runs in (rota_tinker._worker.pool), or None: its own turn, or none at all."""
@@ -247,7 +258,6 @@ class Sampler(_Base):
     def __init__(self, spec: WorkerSpec, gpu: Any) -> None:
         super().__init__(spec, gpu)
         self.tracked: dict[str, Any] = {}  # key -> its Tracked (not for a bare shared base: nothing is parked)
-        self.tokenizers: dict[str, Any] = {}  # base model name -> its tokenizer (loaded for stop strings)
 
     def pool_of(self, op: str, args: dict[str, Any]) -> Any:
         """With ``lora_concurrency`` > 1, sampling on a shared base (LoRA weights or the base) runs in its pool;
@@ -321,11 +331,3 @@ class Sampler(_Base):
                     result["timing"] = {"batch_units": float(len(rows)), "decode_rows": float(result.pop("rows"))}
                 out[i] = result
         return out
-
-    def _tokenizer(self, base: Any) -> Any:
-        """The base model's own tokenizer (from its snapshot, offline), for stop strings."""
-        if base.name not in self.tokenizers:
-            from transformers import AutoTokenizer
-
-            self.tokenizers[base.name] = AutoTokenizer.from_pretrained(base.path, local_files_only=True)
-        return self.tokenizers[base.name]
