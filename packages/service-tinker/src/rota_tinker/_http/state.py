@@ -173,7 +173,7 @@ class _State:
     def sampler_of(self, tenant: str, base: BaseModelSpec, shareable: bool) -> WorkerHandle:
         """Where a sample runs: with ``lora_batch``, samples on the shared base (LoRA weights or the bare base) decode
         in its batched worker, many tenants' rows in one batch; others in the tenant's sampler."""
-        if self.config.lora_batch and shareable and self.config.share_lora_base:
+        if self.config.lora_batch and shareable:  # lora_batch needs share_lora_base (ServiceConfig checks)
             return self.batcher(base)
         return self.workers[(tenant, "sampler")]
 
@@ -183,8 +183,9 @@ class _State:
             tenant=f"lora-batch.{n}", role="batch", units_per_turn=BATCH_UNITS_PER_TURN,
             deterministic=self.config.deterministic, lora_batch_tokens=self.config.lora_batch_tokens))
 
-    def _forget_everywhere(self, tenant: str, base: BaseModelSpec, key: str) -> None:
-        """Let the tenant's sampler (if running) and the base's batched worker (if any) drop weights ``key``."""
+    def forget_weights(self, tenant: str, base: BaseModelSpec, key: str) -> None:
+        """Let the workers that may hold weights ``key`` drop them: the tenant's sampler and the base's batched worker,
+        each only if it runs (one that never started holds nothing)."""
         with self.lock:
             handles = [self.workers[(tenant, "sampler")], self.batchers.get(base.name)]
         for handle in handles:
@@ -308,26 +309,16 @@ class _State:
             for ssid in [k for k, s in self.sampling.items() if s.model_path == path]:
                 del self.sampling[ssid]
         shutil.rmtree(w.file, ignore_errors=True)
-        if self.batchers:
-            self._forget_everywhere(w.tenant, w.base, w.file)
-            return
-        fut = self.future(w.tenant, "ForgetWeights")
-        self.workers[(w.tenant, "sampler")].submit(fut, "forget", {"key": w.file}, lambda _r: fut.succeed(json={}))
+        self.forget_weights(w.tenant, w.base, w.file)
 
 
-    def forget_checkpoint(self, tenant: str, path: str, folder: str, base: BaseModelSpec | None = None) -> None:
-        """A training checkpoint deleted or expired: the sampling sessions on it end, a running sampler lets its copy
-        go (sampler weights go through delete_weights)."""
+    def forget_checkpoint(self, tenant: str, path: str, folder: str, base: BaseModelSpec) -> None:
+        """A training checkpoint deleted or expired: the sampling sessions on it end, the running workers that may
+        hold its weights let them go (sampler weights go through delete_weights)."""
         with self.lock:
             for ssid in [k for k, s in self.sampling.items() if s.model_path == path]:
                 del self.sampling[ssid]
-        if base is not None and self.batchers:
-            self._forget_everywhere(tenant, base, folder)
-            return
-        handle = self.workers[(tenant, "sampler")]
-        if handle.pid is not None:
-            fut = self.future(tenant, "ForgetWeights")
-            handle.submit(fut, "forget", {"key": folder}, lambda _r: fut.succeed(json={}))
+        self.forget_weights(tenant, base, folder)
 
 
 def _start_quietly(handle: WorkerHandle) -> None:
