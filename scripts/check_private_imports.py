@@ -3,7 +3,7 @@
 import-linter checks importable packages; tests/, packages/*/tests and bench/ are folders of scripts
 and test modules, so this applies the same rules to them, read from the contracts in pyproject.toml:
 
-* private modules: a module whose name has a part starting with ``_`` (``rota._orchestrator.engine``,
+* private modules: a module whose name has a part starting with ``_`` (``rota._orchestrator.turns``,
   ``rota_etcd._store``) is imported only by its own package, which here means the tests of the
   distribution that ships it (``packages/orchestrator-etcd/tests`` may import ``rota_etcd._store``).
   Everything else uses public modules (``rota.wire``, not ``rota._generated``);

@@ -23,7 +23,7 @@ try:
     main()
 except SystemExit:
     pass
-heavy = ("torch", "tinker", "rota_tinker._http.service", "rota._orchestrator.engine", "kubernetes_validate")
+heavy = ("torch", "tinker", "rota_tinker._http.service", "rota._orchestrator.turns", "kubernetes_validate")
 print(json.dumps({"heavy": [m for m in heavy if m in sys.modules],
                   "plugins": sorted(m for m in sys.modules if m.endswith(".plugin") and m.startswith("rota_"))}))
 """
@@ -38,7 +38,7 @@ def _imported(args: list[str], tmp_path) -> dict:
 
 def test_help_lists_plugin_commands_without_importing_torch_or_the_tinker_service(tmp_path):
     seen = _imported(["--help"], tmp_path)
-    assert set(seen["heavy"]) <= {"rota._orchestrator.engine"} and "rota_tinker.plugin" in seen["plugins"]
+    assert set(seen["heavy"]) <= {"rota._orchestrator.turns"} and "rota_tinker.plugin" in seen["plugins"]
 
 
 def test_status_imports_no_plugin_and_no_orchestrator(tmp_path):

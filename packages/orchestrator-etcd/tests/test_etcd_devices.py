@@ -24,31 +24,31 @@ def test_lanes_are_in_their_groups_shard() -> None:
 def test_two_holders_on_two_lanes_committed_and_found_again_by_the_next_term(etcd, prefix) -> None:
     async def body() -> None:
         store = EtcdStore(etcd.url, prefix=prefix)
-        engine = None
+        orch = None
         try:
             ts = await leading_term(store, 5)
-            engine = EtcdOrchestrator(OrchestratorConfig(capacity_bytes=10_000), ts, name="test")
-            await engine.start()
-            ga = await engine.acquire(TurnRequest("a", "g", footprint_bytes=3000, devices=DEVICES))
-            gb = await asyncio.wait_for(engine.acquire(TurnRequest("b", "g", footprint_bytes=3000, devices=DEVICES)),
+            orch = EtcdOrchestrator(OrchestratorConfig(capacity_bytes=10_000), ts, name="test")
+            await orch.start()
+            ga = await orch.acquire(TurnRequest("a", "g", footprint_bytes=3000, devices=DEVICES))
+            gb = await asyncio.wait_for(orch.acquire(TurnRequest("b", "g", footprint_bytes=3000, devices=DEVICES)),
                                         5)  # a holds fake:0: b gets fake:1 at once
             assert (ga.device, gb.device, ga.group_id, gb.group_id) == ("fake:0", "fake:1", "g", "g")
             snap = await store.read()
             assert (snap.groups["g@fake:0"].holder, snap.groups["g@fake:1"].holder) == ("a", "b")
             assert snap.turns["g@fake:0"].token == ga.token and snap.turns["g@fake:1"].token == gb.token
-            await engine.release("a", "g", ga.token)
-            await engine.release("b", "g", gb.token)
-            await engine.stop()
-            engine = None
+            await orch.release("a", "g", ga.token)
+            await orch.release("b", "g", gb.token)
+            await orch.stop()
+            orch = None
             ts = await leading_term(store, 5)  # the next term loads the lanes from etcd
-            engine = EtcdOrchestrator(OrchestratorConfig(capacity_bytes=10_000), ts, name="next")
-            await engine.start()
-            again = await engine.acquire(TurnRequest("b", "g", footprint_bytes=3000, devices=DEVICES))
+            orch = EtcdOrchestrator(OrchestratorConfig(capacity_bytes=10_000), ts, name="next")
+            await orch.start()
+            again = await orch.acquire(TurnRequest("b", "g", footprint_bytes=3000, devices=DEVICES))
             assert again.device == "fake:1" and again.token > gb.token  # resident there: back to its device
-            await engine.release("b", "g", again.token)
+            await orch.release("b", "g", again.token)
         finally:
-            if engine is not None:
-                await engine.stop()
+            if orch is not None:
+                await orch.stop()
             await store.close()
 
     run(body())

@@ -1,4 +1,4 @@
-"""The grant path of the etcd-backed engine against a real etcd: how many transactions an acquire costs."""
+"""The grant path of the etcd-backed orch against a real etcd: how many transactions an acquire costs."""
 
 from __future__ import annotations
 
@@ -35,34 +35,34 @@ async def revision(store: EtcdStore) -> int:
 def test_a_tenant_alone_in_its_group_is_granted_in_one_transaction(etcd, prefix) -> None:
     async def body() -> None:
         store = EtcdStore(etcd.url, prefix=prefix)
-        engine = None
+        orch = None
         try:
             ts = await leading_term(store, 5)
-            engine = EtcdOrchestrator(OrchestratorConfig(), ts, name="test")
-            await engine.start()
-            first = await engine.acquire(TurnRequest("a", "g"))  # creates the group
-            await engine.release("a", "g", first.token)
+            orch = EtcdOrchestrator(OrchestratorConfig(), ts, name="test")
+            await orch.start()
+            first = await orch.acquire(TurnRequest("a", "g"))  # creates the group
+            await orch.release("a", "g", first.token)
             sent = count_txns(ts.client)
             for turn in range(3):
                 before = await revision(store)
-                grant = await engine.acquire(TurnRequest("a", "g"))
+                grant = await orch.acquire(TurnRequest("a", "g"))
                 assert (grant.token, sent) == (first.token + 1 + turn, ["the commit of group 'g'"])
                 assert await revision(store) == before + 1  # the enqueue and the grant: one write
                 snap = await store.read()
                 assert (snap.groups["g"].holder, snap.turns["g"].token) == ("a", grant.token)
-                await engine.release("a", "g", grant.token)
+                await orch.release("a", "g", grant.token)
                 sent.clear()
             # a group that is held: the waiter's enqueue is committed, and its grant after the release
-            held = await engine.acquire(TurnRequest("a", "g"))
-            waiting = asyncio.ensure_future(engine.acquire(TurnRequest("b", "g")))
+            held = await orch.acquire(TurnRequest("a", "g"))
+            waiting = asyncio.ensure_future(orch.acquire(TurnRequest("b", "g")))
             await asyncio.sleep(0.2)
             assert not waiting.done() and sent == ["the commit of group 'g'"] * 2
-            await engine.release("a", "g", held.token)
+            await orch.release("a", "g", held.token)
             assert (await asyncio.wait_for(waiting, 5)).token == held.token + 1
             assert sent == ["the commit of group 'g'"] * 4  # acquire, enqueue, release, grant
         finally:
-            if engine is not None:
-                await engine.stop()
+            if orch is not None:
+                await orch.stop()
             await store.close()
 
     run(body())

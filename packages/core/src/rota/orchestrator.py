@@ -1,8 +1,8 @@
-"""The orchestrator, for plugins that run or extend it: its engine, config, group state and services.
+"""The orchestrator, for plugins that run or extend it: core's own, its config, group state and services.
 
 What a server needs of an orchestrator is :class:`OrchestratorProtocol`: the gRPC
 servicers (:func:`running_orchestrator`, ``rota orchestrator serve``) call only its
-methods. :class:`Orchestrator` is core's engine; a plugin may answer the
+methods. :class:`Orchestrator` is core's own; a plugin may answer the
 ``rota_orchestrator`` hook with another object of this protocol (rota_etcd's HA
 replica, which builds an :class:`Orchestrator` over its own :class:`GroupStore` for
 each term it leads).
@@ -10,7 +10,7 @@ each term it leads).
 Health: the server creates one grpc.health.v1 servicer with every name of
 :data:`SERVICE_NAMES` and :data:`LEADER_HEALTH` SERVING and hands it to
 :meth:`OrchestratorProtocol.report_health_to` before :meth:`~OrchestratorProtocol.start`.
-The engine leaves it as it is (it always answers and always leads); a replica sets the
+Core's own leaves it as it is (it always answers and always leads); a replica sets the
 services NOT_SERVING while no leader is known and :data:`LEADER_HEALTH` NOT_SERVING
 while it follows.
 """
@@ -21,12 +21,12 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rota._orchestrator.config import OrchestratorConfig
-from rota._orchestrator.engine import Orchestrator
 from rota._orchestrator.inproc import running_orchestrator
 from rota._orchestrator.service import LEADER_HEALTH, SERVICE_NAMES
 from rota._orchestrator.sessions import Session
 from rota._orchestrator.state import GroupState
 from rota._orchestrator.store import GroupStore, MemoryStore
+from rota._orchestrator.turns import Orchestrator
 
 if TYPE_CHECKING:
     from grpc_health.v1.health import aio
@@ -57,7 +57,7 @@ class OrchestratorProtocol(Protocol):
 
     @property
     def leading(self) -> bool:
-        """True while it grants turns (always, for the engine; only as leader, for a replica)."""
+        """True while it grants turns (always, for core's own; only as leader, for a replica)."""
 
     def report_health_to(self, health: aio.HealthServicer) -> None:
         """Keep ``health`` (grpc.health.v1, all names SERVING) true; called once, before :meth:`start`."""

@@ -1,7 +1,7 @@
 """One orchestrator replica: campaigns for leadership and serves while it leads.
 
 ``rota orchestrator serve --etcd URL`` serves the :class:`Replica` that this plugin's
-``rota_orchestrator`` hook returns, where it would serve a plain engine: both are
+``rota_orchestrator`` hook returns, where it would serve core's own: both are
 :class:`rota.orchestrator.OrchestratorProtocol`.
 Each replica:
 
@@ -14,10 +14,10 @@ Each replica:
   send clients to any ready replica) — and ``rota.leader`` is SERVING only while it
   leads (:meth:`Replica.health_states`);
 * when it wins a term, loads every group from etcd into a fresh
-  :class:`EtcdOrchestrator` (the core engine, writing through a term-bound store)
+  :class:`EtcdOrchestrator` (core's orchestrator, writing through a term-bound store)
   and serves from it;
 * when the term ends — lease lost, lease not refreshed in time, a commit refused or
-  failed, etcd unreachable — drops that engine with all its memory (blocked
+  failed, etcd unreachable — drops that orchestrator with all its memory (blocked
   Acquires get UNAVAILABLE and are re-sent by their clients with the same job id,
   keeping their place, which lives in etcd), closes tenant sessions (they re-attach
   to the next leader) and campaigns again.
@@ -68,7 +68,7 @@ def advertised_address(listen: str) -> str:
 
 
 class EtcdOrchestrator(Orchestrator):
-    """The core engine for one leadership term, with etcd-backed turn leases.
+    """Core's orchestrator for one leadership term, with etcd-backed turn leases.
 
     Every grant is tied to the turn lease its commit creates (see
     :mod:`rota_etcd._store`). The lease is refreshed while the holder is alive —
@@ -121,16 +121,16 @@ class EtcdOrchestrator(Orchestrator):
 
 @dataclass
 class _Shard:
-    """One shard of the groups as this replica sees it: its election, and its engine while leading it."""
+    """One shard of the groups as this replica sees it: its election, and its orchestrator while leading it."""
 
     index: int
     election: Election
-    engine: EtcdOrchestrator | None = None
+    orch: EtcdOrchestrator | None = None
     term: Term | None = None
 
     @property
     def leading(self) -> bool:
-        return self.engine is not None and self.term is not None and not self.term.lost.is_set()
+        return self.orch is not None and self.term is not None and not self.term.lost.is_set()
 
 
 class Replica:
@@ -139,7 +139,7 @@ class Replica:
     With ``ROTA_ETCD_SHARDS`` N > 1 it campaigns for each of the N shards (first for
     those :func:`rota_etcd._shards.assign` gives it among the live replicas, after
     :data:`rota_etcd._election.DEFER_S` for the others), leads each shard it wins
-    with an engine of its own, gives shards not assigned to it back while it leads
+    with an orchestrator of its own, gives shards not assigned to it back while it leads
     more than its share (a replica joined), and redirects calls for the other
     shards' groups to their leaders.
     """
@@ -162,7 +162,7 @@ class Replica:
         self._published: tuple[bool, bool] | None = None
         self._member_lease = 0
         self.health: Any = None  # grpc.health.v1 servicer (report_health_to)
-        self.metrics: Any = None  # handed to each term's engine (report_metrics_to)
+        self.metrics: Any = None  # handed to each term's orchestrator (report_metrics_to)
 
     @property
     def election(self) -> Election:
@@ -173,8 +173,8 @@ class Replica:
         """The groups of every shard this replica leads."""
         out: dict[str, GroupState] = {}
         for sh in self.shards:
-            if sh.engine is not None:
-                out.update(sh.engine.groups)
+            if sh.orch is not None:
+                out.update(sh.orch.groups)
         return out
 
     @property
@@ -198,7 +198,7 @@ class Replica:
         self.health = health
 
     def report_metrics_to(self, metrics: Any) -> None:
-        """Feed ``metrics`` from the engine of every term this replica leads."""
+        """Feed ``metrics`` from the orchestrator of every term this replica leads."""
         self.metrics = metrics
 
     async def start(self) -> None:
@@ -221,9 +221,9 @@ class Replica:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for sh in self.shards:
-            engine, term = sh.engine, sh.term
-            if engine is not None and term is not None:
-                await self._step_down(sh, engine, term, "replica stopping")
+            orch, term = sh.orch, sh.term
+            if orch is not None and term is not None:
+                await self._step_down(sh, orch, term, "replica stopping")
                 await sh.election.resign(term)
         if self._member_lease and self.store.client is not None:
             with contextlib.suppress(Unavailable):
@@ -244,22 +244,22 @@ class Replica:
             term = await sh.election.campaign(self.stopped, lambda: self.should_lead(sh.index))
             if term is None:
                 return
-            engine = EtcdOrchestrator(self.config, self.store.begin_term(term, self.config.ttl_s, sh.index),
+            orch = EtcdOrchestrator(self.config, self.store.begin_term(term, self.config.ttl_s, sh.index),
                                       name=f"etcd leader {self.address}")
-            engine.report_metrics_to(self.metrics)  # the replica's /metrics, fed by whichever term leads
+            orch.report_metrics_to(self.metrics)  # the replica's /metrics, fed by whichever term leads
             try:
-                await engine.start()
+                await orch.start()
             except RotaError as exc:
                 log.error("replica %s won term %d of shard %d but could not load state: %s", self.address,
                           term.revision, sh.index, exc)
-                await self._step_down(sh, engine, term, str(exc))
+                await self._step_down(sh, orch, term, str(exc))
                 continue
-            sh.engine, sh.term = engine, term
+            sh.orch, sh.term = orch, term
             await self._publish_health()
             log.info("replica %s serves as leader of shard %d (term %d, %d groups)", self.address, sh.index,
-                     term.revision, len(engine.groups))
+                     term.revision, len(orch.groups))
             why = await self._watch_term(sh, term)
-            await self._step_down(sh, engine, term, why)
+            await self._step_down(sh, orch, term, why)
             if why.startswith("handed over"):
                 await sh.election.resign(term)
 
@@ -277,17 +277,17 @@ class Replica:
                 await asyncio.wait_for(term.lost.wait(), 0.1)
         return "replica stopping"
 
-    async def _step_down(self, sh: _Shard, engine: EtcdOrchestrator, term: Term, why: str) -> None:
-        if sh.engine is engine:
-            sh.engine = None
+    async def _step_down(self, sh: _Shard, orch: EtcdOrchestrator, term: Term, why: str) -> None:
+        if sh.orch is orch:
+            sh.orch = None
             await self._publish_health()
             log.warning("replica %s stops leading shard %d (term %d): %s", self.address, sh.index, term.revision, why)
         term.end(why)
         if self.store.keeper is not None:
             self.store.keeper.drop(term.lease)
-        engine.close_sessions()  # tenants re-attach to the next leader
+        orch.close_sessions()  # tenants re-attach to the next leader
         with contextlib.suppress(Exception):
-            await engine.stop()
+            await orch.stop()
 
     # ------------------------------------------------------ live replicas
 
@@ -355,13 +355,13 @@ class Replica:
             await self._publish_health()
             await asyncio.sleep(0.2)
 
-    # --------------------------------------------------- the engine's API
+    # --------------------------------------------------- the orchestrator's API
 
     def _leading(self, job_id: str = "", group_id: str = "") -> EtcdOrchestrator:
         sh = self.shards[self.store.shard_of(group_id)]
-        engine = sh.engine
-        if engine is not None and sh.leading:
-            return engine
+        orch = sh.orch
+        if orch is not None and sh.leading:
+            return orch
         leader = (sh.election.leader or {}).get("address", "")
         if leader == self.address:
             leader = ""  # our own stale record: no leader known right now
@@ -374,7 +374,7 @@ class Replica:
 
     def _led(self, group_id: str) -> EtcdOrchestrator | None:
         sh = self.shards[self.store.shard_of(group_id)]
-        return sh.engine if sh.leading else None
+        return sh.orch if sh.leading else None
 
     async def acquire(self, req: TurnRequest) -> Grant:
         check_pair(req.job_id, req.group_id)
@@ -390,9 +390,9 @@ class Replica:
                                                                  restore_seconds=restore_seconds)
 
     async def abandon(self, job_id: str, group_id: str, token: int) -> None:
-        engine = self._led(group_id)
-        if engine is not None:
-            await engine.abandon(job_id, group_id, token)
+        orch = self._led(group_id)
+        if orch is not None:
+            await orch.abandon(job_id, group_id, token)
 
     async def evict(self, job_id: str, group_id: str, *, reason: str, lost: bool = False) -> tuple[bool, bool]:
         check_pair(job_id, group_id)
@@ -400,49 +400,49 @@ class Replica:
             return await self._leading(job_id, group_id).evict(job_id, group_id, reason=reason, lost=lost)
 
     async def status(self, group_id: str = "") -> list[GroupState]:
-        engine = self._led(group_id) if group_id else self.shards[0].engine if len(self.shards) == 1 else None
-        if engine is not None:
-            return await engine.status(group_id)
+        orch = self._led(group_id) if group_id else self.shards[0].orch if len(self.shards) == 1 else None
+        if orch is not None:
+            return await orch.status(group_id)
         return await self.store.status(group_id)  # what the leaders committed
 
     async def agent_job_states(self, group_id: str) -> list[tuple[str, str, str]]:
         """Node agents' view of the group's jobs (the group's leader asks them; followers know none)."""
-        engine = self._led(group_id)
-        return await engine.agent_job_states(group_id) if engine is not None else []
+        orch = self._led(group_id)
+        return await orch.agent_job_states(group_id) if orch is not None else []
 
     async def attach(self, job_id: str, group_id: str, rank: int, pid: int, footprint_bytes: int, *,
                      can_prefetch: bool = False, world_size: int = 1, resume: str = "") -> Session:
         check_pair(job_id, group_id)
-        engine = self._leading(job_id, group_id)
-        s = await engine.attach(job_id, group_id, rank, pid, footprint_bytes, can_prefetch=can_prefetch,
+        orch = self._leading(job_id, group_id)
+        s = await orch.attach(job_id, group_id, rank, pid, footprint_bytes, can_prefetch=can_prefetch,
                                 world_size=world_size, resume=resume)
-        self._owner[s] = engine
+        self._owner[s] = orch
         log.debug("session of job %s rank %d (pid %d) attached to group %s", job_id, rank, pid, group_id)
         return s
 
-    def _current(self, engine: EtcdOrchestrator | None) -> bool:
-        return engine is not None and any(sh.engine is engine for sh in self.shards)
+    def _current(self, orch: EtcdOrchestrator | None) -> bool:
+        return orch is not None and any(sh.orch is orch for sh in self.shards)
 
     def heartbeat(self, s: Session, footprint_bytes: int, memory: tuple[int, int, int] | None = None) -> None:
-        engine = self._owner.get(s)
-        if engine is not None and self._current(engine):
-            engine.heartbeat(s, footprint_bytes, memory)
+        orch = self._owner.get(s)
+        if orch is not None and self._current(orch):
+            orch.heartbeat(s, footprint_bytes, memory)
 
     def command_result(self, command_id: str, ok: bool, error: str, nbytes: int, seconds: float) -> None:
         for sh in self.shards:
-            if sh.engine is not None:
-                sh.engine.command_result(command_id, ok, error, nbytes, seconds)
+            if sh.orch is not None:
+                sh.orch.command_result(command_id, ok, error, nbytes, seconds)
 
     async def fault_rank(self, s: Session, reason: str) -> None:
-        engine = self._owner.get(s)
-        if engine is not None and self._current(engine):
-            await engine.fault_rank(s, reason)
+        orch = self._owner.get(s)
+        if orch is not None and self._current(orch):
+            await orch.fault_rank(s, reason)
 
     async def detach(self, s: Session, why: str, *, clean: bool = False) -> None:
-        engine = self._owner.pop(s, None)
+        orch = self._owner.pop(s, None)
         log.debug("session of job %s rank %d in group %s ended (%s)", s.job_id, s.rank, s.group_id, why)
-        if engine is not None and self._current(engine):
-            await engine.detach(s, why, clean=clean)
+        if orch is not None and self._current(orch):
+            await orch.detach(s, why, clean=clean)
         else:
             s.alive = False  # a session of an ended term: the next leader judges the job
 

@@ -16,7 +16,7 @@ Key layout (``PREFIX`` is ``/rota/`` unless ``ROTA_ETCD_PREFIX`` says otherwise)
 
 :class:`EtcdStore` is what the ``rota_store`` hook returns: it reads state for
 ``rota status --etcd`` and builds the HA replica (:mod:`rota_etcd._replica`). While a
-replica leads, its engine writes through a :class:`TermStore`, bound to that one
+replica leads, its orchestrator writes through a :class:`TermStore`, bound to that one
 term: each commit is a transaction conditioned on (a) the leader key still having
 the term's create_revision and (b) the group key still having the revision this
 term last wrote. A deposed leader's commit therefore fails, and so does one racing
@@ -347,7 +347,7 @@ class EtcdStore:
 
 
 class TermStore:
-    """The store an elected leader's engine writes through, valid for one term only."""
+    """The store an elected leader's orchestrator writes through, valid for one term only."""
 
     def __init__(self, parent: EtcdStore, term: Term, turn_ttl_s: float, shard: int = 0) -> None:
         assert parent.client is not None and parent.keeper is not None
@@ -374,7 +374,7 @@ class TermStore:
         old = {g: turn for g, turn in snap.turns.items() if mine(g)}
         # Nobody refreshed turn leases while no orchestrator led, however long that was:
         # an expiry then says nothing about the tenant. Every holder gets a fresh lease,
-        # i.e. one TTL from now to show it lives (as the engine gives it to re-attach).
+        # i.e. one TTL from now to show it lives (as the orchestrator gives it to re-attach).
         holders = [(g.group_id, g.holder, g.token) for g in snap.groups.values() if g.holder]
         for i in range(0, len(holders), 64):
             await self._restore_turns(holders[i:i + 64])

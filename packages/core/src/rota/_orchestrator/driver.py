@@ -20,7 +20,7 @@ and never starts a second one. A failed prefetch is handled like a failed restor
 the same kind: by an agent, the job is FAULTED; by the tenant, it stays parked (and its
 client restores it at its grant, as without prefetch).
 
-:class:`GroupDriver` is that part of :class:`~rota._orchestrator.engine.Orchestrator` (a
+:class:`GroupDriver` is that part of :class:`~rota._orchestrator.turns.Orchestrator` (a
 mixin: the state it uses is made by ``Orchestrator.__init__``).
 """
 
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 class GroupDriver:
-    """The switching part of the orchestrator (a mixin of :class:`~rota._orchestrator.engine.Orchestrator`)."""
+    """The switching part of the orchestrator (a mixin of :class:`~rota._orchestrator.turns.Orchestrator`)."""
 
     def _kick(self, group_id: str) -> None:
         task = self._drivers.get(group_id)

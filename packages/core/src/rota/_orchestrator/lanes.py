@@ -6,7 +6,7 @@ queued (or holds, or is resident) in the lane :func:`choose_lane` placed its tur
 its state moves to another device the old lane forgets it, counting its bytes as left behind
 (``residue_bytes``) until its turn on the new device has ended (the move is done by then).
 
-Functions here change lanes in memory only; the orchestrator (:mod:`rota._orchestrator.engine`) calls
+Functions here change lanes in memory only; the orchestrator (:mod:`rota._orchestrator.turns`) calls
 them under the group's one lock and commits what they changed.
 """
 

@@ -1,10 +1,10 @@
 """The orchestrator's Prometheus metrics (``rota orchestrator serve --metrics-listen HOST:PORT``).
 
-Events are counted as they happen (the engine calls :meth:`OrchestratorMetrics.granted`,
+Events are counted as they happen (the orchestrator calls :meth:`OrchestratorMetrics.granted`,
 :meth:`OrchestratorMetrics.parked` and :meth:`OrchestratorMetrics.restored`): turn waits, park
 and restore durations as histograms in seconds, grants, parks and restores by outcome, bytes
 moved. What is true *now* (who holds each group, each tenant's state, waiters, residue,
-prefetch counters) is read from the engine's groups at scrape time by a collector, so it
+prefetch counters) is read from the orchestrator's groups at scrape time by a collector, so it
 can never drift from the state; those families (:func:`group_families`) are also what
 ``rota status --prometheus`` prints.
 
@@ -30,7 +30,7 @@ SWITCH_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 120)
 
 
 class OrchestratorMetrics:
-    """Counters and histograms fed by the engine, plus gauges read from its groups at scrape time."""
+    """Counters and histograms fed by the orchestrator, plus gauges read from its groups at scrape time."""
 
     def __init__(self, groups: Callable[[], dict[str, Any]], leading: Callable[[], bool] = lambda: True) -> None:
         self.registry = CollectorRegistry()
@@ -75,7 +75,7 @@ class OrchestratorMetrics:
         self.tenants_collected.labels(group).inc(tenants)
 
     def forget(self, group: str) -> None:
-        """Drop every series of ``group`` (the engine forgot it): 12,000 collected groups kept 40 MB of series."""
+        """Drop every series of ``group`` (the orchestrator forgot it): 12,000 collected groups kept 40 MB of series."""
         for metric in (self.wait, self.park, self.restore, self.grants, self.bytes_parked, self.tenants_collected):
             with contextlib.suppress(KeyError):
                 metric.remove(group)
@@ -118,7 +118,7 @@ PREFETCH_OUTCOMES = ("hit", "miss", "failed", "wasted")
 
 
 def group_families(groups: Iterable[Any]) -> list[Any]:
-    """Gauges and counters of rota.v1 GroupInfo messages: one vocabulary for ``/metrics`` (the engine's groups)
+    """Gauges and counters of rota.v1 GroupInfo messages: one vocabulary for ``/metrics`` (the orchestrator's groups)
     and ``rota status --prometheus`` (a Status reply), so both print the same names, labels and values."""
     def family(kind: type, name: str, helptext: str, labels: list[str]) -> Any:
         return kind(name, helptext, labels=labels)

@@ -1,7 +1,7 @@
 """gRPC front of an orchestrator (:class:`rota.orchestrator.OrchestratorProtocol`): v1alpha1 and rota.v1 servicers.
 
 The servicers only translate messages and map :class:`rota.errors.RotaError` to the
-status codes of the v1alpha1 API (``timeslice_orchestrator.proto``); every rule lives in the engine. Used by the
+status codes of the v1alpha1 API (``timeslice_orchestrator.proto``); every rule lives in the orchestrator. Used by the
 embedded orchestrator (``rota orchestrator serve``) and by ``rota_etcd``.
 """
 
@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 class _Guarded:
     """Who is calling: every servicer method asks :meth:`caller` before it acts (see :mod:`rota.auth`)."""
 
-    def __init__(self, engine: OrchestratorProtocol, auth: ServerAuth) -> None:
-        self.engine, self.auth = engine, auth
+    def __init__(self, orchestrator: OrchestratorProtocol, auth: ServerAuth) -> None:
+        self.orchestrator, self.auth = orchestrator, auth
 
     def caller(self, context: Any) -> Principal:
         return self.auth.principal(context.invocation_metadata())
@@ -60,7 +60,7 @@ class _Guarded:
         """The grant, waited for no longer than the caller waits; a grant its caller never receives (the
         deadline passed as it was made) is handed on to the next waiter instead of being held by nobody."""
         remaining = context.time_remaining()
-        waiting = self.engine.acquire(req)
+        waiting = self.orchestrator.acquire(req)
         if remaining is not None:
             try:
                 grant = await asyncio.wait_for(waiting, max(0.0, remaining - DEADLINE_MARGIN_S))
@@ -70,7 +70,7 @@ class _Guarded:
         else:
             grant = await waiting
         context.add_done_callback(lambda ctx: ctx.cancelled() and asyncio.ensure_future(
-            self.engine.abandon(req.job_id, req.group_id, grant.token)))
+            self.orchestrator.abandon(req.job_id, req.group_id, grant.token)))
         return grant
 
     async def visible_groups(self, who: Principal, group_id: str) -> list[GroupState]:
@@ -80,10 +80,10 @@ class _Guarded:
             if not who.may_see(group_id):
                 raise PermissionDenied(f"{who.subject} may not read group {group_id!r}; use an admin token or one "
                                        "issued for a job of that group")
-            return await self.engine.status(group_id)
+            return await self.orchestrator.status(group_id)
         if who.admin:
-            return await self.engine.status()
-        return [g for g in await self.engine.status() if lane_base(g.group_id) == who.group]  # with its lanes
+            return await self.orchestrator.status()
+        return [g for g in await self.orchestrator.status() if lane_base(g.group_id) == who.group]  # with its lanes
 
 
 class TimeSliceService(_Guarded, v1a_grpc.TimeSliceOrchestratorServiceServicer):
@@ -100,7 +100,7 @@ class TimeSliceService(_Guarded, v1a_grpc.TimeSliceOrchestratorServiceServicer):
     @rpc_errors
     async def Yield(self, request: v1a.YieldRequest, context: Any) -> v1a.YieldResponse:
         self.acting_for(context, request.group_id, request.job_id, "yield for")
-        info = await self.engine.release(request.job_id, request.group_id)
+        info = await self.orchestrator.release(request.job_id, request.group_id)
         return v1a.YieldResponse(success=True, pending_waiters=info.pending_waiters,
                                  snapshot_deferred=info.snapshot_deferred)
 
@@ -123,7 +123,7 @@ class TimeSliceService(_Guarded, v1a_grpc.TimeSliceOrchestratorServiceServicer):
             group_id=g.group_id, group_state=v1a.GroupStatus.State.Value("STATE_" + g.status_name()),
             state_timestamp=ts, locking_job=hide(g.holder), active_job=hide(active),
             waiter_queue_depth=len(g.queue), loaded_job=hide(g.loaded_job))
-        states = await self.engine.agent_job_states(g.group_id) if who.admin else []
+        states = await self.orchestrator.agent_job_states(g.group_id) if who.admin else []
         agent_states = [v1a.SnapshotAgentJobState(agent=agent, job_state=v1a.SnapshotAgentJobState.State.Value(
             "STATE_" + state), job_id=job) for agent, state, job in states]
         return v1a.GetGroupStatusResponse(group=status, agent_job_states=agent_states)
@@ -138,7 +138,7 @@ def _hider(who: Principal) -> Any:
 
 
 def _turn_request(request: pb.TurnRequest) -> TurnRequest:
-    """A TurnRequest from the wire (the engine bounds every number of it)."""
+    """A TurnRequest from the wire (the orchestrator bounds every number of it)."""
     if len(request.devices) > MAX_DEVICES:  # bounded before anything reads them
         raise InvalidArgument(f"{len(request.devices)} devices named; at most {MAX_DEVICES}")
     return TurnRequest(request.job_id, request.group_id, request.priority, request.weight or 1.0,
@@ -151,7 +151,7 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
     @rpc_errors
     async def Acquire(self, request: pb.TurnRequest, context: Any) -> pb.Grant:
         who = self.acting_for(context, request.group_id, request.job_id, "acquire for")
-        if request.priority <= MAX_PRIORITY:  # beyond it the engine says INVALID_ARGUMENT, naming the range
+        if request.priority <= MAX_PRIORITY:  # beyond it the orchestrator says INVALID_ARGUMENT, naming the range
             who.check_priority(request.priority)
         g = await self.delivered(context, _turn_request(request))
         return pb.Grant(token=g.token, waited_ms=g.waited_ms, context_restored=g.context_restored,
@@ -166,7 +166,7 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
         if not 0 <= restore_s <= MAX_RESTORE_SECONDS:  # NaN fails this too
             raise InvalidArgument(f"restore_seconds {restore_s!r} must be a number of seconds from 0 to "
                                   f"{MAX_RESTORE_SECONDS:g}")
-        info = await self.engine.release(request.job_id, request.group_id, request.token, request.rank,
+        info = await self.orchestrator.release(request.job_id, request.group_id, request.token, request.rank,
                                          footprint_bytes=check_bytes("footprint_bytes", request.footprint_bytes),
                                          restore_seconds=restore_s)
         return pb.ReleaseReply(pending_waiters=info.pending_waiters, snapshot_deferred=info.snapshot_deferred,
@@ -178,7 +178,7 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
         if len(request.reason) > REASON_MAX_CHARS:
             raise InvalidArgument(f"reason is {len(request.reason)} characters long; give at most {REASON_MAX_CHARS}")
         reason = bounded_text(request.reason) or "evicted by request"
-        was_holder, was_queued = await self.engine.evict(request.job_id, request.group_id,
+        was_holder, was_queued = await self.orchestrator.evict(request.job_id, request.group_id,
                                                          reason=f"{reason} (by {who.subject})")
         return pb.EvictReply(was_holder=was_holder, was_queued=was_queued)
 
@@ -190,9 +190,9 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
         groups = [g for g in await self.visible_groups(who, request.group_id) if g.group_id > request.page_token]
         size = min(request.page_size or STATUS_MAX_GROUPS, STATUS_MAX_GROUPS)
         page, more = groups[:size], len(groups) > size
-        policy = getattr(self.engine.config.policy, "name", "custom")
-        return pb.StatusReply(groups=[group_info(g, policy, viewer=who) for g in page], orchestrator=self.engine.name,
-                              next_page_token=page[-1].group_id if more else "")
+        policy = getattr(self.orchestrator.config.policy, "name", "custom")
+        return pb.StatusReply(groups=[group_info(g, policy, viewer=who) for g in page],
+                              orchestrator=self.orchestrator.name, next_page_token=page[-1].group_id if more else "")
 
     async def Attach(self, request_iterator: AsyncIterator[pb.TenantMessage],
                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TenantCommand]:
@@ -207,7 +207,7 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
         # Only a client that said it handles "restore" commands is ever sent one (prefetch).
         try:
             self.acting_for(context, h.group_id, h.job_id, "attach as")
-            session = await self.engine.attach(h.job_id, h.group_id, h.rank, h.pid,
+            session = await self.orchestrator.attach(h.job_id, h.group_id, h.rank, h.pid,
                                                check_bytes("footprint_bytes", h.footprint_bytes),
                                                can_prefetch=h.can_prefetch, world_size=h.world_size or 1,
                                                resume=h.resume)
@@ -246,7 +246,7 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
                 getter.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
-            await self.engine.detach(session, why, clean=clean)
+            await self.orchestrator.detach(session, why, clean=clean)
 
     async def _read(self, session: Any, it: AsyncIterator[pb.TenantMessage]) -> None:
         """Heartbeats and command results of one session. If this fails the session
@@ -260,17 +260,17 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
                     hb = msg.heartbeat
                     for name in ("footprint_bytes", "host_bytes", "spilled_bytes", "residue_bytes"):
                         check_bytes(name, getattr(hb, name))
-                    self.engine.heartbeat(session, hb.footprint_bytes,
+                    self.orchestrator.heartbeat(session, hb.footprint_bytes,
                                           (hb.host_bytes, hb.spilled_bytes, hb.residue_bytes))
                 elif kind == "result":
                     r = msg.result
-                    self.engine.heartbeat(session, 0)
-                    self.engine.command_result(r.command_id, r.ok, r.error, r.bytes, r.seconds)
+                    self.orchestrator.heartbeat(session, 0)
+                    self.orchestrator.command_result(r.command_id, r.ok, r.error, r.bytes, r.seconds)
                 elif kind == "goodbye":
                     session.said_goodbye = True
                 elif kind == "fault":
-                    self.engine.heartbeat(session, 0)
-                    await self.engine.fault_rank(session, bounded_text(msg.fault.reason))
+                    self.orchestrator.heartbeat(session, 0)
+                    await self.orchestrator.fault_rank(session, bounded_text(msg.fault.reason))
         except (asyncio.CancelledError, grpc.RpcError, grpc.aio.AioRpcError):
             raise
         except RotaError as exc:  # a bad message from this tenant: its session ends, the cause logged
@@ -340,9 +340,10 @@ SERVICE_NAMES = (
 LEADER_HEALTH = "rota.leader"
 
 
-async def serve(engine: OrchestratorProtocol, listen: str, *, extra: Callable[[grpc.aio.Server], None] | None = None,
-                auth: ServerAuth | None = None, tls: grpc.ServerCredentials | None = None) -> grpc.aio.Server:
-    """Start a gRPC server for ``engine`` on ``listen`` (``host:port`` or ``unix:PATH``).
+async def serve(orchestrator: OrchestratorProtocol, listen: str, *,
+                extra: Callable[[grpc.aio.Server], None] | None = None, auth: ServerAuth | None = None,
+                tls: grpc.ServerCredentials | None = None) -> grpc.aio.Server:
+    """Start a gRPC server for ``orchestrator`` on ``listen`` (``host:port`` or ``unix:PATH``).
 
     ``auth`` says who may call (:class:`rota.auth.ServerAuth`; default: a Unix socket's
     owner, or, on TCP, nobody without a token); ``tls``: the server's certificate. A Unix
@@ -352,18 +353,18 @@ async def serve(engine: OrchestratorProtocol, listen: str, *, extra: Callable[[g
     auth = auth or ServerAuth(local=listen.startswith("unix:"))
     server = grpc.aio.server(interceptors=[LenientRequests()],
                              options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_REQUEST)])
-    v1a_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(TimeSliceService(engine, auth), server)
-    pb_grpc.add_RotaServiceServicer_to_server(RotaService(engine, auth), server)
+    v1a_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(TimeSliceService(orchestrator, auth), server)
+    pb_grpc.add_RotaServiceServicer_to_server(RotaService(orchestrator, auth), server)
     health = await health_servicer((*SERVICE_NAMES, LEADER_HEALTH))
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    engine.report_health_to(health)
+    orchestrator.report_health_to(health)
     if extra is not None:
         extra(server)
     unix = listen.removeprefix("unix:") if listen.startswith("unix:") else ""
     if unix:
         private_socket_folder(unix)
     bind(server, listen, tls)
-    await engine.start()
+    await orchestrator.start()
     await server.start()
     if unix:
         os.chmod(unix, 0o600)

@@ -1,7 +1,7 @@
 """Tenant sessions (``rota.v1.RotaService/Attach``): one per rank of a job, its liveness and its commands.
 
 :class:`Session` is one attached tenant process; :class:`TenantSessions` is the part of
-:class:`~rota._orchestrator.engine.Orchestrator` that attaches, hears and detaches them, judges a
+:class:`~rota._orchestrator.turns.Orchestrator` that attaches, hears and detaches them, judges a
 job alive, aborts or faults a job's ranks as a unit, and sends a job's ranks a park or
 restore command and waits for every acknowledgement. It is a mixin: the state it uses
 (``_sessions``, ``_pending``, ``groups``, ...) is made by ``Orchestrator.__init__``.
@@ -47,7 +47,7 @@ class Session:
 
 
 class TenantSessions:
-    """The sessions part of the orchestrator (a mixin of :class:`~rota._orchestrator.engine.Orchestrator`)."""
+    """The sessions part of the orchestrator (a mixin of :class:`~rota._orchestrator.turns.Orchestrator`)."""
 
     def close_sessions(self) -> None:
         """Close every tenant's session stream, so tenants re-attach elsewhere (e.g. to the next leader)."""

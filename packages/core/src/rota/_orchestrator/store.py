@@ -11,7 +11,7 @@ class GroupStore(Protocol):
     """Where group state lives. Implementations: :class:`MemoryStore`, rota_etcd's.
 
     A store may offer ``delete(group_id)``: groups idle for ``idle_group_ttl_s`` are then
-    forgotten there too. (An orchestrator of another kind than this engine, e.g. rota_etcd's
+    forgotten there too. (An orchestrator of another kind than core's own, e.g. rota_etcd's
     HA replica, comes from the ``rota_orchestrator`` hook, not from its store.)
     """
 

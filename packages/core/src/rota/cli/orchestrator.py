@@ -13,9 +13,9 @@ import grpc
 import pluggy
 
 from rota._orchestrator.config import OrchestratorConfig
-from rota._orchestrator.engine import Orchestrator
 from rota._orchestrator.grpc_server import server_tls
 from rota._orchestrator.service import serve
+from rota._orchestrator.turns import Orchestrator
 from rota._plugins import plugin_manager
 from rota.auth import ServerAuth, load_key
 from rota.cli.options import ByteSize, Endpoint, Seconds, resident_first_option
@@ -120,13 +120,13 @@ def serve_cmd(listen: str | None, groups: str, policy: str, max_turn: float, ttl
             **({"agents": agents} if agents else {}))  # else ROTA_AGENTS
         if tls_cert and config.agents:
             config = dataclasses.replace(config, agent_tls=_agent_tls())
-        engine = _orchestrator(pm, config, etcd, listen)
+        orch = _orchestrator(pm, config, etcd, listen)
         server_auth, tls = _security(listen, key, tls_cert, tls_key, tls_client_ca, insecure)
     except RotaError as exc:
         raise click.UsageError(str(exc)) from None
     if metrics_listen:
-        _serve_metrics(engine, metrics_listen, server_auth, metrics_hash_ids)
-    asyncio.run(_run(engine, listen, server_auth, tls, private=private))
+        _serve_metrics(orch, metrics_listen, server_auth, metrics_hash_ids)
+    asyncio.run(_run(orch, listen, server_auth, tls, private=private))
 
 
 def _private_socket() -> str:
@@ -160,19 +160,19 @@ def _agent_tls() -> grpc.ChannelCredentials:
 
 def _orchestrator(pm: pluggy.PluginManager, config: OrchestratorConfig, url: str, listen: str
                   ) -> OrchestratorProtocol:
-    """A plugin's orchestrator (``rota_orchestrator``, e.g. rota_etcd's HA replica), else core's engine over
+    """A plugin's orchestrator (``rota_orchestrator``, e.g. rota_etcd's HA replica), else core's own orchestrator over
     the store ``url`` names (``rota_store``), or over memory without ``url``."""
-    engine = pm.hook.rota_orchestrator(config=config, url=url, listen=listen)
-    if engine is not None:
-        return engine
+    orch = pm.hook.rota_orchestrator(config=config, url=url, listen=listen)
+    if orch is not None:
+        return orch
     store = pm.hook.rota_store(url=url) if url else None
     if url and store is None:
         raise click.UsageError(f"--etcd {url} needs the etcd store plugin: pip install rota-orchestrator-etcd")
     return Orchestrator(config, store, name=f"embedded@{listen}")
 
 
-def _serve_metrics(engine: OrchestratorProtocol, listen: str, auth: ServerAuth, hash_ids: bool) -> None:
-    """``/metrics`` of ``engine`` (of the groups it leads now) on ``HOST:PORT``: with a key only for an admin
+def _serve_metrics(orch: OrchestratorProtocol, listen: str, auth: ServerAuth, hash_ids: bool) -> None:
+    """``/metrics`` of ``orch`` (of the groups it leads now) on ``HOST:PORT``: with a key only for an admin
     token, or ids hashed (:mod:`rota.metrics_http`)."""
     from rota._orchestrator.metrics import OrchestratorMetrics
     from rota.metrics_http import serve_metrics, warn_if_exposed
@@ -181,8 +181,8 @@ def _serve_metrics(engine: OrchestratorProtocol, listen: str, auth: ServerAuth, 
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise click.BadParameter(f"{listen!r} is not HOST:PORT (e.g. 0.0.0.0:9464)", param_hint="--metrics-listen")
 
-    metrics = OrchestratorMetrics(lambda: dict(engine.groups), leading=lambda: engine.leading)
-    engine.report_metrics_to(metrics)
+    metrics = OrchestratorMetrics(lambda: dict(orch.groups), leading=lambda: orch.leading)
+    orch.report_metrics_to(metrics)
     try:
         serve_metrics(metrics.registry, host.strip("[]"), int(port), auth=auth, hash_ids=hash_ids)
     except OSError as exc:
@@ -222,21 +222,21 @@ def _security(listen: str, key: bytes | None, tls_cert: str, tls_key: str, tls_c
 
 
 
-async def _run(engine: OrchestratorProtocol, listen: str, server_auth: ServerAuth, tls: grpc.ServerCredentials | None,
+async def _run(orch: OrchestratorProtocol, listen: str, server_auth: ServerAuth, tls: grpc.ServerCredentials | None,
                *, private: bool = False) -> None:
     if private:  # the socket is made 0600 as it is bound (no moment when others could connect), then checked
         umask = os.umask(0o177)
         try:
-            server = await serve(engine, listen, auth=server_auth, tls=tls)
+            server = await serve(orch, listen, auth=server_auth, tls=tls)
         finally:
             os.umask(umask)
         os.chmod(listen[5:], 0o600)
     else:
-        server = await serve(engine, listen, auth=server_auth, tls=tls)
+        server = await serve(orch, listen, auth=server_auth, tls=tls)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, engine.stopped.set)
-    click.echo(f"rota orchestrator serving on {listen} (policy {engine.config.policy.name})", err=True)
-    await engine.stopped.wait()
-    await engine.stop()
+        loop.add_signal_handler(sig, orch.stopped.set)
+    click.echo(f"rota orchestrator serving on {listen} (policy {orch.config.policy.name})", err=True)
+    await orch.stopped.wait()
+    await orch.stop()
     await server.stop(grace=1.0)

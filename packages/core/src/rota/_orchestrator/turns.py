@@ -1,4 +1,4 @@
-"""The orchestrator engine: drives group state machines over an async store.
+"""The orchestrator's turns: acquires, releases, evictions and the watchdog, over group state in a store.
 
 :class:`Orchestrator` owns the rules of *when* things happen — blocking acquires,
 parking residents before a grant, tenant sessions and their liveness, maximum turn
@@ -76,11 +76,11 @@ class Orchestrator(TenantSessions, GroupDriver):
 
     @property
     def leading(self) -> bool:
-        """Always True: this engine grants the turns of every group it has."""
+        """Always True: this orchestrator grants the turns of every group it has."""
         return True
 
     def report_health_to(self, health: Any) -> None:
-        """Nothing to report: this engine always answers and leads, so every health name stays SERVING."""
+        """Nothing to report: this orchestrator always answers and leads, so every health name stays SERVING."""
 
     def report_metrics_to(self, metrics: Any) -> None:
         """Count grants, parks and collected tenants in ``metrics`` (an ``OrchestratorMetrics``)."""
