@@ -36,7 +36,7 @@ def test_stale_token_maps_to_typed_error(orchestrator):
     gpu.release()
     gpu.acquire()
     with pytest.raises(StaleToken):
-        gpu.pm.hook.rota_release(grant=old, tenant=gpu)
+        gpu.pm.hook.rota_release(request=rota.ReleaseRequest(old), link=gpu.link)
     gpu.close()
 
 

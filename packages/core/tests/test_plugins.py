@@ -33,7 +33,7 @@ def test_inline_plugin_answers_acquire_first(orchestrator):
 
     class LocalLock:
         @rota.hookimpl
-        def rota_acquire(self, request, tenant):
+        def rota_acquire(self, request):
             return rota.Grant(request.job_id, request.group_id, token=99)
 
     gpu = rota.connect(group="g", tenant="inline", endpoint=endpoint)

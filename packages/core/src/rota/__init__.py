@@ -19,11 +19,11 @@ this host. Plugins (adapters, etcd orchestrator, schedulers) are distributions i
 
 from rota._plugins import plugin_manager
 from rota._tenant.client import Gpu, connect
-from rota._types import Grant, ParkMode, ParkPlan, ParkResult, Placement, ReleaseInfo, TurnRequest
+from rota._types import Grant, ParkMode, ParkPlan, ParkResult, Placement, ReleaseInfo, ReleaseRequest, TurnRequest
 from rota.errors import RotaError
 from rota.hookspecs import hookimpl
 
 __all__ = [
-    "Gpu", "Grant", "ParkMode", "ParkPlan", "ParkResult", "Placement", "ReleaseInfo", "RotaError",
+    "Gpu", "Grant", "ParkMode", "ParkPlan", "ParkResult", "Placement", "ReleaseInfo", "ReleaseRequest", "RotaError",
     "TurnRequest", "connect", "hookimpl", "plugin_manager",
 ]

@@ -101,6 +101,20 @@ class TurnRequest:
 
 
 @dataclass(frozen=True)
+class ReleaseRequest:
+    """Everything the orchestrator needs to end a turn: the grant, and what this rank reports with it.
+
+    ``footprint_bytes``: device bytes the turn needed (0 = unchanged); ``restore_seconds``: this rank's
+    restore at the turn's start (0 = none), for the orchestrator's restore histogram.
+    """
+
+    grant: Grant
+    rank: int = 0
+    footprint_bytes: int = 0
+    restore_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class Placement:
     """Where a scheduler plugin placed a tenant (a Slurm GRES string, a K8s claim...)."""
 

@@ -30,7 +30,16 @@ if TYPE_CHECKING:
 
     from rota import Gpu
     from rota.orchestrator import GroupStore, OrchestratorConfig, OrchestratorProtocol
-    from rota.types import Grant, ParkPlan, ParkResult, Placement, ReleaseInfo, TurnRequest
+    from rota.types import (
+        Grant,
+        OrchestratorLink,
+        ParkPlan,
+        ParkResult,
+        Placement,
+        ReleaseInfo,
+        ReleaseRequest,
+        TurnRequest,
+    )
 
 hookspec = pluggy.HookspecMarker("rota")
 hookimpl = pluggy.HookimplMarker("rota")
@@ -69,15 +78,18 @@ def call_each(hook: pluggy.HookCaller, *, on_error: Callable[[str, Exception], N
 
 
 @hookspec(firstresult=True)
-def rota_acquire(request: TurnRequest, tenant: Gpu) -> Grant | None:
+def rota_acquire(request: TurnRequest, link: OrchestratorLink) -> Grant | None:
     """Block until ``request.job_id`` holds ``request.group_id``; return the grant.
 
     Called by :meth:`rota.Gpu.acquire` in the tenant process. Implemented by core's
-    gRPC client (``trylast``: it talks to the orchestrator the client is connected to);
-    a plugin may answer first instead (e.g. an in-process lock for tests).
+    gRPC client, :mod:`rota._tenant.lease` (``trylast``: it talks to the orchestrator
+    through ``link``); a plugin may answer first instead (e.g. an in-process lock for
+    tests, as core's test_plugins.py does). Everything an implementation needs
+    comes in the arguments: it never calls back into the client that asked.
 
-    :param request: job, group, rank, priority and footprint of the caller.
-    :param tenant: the client object asking.
+    :param request: job, group, rank, priority, weight, devices and footprint of the caller.
+    :param link: the caller's :class:`~rota.types.OrchestratorLink` (``link.stub``, a
+        ``rota.v1.RotaService`` stub; ``link.follow(leader)`` when a replica names another leader).
     :returns: the :class:`~rota.Grant`, with its fencing token.
 
     Stops at first non-None result.
@@ -85,16 +97,17 @@ def rota_acquire(request: TurnRequest, tenant: Gpu) -> Grant | None:
 
 
 @hookspec(firstresult=True)
-def rota_release(grant: Grant, tenant: Gpu) -> ReleaseInfo | None:
-    """Give the group named by ``grant`` back.
+def rota_release(request: ReleaseRequest, link: OrchestratorLink) -> ReleaseInfo | None:
+    """Give the group named by ``request.grant`` back.
 
     Called by :meth:`rota.Gpu.release`, and by :meth:`rota.Gpu.acquire` when restoring the
     parked state at a grant failed (the turn is given back, the state stays parked);
     implemented by core's gRPC client (``trylast``), like :func:`rota_acquire`. A grant whose
     token is stale is refused with :class:`rota.errors.StaleToken`.
 
-    :param grant: the grant being ended.
-    :param tenant: the client object releasing.
+    :param request: the grant being ended, with this rank, its footprint and its restore
+        seconds at the turn's start.
+    :param link: the caller's :class:`~rota.types.OrchestratorLink`, as for :func:`rota_acquire`.
     :returns: whether others wait and whether parking was deferred.
 
     Stops at first non-None result.

@@ -6,7 +6,8 @@ Plugins and policies import these from here (``rota.types``); the names are stab
 from __future__ import annotations
 
 from rota._orchestrator.state import TenantRecord, Waiter
-from rota._types import Grant, ParkMode, ParkPlan, ParkResult, Placement, ReleaseInfo, TurnRequest
+from rota._tenant.link import OrchestratorLink
+from rota._types import Grant, ParkMode, ParkPlan, ParkResult, Placement, ReleaseInfo, ReleaseRequest, TurnRequest
 
-__all__ = ["Grant", "ParkMode", "ParkPlan", "ParkResult", "Placement", "ReleaseInfo", "TenantRecord", "TurnRequest",
-           "Waiter"]
+__all__ = ["Grant", "OrchestratorLink", "ParkMode", "ParkPlan", "ParkResult", "Placement", "ReleaseInfo",
+           "ReleaseRequest", "TenantRecord", "TurnRequest", "Waiter"]

@@ -63,14 +63,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import pluggy
 
 from rota._ids import check_id
 from rota._plugins import plugin_manager
+from rota._tenant.link import OrchestratorLink
 from rota._tenant.session import SessionStream
-from rota._types import Grant, ParkPlan, ParkResult, ReleaseInfo, TurnRequest
+from rota._types import Grant, ParkPlan, ParkResult, ReleaseInfo, ReleaseRequest, TurnRequest
 from rota.config import check_endpoint, env_float, env_int
 from rota.devices import env_devices, parse_devices
 from rota.errors import (
@@ -166,16 +168,11 @@ class Gpu(SessionStream):
         self._state_lock = threading.Lock()  # serialises park, restore and turn start
         self._turn_started = 0.0
         self.turn_restore_s = 0.0  # this rank's restore at the current turn's start (0: none)
-        self._follow_lock = threading.Lock()
-        self._target = endpoint
-        self._old_channels: list[grpc.Channel] = []
         from rota import auth
 
-        self._token = auth.env_token() if token is None else token  # proves this tenant may act for its job
-        self._channel = _channel(endpoint, self._token)
-        from rota._generated import rota_v1_pb2_grpc
-
-        self.stub = rota_v1_pb2_grpc.RotaServiceStub(self._channel)
+        # the channel to the orchestrator (the token proves this tenant may act for its job), which the
+        # session and the lease hooks share
+        self.link = OrchestratorLink(endpoint, auth.env_token() if token is None else token, name=tenant)
         self._outbox: queue.Queue = queue.Queue()
         self._closed = threading.Event()
         self._attached = threading.Event()  # set once the orchestrator has registered our session
@@ -200,7 +197,7 @@ class Gpu(SessionStream):
         waiting.daemon = True
         waiting.start()
         try:
-            grant = self.pm.hook.rota_acquire(request=req, tenant=self)
+            grant = self.pm.hook.rota_acquire(request=req, link=self.link)
         finally:
             waiting.cancel()
         t1 = time.monotonic()
@@ -221,7 +218,7 @@ class Gpu(SessionStream):
                     if self.world_size > 1:  # the other ranks are restored and would wait for this one
                         self.fault(f"restore failed: {type(exc).__name__}: {exc}")
                     with contextlib.suppress(RotaError, grpc.RpcError):
-                        self.pm.hook.rota_release(grant=grant, tenant=self)
+                        self.pm.hook.rota_release(request=self._release_request(grant), link=self.link)
                     if isinstance(exc, RotaError):
                         exc.job_id, exc.group_id = exc.job_id or self.tenant, exc.group_id or self.group
                     raise
@@ -274,7 +271,7 @@ class Gpu(SessionStream):
             raise self._aborted_error()
         end = time.monotonic()
         self.stats.events.append(("turn", self._turn_started, end))
-        info = self.pm.hook.rota_release(grant=grant, tenant=self)
+        info = self.pm.hook.rota_release(request=self._release_request(grant), link=self.link)
         self.pm.hook.rota_turn_ended(tenant=self, grant=grant, seconds=end - self._turn_started)
         return info
 
@@ -339,25 +336,14 @@ class Gpu(SessionStream):
         """What the adapters track, or :attr:`footprint_hint` while they track nothing."""
         return sum(self.footprint().values()) or self.footprint_hint
 
-    def follow_leader(self, leader: str) -> None:
-        """Talk to the replica at ``leader`` first (an orchestrator said it leads).
+    @property
+    def stub(self) -> Any:
+        """The ``rota.v1.RotaService`` stub on this tenant's link to its orchestrator (follows the leader)."""
+        return self.link.stub
 
-        The other replicas stay in the channel behind it, so if the leader dies the
-        channel fails over to one of them, which names the next leader in turn.
-        """
-        endpoints = [e.strip() for e in self.endpoint.split(",") if e.strip()]
-        target = ",".join([leader, *[e for e in endpoints if e != leader]])
-        with self._follow_lock:
-            if not leader or target == self._target:
-                return
-            from rota._generated import rota_v1_pb2_grpc
-
-            log.info("job %s: orchestrator leader is %s; following it", self.tenant, leader)
-            # The old channel stays open until close(): another thread may be mid-call on it
-            # (that call gets "not the leader" too and retries on the new stub).
-            self._old_channels.append(self._channel)
-            self._channel, self._target = _channel(target, self._token), target
-            self.stub = rota_v1_pb2_grpc.RotaServiceStub(self._channel)
+    def _release_request(self, grant: Grant) -> ReleaseRequest:
+        """What ``rota_release`` needs to end ``grant``: this rank, its footprint, its restore at the turn's start."""
+        return ReleaseRequest(grant, self.rank, self.safe_footprint(), self.turn_restore_s)
 
     def park(self, plan: ParkPlan | None = None) -> ParkResult:
         """Park this tenant's tracked state now (normally the orchestrator asks for it).
@@ -406,8 +392,7 @@ class Gpu(SessionStream):
         self._closed.set()
         self._outbox.put(None)
         self._session.join(timeout=5)
-        for ch in (*self._old_channels, self._channel):
-            ch.close()
+        self.link.close()
 
     def __enter__(self) -> Gpu:
         return self
@@ -501,22 +486,6 @@ class Gpu(SessionStream):
             return self.footprint_bytes()
         except Exception:  # an adapter mid-change must not kill the heartbeat
             return 0
-
-
-def _channel(endpoint: str, token: str = "") -> grpc.Channel:
-    """A channel to one endpoint, or to several replicas (comma-separated) with failover; every call
-    carries ``token`` (TLS from ``ROTA_TLS_*``, see :func:`rota.auth.channel`)."""
-    from rota import auth
-
-    endpoints = [e.strip() for e in endpoint.split(",") if e.strip()]
-    # Reconnect within a second once an orchestrator is back (gRPC's default backoff grows
-    # to two minutes): a tenant must re-attach within its TTL after a restart or failover.
-    options = [("grpc.enable_retries", 1), ("grpc.keepalive_time_ms", 10_000),
-               ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
-               ("grpc.max_reconnect_backoff_ms", 1000)]
-    if len(endpoints) > 1 and not any(e.startswith("unix:") for e in endpoints):
-        return auth.channel("ipv4:" + ",".join(endpoints), token=token, options=options)
-    return auth.channel(endpoints[0], token=token, options=options)
 
 
 def _ranks() -> tuple[int, int]:

@@ -3,7 +3,10 @@
 Registered by default (see :data:`rota._plugins.DEFAULT_PLUGINS`) and marked
 ``trylast`` so any plugin that answers ``rota_acquire`` first takes precedence.
 Transient failures (orchestrator restarting, leader changing) are retried with the
-same job id, so a blocked acquire keeps its place in the queue.
+same job id, so a blocked acquire keeps its place in the queue. Everything a call needs comes
+in its arguments: the request, and the tenant's :class:`~rota._tenant.link.OrchestratorLink`
+(its stub, re-pointed at a new leader through ``link.follow``); nothing calls back into the
+client that called the hook.
 """
 
 from __future__ import annotations
@@ -16,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from rota._generated import rota_v1_pb2 as pb
-from rota._types import Grant, ReleaseInfo, TurnRequest
+from rota._types import Grant, ReleaseInfo, ReleaseRequest, TurnRequest
 from rota.errors import NotHolder, NotLeader, StaleToken, TransientError, from_rpc_error
 from rota.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from rota._tenant.client import Gpu
+    from rota._tenant.link import OrchestratorLink
 
 log = logging.getLogger(__name__)
 
@@ -54,30 +57,31 @@ def call_with_retry(fn: Callable[[], Any], *, job_id: str, group_id: str, what: 
 
 
 @hookimpl(trylast=True)
-def rota_acquire(request: TurnRequest, tenant: Gpu) -> Grant:
+def rota_acquire(request: TurnRequest, link: OrchestratorLink) -> Grant:
     msg = pb.TurnRequest(job_id=request.job_id, group_id=request.group_id, priority=request.priority,
                          weight=request.weight, world_size=request.world_size, rank=request.rank,
                          footprint_bytes=request.footprint_bytes, devices=list(request.devices))
-    reply = call_with_retry(lambda: tenant.stub.Acquire(msg, wait_for_ready=True), job_id=request.job_id,
-                            group_id=request.group_id, what="acquire", follow=tenant.follow_leader)
+    reply = call_with_retry(lambda: link.stub.Acquire(msg, wait_for_ready=True), job_id=request.job_id,
+                            group_id=request.group_id, what="acquire", follow=link.follow)
     return Grant(request.job_id, request.group_id, reply.token, reply.waited_ms, reply.context_restored,
                  reply.ttl_ms, reply.max_turn_ms, reply.device)
 
 
 @hookimpl(trylast=True)
-def rota_release(grant: Grant, tenant: Gpu) -> ReleaseInfo:
-    msg = pb.ReleaseRequest(job_id=grant.job_id, group_id=grant.group_id, token=grant.token, rank=tenant.rank,
-                            footprint_bytes=tenant.safe_footprint(), restore_seconds=tenant.turn_restore_s)
+def rota_release(request: ReleaseRequest, link: OrchestratorLink) -> ReleaseInfo:
+    grant = request.grant
+    msg = pb.ReleaseRequest(job_id=grant.job_id, group_id=grant.group_id, token=grant.token, rank=request.rank,
+                            footprint_bytes=request.footprint_bytes, restore_seconds=request.restore_seconds)
     attempts = 0
 
     def release() -> Any:
         nonlocal attempts
         attempts += 1
-        return tenant.stub.Release(msg)
+        return link.stub.Release(msg)
 
     try:
         reply = call_with_retry(release, job_id=grant.job_id, group_id=grant.group_id, what="release",
-                                follow=tenant.follow_leader)
+                                follow=link.follow)
     except (NotHolder, StaleToken) as exc:
         if attempts == 1:
             raise

@@ -1,7 +1,7 @@
 """A tenant's session: the ``Attach`` stream that keeps it alive to the orchestrator and carries commands.
 
 :class:`SessionStream` is that part of :class:`~rota._tenant.client.Gpu` (a mixin: the state it uses,
-``stub``, ``_outbox``, ``_closed``, ``stats``, ..., is made by ``Gpu.__init__``): it keeps one stream
+``link``, ``_outbox``, ``_closed``, ``stats``, ..., is made by ``Gpu.__init__``): it keeps one stream
 open, reconnecting (and following a new leader) until closed; sends heartbeats with the footprint and
 what the last park left; and runs what the orchestrator sends: park now, restore ahead of a grant
 (prefetch), yield soon, abort the job.
@@ -42,7 +42,7 @@ class SessionStream:
                                                     can_prefetch=True,  # _handle runs "restore" commands
                                                     resume=self._resume))  # takes over our own live session
             try:
-                for cmd in self.stub.Attach(self._session_messages(hello)):
+                for cmd in self.link.stub.Attach(self._session_messages(hello)):
                     self._handle(cmd)
                 if self._closed.is_set():
                     return
@@ -52,12 +52,12 @@ class SessionStream:
                 err = from_rpc_error(exc, job_id=self.tenant, group_id=self.group)
                 self._session_error = err
                 if isinstance(err, NotLeader):
-                    self.follow_leader(err.leader)
+                    self.link.follow(err.leader)
                 else:  # once, then a summary every RECONNECT_LOG_EVERY_S: a long outage must not flood the log
                     failures += 1
                     if failures == 1 or time.monotonic() - logged > RECONNECT_LOG_EVERY_S:
                         log.warning("rota session of %s at %s lost (%s: %s); reconnecting (%d attempts so far)",
-                                    self.tenant, self._target, exc.code().name, err, failures)
+                                    self.tenant, self.link.target, exc.code().name, err, failures)
                         logged = time.monotonic()
             time.sleep(0.2)
 
