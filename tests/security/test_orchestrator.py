@@ -181,6 +181,22 @@ def test_row7_negative_footprints_are_refused(served):
     assert rec is None or rec.footprint_bytes >= 0
 
 
+@pytest.mark.parametrize("memory", [pb.Memory(residue_bytes=-5), pb.Memory(host_bytes=1 << 62)])
+def test_row7_a_results_memory_is_bounded_as_a_heartbeats(served, memory):
+    """A park's result carries the memory it left (CommandResult.memory): a negative or absurd count ends the
+    sender's session and is never recorded, as in a heartbeat."""
+    endpoint, engine = served
+    hb = pb.TenantMessage(heartbeat=pb.Heartbeat(footprint_bytes=1000, host_bytes=7, residue_bytes=7))
+    bad = pb.TenantMessage(result=pb.CommandResult(command_id="x", ok=True, memory=memory))
+    try:
+        _attach(endpoint, token("mallory"), "mallory", os.getpid(), [hb, bad, hb])
+    except grpc.RpcError:
+        pass  # the session of the job that sent it ends; no other job is touched
+    rec = engine.groups["g"].tenants["mallory"]
+    assert (rec.host_bytes, rec.residue_bytes) == (7, 7)  # the first heartbeat's: nothing after the bad result
+    assert not engine._live_sessions(("g", "mallory"))
+
+
 @pytest.mark.parametrize("field,value", [("priority", 2**31 - 1), ("priority", -(2**31)), ("weight", math.nan),
                                          ("weight", math.inf), ("weight", -1.0)])
 def test_row8_priority_and_weight_are_bounded_and_finite(served, field, value):

@@ -96,7 +96,8 @@ class OrchestratorProtocol(Protocol):
         """Open a tenant session (the Attach stream); its commands arrive on ``Session.outbox``."""
 
     def heartbeat(self, s: Session, footprint_bytes: int, memory: tuple[int, int, int] | None = None) -> None:
-        """The session lives; ``memory``: host, spilled and residue bytes."""
+        """The session lives; ``memory``: host, spilled and residue bytes (None: unchanged). Also called with a
+        park's or restore's result (its memory, when the client sent it), just before :meth:`command_result`."""
 
     def command_result(self, command_id: str, ok: bool, error: str, nbytes: int, seconds: float) -> None:
         """A tenant's answer to a park or restore command."""

@@ -88,30 +88,44 @@ class Hello(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., can_prefetch: bool = ..., resume: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("footprint_bytes", "host_bytes", "spilled_bytes", "residue_bytes")
+    __slots__ = ("footprint_bytes", "host_bytes", "spilled_bytes", "residue_bytes", "memory_unchanged")
     FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
     HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
     SPILLED_BYTES_FIELD_NUMBER: _ClassVar[int]
     RESIDUE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_UNCHANGED_FIELD_NUMBER: _ClassVar[int]
     footprint_bytes: int
     host_bytes: int
     spilled_bytes: int
     residue_bytes: int
-    def __init__(self, footprint_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., spilled_bytes: _Optional[int] = ..., residue_bytes: _Optional[int] = ...) -> None: ...
+    memory_unchanged: bool
+    def __init__(self, footprint_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., spilled_bytes: _Optional[int] = ..., residue_bytes: _Optional[int] = ..., memory_unchanged: bool = ...) -> None: ...
+
+class Memory(_message.Message):
+    __slots__ = ("host_bytes", "spilled_bytes", "residue_bytes")
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPILLED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESIDUE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    host_bytes: int
+    spilled_bytes: int
+    residue_bytes: int
+    def __init__(self, host_bytes: _Optional[int] = ..., spilled_bytes: _Optional[int] = ..., residue_bytes: _Optional[int] = ...) -> None: ...
 
 class CommandResult(_message.Message):
-    __slots__ = ("command_id", "ok", "error", "bytes", "seconds")
+    __slots__ = ("command_id", "ok", "error", "bytes", "seconds", "memory")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     ok: bool
     error: str
     bytes: int
     seconds: float
-    def __init__(self, command_id: _Optional[str] = ..., ok: bool = ..., error: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    memory: Memory
+    def __init__(self, command_id: _Optional[str] = ..., ok: bool = ..., error: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ...) -> None: ...
 
 class RankFault(_message.Message):
     __slots__ = ("reason",)
@@ -166,20 +180,22 @@ class AbortJob(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class TenantCommand(_message.Message):
-    __slots__ = ("command_id", "park", "yield_soon", "restore", "abort", "resume")
+    __slots__ = ("command_id", "park", "yield_soon", "restore", "abort", "resume", "memory_once")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     PARK_FIELD_NUMBER: _ClassVar[int]
     YIELD_SOON_FIELD_NUMBER: _ClassVar[int]
     RESTORE_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ONCE_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     park: ParkCommand
     yield_soon: YieldSoon
     restore: RestoreCommand
     abort: AbortJob
     resume: str
-    def __init__(self, command_id: _Optional[str] = ..., park: _Optional[_Union[ParkCommand, _Mapping]] = ..., yield_soon: _Optional[_Union[YieldSoon, _Mapping]] = ..., restore: _Optional[_Union[RestoreCommand, _Mapping]] = ..., abort: _Optional[_Union[AbortJob, _Mapping]] = ..., resume: _Optional[str] = ...) -> None: ...
+    memory_once: bool
+    def __init__(self, command_id: _Optional[str] = ..., park: _Optional[_Union[ParkCommand, _Mapping]] = ..., yield_soon: _Optional[_Union[YieldSoon, _Mapping]] = ..., restore: _Optional[_Union[RestoreCommand, _Mapping]] = ..., abort: _Optional[_Union[AbortJob, _Mapping]] = ..., resume: _Optional[str] = ..., memory_once: bool = ...) -> None: ...
 
 class EvictRequest(_message.Message):
     __slots__ = ("job_id", "group_id", "reason")

@@ -215,7 +215,8 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
             log_refusal("Attach", context, exc)
             await context.abort(exc.code, str(exc), trailing_metadata=exc.trailers())
         # no command: "you are attached", before any grant; with the secret that lets this process reconnect
-        yield pb.TenantCommand(command_id="attached", resume=session.resume)
+        # memory_once: we record a result's memory and keep it through heartbeats that say it did not change
+        yield pb.TenantCommand(command_id="attached", resume=session.resume, memory_once=True)
         reader = asyncio.create_task(self._read(session, request_iterator))
         why, clean = "stream closed", False  # clean: the tenant said goodbye (Gpu.close) before ending it
         getter: asyncio.Task | None = None
@@ -258,13 +259,13 @@ class RotaService(_Guarded, pb_grpc.RotaServiceServicer):
                 kind = msg.WhichOneof("message")
                 if kind == "heartbeat":
                     hb = msg.heartbeat
-                    for name in ("footprint_bytes", "host_bytes", "spilled_bytes", "residue_bytes"):
-                        check_bytes(name, getattr(hb, name))
+                    check_bytes("footprint_bytes", hb.footprint_bytes)
                     self.orchestrator.heartbeat(session, hb.footprint_bytes,
-                                          (hb.host_bytes, hb.spilled_bytes, hb.residue_bytes))
-                elif kind == "result":
+                                                None if hb.memory_unchanged else memory_of(hb))
+                elif kind == "result":  # a park's or restore's memory comes with it (not again in a heartbeat),
+                    # recorded before the result is: the switch that waits for it sees what the park left
                     r = msg.result
-                    self.orchestrator.heartbeat(session, 0)
+                    self.orchestrator.heartbeat(session, 0, memory_of(r.memory) if r.HasField("memory") else None)
                     self.orchestrator.command_result(r.command_id, r.ok, r.error, r.bytes, r.seconds)
                 elif kind == "goodbye":
                     session.said_goodbye = True
@@ -288,6 +289,13 @@ DEADLINE_MARGIN_S = 0.05  # an Acquire gives up this long before its caller's de
 OTHER_JOB = "(another job)"  # what a tenant sees of the other jobs of its group
 STATUS_MAX_GROUPS = 500  # groups per Status reply; more come in pages
 MAX_REQUEST = 8 << 20  # bytes of one request message (larger: RESOURCE_EXHAUSTED before it is read)
+
+
+def memory_of(msg: pb.Heartbeat | pb.Memory) -> tuple[int, int, int]:
+    """(host, spilled, residue) bytes a tenant reported, each checked."""
+    host, spilled, residue = (check_bytes(name, getattr(msg, name)) for name in ("host_bytes", "spilled_bytes",
+                                                                              "residue_bytes"))
+    return host, spilled, residue
 
 
 def bounded_text(text: str, limit: int = REASON_MAX_CHARS) -> str:

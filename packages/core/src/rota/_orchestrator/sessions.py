@@ -39,7 +39,7 @@ class Session:
     last_seen: float
     alive: bool = True
     pending: set[str] = field(default_factory=set)  # park commands not yet acknowledged
-    memory: tuple[int, int, int] = (0, 0, 0)  # host, spilled, residue bytes from the last heartbeat
+    memory: tuple[int, int, int] = (0, 0, 0)  # host, spilled, residue bytes as last reported
     can_prefetch: bool = False  # its client restores parked state on a "restore" command (ahead of its grant)
     world_size: int = 1  # ranks of its job: losing one of several ends the whole job's turn
     said_goodbye: bool = False  # the tenant closed the session on purpose (a dead process cannot)
@@ -122,7 +122,8 @@ class TenantSessions:
         return s
 
     def heartbeat(self, s: Session, footprint_bytes: int, memory: tuple[int, int, int] | None = None) -> None:
-        """A session is alive; record its footprint and (host, spilled, residue) bytes."""
+        """A session is alive; record its footprint and (host, spilled, residue) bytes (None: unchanged, e.g. a
+        heartbeat repeating none, or a command result without them)."""
         s.last_seen = time.monotonic()
         g = self.groups.get(s.group_id)
         if g is None:

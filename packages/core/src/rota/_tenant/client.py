@@ -71,7 +71,7 @@ import pluggy
 from rota._ids import check_id
 from rota._plugins import plugin_manager
 from rota._tenant.link import OrchestratorLink
-from rota._tenant.session import SessionStream
+from rota._tenant.session import MemoryReports, SessionStream
 from rota._types import Grant, ParkPlan, ParkResult, ReleaseInfo, ReleaseRequest, TurnRequest
 from rota.config import check_endpoint, env_float, env_int
 from rota.devices import env_devices, parse_devices
@@ -174,6 +174,7 @@ class Gpu(SessionStream):
         # session and the lease hooks share
         self.link = OrchestratorLink(endpoint, auth.env_token() if token is None else token, name=tenant)
         self._outbox: queue.Queue = queue.Queue()
+        self._reports = MemoryReports()  # what the session last told the orchestrator of this rank's memory
         self._closed = threading.Event()
         self._attached = threading.Event()  # set once the orchestrator has registered our session
         self._session = threading.Thread(target=self._run_session, name=f"rota-session-{tenant}", daemon=True)
@@ -445,21 +446,6 @@ class Gpu(SessionStream):
         if plan.device:
             self._state_device = plan.device
         return result
-
-    def _prefetch(self, command_id: str, token: int) -> None:
-        """Restore parked state before the grant (the orchestrator found room beside the
-        holder), then acknowledge. Runs in its own thread so the session keeps reading."""
-        from rota._generated import rota_v1_pb2 as pb
-
-        try:
-            with self._state_lock:
-                result = self._restore_locked(ParkPlan(token=token)) if self.grant is None else ParkResult()
-            reply = pb.CommandResult(command_id=command_id, ok=True, bytes=result.bytes_moved, seconds=result.seconds)
-        except Exception as exc:  # rolled back: the state stays parked and is restored at the grant instead
-            log.warning("prefetch restore of job %s rank %d in group %s failed: %s; it is retried at the grant",
-                        self.tenant, self.rank, self.group, exc)
-            reply = pb.CommandResult(command_id=command_id, ok=False, error=f"{type(exc).__name__}: {exc}")
-        self._outbox.put(pb.TenantMessage(result=reply))
 
     def _run_snapshot_hooks(self, hook: pluggy.HookCaller, plan: ParkPlan) -> ParkResult:
         t0 = time.perf_counter()
