@@ -110,3 +110,58 @@ def test_the_grouped_pass_equals_the_reference_path_on_cuda(snapshot: Path, reco
                        for g, r in zip(runs[True][1], runs[False][1], strict=True) for k in r)
     record(worst_relative_loss=worst_loss, worst_relative_weight=worst_weight)
     assert worst_loss <= TOLERANCE and worst_weight <= 10 * TOLERANCE, (worst_loss, worst_weight)
+
+
+def test_the_batch_kernels_and_fused_adam_on_cuda(snapshot: Path, record: Any) -> None:
+    """On the GPU: the model's RMSNorms take torch's fused kernel (only where it equals theirs bit for bit),
+    token_logprobs equals log_softmax from bf16 logits, and a tenant's fused AdamW state goes out as a trainer's
+    ``optimizer.pt`` (step counts on the host) and back: a copy loaded from it takes the same next step, bit for bit."""
+    import io
+
+    import numpy as np
+    from torch.nn import functional as F
+
+    from rota_tinker._worker import kernels
+    from rota_tinker._worker.multilora import Unit
+
+    engine = _engine(snapshot)  # BatchedLora.__init__ made the norms exact-fused
+    fused = sum("forward" in vars(m) for m in engine.model.modules() if type(m).__name__.endswith("RMSNorm"))
+    gen = torch.Generator(device="cuda:0").manual_seed(0)
+    logits = (torch.randn(4, 64, 1000, device="cuda:0", generator=gen) * 4).bfloat16()
+    targets = torch.randint(0, 1000, (4, 64), device="cuda:0", generator=gen)
+    mine, theirs = logits.clone().requires_grad_(True), logits.clone().requires_grad_(True)
+    got = kernels.token_logprobs(mine, targets)
+    want = F.log_softmax(theirs.float(), -1).gather(2, targets.unsqueeze(2)).squeeze(2)
+    got.sum().backward()
+    want.sum().backward()
+    lp_diff = float((got - want).abs().max())
+    grad_diff = float((mine.grad.float() - theirs.grad.float()).abs().max())
+    for name in ("t", "copy"):
+        engine.add(name, 16, seed=0, targets={"attn": True, "mlp": True, "unembed": True})
+
+    def unit(name: str, seed: int) -> Any:
+        toks = np.random.default_rng(seed).integers(0, 200, size=65)
+        return Unit(name, [(toks[:-1], {"target_tokens": toks[1:], "weights": np.ones(64, np.float32)})])
+
+    for step in range(2):
+        engine.forward_backward([unit("t", step)])
+        engine.optim_step("t", {"learning_rate": 1e-3})
+    buffer = io.BytesIO()
+    torch.save(engine.optimizer_state("t"), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, map_location="cpu", weights_only=True)
+    engine.load("copy", engine.state_dict("t"))
+    engine.load_optimizer_state("copy", state)
+    for name in ("t", "copy"):
+        engine.forward_backward([unit(name, 9)])
+        engine.optim_step(name, {"learning_rate": 1e-3})
+    t, c = engine.state_dict("t"), engine.state_dict("copy")
+    unequal = [k for k in t if not torch.equal(t[k], c[k])]
+    record(fused_rms_norms=fused, token_logprobs_max_abs_diff=lp_diff, token_logprobs_grad_max_abs_diff=grad_diff,
+           adam_fused=bool(engine.adapters["t"].optimizer.param_groups[0]["fused"]),
+           adam_round_trip_unequal=len(unequal))
+    assert fused > 0, "no RMSNorm of the Qwen3 model equals torch's fused kernel on this GPU"
+    assert lp_diff <= 1e-4 and grad_diff <= 1e-2, (lp_diff, grad_diff)
+    assert engine.adapters["t"].optimizer.param_groups[0]["fused"] is True
+    assert all(s["step"].device.type == "cpu" for s in state["state"].values())
+    assert unequal == []

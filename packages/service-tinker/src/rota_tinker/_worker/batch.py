@@ -258,7 +258,7 @@ class BatchTrainer(_Base):
         assert self.engine is not None
         leaves = {path.rpartition(".")[2] for path in self.engine.linears}  # its linears are wrapped: name them
         config = lora_config(self.engine.model, lora["rank"], lora["targets"], leaves=leaves)
-        opt = self.engine.adapters[model_id].optimizer.state_dict() if optimizer else None
+        opt = self.engine.optimizer_state(model_id) if optimizer else None
         return write_adapters(path, self.engine.state_dict(model_id), config, base, lora, opt)
 
     def op_save_state(self, model_id: str, name: str, base: Any) -> dict[str, Any]:
@@ -282,11 +282,9 @@ class BatchTrainer(_Base):
             self.engine.load(model_id, load_file(os.path.join(folder, "adapter_model.safetensors")))
         except (ValueError, FileNotFoundError) as e:
             raise UserError(str(e)) from e
-        opt = self.engine.adapters[model_id].optimizer
+        state = None
         if optimizer:
             state = torch.load(os.path.join(folder, "optimizer.pt"), map_location="cpu", weights_only=True)
-            opt.load_state_dict(state)
-        else:
-            opt.state.clear()
+        self.engine.load_optimizer_state(model_id, state)
         return {}
 

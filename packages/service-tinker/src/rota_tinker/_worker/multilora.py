@@ -38,11 +38,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from rota_tinker._worker.kernels import exact_rms_norms, token_logprobs
 from rota_tinker._worker.models import LORA_ALPHA, LORA_TARGETS, adam_step, datum_loss
 
 __all__ = ["MICRO_TOKENS", "BatchedLora", "Unit", "plan_batches"]
 
-MICRO_TOKENS = 8192  # rows x length of one forward/backward: the trainer's micro-batch (its logits take the memory)
+# rows x length of one forward/backward (twice the trainer's: token_logprobs keeps the logits once, in their dtype, and
+# a pass's launches are paid once for more tokens)
+MICRO_TOKENS = 16384
 
 
 @dataclass
@@ -71,8 +74,9 @@ class _Adapter:
     optimizer: torch.optim.Optimizer = field(init=False)
 
     def __post_init__(self) -> None:
-        self.optimizer = torch.optim.AdamW(self.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
-                                           weight_decay=0.0)
+        params = self.parameters()  # fused on CUDA: one kernel for all of a tenant's tensors (foreach took ~8 ms)
+        self.optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0,
+                                           fused=bool(params) and params[0].is_cuda)
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for pair in self.layers.values() for p in pair]
@@ -215,6 +219,7 @@ class BatchedLora:
         self._anchor = torch.empty(0, device=self.device, requires_grad=True)  # see _GroupedLora
         wanted = {n for names in LORA_TARGETS.values() for n in names}
         self.linears: dict[str, tuple[str, nn.Linear]] = {}  # path -> (target group, linear)
+        exact_rms_norms(model)  # fused norms where they equal the model's own (rota_tinker._worker.kernels)
         for path, module in list(model.named_modules()):
             leaf = path.rpartition(".")[2]
             if isinstance(module, nn.Linear) and leaf in wanted:
@@ -272,6 +277,32 @@ class BatchedLora:
                         raise ValueError(f"{path}.{name} is {tuple(src.shape)} in the file, {tuple(p.shape)} here")
                     p.copy_(src.to(p.dtype))
 
+    def optimizer_state(self, tenant: str) -> dict[str, Any]:
+        """``tenant``'s AdamW state as a trainer's ``optimizer.pt`` holds it: step counts on the host, not fused
+        (a fused optimizer keeps them on the device and says so in its groups, which a trainer would inherit)."""
+        state = self.adapters[tenant].optimizer.state_dict()
+        for group in state["param_groups"]:
+            group["fused"] = None
+        state["state"] = {k: {**v, "step": v["step"].cpu()} if "step" in v else dict(v)
+                          for k, v in state["state"].items()}
+        return state
+
+    def load_optimizer_state(self, tenant: str, state: dict[str, Any] | None) -> None:
+        """Load a trainer's or this engine's ``optimizer.pt`` into ``tenant``'s AdamW (None: a fresh state), which
+        stays as it was made (fused on CUDA)."""
+        opt = self.adapters[tenant].optimizer
+        if state is None:
+            opt.state.clear()
+            return
+        fused = opt.param_groups[0].get("fused")
+        opt.load_state_dict(state)
+        for group in opt.param_groups:
+            group["fused"] = fused
+        if fused:
+            for st in opt.state.values():
+                if "step" in st:
+                    st["step"] = st["step"].to(self.device, torch.float32)
+
     def remove(self, tenant: str) -> None:
         self.adapters.pop(tenant, None)
 
@@ -319,17 +350,29 @@ class BatchedLora:
 
     def _micro(self, units: Sequence[Unit], part: list[tuple[int, int]], losses: list[float],
                logprobs: list[list[Any]]) -> None:
-        """One micro-batch: its rows (unit, datum) in unit order, one forward, one backward."""
+        """One micro-batch: its rows (unit, datum) in unit order, one forward, one backward.
+
+        Every row's loss inputs reach the device in one copy, cross-entropy rows take their losses in one
+        vectorised sum, and the results come back in one copy queued before the backward: no wait on the
+        device between the forward and the backward (a copy per row had waited for the whole forward each time).
+        """
         longest = max(len(units[u].data[i][0]) for u, i in part)
         tokens = torch.zeros(len(part), longest, dtype=torch.long)
         targets = torch.zeros(len(part), longest, dtype=torch.long)
         real = torch.zeros(len(part), longest, dtype=torch.long)
+        keys = sorted({k for u, i in part for k in units[u].data[i][1] if k != "target_tokens"})
+        arrays = torch.zeros(len(keys), len(part), longest)  # each loss input, rows right-padded with zeros
+        has = torch.zeros(len(keys), len(part), dtype=torch.bool)
         starts, owners = [0], []
         for r, (u, i) in enumerate(part):
             toks, ins = units[u].data[i]
             tokens[r, :len(toks)] = torch.as_tensor(toks, dtype=torch.long)
             targets[r, :len(toks)] = torch.as_tensor(ins["target_tokens"], dtype=torch.long)
             real[r, :len(toks)] = 1
+            for k, key in enumerate(keys):
+                if key in ins:
+                    arrays[k, r, :len(toks)] = torch.as_tensor(ins[key], dtype=torch.float32)
+                    has[k, r] = True
             if owners and owners[-1] == u:
                 starts[-1] = r + 1
             else:
@@ -337,30 +380,64 @@ class BatchedLora:
                 starts.append(r + 1)
         segments = _Segments(starts, [self.adapters[units[u].tenant] for u in owners], grouped_ok=self.grouped,
                              anchor=self._anchor)
-        tokens, targets, real = (t.to(self.device) for t in (tokens, targets, real))
+        pinned = self.device.type == "cuda"
+        tokens, targets, real, arrays, has = (self._put(t) for t in (tokens, targets, real, arrays, has))
         train = not all(units[u].forward_only for u, _ in part)
-        total = None
         with self._running(segments), torch.enable_grad() if train else torch.no_grad():
             out = self.model(tokens, attention_mask=real, use_cache=False)
-            logits = (out.logits if hasattr(out, "logits") else out).float()
-            lp = torch.gather(F.log_softmax(logits, dim=-1), 2, targets.unsqueeze(2)).squeeze(2)
-            del logits, out
-            ones = []
-            for r, (u, i) in enumerate(part):
-                unit = units[u]
-                toks, ins = unit.data[i]
-                arrays = {k: torch.as_tensor(v, device=self.device).float() for k, v in ins.items()
-                          if k != "target_tokens"}
-                one = datum_loss(unit.loss_fn, lp[r, :len(toks)], arrays, unit.loss_config)
-                ones.append(one.detach())
-                if not unit.forward_only:
-                    total = one if total is None else total + one
-            host_lp, host_loss = lp.detach().float().cpu().numpy(), torch.stack(ones).cpu().tolist()  # one wait
-            for r, (u, i) in enumerate(part):
-                losses[u] += host_loss[r]
-                logprobs[u][i] = host_lp[r, :len(units[u].data[i][0])].copy()
+            lp = token_logprobs(out.logits if hasattr(out, "logits") else out, targets)
+            del out
+            row_loss, total = self._losses(units, part, lp, real, keys, arrays, has)
+            host_lp = lp.detach().to("cpu", non_blocking=pinned)
+            host_loss = row_loss.detach().to("cpu", non_blocking=pinned)
         if total is not None:
             total.backward()
+        if pinned:
+            torch.cuda.current_stream(self.device).synchronize()
+        host_lp_np, host_loss_list = host_lp.numpy(), host_loss.tolist()
+        for r, (u, i) in enumerate(part):
+            losses[u] += host_loss_list[r]
+            logprobs[u][i] = host_lp_np[r, :len(units[u].data[i][0])].copy()
+
+    def _losses(self, units: Sequence[Unit], part: list[tuple[int, int]], lp: torch.Tensor, real: torch.Tensor,
+                keys: list[str], arrays: torch.Tensor, has: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each row's loss (``[rows]``) and the sum to differentiate (None: every row is forward-only). Rows of
+        ``cross_entropy`` take ``-sum(lp * weights)`` together (padding has weight 0; no weights: 1 on real
+        tokens); other loss functions go row by row through :func:`rota_tinker._worker.models.datum_loss`."""
+        rows = len(part)
+        trained = [r for r, (u, _) in enumerate(part) if not units[u].forward_only]
+        if 0 < len(trained) < rows:  # forward-only rows: no gradient path at all (their inputs may be anything)
+            mask = torch.zeros(rows, 1, dtype=torch.bool)
+            mask[trained] = True
+            lp = torch.where(self._put(mask), lp, lp.detach())
+        ce = [units[u].loss_fn == "cross_entropy" for u, _ in part]
+        row_loss = lp.new_zeros(rows)
+        if any(ce):
+            weights = real.float()
+            if "weights" in keys:
+                k = keys.index("weights")
+                weights = torch.where(has[k].unsqueeze(1), arrays[k], weights)
+            row_loss = -(lp * weights).sum(1)
+        others = []
+        for r, (u, i) in enumerate(part):
+            if not ce[r]:
+                n = len(units[u].data[i][0])
+                ins = {key: arrays[k, r, :n] for k, key in enumerate(keys) if key in units[u].data[i][1]}
+                others.append((r, datum_loss(units[u].loss_fn, lp[r, :n], ins, units[u].loss_config)))
+        if others:
+            index = self._put(torch.tensor([r for r, _ in others]))
+            row_loss = row_loss.index_put((index,), torch.stack([loss for _, loss in others]))
+        if not trained:
+            return row_loss, None
+        total = row_loss.sum() if len(trained) == rows else row_loss.index_select(0, self._put(
+            torch.tensor(trained))).sum()
+        return row_loss, total
+
+    def _put(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on the device without waiting for it: through pinned memory on CUDA."""
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
 
     def sample(self, requests: Sequence[dict[str, Any]], max_len: int, tokenizer: Any = None) -> list[dict[str, Any]]:
         """Decode the sample requests of many tenants as one batch, each row with its own tenant's adapters.
