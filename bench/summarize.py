@@ -28,11 +28,11 @@ def _tinker_line(tinker: dict, name: str) -> None:
         points += "".join(f", N={p['tenants']} did not finish its steps in --point-timeout-s" for p in failed)
     base = tinker["points"][0]
     parks = "tenants resident between turns" if base.get("capacity_bytes") else "every switch parks"
-    pool = tinker["args"].get("lora_concurrency", 1)
+    shared = tinker["args"].get("lora_concurrency", 1)
     if tinker["args"].get("lora_batch"):
         parks = "--lora-batch (every tenant's queued units in one batched pass)"
-    elif pool > 1:
-        parks = f"LoRA pool of {pool} (units of up to {pool} tenants at once in one rota turn)"
+    elif shared > 1:
+        parks = f"shared LoRA turns of {shared} (units of up to {shared} tenants at once in one rota turn)"
     print(f"Tinker service, LoRA tenants on one shared {base['base_bytes'] / 1e9:.1f} GB base, one H200, think "
           f"{tinker['think_s'] / base['median_step_s']:.1f}x the step, {tinker['args']['steps']} steps, {parks} "
           f"(step latency vs one tenant alone; tolerance {tinker['tolerance']}x): {points}; {verdict} ({name}).")
@@ -143,7 +143,8 @@ def main() -> None:
         costs = ", ".join(f"{size}: sample {m['sample']['extra_fraction_of_switch']:.1%}, full "
                           f"{m['full']['extra_fraction_of_switch']:.1%}" for size, m in verify["verify"].items())
         print(f"Cost of `--verify` as a fraction of switch time (extra over `off`): {costs} (verify-cuda.json).")
-    for name in ("tinker-density-h200-qwen3-1.7b-batch.json", "tinker-density-h200-qwen3-1.7b-pool.json",
+    for name in ("tinker-density-h200-qwen3-1.7b-batch.json", "tinker-density-h200-qwen3-1.7b-shared.json",
+                 "tinker-density-h200-qwen3-1.7b-pool.json",  # shared turns, written when they were called a pool
                  "tinker-density-h200-qwen3-1.7b-pool-repeat.json",
                  "tinker-density-h200-qwen3-1.7b-pool-fp32-lora.json",
                  "tinker-density-h200-qwen3-1.7b.json", "tinker-density-h200-qwen3-1.7b-n8.json",

@@ -62,9 +62,9 @@ the run goes on.
     # H200: a Qwen3-1.7B-shaped bf16 base (random init from its config), 1 to 10 tenants, think 4x the step
     python bench/tinker_density.py --device cuda:0 --model qwen3-1.7b --tenants 1,2,4,6,8,10 --steps 12 \\
         --point-timeout-s 300 --out bench/results/tinker-density-h200-qwen3-1.7b.json
-    # the same with the LoRA pool: up to 4 tenants' units at once in one turn of the base's pool
+    # the same with shared LoRA turns: up to 4 tenants' units at once in one rota turn of the base
     python bench/tinker_density.py --device cuda:0 --model qwen3-1.7b --tenants 1,8,10,12 --steps 10 \\
-        --lora-concurrency 4 --out bench/results/tinker-density-h200-qwen3-1.7b-pool.json
+        --lora-concurrency 4 --out bench/results/tinker-density-h200-qwen3-1.7b-shared.json
     # the same with the batched LoRA worker: every tenant's units in one batched pass (issue: >= 32 at <= 1.25x)
     python bench/tinker_density.py --device cuda:0 --model qwen3-1.7b --tenants 1,8,16,32,48,64 --steps 8 \\
         --lora-batch --out bench/results/tinker-density-h200-qwen3-1.7b-batch.json
@@ -107,7 +107,7 @@ DEFINITION = ("density = largest tested N such that, for it and every smaller te
               "tenant per device); every tenant thinks think_s seconds off-device between steps; all N LoRA tenants "
               "share one resident base (unless share_lora_base is false); arrivals staggered by 1/N of a period "
               "(baseline step + think) unless arrivals is lockstep; with lora_concurrency > 1 up to that many "
-              "LoRA units run at once in one rota turn of the base's pool (every point, N=1 included)")
+              "LoRA units run at once in one shared rota turn of the base (every point, N=1 included)")
 BREAKDOWN = ("queue_s", "acquire_s", "wait_s", "restore_s", "compute_s", "release_s", "reply_s", "answer_lag_s",
              "total_s", "parked_s")
 MONO = time.monotonic() - time.perf_counter()  # perf_counter stamps + MONO = monotonic stamps (the service's)
@@ -339,9 +339,9 @@ def breakdown(units: list[dict]) -> dict:
             values = [u[part] for u in mine if part in u]
             if values:
                 row[f"median_{part}"] = statistics.median(values)
-        pooled = [u["pool_running"] for u in mine if "pool_running" in u]
-        if pooled:  # units in the LoRA pool when each entered (itself included)
-            row["mean_pool_running"], row["max_pool_running"] = statistics.mean(pooled), max(pooled)
+        sharing = [u["units_sharing"] for u in mine if "units_sharing" in u]
+        if sharing:  # units in the shared LoRA turn when each entered (itself included)
+            row["mean_units_sharing"], row["max_units_sharing"] = statistics.mean(sharing), max(sharing)
         out[kind] = row
     return out
 
@@ -453,8 +453,8 @@ def main() -> None:
     p.add_argument("--units-per-turn", type=int, default=4,
                    help="the service's units_per_turn (1: every work unit takes its own turn)")
     p.add_argument("--lora-concurrency", type=int, default=1,
-                   help="the service's lora_concurrency: LoRA units on the shared base that run at once in one turn "
-                        "of its pool (1: exclusive turns; every point, N = 1 included, runs with it)")
+                   help="the service's lora_concurrency: LoRA units on the shared base that run at once in one "
+                        "shared turn (1: exclusive turns; every point, N = 1 included, runs with it)")
     p.add_argument("--lora-batch", action="store_true",
                    help="the service's lora_batch: every tenant's LoRA model in one batched worker, queued units "
                         "run as one batched pass (every point, N = 1 included, runs with it)")
@@ -485,7 +485,7 @@ def main() -> None:
     if not 1 <= args.lora_concurrency <= 64:
         p.error(f"--lora-concurrency {args.lora_concurrency} must be within [1, 64]")
     if args.lora_batch and args.lora_concurrency > 1:
-        p.error("--lora-batch replaces the LoRA pool: drop --lora-concurrency")
+        p.error("--lora-batch replaces shared LoRA turns: drop --lora-concurrency")
     if args.units_per_turn < 1 or args.point_timeout_s <= 0:
         p.error("--units-per-turn must be >= 1 and --point-timeout-s > 0")
     if args.dim % args.heads:

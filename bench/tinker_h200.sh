@@ -4,11 +4,11 @@
 #   bash bench/tinker_h200.sh full     # three full-parameter tenants, 0.6B/1.7B/4B shapes, taking turns
 #   bash bench/tinker_h200.sh density  # LoRA density on a Qwen3-1.7B-shaped base, think 4x and 8x the step
 #   bash bench/tinker_h200.sh last     # the full tenants with 3 steps, and N = 8 at think 4x
-#   bash bench/tinker_h200.sh pool     # LoRA density with the LoRA pool (--lora-concurrency 4), think 4x
+#   bash bench/tinker_h200.sh shared   # LoRA density with shared LoRA turns (--lora-concurrency 4), think 4x
 #   bash bench/tinker_h200.sh multilora  # one batched LoRA step of N = 1..64 tenants (rota_tinker._worker.multilora)
 # JSON and logs go to bench/results/ and, when the device tool sets it, to $OUT as well.
 set -euo pipefail
-stage=${1:?usage: bash bench/tinker_h200.sh smoke|full|density|last|pool|multilora}
+stage=${1:?usage: bash bench/tinker_h200.sh smoke|full|density|last|shared|multilora}
 source bench/device_env.sh
 results=bench/results
 out=${OUT:-$results}
@@ -43,11 +43,11 @@ case $stage in
         --shapes qwen3-0.6b,qwen3-1.7b,qwen3-4b --steps 3 || true
     run tinker-density-h200-qwen3-1.7b-n8 timeout 185 python3 bench/tinker_density.py --device cuda:0 \
         --model qwen3-1.7b --tenants 1,8 --steps 8 --point-timeout-s 110 ;;
-  pool)  # the LoRA pool: up to 4 tenants' units at once in one rota turn of the shared base, think 4x the step
-    run tinker-density-h200-qwen3-1.7b-pool timeout 560 python3 bench/tinker_density.py --device cuda:0 \
+  shared)  # shared LoRA turns: up to 4 tenants' units at once in one rota turn of the shared base, think 4x the step
+    run tinker-density-h200-qwen3-1.7b-shared timeout 560 python3 bench/tinker_density.py --device cuda:0 \
         --model qwen3-1.7b --tenants 1,8,10,12 --steps 10 --lora-concurrency 4 --point-timeout-s 150 ;;
   multilora)  # the device's side of issue 29: batched steps of N tenants on a from_pretrained Qwen3-1.7B snapshot
     run multilora-step-h200-qwen3-1.7b timeout 500 python3 bench/multilora_step.py --device cuda:0 \
         --model qwen3-1.7b --tenants 1,8,16,32,48,64 --steps 5 ;;
-  *) echo "unknown stage $stage: use smoke, full, density, last, pool or multilora" >&2; exit 2 ;;
+  *) echo "unknown stage $stage: use smoke, full, density, last, shared or multilora" >&2; exit 2 ;;
 esac

@@ -49,7 +49,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("tests/security/test_metrics.py", "rota._orchestrator"): "attacks the metrics collector (metrics.py) directly",
     ("tests/security/test_tinker_checkpoints.py", "rota_tinker._http"): "the checkpoint registry's bounds and a "
                                                                          "tenant's model record, attacked directly",
-    ("tests/security/test_tinker_pool.py", "rota_tinker._worker"): "the LoRA pool's admission, attacked directly",
+    ("tests/security/test_tinker_shared_turn.py", "rota_tinker._worker"): "a shared LoRA turn's admission, attacked "
+                                                                         "directly",
     ("packages/agent/tests/tenant_proc.py", "rota_fsdp"): "a tenant whose state the agent parks is a real trainer's",
     ("packages/core/tests/prefetch_tenant.py", "rota_agent"): "a prefetch is also asked of a node agent's tenant",
     ("packages/core/tests/prefetch_tenant.py", "rota_torch"): "a prefetch restores real tensors ahead of a grant",

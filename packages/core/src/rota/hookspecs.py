@@ -197,7 +197,8 @@ def rota_footprint(tenant: Gpu) -> dict[str, int] | None:
 
     Called by :meth:`rota.Gpu.footprint` (what the client reports to the orchestrator); implemented by
     the same objects as :func:`rota_park`, and by the Tinker service's workers (their working set)
-    and LoRA pool. Lets the orchestrator skip parking when everything fits on the device.
+    and the base holder of a shared LoRA turn (its gate). Lets the orchestrator skip parking when
+    everything fits on the device.
 
     :param tenant: the client asking.
     :returns: bytes per tag; results of all adapters are summed per tag.

@@ -77,7 +77,7 @@ class BaseModelSpec:
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 STATE_BYTES_PER_PARAM = 16  # fp32 weight, grad and two Adam moments
-MAX_LORA_CONCURRENCY = 64  # LoRA units one pool runs at once (ServiceConfig.lora_concurrency)
+MAX_LORA_CONCURRENCY = 64  # LoRA units one shared turn runs at once (ServiceConfig.lora_concurrency)
 _SPEC_INTS = ("vocab", "dim", "layers", "heads", "max_len", "seed")
 
 
@@ -172,8 +172,8 @@ class ServiceConfig:
     # A tenant's work units already queued when one finishes run in the same rota turn, up to
     # this many: forward_backward and the optim_step behind it cost one switch, not two.
     units_per_turn: int = 4
-    # LoRA units on one shared base that may run at once, in one rota turn of that base's pool
-    # (rota_tinker._worker.pool): each still computes exactly what it would alone; 1 gives every LoRA
+    # LoRA units on one shared base that may run at once, in one shared rota turn of that base
+    # (rota_tinker._worker.shared_turn): each still computes exactly what it would alone; 1 gives every LoRA
     # tenant exclusive turns. Needs share_lora_base.
     lora_concurrency: int = 1
     # Every tenant's LoRA models on a shared base in one worker, their queued units run as one batched pass
@@ -261,7 +261,7 @@ class ServiceConfig:
             raise ConfigError(f"lora_batch={self.lora_batch!r} must be True or False")
         if self.lora_batch and (not self.share_lora_base or self.lora_concurrency > 1):
             raise ConfigError("lora_batch (--lora-batch) trains LoRA models together on the shared base: it needs "
-                              "share_lora_base (drop --no-share-base) and replaces the LoRA pool (drop "
+                              "share_lora_base (drop --no-share-base) and replaces the shared LoRA turn (drop "
                               f"--lora-concurrency {self.lora_concurrency})")
         if (not isinstance(self.lora_batch_tokens, int) or isinstance(self.lora_batch_tokens, bool)
                 or not 1 <= self.lora_batch_tokens <= 1 << 20):

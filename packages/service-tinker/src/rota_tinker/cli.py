@@ -122,7 +122,7 @@ def _limit_options(fn: Callable[..., None]) -> Callable[..., None]:
               help="LoRA tenants of one base model share one resident copy (a base-holder process) or load "
                    "their own.")
 @click.option("--lora-concurrency", type=click.IntRange(1, MAX_LORA_CONCURRENCY), default=1, show_default=True,
-              help="LoRA units on one shared base that may run at once, in one rota turn of that base's pool: a "
+              help="LoRA units on one shared base that may run at once, in one shared rota turn of that base: a "
                    "LoRA step leaves the device idle while Python launches its kernels, so a few run beside each "
                    "other at little cost to each. Each still computes exactly what it would alone; its adapters "
                    "then stay on the device (never parked). 1: every LoRA tenant takes exclusive turns.")

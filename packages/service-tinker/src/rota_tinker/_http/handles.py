@@ -113,12 +113,12 @@ def unit_breakdown(timing: dict[str, float]) -> dict[str, float]:
     sampler ran together share one ``compute_s``. On CUDA, a unit after a park of its tenant has
     :data:`PARK_READINGS`: NVML's bytes of the worker process just before and after that park and the
     part of them outside torch's allocator (its CUDA context, cuBLAS workspaces), and the residue rota counted
-    against ``ROTA_RESIDUE_MAX_BYTES``. A unit of a LoRA pool
-    (:mod:`rota_tinker._worker.pool`) has ``pool_running``: the units in the pool when it entered (itself included);
-    its ``wait_s`` is its wait at the pool's gate.
+    against ``ROTA_RESIDUE_MAX_BYTES``. A unit of a shared LoRA turn (:mod:`rota_tinker._worker.shared_turn`)
+    has ``units_sharing``: the units in the shared turn when it entered (itself included); its ``wait_s`` is
+    its wait at the shared turn's gate.
     """
     out = {k: float(timing[k]) for k in (*DURATIONS, *PARK_READINGS, "new_turn", "batch_units", "decode_rows",
-                                         "pool_running") if k in timing}
+                                         "units_sharing") if k in timing}
     for name, hi, lo in _LEGS:
         if hi in timing and lo in timing:
             out[name] = max(0.0, timing[hi] - timing[lo])

@@ -393,12 +393,13 @@ class TinkerService:
         from rota.auth import ServerAuth
         from rota.orchestrator import OrchestratorConfig, running_orchestrator
         from rota.policies import Fifo
-        from rota_tinker._worker.pool import MAX_TURN_S
+        from rota_tinker._worker.shared_turn import MAX_TURN_S
 
         xdg = os.environ.get("XDG_RUNTIME_DIR")
         folder = tempfile.mkdtemp(prefix="rota-tinker-", dir=xdg if xdg and os.path.isdir(xdg) else None)
         self._orchestrator.callback(shutil.rmtree, folder, True)
-        # a busy LoRA pool would hold the device forever: past MAX_TURN_S, with others waiting, it is asked to yield
+        # a busy shared LoRA turn would hold the device forever: past MAX_TURN_S, with others waiting, it is asked
+        # to yield
         policy = Fifo(max_turn_s=MAX_TURN_S if config.lora_concurrency > 1 or config.lora_batch else 0.0)
         endpoint, _engine = self._orchestrator.enter_context(running_orchestrator(
             OrchestratorConfig(capacity_bytes=config.capacity_bytes, policy=policy),

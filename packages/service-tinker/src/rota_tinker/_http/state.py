@@ -142,13 +142,13 @@ class _State:
                 self.workers[(t.name, role)] = WorkerHandle(spec, config.worker_start_timeout_s)
         self.holders: dict[str, WorkerHandle] = {}  # base name -> its holder on config.device
         self.batchers: dict[str, WorkerHandle] = {}  # base name -> its batched LoRA worker (config.lora_batch)
-        self.endpoint = endpoint  # a holder with a LoRA pool takes turns there (rota_tinker._worker.pool)
+        self.endpoint = endpoint  # a holder with a shared LoRA turn takes turns there (rota_tinker._worker.shared_turn)
 
     def holder(self, base: BaseModelSpec) -> WorkerHandle:
         """The base-holder process of ``base`` on the service's device (made on first use, started by ``ensure``)."""
         return self._made_once(self.holders, base, lambda n: dict(
             tenant=f"{base.name}@{self.config.device}", role="base", base=base,
-            lora_concurrency=self.config.lora_concurrency, pool_job=f"lora-pool.{n}"))
+            lora_concurrency=self.config.lora_concurrency, shared_turn_job=f"lora-shared.{n}"))
 
     def _made_once(self, table: dict[str, WorkerHandle], base: BaseModelSpec,
                    fields: Callable[[int], dict[str, Any]]) -> WorkerHandle:

@@ -16,10 +16,10 @@ Invariants: the base is **read-only** for tenants (its parameters have
 ``requires_grad=False``, no optimizer sees them, :func:`attach`'s callers never call
 ``rota_fsdp.track`` on the base: only adapters and their optimizer state are parked);
 the holder's memory is resident like a CUDA context and never parked (with
-``lora_concurrency`` > 1 the holder is also the rota tenant of its LoRA pool, :mod:`rota_tinker._worker.pool`,
-which only takes turns); and it must outlive its consumers (the service stops tenant
-workers before holders, and waits for them: a consumer of a CUDA IPC handle must not
-outlive the producer, and a consumer drops its references (:func:`detach_all`) before it
+``lora_concurrency`` > 1 the holder is also the rota tenant of its shared LoRA turn,
+:mod:`rota_tinker._worker.shared_turn`, which only takes turns); and it must outlive its
+consumers (the service stops tenant workers before holders, and waits for them: a consumer of
+a CUDA IPC handle must not outlive the producer, and a consumer drops its references (:func:`detach_all`) before it
 exits so the producer sees every shared tensor released).
 :meth:`BaseHolder.op_info` gives a checksum so tests can show the bytes never change.
 """
@@ -103,10 +103,10 @@ class BaseHolder:
         self.gpu, self.gate = None, None
         if spec.lora_concurrency > 1:  # LoRA trainers on this base run in one rota turn, several at once
             import rota
-            from rota_tinker._worker.pool import PoolGate
+            from rota_tinker._worker.shared_turn import SharedTurnGate
 
-            self.gpu = rota.connect(group=spec.group, tenant=spec.pool_job, endpoint=spec.endpoint)
-            self.gate = PoolGate(self.gpu, spec.lora_concurrency)
+            self.gpu = rota.connect(group=spec.group, tenant=spec.shared_turn_job, endpoint=spec.endpoint)
+            self.gate = SharedTurnGate(self.gpu, spec.lora_concurrency)
         threading.Thread(target=self._serve, name="rota-tinker-base-share", daemon=True).start()
         log.info("base %s on %s: %.1f MiB shared at %s", self.base.name, self.device, self.nbytes / 2**20,
                  self.listener.address)
@@ -135,7 +135,7 @@ class BaseHolder:
         """Send the flat tensor and layout to one consumer; wait for its ack (it then holds its own reference)."""
         try:
             want = conn.recv()
-            if want == ("gate",) and self.gate is not None:  # a LoRA trainer's pool connection (.pool)
+            if want == ("gate",) and self.gate is not None:  # a LoRA worker's side of the shared turn
                 self.gate.serve(conn)
                 return
             if want != ("base", self.base.name):

@@ -28,9 +28,9 @@ bases (the default): they :func:`rota_tinker._worker.holder.attach` to the resid
 base-holder process of their (device, base), which is role ``base`` here (no rota
 tenant: the base is resident, never parked, and read-only).
 
-With ``lora_concurrency`` > 1 (:mod:`rota_tinker._worker.pool`) the device units of LoRA models on a shared
-base, and samples on a shared base, run in that base's LoRA pool instead: several tenants' units at
-once in one rota turn of the pool; such models are never tracked (they stay on the device).
+With ``lora_concurrency`` > 1 (:mod:`rota_tinker._worker.shared_turn`) the device units of LoRA models on a shared
+base, and samples on a shared base, run in that base's shared LoRA turn instead: several tenants' units at
+once in one rota turn; such models are never tracked (they stay on the device).
 
 On CUDA each worker also reports its **working set** to the orchestrator (footprint tag
 ``working``): the CUDA cache its last turn needed beyond its tracked tensors
@@ -82,8 +82,8 @@ class WorkerSpec:
     units_per_turn: int = 4  # queued units of this tenant that may share one turn
     release_cached: bool = True  # empty the CUDA cache after each park (ServiceConfig.release_cached)
     deterministic: bool = False  # torch.use_deterministic_algorithms (ServiceConfig.deterministic)
-    lora_concurrency: int = 1  # > 1: LoRA units on a shared base run in its pool's turn (rota_tinker._worker.pool)
-    pool_job: str = ""  # a base holder's rota job id as its pool's tenant (lora_concurrency > 1)
+    lora_concurrency: int = 1  # > 1: LoRA units on a shared base run in its shared turn (._worker.shared_turn)
+    shared_turn_job: str = ""  # a base holder's rota job id as its shared turn's tenant (lora_concurrency > 1)
     lora_batch_tokens: int = 0  # role "batch": the most tokens of one model in one batched pass
 
 
@@ -310,12 +310,12 @@ class _Loop:
         return rid, op, args, {"recv": time.monotonic()}
 
     def _turn_of(self, unit: _Unit) -> Any:
-        """The turn ``unit`` runs in: its base's LoRA pool, the tenant's own, or None (no device needed)."""
+        """The turn ``unit`` runs in: its base's shared LoRA turn, the tenant's own, or None (no device needed)."""
         if self.own is None:  # a base holder: nothing it runs takes a turn
             return None
-        pool = self.worker.pool_of(unit[1], unit[2])
-        if pool is not None:
-            return pool
+        shared = self.worker.shared_turn_of(unit[1], unit[2])
+        if shared is not None:
+            return shared
         return self.own if self.worker.needs_turn(unit[1], unit[2]) else None
 
     def _unit(self, msg: _Unit) -> None:

@@ -36,7 +36,7 @@ class _Base:
         self.spec, self.gpu = spec, gpu
         self.device = torch.device(spec.device)
         self.models: dict[str, Any] = {}
-        self.pools: dict[str, Any] = {}  # a base holder's address -> this worker's PoolTurn in its pool
+        self.shared_turns: dict[str, Any] = {}  # a base holder's address -> this worker's SharedTurn of its base
         self.tokenizers: dict[str, Any] = {}  # base model name -> its tokenizer (loaded for stop strings)
 
     def _tokenizer(self, base: Any) -> Any:
@@ -47,19 +47,19 @@ class _Base:
             self.tokenizers[base.name] = AutoTokenizer.from_pretrained(base.path, local_files_only=True)
         return self.tokenizers[base.name]
 
-    def pool_of(self, op: str, args: dict[str, Any]) -> Any:
-        """The LoRA pool turn ``op`` runs in (rota_tinker._worker.pool), or None: its own turn, or none at all."""
+    def shared_turn_of(self, op: str, args: dict[str, Any]) -> Any:
+        """The shared LoRA turn ``op`` runs in (:mod:`.shared_turn`), or None: its own turn, or none at all."""
         return None
 
-    def _pool_at(self, address: str | None) -> Any:
-        """This worker's turn in the pool of the base holder at ``address`` (None: no pool)."""
+    def _shared_turn_at(self, address: str | None) -> Any:
+        """This worker's side of the shared turn of the base holder at ``address`` (None: none)."""
         if address is None or self.spec.lora_concurrency <= 1:
             return None
-        if address not in self.pools:
-            from rota_tinker._worker.pool import PoolTurn
+        if address not in self.shared_turns:
+            from rota_tinker._worker.shared_turn import SharedTurn
 
-            self.pools[address] = PoolTurn(address, self.device, room_for=self.spec.lora_concurrency)
-        return self.pools[address]
+            self.shared_turns[address] = SharedTurn(address, self.device, room_for=self.spec.lora_concurrency)
+        return self.shared_turns[address]
 
     def needs_turn(self, op: str, args: dict[str, Any]) -> bool:
         """Whether ``op`` must run inside a turn (dropping a model nobody holds needs none)."""
@@ -87,13 +87,13 @@ class _Trained:
     model: Any
     trainable: Any  # the module whose parameters are trained and parked (the model, or its adapters)
     optimizer: Any
-    tracked: Any  # its rota_fsdp Tracked, or a _Resident (a pooled LoRA model: never parked)
+    tracked: Any  # its rota_fsdp Tracked, or a _Resident (a LoRA model in a shared turn: never parked)
     lora: dict[str, Any] | None
-    pool: str | None = None  # the address of its base's LoRA pool, when its units run there
+    shared_turn: str | None = None  # the address of its base's shared LoRA turn, when its units run there
 
 
 class _Resident:
-    """What a pooled LoRA model has instead of a ``Tracked``: its adapters and Adam state stay on the device."""
+    """What a LoRA model in a shared turn has instead of a ``Tracked``: adapters and Adam state stay on the device."""
 
     def __init__(self, trainable: Any) -> None:
         self.trainable = trainable
@@ -113,14 +113,14 @@ class Trainer(_Base):
     DEVICE_OPS = frozenset({"create", "forward_backward", "optim_step", "unload", "save_state", "load_state"})
     models: dict[str, _Trained]
 
-    def pool_of(self, op: str, args: dict[str, Any]) -> Any:
-        """With ``lora_concurrency`` > 1, LoRA models on a shared base run their device units in its pool."""
+    def shared_turn_of(self, op: str, args: dict[str, Any]) -> Any:
+        """With ``lora_concurrency`` > 1, LoRA models on a shared base run their device units in its shared turn."""
         if op not in self.DEVICE_OPS:
             return None
         if op == "create":
-            return self._pool_at(args.get("shared_base") if args.get("lora") is not None else None)
+            return self._shared_turn_at(args.get("shared_base") if args.get("lora") is not None else None)
         entry = self.models.get(args.get("model_id", ""))
-        return self._pool_at(entry.pool if entry is not None else None)
+        return self._shared_turn_at(entry.shared_turn if entry is not None else None)
 
     def op_create(self, model_id: str, base: Any, lora: dict[str, Any] | None,
                   shared_base: str | None = None, load: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -141,13 +141,13 @@ class Trainer(_Base):
             trainable = model
         opt = torch.optim.AdamW([p for p in trainable.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.95),
                                 eps=1e-12, weight_decay=0.0)
-        pool = self._pool_at(shared_base if lora is not None else None)
-        if pool is not None:  # its pool's units run beside other tenants': nothing of it may be parked meanwhile
+        shared = self._shared_turn_at(shared_base if lora is not None else None)
+        if shared is not None:  # its units run beside other tenants' in a shared turn: nothing of it may be parked
             tracked: Any = _Resident(trainable)
         else:
             tracked = rota_fsdp.track(self.gpu, trainable, opt, device=self.device,
                                       release_cached=self.spec.release_cached)
-        self.models[model_id] = _Trained(model, trainable, opt, tracked, lora, shared_base if pool else None)
+        self.models[model_id] = _Trained(model, trainable, opt, tracked, lora, shared_base if shared else None)
         if load is not None:
             self.op_load_state(model_id, **load)
         n = sum(p.numel() for p in trainable.parameters() if p.requires_grad)
@@ -259,10 +259,10 @@ class Sampler(_Base):
         super().__init__(spec, gpu)
         self.tracked: dict[str, Any] = {}  # key -> its Tracked (not for a bare shared base: nothing is parked)
 
-    def pool_of(self, op: str, args: dict[str, Any]) -> Any:
-        """With ``lora_concurrency`` > 1, sampling on a shared base (LoRA weights or the base) runs in its pool;
+    def shared_turn_of(self, op: str, args: dict[str, Any]) -> Any:
+        """With ``lora_concurrency`` > 1, sampling on a shared base (LoRA weights or the base) runs in its shared turn;
         such a model is never tracked, so forgetting it needs no turn."""
-        return self._pool_at(args.get("shared_base")) if op == "sample" else None
+        return self._shared_turn_at(args.get("shared_base")) if op == "sample" else None
 
     def op_forget(self, key: str) -> dict[str, Any]:
         """Drop the model of deleted weights (in a turn when it is tracked); nothing to do if it was never loaded."""
@@ -294,7 +294,7 @@ class Sampler(_Base):
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
-        if parked is not None and self._pool_at(shared_base) is None:  # pooled: resident, never parked
+        if parked is not None and self._shared_turn_at(shared_base) is None:  # in a shared turn: resident, never parked
             self.tracked[key] = rota_fsdp.track(self.gpu, parked, None, tags=("weights",), device=self.device,
                                                 release_cached=self.spec.release_cached)
         self.models[key] = model

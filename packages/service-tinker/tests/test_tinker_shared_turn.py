@@ -1,9 +1,9 @@
-"""LoRA pools (``lora_concurrency`` > 1): LoRA units on one shared base run at once in one rota turn.
+"""Shared LoRA turns (``lora_concurrency`` > 1): LoRA units on one shared base run at once in one rota turn.
 
-Everything is real: a rota orchestrator on loopback, the pool's rota tenant, spawned trainer
-processes and the official SDK. What must hold: at most ``limit`` units run at once; the pool
+Everything is real: a rota orchestrator on loopback, the shared turn's rota tenant, spawned trainer
+processes and the official SDK. What must hold: at most ``limit`` units run at once; its tenant
 takes turns like any tenant (another tenant waiting past the turn limit gets the device once the
-running units end, and nothing of the pool runs during its turn); a trainer that dies inside a
+running units end, and nothing of the shared turn runs during its turn); a trainer that dies inside a
 unit frees its place; and each tenant's losses and samples are exactly those of its run alone.
 """
 
@@ -26,7 +26,7 @@ from rota.orchestrator import OrchestratorConfig
 from rota.policies import Fifo
 from rota.testing import running_orchestrator
 from rota_tinker import DEFAULT_BASE_MODELS, ServiceConfig, Tenant, TinkerService
-from rota_tinker._worker.pool import PoolGate, PoolTurn
+from rota_tinker._worker.shared_turn import SharedTurn, SharedTurnGate
 
 TIMEOUT = 180
 
@@ -42,7 +42,7 @@ def wait_until(cond: Callable[[], bool], what: str, timeout_s: float = 30) -> No
 class Entering(threading.Thread):
     """A unit asking the gate to enter, in a thread of its own."""
 
-    def __init__(self, gate: PoolGate) -> None:
+    def __init__(self, gate: SharedTurnGate) -> None:
         super().__init__(daemon=True)
         self.gate, self.entered, self.timing = gate, threading.Event(), {}
         self.start()
@@ -52,14 +52,14 @@ class Entering(threading.Thread):
         self.entered.set()
 
 
-def test_the_pool_runs_up_to_its_limit_and_gives_way_to_a_waiting_tenant() -> None:
+def test_the_shared_turn_runs_up_to_its_limit_and_gives_way_to_a_waiting_tenant() -> None:
     with running_orchestrator(OrchestratorConfig(policy=Fifo(max_turn_s=0.2))) as (endpoint, _engine):
-        pool = rota.connect(group="pool-gate", tenant="lora-pool.0", endpoint=endpoint)
-        other = rota.connect(group="pool-gate", tenant="other", endpoint=endpoint)
-        gate = PoolGate(pool, limit=2)
+        tenant = rota.connect(group="shared-gate", tenant="lora-shared.0", endpoint=endpoint)
+        other = rota.connect(group="shared-gate", tenant="other", endpoint=endpoint)
+        gate = SharedTurnGate(tenant, limit=2)
         try:
             first, second = gate.enter(), gate.enter()
-            assert (first["new_turn"], second["new_turn"], second["pool_running"]) == (1.0, 0.0, 2.0)
+            assert (first["new_turn"], second["new_turn"], second["units_sharing"]) == (1.0, 0.0, 2.0)
             third = Entering(gate)
             wait_until(lambda: gate.waiting == 1, "the third unit asks")
             assert not third.entered.wait(0.2), "a third unit ran beside two with limit 2"
@@ -69,42 +69,42 @@ def test_the_pool_runs_up_to_its_limit_and_gives_way_to_a_waiting_tenant() -> No
             granted: list[float] = []
             waiter = threading.Thread(target=lambda: (other.acquire(), granted.append(time.monotonic())))
             waiter.start()
-            wait_until(lambda: pool.should_yield, "the orchestrator asks the pool to yield")
-            gate.leave(3000)  # a place is free, but the pool was asked to yield
+            wait_until(lambda: tenant.should_yield, "the orchestrator asks the shared turn to yield")
+            gate.leave(3000)  # a place is free, but the shared turn was asked to yield
             fourth = Entering(gate)
             wait_until(lambda: gate.waiting == 1, "the fourth unit asks")
-            assert not fourth.entered.wait(0.2), "a pool asked to yield admitted a new unit"
-            assert not granted, "the other tenant got the device while a pool unit ran"
+            assert not fourth.entered.wait(0.2), "a shared turn asked to yield admitted a new unit"
+            assert not granted, "the other tenant got the device while a unit of the shared turn ran"
             gate.leave(2000)
             released = time.monotonic()
             waiter.join(10)
-            assert granted and granted[0] >= released and pool.grant is None
-            assert not fourth.entered.wait(0.2), "a pool unit ran during the other tenant's turn"
+            assert granted and granted[0] >= released and tenant.grant is None
+            assert not fourth.entered.wait(0.2), "a unit of the shared turn ran during the other tenant's turn"
             other.release()
-            assert fourth.entered.wait(10) and fourth.timing["new_turn"] == 1.0  # a new pool turn
+            assert fourth.entered.wait(10) and fourth.timing["new_turn"] == 1.0  # a new shared turn
             gate.leave(0)
-            assert pool.footprint()["working"] == 2 * 3000  # two at once x the largest unit
+            assert tenant.footprint()["working"] == 2 * 3000  # two at once x the largest unit
             for worker, kept in ((1, 5 * 2**30), (2, 2**30), (1, 4 * 2**30)):  # caches the workers keep
                 gate.enter()
                 gate.leave(10, kept, worker=worker)
-            assert pool.footprint()["working"] == 5 * 2**30  # worker 1's latest and worker 2's
+            assert tenant.footprint()["working"] == 5 * 2**30  # worker 1's latest and worker 2's
         finally:
             gate.close()
-            pool.close()
+            tenant.close()
             other.close()
 
 
 def _enter_and_die(address: str) -> None:
     import torch
 
-    PoolTurn(address, torch.device("cpu")).begin()
+    SharedTurn(address, torch.device("cpu")).begin()
     os._exit(3)  # dies inside its unit, without leaving
 
 
 def test_a_trainer_that_dies_inside_a_unit_frees_its_place() -> None:
     with running_orchestrator() as (endpoint, _engine):
-        pool = rota.connect(group="pool-crash", tenant="lora-pool.0", endpoint=endpoint)
-        gate = PoolGate(pool, limit=1)
+        tenant = rota.connect(group="shared-crash", tenant="lora-shared.0", endpoint=endpoint)
+        gate = SharedTurnGate(tenant, limit=1)
         listener = Listener(family="AF_UNIX", authkey=mp.current_process().authkey)
 
         def serve() -> None:
@@ -121,12 +121,12 @@ def test_a_trainer_that_dies_inside_a_unit_frees_its_place() -> None:
             assert child.exitcode == 3
             server.join(10)
             assert gate.running == 0
-            assert gate.enter()["pool_running"] == 1.0  # the only place is free again
+            assert gate.enter()["units_sharing"] == 1.0  # the only place is free again
             gate.leave()
         finally:
             listener.close()
             gate.close()
-            pool.close()
+            tenant.close()
 
 
 def lora_steps(sc: tinker.ServiceClient, seed: int, steps: int = 3) -> list[float]:
@@ -155,15 +155,15 @@ def test_lora_tenants_step_together_with_their_numbers_alone(tmp_path: Any) -> N
     seeds = {"bob": 31, "carol": 32, "dave": 33}
     with running_orchestrator(OrchestratorConfig(ttl_s=10.0, park_timeout_s=60.0)) as (endpoint, _engine):
         config = ServiceConfig(tenants=tuple(Tenant(n, k) for n, k in KEYS.items()), data_dir=str(tmp_path),
-                               endpoint=endpoint, group="tinker-pool", long_poll_s=2.0, lora_concurrency=3,
+                               endpoint=endpoint, group="tinker-shared", long_poll_s=2.0, lora_concurrency=3,
                                base_models={**DEFAULT_BASE_MODELS, WIDE.name: WIDE})
         with TinkerService(config) as svc:
             sc = {t: tinker.ServiceClient(base_url=svc.url, api_key=KEYS[t]) for t in KEYS}
-            # the three LoRA tenants' first forward_backward wait together at the pool while another tenant
-            # holds the device; when it lets go, the pool takes one turn and runs them at once
+            # the three LoRA tenants' first forward_backward wait together at the shared turn while another tenant
+            # holds the device; when it lets go, the shared turn's tenant takes one turn and runs them at once
             tcs = concurrently({t: (lambda t=t: sc[t].create_lora_training_client(
                 base_model=WIDE.name, rank=4, seed=seeds[t]).result(timeout=TIMEOUT)) for t in seeds})
-            blocker = rota.connect(group="tinker-pool", tenant="blocker", endpoint=endpoint)
+            blocker = rota.connect(group="tinker-shared", tenant="blocker", endpoint=endpoint)
             try:
                 blocker.acquire()
                 with svc.state.lock:
@@ -181,26 +181,26 @@ def test_lora_tenants_step_together_with_their_numbers_alone(tmp_path: Any) -> N
             with svc.state.lock:
                 ours = {f.request_id for f in list(svc.state.futures.values())[since:]}
             units = [u for u in svc.unit_timings() if u["request_id"] in ours and u["kind"] == "ForwardBackward"]
-            assert len(units) == 3 and max(u["pool_running"] for u in units) >= 2, units
-            assert sum(u["new_turn"] for u in units) == 1.0  # one turn of the pool for all three
+            assert len(units) == 3 and max(u["units_sharing"] for u in units) >= 2, units
+            assert sum(u["new_turn"] for u in units) == 1.0  # one shared turn for all three
 
             together = concurrently({**{t: (lambda t=t: lora_steps(sc[t], seeds[t])) for t in seeds},
                                      "alice": lambda: full_steps(sc["alice"], 41)})
-            pooled = [u for u in svc.unit_timings() if u["kind"] in ("ForwardBackward", "OptimStep")
+            shared = [u for u in svc.unit_timings() if u["kind"] in ("ForwardBackward", "OptimStep")
                       and u["tenant"] != "alice"]
-            assert all(u.get("parked_bytes", 0) == 0 for u in pooled)  # pooled adapters never move
+            assert all(u.get("parked_bytes", 0) == 0 for u in shared)  # adapters in a shared turn never move
             alone = {t: lora_steps(sc[t], seeds[t]) for t in seeds}
             alone["alice"] = full_steps(sc["alice"], 41)
             assert together == alone
             assert len({tuple(v) for v in together.values()}) == 4  # four different runs
 
-            # pooled models' weights go to samplers, which sample in the pool too: two tenants' samples held back
-            # together run in one pool turn, each as it samples alone
+            # the shared models' weights go to samplers, which sample in the shared turn too: two tenants' samples
+            # held back together run in one shared turn, each as it samples alone
             samplers = {}
             for t in ("bob", "carol"):
                 tc = tcs[t]
                 tc.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=TIMEOUT)
-                path = tc.save_weights_for_sampler("pooled").result(timeout=TIMEOUT).path
+                path = tc.save_weights_for_sampler("shared").result(timeout=TIMEOUT).path
                 samplers[t] = sc[t].create_sampling_client(model_path=path).result(timeout=TIMEOUT)
 
             def sample(t: str) -> Any:
@@ -211,7 +211,7 @@ def test_lora_tenants_step_together_with_their_numbers_alone(tmp_path: Any) -> N
                 return [list(map(int, seq.tokens)) for seq in res.sequences]
 
             alone = {t: tokens(sample(t).result(timeout=TIMEOUT)) for t in samplers}
-            blocker = rota.connect(group="tinker-pool", tenant="blocker", endpoint=endpoint)
+            blocker = rota.connect(group="tinker-shared", tenant="blocker", endpoint=endpoint)
             try:
                 blocker.acquire()
                 with svc.state.lock:
@@ -228,5 +228,5 @@ def test_lora_tenants_step_together_with_their_numbers_alone(tmp_path: Any) -> N
             with svc.state.lock:
                 ours = {f.request_id for f in list(svc.state.futures.values())[since:]}
             units = [u for u in svc.unit_timings() if u["request_id"] in ours and u["kind"] == "Sample"]
-            assert len(units) == 2 and max(u["pool_running"] for u in units) == 2, units
+            assert len(units) == 2 and max(u["units_sharing"] for u in units) == 2, units
             assert sum(u["new_turn"] for u in units) == 1.0

@@ -1,9 +1,9 @@
-"""A LoRA pool's gate (rota_tinker._worker.pool) admits only the service's own trainer processes.
+"""A shared LoRA turn's gate (rota_tinker._worker.shared_turn) admits only the service's own trainer processes.
 
-The gate decides who runs on the device inside the pool's rota turn. It listens on the base
+The gate decides who runs on the device inside the shared rota turn. It listens on the base
 holder's Unix socket, and a connection must answer multiprocessing's HMAC challenge with the
 service's authkey, which only the processes the service spawned hold. A local process without
-it, even of the same uid, cannot take a place in the pool nor make the pool take a turn.
+it, even of the same uid, cannot take a place in the shared turn nor make its tenant take a turn.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import pytest
 
 import rota
 from rota.testing import running_orchestrator
-from rota_tinker._worker.pool import PoolGate
+from rota_tinker._worker.shared_turn import SharedTurnGate
 
 
-def test_a_process_without_the_services_key_cannot_enter_the_pool() -> None:
+def test_a_process_without_the_services_key_cannot_enter_the_shared_turn() -> None:
     secret = os.urandom(32)  # the service's children inherit its authkey; an outsider does not have it
     with running_orchestrator() as (endpoint, _engine):
-        pool = rota.connect(group="pool-auth", tenant="lora-pool.0", endpoint=endpoint)
-        gate = PoolGate(pool, limit=1)
+        tenant = rota.connect(group="shared-auth", tenant="lora-shared.0", endpoint=endpoint)
+        gate = SharedTurnGate(tenant, limit=1)
         listener = mpc.Listener(family="AF_UNIX", authkey=secret)
         refused: list[BaseException] = []
 
@@ -47,7 +47,7 @@ def test_a_process_without_the_services_key_cannot_enter_the_pool() -> None:
                 if refused:
                     break
                 threading.Event().wait(0.01)
-            assert refused and gate.running == 0 and pool.grant is None  # no place taken, no turn taken
+            assert refused and gate.running == 0 and tenant.grant is None  # no place taken, no turn taken
 
             trainer = mpc.Client(listener.address, family="AF_UNIX", authkey=secret)  # the service's own
             trainer.send(("gate",))
@@ -58,4 +58,4 @@ def test_a_process_without_the_services_key_cannot_enter_the_pool() -> None:
         finally:
             listener.close()
             gate.close()
-            pool.close()
+            tenant.close()

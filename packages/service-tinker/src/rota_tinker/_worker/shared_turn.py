@@ -1,4 +1,4 @@
-"""Pooled LoRA turns: the LoRA steps of several tenants on one shared base run at once, in one rota turn.
+"""Shared LoRA turns: the LoRA steps of several tenants on one shared base run at once, in one rota turn.
 
 Why: a LoRA step on a resident base leaves the device idle much of its wall time (Python
 launches thousands of small kernels; the base's matmuls are short). Measured on an H200 with a
@@ -7,22 +7,22 @@ two processes at once, 0.50 s each for four (``bench/results/lora-step-procs-h20
 exclusive turns the second tenant would wait the whole first step.
 
 With ``ServiceConfig.lora_concurrency`` > 1, the base holder of a (device, base) is the rota
-tenant ``lora-pool.N`` of the service's group (:class:`PoolGate`). It takes turns like any
+tenant ``lora-shared.N`` of the service's group (:class:`SharedTurnGate`). It takes turns like any
 tenant, against full-parameter tenants and other samplers. Inside its turn it admits up to
 ``lora_concurrency`` units on that base at once: LoRA trainers' units and samples from LoRA
-weights or the bare base (:class:`PoolTurn` is a worker's side), each in its own process.
+weights or the bare base (:class:`SharedTurn` is a worker's side), each in its own process.
 Their kernels interleave on the device but each unit runs its own kernels on its own tensors:
 its numbers are what it computes alone.
 
 What stays where: the adapters (and a trainer's Adam state) stay on the device for the model's life
-(never parked, like the base). The pool reports its device use to rota as footprint ``working``:
+(never parked, like the base). The shared turn's tenant reports its device use to rota as footprint ``working``:
 the CUDA caches its workers keep between units (with their adapters), or the most units it ran at
 once times the largest activation peak a unit reported, whichever is larger.
 
-Fairness: when rota asks the pool to yield (another tenant waits past the policy's turn limit:
+Fairness: when rota asks the shared turn to yield (another tenant waits past the policy's turn limit:
 :data:`MAX_TURN_S` on the service's own orchestrator; give an external one ``--max-turn``), it
 admits no new unit and releases the turn once its running units end; units still waiting queue for the next turn. An
-idle pool keeps its turn :data:`LINGER_S` for the next unit, then releases it. A worker that dies
+idle shared turn is kept :data:`LINGER_S` for the next unit, then released. A worker that dies
 inside a unit frees its place (its connection closes).
 """
 
@@ -37,16 +37,16 @@ from typing import Any
 
 from rota import hookimpl
 
-log = logging.getLogger("rota_tinker.pool")
+log = logging.getLogger("rota_tinker.shared_turn")
 
 MAX_TURN_S = 1.0  # the service's own orchestrator asks a holder to yield after this long when others wait
-LINGER_S = 0.02  # an idle pool keeps its turn this long for the next unit (a step's optim_step follows at once)
+LINGER_S = 0.02  # an idle shared turn is kept this long for the next unit (a step's optim_step follows at once)
 
 
-class PoolGate:
-    """The holder's side: admits units of workers on its base into the pool's rota turn, ``limit`` at once.
+class SharedTurnGate:
+    """The holder's side: admits units of workers on its base into its shared rota turn, ``limit`` at once.
 
-    ``gpu``: the pool's rota tenant (``rota.connect``); the gate registers its footprint hook there.
+    ``gpu``: the shared turn's rota tenant (``rota.connect``); the gate registers its footprint hook there.
     """
 
     def __init__(self, gpu: Any, limit: int, linger_s: float = LINGER_S) -> None:
@@ -60,8 +60,8 @@ class PoolGate:
         self.largest_unit = 0  # bytes: the largest activation peak a unit reported
         self.kept: dict[int, int] = {}  # a worker connection -> the CUDA cache it kept after its last unit
         self.closed = False
-        gpu.pm.register(self, name=f"rota-tinker-pool-{id(self)}")
-        self._watcher = threading.Thread(target=self._watch, name="rota-tinker-pool-watch", daemon=True)
+        gpu.pm.register(self, name=f"rota-tinker-shared-turn-{id(self)}")
+        self._watcher = threading.Thread(target=self._watch, name="rota-tinker-shared-turn-watch", daemon=True)
         self._watcher.start()
 
     @property
@@ -70,7 +70,7 @@ class PoolGate:
 
     def enter(self) -> dict[str, float]:
         """Block until this unit may run; its timing (``wait_s``: for the grant, 0 in a held turn;
-        ``new_turn``: 1 if it started the turn; ``pool_running``: units running with it)."""
+        ``new_turn``: 1 if it started the turn; ``units_sharing``: units running with it)."""
         t0 = time.monotonic()
         new_turn = 0.0
         with self.cond:
@@ -78,12 +78,12 @@ class PoolGate:
             try:
                 while True:
                     if self.closed:
-                        raise RuntimeError("the LoRA pool is shutting down")
+                        raise RuntimeError("the shared LoRA turn is shutting down")
                     if self.holding and not self.gpu.should_yield and self.running < self.limit:
                         self.running += 1
                         self.most_at_once = max(self.most_at_once, self.running)
                         return {"wait_s": time.monotonic() - t0, "new_turn": new_turn,
-                                "pool_running": float(self.running)}
+                                "units_sharing": float(self.running)}
                     if not self.holding and not self.acquiring and self.running == 0:
                         self._acquire()
                         new_turn = 1.0
@@ -93,7 +93,7 @@ class PoolGate:
                 self.waiting -= 1
 
     def _acquire(self) -> None:
-        """Get the pool's turn with the lock released (it may wait for other tenants); lock held again after."""
+        """Get the shared turn with the lock released (it may wait for other tenants); lock held again after."""
         self.acquiring = True
         self.cond.release()
         try:
@@ -123,10 +123,10 @@ class PoolGate:
         try:
             self.gpu.release()
         except Exception as e:  # the lease expires on the orchestrator's side; the next enter acquires afresh
-            log.error("LoRA pool: release failed: %s", e)
+            log.error("shared LoRA turn: release failed: %s", e)
 
     def _watch(self) -> None:
-        """Release an idle turn: at once when rota asks the pool to yield, else after ``linger_s``."""
+        """Release an idle turn: at once when rota asks the shared turn to yield, else after ``linger_s``."""
         while True:
             with self.cond:
                 if self.closed:
@@ -148,7 +148,7 @@ class PoolGate:
     def serve(self, conn: Any) -> None:
         """One worker's connection: ``("enter",)`` answered ``("ok", timing)`` or ``("err", why)``,
         ``("leave", peak bytes, kept bytes)``. A connection that closes inside a unit leaves it; one that
-        closes frees its worker's cache (the process is gone or stopped using the pool)."""
+        closes frees its worker's cache (the process is gone or stopped sharing the turn)."""
         inside = False
         try:
             while True:
@@ -170,7 +170,7 @@ class PoolGate:
             pass
         finally:
             if inside:
-                log.warning("LoRA pool: a worker went away inside a unit; its place is free")
+                log.warning("shared LoRA turn: a worker went away inside a unit; its place is free")
                 self.leave(0, worker=id(conn))
             with self.cond:
                 self.kept.pop(id(conn), None)
@@ -178,7 +178,7 @@ class PoolGate:
 
     @hookimpl
     def rota_footprint(self, tenant: Any) -> dict[str, int] | None:
-        """The pool's device bytes beyond the base: its workers' kept caches, or what the most units it ran at
+        """The shared turn's device bytes beyond the base: its workers' kept caches, or what the most units it ran at
         once needed (the larger), so rota leaves room for them when it decides who stays resident."""
         if tenant is not self.gpu:
             return None
@@ -186,10 +186,10 @@ class PoolGate:
             return {"working": max(self.most_at_once * self.largest_unit, sum(self.kept.values()))}
 
 
-class PoolTurn:
-    """A worker's (trainer's or sampler's) side of the pool of one base: the turn its pooled units run in
+class SharedTurn:
+    """A worker's (trainer's or sampler's) side of the shared turn of one base: the turn its shared units run in
     (``rota_tinker._worker.main._Loop`` calls ``begin``, ``may_continue``, ``queued`` and ``end``, as on its own
-    rota turn). A unit enters before it runs and leaves after; nothing of a pooled model is ever parked."""
+    rota turn). A unit enters before it runs and leaves after; nothing of a model sharing it is ever parked."""
 
     NOTHING_MOVED = {"restore_s": 0.0, "parked_s": 0.0, "parked_bytes": 0.0}
 
@@ -199,7 +199,7 @@ class PoolTurn:
         self._start_bytes = 0
 
     def begin(self) -> dict[str, float]:
-        """Enter the pool (blocks while it is full or another tenant holds the device); the unit's timing."""
+        """Enter the shared turn (blocks while it is full or another tenant holds the device); the unit's timing."""
         import torch
 
         if self.conn is None:
@@ -210,9 +210,9 @@ class PoolTurn:
             reply = self.conn.recv()
         except (EOFError, OSError) as e:
             self.conn = None
-            raise RuntimeError(f"the base holder of this LoRA pool went away ({type(e).__name__})") from e
+            raise RuntimeError(f"the base holder of this shared LoRA turn went away ({type(e).__name__})") from e
         if reply[0] != "ok":
-            raise RuntimeError(f"the LoRA pool of this base refused the unit: {reply[1]}")
+            raise RuntimeError(f"the shared LoRA turn of this base refused the unit: {reply[1]}")
         self._start_bytes = 0
         if self.device.type == "cuda" and torch.cuda.is_initialized():  # its peak counters raise until it is
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -228,12 +228,12 @@ class PoolTurn:
         return {"wait_s": 0.0, **self.NOTHING_MOVED}
 
     def end(self) -> None:
-        """Leave the pool, reporting this unit's activation peak.
+        """Leave the shared turn, reporting this unit's activation peak.
 
         This process keeps its CUDA cache for its next unit (no re-allocation) while the device has room
         for ``room_for`` more units like this one; with less free, it hands the cache back (every worker
-        of the pool keeps its own cache, and together they must not crowd out the units that run). What
-        it keeps is reported too: the pool's footprint counts it.
+        of the shared turn keeps its own cache, and together they must not crowd out the units that run). What
+        it keeps is reported too: the shared turn's footprint counts it.
         """
         import torch
 
