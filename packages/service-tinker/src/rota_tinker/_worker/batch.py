@@ -17,7 +17,7 @@ one call (:meth:`BatchTrainer.batch_mixed`):
   let go past :data:`MAX_WEIGHTS`).
 
 The worker is one rota tenant (``lora-batch.N``): its batch takes turns against full-parameter
-tenants and samplers on the device, like the LoRA pool (:mod:`rota_tinker._worker.pool`). Adapters and
+tenants and samplers on the device, like the shared LoRA turn (:mod:`rota_tinker._worker.shared_turn`). Adapters and
 Adam state stay on the device for a model's life (a few hundred MB per tenant on a 1.7B base: they
 are never parked, like the base). Checkpoints are the trainers' files (peft's adapter files and
 ``optimizer.pt`` in the same parameter order), so a model moves between this worker and a trainer
@@ -54,7 +54,7 @@ class BatchTrainer(_Base):
 
     def __init__(self, spec: Any, gpu: Any) -> None:
         super().__init__(spec, gpu)
-        self.engine: BatchedLora | None = None
+        self.batched: BatchedLora | None = None
         self.owners: dict[str, tuple[str, dict[str, Any], Any]] = {}  # model id -> (tenant, lora, base)
         self.weights: OrderedDict[str, str] = OrderedDict()  # sampler weights' folder -> its adapters' name, LRU
 
@@ -67,17 +67,17 @@ class BatchTrainer(_Base):
 
     # ------------------------------------------------------------------ models
 
-    def _engine(self, base: Any, shared_base: str | None) -> BatchedLora:
+    def _batched(self, base: Any, shared_base: str | None) -> BatchedLora:
         if shared_base is None:
             raise UserError("the batched LoRA worker needs the shared base (share_lora_base)")
-        if self.engine is None:
+        if self.batched is None:
             from rota_tinker._worker.roles import _base_model
 
-            self.engine = BatchedLora(_base_model(base, self.device, shared_base), self.device)
+            self.batched = BatchedLora(_base_model(base, self.device, shared_base), self.device)
             self.base_name = base.name
         elif base.name != self.base_name:
             raise UserError(f"this batched worker holds base {self.base_name!r}, not {base.name!r}")
-        return self.engine
+        return self.batched
 
     def _get(self, model_id: str) -> tuple[str, dict[str, Any], Any]:
         if model_id not in self.owners:
@@ -89,8 +89,8 @@ class BatchTrainer(_Base):
         """Add a model's adapters, as peft starts them from its seed; ``load``: then that checkpoint's."""
         if lora is None:
             raise UserError("the batched LoRA worker holds LoRA models only")
-        engine = self._engine(base, shared_base)
-        n = engine.add(model_id, lora["rank"], lora["seed"], lora["targets"])
+        batched = self._batched(base, shared_base)
+        n = batched.add(model_id, lora["rank"], lora["seed"], lora["targets"])
         self.owners[model_id] = (tenant, lora, base)
         if load is not None:
             try:
@@ -101,15 +101,15 @@ class BatchTrainer(_Base):
         return {"trainable_params": n}
 
     def op_unload(self, model_id: str) -> dict[str, Any]:
-        if self.owners.pop(model_id, None) is not None and self.engine is not None:
-            self.engine.remove(model_id)
+        if self.owners.pop(model_id, None) is not None and self.batched is not None:
+            self.batched.remove(model_id)
             gc.collect()
         return {}
 
     def op_optim_step(self, model_id: str, adam: dict[str, float]) -> dict[str, Any]:
         self._get(model_id)
-        assert self.engine is not None
-        return self.engine.optim_step(model_id, adam)
+        assert self.batched is not None
+        return self.batched.optim_step(model_id, adam)
 
     # ------------------------------------------------------------------ batches
 
@@ -153,11 +153,11 @@ class BatchTrainer(_Base):
                              args["forward_only"], key=i))
         if not todo:
             return
-        assert self.engine is not None
+        assert self.batched is not None
         results: dict[int, dict[str, Any]] = {}
         try:
             for batch in plan_batches(todo, self.spec.lora_batch_tokens, BATCH_TOKENS):
-                for unit, result in zip(batch, self.engine.forward_backward(batch), strict=True):
+                for unit, result in zip(batch, self.batched.forward_backward(batch), strict=True):
                     mine = results.setdefault(unit.key, {"logprobs": [], "metrics": {"loss:sum": 0.0}})
                     mine["logprobs"].extend(result["logprobs"])
                     mine["metrics"]["loss:sum"] += result["metrics"]["loss:sum"]
@@ -190,8 +190,8 @@ class BatchTrainer(_Base):
             base = batch[0]["base"]  # type: ignore[index]
             tokenizer = self._tokenizer(base) if any(r["params"].get("stop_strings") for r in batch) else None  # type: ignore[index]
             try:
-                assert self.engine is not None
-                results: list[Any] = self.engine.sample(batch, base.max_len, tokenizer)  # type: ignore[arg-type]
+                assert self.batched is not None
+                results: list[Any] = self.batched.sample(batch, base.max_len, tokenizer)  # type: ignore[arg-type]
             except Exception as e:
                 results = [e] * len(batch)
             for j, result in zip(part, results, strict=True):
@@ -200,13 +200,13 @@ class BatchTrainer(_Base):
                 out[where[ready[j]]] = result
 
     def _sampler_weights(self, unit: dict[str, Any]) -> str | None:
-        """The engine's name of the adapters ``unit`` samples from (loaded from its folder on first use, the least
+        """The batch's name of the adapters ``unit`` samples from (loaded from its folder on first use, the least
         recently used let go past :data:`MAX_WEIGHTS`); None for the bare base."""
         from safetensors.torch import load_file
 
         from rota_tinker._worker.state_files import saved_lora
 
-        engine = self._engine(unit["base"], unit.get("shared_base"))
+        batched = self._batched(unit["base"], unit.get("shared_base"))
         key = unit["key"]
         if key.startswith("base:"):
             return None
@@ -217,15 +217,15 @@ class BatchTrainer(_Base):
         if lora is None:
             raise UserError(f"{os.path.basename(key)} holds full-parameter weights; they cannot go on a shared base")
         name = f"weights:{len(self.weights)}:{os.path.basename(key)}"
-        while name in engine.adapters:
+        while name in batched.adapters:
             name += "'"
-        engine.add(name, lora["rank"], lora["seed"], lora["targets"])
+        batched.add(name, lora["rank"], lora["seed"], lora["targets"])
         try:
-            engine.load(name, load_file(os.path.join(key, "adapter_model.safetensors")))
+            batched.load(name, load_file(os.path.join(key, "adapter_model.safetensors")))
         except (ValueError, FileNotFoundError) as e:
-            engine.remove(name)
+            batched.remove(name)
             raise UserError(str(e)) from e
-        for p in engine.adapters[name].parameters():  # frozen: no gradient (its AdamW never steps: no state)
+        for p in batched.adapters[name].parameters():  # frozen: no gradient (its AdamW never steps: no state)
             p.requires_grad_(False)
             p.grad = None
         self.weights[key] = name
@@ -236,8 +236,8 @@ class BatchTrainer(_Base):
     def op_forget(self, key: str) -> dict[str, Any]:
         """Drop the adapters of deleted sampler weights (nothing to do if they were never loaded)."""
         name = self.weights.pop(key, None)
-        if name is not None and self.engine is not None:
-            self.engine.remove(name)
+        if name is not None and self.batched is not None:
+            self.batched.remove(name)
         return {}
 
     # ------------------------------------------------------------------ checkpoints
@@ -255,11 +255,11 @@ class BatchTrainer(_Base):
         from rota_tinker._worker.state_files import write_adapters
 
         _, lora, base = self._get(model_id)
-        assert self.engine is not None
-        leaves = {path.rpartition(".")[2] for path in self.engine.linears}  # its linears are wrapped: name them
-        config = lora_config(self.engine.model, lora["rank"], lora["targets"], leaves=leaves)
-        opt = self.engine.optimizer_state(model_id) if optimizer else None
-        return write_adapters(path, self.engine.state_dict(model_id), config, base, lora, opt)
+        assert self.batched is not None
+        leaves = {path.rpartition(".")[2] for path in self.batched.linears}  # its linears are wrapped: name them
+        config = lora_config(self.batched.model, lora["rank"], lora["targets"], leaves=leaves)
+        opt = self.batched.optimizer_state(model_id) if optimizer else None
+        return write_adapters(path, self.batched.state_dict(model_id), config, base, lora, opt)
 
     def op_save_state(self, model_id: str, name: str, base: Any) -> dict[str, Any]:
         """A training checkpoint (adapters and AdamW state) in ``DATA_DIR/TENANT/MODEL/weights/NAME``."""
@@ -277,14 +277,14 @@ class BatchTrainer(_Base):
         from safetensors.torch import load_file
 
         self._get(model_id)
-        assert self.engine is not None
+        assert self.batched is not None
         try:  # BatchedLora.load refuses adapters of another rank or other targets (shapes, names)
-            self.engine.load(model_id, load_file(os.path.join(folder, "adapter_model.safetensors")))
+            self.batched.load(model_id, load_file(os.path.join(folder, "adapter_model.safetensors")))
         except (ValueError, FileNotFoundError) as e:
             raise UserError(str(e)) from e
         state = None
         if optimizer:
             state = torch.load(os.path.join(folder, "optimizer.pt"), map_location="cpu", weights_only=True)
-        self.engine.load_optimizer_state(model_id, state)
+        self.batched.load_optimizer_state(model_id, state)
         return {}
 

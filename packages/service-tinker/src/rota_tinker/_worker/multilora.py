@@ -85,14 +85,14 @@ class _Adapter:
 class _SegmentLora(nn.Module):
     """A frozen linear plus, for the batch being run, each tenant's LoRA on its own rows."""
 
-    def __init__(self, base: nn.Linear, path: str, engine: BatchedLora) -> None:
+    def __init__(self, base: nn.Linear, path: str, batched: BatchedLora) -> None:
         super().__init__()
         self.base, self.path = base, path
-        self._engine = [engine]  # a list: not a submodule (the engine is no nn.Module)
+        self._batched = [batched]  # a list: not a submodule (BatchedLora is no nn.Module)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        segments = self._engine[0].segments
+        segments = self._batched[0].segments
         if segments is None:
             return y
         flat = x.reshape(-1, x.shape[-1])
@@ -288,7 +288,7 @@ class BatchedLora:
         return state
 
     def load_optimizer_state(self, tenant: str, state: dict[str, Any] | None) -> None:
-        """Load a trainer's or this engine's ``optimizer.pt`` into ``tenant``'s AdamW (None: a fresh state), which
+        """Load a trainer's or a BatchedLora's ``optimizer.pt`` into ``tenant``'s AdamW (None: a fresh state), which
         stays as it was made (fused on CUDA)."""
         opt = self.adapters[tenant].optimizer
         if state is None:
