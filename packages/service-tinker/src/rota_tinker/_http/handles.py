@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -125,6 +126,9 @@ def unit_breakdown(timing: dict[str, float]) -> dict[str, float]:
     return out
 
 
+_STOP = object()  # tells a handle's sender thread to end
+
+
 class WorkerHandle:
     """One worker process of one tenant, started lazily on first use."""
 
@@ -138,6 +142,7 @@ class WorkerHandle:
         self._dead: str | None = None
         self._closed = False
         self._reaped = threading.Event()  # set by the reader once it has joined the process
+        self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # what the sender thread sends, in order
         self.hello: dict[str, Any] = {}  # what the process said when it was ready (a base holder: its address)
         self.start_s: dict[str, float] = {}  # the last start: spawn (until the child ran), import, setup, total
 
@@ -176,7 +181,10 @@ class WorkerHandle:
                  " ".join(f"{k[:-2]} {v:.2f}s" for k, v in self.start_s.items()))
         self._proc, self._conn, self.hello = proc, parent, hello[2]
         reaped = self._reaped = threading.Event()
-        threading.Thread(target=self._read, args=(parent, proc, reaped), name=f"rota-tinker-read-{self.name}",
+        outbox = self._outbox = queue.SimpleQueue()
+        threading.Thread(target=self._read, args=(parent, proc, reaped, outbox), name=f"rota-tinker-read-{self.name}",
+                         daemon=True).start()
+        threading.Thread(target=self._send, args=(parent, outbox), name=f"rota-tinker-send-{self.name}",
                          daemon=True).start()
 
     def _ensure_locked(self, restart: bool) -> str | None:
@@ -205,7 +213,8 @@ class WorkerHandle:
 
     def submit(self, future: Future, op: str, args: dict[str, Any], on_result: OnResult, *,
                restart: bool = False) -> None:
-        """Send ``op`` to the worker; ``on_result(result)`` completes ``future`` (a failure fails it).
+        """Queue ``op`` for the worker (its sender thread sends it; this never waits on the worker's pipe);
+        ``on_result(result)`` completes ``future`` (a failure fails it).
 
         ``restart``: if the worker has died, start a fresh one for this unit (its old state stays lost).
         """
@@ -216,13 +225,32 @@ class WorkerHandle:
                 return
             future.timing["submitted"] = time.monotonic()
             self._pending[future.request_id] = (future, on_result)
-            try:
-                self._conn.send((future.request_id, op, args))
-            except (OSError, ValueError) as e:
-                self._pending.pop(future.request_id, None)
-                future.fail(f"{self.name} worker is gone ({e})", "server")
+            self._outbox.put(((future.request_id, op, args), future))
 
-    def _read(self, conn: Any, proc: mp.process.BaseProcess, reaped: threading.Event) -> None:
+    def _send(self, conn: Any, outbox: queue.SimpleQueue[Any]) -> None:
+        """Send the worker its units in submission order. A thread of its own: a worker busy with a long pass reads
+        nothing, and once the pipe is full a send waits; an HTTP thread (or the lock the reader needs to deliver
+        the worker's replies) waiting there had stalled the whole service with 32 tenants on one batched worker."""
+        while True:
+            item = outbox.get()
+            if item is _STOP:
+                return
+            msg, future = item
+            try:
+                conn.send(msg)
+            except (OSError, ValueError) as e:
+                if future is None:
+                    return
+                with self._lock:
+                    entry = self._pending.pop(future.request_id, None)
+                if entry is not None:
+                    future.fail(f"{self.name} worker is gone ({e})", "server")
+                continue
+            if msg is None:  # the close message: nothing follows it
+                return
+
+    def _read(self, conn: Any, proc: mp.process.BaseProcess, reaped: threading.Event,
+              outbox: queue.SimpleQueue[Any]) -> None:
         """Complete futures from the worker's replies; when it exits, reap it (the only reaper) and fail the rest.
 
         Replies: ``(rid, "ok", result, timing)`` or ``(rid, "err", message, category, timing)``.
@@ -252,6 +280,7 @@ class WorkerHandle:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s %s %s: %s", self.name, future.kind, rid,
                           " ".join(f"{k}={v:.4f}" for k, v in unit_breakdown(future.timing).items()))
+        outbox.put(_STOP)  # its sender has nobody left to send to
         proc.join(5)
         reaped.set()
         with self._lock:
@@ -270,12 +299,8 @@ class WorkerHandle:
         with self._lock:
             self._closed = True
             self._dead = self._dead or f"{self.name} worker was stopped (service shutting down)"
-            conn = self._conn if self._proc is not None else None
-        if conn is not None:
-            try:
-                conn.send(None)
-            except (OSError, ValueError):
-                pass
+            if self._proc is not None:
+                self._outbox.put((None, None))  # after every unit submitted before it
 
     def wait_closed(self, deadline: float) -> bool:
         """Wait until ``deadline`` (monotonic) for the worker to exit; kill it after that. True if it exited itself."""
