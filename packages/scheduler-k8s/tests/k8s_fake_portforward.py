@@ -36,6 +36,7 @@ class FakePortForwardApi:
         self.forwards: list[tuple[str, int]] = []  # (pod, port) of each stream opened
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
+        self._streams: dict[int, web.Request] = {}  # open port-forward requests, by id
         self.port = 0
 
     def __enter__(self) -> FakePortForwardApi:
@@ -46,6 +47,11 @@ class FakePortForwardApi:
 
     def __exit__(self, *exc: object) -> None:
         async def stop() -> None:
+            # a client may leave its port-forward open (an idle gRPC connection): drop each stream's connection
+            # first, or the runner's cleanup waits for its handler (aiohttp's graceful shutdown: 60 s)
+            for request in list(self._streams.values()):
+                if request.transport is not None:
+                    request.transport.abort()
             if self._runner is not None:
                 await self._runner.cleanup()
 
@@ -81,6 +87,13 @@ class FakePortForwardApi:
                                   "items": items})
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
+        self._streams[id(request)] = request
+        try:
+            return await self._stream(request)
+        finally:
+            self._streams.pop(id(request), None)
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         port = int(request.query["ports"])
         ws = web.WebSocketResponse(protocols=(PROTOCOL,))
