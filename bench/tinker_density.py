@@ -29,8 +29,9 @@ Definition (also written into the JSON as ``definition``):
   in (steps/s and tokens/s).
 * *memory*: on CUDA, device memory in use (``nvidia-smi``) at its peak during the
   point minus before the service started; on CPU, the summed PSS of the base holder and
-  the trainer workers. ``--unshared N`` adds one point with base sharing off (every
-  tenant's worker loads its own base): the difference to the shared point of the same
+  the trainer workers; ``mem_per_added_tenant``: (a point's memory - the baseline's) /
+  (N - 1). ``--unshared N`` adds one point with base sharing off (every tenant's worker
+  loads its own base): the difference to the shared point of the same
   N is the memory sharing saves (about (N-1) x ``base_bytes`` if CUDA IPC shares it).
 * *capacity* (``--capacity``): the service's ``capacity_bytes``, so tenants whose working
   sets fit stay resident between turns and a turn moves nothing; ``auto`` (default) is,
@@ -558,6 +559,9 @@ def _report(pt: dict, base: dict, tolerance: float) -> None:
         return
     pt["latency_vs_alone"] = pt["median_step_s"] / base["median_step_s"]
     pt["within_tolerance"] = pt["latency_vs_alone"] <= tolerance
+    key = "device_mem_used_bytes" if pt.get("device_mem_used_bytes") is not None else "host_pss_bytes"
+    if pt is not base and pt.get(key) is not None and base.get(key) is not None and pt["tenants"] > 1:
+        pt["mem_per_added_tenant"] = {"metric": key, "bytes": (pt[key] - base[key]) / (pt["tenants"] - 1)}
     compute = [p.get("breakdown", {}).get("ForwardBackward", {}).get("median_compute_s") for p in (pt, base)]
     if None not in compute:  # the device's own speed drifts between points; this ratio takes that out
         pt["latency_vs_alone_at_base_compute"] = (pt["median_step_s"] - compute[0] + compute[1]) / base["median_step_s"]
@@ -569,6 +573,8 @@ def _report(pt: dict, base: dict, tolerance: float) -> None:
         slowest[0], " ".join(f"{k[:-2]} {v:.1f}" for k, v in slowest[1].items()))
     if "latency_vs_alone_at_base_compute" in pt and pt is not base:
         extra += f" ({pt['latency_vs_alone_at_base_compute']:.2f}x at the baseline's forward_backward compute)"
+    if "mem_per_added_tenant" in pt:
+        extra += f", {pt['mem_per_added_tenant']['bytes'] / 2**30:.2f} GiB per added tenant"
     log.warning("N=%d%s: %.3f s/step (%.2fx alone)%s, capacity %.1f GiB, workers started in %.1f s%s; client/HTTP "
                 "%s ms a step; %d parks, at most %.1f MB each\n%s", pt["tenants"],
                 "" if pt["share_lora_base"] else " (unshared)", pt["median_step_s"], pt["latency_vs_alone"], extra,
