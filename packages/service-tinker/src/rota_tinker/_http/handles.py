@@ -151,6 +151,11 @@ class WorkerHandle:
         return f"{self.spec.tenant}.{self.spec.role}"
 
     @property
+    def running(self) -> bool:
+        """Whether its process runs now (read without the lock, which a start holds for seconds)."""
+        return self._proc is not None and self._dead is None
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 

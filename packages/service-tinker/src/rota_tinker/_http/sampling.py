@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from rota_tinker._config import BaseModelSpec, ServiceConfig, Tenant
@@ -151,16 +153,26 @@ class SamplingRoutes:
         seed = secrets.randbelow(2**31) if seed is None else seed
         fut = state.future(tenant.name, "Sample", session)
         seq_ids = [f"{fut.request_id}:{i}" for i in range(num)]
-        try:
-            shared = state.shared_base(base, shareable)
-        except RuntimeError as e:
-            fut.fail(f"the shared base {base.name!r} is not available: {e}", "server")
-            return self._future_reply(fut, None, sample_sequence_ids=seq_ids)
-        state.sampler_of(tenant.name, base, shareable).submit(
-            fut, "sample", {"key": key, "base": base, "prompt": prompt, "params": params, "num_samples": num,
-                            "seed": seed, "shared_base": shared},
-            lambda result: self._sampled(fut, tenant, result, prompt.size, base.name, session,
-                                         (seq_ids, prompt) if record else None), restart=True)
+        sampler = state.sampler_of(tenant.name, base, shareable)
+
+        def send() -> None:
+            try:
+                shared = state.shared_base(base, shareable)
+            except RuntimeError as e:
+                fut.fail(f"the shared base {base.name!r} is not available: {e}", "server")
+                return
+            sampler.submit(
+                fut, "sample", {"key": key, "base": base, "prompt": prompt, "params": params, "num_samples": num,
+                                "seed": seed, "shared_base": shared},
+                lambda result: self._sampled(fut, tenant, result, prompt.size, base.name, session,
+                                             (seq_ids, prompt) if record else None), restart=True)
+
+        sharing = shareable and state.config.share_lora_base
+        if sampler.running and (not sharing or state.holder(base).running):
+            send()
+        else:  # a worker to start first (seconds): off the request thread, as create_model's start
+            threading.Thread(target=_never_pending, args=(fut, send), name=f"rota-tinker-sample-{fut.request_id}",
+                             daemon=True).start()
         return self._future_reply(fut, None, sample_sequence_ids=seq_ids)
 
     def _sampled(self, fut: Future, tenant: Tenant, result: dict[str, Any], prompt_len: int, base: str,
@@ -213,3 +225,12 @@ class SamplingRoutes:
         seed = field_of(sp, "seed", int, required=False, bounds=SEED_BOUNDS)
         return {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                 "stop_tokens": stop_tokens, "stop_strings": stop_strings, "seed": seed}
+
+
+def _never_pending(fut: Any, send: Callable[[], None]) -> None:
+    """``send()`` on a thread of its own; whatever it raises fails ``fut`` (a future never stays pending)."""
+    try:
+        send()
+    except Exception as e:
+        log.exception("%s could not be sent", fut.request_id)
+        fut.fail(f"the request could not start: {type(e).__name__}", "server")
