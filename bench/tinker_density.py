@@ -539,7 +539,7 @@ def main() -> None:
     unshared = result["unshared_point"]
     if unshared is not None and not unshared.get("failed"):
         same = next((pt for pt in result["points"] if pt["tenants"] == args.unshared and not pt.get("failed")), None)
-        key = "device_mem_used_bytes" if unshared["device_mem_used_bytes"] is not None else "host_pss_bytes"
+        key = _mem_metric(unshared)
         if same is not None and same[key] is not None and unshared[key] is not None:
             result["sharing_saves_bytes"] = {"metric": key, "tenants": args.unshared,
                                              "bytes": unshared[key] - same[key],
@@ -553,13 +553,18 @@ def main() -> None:
     sys.stdout.write(text + "\n")
 
 
+def _mem_metric(pt: dict) -> str:
+    """A point's memory figure: device memory on CUDA, else the processes' PSS."""
+    return "device_mem_used_bytes" if pt.get("device_mem_used_bytes") is not None else "host_pss_bytes"
+
+
 def _report(pt: dict, base: dict, tolerance: float) -> None:
     """Log a point's latency and breakdown; set its ratio to the baseline."""
     if pt.get("failed"):
         return
     pt["latency_vs_alone"] = pt["median_step_s"] / base["median_step_s"]
     pt["within_tolerance"] = pt["latency_vs_alone"] <= tolerance
-    key = "device_mem_used_bytes" if pt.get("device_mem_used_bytes") is not None else "host_pss_bytes"
+    key = _mem_metric(pt)
     if pt is not base and pt.get(key) is not None and base.get(key) is not None and pt["tenants"] > 1:
         pt["mem_per_added_tenant"] = {"metric": key, "bytes": (pt[key] - base[key]) / (pt["tenants"] - 1)}
     compute = [p.get("breakdown", {}).get("ForwardBackward", {}).get("median_compute_s") for p in (pt, base)]

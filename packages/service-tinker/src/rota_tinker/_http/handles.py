@@ -126,6 +126,20 @@ def unit_breakdown(timing: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def off_request_thread(fut: Future, what: str, fn: Callable[[], None]) -> None:
+    """Run ``fn`` on a thread of its own, off the request thread: it may start worker processes (seconds on a GPU,
+    under a handle's lock). Whatever it raises fails ``fut`` ("WHAT could not start"): a future never stays
+    pending."""
+    def run() -> None:
+        try:
+            fn()
+        except Exception as e:
+            log.exception("%s %s failed to start", what, fut.request_id)
+            fut.fail(f"{what} could not start: {type(e).__name__}", "server")
+
+    threading.Thread(target=run, name=f"rota-tinker-{what}-{fut.request_id}", daemon=True).start()
+
+
 _STOP = object()  # tells a handle's sender thread to end
 
 
@@ -137,7 +151,6 @@ class WorkerHandle:
         self.start_timeout_s = start_timeout_s
         self._lock = threading.Lock()
         self._proc: mp.process.BaseProcess | None = None
-        self._conn: Any = None
         self._pending: dict[str, tuple[Future, OnResult]] = {}
         self._dead: str | None = None
         self._closed = False
@@ -184,7 +197,7 @@ class WorkerHandle:
                         "setup_s": phases.get("setup_s", 0.0), "total_s": time.monotonic() - t0}
         log.info("%s worker started, pid %s, in %s", self.name, hello[1],
                  " ".join(f"{k[:-2]} {v:.2f}s" for k, v in self.start_s.items()))
-        self._proc, self._conn, self.hello = proc, parent, hello[2]
+        self._proc, self.hello = proc, hello[2]
         reaped = self._reaped = threading.Event()
         outbox = self._outbox = queue.SimpleQueue()
         threading.Thread(target=self._read, args=(parent, proc, reaped, outbox), name=f"rota-tinker-read-{self.name}",
@@ -196,7 +209,7 @@ class WorkerHandle:
         """Start the process if needed; None when it runs, else why it does not."""
         if self._dead is not None and restart and not self._closed and self._proc is not None:
             log.warning("%s: starting a fresh worker after: %s", self.name, self._dead)
-            self._proc, self._conn, self._dead = None, None, None
+            self._proc, self._dead = None, None
         if self._dead is not None:
             return self._dead
         if self._proc is None:

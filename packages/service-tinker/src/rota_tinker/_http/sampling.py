@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
-from collections.abc import Callable
 from typing import Any
 
 from rota_tinker._config import BaseModelSpec, ServiceConfig, Tenant
@@ -14,7 +12,7 @@ from rota_tinker._hf import HfModelSpec
 from rota_tinker._http import checkpoints as _checkpoints
 from rota_tinker._http import formats as _formats
 from rota_tinker._http.formats import BadRequest, field_of
-from rota_tinker._http.handles import Future
+from rota_tinker._http.handles import Future, off_request_thread
 from rota_tinker._http.server import Reply
 from rota_tinker._http.state import (
     _PATH,
@@ -170,9 +168,8 @@ class SamplingRoutes:
         sharing = shareable and state.config.share_lora_base
         if sampler.running and (not sharing or state.holder(base).running):
             send()
-        else:  # a worker to start first (seconds): off the request thread, as create_model's start
-            threading.Thread(target=_never_pending, args=(fut, send), name=f"rota-tinker-sample-{fut.request_id}",
-                             daemon=True).start()
+        else:  # a worker to start first (seconds), as create_model's
+            off_request_thread(fut, "sample", send)
         return self._future_reply(fut, None, sample_sequence_ids=seq_ids)
 
     def _sampled(self, fut: Future, tenant: Tenant, result: dict[str, Any], prompt_len: int, base: str,
@@ -226,11 +223,3 @@ class SamplingRoutes:
         return {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                 "stop_tokens": stop_tokens, "stop_strings": stop_strings, "seed": seed}
 
-
-def _never_pending(fut: Any, send: Callable[[], None]) -> None:
-    """``send()`` on a thread of its own; whatever it raises fails ``fut`` (a future never stays pending)."""
-    try:
-        send()
-    except Exception as e:
-        log.exception("%s could not be sent", fut.request_id)
-        fut.fail(f"the request could not start: {type(e).__name__}", "server")

@@ -13,7 +13,7 @@ from rota_tinker._hf import HfModelSpec
 from rota_tinker._http import checkpoints as _checkpoints
 from rota_tinker._http import formats as _formats
 from rota_tinker._http.formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
-from rota_tinker._http.handles import Future
+from rota_tinker._http.handles import Future, off_request_thread
 from rota_tinker._http.server import Reply, Request
 from rota_tinker._http.state import (
     _NAME,
@@ -110,24 +110,20 @@ class TrainingRoutes:
         fut.add_done_callback(lambda: failed() if fut.error is not None else None)
 
         def start() -> None:
-            """Off the request thread (starting processes takes seconds): the trainer starts beside the holder."""
+            """The trainer starts beside the holder."""
+            threading.Thread(target=_start_quietly, args=(trainer,), name=f"rota-tinker-start-{trainer.name}",
+                             daemon=True).start()
             try:
-                threading.Thread(target=_start_quietly, args=(trainer,), name=f"rota-tinker-start-{trainer.name}",
-                                 daemon=True).start()
-                try:
-                    shared = state.shared_base(base, lora is not None)
-                except RuntimeError as e:
-                    fut.fail(f"the shared base {base.name!r} is not available: {e}", "server")
-                    return
-                args = {"model_id": model_id, "base": base, "lora": lora, "shared_base": shared, "load": load}
-                if trainer.spec.role == "batch":  # it holds many tenants' models: their folders are named by tenant
-                    args["tenant"] = tenant.name
-                trainer.submit(fut, "create", args, done, restart=True)
-            except Exception as e:  # never leave the future pending
-                log.exception("create_model %s failed to start", model_id)
-                fut.fail(f"create_model could not start: {type(e).__name__}", "server")
+                shared = state.shared_base(base, lora is not None)
+            except RuntimeError as e:
+                fut.fail(f"the shared base {base.name!r} is not available: {e}", "server")
+                return
+            args = {"model_id": model_id, "base": base, "lora": lora, "shared_base": shared, "load": load}
+            if trainer.spec.role == "batch":  # it holds many tenants' models: their folders are named by tenant
+                args["tenant"] = tenant.name
+            trainer.submit(fut, "create", args, done, restart=True)
 
-        threading.Thread(target=start, name=f"rota-tinker-create-{model_id}", daemon=True).start()
+        off_request_thread(fut, "create_model", start)
         log.info("tenant %s: model %s (%s, %s%s)", tenant.name, model_id, base.name,
                  f"lora rank {lora['rank']}" if lora else "full-parameter", ", from a checkpoint" if load else "")
         return fut

@@ -428,11 +428,8 @@ class BatchedLora:
         if others:
             index = self._put(torch.tensor([r for r, _ in others]))
             row_loss = row_loss.index_put((index,), torch.stack([loss for _, loss in others]))
-        if not trained:
-            return row_loss, None
-        total = row_loss.sum() if len(trained) == rows else row_loss.index_select(0, self._put(
-            torch.tensor(trained))).sum()
-        return row_loss, total
+        # forward-only rows add only to the value: the where() above left them no path back to the model
+        return row_loss, row_loss.sum() if trained else None
 
     def _put(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` on the device without waiting for it: through pinned memory on CUDA."""
