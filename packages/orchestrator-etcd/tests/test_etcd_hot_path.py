@@ -16,7 +16,11 @@ from rota_etcd._store import EtcdStore, decode_state, encode_state
 from rota_etcd._turnwatch import TurnWatch
 
 
-def test_cached_tenant_json_is_what_encoding_afresh_writes_after_every_change() -> None:
+def test_cached_tenant_json_is_what_encoding_afresh_writes_after_every_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one wall-clock offset for every encoding: each call turns monotonic times into wall-clock ones with the
+    # offset of its instant, and two instants' offsets can round to another 4th decimal (it failed a CI run once)
+    offset = time.time() - time.monotonic()
+    monkeypatch.setattr(time, "time", lambda: time.monotonic() + offset)
     g = granted("g", "a", "b")
     cache: dict = {}
     assert encode_state(g, cache) == encode_state(g) and set(cache) == {"a", "b"}
