@@ -17,11 +17,13 @@ from rota_etcd._turnwatch import TurnWatch
 
 
 def test_cached_tenant_json_is_what_encoding_afresh_writes_after_every_change(monkeypatch: pytest.MonkeyPatch) -> None:
-    # one wall-clock offset for every encoding: each call turns monotonic times into wall-clock ones with the
-    # offset of its instant, and two instants' offsets can round to another 4th decimal (it failed a CI run once)
-    offset = time.time() - time.monotonic()
-    monkeypatch.setattr(time, "time", lambda: time.monotonic() + offset)
     g = granted("g", "a", "b")
+    # frozen clocks: each encoding turns monotonic times into wall-clock ones with the offset of its instant
+    # (time.time() - time.monotonic(), two reads), and two instants' offsets can round to another 4th decimal;
+    # it failed two clean-clone CI runs, once with only time.time tied to time.monotonic
+    now, wall = time.monotonic(), time.time()
+    monkeypatch.setattr(time, "monotonic", lambda: now)
+    monkeypatch.setattr(time, "time", lambda: wall)
     cache: dict = {}
     assert encode_state(g, cache) == encode_state(g) and set(cache) == {"a", "b"}
     rec = g.tenants["a"]
