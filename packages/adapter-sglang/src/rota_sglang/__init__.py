@@ -19,10 +19,31 @@ Tags: ``weights``, ``kv_cache``, ``cuda_graph``. SGLang is an optional extra
 
 from __future__ import annotations
 
-from rota.errors import UnsupportedVersion
-from rota_sglang._compat import FIX, SGLANG_SPEC, check_server, require_sglang
-from rota_sglang._engine import TAGS, TrackedEngine, TrackingError, track
-from rota_sglang._server import SglangServer, engine_command
+from typing import TYPE_CHECKING
+
+from rota.compat import lazy_getattr
+
+if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads on first use, so that
+    # loading the plugin (rota --help) imports neither the rota client nor the engine
+    from rota.errors import UnsupportedVersion
+    from rota_sglang._compat import FIX, SGLANG_SPEC, check_server, require_sglang
+    from rota_sglang._engine import TAGS, TrackedEngine, TrackingError, track
+    from rota_sglang._server import SglangServer, engine_command
 
 __all__ = ["FIX", "SGLANG_SPEC", "TAGS", "SglangServer", "TrackedEngine", "TrackingError", "UnsupportedVersion",
            "check_server", "engine_command", "require_sglang", "track"]
+
+_HOME = {
+    "UnsupportedVersion": "rota.errors",
+    "FIX": "rota_sglang._compat",
+    "SGLANG_SPEC": "rota_sglang._compat",
+    "check_server": "rota_sglang._compat",
+    "require_sglang": "rota_sglang._compat",
+    "TAGS": "rota_sglang._engine",
+    "TrackedEngine": "rota_sglang._engine",
+    "TrackingError": "rota_sglang._engine",
+    "track": "rota_sglang._engine",
+    "SglangServer": "rota_sglang._server",
+    "engine_command": "rota_sglang._server",
+}
+__getattr__ = lazy_getattr(__name__, _HOME)

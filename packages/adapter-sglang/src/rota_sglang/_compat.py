@@ -12,8 +12,10 @@ from rota_serving import EngineVersions
 
 #: SGLang versions this adapter targets (release/resume_memory_occupation with tags).
 VERSIONS = EngineVersions("rota-adapter-sglang", ("sglang",), "/get_server_info")
-SGLANG_SPEC, FIX, DISTS = VERSIONS.spec, VERSIONS.fix, VERSIONS.dists
+DISTS = VERSIONS.dists
+__getattr__ = VERSIONS.module_getattr(__name__, "SGLANG_SPEC")  # SGLANG_SPEC, FIX: read on first use
 require_sglang, check_server, warn_on_load = VERSIONS.require, VERSIONS.check_server, VERSIONS.warn_on_load
 
-__all__ = ["DISTS", "FIX", "SGLANG_SPEC", "VERSIONS", "UnsupportedVersion", "check_server", "require_sglang",
+__all__ = ["DISTS", "VERSIONS", "UnsupportedVersion", "check_server", "require_sglang",
            "warn_on_load"]
+

@@ -31,12 +31,40 @@ imports it at import time. The serving machinery (proxy, turn gate, supervisor) 
 
 from __future__ import annotations
 
-from rota.errors import UnsupportedVersion
-from rota_serving import EndpointClient, ServeConfig, Served, ServingError, TurnGate, TurnProxy, serve_app
-from rota_vllm._compat import FIX, VLLM_SPEC, check_server, require_vllm
-from rota_vllm._llm import TAGS, TrackedLLM, TrackingError, track
-from rota_vllm._server import VllmServer, engine_command
+from typing import TYPE_CHECKING
+
+from rota.compat import lazy_getattr
+
+if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads on first use, so that
+    # loading the plugin (rota --help) imports neither the rota client nor the engine
+    from rota.errors import UnsupportedVersion
+    from rota_serving import EndpointClient, ServeConfig, Served, ServingError, TurnGate, TurnProxy, serve_app
+    from rota_vllm._compat import FIX, VLLM_SPEC, check_server, require_vllm
+    from rota_vllm._llm import TAGS, TrackedLLM, TrackingError, track
+    from rota_vllm._server import VllmServer, engine_command
 
 __all__ = ["FIX", "TAGS", "VLLM_SPEC", "EndpointClient", "ServeConfig", "Served", "ServingError", "TrackedLLM",
            "TrackingError", "TurnGate", "TurnProxy", "UnsupportedVersion", "VllmServer", "check_server",
            "engine_command", "require_vllm", "serve_app", "track"]
+
+_HOME = {
+    "UnsupportedVersion": "rota.errors",
+    "EndpointClient": "rota_serving",
+    "ServeConfig": "rota_serving",
+    "Served": "rota_serving",
+    "ServingError": "rota_serving",
+    "TurnGate": "rota_serving",
+    "TurnProxy": "rota_serving",
+    "serve_app": "rota_serving",
+    "FIX": "rota_vllm._compat",
+    "VLLM_SPEC": "rota_vllm._compat",
+    "check_server": "rota_vllm._compat",
+    "require_vllm": "rota_vllm._compat",
+    "TAGS": "rota_vllm._llm",
+    "TrackedLLM": "rota_vllm._llm",
+    "TrackingError": "rota_vllm._llm",
+    "track": "rota_vllm._llm",
+    "VllmServer": "rota_vllm._server",
+    "engine_command": "rota_vllm._server",
+}
+__getattr__ = lazy_getattr(__name__, _HOME)

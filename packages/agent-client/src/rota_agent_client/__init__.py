@@ -7,6 +7,20 @@ Installed in tenant processes (trainers, served engines) without the agent itsel
 
 from __future__ import annotations
 
-from rota_agent_client.client import WorkloadClient, register, restore_gpu
+from typing import TYPE_CHECKING
+
+from rota.compat import lazy_getattr
+
+if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads on first use, so
+    # that loading the plugin (rota --help) imports none of them
+    from rota_agent_client.client import WorkloadClient, register, restore_gpu
 
 __all__ = ["WorkloadClient", "register", "restore_gpu"]
+
+
+_LAZY = {
+    "WorkloadClient": "rota_agent_client.client",
+    "register": "rota_agent_client.client",
+    "restore_gpu": "rota_agent_client.client",
+}
+__getattr__ = lazy_getattr(__name__, _LAZY)

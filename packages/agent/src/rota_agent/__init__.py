@@ -10,9 +10,28 @@
 
 from __future__ import annotations
 
-from rota_agent._agent import Agent, AgentService, Operation
-from rota_agent._server import running_agent, serve_agent
-from rota_agent_client import WorkloadClient, register, restore_gpu  # the tenant side, kept importable here
+from typing import TYPE_CHECKING
+
+from rota.compat import lazy_getattr
+
+if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads on first use, so
+    # that loading the plugin (rota --help) imports none of them
+    from rota_agent._agent import Agent, AgentService, Operation
+    from rota_agent._server import running_agent, serve_agent
+    from rota_agent_client import WorkloadClient, register, restore_gpu  # the tenant side, kept importable here
 
 __all__ = ["Agent", "AgentService", "Operation", "WorkloadClient", "register", "restore_gpu", "running_agent",
            "serve_agent"]
+
+
+_LAZY = {
+    "Agent": "rota_agent._agent",
+    "AgentService": "rota_agent._agent",
+    "Operation": "rota_agent._agent",
+    "running_agent": "rota_agent._server",
+    "serve_agent": "rota_agent._server",
+    "WorkloadClient": "rota_agent_client",
+    "register": "rota_agent_client",
+    "restore_gpu": "rota_agent_client",
+}
+__getattr__ = lazy_getattr(__name__, _LAZY)

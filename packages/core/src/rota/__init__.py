@@ -17,13 +17,30 @@ this host. Plugins (adapters, etcd orchestrator, schedulers) are distributions i
 ``rota`` entry-point group and implement the hooks in :mod:`rota.hookspecs`.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from rota._plugins import plugin_manager
-from rota._tenant.client import Gpu, connect
 from rota._types import Grant, ParkMode, ParkPlan, ParkResult, Placement, ReleaseInfo, ReleaseRequest, TurnRequest
 from rota.errors import RotaError
 from rota.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from rota._tenant.client import Gpu, connect
 
 __all__ = [
     "Gpu", "Grant", "ParkMode", "ParkPlan", "ParkResult", "Placement", "ReleaseInfo", "ReleaseRequest", "RotaError",
     "TurnRequest", "connect", "hookimpl", "plugin_manager",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``Gpu`` and ``connect`` load with the client (and grpc) on first use, so that the CLI and
+    plugins, which import ``rota`` for its hooks and types, start without them."""
+    if name not in ("Gpu", "connect"):
+        raise AttributeError(f"module 'rota' has no attribute {name!r}")
+    from rota._tenant import client
+
+    globals().update(Gpu=client.Gpu, connect=client.connect)
+    return globals()[name]

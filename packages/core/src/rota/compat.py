@@ -19,14 +19,12 @@ import importlib.metadata
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-from packaging.requirements import Requirement
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from typing import TYPE_CHECKING, Any
 
 from rota.errors import InvalidArgument, UnsupportedVersion
+
+if TYPE_CHECKING:  # packaging loads when a version is compared: plugins load (rota --help) without it
+    from packaging.specifiers import SpecifierSet
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +56,9 @@ def declared(by: str, dist: str) -> str:
 
     :raises InvalidArgument: ``by`` is not installed, or declares no range for ``dist``.
     """
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
     try:
         lines = importlib.metadata.requires(by) or []
     except importlib.metadata.PackageNotFoundError:
@@ -72,6 +73,8 @@ def declared(by: str, dist: str) -> str:
 
 
 def _specifier(spec: str) -> SpecifierSet:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
     try:
         return SpecifierSet(spec)
     except InvalidSpecifier:
@@ -90,6 +93,8 @@ def check(dist: str, found: str | None, spec: str, fix: str, *, where: str = "in
     :param needed_by: the rota distribution that needs it (``rota-adapter-vllm``).
     :raises InvalidArgument: ``spec`` is not a specifier.
     """
+    from packaging.version import InvalidVersion, Version
+
     supported = _specifier(spec)
     if found is None:
         raise UnsupportedVersion(f"{dist} is not installed; {needed_by} needs {dist}{spec}. Fix: {fix}",

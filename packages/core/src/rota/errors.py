@@ -8,7 +8,10 @@ only places that translate between these classes and gRPC, on both sides of the 
 
 from __future__ import annotations
 
-import grpc
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import grpc
 
 __all__ = [
     "ConfigError",
@@ -27,10 +30,23 @@ __all__ = [
 ]
 
 
+class _Status:
+    """A class attribute that is the ``grpc.StatusCode`` of that name, importing grpc on first use:
+    the CLI and plugins import these errors without loading grpc (``rota --help`` starts faster)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, owner: type | None = None) -> grpc.StatusCode:
+        import grpc
+
+        return getattr(grpc.StatusCode, self.name)
+
+
 class RotaError(Exception):
     """Base of every error rota raises to users."""
 
-    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    code: Any = _Status("UNKNOWN")
 
     def __init__(self, message: str, *, job_id: str = "", group_id: str = "") -> None:
         super().__init__(message)
@@ -57,7 +73,7 @@ class TransientError(RotaError):
 class InvalidArgument(PermanentError):
     """An id, flag, env var or field is malformed."""
 
-    code = grpc.StatusCode.INVALID_ARGUMENT
+    code = _Status("INVALID_ARGUMENT")
 
 
 class ConfigError(InvalidArgument):
@@ -67,37 +83,37 @@ class ConfigError(InvalidArgument):
 class NotFound(PermanentError):
     """The group does not exist and the orchestrator does not create groups."""
 
-    code = grpc.StatusCode.NOT_FOUND
+    code = _Status("NOT_FOUND")
 
 
 class Unauthenticated(PermanentError):
     """The caller brought no valid credential (missing, malformed, expired, wrongly signed)."""
 
-    code = grpc.StatusCode.UNAUTHENTICATED
+    code = _Status("UNAUTHENTICATED")
 
 
 class PermissionDenied(PermanentError):
     """The caller's credential does not cover what it asked to do."""
 
-    code = grpc.StatusCode.PERMISSION_DENIED
+    code = _Status("PERMISSION_DENIED")
 
 
 class NotHolder(PermanentError):
     """Release or park by a job that does not hold the group."""
 
-    code = grpc.StatusCode.PERMISSION_DENIED
+    code = _Status("PERMISSION_DENIED")
 
 
 class StaleToken(PermanentError):
     """A fencing token older than the group's current grant."""
 
-    code = grpc.StatusCode.FAILED_PRECONDITION
+    code = _Status("FAILED_PRECONDITION")
 
 
 class Unavailable(TransientError):
     """The orchestrator (or its store) cannot answer now; never a grant."""
 
-    code = grpc.StatusCode.UNAVAILABLE
+    code = _Status("UNAVAILABLE")
 
 
 class NotLeader(Unavailable):
@@ -118,19 +134,19 @@ class NotLeader(Unavailable):
 class DeadlineExceeded(TransientError):
     """The call's deadline passed before it could be answered (an Acquire left the queue)."""
 
-    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    code = _Status("DEADLINE_EXCEEDED")
 
 
 class AlreadyAttached(PermanentError):
     """A rank of the job already has a live session from another process."""
 
-    code = grpc.StatusCode.ALREADY_EXISTS
+    code = _Status("ALREADY_EXISTS")
 
 
 class Faulted(TransientError):
     """The job's state is faulted (a park or restore failed); retry re-runs it."""
 
-    code = grpc.StatusCode.UNAVAILABLE
+    code = _Status("UNAVAILABLE")
 
 
 class UnsupportedVersion(PermanentError, ImportError):
@@ -146,25 +162,27 @@ class UnsupportedVersion(PermanentError, ImportError):
         self.dist, self.found, self.spec, self.fix = dist, found, spec, fix
 
 
-_BY_CODE: dict[grpc.StatusCode, type[RotaError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.PERMISSION_DENIED: NotHolder,  # what a release of a turn not held answers
-    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyAttached,
-    grpc.StatusCode.FAILED_PRECONDITION: StaleToken,
-    grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+_BY_CODE: dict[str, type[RotaError]] = {  # grpc.StatusCode names
+    "INVALID_ARGUMENT": InvalidArgument,
+    "NOT_FOUND": NotFound,
+    "PERMISSION_DENIED": NotHolder,  # what a release of a turn not held answers
+    "UNAUTHENTICATED": Unauthenticated,
+    "ALREADY_EXISTS": AlreadyAttached,
+    "FAILED_PRECONDITION": StaleToken,
+    "UNAVAILABLE": Unavailable,
+    "DEADLINE_EXCEEDED": DeadlineExceeded,
 }
 
 
 def from_rpc_error(err: grpc.RpcError, *, job_id: str = "", group_id: str = "") -> RotaError:
     """Turn a gRPC error from an orchestrator or agent into the matching RotaError."""
+    import grpc
+
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     detail = err.details() if hasattr(err, "details") else str(err)
     if code == grpc.StatusCode.UNAVAILABLE:
         trailers = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
         if "rota-leader" in trailers:
             return NotLeader(detail, leader=str(trailers["rota-leader"]), job_id=job_id, group_id=group_id)
-    cls = _BY_CODE.get(code, RotaError)
+    cls = _BY_CODE.get(getattr(code, "name", ""), RotaError)
     return cls(detail or str(code), job_id=job_id, group_id=group_id)

@@ -249,8 +249,9 @@ def rota_cli(cli: click.Group) -> None:
     Called once by ``rota`` (:mod:`rota.cli`), through :func:`call_each`, the first time a
     command that is not core's is asked for or the command list is shown; implemented by
     the plugins that bring commands (rota_agent, rota_slurm, rota_k8s, rota_k8s_controller,
-    rota_vllm, rota_sglang, rota_tinker, rota_demo). Add commands with ``cli.add_command``;
-    a plugin never reads another's commands. Two plugins adding one name: the one called last
+    rota_vllm, rota_sglang, rota_tinker, rota_demo). Add commands with ``cli.add_command``,
+    preferably a :class:`rota.cli.lazy.LazyCommand` stand-in, so that ``rota --help`` lists the
+    command without importing it; a plugin never reads another's commands. Two plugins adding one name: the one called last
     keeps it (rota_k8s's fuller ``k8s`` group is ``trylast`` over rota_k8s_controller's).
 
     :param cli: the top-level ``rota`` click group.

@@ -36,13 +36,16 @@ __all__ = ["FakeDeviceState", "FakeDevices", "ListState", "ScriptedProcess", "ch
 
 
 def cli_with_plugins() -> Any:
-    """The ``rota`` click group with core's and every installed plugin's commands added, as the ``rota``
-    executable has them for its command list (a ``CliRunner`` test that looks a command up in ``commands``)."""
+    """The ``rota`` click group with core's and every installed plugin's commands added and imported (none
+    left a :class:`rota.cli.lazy.LazyCommand` stand-in), for a ``CliRunner`` test that looks a command up in
+    ``commands``."""
     import click
 
+    from rota.cli.lazy import resolve
     from rota.cli.main import cli
 
-    cli.list_commands(click.Context(cli))  # what `rota --help` does: core's commands and every plugin's added
+    for name in cli.list_commands(click.Context(cli)):  # core's commands and every plugin's, as `rota --help` lists
+        resolve(cli, name)
     return cli
 
 T = TypeVar("T")

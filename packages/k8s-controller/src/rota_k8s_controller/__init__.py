@@ -8,6 +8,23 @@ rendering needs kubernetes-validate's schemas.
 
 from __future__ import annotations
 
-from rota_k8s_controller.controller import Controller, Eviction, PodTracker, TokenSecrets, dead_reason, grpc_evictor
+from typing import TYPE_CHECKING
+
+from rota.compat import lazy_getattr
+
+if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads on first use, so
+    # that loading the plugin (rota --help) imports none of them
+    from rota_k8s_controller.controller import Controller, Eviction, PodTracker, TokenSecrets, dead_reason, grpc_evictor
 
 __all__ = ["Controller", "Eviction", "PodTracker", "TokenSecrets", "dead_reason", "grpc_evictor"]
+
+
+_LAZY = {
+    "Controller": "rota_k8s_controller.controller",
+    "Eviction": "rota_k8s_controller.controller",
+    "PodTracker": "rota_k8s_controller.controller",
+    "TokenSecrets": "rota_k8s_controller.controller",
+    "dead_reason": "rota_k8s_controller.controller",
+    "grpc_evictor": "rota_k8s_controller.controller",
+}
+__getattr__ = lazy_getattr(__name__, _LAZY)

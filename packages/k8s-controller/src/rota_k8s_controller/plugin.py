@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 @hookimpl
 def rota_cli(cli: click.Group) -> None:
     """Add ``rota k8s`` with the two in-cluster commands (rota_k8s's fuller group replaces it when installed)."""
-    from rota_k8s_controller.cli import k8s
+    from rota.cli.lazy import LazyCommand
 
-    cli.add_command(k8s)
+    cli.add_command(LazyCommand("k8s", "rota_k8s_controller.cli:k8s", "rota on Kubernetes, in-cluster side: the pod "
+                                "controller and the auth key's init container."))

@@ -18,7 +18,20 @@ README documents the key layout.
 :mod:`rota_etcd.testing` starts real etcd members for tests.
 """
 
-from rota_etcd._replica import Replica
-from rota_etcd._store import EtcdStore
+from typing import TYPE_CHECKING
+
+from rota.compat import lazy_getattr
+
+if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads on first use, so
+    # that loading the plugin (rota --help) imports none of them
+    from rota_etcd._replica import Replica
+    from rota_etcd._store import EtcdStore
 
 __all__ = ["EtcdStore", "Replica"]
+
+
+_LAZY = {
+    "Replica": "rota_etcd._replica",
+    "EtcdStore": "rota_etcd._store",
+}
+__getattr__ = lazy_getattr(__name__, _LAZY)

@@ -19,22 +19,28 @@ rota-k8s-controller (what the image installs) and is re-exported here.
 
 from __future__ import annotations
 
-from rota_k8s._values import Values, ValuesError, load_values
-from rota_k8s.manifests import (
-    CLAIM_API_VERSION,
-    DEVICE_CLASS,
-    GPUS_LABEL,
-    GROUP_LABEL,
-    JOB_LABEL,
-    MAX_GPUS,
-    TenantSpec,
-    claim_name,
-    render,
-    resource_claim,
-    tenant,
-    to_yaml,
-)
-from rota_k8s_controller.controller import Controller, Eviction, PodTracker, dead_reason
+from typing import TYPE_CHECKING
+
+from rota.compat import lazy_getattr
+
+if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads on first use, so
+    # that loading the plugin (rota --help) imports none of them
+    from rota_k8s._values import Values, ValuesError, load_values
+    from rota_k8s.manifests import (
+        CLAIM_API_VERSION,
+        DEVICE_CLASS,
+        GPUS_LABEL,
+        GROUP_LABEL,
+        JOB_LABEL,
+        MAX_GPUS,
+        TenantSpec,
+        claim_name,
+        render,
+        resource_claim,
+        tenant,
+        to_yaml,
+    )
+    from rota_k8s_controller.controller import Controller, Eviction, PodTracker, dead_reason
 
 __all__ = [
     "CLAIM_API_VERSION",
@@ -61,11 +67,27 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """``ManifestError`` and ``validate_objects`` load kubernetes-validate's schemas tooling on first use, which
-    the ``rota`` command line must not pay for at every start."""
-    if name in ("ManifestError", "validate_objects"):
-        from rota_k8s import _validate
-
-        return getattr(_validate, name)
-    raise AttributeError(f"module 'rota_k8s' has no attribute {name!r}")
+_LAZY = {
+    "ManifestError": "rota_k8s._validate",
+    "validate_objects": "rota_k8s._validate",
+    "Values": "rota_k8s._values",
+    "ValuesError": "rota_k8s._values",
+    "load_values": "rota_k8s._values",
+    "CLAIM_API_VERSION": "rota_k8s.manifests",
+    "DEVICE_CLASS": "rota_k8s.manifests",
+    "GPUS_LABEL": "rota_k8s.manifests",
+    "GROUP_LABEL": "rota_k8s.manifests",
+    "JOB_LABEL": "rota_k8s.manifests",
+    "MAX_GPUS": "rota_k8s.manifests",
+    "TenantSpec": "rota_k8s.manifests",
+    "claim_name": "rota_k8s.manifests",
+    "render": "rota_k8s.manifests",
+    "resource_claim": "rota_k8s.manifests",
+    "tenant": "rota_k8s.manifests",
+    "to_yaml": "rota_k8s.manifests",
+    "Controller": "rota_k8s_controller.controller",
+    "Eviction": "rota_k8s_controller.controller",
+    "PodTracker": "rota_k8s_controller.controller",
+    "dead_reason": "rota_k8s_controller.controller",
+}
+__getattr__ = lazy_getattr(__name__, _LAZY)

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from rota import hookimpl
 from rota.types import Placement, TurnRequest
-from rota_k8s.manifests import CLAIM_API_VERSION, CLAIM_REQUEST, DEVICE_CLASS, GROUP_LABEL, JOB_LABEL, claim_name
 
 if TYPE_CHECKING:
     import click
@@ -24,6 +23,8 @@ def rota_place(request: TurnRequest, scheduler: str) -> Placement | None:
     """Place a tenant of ``request.group_id`` on the node of the group's shared ResourceClaim."""
     if scheduler != SCHEDULER:
         return None
+    from rota_k8s.manifests import CLAIM_API_VERSION, CLAIM_REQUEST, DEVICE_CLASS, GROUP_LABEL, JOB_LABEL, claim_name
+
     return Placement(scheduler=SCHEDULER, group_id=request.group_id, details={
         "resourceClaimName": claim_name(request.group_id),
         "resourceClaimApiVersion": CLAIM_API_VERSION,
@@ -38,6 +39,7 @@ def rota_place(request: TurnRequest, scheduler: str) -> Placement | None:
 def rota_cli(cli: click.Group) -> None:
     """Add ``rota k8s`` (render, tenant, controller, status); ``trylast``, so this group replaces
     rota_k8s_controller's (controller and install-key only) under the same name."""
-    from rota_k8s.cli import k8s
+    from rota.cli.lazy import LazyCommand
 
-    cli.add_command(k8s)
+    cli.add_command(LazyCommand("k8s", "rota_k8s.cli:k8s",
+                                "rota on Kubernetes: manifests, tenant workloads, the pod controller, status."))

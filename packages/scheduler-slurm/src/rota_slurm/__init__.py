@@ -21,13 +21,38 @@ at the orchestrator named in plugstack.conf (never one the job's environment nam
 (``n1-gpu0_1``): one group per GPU set.
 """
 
-from rota_slurm._conf import GresLayout, gres_conf, node_line, slurm_conf_lines
-from rota_slurm._orchestrator import EvictResult, evict, group_status
-from rota_slurm._place import place, sbatch_args
-from rota_slurm._spank import PlugstackLine, build, write_plugstack
-from rota_slurm._status import Conflict, conflicts
+from typing import TYPE_CHECKING
+
+from rota.compat import lazy_getattr
+
+if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads on first use, so
+    # that loading the plugin (rota --help) imports none of them
+    from rota_slurm._conf import GresLayout, gres_conf, node_line, slurm_conf_lines
+    from rota_slurm._orchestrator import EvictResult, evict, group_status
+    from rota_slurm._place import place, sbatch_args
+    from rota_slurm._spank import PlugstackLine, build, write_plugstack
+    from rota_slurm._status import Conflict, conflicts
 
 __all__ = [
     "Conflict", "EvictResult", "GresLayout", "PlugstackLine", "build", "conflicts", "evict", "gres_conf",
     "group_status", "node_line", "place", "sbatch_args", "slurm_conf_lines", "write_plugstack",
 ]
+
+
+_LAZY = {
+    "GresLayout": "rota_slurm._conf",
+    "gres_conf": "rota_slurm._conf",
+    "node_line": "rota_slurm._conf",
+    "slurm_conf_lines": "rota_slurm._conf",
+    "EvictResult": "rota_slurm._orchestrator",
+    "evict": "rota_slurm._orchestrator",
+    "group_status": "rota_slurm._orchestrator",
+    "place": "rota_slurm._place",
+    "sbatch_args": "rota_slurm._place",
+    "PlugstackLine": "rota_slurm._spank",
+    "build": "rota_slurm._spank",
+    "write_plugstack": "rota_slurm._spank",
+    "Conflict": "rota_slurm._status",
+    "conflicts": "rota_slurm._status",
+}
+__getattr__ = lazy_getattr(__name__, _LAZY)

@@ -9,14 +9,14 @@ from __future__ import annotations
 import click
 
 from rota import hookimpl
+from rota.cli.lazy import LazyCommand
 from rota.types import Placement, TurnRequest
 
 
 @hookimpl
 def rota_cli(cli: click.Group) -> None:
-    from rota_slurm.cli import slurm
-
-    cli.add_command(slurm)
+    cli.add_command(LazyCommand("slurm", "rota_slurm.cli:slurm",
+                                "rota on Slurm: `sbatch --timeslice=GROUP`, GRES shards, group status."))
 
 
 @hookimpl

@@ -13,15 +13,23 @@ tenants (full-parameter or LoRA) share devices without knowing it::
 ``rota tinker serve`` runs it from the command line.
 """
 
-from rota_tinker._config import (
-    DEFAULT_BASE_MODELS,
-    BaseModelSpec,
-    ServiceConfig,
-    Tenant,
-    parse_base_model,
-    parse_keys,
-)
-from rota_tinker._hf import HfModelSpec, find_models, search_dirs
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rota.compat import lazy_getattr
+
+if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads on first use, so
+    # that loading the plugin (rota --help) imports none of them
+    from rota_tinker._config import (
+        DEFAULT_BASE_MODELS,
+        BaseModelSpec,
+        ServiceConfig,
+        Tenant,
+        parse_base_model,
+        parse_keys,
+    )
+    from rota_tinker._hf import HfModelSpec, find_models, search_dirs
 
 __all__ = ["DEFAULT_BASE_MODELS", "BaseModelSpec", "HfModelSpec", "ServiceConfig", "Tenant", "TinkerService",
            "find_models", "parse_base_model", "parse_keys", "save_base", "search_dirs"]
@@ -37,11 +45,16 @@ def save_base(spec: BaseModelSpec, path: str) -> None:
     write(spec, path)
 
 
-def __getattr__(name: str) -> object:
-    """``TinkerService`` is imported on first use: it brings torch and the tinker SDK, which ``rota --help``
-    and every other command that loads this plugin's CLI must not pay for."""
-    if name == "TinkerService":
-        from rota_tinker._http.service import TinkerService
-
-        return TinkerService
-    raise AttributeError(f"module 'rota_tinker' has no attribute {name!r}")
+_LAZY = {
+    "TinkerService": "rota_tinker._http.service",
+    "DEFAULT_BASE_MODELS": "rota_tinker._config",
+    "BaseModelSpec": "rota_tinker._config",
+    "ServiceConfig": "rota_tinker._config",
+    "Tenant": "rota_tinker._config",
+    "parse_base_model": "rota_tinker._config",
+    "parse_keys": "rota_tinker._config",
+    "HfModelSpec": "rota_tinker._hf",
+    "find_models": "rota_tinker._hf",
+    "search_dirs": "rota_tinker._hf",
+}
+__getattr__ = lazy_getattr(__name__, _LAZY)

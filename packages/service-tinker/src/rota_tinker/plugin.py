@@ -13,7 +13,9 @@ if TYPE_CHECKING:
 @hookimpl
 def rota_cli(cli: click.Group) -> None:
     """Add ``rota tinker`` (serve) and the hidden ``rota serve`` group holding ``tinker`` (its alias)."""
-    from rota_tinker.cli import serve, tinker
+    from rota.cli.lazy import LazyCommand
 
-    cli.add_command(tinker)
-    cli.add_command(serve)
+    cli.add_command(LazyCommand("tinker", "rota_tinker.cli:tinker",
+                                "A Tinker-API-compatible training service whose tenants take turns on GPUs."))
+    cli.add_command(LazyCommand("serve", "rota_tinker.cli:serve", "Run a service whose tenants take turns on GPUs "
+                                "(``rota serve tinker``, an alias of ``rota tinker serve``).", hidden=True))

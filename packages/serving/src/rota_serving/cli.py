@@ -17,16 +17,16 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from rota import ParkMode
 from rota.cli.options import ByteSize, Endpoint
 from rota.errors import RotaError
-from rota.rpc import free_port
-from rota_serving.endpoint import EndpointClient
-from rota_serving.supervisor import ServeConfig, check_listen, serve_app
+
+if TYPE_CHECKING:  # the supervisor (the rota client, grpc) loads when a command runs, not when ``rota --help`` lists
+    from rota_serving.endpoint import EndpointClient
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,8 @@ Builder = Callable[..., list[str]]  # (engine_args, port, python, *, sleep_mode)
 
 
 def _listen(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from rota_serving.supervisor import check_listen
+
     try:
         check_listen(value, f"--listen (or ROTA_SERVE_LISTEN)={value!r}")
     except RotaError as exc:
@@ -75,6 +77,9 @@ def make_serve(app: str, build: Builder, env: dict[str, str], check: Callable[[E
     def serve(listen: str, group: str | None, tenant: str | None, orchestrator: str | None, agent: str | None,
               mode: str | None, footprint: int, idle_release: float, ready_timeout: float, engine_port: int,
               python: str | None, sleep_mode: bool, dry_run: bool, engine_args: tuple[str, ...]) -> None:
+        from rota.rpc import free_port
+        from rota_serving.supervisor import ServeConfig, serve_app
+
         try:
             port = engine_port or free_port()
             command = build(engine_args, port, python, sleep_mode=sleep_mode)

