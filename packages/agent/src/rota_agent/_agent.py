@@ -51,7 +51,6 @@ from typing import Any
 import grpc
 
 from rota import nvml as _nvml
-from rota import proc as _proc
 from rota.auth import Principal, ServerAuth
 from rota.config import check_id, shown
 from rota.errors import InvalidArgument, PermissionDenied, RotaError
@@ -59,9 +58,9 @@ from rota.rpc import rpc_errors
 from rota.wire import snapshot_agent_pb2 as pb
 from rota.wire import snapshot_agent_pb2_grpc as pb_grpc
 from rota_agent import _residue
-from rota_agent._door import Door, Proof
-from rota_agent.backends import Backend, Channel, Job, check_tag_names, default_backends
-from rota_agent.backends.app_endpoint import check_endpoints, check_owned
+from rota_agent._door import Door
+from rota_agent._registration import ANONYMOUS, Caller, Registration, prove, vet
+from rota_agent.backends import Backend, Channel, Job, default_backends
 from rota_agent.errors import (
     BackendFailed,
     BadBackendConfig,
@@ -86,25 +85,7 @@ MAX_CHANNELS_PER_JOB = 64  # processes (ranks) of one job on this node
 MAX_FAULT_CHARS = 1000  # an operation's error / a job's fault, kept on one line
 STATUS_DETAIL_BYTES = 1 << 20  # rota-owned details (fault, residue) in one Status reply; ids and states always fit
 KEEP_CLOSED_S = 300.0  # a job whose channels all closed stays visible (its fault, its parked state) this long
-ANONYMOUS = "anonymous"  # the owner of a registration that proved nothing (no token checked, no pid door)
 _CONFIG_BACKENDS = {"cuda": "cuda", "app_endpoint": "app_endpoint", "app_channel": "app_channel"}
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who opened a WorkloadChannel: the verified principal, and the process the pid door proved."""
-
-    principal: Principal
-    keyed: bool = False  # the agent checks tokens, so the principal is a real credential
-    proof: Proof | None = None
-
-    @property
-    def owner(self) -> str:
-        """Whom a registration belongs to (see the module docs)."""
-        if self.keyed:
-            p = self.principal
-            return "admin" if p.admin else f"token {p.group}/{p.job}"
-        return f"uid {self.proof.uid}" if self.proof is not None else ANONYMOUS
 
 
 def clip(text: str, limit: int = MAX_FAULT_CHARS) -> str:
@@ -165,81 +146,31 @@ class Agent:
 
     def register(self, msg: pb.RegisterWorkload, caller: Caller, backend: str, *, pid_claim: int = 0,
                  more: ext.RegisterWorkloadExt | None = None) -> tuple[Job, Channel]:
-        """Add a channel of ``caller`` to job ``msg.job_id``, creating the job or joining its owner's."""
-        job_id, group = msg.job_id, msg.group
-        check_id("job_id", job_id, job_id=job_id, group_id=group)
-        check_id("group", group, job_id=job_id, group_id=group)
-        if not caller.principal.may_act_for(group, job_id):
-            raise PermissionDenied(f"{caller.principal.subject} may not register job {job_id!r} of group {group!r}; "
-                                   "use a token issued for that job (rota token issue --group G --job J)",
-                                   job_id=job_id, group_id=group)
-        caps = self._check_capabilities(msg)
-        if backend not in self.backends:
-            choices = ", ".join(sorted(self.backends))
-            raise BadBackendConfig(f"job {job_id!r} asked for backend {shown(backend)} (metadata rota-backend); "
-                                   f"choose one of {choices}", job_id=job_id)
-        app, endpoints = 0, ()
-        if more is not None and (more.app or more.endpoints):
-            endpoints = check_endpoints(more.app, more.endpoints, f"registration of job {job_id!r}", job_id)
-            app = more.app
-        if backend == "app_endpoint" and not endpoints:
-            raise BadBackendConfig(f"job {job_id!r} asked for backend app_endpoint but registered no endpoints; "
-                                   "register the servers' base URLs (rota_agent.WorkloadClient(..., app=, "
-                                   "endpoints=))", job_id=job_id)
-        pid, start = self._proven_pid(job_id, caller.proof, pid_claim)
-        if endpoints:
-            check_owned(job_id, endpoints, {pid: start} if pid else {}, f"registration of job {job_id!r}")
-        if backend == "cuda" and not pid:
-            raise BadBackendConfig(f"job {job_id!r} asked for the cuda backend, which parks its process, but did not "
-                                   "prove which process it is: register through the agent's pid door (ROTA_AGENT="
-                                   "unix:<socket dir>/agent.sock, or ROTA_AGENT_PROOF=<socket dir>/pid.sock)",
-                                   job_id=job_id)
+        """Add a channel of ``caller`` to job ``msg.job_id``, creating the job or joining its owner's: in one call,
+        :func:`~rota_agent._registration.vet`, :func:`~rota_agent._registration.prove` and :meth:`admit` (the
+        servicer runs ``prove`` off its event loop)."""
+        reg = vet(msg, caller, backend, self.backends, pid_claim=pid_claim, more=more)
+        return self.admit(prove(reg))
+
+    def admit(self, reg: Registration) -> tuple[Job, Channel]:
+        """Add the vetted and proven channel to its job (on the event loop: the agent's state changes here)."""
+        job_id, group, backend = reg.job_id, reg.group, reg.backend
         self.sweep()
-        job = self._job_for(job_id, group, caller, backend)
+        job = self._job_for(job_id, group, reg.caller, backend)
         if len(job.channels) >= MAX_CHANNELS_PER_JOB:
             raise TooMany(f"job {job_id!r} already has {len(job.channels)} open WorkloadChannels on this agent "
                           f"(at most {MAX_CHANNELS_PER_JOB}); close some first", job_id=job_id)
-        job.capabilities.CopyFrom(caps)
+        job.capabilities.CopyFrom(reg.capabilities)
         job.default_backend = backend
-        if endpoints:
-            job.app, job.endpoints = app, endpoints
-        ch = Channel(pid=pid, start=start)
+        if reg.endpoints:
+            job.app, job.endpoints = reg.app, reg.endpoints
+        ch = Channel(pid=reg.pid, start=reg.start)
         job.channels.append(ch)
         job.closed_at = 0.0
         self.jobs[job_id] = job
         log.info("job %s (group %s) registered by %s: pid %s, backend %s", job_id, group, job.owner,
-                 pid or "not proven", backend)
+                 reg.pid or "not proven", backend)
         return job, ch
-
-    @staticmethod
-    def _check_capabilities(msg: pb.RegisterWorkload) -> pb.WorkloadCapabilities:
-        caps = msg.capabilities
-        valid = {pb.SUSPEND_MODE_OFFLOAD, pb.SUSPEND_MODE_DISCARD}
-        for m in [*caps.supported_modes, *([caps.default_mode] if caps.default_mode else [])]:
-            if m not in valid:
-                raise InvalidArgument(f"job {msg.job_id!r} registered mode {m}, which is not SUSPEND_MODE_OFFLOAD "
-                                      "(1) or SUSPEND_MODE_DISCARD (2)", job_id=msg.job_id)
-        if caps.supported_modes and caps.default_mode and caps.default_mode not in caps.supported_modes:
-            raise InvalidArgument(f"job {msg.job_id!r}: default_mode {caps.default_mode} is not among its "
-                                  f"supported_modes {sorted(set(caps.supported_modes))}", job_id=msg.job_id)
-        check_tag_names(caps.tags, f"job {msg.job_id!r}: capabilities.tags", msg.job_id)
-        return caps
-
-    @staticmethod
-    def _proven_pid(job_id: str, proof: Proof | None, claim: int) -> tuple[int, int]:
-        """(pid, start time) the new channel stands for: the door's, or a claimed descendant of it; (0, 0) if none."""
-        if proof is None:
-            if claim:
-                log.info("job %s: ignoring metadata rota-pid=%d: the channel did not come through the pid door",
-                         job_id, claim)
-            return 0, 0
-        if claim and claim != proof.pid:
-            start = _proc.start_time(claim)
-            if start is not None and _proc.descends(claim, {proof.pid}) and _proc.uid(claim) == proof.uid:
-                return claim, start
-            log.warning("job %s: ignoring metadata rota-pid=%d: it is not pid %d (proven by the door) or a "
-                        "descendant of it running as the same uid", job_id, claim, proof.pid)
-        return proof.pid, proof.start
 
     def _job_for(self, job_id: str, group: str, caller: Caller, backend: str) -> Job:
         """The record a new channel joins: the job's own (same owner), or a new one."""
@@ -515,7 +446,7 @@ class AgentService(pb_grpc.SnapshotAgentServiceServicer):
         return pb.StatusResponse(job_statuses=jobs, accelerator_statuses=[
             pb.AcceleratorStatus(id=i, memory_used_bytes=u, memory_total_bytes=t) for i, u, t in accel])
 
-    def _register(self, msg: pb.RegisterWorkload, context: Any) -> tuple[Job, Channel]:
+    async def _register(self, msg: pb.RegisterWorkload, context: Any) -> tuple[Job, Channel]:
         metadata = tuple(context.invocation_metadata() or ())
         meta = {k: v for k, v in metadata if isinstance(v, str)}
         principal = self.auth.principal(metadata)
@@ -527,8 +458,10 @@ class AgentService(pb_grpc.SnapshotAgentServiceServicer):
                                "process exited); fetch a new one from the pid door and register again")
         backend = meta.get("rota-backend") or "app_channel"
         caller = Caller(principal, keyed=self.auth.key is not None, proof=proof)
-        return self.agent.register(msg, caller, backend[:64], pid_claim=_meta_pid(meta.get("rota-pid", "0")),
-                                   more=read(msg, ext.RegisterWorkloadExt))
+        reg = vet(msg, caller, backend[:64], self.agent.backends, pid_claim=_meta_pid(meta.get("rota-pid", "0")),
+                  more=read(msg, ext.RegisterWorkloadExt))
+        reg = await asyncio.to_thread(prove, reg)  # /proc reads: the loop keeps serving meanwhile
+        return self.agent.admit(reg)
 
     async def WorkloadChannel(self, request_iterator: AsyncIterator[pb.WorkloadMessage],
                               context: grpc.aio.ServicerContext) -> AsyncIterator[pb.AgentCommand]:
@@ -541,7 +474,7 @@ class AgentService(pb_grpc.SnapshotAgentServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first WorkloadChannel message must be "
                                 f"register, got {first.WhichOneof('message')!r}")
         try:
-            job, ch = self._register(first.register, context)
+            job, ch = await self._register(first.register, context)
         except RotaError as exc:
             await context.abort(exc.code, str(exc))
         try:
