@@ -251,8 +251,9 @@ def rota_cli(cli: click.Group) -> None:
     the plugins that bring commands (rota_agent, rota_slurm, rota_k8s, rota_k8s_controller,
     rota_vllm, rota_sglang, rota_tinker, rota_demo). Add commands with ``cli.add_command``,
     preferably a :class:`rota.cli.lazy.LazyCommand` stand-in, so that ``rota --help`` lists the
-    command without importing it; a plugin never reads another's commands. Two plugins adding one name: the one called last
-    keeps it (rota_k8s's fuller ``k8s`` group is ``trylast`` over rota_k8s_controller's).
+    command without importing it; a plugin never reads another's commands. Two plugins adding
+    one name: the one called last keeps it (rota_k8s's fuller ``k8s`` group is ``trylast`` over
+    rota_k8s_controller's).
 
     :param cli: the top-level ``rota`` click group.
     """

@@ -26,21 +26,19 @@ from rota.compat import lazy_getattr
 if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads on first use, so
     # that loading the plugin (rota --help) imports none of them
     from rota_k8s._values import Values, ValuesError, load_values
-    from rota_k8s.manifests import (
+    from rota_k8s.manifests import render, to_yaml
+    from rota_k8s.workloads import (
         CLAIM_API_VERSION,
         DEVICE_CLASS,
         GPUS_LABEL,
-        GROUP_LABEL,
-        JOB_LABEL,
         MAX_GPUS,
         TenantSpec,
         claim_name,
-        render,
         resource_claim,
         tenant,
-        to_yaml,
     )
     from rota_k8s_controller.controller import Controller, Eviction, PodTracker, dead_reason
+    from rota_k8s_controller.names import GROUP_LABEL, JOB_LABEL
 
 __all__ = [
     "CLAIM_API_VERSION",
@@ -73,17 +71,17 @@ _LAZY = {
     "Values": "rota_k8s._values",
     "ValuesError": "rota_k8s._values",
     "load_values": "rota_k8s._values",
-    "CLAIM_API_VERSION": "rota_k8s.manifests",
-    "DEVICE_CLASS": "rota_k8s.manifests",
-    "GPUS_LABEL": "rota_k8s.manifests",
-    "GROUP_LABEL": "rota_k8s.manifests",
-    "JOB_LABEL": "rota_k8s.manifests",
-    "MAX_GPUS": "rota_k8s.manifests",
-    "TenantSpec": "rota_k8s.manifests",
-    "claim_name": "rota_k8s.manifests",
+    "CLAIM_API_VERSION": "rota_k8s.workloads",
+    "DEVICE_CLASS": "rota_k8s.workloads",
+    "GPUS_LABEL": "rota_k8s.workloads",
+    "GROUP_LABEL": "rota_k8s_controller.names",
+    "JOB_LABEL": "rota_k8s_controller.names",
+    "MAX_GPUS": "rota_k8s.workloads",
+    "TenantSpec": "rota_k8s.workloads",
+    "claim_name": "rota_k8s.workloads",
     "render": "rota_k8s.manifests",
-    "resource_claim": "rota_k8s.manifests",
-    "tenant": "rota_k8s.manifests",
+    "resource_claim": "rota_k8s.workloads",
+    "tenant": "rota_k8s.workloads",
     "to_yaml": "rota_k8s.manifests",
     "Controller": "rota_k8s_controller.controller",
     "Eviction": "rota_k8s_controller.controller",

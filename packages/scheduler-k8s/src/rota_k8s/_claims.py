@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from rota.errors import InvalidArgument, RotaError
-from rota_k8s.manifests import DEVICE_CLASS
+from rota_k8s.workloads import DEVICE_CLASS
 
 __all__ = ["ClaimReadError", "check_claim", "claim_gpus", "read_claim"]
 

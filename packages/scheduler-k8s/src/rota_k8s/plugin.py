@@ -23,7 +23,8 @@ def rota_place(request: TurnRequest, scheduler: str) -> Placement | None:
     """Place a tenant of ``request.group_id`` on the node of the group's shared ResourceClaim."""
     if scheduler != SCHEDULER:
         return None
-    from rota_k8s.manifests import CLAIM_API_VERSION, CLAIM_REQUEST, DEVICE_CLASS, GROUP_LABEL, JOB_LABEL, claim_name
+    from rota_k8s.workloads import CLAIM_API_VERSION, CLAIM_REQUEST, DEVICE_CLASS, claim_name
+    from rota_k8s_controller.names import GROUP_LABEL, JOB_LABEL
 
     return Placement(scheduler=SCHEDULER, group_id=request.group_id, details={
         "resourceClaimName": claim_name(request.group_id),
