@@ -8,8 +8,9 @@ import threading
 import pytest
 from click.testing import CliRunner
 
+import rota
 import rota_sglang
-from rota.errors import InvalidArgument
+from rota.errors import ConfigError, InvalidArgument
 from rota.rpc import free_port
 from rota.testing import cli_with_plugins
 from rota_serving import ServeConfig, serve_app
@@ -117,3 +118,13 @@ def test_cli_serve_dry_run_builds_the_engine_command():
     cmd = json.loads(res.output)["command"]
     assert cmd[1:5] == ["-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-0.6B"]
     assert "--enable-memory-saver" in cmd
+
+
+def test_an_engine_of_a_tenant_naming_several_devices_is_refused(endpoint):
+    """SGLang stays on the GPU it started on: rota must never place its turn on another."""
+    gpu = rota.connect(group="g", tenant="sgl-2gpu", endpoint=endpoint, devices=["fake:0", "fake:1"])
+    try:
+        with pytest.raises(ConfigError, match=r"the sglang\.Engine of tenant 'sgl-2gpu' runs on the GPU it started on"):
+            rota_sglang.track(gpu, FakeEngine(), check_version=False)
+    finally:
+        gpu.close()

@@ -7,9 +7,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
+import rota
 import rota.compat
 import rota_vllm
-from rota.errors import InvalidArgument
+from rota.errors import ConfigError, InvalidArgument
 from rota.testing import cli_with_plugins
 from rota_serving.testing import FakeVllmServer
 from rota_vllm import UnsupportedVersion, VllmServer, check_server, engine_command
@@ -129,3 +130,14 @@ def test_cli_serve_builds_the_command_and_rejects_bad_flags():
     assert r.exit_code == 2 and "'nope' is not HOST:PORT" in r.output
     r = CliRunner().invoke(cli, ["vllm", "serve", "--dry-run", "--", "m", "--port", "9"])
     assert r.exit_code == 2 and "--listen HOST:PORT" in r.output
+
+
+def test_an_llm_of_a_tenant_naming_several_devices_is_refused(endpoint):
+    """vLLM stays on the GPU it started on: rota must never place its turn on another."""
+    gpu = rota.connect(group="g", tenant="llm-2gpu", endpoint=endpoint, devices=["fake:0", "fake:1"])
+    try:
+        with pytest.raises(ConfigError, match=r"devices fake:0,fake:1 .* the vllm.LLM of tenant 'llm-2gpu' runs on "
+                                              r"the GPU it started on"):
+            rota_vllm.track(gpu, FakeLLM(), check_version=False)
+    finally:
+        gpu.close()

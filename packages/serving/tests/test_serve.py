@@ -13,8 +13,9 @@ import urllib.request
 import pytest
 
 import rota
+from rota.errors import ConfigError
 from rota.rpc import free_port
-from rota_serving import EndpointClient, ServeConfig, ServingError, serve_app
+from rota_serving import EndpointClient, ServeConfig, ServingError, serve_app, track_endpoint
 from rota_serving.testing import fake_engine_command, get_json, post_json
 
 
@@ -108,3 +109,33 @@ def test_endpoint_client_reports_server_errors_with_their_words(fake_vllm):
     with pytest.raises(ServingError, match=r'POST http://127\.0\.0\.1:\d+/no/such/route answered HTTP 404: '
                                            r'\{"detail": "Not Found"\}'):
         c.call("POST", "/no/such/route")
+
+
+def test_an_engine_that_names_several_devices_is_refused_before_it_starts(endpoint, monkeypatch, tmp_path):
+    """An engine stays on the GPU it started on: a tenant naming several devices (rota could place a turn on
+    another, which the engine could never follow) is refused, before the engine's long start, naming the fix."""
+    port = free_port()
+    started = tmp_path / "started"
+    command = ["sh", "-c", f"touch {started}; exec \"$0\" \"$@\"", *fake_engine_command("vllm", port)]
+    cfg = ServeConfig(app="vllm", command=command, engine_port=port, listen="127.0.0.1:0", orchestrator=endpoint,
+                      group="g", tenant="llm3", agent="", idle_release_s=0.0, ready_timeout_s=60)
+    monkeypatch.setenv("ROTA_DEVICES", "fake:0,fake:1")
+    with pytest.raises(ConfigError, match=r"devices fake:0,fake:1 .* name several GPUs, but the vllm engine runs "
+                                          r"on the GPU it started on.*ROTA_DEVICES=cuda:0"):
+        serve_app(cfg)
+    assert not started.exists()  # refused before the engine was started
+    monkeypatch.setenv("ROTA_DEVICES", "fake:1")  # one device, the engine's own: served
+    served = serve_app(cfg)
+    try:
+        assert served.gpu.devices == ("fake:1",) and started.exists()
+    finally:
+        served.close(timeout_s=10)
+
+
+def test_tracking_an_engine_of_a_tenant_with_several_devices_is_refused(endpoint):
+    gpu = rota.connect(group="g", tenant="llm4", endpoint=endpoint, devices=["fake:0", "fake:1"])
+    try:
+        with pytest.raises(ConfigError, match="the vllm engine of tenant 'llm4' runs on the GPU it started on"):
+            track_endpoint(gpu, EndpointClient("vllm", "http://127.0.0.1:1"))
+    finally:
+        gpu.close()

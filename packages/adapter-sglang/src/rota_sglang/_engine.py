@@ -28,7 +28,7 @@ from typing import Any
 
 from rota import Gpu, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
-from rota_serving import SGLANG, check_tags
+from rota_serving import SGLANG, check_fixed_device, check_tags
 from rota_sglang._compat import require_sglang
 
 log = logging.getLogger(__name__)
@@ -121,9 +121,11 @@ def track(gpu: Gpu, engine: Any, *, tags: Sequence[str] = (), weights_backup: bo
     :param weights_backup: whether the engine keeps weights on host
         (``enable_weights_cpu_backup``); read from the engine's server args when None.
     :raises rota_sglang.UnsupportedVersion: SGLang missing or outside the targeted versions.
+    :raises rota.errors.ConfigError: ``gpu`` names several devices (an engine cannot move between them).
     """
     if check_version:
         require_sglang()
+    check_fixed_device(gpu.devices, f"the sglang.Engine of tenant {gpu.tenant!r}")
     tags = check_tags(SGLANG, tags, "track(tags=)")
     for attr in ("release_memory_occupation", "resume_memory_occupation", "update_weights_from_tensor"):
         if not callable(getattr(engine, attr, None)):

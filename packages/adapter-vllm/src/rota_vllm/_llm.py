@@ -32,6 +32,7 @@ from typing import Any
 
 from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
+from rota_serving import check_fixed_device
 from rota_vllm._compat import require_vllm
 
 log = logging.getLogger(__name__)
@@ -155,9 +156,11 @@ def track(gpu: Gpu, llm: Any, *, mode: ParkMode | str | None = None, check_versi
     :param check_version: check the installed vLLM first (off only for fakes in tests).
     :raises rota_vllm.UnsupportedVersion: vLLM missing or outside the targeted versions.
     :raises TrackingError: ``llm`` has no sleep mode, or is already tracked.
+    :raises rota.errors.ConfigError: ``gpu`` names several devices (an engine cannot move between them).
     """
     if check_version:
         require_vllm()
+    check_fixed_device(gpu.devices, f"the vllm.LLM of tenant {gpu.tenant!r}")
     if mode is not None and not isinstance(mode, ParkMode):
         try:
             mode = ParkMode(mode)

@@ -15,11 +15,24 @@ import time
 from collections.abc import Sequence
 
 from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
-from rota.errors import InvalidArgument
+from rota.errors import ConfigError, InvalidArgument
 from rota_serving.endpoint import EndpointClient, ServingError
 from rota_serving.engines import APP_TAGS, VLLM, check_tags
 
 log = logging.getLogger(__name__)
+
+
+def check_fixed_device(devices: Sequence[str], what: str) -> None:
+    """Refuse several devices for an engine's tenant: an inference engine (vLLM, SGLang) runs on the GPU it
+    started on and cannot follow a turn placed on another (its park hooks cannot move it), so rota must never
+    place one there. One device (the engine's own) or none is right.
+
+    :raises ConfigError: ``devices`` names more than one; the message says what to name instead.
+    """
+    if len(devices) > 1:
+        raise ConfigError(f"devices {','.join(devices)} (ROTA_DEVICES or devices=) name several GPUs, but {what} "
+                          "runs on the GPU it started on and cannot move between turns; name only the engine's "
+                          "device as it sees it (ROTA_DEVICES=cuda:0), or none")
 
 
 class EndpointParker:
@@ -114,11 +127,15 @@ def wait_attached(gpu: Gpu, timeout_s: float = 30.0) -> None:
 
 def track_endpoint(gpu: Gpu, client: EndpointClient, *, mode: ParkMode | None = None,
                    tags: Sequence[str] = (), footprint_bytes: int = 0) -> EndpointParker:
-    """Register an :class:`EndpointParker` for ``client`` on ``gpu``'s plugin manager."""
+    """Register an :class:`EndpointParker` for ``client`` on ``gpu``'s plugin manager.
+
+    :raises ConfigError: ``gpu`` names several devices (:func:`check_fixed_device`).
+    """
+    check_fixed_device(gpu.devices, f"the {client.app} engine of tenant {gpu.tenant!r}")
     parker = EndpointParker(gpu, client, mode=mode, tags=tags, footprint_bytes=footprint_bytes)
     gpu.pm.register(parker, name=f"rota-endpoint-{gpu.tenant}-{id(parker):x}")
     return parker
 
 
 
-__all__ = ["EndpointParker", "track_endpoint", "wait_attached"]
+__all__ = ["EndpointParker", "check_fixed_device", "track_endpoint", "wait_attached"]

@@ -30,11 +30,12 @@ from typing import Any
 import pluggy
 
 from rota import Gpu, ParkMode
+from rota.devices import env_devices
 from rota.errors import InvalidArgument
 from rota_serving.endpoint import EndpointClient, ServingError
 from rota_serving.engines import APP_TAGS, check_app
 from rota_serving.gate import TurnGate
-from rota_serving.parker import EndpointParker, track_endpoint, wait_attached
+from rota_serving.parker import EndpointParker, check_fixed_device, track_endpoint, wait_attached
 from rota_serving.proxy import TurnProxy
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,7 @@ def serve_app(config: ServeConfig) -> Served:
     import rota
 
     config.check()
+    check_fixed_device(env_devices(), f"the {config.app} engine")  # before the engine's minutes-long start
     env = {**os.environ, **config.env}
     log.info("starting %s: %s", config.app, " ".join(config.command))
     proc = subprocess.Popen(list(config.command), env=env, start_new_session=True)
