@@ -38,7 +38,7 @@ def svc(tmp_path: Path) -> Iterator[TinkerService]:
 
 def test_a_sampler_starting_holds_no_http_thread(svc: TinkerService, monkeypatch: pytest.MonkeyPatch) -> None:
     gate, starting = threading.Event(), threading.Event()
-    real = WorkerHandle._start_locked
+    real = WorkerHandle._spawn
 
     def gated(self: WorkerHandle) -> Any:
         if self.spec.role == "sampler":
@@ -46,7 +46,7 @@ def test_a_sampler_starting_holds_no_http_thread(svc: TinkerService, monkeypatch
             assert gate.wait(HANG_GUARD_S), "the test never opened the gate"
         return real(self)
 
-    monkeypatch.setattr(WorkerHandle, "_start_locked", gated)
+    monkeypatch.setattr(WorkerHandle, "_spawn", gated)
     sc = tinker.ServiceClient(base_url=svc.url, api_key=KEYS["alice"])
     sampler = sc.create_sampling_client(base_model=QWEN).result(timeout=HANG_GUARD_S)
     pending = sampler.sample(prompt=types.ModelInput.from_ints([1, 2, 3]), num_samples=1,

@@ -144,7 +144,12 @@ _STOP = object()  # tells a handle's sender thread to end
 
 
 class WorkerHandle:
-    """One worker process of one tenant, started lazily on first use."""
+    """One worker process of one tenant, started lazily on first use.
+
+    A start (seconds on a GPU: CUDA, the model) runs on a thread of its own and holds no lock that a unit's
+    submit takes: units submitted meanwhile wait in a buffer and go to the worker once it is up (or fail
+    with the start's error), so no caller of :meth:`submit` ever waits for a start; :meth:`ensure` does.
+    """
 
     def __init__(self, spec: WorkerSpec, start_timeout_s: float) -> None:
         self.spec = spec
@@ -156,6 +161,8 @@ class WorkerHandle:
         self._closed = False
         self._reaped = threading.Event()  # set by the reader once it has joined the process
         self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # what the sender thread sends, in order
+        self._starting: threading.Event | None = None  # a start in progress; set when it has ended
+        self._buffer: list[Any] = []  # units submitted during that start, in order
         self.hello: dict[str, Any] = {}  # what the process said when it was ready (a base holder: its address)
         self.start_s: dict[str, float] = {}  # the last start: spawn (until the child ran), import, setup, total
 
@@ -165,14 +172,15 @@ class WorkerHandle:
 
     @property
     def running(self) -> bool:
-        """Whether its process runs now (read without the lock, which a start holds for seconds)."""
+        """Whether its process runs now."""
         return self._proc is not None and self._dead is None
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def _start_locked(self) -> None:
+    def _spawn(self) -> tuple[mp.process.BaseProcess, Any, dict[str, Any]]:
+        """Start the process and wait for its hello: (process, pipe end, hello). Holds no lock (seconds)."""
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=main, args=(self.spec, child), name=f"rota-tinker-{self.name}", daemon=True)
@@ -197,53 +205,87 @@ class WorkerHandle:
                         "setup_s": phases.get("setup_s", 0.0), "total_s": time.monotonic() - t0}
         log.info("%s worker started, pid %s, in %s", self.name, hello[1],
                  " ".join(f"{k[:-2]} {v:.2f}s" for k, v in self.start_s.items()))
-        self._proc, self.hello = proc, hello[2]
-        reaped = self._reaped = threading.Event()
-        outbox = self._outbox = queue.SimpleQueue()
-        threading.Thread(target=self._read, args=(parent, proc, reaped, outbox), name=f"rota-tinker-read-{self.name}",
-                         daemon=True).start()
-        threading.Thread(target=self._send, args=(parent, outbox), name=f"rota-tinker-send-{self.name}",
-                         daemon=True).start()
+        return proc, parent, hello[2]
 
-    def _ensure_locked(self, restart: bool) -> str | None:
-        """Start the process if needed; None when it runs, else why it does not."""
+    def _start(self, done: threading.Event) -> None:
+        """The starter thread: spawn, then install the process and send it the units buffered meanwhile (or fail
+        them with why it could not start)."""
+        try:
+            proc, parent, hello = self._spawn()
+        except Exception as e:
+            proc = None
+            why = f"{self.name} worker could not start: {e}"
+            log.error("%s", why)
+        with self._lock:
+            buffered, self._buffer, self._starting = self._buffer, [], None
+            if proc is None:
+                self._dead = self._dead or why
+                failed = [(future, self._dead) for _, future in buffered
+                          if self._pending.pop(future.request_id, None) is not None]
+            else:
+                failed = []
+                self._proc, self.hello = proc, hello
+                reaped = self._reaped = threading.Event()
+                outbox = self._outbox = queue.SimpleQueue()
+                for item in buffered:
+                    outbox.put(item)
+                if self._closed:  # the service closed while this started: the worker exits after what it has
+                    outbox.put((None, None))
+                threading.Thread(target=self._read, args=(parent, proc, reaped, outbox),
+                                 name=f"rota-tinker-read-{self.name}", daemon=True).start()
+                threading.Thread(target=self._send, args=(parent, outbox), name=f"rota-tinker-send-{self.name}",
+                                 daemon=True).start()
+        for future, why in failed:
+            future.fail(why, "server")
+        done.set()
+
+    def _ensure_locked(self, restart: bool) -> tuple[str | None, threading.Event | None]:
+        """Begin a start if the process is needed and none is under way: (why it cannot run, or None; the
+        start in progress, or None when it runs). Never waits."""
         if self._dead is not None and restart and not self._closed and self._proc is not None:
             log.warning("%s: starting a fresh worker after: %s", self.name, self._dead)
             self._proc, self._dead = None, None
         if self._dead is not None:
-            return self._dead
-        if self._proc is None:
-            try:
-                self._start_locked()
-            except Exception as e:
-                self._dead = f"{self.name} worker could not start: {e}"
-                log.error("%s", self._dead)
-                return self._dead
-        return None
+            return self._dead, None
+        if self._proc is None and self._starting is None:
+            if self._closed:
+                return f"{self.name} worker was stopped (service shutting down)", None
+            self._starting = threading.Event()
+            threading.Thread(target=self._start, args=(self._starting,), name=f"rota-tinker-start-{self.name}",
+                             daemon=True).start()
+        return None, self._starting
 
     def ensure(self, *, restart: bool = True) -> dict[str, Any]:
-        """Start the process now (or a fresh one after a crash); its hello. RuntimeError if it cannot run."""
+        """Start the process now (or a fresh one after a crash) and wait for it; its hello. RuntimeError if it
+        cannot run. Waits up to the start timeout: call it off the request threads."""
         with self._lock:
-            why = self._ensure_locked(restart)
-            if why is not None:
-                raise RuntimeError(why)
+            why, starting = self._ensure_locked(restart)
+        if why is not None:
+            raise RuntimeError(why)
+        if starting is not None and not starting.wait(self.start_timeout_s + 30):
+            raise RuntimeError(f"{self.name} worker did not start within {self.start_timeout_s:.0f} s")
+        with self._lock:
+            if self._dead is not None or self._proc is None:
+                raise RuntimeError(self._dead or f"{self.name} worker did not start")
             return self.hello
 
     def submit(self, future: Future, op: str, args: dict[str, Any], on_result: OnResult, *,
                restart: bool = False) -> None:
-        """Queue ``op`` for the worker (its sender thread sends it; this never waits on the worker's pipe);
-        ``on_result(result)`` completes ``future`` (a failure fails it).
+        """Queue ``op`` for the worker (its sender thread sends it); ``on_result(result)`` completes ``future``
+        (a failure fails it). Never waits: not on the worker's pipe, and not for a start (the unit waits for
+        the worker instead, and fails with the start's error if it cannot start).
 
         ``restart``: if the worker has died, start a fresh one for this unit (its old state stays lost).
         """
         with self._lock:
-            why = self._ensure_locked(restart)
-            if why is not None:
-                future.fail(why, "server")
-                return
-            future.timing["submitted"] = time.monotonic()
-            self._pending[future.request_id] = (future, on_result)
-            self._outbox.put(((future.request_id, op, args), future))
+            why, starting = self._ensure_locked(restart)
+            if why is None:
+                future.timing["submitted"] = time.monotonic()
+                self._pending[future.request_id] = (future, on_result)
+                item = ((future.request_id, op, args), future)
+                (self._buffer.append if starting is not None else self._outbox.put)(item)
+        if why is not None:
+            future.fail(why, "server")
 
     def _send(self, conn: Any, outbox: queue.SimpleQueue[Any]) -> None:
         """Send the worker its units in submission order. A thread of its own: a worker busy with a long pass reads
@@ -322,6 +364,10 @@ class WorkerHandle:
 
     def wait_closed(self, deadline: float) -> bool:
         """Wait until ``deadline`` (monotonic) for the worker to exit; kill it after that. True if it exited itself."""
+        with self._lock:
+            starting = self._starting
+        if starting is not None:  # a start under way installs its process (and asks it to exit) when it ends
+            starting.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
             proc, reaped = self._proc, self._reaped
         if proc is None:
