@@ -31,6 +31,7 @@ CORE_COMMANDS = {
     "token": ("rota.cli.token:token", "Credentials for an orchestrator started with --auth-key FILE."),
 }
 
+
 def _print_versions(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     """``rota --version``: every installed rota distribution and its version (core and plugins)."""
     if not value or ctx.resilient_parsing:
