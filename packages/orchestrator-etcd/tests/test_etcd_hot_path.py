@@ -39,6 +39,21 @@ def test_cached_tenant_json_is_what_encoding_afresh_writes_after_every_change(mo
     assert encode_state(g, cache) == encode_state(g) and set(cache) == {"a"}
 
 
+def test_a_clock_step_re_encodes_the_cached_tenants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cached tenant's JSON holds wall-clock times (its last activity): after the wall clock steps (NTP), it is
+    encoded afresh, not kept with the old clock's times until the tenant next changes."""
+    g = granted("g", "a", "b")
+    now, wall = time.monotonic(), time.time()
+    monkeypatch.setattr(time, "monotonic", lambda: now)
+    monkeypatch.setattr(time, "time", lambda: wall)
+    g.tenants["a"].last_active = now - 5
+    cache: dict = {}
+    before = json.loads(encode_state(g, cache))["tenants"]["a"]["last_active"]
+    monkeypatch.setattr(time, "time", lambda: wall + 3600)  # the wall clock steps an hour; monotonic does not
+    assert encode_state(g, cache) == encode_state(g)
+    assert json.loads(encode_state(g, cache))["tenants"]["a"]["last_active"] == before + 3600
+
+
 def groups_of_shards(count: int, shards: int) -> list[str]:
     """One group name per shard 0..count-1 (of ``shards``)."""
     names: dict[int, str] = {}

@@ -110,8 +110,9 @@ def encode_state(state: GroupState, cache: TenantCache | None = None) -> bytes:
     d["residents"] = list(state.residents)
     tenants = []
     fresh: TenantCache = {}
+    step = round(shift)  # a clock step (NTP) re-encodes every tenant: their wall-clock times moved with it
     for job, rec in state.tenants.items():
-        key = _tenant_key(rec)
+        key = (step, *_tenant_key(rec))
         hit = cache.get(job) if cache is not None else None
         text = hit[1] if hit is not None and hit[0] == key else _JSON(_encode_tenant(rec, shift))
         fresh[job] = (key, text)
