@@ -12,7 +12,8 @@ from k8s_checks import pod_specs
 from rota_k8s import ValuesError, load_values, render, validate_objects
 from rota_k8s._image import default_image, image_problem
 from rota_k8s.cli import k8s
-from rota_k8s.manifests import LEADER_HEALTH, ORCHESTRATOR_SERVICE, TenantSpec, tenant
+from rota_k8s.manifests import LEADER_HEALTH, ORCHESTRATOR_SERVICE
+from rota_k8s.workloads import TenantSpec, tenant
 
 
 @pytest.fixture(scope="module")

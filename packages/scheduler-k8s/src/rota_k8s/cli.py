@@ -28,7 +28,8 @@ from rota.cli.options import Endpoint
 from rota.errors import DeadlineExceeded, InvalidArgument, RotaError, Unavailable
 from rota.types import TurnRequest
 from rota_k8s._values import ValuesError, load_values
-from rota_k8s.manifests import MAX_GPUS, TenantSpec, claim_name, render, tenant, to_yaml
+from rota_k8s.manifests import render, to_yaml
+from rota_k8s.workloads import MAX_GPUS, TenantSpec, claim_name, tenant
 from rota_k8s_controller.cli import controller_cmd, install_key_cmd
 
 log = logging.getLogger(__name__)
