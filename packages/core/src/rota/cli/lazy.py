@@ -32,7 +32,8 @@ class LazyCommand(click.Command):
         module, _, attr = target.partition(":")
         if not module or not attr:
             raise ValueError(f"LazyCommand {name!r}: target {target!r} is not 'package.module:attribute'")
-        super().__init__(name, short_help=short_help, hidden=hidden, add_help_option=False)
+        # as help, not short_help: the list then cuts it to the terminal's width as it cuts every other command's
+        super().__init__(name, help=short_help, hidden=hidden, add_help_option=False)
         self.target = target
 
     def load(self) -> click.Command:
