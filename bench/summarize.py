@@ -143,7 +143,9 @@ def main() -> None:
         costs = ", ".join(f"{size}: sample {m['sample']['extra_fraction_of_switch']:.1%}, full "
                           f"{m['full']['extra_fraction_of_switch']:.1%}" for size, m in verify["verify"].items())
         print(f"Cost of `--verify` as a fraction of switch time (extra over `off`): {costs} (verify-cuda.json).")
-    for name in ("tinker-density-h200-qwen3-1.7b-batch-kernels.json", "tinker-density-h200-qwen3-1.7b-batch.json",
+    for name in ("tinker-density-h200-qwen3-1.7b-batch-micro8192.json",  # bench/tinker_h200.sh batch, once run
+                 "tinker-density-h200-qwen3-1.7b-batch-vs-shared.json",  # ... compare
+                 "tinker-density-h200-qwen3-1.7b-batch-kernels.json", "tinker-density-h200-qwen3-1.7b-batch.json",
                  "tinker-density-h200-qwen3-1.7b-shared.json",
                  "tinker-density-h200-qwen3-1.7b-pool.json",  # shared turns, written when they were called a pool
                  "tinker-density-h200-qwen3-1.7b-pool-repeat.json",

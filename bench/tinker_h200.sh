@@ -7,6 +7,7 @@
 #   bash bench/tinker_h200.sh shared   # LoRA density with shared LoRA turns (--lora-concurrency 4), think 4x
 #   bash bench/tinker_h200.sh multilora  # one batched LoRA step of N = 1..64 tenants (rota_tinker._worker.multilora)
 #   bash bench/tinker_h200.sh batch    # issue 29's density: --lora-batch at N = 1, 8, 16, 32, 48, 64, think 4x the step
+#                                      # (8,192-token micro-batches; -micro8192.json: the earlier runs' files are cited)
 #   bash bench/tinker_h200.sh compare  # shared LoRA turns (--lora-concurrency 4) at N = 1, 8, 16, 32 with the think
 #                                      # seconds of the batch stage's JSON in bench/results (commit it first: a fresh
 #                                      # device machine has only the tree), the two modes under the same load
@@ -54,10 +55,10 @@ case $stage in
     run multilora-step-h200-qwen3-1.7b timeout 500 python3 bench/multilora_step.py --device cuda:0 \
         --model qwen3-1.7b --tenants 1,8,16,32,48,64 --steps 5 ;;
   batch)  # every tenant's LoRA in one batched worker; a point that runs past 100 s is recorded as failed
-    run tinker-density-h200-qwen3-1.7b-batch timeout 570 python3 bench/tinker_density.py --device cuda:0 \
+    run tinker-density-h200-qwen3-1.7b-batch-micro8192 timeout 570 python3 bench/tinker_density.py --device cuda:0 \
         --model qwen3-1.7b --tenants 1,8,16,32,48,64 --steps 5 --warmup 1 --lora-batch --point-timeout-s 100 ;;
   compare)  # the shared turns at the batch's points and think seconds (the same load, another service mode)
-    think=$(python3 -c "import json; print(json.load(open('$results/tinker-density-h200-qwen3-1.7b-batch.json'))['think_s'])")
+    think=$(python3 -c "import json; print(json.load(open('$results/tinker-density-h200-qwen3-1.7b-batch-micro8192.json'))['think_s'])")
     run tinker-density-h200-qwen3-1.7b-batch-vs-shared timeout 570 python3 bench/tinker_density.py --device cuda:0 \
         --model qwen3-1.7b --tenants 1,8,16,32 --steps 5 --warmup 1 --lora-concurrency 4 --think-s "$think" \
         --point-timeout-s 110 ;;
