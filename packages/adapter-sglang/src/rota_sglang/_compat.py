@@ -18,4 +18,3 @@ require_sglang, check_server, warn_on_load = VERSIONS.require, VERSIONS.check_se
 
 __all__ = ["DISTS", "VERSIONS", "UnsupportedVersion", "check_server", "require_sglang",
            "warn_on_load"]
-

@@ -18,4 +18,3 @@ require_vllm, check_server, warn_on_load = VERSIONS.require, VERSIONS.check_serv
 
 __all__ = ["DISTS", "VERSIONS", "UnsupportedVersion", "check_server", "require_vllm",
            "warn_on_load"]
-

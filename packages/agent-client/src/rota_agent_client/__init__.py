@@ -18,9 +18,9 @@ if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads
 __all__ = ["WorkloadClient", "register", "restore_gpu"]
 
 
-_LAZY = {
+_HOME = {
     "WorkloadClient": "rota_agent_client.client",
     "register": "rota_agent_client.client",
     "restore_gpu": "rota_agent_client.client",
 }
-__getattr__ = lazy_getattr(__name__, _LAZY)
+__getattr__ = lazy_getattr(__name__, _HOME)

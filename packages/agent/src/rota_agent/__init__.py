@@ -24,7 +24,7 @@ __all__ = ["Agent", "AgentService", "Operation", "WorkloadClient", "register", "
            "serve_agent"]
 
 
-_LAZY = {
+_HOME = {
     "Agent": "rota_agent._agent",
     "AgentService": "rota_agent._agent",
     "Operation": "rota_agent._agent",
@@ -34,4 +34,4 @@ _LAZY = {
     "register": "rota_agent_client",
     "restore_gpu": "rota_agent_client",
 }
-__getattr__ = lazy_getattr(__name__, _LAZY)
+__getattr__ = lazy_getattr(__name__, _HOME)

@@ -144,16 +144,10 @@ class Agent:
 
     # -------------------------------------------------------- registration
 
-    def register(self, msg: pb.RegisterWorkload, caller: Caller, backend: str, *, pid_claim: int = 0,
-                 more: ext.RegisterWorkloadExt | None = None) -> tuple[Job, Channel]:
-        """Add a channel of ``caller`` to job ``msg.job_id``, creating the job or joining its owner's: in one call,
-        :func:`~rota_agent._registration.vet`, :func:`~rota_agent._registration.prove` and :meth:`admit` (the
-        servicer runs ``prove`` off its event loop)."""
-        reg = vet(msg, caller, backend, self.backends, pid_claim=pid_claim, more=more)
-        return self.admit(prove(reg))
-
     def admit(self, reg: Registration) -> tuple[Job, Channel]:
-        """Add the vetted and proven channel to its job (on the event loop: the agent's state changes here)."""
+        """Add a vetted and proven channel (:func:`~rota_agent._registration.vet`, then
+        :func:`~rota_agent._registration.prove`, off the loop) to its job, creating the job or joining its owner's:
+        on the event loop, where the agent's state changes."""
         job_id, group, backend = reg.job_id, reg.group, reg.backend
         self.sweep()
         job = self._job_for(job_id, group, reg.caller, backend)

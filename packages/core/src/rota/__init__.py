@@ -19,10 +19,11 @@ this host. Plugins (adapters, etcd orchestrator, schedulers) are distributions i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rota._plugins import plugin_manager
 from rota._types import Grant, ParkMode, ParkPlan, ParkResult, Placement, ReleaseInfo, ReleaseRequest, TurnRequest
+from rota.compat import lazy_getattr
 from rota.errors import RotaError
 from rota.hookspecs import hookimpl
 
@@ -35,12 +36,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """``Gpu`` and ``connect`` load with the client (and grpc) on first use, so that the CLI and
-    plugins, which import ``rota`` for its hooks and types, start without them."""
-    if name not in ("Gpu", "connect"):
-        raise AttributeError(f"module 'rota' has no attribute {name!r}")
-    from rota._tenant import client
-
-    globals().update(Gpu=client.Gpu, connect=client.connect)
-    return globals()[name]
+# Gpu and connect load with the client (and grpc) on first use: the CLI and plugins import rota for its
+# hooks and types, and start without them
+__getattr__ = lazy_getattr(__name__, {"Gpu": "rota._tenant.client", "connect": "rota._tenant.client"})

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads
 __all__ = ["Controller", "Eviction", "PodTracker", "TokenSecrets", "dead_reason", "grpc_evictor"]
 
 
-_LAZY = {
+_HOME = {
     "Controller": "rota_k8s_controller.controller",
     "Eviction": "rota_k8s_controller.controller",
     "PodTracker": "rota_k8s_controller.controller",
@@ -27,4 +27,4 @@ _LAZY = {
     "dead_reason": "rota_k8s_controller.controller",
     "grpc_evictor": "rota_k8s_controller.controller",
 }
-__getattr__ = lazy_getattr(__name__, _LAZY)
+__getattr__ = lazy_getattr(__name__, _HOME)

@@ -30,8 +30,8 @@ if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads
 __all__ = ["EtcdStore", "Replica"]
 
 
-_LAZY = {
+_HOME = {
     "Replica": "rota_etcd._replica",
     "EtcdStore": "rota_etcd._store",
 }
-__getattr__ = lazy_getattr(__name__, _LAZY)
+__getattr__ = lazy_getattr(__name__, _HOME)

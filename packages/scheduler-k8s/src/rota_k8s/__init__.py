@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 
-_LAZY = {
+_HOME = {
     "ManifestError": "rota_k8s._validate",
     "validate_objects": "rota_k8s._validate",
     "Values": "rota_k8s._values",
@@ -88,4 +88,4 @@ _LAZY = {
     "PodTracker": "rota_k8s_controller.controller",
     "dead_reason": "rota_k8s_controller.controller",
 }
-__getattr__ = lazy_getattr(__name__, _LAZY)
+__getattr__ = lazy_getattr(__name__, _HOME)

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-_LAZY = {
+_HOME = {
     "GresLayout": "rota_slurm._conf",
     "gres_conf": "rota_slurm._conf",
     "node_line": "rota_slurm._conf",
@@ -55,4 +55,4 @@ _LAZY = {
     "Conflict": "rota_slurm._status",
     "conflicts": "rota_slurm._status",
 }
-__getattr__ = lazy_getattr(__name__, _LAZY)
+__getattr__ = lazy_getattr(__name__, _HOME)

@@ -45,7 +45,7 @@ def save_base(spec: BaseModelSpec, path: str) -> None:
     write(spec, path)
 
 
-_LAZY = {
+_HOME = {
     "TinkerService": "rota_tinker._http.service",
     "DEFAULT_BASE_MODELS": "rota_tinker._config",
     "BaseModelSpec": "rota_tinker._config",
@@ -57,4 +57,4 @@ _LAZY = {
     "find_models": "rota_tinker._hf",
     "search_dirs": "rota_tinker._hf",
 }
-__getattr__ = lazy_getattr(__name__, _LAZY)
+__getattr__ = lazy_getattr(__name__, _HOME)
