@@ -16,6 +16,12 @@ def _load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _phase(point: dict) -> str:
+    """What a failed tinker_density point was doing when its time ran out (its reason up to the tenants)."""
+    reason = point.get("reason", "")
+    return reason.split(":")[0].removeprefix("timed out while ") or "no reason recorded"
+
+
 def _tinker_line(tinker: dict, name: str) -> None:
     """One line per tinker_density run: latency ratio, throughput and device memory of every point."""
     done = [p for p in tinker.get("points", []) if not p.get("failed")]
@@ -25,7 +31,7 @@ def _tinker_line(tinker: dict, name: str) -> None:
     verdict = f"density {density}" if density is not None else "incomplete run"
     failed = [p for p in tinker.get("points", []) if p.get("failed")]
     if failed:
-        points += "".join(f", N={p['tenants']} did not finish its steps in --point-timeout-s" for p in failed)
+        points += "".join(f", N={p['tenants']} did not finish in --point-timeout-s ({_phase(p)})" for p in failed)
     base = tinker["points"][0]
     parks = "tenants resident between turns" if base.get("capacity_bytes") else "every switch parks"
     shared = tinker["args"].get("lora_concurrency", 1)
