@@ -124,3 +124,12 @@ def http_servers() -> Iterator[Callable[..., Recorder]]:
     for s in made:
         s.shutdown()
         s.server_close()
+
+
+def pytest_sessionfinish() -> None:
+    """Quiet the tinker SDK's heartbeat warnings once the run is over. Test services stop with no farewell
+    (``farewell_s`` 0: a farewell waits up to a heartbeat period per service), so the SDK clients of stopped
+    services keep heart-beating at closed ports and warn after 2 minutes, after pytest's closing line."""
+    import logging
+
+    logging.getLogger("tinker.lib.internal_client_holder").setLevel(logging.ERROR)

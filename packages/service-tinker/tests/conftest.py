@@ -46,3 +46,12 @@ def client(service: TinkerService) -> Callable[[str], tinker.ServiceClient]:
         return made[tenant]
 
     return _client
+
+
+def pytest_sessionfinish() -> None:
+    """Quiet the tinker SDK's heartbeat warnings once the run is over. Test services stop with no farewell
+    (``farewell_s`` 0: a farewell waits up to a heartbeat period per service), so the SDK clients of stopped
+    services keep heart-beating at closed ports and warn after 2 minutes, after pytest's closing line."""
+    import logging
+
+    logging.getLogger("tinker.lib.internal_client_holder").setLevel(logging.ERROR)
