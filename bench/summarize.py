@@ -108,6 +108,7 @@ def main() -> None:
     print("| path (H200, bf16, 800 tensors) | size | park | restore | overlapped park ‖ restore | source |")
     print("|---|---|---|---|---|---|")
     for name, label in (("switch-cuda.json", "adapter, memory returned to driver (default)"),
+                        ("switch-cuda-20GB.json", "adapter, memory returned to driver, a restore taking one block"),
                         ("switch-cuda-keepcache.json", "adapter, memory kept in torch's cache")):
         d = _load(name)
         for r in (d or {}).get("results", []):
