@@ -29,6 +29,7 @@ residue report names FSDP2's per-parameter device buffers.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -40,11 +41,12 @@ __all__ = ["FsdpTracked", "track"]
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch built without distributed
+    """The model's FSDP2 modules. Without importing ``torch.distributed.fsdp`` (0.8 s on a CPU, about 3 s on a GPU
+    host): it runs before every park, and a model made with ``fully_shard`` has imported it already."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is None or not hasattr(fsdp, "FSDPModule"):  # not imported (so nothing is FSDP2), or torch without it
         return []
-    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+    return [m for m in model.modules() if isinstance(m, fsdp.FSDPModule)]
 
 
 def _fsdp_param_groups(state: Any) -> list[Any]:
