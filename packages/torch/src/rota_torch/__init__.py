@@ -32,7 +32,8 @@ from rota_torch._guard import (
     env_verify,
 )
 from rota_torch._ledger import node_host_bytes
-from rota_torch._parker import NamedTensors, TensorParker, local_tensor, overlap
+from rota_torch._overlap import overlap
+from rota_torch._parker import NamedTensors, TensorParker, local_tensor
 from rota_torch._pool import HostBudgetExceeded, HostPool, align, host_bytes_in_use
 from rota_torch._residue import name_untracked, outside_allocator_bytes, process_device_bytes
 from rota_torch.errors import AlreadyTracked, BackwardInFlight, DeviceMismatch, HoldsTurn, TrackingError

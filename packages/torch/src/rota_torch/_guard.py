@@ -34,10 +34,14 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rota.errors import ConfigError, PermanentError, TransientError
+
+if TYPE_CHECKING:
+    from rota_torch._pool import HostPool
 
 VERIFY_MODES = ("off", "sample", "full")
 SAMPLES = 16  # windows hashed per region in sample mode
@@ -143,6 +147,55 @@ def device_free_bytes(device: torch.device) -> int | None:
     free, _total = torch.cuda.mem_get_info(device)
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return int(free + max(cached, 0))
+
+
+class HostSample:
+    """``verify="sample"``: the words of a park's host copies at :func:`sample_index` positions, read after the
+    copies are done, and the check at restore that the host copies still hold them. The index is built once
+    per layout of the regions in the pool (a tenant parks the same storages each time)."""
+
+    def __init__(self) -> None:
+        self._layout: list[tuple[int, int]] = []
+        self._index = (torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+        self._taken: tuple[list[Any], torch.Tensor] | None = None  # (copied regions, their words)
+
+    def take(self, pool: HostPool, copied: list[Any]) -> None:
+        """Read the sampled words of ``copied`` (regions with ``offset`` and ``nbytes`` in ``pool``)."""
+        layout = [(sl.offset, sl.nbytes) for sl in copied]
+        if self._layout != layout:
+            self._layout = layout
+            self._index = sample_index([o for o, _ in layout], [n for _, n in layout])
+        self._taken = (copied, pool.gather_words(self._index[0]))
+
+    def clear(self) -> None:
+        self._taken = None
+
+    @property
+    def taken(self) -> bool:
+        return self._taken is not None
+
+    def check(self, pool: HostPool, who: str) -> None:
+        """Compare the sampled words with the park's; :class:`VerifyError` names the first region that differs."""
+        if self._taken is None:
+            return
+        copied, words = self._taken
+        positions, regions = self._index
+        now = pool.gather_words(positions)
+        if torch.equal(now, words):
+            return
+        sl = copied[int(regions[int((now != words).nonzero()[0, 0])])]
+        raise VerifyError(f"{who}: host copy of {sl.name!r} (tag {sl.tag!r}, {sl.nbytes} bytes) does not match its "
+                          "fingerprint taken at park; restore refused, the tenant stays parked (host memory "
+                          "corrupted or overwritten)")
+
+
+def check_restored_sums(who: str, copied: list[Any], sums: list[list[int]]) -> None:
+    """``verify="full"``: the device checksums of the restored regions against those taken at park (``fp``)."""
+    for sl, fp in zip(copied, sums, strict=True):
+        if sl.fp is not None and tuple(fp) != sl.fp:
+            raise VerifyError(f"{who}: restored bytes of {sl.name!r} (tag {sl.tag!r}, {sl.nbytes} bytes) do not "
+                              "match the checksum taken at park; restore refused and rolled back, the tenant stays "
+                              "parked")
 
 
 __all__ = ["DiscardedTag", "NoRoom", "SwitchError", "SwitchTimeout", "VerifyError",

@@ -56,14 +56,14 @@ from rota.types import ParkResult
 from rota_torch._guard import (
     Deadline,
     DiscardedTag,
+    HostSample,
     NoRoom,
-    VerifyError,
     check_non_negative,
+    check_restored_sums,
     check_verify,
     device_checksum,
     device_free_bytes,
     env_verify,
-    sample_index,
 )
 from rota_torch._pool import HostPool, align
 
@@ -91,16 +91,6 @@ class _Slot:
     offset: int  # byte offset in the pool; -1 when discarded (nothing copied)
     name: str = ""  # first tensor seen on this storage (for error messages)
     fp: object = None  # full mode: the (words, tail) device checksum taken at park
-
-
-@dataclass
-class _Sample:
-    """``verify="sample"``: the host words read at park, at sorted word ``positions`` of the pool."""
-
-    slots: list[_Slot]  # copied regions; ``regions`` indexes into it
-    positions: torch.Tensor
-    regions: torch.Tensor  # region of each position
-    words: torch.Tensor
 
 
 @dataclass
@@ -155,9 +145,7 @@ class TensorParker:
         self.name = name
         self._sources: dict[str, list[NamedTensors]] = {}
         self._slots: dict[int, _Slot] = {}
-        self._sample: _Sample | None = None  # sampled host bytes of the current park
-        self._sample_layout: list[tuple[int, int]] = []
-        self._sample_index: tuple[torch.Tensor, torch.Tensor] = (torch.zeros(0), torch.zeros(0))
+        self._sample = HostSample()  # verify="sample": sampled host bytes of the current park
         self._resident_by_tag: dict[str, int] = {}
         self._parked = False
         self._lock = threading.RLock()
@@ -432,9 +420,9 @@ class TensorParker:
                                "re-created (added with on_discard='error'); reload them or park them in offload "
                                "mode; the tenant stays parked")
         verify_s = 0.0
-        if self.verify == "sample" and self._sample is not None:
+        if self.verify == "sample" and self._sample.taken:
             tv = time.perf_counter()
-            self._check_sample(self._sample)
+            self._sample.check(self.pool, f"parker {self.name!r}")
             verify_s = time.perf_counter() - tv
         need = sum(sl.nbytes for sl in slots)
         free = self._wait_for_room(need, deadline)
@@ -546,7 +534,11 @@ class TensorParker:
         if job.kind == "restore":
             try:
                 self._wait(job)
-                self._check_full(job)
+                if self.verify == "full" and job.sums:
+                    tv = time.perf_counter()
+                    sums = torch.stack(job.sums).cpu().tolist()  # type: ignore[arg-type]
+                    check_restored_sums(f"parker {self.name!r}", [sl for sl in job.slots if sl.offset >= 0], sums)
+                    job.verify_s += time.perf_counter() - tv
             except BaseException:
                 self._rollback_restore(job)
                 raise
@@ -568,9 +560,9 @@ class TensorParker:
         if job.kind == "park":
             tv = time.perf_counter()
             copied = [sl for sl in job.slots if sl.offset >= 0]
-            self._sample = None
+            self._sample.clear()
             if self.verify == "sample":
-                self._sample = self._take_sample(copied)
+                self._sample.take(self.pool, copied)
             elif self.verify == "full" and job.sums is not None:
                 sums = torch.stack(job.sums).cpu().tolist() if job.sums else []  # type: ignore[arg-type]
                 for sl, fp in zip(copied, sums, strict=True):
@@ -595,7 +587,7 @@ class TensorParker:
         elif job.kind == "restore":
             result.verify_seconds = job.verify_s
             self._slots = {}
-            self._sample = None
+            self._sample.clear()
             self._parked = False
             for tag in discarded:
                 by_tag.pop(tag, None)
@@ -611,88 +603,3 @@ class TensorParker:
             log.debug("parker %s: %s %d storages, %.3f GB in %.4f s", self.name, job.kind, len(job.slots),
                       moved / 1e9, seconds)
         return result
-
-    def _take_sample(self, copied: list[_Slot]) -> _Sample:
-        """``verify="sample"``: read the sampled words of every region's host copy (index cached per layout)."""
-        layout = [(sl.offset, sl.nbytes) for sl in copied]
-        if self._sample_layout != layout:
-            self._sample_layout = layout
-            self._sample_index = sample_index([o for o, _ in layout], [n for _, n in layout])
-        positions, regions = self._sample_index
-        return _Sample(copied, positions, regions, self.pool.gather_words(positions))
-
-    def _check_sample(self, sample: _Sample) -> None:
-        """Compare the sampled words with the park's; name the first region that differs."""
-        now = self.pool.gather_words(sample.positions)
-        if torch.equal(now, sample.words):
-            return
-        first = int((now != sample.words).nonzero()[0, 0])
-        sl = sample.slots[int(sample.regions[first])]
-        raise VerifyError(f"parker {self.name!r}: host copy of {sl.name!r} (tag {sl.tag!r}, {sl.nbytes} bytes) "
-                          "does not match its fingerprint taken at park; restore refused, the tenant stays parked "
-                          "(host memory corrupted or overwritten)")
-
-    def _check_full(self, job: _Job) -> None:
-        """``verify="full"``: compare the device checksums of the restored regions with the park's."""
-        if self.verify != "full" or not job.sums:
-            return
-        tv = time.perf_counter()
-        sums = torch.stack(job.sums).cpu().tolist()  # type: ignore[arg-type]
-        copied = [sl for sl in job.slots if sl.offset >= 0]
-        for sl, fp in zip(copied, sums, strict=True):
-            if sl.fp is not None and tuple(fp) != sl.fp:
-                raise VerifyError(f"parker {self.name!r}: restored bytes of {sl.name!r} (tag {sl.tag!r}, "
-                                  f"{sl.nbytes} bytes) do not match the checksum taken at park; restore refused "
-                                  "and rolled back, the tenant stays parked")
-        job.verify_s += time.perf_counter() - tv
-
-
-ParkSpec = TensorParker | tuple[TensorParker, Iterable[str] | None, Iterable[str]]
-
-
-def overlap(park: Sequence[ParkSpec] | TensorParker = (),
-            restore: Sequence[TensorParker] | TensorParker = ()) -> tuple[ParkResult, ParkResult]:
-    """Park ``park`` while restoring ``restore``, each parker on its own stream.
-
-    ``park`` items are parkers (park every tag) or ``(parker, tags, discard)`` tuples
-    with the arguments of :meth:`TensorParker.park`.
-
-    PCIe is full duplex: device-to-host copies of the outgoing tenant and host-to-device
-    copies of the incoming one run at the same time. All copies are issued before any
-    wait. The device must have room for both while the switch runs (the outgoing
-    memory is freed only after its copies finish). Returns (park result, restore
-    result); both carry the wall time of the whole switch.
-    """
-    specs = [park] if isinstance(park, TensorParker) else list(park)
-    specs = [(p, None, ()) if isinstance(p, TensorParker) else p for p in specs]
-    parks = [p for p, _, _ in specs]
-    restores = [restore] if isinstance(restore, TensorParker) else list(restore)
-    everyone = parks + restores
-    if len({id(p) for p in everyone}) != len(everyone):
-        raise ValueError("overlap: a parker appears twice; park and restore distinct parkers")
-    t0 = time.perf_counter()
-    for p in everyone:
-        p._lock.acquire()
-    try:
-        # Allocate first: a device allocation would otherwise wait for the copies in flight.
-        jobs_in = [p._alloc_restore() for p in restores]
-        jobs_out = [p._begin_park(tags, discard) for p, tags, discard in specs]
-        jobs_in = [p._issue_restore(j) for p, j in zip(restores, jobs_in, strict=True)]
-        try:
-            into = [p._finish(j) for p, j in zip(restores, jobs_in, strict=True)]  # parks free (and sync) last
-        finally:  # a refused restore still lets the outgoing park complete (or time out) on its own
-            out = [p._finish(j) for p, j in zip(parks, jobs_out, strict=True)]
-    finally:
-        for p in everyone:
-            p._lock.release()
-    seconds = time.perf_counter() - t0
-    return _sum(out, seconds), _sum(into, seconds)
-
-
-def _sum(results: list[ParkResult], seconds: float) -> ParkResult:
-    total = ParkResult(seconds=seconds)
-    for r in results:
-        total.bytes_moved += r.bytes_moved
-        for tag, n in r.by_tag.items():
-            total.by_tag[tag] = total.by_tag.get(tag, 0) + n
-    return total

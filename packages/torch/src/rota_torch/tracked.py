@@ -47,7 +47,8 @@ import torch
 from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
 from rota_torch._move import move_resident, rehome_parked
-from rota_torch._parker import TensorParker, local_tensor, overlap
+from rota_torch._overlap import overlap
+from rota_torch._parker import TensorParker, local_tensor
 from rota_torch._pool import align
 from rota_torch._residue import fragmentation, give_back_workspaces, name_untracked, outside_allocator_bytes
 from rota_torch.errors import AlreadyTracked, BackwardInFlight, DeviceMismatch, HoldsTurn, TrackingError
