@@ -189,10 +189,15 @@ class HostSample:
                           "corrupted or overwritten)")
 
 
-def check_restored_sums(who: str, copied: list[Any], sums: list[list[int]]) -> None:
-    """``verify="full"``: the device checksums of the restored regions against those taken at park (``fp``)."""
+def host_sums(sums: list[Any]) -> list[tuple[int, ...]]:
+    """``verify="full"``: the :func:`device_checksum` of each copied region, read to the host in one copy."""
+    return [tuple(fp) for fp in torch.stack(sums).cpu().tolist()] if sums else []
+
+
+def check_restored_sums(who: str, copied: list[Any], sums: list[tuple[int, ...]]) -> None:
+    """``verify="full"``: the restored regions' :func:`host_sums` against those taken at park (``fp``)."""
     for sl, fp in zip(copied, sums, strict=True):
-        if sl.fp is not None and tuple(fp) != sl.fp:
+        if sl.fp is not None and fp != sl.fp:
             raise VerifyError(f"{who}: restored bytes of {sl.name!r} (tag {sl.tag!r}, {sl.nbytes} bytes) do not "
                               "match the checksum taken at park; restore refused and rolled back, the tenant stays "
                               "parked")

@@ -64,6 +64,7 @@ from rota_torch._guard import (
     device_checksum,
     device_free_bytes,
     env_verify,
+    host_sums,
 )
 from rota_torch._pool import HostPool, align
 
@@ -536,8 +537,8 @@ class TensorParker:
                 self._wait(job)
                 if self.verify == "full" and job.sums:
                     tv = time.perf_counter()
-                    sums = torch.stack(job.sums).cpu().tolist()  # type: ignore[arg-type]
-                    check_restored_sums(f"parker {self.name!r}", [sl for sl in job.slots if sl.offset >= 0], sums)
+                    copied = [sl for sl in job.slots if sl.offset >= 0]
+                    check_restored_sums(f"parker {self.name!r}", copied, host_sums(job.sums))
                     job.verify_s += time.perf_counter() - tv
             except BaseException:
                 self._rollback_restore(job)
@@ -564,9 +565,8 @@ class TensorParker:
             if self.verify == "sample":
                 self._sample.take(self.pool, copied)
             elif self.verify == "full" and job.sums is not None:
-                sums = torch.stack(job.sums).cpu().tolist() if job.sums else []  # type: ignore[arg-type]
-                for sl, fp in zip(copied, sums, strict=True):
-                    sl.fp = tuple(fp)
+                for sl, fp in zip(copied, host_sums(job.sums), strict=True):
+                    sl.fp = fp
             result.verify_seconds = time.perf_counter() - tv
             for sl in job.slots:  # everything is copied out: now free each distinct storage once
                 sl.storage.resize_(0)
