@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -51,9 +53,9 @@ def test_a_claim_counts_only_what_its_process_holds(as_attacker, budget, kill_la
     kill_later.append(report["child"])
     caplog.set_level(logging.WARNING, logger="rota_torch._ledger")
     counted = node_host_bytes()[report["child"]]
-    with open(f"/proc/{report['child']}/status") as f:
-        rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-    assert counted == rss < 20 * MB  # its few MB, not the 90 claimed
+    with open(f"/proc/{report['child']}/smaps_rollup") as f:
+        pss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+    assert 0 < counted <= pss * 1.1 and counted < 20 * MB  # its few MB (its share of its pages), not the 90
     assert "claims 94371840 bytes but its process holds" in caplog.text
     pool = HostPool(pin=False, spill_dir="")
     pool.reserve(60 * MB)  # room the claimed 90 MB would have taken away
@@ -121,3 +123,54 @@ def test_the_refusal_names_the_node_budget(budget):
     finally:
         other.kill()
         other.wait()
+
+
+SHARED_MAPPINGS = """
+    import mmap
+    path = os.path.join(private, "cache.bin")
+    with open(path, "wb") as f:
+        f.write(b"x" * size)  # one file in the page cache, mapped by each of the children below
+
+    def hold():
+        with open(path, "rb") as f:
+            m = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+        sum(m[i] for i in range(0, size, 4096))  # every page mapped in this process: its VmRSS grows by size
+        time.sleep(300)
+
+    children = [detach(hold) for _ in range(copies)]
+    mine = os.path.join(root, str(os.getuid()))
+    os.makedirs(mine, exist_ok=True)
+    os.chmod(mine, 0o755)
+    for child in children:
+        while True:  # until the child's mapping shows in its VmRSS
+            with open(f"/proc/{child}/status") as f:
+                rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+            if rss >= size:
+                break
+            time.sleep(0.01)
+        with open(f"/proc/{child}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]
+        with open(os.path.join(mine, str(child)), "w") as f:
+            f.write(f"{start} {size}\\n")  # each claims the whole file
+    report["children"] = children
+"""
+
+
+def test_pages_several_processes_map_count_once(as_attacker, attacker_uid, budget, kill_later):  # noqa: F811
+    """Row 13 of issue 45: six processes of the attacker map one page-cache file and each claims it whole. Each
+    process's VmRSS holds the file, so the old bound counted it six times (6 x 40 MB against a 100 MB node budget)
+    and refused the victim's 30 MB; its proportional share (Pss) counts it once across them."""
+    private = tempfile.mkdtemp(prefix="rota-sec-", dir="/tmp")
+    os.chown(private, *attacker_uid)
+    size, copies = 40 * MB, 6
+    try:
+        report = _attack(as_attacker, SHARED_MAPPINGS, root=budget, private=private, size=size, copies=copies)
+        kill_later.extend(report["children"])
+        counted = node_host_bytes()
+        theirs = sum(counted[c] for c in report["children"])
+        assert size * 0.9 <= theirs <= size + 24 * MB, theirs  # the file once (and their interpreters' shares)
+        pool = HostPool(pin=False, spill_dir="")
+        pool.reserve(30 * MB)  # was HostBudgetExceeded: "other rota processes on this node hold 0.252 GB"
+        assert pool.capacity >= 30 * MB
+    finally:
+        shutil.rmtree(private, ignore_errors=True)

@@ -162,7 +162,7 @@ def test_another_uid_growing_meanwhile_shrinks_this_claim(ledger, monkeypatch):
                               "-c", "import time; held = b'x' * (60 << 20); time.sleep(60)"])  # really holds 60 MB
     try:
         deadline = time.monotonic() + 10  # setpriv runs as root for a moment before it becomes that uid
-        while (os.stat(f"/proc/{other.pid}").st_uid != NOBODY or _ledger._resident_bytes(other.pid) < 55 * MB) \
+        while (os.stat(f"/proc/{other.pid}").st_uid != NOBODY or _ledger._held_bytes(other.pid) < 55 * MB) \
                 and time.monotonic() < deadline:
             time.sleep(0.01)
         node_host_bytes()  # creates the root

@@ -31,8 +31,13 @@ nobody can make a path that locks another out:
   ``O_NOFOLLOW|O_NONBLOCK``, at most 64 bytes), names a live process of that uid (pid
   and start time) and holds a byte count between 0 and the node's memory plus swap.
   Anything else is ignored and logged once. It counts at most the memory that process
-  really holds (``VmRSS`` in ``/proc/PID/status``): a ``sleep`` claiming 25 GB counts
-  its few kB. A uid can thus only count bytes its live processes do hold.
+  really holds: its proportional share (``Pss`` in ``/proc/PID/smaps_rollup``), so pages
+  that several processes map (one page-cache file mapped by six processes, memory shared
+  after a fork) count once across them, not once in each; a ``sleep`` claiming 25 GB
+  counts its few kB. A uid's total is thus at most what its live processes hold together.
+  Where this process may not read that file (a non-root reader of another uid's process:
+  the kernel shows it only to its own uid and to root), ``VmRSS`` of ``/proc/PID/status``,
+  which counts a shared page in every process that maps it, is the bound instead.
 
 The locks are per uid, so across uids check-and-record is not atomic: a pool that
 grows records its claim, reads the others again and shrinks its claim if they grew
@@ -218,8 +223,15 @@ def _start_time(pid: int) -> str:
     return "" if start is None else str(start)
 
 
-def _resident_bytes(pid: int) -> int:
-    """The memory ``pid`` holds (VmRSS of /proc/PID/status; 0 if it cannot be read)."""
+def _held_bytes(pid: int) -> int:
+    """The memory ``pid`` holds: its proportional set size (``Pss`` of /proc/PID/smaps_rollup), where each
+    page shared by N processes counts 1/N in each; ``VmRSS`` of /proc/PID/status where smaps_rollup cannot be
+    read (another uid's process, to a non-root reader); 0 if neither can."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+    except (OSError, IndexError, ValueError, StopIteration):
+        pass
     try:
         with open(f"/proc/{pid}/status") as f:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
@@ -295,7 +307,7 @@ class NodeLedger:
         for name in names[:MAX_ENTRIES]:
             pid, nbytes, why = self._read_entry(fd, name, uid, bound)
             if not why and not own:  # another uid's claim counts up to what its process really holds
-                held = _resident_bytes(pid)
+                held = _held_bytes(pid)
                 if nbytes > held:
                     _ignore(where, name, f"claims {nbytes} bytes but its process holds {held}; {held} counted")
                     nbytes = held
