@@ -12,6 +12,7 @@ import pytest
 
 import rota
 from rota import auth
+from rota.errors import InvalidArgument
 from rota.orchestrator import OrchestratorConfig
 from rota.testing import running_orchestrator
 from rota.wire import rota_v1_pb2 as pb
@@ -63,5 +64,55 @@ def test_a_lane_is_no_way_into_another_group_and_status_shows_only_ones_own_lane
             finally:
                 mine.close()
             victim.release()
+        finally:
+            victim.close()
+
+
+def test_a_device_the_host_lacks_is_refused_and_makes_no_lane():
+    """Issue 45 row 6: ``Acquire(g, devices=['cuda:7'])`` on a host without it made lane g@cuda:7, and every tenant
+    of g that names no devices was refused for as long as that lane was remembered (600 s)."""
+    with running_orchestrator(OrchestratorConfig(), auth=auth.ServerAuth(key=KEY)) as (endpoint, engine):
+        mallory = pb_grpc.RotaServiceStub(auth.channel(endpoint, token=auth.issue(KEY, group="g", job="m")))
+        code, details = _refused(lambda: mallory.Acquire(  # this host's own GPUs (/dev/nvidia*): fewer than 1000
+            pb.TurnRequest(job_id="m", group_id="g", devices=["cuda:999"]), timeout=10))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "GPUs in /dev/nvidia*" in details, details
+        assert [gid for gid in engine.groups if gid.startswith("g")] == []  # no lane, no group
+    with running_orchestrator(OrchestratorConfig(capacity_bytes=10_000, devices=2),
+                              auth=auth.ServerAuth(key=KEY)) as (endpoint, engine):
+        mallory = pb_grpc.RotaServiceStub(auth.channel(endpoint, token=auth.issue(KEY, group="g", job="m")))
+        for devices in (["cuda:7"], ["cuda:0", "cuda:2"], ["fake:2"]):
+            code, details = _refused(lambda d=devices: mallory.Acquire(
+                pb.TurnRequest(job_id="m", group_id="g", devices=d), timeout=10))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+            assert "does not exist on this host (it has " in details and "--devices N" in details, details
+        assert [gid for gid in engine.groups if gid.startswith("g")] == []
+        victim = rota.connect(group="g", tenant="v", endpoint=endpoint, token=auth.issue(KEY, group="g", job="v"))
+        try:
+            assert victim.acquire().device == ""  # a group of one device, as before the attack
+            victim.release()
+        finally:
+            victim.close()
+
+
+def test_lanes_go_with_their_last_job():
+    """A tenant that used a lane and left (its own Evict) leaves nothing that refuses the group's other tenants;
+    while it is on the device, a tenant naming no devices is refused as one naming devices is refused beside
+    tenants that name none."""
+    with running_orchestrator(OrchestratorConfig(capacity_bytes=10_000), auth=auth.ServerAuth(key=KEY)) as (
+            endpoint, engine):
+        mallory = pb_grpc.RotaServiceStub(auth.channel(endpoint, token=auth.issue(KEY, group="g", job="m")))
+        grant = mallory.Acquire(pb.TurnRequest(job_id="m", group_id="g", devices=["fake:0"]), timeout=10)
+        mallory.Release(pb.ReleaseRequest(job_id="m", group_id="g", token=grant.token), timeout=10)
+        victim = rota.connect(group="g", tenant="v", endpoint=endpoint, token=auth.issue(KEY, group="g", job="v"))
+        try:
+            with pytest.raises(InvalidArgument, match="spans devices"):
+                victim.acquire()  # mallory's state is on fake:0
+            mallory.Evict(pb.EvictRequest(job_id="m", group_id="g", reason="done"), timeout=10)
+            assert not [gid for gid in engine.groups if "@" in gid]  # the lane went with its last job
+            assert victim.acquire().device == ""  # was INVALID_ARGUMENT "group 'g' spans devices" for 600 s
+            victim.release()
+            code, _ = _refused(lambda: mallory.Acquire(  # and now the group is the victim's kind
+                pb.TurnRequest(job_id="m", group_id="g", devices=["fake:0"]), timeout=10))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT
         finally:
             victim.close()

@@ -8,7 +8,9 @@ state of its own named ``G@cuda:1`` (what ``rota status`` lists): at most one ho
 lane, so never two tenants on one device.
 
 Names: ``cuda:N`` (or just ``N``), and ``fake:N`` for tests: a fake device is a name the
-orchestrator places turns on, with no memory behind it (rota_torch refuses it).
+orchestrator places turns on, with no memory behind it (rota_torch refuses it). The
+orchestrator takes only devices the host has (:func:`host_gpus`, or its ``--devices N``):
+a lane of a device that does not exist would be a lane nobody else can use.
 ``all`` means every device this process sees: as many as ``CUDA_VISIBLE_DEVICES`` lists,
 which Slurm sets from the job's GRES (``--gres=gpu:2``) and Kubernetes' NVIDIA device
 plugin or DRA driver from the pod's claim.
@@ -23,12 +25,14 @@ from collections.abc import Iterable
 from rota._ids import shown
 from rota.errors import ConfigError
 
-__all__ = ["LANE_SEP", "MAX_DEVICES", "device_index", "env_devices", "lane_base", "lane_device", "lane_id",
-           "parse_devices"]
+__all__ = ["FAKE_DEVICES", "LANE_SEP", "MAX_DEVICES", "device_index", "env_devices", "host_gpus", "lane_base",
+           "lane_device", "lane_id", "parse_devices"]
 
 MAX_DEVICES = 64  # devices one tenant may name (a host has at most a few dozen)
+FAKE_DEVICES = 8  # fake:0 .. fake:7 exist for an orchestrator not told how many devices its host has
 LANE_SEP = "@"  # never part of a group id (rota.config.check_id), so a lane cannot collide with a group
 _NAME = re.compile(r"(cuda|fake):(\d{1,3})")
+_GPU_NODE = re.compile(r"nvidia\d{1,3}")
 _FIX = "name devices as cuda:N or N (e.g. 0,1 or cuda:0,cuda:1), fake:N in tests, or all"
 
 
@@ -76,6 +80,20 @@ def _visible(source: str) -> tuple[str, ...]:
     if len(entries) > MAX_DEVICES:
         raise ConfigError(f"{source}=all: CUDA_VISIBLE_DEVICES lists {len(entries)} devices; at most {MAX_DEVICES}")
     return tuple(f"cuda:{i}" for i in range(len(entries)))
+
+
+def host_gpus(dev_root: str = "/dev") -> int:
+    """GPUs of this host (or container): its NVIDIA device nodes, ``/dev/nvidia0``, ``/dev/nvidia1``...
+
+    They exist wherever the driver is loaded (a container gets those of its GPUs), read
+    without NVML or CUDA. 0 where there are none (a host without GPUs, an orchestrator
+    that serves other hosts: there ``--devices N`` says how many their lanes may name).
+    """
+    try:
+        names = os.listdir(dev_root)
+    except OSError:
+        return 0
+    return sum(1 for n in names if _GPU_NODE.fullmatch(n))
 
 
 def env_devices() -> tuple[str, ...]:

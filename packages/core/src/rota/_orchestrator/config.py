@@ -17,6 +17,7 @@ from rota.config import MAX_PRIORITY, MIN_PRIORITY
 from rota.devices import MAX_DEVICES, parse_devices
 from rota.errors import InvalidArgument
 from rota.policies import Fifo, Policy
+from rota.residue import DEFAULT_RESIDUE_MAX_BYTES
 
 
 @dataclass
@@ -36,6 +37,11 @@ class OrchestratorConfig:
     agent_auth_key: bytes | None = field(default=None, repr=False)  # mints the admin tokens agents check
     agent_tls: Any = field(default=None, repr=False)  # grpc.ChannelCredentials of the agent links (None: plaintext)
     prefetch: bool | None = None  # restore the next waiter during the current turn (None = on iff capacity known)
+    # devices a lane may name: cuda:0..N-1 and fake:0..N-1 (None: the GPUs of this host, rota.devices.host_gpus,
+    # and fake:0..FAKE_DEVICES-1); set it where the orchestrator serves the GPUs of another host
+    devices: int | None = None
+    # a tenant's reported residue that counts against the others' room (more counts for nobody: it is capped)
+    residue_allowance_bytes: int = DEFAULT_RESIDUE_MAX_BYTES
 
     @property
     def prefetch_on(self) -> bool:
@@ -62,6 +68,14 @@ class OrchestratorConfig:
                 raise InvalidArgument(f"{name}={getattr(self, name)!r} must be >= 0 (0 disables it)")
         for g in self.groups:
             check_id("group_id", g, group_id=g)
+        if self.devices is not None and (isinstance(self.devices, bool) or not isinstance(self.devices, int)
+                                         or not 0 <= self.devices <= MAX_DEVICES):
+            raise InvalidArgument(f"devices={self.devices!r} must be a whole number 0..{MAX_DEVICES} (the GPUs of the "
+                                  "host the lanes are on; --devices N), or None to count this host's")
+        if isinstance(self.residue_allowance_bytes, bool) or not isinstance(self.residue_allowance_bytes, int) \
+                or not 0 <= self.residue_allowance_bytes <= MAX_BYTES:
+            raise InvalidArgument(f"residue_allowance_bytes={self.residue_allowance_bytes!r} must be a byte count "
+                                  f"0..{MAX_BYTES} (--residue-allowance, e.g. 256MiB; 0 counts no reported residue)")
 
 
 def _agents_from_env() -> tuple[str, ...]:

@@ -26,6 +26,17 @@ def lanes_of(groups: dict[str, GroupState], base: str) -> dict[str, GroupState]:
     return {lane_device(gid): g for gid, g in groups.items() if gid.startswith(prefix)}
 
 
+def in_use(g: GroupState) -> bool:
+    """Whether a job holds, switches into, waits for or is resident on ``g`` now (a lane or a plain group): only
+    then does it decide whether the group's tenants name devices. A lane everyone left decides nothing."""
+    return bool(g.holder or g.switching_to or g.queue or g.residents)
+
+
+def emptied(g: GroupState) -> bool:
+    """A lane nobody is in any more (no turn, waiter, resident or parked state): it goes with its last job."""
+    return not in_use(g) and all(rec.state in ("idle", "lost", "ended") for rec in g.tenants.values())
+
+
 def is_lane(group_id: str) -> bool:
     return LANE_SEP in group_id
 

@@ -44,6 +44,7 @@ class Session:
     world_size: int = 1  # ranks of its job: losing one of several ends the whole job's turn
     said_goodbye: bool = False  # the tenant closed the session on purpose (a dead process cannot)
     resume: str = field(default_factory=lambda: secrets.token_hex(16))  # shown again to take this session over
+    residue_capped: bool = False  # its job's reported residue was capped (logged once)
 
 
 class TenantSessions:
@@ -134,7 +135,22 @@ class TenantSessions:
         if memory is not None:
             s.memory = memory
             live = self._live_sessions((s.group_id, s.job_id))
-            rec.host_bytes, rec.spilled_bytes, rec.residue_bytes = (sum(x.memory[i] for x in live) for i in range(3))
+            rec.host_bytes, rec.spilled_bytes, residue = (sum(x.memory[i] for x in live) for i in range(3))
+            rec.residue_bytes = self._counted_residue(s, residue, rec.footprint_bytes)
+
+    def _counted_residue(self, s: Session, reported: int, footprint: int) -> int:
+        """The part of a job's reported residue that counts against the other tenants' room: at most
+        ``residue_allowance_bytes``, the device's size and the job's own footprint (its park cannot leave more
+        on the device than it had there). The rest is the tenant's own word: it counts for nobody, so a tenant
+        that reports more than it could leave makes no neighbour park (logged once per session)."""
+        bounds = [self.config.residue_allowance_bytes] + [b for b in (self.config.capacity_bytes, footprint) if b > 0]
+        counted = min(reported, *bounds)
+        if counted < reported and not s.residue_capped:
+            s.residue_capped = True
+            log.warning("job %s rank %d in group %s reports %d bytes of residue; %d counted against the other "
+                        "tenants (at most --residue-allowance %d, the device's size and the job's footprint)",
+                        s.job_id, s.rank, s.group_id, reported, counted, self.config.residue_allowance_bytes)
+        return counted
 
     def command_result(self, command_id: str, ok: bool, error: str, nbytes: int, seconds: float) -> None:
         fut = self._pending.pop(command_id, None)

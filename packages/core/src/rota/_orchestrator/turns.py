@@ -36,7 +36,7 @@ from rota._orchestrator.sessions import Session, TenantSessions
 from rota._orchestrator.state import GroupState
 from rota._orchestrator.store import GroupStore, MemoryStore
 from rota._types import Grant, ReleaseInfo, TurnRequest
-from rota.devices import lane_base, lane_device
+from rota.devices import FAKE_DEVICES, device_index, host_gpus, lane_base, lane_device
 from rota.errors import InvalidArgument, NotFound, RotaError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class Orchestrator(TenantSessions, GroupDriver):
         self._prefetch_failed: set[tuple[str, str, int]] = set()  # (group, job, token): not retried this turn
         self._tasks: list[asyncio.Task] = []
         self._idle_since = time.monotonic()
+        self._host_devices: int | None = None  # GPUs lanes may name (counted at the first lane's acquire)
         self.stopped = asyncio.Event()
         self.metrics: Any = None  # an OrchestratorMetrics when /metrics is served (report_metrics_to)
         self.agents = AgentLinks(self.config.agents, self.config.park_timeout_s, auth_key=self.config.agent_auth_key,
@@ -179,11 +180,13 @@ class Orchestrator(TenantSessions, GroupDriver):
         plain = self.groups.get(req.group_id)
         where = f"(job={req.job_id!r}, group={req.group_id!r})"
         if not req.devices:
-            if lanes:
-                raise InvalidArgument(f"group {req.group_id!r} spans devices ({', '.join(sorted(lanes))}) but this "
-                                      f"acquire names none {where}; give every tenant of the group ROTA_DEVICES")
+            if any(_lanes.in_use(g) for g in lanes.values()):  # jobs on its devices now: not a lane left behind
+                raise InvalidArgument(f"group {req.group_id!r} spans devices now (tenants that name them in "
+                                      f"ROTA_DEVICES are on them), but this acquire names none {where}; give every "
+                                      "tenant of the group ROTA_DEVICES, or none")
             return req
-        if plain is not None and (plain.holder or plain.queue or plain.residents):
+        self._check_devices(req.devices, where)
+        if plain is not None and _lanes.in_use(plain):
             raise InvalidArgument(f"group {req.group_id!r} is used by tenants that name no devices, but this acquire "
                                   f"names {', '.join(req.devices)} {where}; give every tenant of a group the same "
                                   "kind of ROTA_DEVICES (or none)")
@@ -200,6 +203,24 @@ class Orchestrator(TenantSessions, GroupDriver):
         from dataclasses import replace
 
         return replace(req, group_id=lane)
+
+    def _check_devices(self, devices: list[str] | tuple[str, ...], where: str) -> None:
+        """InvalidArgument unless every one of ``devices`` exists on the host (a lane of a device nobody has would
+        hold the group's name for nothing): cuda:N for N below this host's GPUs, or ``config.devices``."""
+        if self._host_devices is None:
+            self._host_devices = host_gpus() if self.config.devices is None else self.config.devices
+        fakes = FAKE_DEVICES if self.config.devices is None else self.config.devices
+        for d in devices:
+            kind = d.partition(":")[0]
+            have = fakes if kind == "fake" else self._host_devices
+            if device_index(d) < have:
+                continue
+            basis = f"--devices {self.config.devices}" if self.config.devices is not None else \
+                f"{FAKE_DEVICES} fake devices" if kind == "fake" else f"{have} GPUs in /dev/nvidia*"
+            has = f"{kind}:0..{kind}:{have - 1}" if have else f"no {kind} devices"
+            raise InvalidArgument(f"device {d} does not exist on this host (it has {has}: {basis}) {where}; name "
+                                  "devices the host has (ROTA_DEVICES), or start the orchestrator with --devices N "
+                                  "where it serves the GPUs of another host")
 
     def _may_create(self, group_id: str) -> bool:
         return not self.config.groups or lane_base(group_id) in self.config.groups
@@ -334,6 +355,8 @@ class Orchestrator(TenantSessions, GroupDriver):
                         f"job {job_id!r} was removed from group {group_id!r}: {reason}", job_id=job_id,
                         group_id=group_id))
                     self._kick(lane.group_id)
+                    if _lanes.emptied(lane):  # its last job left: the lane goes with it, deciding nothing more
+                        await self._forget(lane)
             inflight = self._prefetching.get(group_id)
             if (lost or ended) and inflight is not None and inflight[0] == job_id:  # a gone process frees its memory
                 inflight[1].cancel()
@@ -383,6 +406,17 @@ class Orchestrator(TenantSessions, GroupDriver):
         self.groups[group_id] = g
         return g
 
+    async def _forget(self, g: GroupState) -> None:
+        """Forget group (or lane) ``g``, under its lock: out of the store, memory and metrics."""
+        delete = getattr(self.store, "delete", None)  # optional: a store that cannot forget keeps it
+        if delete is not None:
+            await delete(g.group_id)
+        if self.groups.get(g.group_id) is g:
+            del self.groups[g.group_id]
+        if self.metrics is not None:
+            self.metrics.forget(g.group_id)  # its series go with it
+        self._drivers.pop(g.group_id, None)
+
     def _with_limits(self, grant: Grant) -> Grant:
         from dataclasses import replace
 
@@ -424,13 +458,7 @@ class Orchestrator(TenantSessions, GroupDriver):
             async with self._lock(g.group_id):
                 if g.idle_since() is None or self.groups.get(g.group_id) is not g:
                     continue
-                delete = getattr(self.store, "delete", None)  # optional: a store that cannot forget keeps it
-                if delete is not None:
-                    await delete(g.group_id)
-                del self.groups[g.group_id]
-                if self.metrics is not None:
-                    self.metrics.forget(g.group_id)  # its series go with it
-            self._drivers.pop(g.group_id, None)
+                await self._forget(g)
             if not _lanes.is_lane(g.group_id):
                 self._locks.pop(g.group_id, None)
             log.info("group %s had nothing in it for %.0f s: forgotten", g.group_id, now - idle)

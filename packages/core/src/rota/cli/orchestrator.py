@@ -55,6 +55,14 @@ def orchestrator() -> None:
 @click.option("--capacity", type=ByteSize(), default="0", show_default=True,
               help="Device memory per group (e.g. 80GiB). Tenants that fit beside each other are not "
               "parked. 0 = unknown: park every other resident.")
+@click.option("--devices", "host_devices", type=click.IntRange(0, 64), default=None,
+              help="GPUs of the host whose groups span devices: a tenant's ROTA_DEVICES may name cuda:0..N-1 (and "
+              "fake:0..N-1); other names are refused. Default: this host's GPUs (/dev/nvidia0, /dev/nvidia1...); "
+              "set it where this orchestrator serves the GPUs of another host.")
+@click.option("--residue-allowance", type=ByteSize(), default="256MiB", show_default=True,
+              help="Device bytes a parked tenant's reported residue (what its park left behind) may take from the "
+              "room of the others; more is its own word and counts for nobody. 0 = reported residue counts for "
+              "nobody.")
 @resident_first_option()
 @click.option("--prefetch/--no-prefetch", default=None,
               help="Restore the next waiter while the holder still runs, when it fits beside the residents "
@@ -88,7 +96,8 @@ def orchestrator() -> None:
               help="Serve TCP without checking callers: anyone who can connect may act for any job. Only for "
               "trusted single-team setups and unmodified v1alpha1 clients; a warning is printed at every start.")
 def serve_cmd(listen: str | None, groups: str, policy: str, max_turn: float, ttl: float, park_timeout: float,
-              v1_max_turn: float, capacity: int, resident_first: float, prefetch: bool | None, idle_exit: float,
+              v1_max_turn: float, capacity: int, host_devices: int | None, residue_allowance: int,
+              resident_first: float, prefetch: bool | None, idle_exit: float,
               etcd: str, agents: tuple[str, ...], auth_key: str, tls_cert: str, tls_key: str, tls_client_ca: str,
               metrics_listen: str, metrics_hash_ids: bool, insecure: bool) -> None:
     """Serve the v1alpha1 orchestrator API and rota.v1 (fencing, sessions, status).
@@ -116,6 +125,7 @@ def serve_cmd(listen: str | None, groups: str, policy: str, max_turn: float, ttl
             groups=tuple(g.strip() for g in groups.split(",") if g.strip()),
             policy=chosen, ttl_s=ttl, park_timeout_s=park_timeout,
             v1_max_turn_s=v1_max_turn, capacity_bytes=capacity, prefetch=prefetch, idle_exit_s=idle_exit,
+            devices=host_devices, residue_allowance_bytes=residue_allowance,
             agent_auth_key=key,  # the agents are shown admin tokens made with the same key
             **({"agents": agents} if agents else {}))  # else ROTA_AGENTS
         if tls_cert and config.agents:
