@@ -12,7 +12,9 @@ libnccl loaded, as every CUDA torch process does, is not refused.) CUDA IPC and 
 memory cannot be seen from outside the process and may stall a step, so every step runs
 in a worker thread under a deadline; the driver call itself cannot be interrupted and
 may still finish later. Multi-process jobs: every pid is locked before any is
-checkpointed, and a failure part-way rolls back what was done (restore + unlock).
+checkpointed (and every one restored before any is unlocked); each step runs for up to
+``parallel`` pids at once, so that ranks on several GPUs copy over their own links at the
+same time; a failure part-way rolls back what was done (restore + unlock).
 
 The driver sits behind :class:`CudaDriver`; :class:`LibCudaDriver` is the real one
 (ctypes on ``libcuda.so.1``), tests use ``FakeCudaDriver`` from the test suite.
@@ -43,6 +45,7 @@ RUNNING, LOCKED, CHECKPOINTED, FAILED = 0, 1, 2, 3  # CUprocessState
 STATE_NAMES = {RUNNING: "RUNNING", LOCKED: "LOCKED", CHECKPOINTED: "CHECKPOINTED", FAILED: "FAILED"}
 CUDA_ERROR_NOT_SUPPORTED = 801
 MAX_PIDS = 256  # explicit pids in one request
+THREADS = 16  # driver calls in flight at once, all jobs together (a call past its deadline keeps its thread)
 
 
 class CudaError(RuntimeError):
@@ -137,16 +140,23 @@ class CudaBackend:
 
     def __init__(self, driver: Callable[[], CudaDriver] = LibCudaDriver, *, step_timeout_s: float = 120.0,
                  machine: str | None = None, proc_root: str = "/proc",
-                 device_bytes: Callable[[tuple[int, ...]], int | None] | None = None) -> None:
+                 device_bytes: Callable[[tuple[int, ...]], int | None] | None = None,
+                 parallel: int = 8) -> None:
+        """``parallel``: how many of one job's pids each step (lock, checkpoint, restore, unlock) drives at
+        once; 1 = one after another."""
         if step_timeout_s <= 0:
             raise BadBackendConfig(f"cuda step timeout {step_timeout_s!r} must be > 0 seconds")
+        if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= THREADS:
+            raise BadBackendConfig(f"cuda parallel={parallel!r} must be a whole number of pids from 1 (one after "
+                                   f"another) to {THREADS}")
+        self.parallel = parallel
         self._make_driver = driver
         self._driver: CudaDriver | None = None
         self.step_timeout_s = step_timeout_s
         self.machine = machine or platform.machine()
         self.proc_root = proc_root
         self.device_bytes = device_bytes
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="rota-cuda")
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="rota-cuda")
 
     @property
     def driver(self) -> CudaDriver:
@@ -216,11 +226,11 @@ class CudaBackend:
 
     # ------------------------------------------------------------- steps
 
-    async def _step(self, what: str, fn: Callable[..., None], pid: int, *args: Any) -> None:
+    async def _step(self, what: str, fn: Callable[..., Any], pid: int, *args: Any) -> Any:
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         try:
-            await asyncio.wait_for(loop.run_in_executor(self._pool, fn, pid, *args), self.step_timeout_s)
+            got = await asyncio.wait_for(loop.run_in_executor(self._pool, fn, pid, *args), self.step_timeout_s)
         except asyncio.TimeoutError:
             raise BackendFailed(
                 f"{what} of pid {pid} did not finish within {self.step_timeout_s:g} s; common causes are CUDA IPC "
@@ -231,13 +241,39 @@ class CudaBackend:
                     "or NCCL)" if exc.code == CUDA_ERROR_NOT_SUPPORTED else "")
             raise BackendFailed(f"{what} of pid {pid} failed: {exc}{hint}") from None
         log.debug("%s pid %d: %.3f s", what, pid, time.perf_counter() - t0)
+        return got
 
-    def _state(self, pid: int) -> int:
-        return self.driver.get_state(pid)
+    async def _each(self, what: str, fn: Callable[..., Any], pids: list[int], *args: Any) -> list[Any]:
+        """``fn`` for every pid, ``parallel`` at a time; each pid's result or the exception it raised."""
+        gate = asyncio.Semaphore(self.parallel)
+
+        async def one(pid: int) -> Any:
+            async with gate:
+                return await self._step(what, fn, pid, *args)
+
+        return await asyncio.gather(*(one(pid) for pid in pids), return_exceptions=True)
+
+    @staticmethod
+    def _done(pids: list[int], results: list[Any]) -> tuple[list[int], BaseException | None]:
+        """The pids whose step succeeded, and the first failure (in pid order), if any."""
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if len(errors) > 1:
+            log.error("%d pids failed the same step; the first is reported: %s", len(errors),
+                      "; ".join(str(e) for e in errors[1:]))
+        return [p for p, r in zip(pids, results, strict=True) if not isinstance(r, BaseException)], \
+            errors[0] if errors else None
+
+    async def _states(self, pids: tuple[int, ...]) -> list[int]:
+        """Each pid's CUprocessState, read off the event loop (a driver call may take a while)."""
+        got = await self._each("cuCheckpointProcessGetState", self.driver.get_state, list(pids))
+        for r in got:
+            if isinstance(r, BaseException):
+                raise r
+        return got
 
     async def snapshot(self, job: Job, pids: tuple[int, ...]) -> Moved:
         drv = self.driver
-        states = [self._state(pid) for pid in pids]
+        states = await self._states(pids)
         if all(st == CHECKPOINTED for st in states):  # a retry after a residue fault: parked already
             return Moved(pids=pids)
         for pid, st in zip(pids, states, strict=True):
@@ -245,39 +281,41 @@ class CudaBackend:
                 raise WrongState(f"pid {pid} of job {job.job_id!r} is {STATE_NAMES.get(st, st)}, not RUNNING; "
                                  "it was already parked (restore it first)", job_id=job.job_id)
         nbytes = self.device_bytes(pids) if self.device_bytes else None
-        locked: list[int] = []
+        locked, failed = self._done(list(pids), await self._each(
+            "cuCheckpointProcessLock", drv.lock, list(pids), int(self.step_timeout_s * 1000)))
         saved: list[int] = []
-        try:
-            for pid in pids:
-                await self._step("cuCheckpointProcessLock", drv.lock, pid, int(self.step_timeout_s * 1000))
-                locked.append(pid)
-            for pid in pids:
-                await self._step("cuCheckpointProcessCheckpoint", drv.checkpoint, pid)
-                saved.append(pid)
-        except Exception:
+        if failed is None:
+            saved, failed = self._done(locked, await self._each("cuCheckpointProcessCheckpoint", drv.checkpoint,
+                                                                locked))
+        if failed is not None:
             await self._rollback(job, locked, saved)
-            raise
+            raise failed
         return Moved(storage_bytes=nbytes, device_bytes=nbytes, pids=pids)
 
     async def _rollback(self, job: Job, locked: list[int], saved: list[int]) -> None:
-        for pid in locked:
-            try:
-                if pid in saved:
-                    await self._step("cuCheckpointProcessRestore (rollback)", self.driver.restore, pid)
-                await self._step("cuCheckpointProcessUnlock (rollback)", self.driver.unlock, pid)
-            except Exception as exc:
-                log.error("job %s: rollback of pid %d failed: %s", job.job_id, pid, exc)
+        restored, failed = self._done(saved, await self._each("cuCheckpointProcessRestore (rollback)",
+                                                              self.driver.restore, saved))
+        if failed is not None:
+            log.error("job %s: rollback failed: %s", job.job_id, failed)
+        unlock = [p for p in locked if p not in saved or p in restored]
+        _, failed = self._done(unlock, await self._each("cuCheckpointProcessUnlock (rollback)", self.driver.unlock,
+                                                        unlock))
+        if failed is not None:
+            log.error("job %s: rollback failed: %s", job.job_id, failed)
 
     async def restore(self, job: Job, pids: tuple[int, ...]) -> Moved:
+        """Every checkpointed pid restored, then every locked one unlocked, so no rank runs while another is
+        still parked; a pid whose restore failed stays parked, the others run (the job is FAULTED)."""
         drv = self.driver
-        for pid in pids:
-            st = self._state(pid)
-            if st == CHECKPOINTED:
-                await self._step("cuCheckpointProcessRestore", drv.restore, pid)
-                st = LOCKED
-            if st == LOCKED:
-                await self._step("cuCheckpointProcessUnlock", drv.unlock, pid)
-            elif st != RUNNING:
+        states = await self._states(pids)
+        for pid, st in zip(pids, states, strict=True):
+            if st not in (CHECKPOINTED, LOCKED, RUNNING):
                 raise BackendFailed(f"pid {pid} of job {job.job_id!r} is {STATE_NAMES.get(st, st)}; it cannot be "
                                     "restored", job_id=job.job_id)
+        saved = [p for p, st in zip(pids, states, strict=True) if st == CHECKPOINTED]
+        restored, failed = self._done(saved, await self._each("cuCheckpointProcessRestore", drv.restore, saved))
+        locked = sorted([p for p, st in zip(pids, states, strict=True) if st == LOCKED] + restored)
+        _, unlock_failed = self._done(locked, await self._each("cuCheckpointProcessUnlock", drv.unlock, locked))
+        if failed is not None or unlock_failed is not None:
+            raise failed or unlock_failed  # type: ignore[misc]
         return Moved()
