@@ -454,7 +454,7 @@ def test_large_requests_run_in_micro_batches_with_the_same_results(sc: dict[str,
                                                                    hf_service: TinkerService) -> None:
     """70 sequences of 120 tokens (past MICRO_BATCH_TOKENS in one forward): each datum's logprobs and the summed loss
     are what the sequences give one at a time."""
-    from rota_tinker._worker.main import MICRO_BATCH_TOKENS
+    from rota_tinker._worker.common import MICRO_BATCH_TOKENS
 
     rng = np.random.default_rng(3)
     data = [datum(rng.integers(0, 300, size=121).tolist()) for _ in range(70)]

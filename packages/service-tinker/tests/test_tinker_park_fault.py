@@ -11,7 +11,7 @@ import pytest
 import rota
 from rota.residue import ResidueError
 from rota.testing import ListState, quick_config, running_orchestrator
-from rota_tinker._worker.main import ParkFault, resolve_failed_park
+from rota_tinker._worker.loop import ParkFault, resolve_failed_park
 
 
 def test_a_failed_park_keeps_the_tenant_off_the_device_until_it_is_freed() -> None:

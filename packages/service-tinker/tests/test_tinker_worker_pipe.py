@@ -22,7 +22,7 @@ import pytest
 
 from rota.testing import running_orchestrator
 from rota_tinker._http.handles import Future, WorkerHandle
-from rota_tinker._worker.main import WorkerSpec
+from rota_tinker._worker.common import WorkerSpec
 
 HANG_GUARD_S = 60  # a hang, not a speed: the submits below take milliseconds when nothing blocks them
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_for
 from typing import Any
 
-from rota_tinker._worker.main import WorkerSpec, main
+from rota_tinker._worker.common import WorkerSpec
+from rota_tinker._worker.main import main
 
 log = logging.getLogger(__name__)
 

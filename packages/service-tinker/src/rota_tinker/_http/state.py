@@ -23,7 +23,7 @@ from rota_tinker._http.formats import QuotaExceeded
 from rota_tinker._http.handles import Future, WorkerHandle
 from rota_tinker._http.server import Reply
 from rota_tinker._http.stability import StabilityRecords
-from rota_tinker._worker.main import WorkerSpec
+from rota_tinker._worker.common import WorkerSpec
 
 log = logging.getLogger("rota_tinker._http.service")
 

@@ -3,7 +3,7 @@
 With ``ServiceConfig.lora_batch`` the service sends the units of LoRA models on a shared base to one
 worker process per (base, device) instead of each tenant's trainer. It attaches to the base holder's
 copy of the base (:mod:`rota_tinker._worker.holder`) and holds every such model's adapters and AdamW state in
-one :class:`rota_tinker._worker.multilora.BatchedLora`. Its loop (:class:`rota_tinker._worker.main._Loop`) hands
+one :class:`rota_tinker._worker.multilora.BatchedLora`. Its loop (:class:`rota_tinker._worker.loop.Loop`) hands
 it every ``forward_backward`` and ``optim_step`` unit queued when a turn starts, of any tenant, in
 one call (:meth:`BatchTrainer.batch_mixed`):
 
@@ -31,9 +31,9 @@ import os
 from collections import OrderedDict
 from typing import Any
 
-from rota_tinker._worker.main import UserError
+from rota_tinker._worker.common import MICRO_BATCH_TOKENS, UserError
 from rota_tinker._worker.multilora import BatchedLora, Unit, plan_batches
-from rota_tinker._worker.roles import _Base
+from rota_tinker._worker.roles import WorkerBase, base_model
 
 __all__ = ["BatchTrainer"]
 
@@ -41,7 +41,7 @@ BATCH_TOKENS = 1 << 20  # tokens of one batched pass, all tenants together (micr
 MAX_WEIGHTS = 256  # sampler weights whose adapters stay loaded (least recently used go first)
 
 
-class BatchTrainer(_Base):
+class BatchTrainer(WorkerBase):
     """The LoRA models of every tenant on one shared base (see the module docs)."""
 
     DEVICE_OPS = frozenset({"create", "forward_backward", "optim_step", "unload", "save_state", "load_state",
@@ -71,9 +71,7 @@ class BatchTrainer(_Base):
         if shared_base is None:
             raise UserError("the batched LoRA worker needs the shared base (share_lora_base)")
         if self.batched is None:
-            from rota_tinker._worker.roles import _base_model
-
-            self.batched = BatchedLora(_base_model(base, self.device, shared_base), self.device)
+            self.batched = BatchedLora(base_model(base, self.device, shared_base), self.device)
             self.base_name = base.name
         elif base.name != self.base_name:
             raise UserError(f"this batched worker holds base {self.base_name!r}, not {base.name!r}")
@@ -174,7 +172,6 @@ class BatchTrainer(_Base):
     def _samples(self, units: list[dict[str, Any]], out: list[Any], where: list[int]) -> None:
         """Sample units of many tenants (LoRA sampler weights or the bare base) decoded in as few batches as fit,
         each row with its own weights' adapters; unit ``k``'s outcome goes to ``out[where[k]]``."""
-        from rota_tinker._worker.main import MICRO_BATCH_TOKENS
         from rota_tinker._worker.sampling import decode_batches
 
         requests: list[dict[str, Any] | None] = []

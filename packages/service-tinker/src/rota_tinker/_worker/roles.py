@@ -1,5 +1,5 @@
 """What a tenant's worker process holds: its trainer's models (forward_backward, optim_step, checkpoints) or its
-sampler's weights (decoding), and what both share (:class:`_Base`). The process around them, its loop and its
+sampler's weights (decoding), and what both share (:class:`WorkerBase`). The process around them, its loop and its
 turns are :mod:`rota_tinker._worker.main`; the batched LoRA worker is :mod:`rota_tinker._worker.batch`."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from rota_tinker._worker.main import MICRO_BATCH_TOKENS, UserError, WorkerSpec
+from rota_tinker._worker.common import MICRO_BATCH_TOKENS, UserError, WorkerSpec
 
 log = logging.getLogger("rota_tinker.worker")
 
-def _base_model(base: Any, device: Any, shared_base: str | None) -> Any:
+
+def base_model(base: Any, device: Any, shared_base: str | None) -> Any:
     """The base model: attached to the holder at ``shared_base`` (read-only, never parked), or a private copy."""
     from rota_tinker._worker.holder import attach
     from rota_tinker._worker.models import build_base
@@ -24,7 +25,10 @@ def _base_model(base: Any, device: Any, shared_base: str | None) -> Any:
     return attach(base, device, shared_base) if shared_base else build_base(base, device)
 
 
-class _Base:
+class WorkerBase:
+    """What every role holds: its device, its models, its tokenizers and its side of shared LoRA turns; the loop
+    (:class:`rota_tinker._worker.loop.Loop`) reads the class attributes below to decide how units run."""
+
     DEVICE_OPS: frozenset[str] = frozenset()  # ops that run inside a turn
     BATCHED_OPS: frozenset[str] = frozenset()  # ops whose queued units run together (``batch_OP``)
     MIXED_BATCHES = False  # True: queued units of any BATCHED_OPS run together, through ``batch_mixed``
@@ -107,7 +111,7 @@ class _Resident:
         """Nothing is tracked: dropping the model frees its tensors."""
 
 
-class Trainer(_Base):
+class Trainer(WorkerBase):
     """Holds the tenant's training models; forward_backward / optim_step / save for sampler."""
 
     DEVICE_OPS = frozenset({"create", "forward_backward", "optim_step", "unload", "save_state", "load_state"})
@@ -133,7 +137,7 @@ class Trainer(_Base):
         import rota_fsdp
         from rota_tinker._worker.models import adapters_of, add_lora
 
-        model = _base_model(base, self.device, shared_base if lora is not None else None)
+        model = base_model(base, self.device, shared_base if lora is not None else None)
         if lora is not None:
             model = add_lora(model, lora["rank"], lora["seed"], lora["targets"])
             trainable = adapters_of(model)
@@ -249,7 +253,7 @@ class Trainer(_Base):
         return {"file": path, "bytes": size, "from_parked": state["rota"]["from_parked"]}
 
 
-class Sampler(_Base):
+class Sampler(WorkerBase):
     """Holds the tenant's sampling models (one per sampling session's weights: file or "base:NAME" -> model)."""
 
     DEVICE_OPS = frozenset({"sample", "forget"})
@@ -281,7 +285,7 @@ class Sampler(_Base):
 
         if key in self.models:
             return self.models[key]
-        model = _base_model(base, self.device, shared_base)
+        model = base_model(base, self.device, shared_base)
         parked = None if shared_base else model  # a shared base is never parked; only an adapter on it
         if not key.startswith("base:"):  # a folder of sampler weights (rota_tinker._worker.state_files)
             lora = _state_files.saved_lora(key)

@@ -188,7 +188,7 @@ class SharedTurnGate:
 
 class SharedTurn:
     """A worker's (trainer's or sampler's) side of the shared turn of one base: the turn its shared units run in
-    (``rota_tinker._worker.main._Loop`` calls ``begin``, ``may_continue``, ``queued`` and ``end``, as on its own
+    (``rota_tinker._worker.loop.Loop`` calls ``begin``, ``may_continue``, ``queued`` and ``end``, as on its own
     rota turn). A unit enters before it runs and leaves after; nothing of a model sharing it is ever parked."""
 
     NOTHING_MOVED = {"restore_s": 0.0, "parked_s": 0.0, "parked_bytes": 0.0}
