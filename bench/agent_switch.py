@@ -1,14 +1,12 @@
 """Switch cost through rota-agent: whole-process ``cuda`` backend and region-level ``app_channel``.
 
-Part 1, whole-process (``--sizes``): a tenant process fills S bytes of device memory
-with random data; the agent (in this process, real gRPC) parks it through the CUDA
-driver's checkpoint API (Snapshot with explicit pids, polled with GetOperation), then
-this process — another process — allocates and fills 95% of the memory that was freed;
-then the agent restores the tenant, which checks its bytes (per-GiB int64 and int32
-sums) against the values it had before. Reports park/restore seconds and GB/s, and
-the residue after park: the agent's verified-release report (NVML bytes still held by
-the parked pid, ``nvml:pid:PID``, counted against ``--residue-max-bytes``) plus device
-free memory before and after the park, seen from this process.
+Part 1, whole-process (``--parts cuda``; the code is in bench/agent_whole.py, whose docstring says what is
+measured): N tenant processes of one job register with the agent as a real job does (its Unix socket,
+pids proven by its door), the agent parks them through the CUDA driver's checkpoint API, another process
+uses the freed memory, the agent restores them and each checks its bytes; park/restore seconds and GB/s
+against a pinned-copy floor measured in the same run. ``--procs`` (tenant processes of S/N bytes each,
+parked at once) and ``--parallel`` (pids the agent drives at once per driver step; 1 = one after
+another) are the knobs rota controls.
 
 Part 2, region-level end to end: two tenant processes, each ``rota.connect`` +
 ``rota_fsdp.track`` (S bytes of weights) + ``rota_agent.register``, share a group of an
@@ -22,8 +20,13 @@ gives the residue the parked job's adapters reported, by category (tracked tags,
 ``untracked:NAME``, ``process:allocated``/``reserved``), and NVML bytes of its pids
 (reported, not counted: they include the CUDA context).
 
-    python bench/agent_switch.py --sizes 4GB,40GB --out $OUT     # on a GPU node
+Any failed park, restore or check (registration, release, bytes) is counted in the JSON (``failures``,
+``errors``) and makes the bench exit 1 naming it.
+
+    python bench/agent_switch.py --parts cuda --sizes 4GB,40GB --procs 1,4 --parallel 1,8  # H200, ~2.5 min
+    python bench/agent_switch.py --parts region --sizes 4GB,40GB --out $OUT   # part 2, on a GPU node
     python bench/agent_switch.py --device cpu --sizes 64MB       # region part only, CPU
+    python bench/agent_switch.py --device cpu --parts cuda --driver fake --sizes 64MB --procs 1,2   # dry run
 """
 
 from __future__ import annotations
@@ -33,54 +36,13 @@ import json
 import logging
 import os
 import platform
-import queue
 import statistics
-import subprocess
 import sys
-import threading
 import time
 
+from agent_whole import Proc, int_list, other_process, parse_size, residue_of, whole_process, whole_tenant
+
 log = logging.getLogger("agent_switch")
-UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "GIB": 2**30, "MIB": 2**20, "B": 1}
-CHUNK = 2**30
-
-
-def parse_size(text: str) -> int:
-    t = text.strip().upper()
-    for unit in sorted(UNITS, key=len, reverse=True):
-        if t.endswith(unit):
-            return int(float(t[: -len(unit)]) * UNITS[unit])
-    return int(t)
-
-
-# ------------------------------------------------------------------ tenant processes
-
-
-def _sums(tensors: list) -> list[list[int]]:
-    import torch
-
-    return [[int(t.view(torch.int64).sum()), int(t.view(torch.int32).sum(dtype=torch.int64))] for t in tensors]
-
-
-def cuda_tenant(nbytes: int) -> None:
-    """Holds ``nbytes`` of random device data; verifies it on 'verify'."""
-    import torch
-
-    chunks = []
-    left = nbytes
-    while left > 0:
-        n = min(CHUNK, left) // 8 * 8
-        chunks.append(torch.empty(n, dtype=torch.uint8, device="cuda").random_())
-        left -= CHUNK
-    torch.cuda.synchronize()
-    want = _sums(chunks)
-    print(json.dumps({"pid": os.getpid(), "bytes": sum(c.numel() for c in chunks)}), flush=True)
-    for line in sys.stdin:
-        if line.strip() == "verify":
-            got = _sums(chunks)
-            print(json.dumps({"identical": got == want}), flush=True)
-        elif line.strip() == "exit":
-            return
 
 
 def region_tenant(args: argparse.Namespace) -> None:
@@ -128,124 +90,7 @@ def region_tenant(args: argparse.Namespace) -> None:
     gpu.close()
 
 
-class Proc:
-    def __init__(self, argv: list[str]) -> None:
-        self.p = subprocess.Popen([sys.executable, __file__, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True)
-        self.q: queue.Queue = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.p.stdout:  # type: ignore[union-attr]
-            if line.startswith("{"):
-                self.q.put(json.loads(line))
-        self.q.put(None)
-
-    def read(self, timeout: float = 240) -> dict:
-        msg = self.q.get(timeout=timeout)
-        if msg is None:
-            raise RuntimeError(f"tenant exited with {self.p.wait(10)}")
-        return msg
-
-    def send(self, cmd: str) -> None:
-        self.p.stdin.write(cmd + "\n")  # type: ignore[union-attr]
-        self.p.stdin.flush()  # type: ignore[union-attr]
-
-    def close(self) -> None:
-        try:
-            self.send("exit")
-            self.p.wait(30)
-        except Exception:
-            self.p.kill()
-            self.p.wait(10)
-
-
-# ------------------------------------------------------------------ measurements
-
-
-def residue_of(msg, kind) -> dict:
-    """The agent's rota-owned residue report inside a GetOperationResponse or JobStatus."""
-    from rota_agent_client.extension import read
-
-    r = read(msg, kind).residue
-    return {"by_key": dict(r.bytes), "counted_bytes": r.counted_bytes, "limit_bytes": r.limit_bytes}
-
-
-def wait_op(stub, op_id: str, timeout: float = 280):
-    from rota.wire import snapshot_agent_pb2 as sa
-
-    end = time.monotonic() + timeout
-    pause = 0.002
-    while time.monotonic() < end:
-        got = stub.GetOperation(sa.GetOperationRequest(operation_id=op_id), timeout=10)
-        if got.status != sa.OPERATION_STATUS_PENDING:
-            return got
-        time.sleep(pause)
-        pause = min(pause * 2, 0.05)
-    raise TimeoutError(f"operation {op_id} pending after {timeout} s")
-
-
-def whole_process(stub, nbytes: int, repeats: int) -> dict:
-    import torch
-
-    from rota.wire import snapshot_agent_pb2 as sa
-    from rota_agent_client.extension import ext
-
-    t = Proc(["--role", "cuda-tenant", "--bytes", str(nbytes)])
-    info = t.read()
-    pid, real = info["pid"], info["bytes"]
-    cfg = sa.BackendConfig(cuda=sa.CudaBackendConfig(explicit_target=sa.ProcessTarget(pids=[pid])))
-    rows = []
-    try:
-        for i in range(repeats):
-            torch.cuda.synchronize()
-            free0, _ = torch.cuda.mem_get_info()
-            t0 = time.perf_counter()
-            op = stub.Snapshot(sa.SnapshotRequest(job_id=f"whole-{nbytes}", group="bench", backend_config=cfg),
-                               timeout=30).operation_id
-            got = wait_op(stub, op)
-            park_s = time.perf_counter() - t0
-            free1, _ = torch.cuda.mem_get_info()
-            residue = residue_of(got, ext.GetOperationResponseExt)
-            residue.update(nvml_pid_bytes=residue["by_key"].get(f"nvml:pid:{pid}"), device_free_before=free0,
-                           device_free_after=free1)
-            if got.status != sa.OPERATION_STATUS_COMPLETE:
-                rows.append({"park_s": park_s, "residue_after_park": residue, "error": got.error})
-                raise RuntimeError(f"snapshot failed: {got.error}; residue {residue}")
-            freed = free1 - free0
-            probe = int(freed * 0.95) // 8 * 8
-            alloc_ok = False
-            if probe > 0:
-                x = torch.empty(probe, dtype=torch.uint8, device="cuda")
-                x.fill_(7)
-                torch.cuda.synchronize()
-                alloc_ok = bool(x[-1].item() == 7)
-                del x
-                torch.cuda.empty_cache()
-            t1 = time.perf_counter()
-            op = stub.Restore(sa.RestoreRequest(job_id=f"whole-{nbytes}", group="bench"), timeout=30).operation_id
-            got = wait_op(stub, op)
-            restore_s = time.perf_counter() - t1
-            if got.status != sa.OPERATION_STATUS_COMPLETE:
-                raise RuntimeError(f"restore failed: {got.error}")
-            t.send("verify")
-            identical = t.read()["identical"]
-            rows.append({"park_s": park_s, "restore_s": restore_s, "freed_bytes": freed, "probe_alloc_bytes": probe,
-                         "other_process_allocated": alloc_ok, "bit_identical": identical,
-                         "residue_after_park": residue})
-            log.warning("cuda %s GB #%d: park %.2f s restore %.2f s freed %.1f GB alloc %s identical %s",
-                        real / 1e9, i, park_s, restore_s, freed / 1e9, alloc_ok, identical)
-    finally:
-        t.close()
-    med = statistics.median
-    return {"size_bytes": real, "runs": rows, "park_s": med(r["park_s"] for r in rows),
-            "restore_s": med(r["restore_s"] for r in rows),
-            "park_GBps": real / 1e9 / med(r["park_s"] for r in rows),
-            "restore_GBps": real / 1e9 / med(r["restore_s"] for r in rows),
-            "freed_fraction": min(r["freed_bytes"] for r in rows) / real,
-            "other_process_allocated": all(r["other_process_allocated"] for r in rows),
-            "bit_identical": all(r["bit_identical"] for r in rows),
-            "residue_nvml_bytes_max": max((r["residue_after_park"]["nvml_pid_bytes"] or 0) for r in rows)}
+# ------------------------------------------------------------------ part 2: region level (app_channel)
 
 
 def floor(device: str, nbytes: int, repeats: int = 3) -> dict:
@@ -311,8 +156,8 @@ def region(stub, orch: str, agent: str, device: str, nbytes: int, switches: int,
     fl = floor(device, nbytes)
     common = ["--role", "region-tenant", "--orch", orch, "--agent", agent, "--group", f"rg-{nbytes}",
               "--bytes", str(nbytes), "--device", device, "--tensors", str(tensors)]
-    a = Proc([*common, "--job", f"ra-{nbytes}"])
-    b = Proc([*common, "--job", f"rb-{nbytes}"])
+    a = Proc([*common, "--job", f"ra-{nbytes}"], f"region tenant ra-{nbytes}")
+    b = Proc([*common, "--job", f"rb-{nbytes}"], f"region tenant rb-{nbytes}")
     try:
         ia, ib = a.read(), b.read()
         real = ia["bytes"]
@@ -352,16 +197,27 @@ def region(stub, orch: str, agent: str, device: str, nbytes: int, switches: int,
     return out
 
 
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--role", default="main", choices=["main", "cuda-tenant", "region-tenant"])
+    ap.add_argument("--role", default="main", choices=["main", "whole-tenant", "other", "region-tenant"])
     ap.add_argument("--sizes", default="4GB,40GB")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--repeats", type=int, default=1, help="part 1: parks and restores per case")
+    ap.add_argument("--procs", default="1", help="part 1: tenant processes of the job, each S/N bytes (list: 1,4)")
+    ap.add_argument("--parallel", default="8",
+                    help="part 1: pids the agent drives at once per driver step (list: 1,8; 1 = one after another)")
+    ap.add_argument("--floor-max", default="4GB", help="part 1: bytes the copy floor is measured on, at most")
+    ap.add_argument("--step-timeout", type=float, default=120.0, help="part 1: the agent's --step-timeout (s)")
+    ap.add_argument("--driver", default="real", choices=["real", "fake"],
+                    help="part 1: libcuda's checkpoint API, or a fake of it for a dry run without a GPU")
+    ap.add_argument("--fake-fail", default="", choices=["", "lock", "checkpoint", "restore", "unlock"],
+                    help="with --driver fake: this step fails for one pid (to see a failure counted and named)")
     ap.add_argument("--switches", type=int, default=3)
     ap.add_argument("--tensors", type=int, default=64)
     ap.add_argument("--parts", default="cuda,region")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--name", default="", help="JSON file name (default agent-DEVICE.json; -region for part 2 only)")
     for a in ("--orch", "--agent", "--job", "--group"):
         ap.add_argument(a, default="")
     ap.add_argument("--bytes", type=int, default=0)
@@ -369,11 +225,53 @@ def main() -> None:
                     help="the agent's limit (default: ROTA_RESIDUE_MAX_BYTES, else 256 MiB; 0 = record only)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="[agent_switch %(asctime)s] %(message)s")
-    if args.role == "cuda-tenant":
-        return cuda_tenant(args.bytes)
+    if args.role == "whole-tenant":
+        return whole_tenant(args)
+    if args.role == "other":
+        return other_process(args)
     if args.role == "region-tenant":
         return region_tenant(args)
 
+    parts = set(args.parts.split(","))
+    if parts - {"cuda", "region"} or not parts:
+        raise SystemExit(f"--parts {args.parts!r}: give cuda, region or both (cuda,region)")
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    args.procs, args.parallel = int_list(args.procs, "--procs"), int_list(args.parallel, "--parallel")
+    args.floor_max = parse_size(args.floor_max)
+    if args.repeats < 1 or args.step_timeout <= 0:
+        raise SystemExit("--repeats must be >= 1 and --step-timeout > 0")
+    if args.driver == "fake" and args.device != "cpu":
+        raise SystemExit("--driver fake is a dry run for a machine without a GPU: use it with --device cpu")
+    if args.fake_fail and args.driver != "fake":
+        raise SystemExit("--fake-fail needs --driver fake")
+    result: dict = {"host": platform.node(), "device": args.device, "gpu": "", "argv": sys.argv[1:],
+                    "whole_process_cuda": [], "region_app_channel": [], "errors": [], "failures": []}
+    os.makedirs(args.out, exist_ok=True)
+    name = args.name or f"agent-{args.device}{'-region' if parts == {'region'} else ''}.json"
+    path = os.path.join(args.out, name)
+
+    def save() -> None:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+
+    if "cuda" in parts:
+        if args.device == "cuda" or args.driver == "fake":
+            whole_process(args, sizes, result, save)
+        else:
+            log.warning("part 1 (whole process) skipped: no CUDA device here; --parts cuda --driver fake dry-runs it")
+            result["whole_process_skipped"] = "no CUDA device (--device cpu); --driver fake dry-runs it"
+    if "region" in parts:
+        region_part(args, sizes, result, save)
+    save()
+    print(json.dumps(result, indent=2))
+    bad = [f"{f['part']} {f['size_bytes'] / 1e9:g} GB x{f['procs']} parallel {f['parallel']}: {f['step']}: "
+           f"{f['error']}" for f in result["failures"]] + result["errors"]
+    if bad:
+        print(f"agent_switch: {len(bad)} failed (see {path}):", *bad, sep="\n  ", file=sys.stderr)
+        sys.exit(1)
+
+
+def region_part(args: argparse.Namespace, sizes: list[int], result: dict, save) -> None:
     import grpc
     import torch
 
@@ -382,18 +280,9 @@ def main() -> None:
     from rota.wire import snapshot_agent_pb2_grpc as sa_grpc
     from rota_agent import Agent, running_agent
 
-    parts = set(args.parts.split(","))
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
-    result: dict = {"host": platform.node(), "torch": torch.__version__, "device": args.device,
-                    "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "",
-                    "whole_process_cuda": [], "region_app_channel": [], "errors": []}
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"agent-{args.device}.json")
-
-    def save() -> None:
-        with open(path, "w") as f:
-            json.dump(result, f, indent=2)
-
+    result["torch"] = torch.__version__
+    if args.device == "cuda" and not result["gpu"]:
+        result["gpu"] = torch.cuda.get_device_name()
     agent = Agent(residue_max_bytes=args.residue_max_bytes)
     result["residue_max_bytes"] = agent.residue_max_bytes
     with running_agent(agent) as (agent_ep, _), grpc.insecure_channel(agent_ep) as ch:
@@ -401,21 +290,16 @@ def main() -> None:
         cfg = OrchestratorConfig(ttl_s=30.0, park_timeout_s=280.0, agents=(agent_ep,))
         with running_orchestrator(cfg) as (orch, _):
             for size in sizes:
-                for part in ("cuda", "region"):
-                    if part not in parts or (part == "cuda" and args.device != "cuda"):
-                        continue
-                    try:
-                        if part == "cuda":
-                            result["whole_process_cuda"].append(whole_process(stub, size, args.repeats))
-                        else:
-                            result["region_app_channel"].append(
-                                region(stub, orch, agent_ep, args.device, size, args.switches, args.tensors))
-                    except Exception as exc:
-                        log.exception("%s at %d bytes failed", part, size)
-                        result["errors"].append(f"{part} {size}: {type(exc).__name__}: {exc}")
-                    save()
-    save()
-    print(json.dumps(result, indent=2))
+                try:
+                    got = region(stub, orch, agent_ep, args.device, size, args.switches, args.tensors)
+                    result["region_app_channel"].append(got)
+                    if not got["bit_identical_and_restored"]:
+                        result["errors"].append(f"region {size}: a restored job's bytes differ or it was not "
+                                                "restored")
+                except Exception as exc:
+                    log.exception("region at %d bytes failed", size)
+                    result["errors"].append(f"region {size}: {type(exc).__name__}: {exc}")
+                save()
 
 
 if __name__ == "__main__":
