@@ -25,9 +25,11 @@ from rota.orchestrator import OrchestratorConfig
 from rota.testing import free_port, running_orchestrator
 from rota.wire import rota_v1_pb2 as pb
 from rota.wire import rota_v1_pb2_grpc as pb_grpc
+from rota.wire import snapshot_agent_pb2 as sa
 from rota.wire import timeslice_orchestrator_pb2 as v1a
 from rota.wire import timeslice_orchestrator_pb2_grpc as v1a_grpc
 from rota_agent import WorkloadClient
+from tests.security.agentlib import states
 from tests.security.procs import ROTA, clean_env, rota_calls_refused, serving
 from tests.security.test_tls import pki  # noqa: F401  (fixture: a test CA and certificates for 127.0.0.1)
 
@@ -52,9 +54,12 @@ def _group_status(endpoint: str, token: str, group: str = "g") -> v1a.GetGroupSt
     return stub.GetGroupStatus(v1a.GetGroupStatusRequest(group_id=group), timeout=10)
 
 
-def test_the_token_an_agent_is_shown_acts_nowhere_else(tmp_path):
-    key_file = str(tmp_path / "auth.key")
-    auth.generate_key(key_file)
+def test_the_token_an_agent_is_shown_acts_nowhere_else(tmp_path, start_agent):
+    """What the orchestrator shows the agent at one --agent address (the attacker's, or read off that plaintext
+    link) is refused by the orchestrator and, since issue 45 row 8, by every other agent of the same key: it names
+    the agent it is for. (Replayed at another agent it parked that agent's victim: Snapshot -> COMPLETE.)"""
+    other = start_agent()  # a real agent of the same key, on another address, with the victim registered
+    key_file = str(tmp_path / "key0")  # start_agent's key, the orchestrator's too
     key = auth.load_key(key_file)
     sniffer = Sniffer()
     fake_agent = grpc.server(concurrent.futures.ThreadPoolExecutor(2), handlers=[sniffer])
@@ -64,6 +69,9 @@ def test_the_token_an_agent_is_shown_acts_nowhere_else(tmp_path):
     endpoint = f"127.0.0.1:{port}"
     orch = _orchestrator(["--listen", endpoint, "--auth-key", key_file, "--agent", f"127.0.0.1:{agent_port}"])
     victim = rota.connect(group="g", tenant="victim", endpoint=endpoint, token=auth.issue(key, group="g", job="victim"))
+    parked = threading.Event()
+    tenant = WorkloadClient(other.unix, "victim", "g", on_snapshot=lambda *_: parked.set(),
+                            on_restore=lambda *_: None, token=other.token("victim"), proof="").wait_registered()
     try:
         victim.acquire()
         _group_status(endpoint, auth.issue(key, admin=True))  # the orchestrator asks its agents for their jobs
@@ -76,14 +84,42 @@ def test_the_token_an_agent_is_shown_acts_nowhere_else(tmp_path):
         for details in rota_calls_refused(rogue, grpc.StatusCode.UNAUTHENTICATED):
             assert "another kind of server" in details
         assert _group_status(endpoint, auth.issue(key, admin=True)).group.locking_job == "victim"
+        replayed = other.stub(stolen[-1])
+        with pytest.raises(grpc.RpcError) as info:
+            replayed.Snapshot(sa.SnapshotRequest(job_id="victim", group="g"), timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, info.value.details()
+        assert f"is for agent 127.0.0.1:{agent_port}, not this one" in info.value.details()
+        assert "--name" in info.value.details()
+        assert not parked.wait(0.5)  # the victim was never told to park
+        assert states(other.admin())["victim"] != "JOB_STATE_SAVED"
+        assert claims["rota_agent"] == f"127.0.0.1:{agent_port}", claims  # the one agent it is for
         victim.release()
     finally:
+        tenant.close()
         victim.close()
         orch.terminate()
         orch.wait(10)
         fake_agent.stop(0)
     with pytest.raises(Exception, match="at most 60"):
         auth.issue(key, admin=True, audience=auth.AGENT_AUDIENCE, ttl_s=600)
+    with pytest.raises(Exception, match="names the one agent it is for"):
+        auth.issue(key, admin=True, audience=auth.AGENT_AUDIENCE, ttl_s=60)
+
+
+def test_a_plaintext_agent_link_is_warned_about(tmp_path):
+    """Issue 45 row 8: tokens on the default plaintext agent link could be read; without TLS the orchestrator
+    says so at start, naming the link and the fix."""
+    key_file = str(tmp_path / "auth.key")
+    auth.generate_key(key_file)
+    proc, lines = serving(["orchestrator", "serve", "--listen", f"127.0.0.1:{free_port()}", "--auth-key", key_file,
+                           "--agent", "10.255.255.1:9001", "--agent", "127.0.0.1:9001"], clean_env())
+    try:
+        said = "".join(lines)
+        assert "WARNING: the link to agent 10.255.255.1:9001 is plaintext" in said and "--tls-cert" in said, said
+        assert "agent 127.0.0.1:9001 is plaintext" not in said  # loopback does not leave the host
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_an_orchestrator_with_tls_talks_to_its_agents_only_over_tls(tmp_path, pki):  # noqa: F811

@@ -48,6 +48,32 @@ def default_socket_dir() -> str:
     return f"{xdg}/rota-agent" if xdg else f"/tmp/rota-agent-{os.getuid()}"
 
 
+def agent_names(listen: str, socket_dir: str, names: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The addresses this agent answers to: an orchestrator's ``rota-agent`` token must name one of them (the
+    address it dials, ``--agent``), so one replayed at another agent of the same key is refused there.
+
+    ``names`` (``--name``, e.g. ``node1:9001`` when the orchestrator dials the agent by host name), the
+    ``--listen`` address, ``unix:<socket_dir>/agent.sock``; a wildcard ``--listen`` (``0.0.0.0:PORT``,
+    ``[::]:PORT``) answers to this host's names and addresses on that port too.
+    """
+    out = list(names)
+    if listen:
+        out.append(listen)
+        host, _, port = listen.rpartition(":")
+        if host.strip("[]") in ("0.0.0.0", "::", ""):
+            import socket
+
+            hosts = {socket.gethostname(), socket.getfqdn(), "localhost", "127.0.0.1", "[::1]"}
+            with contextlib.suppress(OSError):
+                for info in socket.getaddrinfo(socket.gethostname(), None):
+                    ip = str(info[4][0])
+                    hosts.add(f"[{ip}]" if ":" in ip else ip)
+            out += [f"{h}:{port}" for h in sorted(hosts) if h]
+    if socket_dir:
+        out.append(f"unix:{os.path.join(socket_dir, SOCKET_NAME)}")
+    return tuple(dict.fromkeys(out))
+
+
 def claim_socket_dir(path: str) -> int:
     """Check (or create) the socket directory, lock it for this agent and clear stale sockets; the lock's fd."""
     if not os.path.lexists(path):

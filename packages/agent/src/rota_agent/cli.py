@@ -8,6 +8,7 @@ runs (:mod:`rota_agent.plugin` lists ``rota agent`` without importing it).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -45,6 +46,11 @@ def agent() -> None:
 @click.option("--insecure", is_flag=True,
               help="Serve a non-loopback --listen without checking callers: anyone who can connect may park, "
                    "restore or list any job. A warning is printed at every start.")
+@click.option("--name", "names", multiple=True, metavar="ADDRESS", envvar="ROTA_AGENT_NAME",
+              help="An address the orchestrator reaches this agent by (its --agent entry, e.g. node1:9001); "
+                   "repeatable (env ROTA_AGENT_NAME, space-separated). The orchestrator's tokens name the agent "
+                   "they are for, and this agent takes only those naming one of its addresses: these, --listen, "
+                   "its agent.sock, and for a wildcard --listen (0.0.0.0:PORT) this host's names and addresses.")
 @click.option("--socket-dir", default=None, envvar="ROTA_AGENT_SOCKET_DIR",
               help="Directory of the agent's Unix sockets: agent.sock (the same service) and pid.sock (the pid "
                    "door, through which tenants prove which process they are). '' = none. [default: "
@@ -68,14 +74,16 @@ def agent() -> None:
               help="Serve /metrics without a token, every group and job id replaced by h- and 12 hex characters of "
                    "an HMAC-SHA256 keyed with --auth-key.")
 def serve_cmd(listen: str, auth_key: str, tls_cert: str, tls_key: str, tls_client_ca: str, insecure: bool,
-              socket_dir: str | None, op_timeout: float, step_timeout: float, forget_after: float,
+              names: tuple[str, ...], socket_dir: str | None, op_timeout: float, step_timeout: float,
+              forget_after: float,
               residue_max_bytes: int | None, metrics_listen: str, metrics_hash_ids: bool) -> None:
     """Serve SnapshotAgentService and grpc.health.v1 until SIGINT/SIGTERM."""
     from rota import plugin_manager
+    from rota.auth import plaintext_beyond_loopback
     from rota.errors import ConfigError
     from rota.rpc import server_tls
     from rota_agent._agent import Agent
-    from rota_agent._server import default_socket_dir
+    from rota_agent._server import agent_names, default_socket_dir
     from rota_agent.backends import available_backends
 
     if bool(tls_cert) != bool(tls_key) or (tls_client_ca and not tls_cert):
@@ -83,7 +91,19 @@ def serve_cmd(listen: str, auth_key: str, tls_cert: str, tls_key: str, tls_clien
     try:
         tls = server_tls(tls_cert, tls_key, tls_client_ca) if tls_cert else None
         explicit = click.get_current_context().get_parameter_source("listen") != ParameterSource.DEFAULT
+        socket_dir = default_socket_dir() if socket_dir is None else socket_dir
         auth, listen = _server_auth(listen, auth_key, insecure, explicit)
+        if auth.key is not None:
+            bad = [n for n in names if not n or len(n) > 512 or not n.isprintable() or " " in n]
+            if bad:
+                raise click.BadParameter(f"{bad[0]!r} is not an address (HOST:PORT or unix:PATH, at most 512 "
+                                         "characters)", param_hint="--name")
+            auth = dataclasses.replace(auth, agent_names=agent_names(listen, socket_dir, names))
+            if listen and tls is None and plaintext_beyond_loopback(listen):
+                click.echo(f"rota agent: WARNING: --listen {listen} is plaintext: whoever can read this network reads "
+                           "the tokens its callers show (the orchestrator's are valid 60 s, at this agent only); "
+                           "give --tls-cert/--tls-key and the orchestrator --tls-cert (ROTA_TLS_CA: this agent's CA)",
+                           err=True)
         backends = available_backends(plugin_manager(), step_timeout_s=step_timeout)  # every plugin's
         a = Agent(backends, op_timeout_s=op_timeout, name=listen or "unix", residue_max_bytes=residue_max_bytes,
                   keep_closed_s=forget_after)
@@ -91,7 +111,6 @@ def serve_cmd(listen: str, auth_key: str, tls_cert: str, tls_key: str, tls_clien
         raise click.ClickException(str(exc)) from None
     if metrics_listen:
         _serve_metrics(a, metrics_listen, auth, metrics_hash_ids)
-    socket_dir = default_socket_dir() if socket_dir is None else socket_dir
     if not listen and not socket_dir:
         raise click.UsageError("--socket-dir '' leaves nothing to serve without --auth-key or --insecure: give a "
                                "--socket-dir, or --auth-key to serve --listen")

@@ -13,8 +13,11 @@ Kubernetes controller). A token names what it may act for:
 
 A token has an *audience*, the kind of server that takes it: ``rota`` (orchestrators,
 and node agents for their tenants) or ``rota-agent``, the tokens an orchestrator shows
-its node agents. Those live at most ``AGENT_TOKEN_MAX_TTL_S`` and the orchestrator
-refuses them, so whoever reads one off an agent link cannot act at the orchestrator. A
+its node agents. Those live at most ``AGENT_TOKEN_MAX_TTL_S``, the orchestrator
+refuses them, and each names the one agent it is for (claim ``rota_agent``: the address
+the orchestrator dials, ``--agent``), which an agent checks against the addresses it
+answers to (``ServerAuth.agent_names``): whoever reads one off an agent link can act
+neither at the orchestrator nor at another agent of the same key. A
 tenant token may carry the highest priority its holder may ask for (``max_priority``,
 ``rota token issue --max-priority``); without one, priorities above 0 need an admin.
 
@@ -31,6 +34,7 @@ No home-made crypto: signing and checking are PyJWT's; keys come from ``secrets`
 from __future__ import annotations
 
 import base64
+import ipaddress
 import os
 import secrets
 import stat
@@ -50,6 +54,7 @@ AGENT_AUDIENCE = "rota-agent"  # tokens an orchestrator shows node agents; refus
 AGENT_TOKEN_MAX_TTL_S = 60.0
 KEY_BYTES = 32
 MAX_TOKEN_CHARS = 4096  # a longer "token" is refused before it is decoded
+MAX_AGENT_CHARS = 512  # the agent address a rota-agent token names
 DEFAULT_TTL_S = 24 * 3600.0
 ANY_JOB = "*"
 METADATA_KEY = "authorization"
@@ -110,6 +115,7 @@ class ServerAuth:
     local: bool = False
     insecure: bool = False
     audiences: tuple[str, ...] = (AUDIENCE,)  # token audiences taken (a node agent also takes AGENT_AUDIENCE)
+    agent_names: tuple[str, ...] = ()  # a node agent's addresses: a rota-agent token must name one of them
 
     def principal(self, metadata: Iterable[tuple[str, object]] | None) -> Principal:
         """The caller of a request with this gRPC ``metadata``."""
@@ -119,7 +125,7 @@ class ServerAuth:
                 if self.local or self.insecure:  # nothing to check it against; the caller is trusted anyway
                     return LOCAL_ADMIN if self.local else INSECURE_ADMIN
                 raise Unauthenticated("this server has no auth key to check bearer tokens with")
-            return verify(self.key, token, audiences=self.audiences)
+            return verify(self.key, token, audiences=self.audiences, agent_names=self.agent_names)
         if self.local:
             return LOCAL_ADMIN
         if self.insecure:
@@ -180,9 +186,11 @@ def load_key(path: str) -> bytes:
 
 
 def issue(key: bytes, *, group: str = "", job: str = "", admin: bool = False, ttl_s: float = DEFAULT_TTL_S,
-          now: float | None = None, audience: str = AUDIENCE, max_priority: int | None = None) -> str:
+          now: float | None = None, audience: str = AUDIENCE, max_priority: int | None = None,
+          agent: str = "") -> str:
     """A token for ``job`` of ``group`` (``job="*"``: any job of the group), or an admin token, for servers of
-    ``audience``; ``max_priority``: the highest priority the tenant may ask for (default 0)."""
+    ``audience``; ``max_priority``: the highest priority the tenant may ask for (default 0); ``agent``: the
+    address of the one agent a ``rota-agent`` token is for (required for that audience, refused for others)."""
     import jwt
 
     if ttl_s <= 0:
@@ -192,6 +200,10 @@ def issue(key: bytes, *, group: str = "", job: str = "", admin: bool = False, tt
     if audience == AGENT_AUDIENCE and (not admin or ttl_s > AGENT_TOKEN_MAX_TTL_S):
         raise ConfigError(f"an {AGENT_AUDIENCE} token is an orchestrator's admin token for its node agents and lives "
                           f"at most {AGENT_TOKEN_MAX_TTL_S:g} s")
+    if (audience == AGENT_AUDIENCE) != bool(agent) or not _agent_name_ok(agent or "x"):
+        raise ConfigError(f"an {AGENT_AUDIENCE} token names the one agent it is for (agent=, the address the "
+                          f"orchestrator dials, at most {MAX_AGENT_CHARS} printable characters), and only such a "
+                          "token does")
     if max_priority is not None and (admin or not isinstance(max_priority, int) or not 0 <= max_priority <= 1000):
         raise ConfigError(f"max_priority {max_priority!r} must be a whole number 0..1000 on a tenant token (an "
                           "admin token may use any priority)")
@@ -207,12 +219,19 @@ def issue(key: bytes, *, group: str = "", job: str = "", admin: bool = False, tt
               "rota_group": "" if admin else group, "rota_job": "" if admin else job, "rota_admin": bool(admin)}
     if max_priority is not None:
         claims["rota_max_priority"] = max_priority
+    if agent:
+        claims["rota_agent"] = agent
     return jwt.encode(claims, key, algorithm=ALGORITHM)
 
 
-def verify(key: bytes, token: str, audiences: tuple[str, ...] = (AUDIENCE,)) -> Principal:
+def _agent_name_ok(name: object) -> bool:
+    return isinstance(name, str) and 0 < len(name) <= MAX_AGENT_CHARS and name.isprintable() and " " not in name
+
+
+def verify(key: bytes, token: str, audiences: tuple[str, ...] = (AUDIENCE,),
+           agent_names: tuple[str, ...] = ()) -> Principal:
     """The principal a token for one of ``audiences`` speaks for; :class:`Unauthenticated` (never quoting the
-    token) if it is not valid."""
+    token) if it is not valid. A ``rota-agent`` token must name one of ``agent_names`` (this agent's addresses)."""
     import jwt
 
     if not token or len(token) > MAX_TOKEN_CHARS:
@@ -236,6 +255,13 @@ def verify(key: bytes, token: str, audiences: tuple[str, ...] = (AUDIENCE,)) -> 
                                                 or claims["exp"] - claims["iat"] > AGENT_TOKEN_MAX_TTL_S):
         raise Unauthenticated(f"the bearer token of audience {AGENT_AUDIENCE} lives longer than "
                               f"{AGENT_TOKEN_MAX_TTL_S:g} s or is no admin token")
+    if claims.get("aud") == AGENT_AUDIENCE and claims.get("rota_agent") not in agent_names:
+        named = claims.get("rota_agent")  # signed with our key: the orchestrator's word, safe to show
+        raise Unauthenticated(
+            f"the bearer token of audience {AGENT_AUDIENCE} is for agent "
+            f"{named if _agent_name_ok(named) else 'none'}, not this one (it answers to "
+            f"{', '.join(agent_names) or 'no address'}); give the orchestrator's --agent the address this agent "
+            "answers to, or start the agent with --name ADDRESS (the address the orchestrator dials)")
     cap = claims.get("rota_max_priority")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)):
         raise Unauthenticated("the bearer token's rota_max_priority is no whole number")
@@ -339,6 +365,19 @@ def channel(target: str, *, token: str | None = None, options: Iterable[tuple[st
     return grpc.intercept_channel(ch, _Bearer(token)) if token else ch
 
 
+def plaintext_beyond_loopback(endpoint: str) -> bool:
+    """Whether a plaintext link to ``endpoint`` (``host:port``) leaves this host: not a Unix socket, not loopback."""
+    if endpoint.startswith("unix:"):
+        return False
+    host = endpoint.rpartition(":")[0].strip("[]").lower()
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a host name: another host, as far as this link knows
+
+
 def parse_ttl(text: str) -> float:
     """``90s``, ``30m``, ``24h``, ``7d`` or plain seconds, as seconds."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -356,5 +395,5 @@ def parse_ttl(text: str) -> float:
 
 __all__ = ["AGENT_AUDIENCE", "AGENT_TOKEN_MAX_TTL_S", "ANY_JOB", "AUDIENCE", "INSECURE_ADMIN", "LOCAL_ADMIN",
            "PermissionDenied", "Principal", "ServerAuth", "Unauthenticated", "bearer", "channel", "env_token",
-           "generate_key", "issue", "load_key", "parse_ttl", "read_pem", "tls_credentials", "token_from_metadata",
-           "verify"]
+           "generate_key", "issue", "load_key", "parse_ttl", "plaintext_beyond_loopback", "read_pem",
+           "tls_credentials", "token_from_metadata", "verify"]

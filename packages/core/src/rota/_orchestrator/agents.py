@@ -38,20 +38,31 @@ class AgentLinks:
         self._stubs: dict[str, object] = {}
         self._channels: list[object] = []
         self._auth_key = auth_key
-        self._token: tuple[float, tuple[tuple[str, str], ...]] = (0.0, ())
+        self._tokens: dict[str, tuple[float, tuple[tuple[str, str], ...]]] = {}  # endpoint -> (minted, metadata)
+        if auth_key is not None and tls is None:
+            from rota.auth import plaintext_beyond_loopback
 
-    def _metadata(self) -> tuple[tuple[str, str], ...]:
-        """``authorization`` for the agents: an admin token of audience ``rota-agent`` (which orchestrators refuse,
-        so one read off an agent link acts nowhere else) from the orchestrator's own key (none without one)."""
+            for e in endpoints:
+                if plaintext_beyond_loopback(e):
+                    log.warning("WARNING: the link to agent %s is plaintext: whoever can read this network reads "
+                                "the admin tokens shown to that agent (each valid 60 s, at that agent only) and "
+                                "can park or restore its jobs meanwhile; serve this orchestrator with --tls-cert/"
+                                "--tls-key (its agent links then use TLS, ROTA_TLS_CA naming the agents' CA) and "
+                                "each agent with --tls-cert/--tls-key", e)
+
+    def _metadata(self, endpoint: str) -> tuple[tuple[str, str], ...]:
+        """``authorization`` for the agent at ``endpoint``: an admin token of audience ``rota-agent`` (which
+        orchestrators refuse) naming that agent (which every other agent refuses), so one read off an agent
+        link acts nowhere else; from the orchestrator's own key (none without one)."""
         if self._auth_key is None:
             return ()
-        minted, metadata = self._token
+        minted, metadata = self._tokens.get(endpoint, (-1e18, ()))
         if time.monotonic() - minted > self.TOKEN_TTL_S / 2:
             from rota import auth
 
             metadata = auth.bearer(auth.issue(self._auth_key, admin=True, ttl_s=self.TOKEN_TTL_S,
-                                              audience=auth.AGENT_AUDIENCE))
-            self._token = (time.monotonic(), metadata)
+                                              audience=auth.AGENT_AUDIENCE, agent=endpoint))
+            self._tokens[endpoint] = (time.monotonic(), metadata)
         return metadata
 
     def _stub(self, endpoint: str) -> Any:
@@ -74,7 +85,7 @@ class AgentLinks:
 
         try:
             st = await self._stub(endpoint).Status(spb.StatusRequest(), timeout=self.STATUS_TIMEOUT_S,
-                                                   metadata=self._metadata())
+                                                   metadata=self._metadata(endpoint))
         except grpc.RpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 log.error("agent %s refused this orchestrator's credential (%s: %s): the jobs it holds are NOT "
@@ -117,14 +128,14 @@ class AgentLinks:
         try:
             if kind == "snapshot":
                 op_id = (await stub.Snapshot(spb.SnapshotRequest(job_id=job_id, group=group_id),
-                                             timeout=self.timeout_s, metadata=self._metadata())).operation_id
+                                             timeout=self.timeout_s, metadata=self._metadata(endpoint))).operation_id
             else:
                 op_id = (await stub.Restore(spb.RestoreRequest(job_id=job_id, group=group_id),
-                                            timeout=self.timeout_s, metadata=self._metadata())).operation_id
+                                            timeout=self.timeout_s, metadata=self._metadata(endpoint))).operation_id
             while True:
                 op = await stub.GetOperation(spb.GetOperationRequest(operation_id=op_id),
                                              timeout=max(0.1, deadline - time.monotonic()),
-                                             metadata=self._metadata())
+                                             metadata=self._metadata(endpoint))
                 if op.status == spb.OPERATION_STATUS_COMPLETE:
                     return True, "", op.storage_bytes, time.monotonic() - t0
                 if op.status == spb.OPERATION_STATUS_FAILED:

@@ -74,8 +74,9 @@ def orchestrator() -> None:
 @click.option("--agent", "agents", multiple=True, type=Endpoint(),
               help="A node agent (HOST:PORT, rota-agent) the orchestrator asks to park/restore the jobs registered "
               "with it; repeat for each node (env ROTA_AGENTS, comma-separated). It is shown admin tokens of "
-              "audience rota-agent (60 s; orchestrators refuse them), over TLS when --tls-cert is given "
-              "(ROTA_TLS_CA: the agents' CA).")
+              "audience rota-agent (60 s; orchestrators refuse them) naming this address (other agents refuse "
+              "them), over TLS when --tls-cert is given (ROTA_TLS_CA: the agents' CA); a plaintext one beyond "
+              "loopback is warned about.")
 @click.option("--auth-key", default="", envvar="ROTA_AUTH_KEY", type=click.Path(dir_okay=False),
               help="Check every caller's bearer token against this key (rota token keygen FILE; env ROTA_AUTH_KEY), "
               "on a unix: listener too. A tenant token acts for its own job only; an admin token for all. Required "
