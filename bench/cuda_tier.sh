@@ -6,6 +6,8 @@
 # the commit and the date to bench/results/cuda-tier-<UTC date>.json (and to $OUT when the device tool sets it).
 # The device tool's copy of the tree may carry an older .git: there, pass the commit that runs,
 #   ROTA_COMMIT=$(git rev-parse HEAD) bash bench/cuda_tier.sh   (the command line is made here, so HEAD is ours)
+# A part of the tier (one device call is at most 10 minutes): ROTA_TIER_TESTS="tests/cuda/test_demo_cuda.py ..."
+# (default tests/cuda); ROTA_TIER_NAME=part1 names its JSON cuda-tier-<date>-part1.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -d .whl ]; then
@@ -15,12 +17,13 @@ else
   PY=.venv/bin/python
 fi
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
-json=bench/results/cuda-tier-$stamp.json
+json=bench/results/cuda-tier-$stamp${ROTA_TIER_NAME:+-$ROTA_TIER_NAME}.json
 export ROTA_CUDA_TIER_JSON=$PWD/$json
 export ROTA_COMMIT=${ROTA_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 set +e
-log=bench/results/cuda-tier-$stamp.log
-$PY -m pytest tests/cuda -m cuda -p no:cacheprovider -ra "$@" 2>&1 | tee "$log" ${OUT:+"$OUT/$(basename "$log")"} | grep -E "passed|failed|PASSED|FAILED|ERROR|Error|park" \
+log=bench/results/cuda-tier-$stamp${ROTA_TIER_NAME:+-$ROTA_TIER_NAME}.log
+# shellcheck disable=SC2086  # a list of test paths
+$PY -m pytest ${ROTA_TIER_TESTS:-tests/cuda} -m cuda -p no:cacheprovider -ra "$@" 2>&1 | tee "$log" ${OUT:+"$OUT/$(basename "$log")"} | grep -E "passed|failed|PASSED|FAILED|ERROR|Error|park" \
   | grep -v "warnings.warn" | tail -40
 rc=${PIPESTATUS[0]}
 set -e

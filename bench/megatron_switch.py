@@ -177,11 +177,14 @@ def time_floor(pool: Any, nbytes: int, device: torch.device, repeats: int = 3,
 
 
 def memory(device: torch.device) -> dict[str, int]:
+    """The allocator's view, the device's used memory (every process), and NVML's bytes of this process."""
     if device.type != "cuda":
         return {}
+    from rota_torch import process_device_bytes
+
     free, total = torch.cuda.mem_get_info(device)
     return {"allocated": torch.cuda.memory_allocated(device), "reserved": torch.cuda.memory_reserved(device),
-            "device_used": total - free}
+            "device_used": total - free, "nvml_process": process_device_bytes(device) or 0}
 
 
 def main() -> None:
@@ -265,6 +268,7 @@ def main() -> None:
             log.info("step %d: loss %.5f, parked %.3f GB in %.4f s, device memory %s", i, float(losses[-1]),
                      res.bytes_moved / 1e9, res.seconds, mem_parked[-1])
         restores = list(gpu.stats.restores)
+        failed = gpu.stats.failed("park") + gpu.stats.failed("restore")
         with gpu.turn():
             sums = checksums(chunks, opt)
             state_bytes = sum(parks[-1].by_tag.values())
@@ -301,7 +305,7 @@ def main() -> None:
         "restore_vs_floor": statistics.median(restore_s) / floor_h2d if restore_s else None,
         "park_gbps": state_bytes / statistics.median(park_s) / 1e9,
         "floor_d2h_gbps": state_bytes / floor_d2h / 1e9, "floor_h2d_gbps": state_bytes / floor_h2d / 1e9,
-        "pool_setup_s": pool_s, "pool_allocations": allocations,
+        "pool_setup_s": pool_s, "pool_allocations": allocations, "failed": failed,
     }
     if restore_s:
         result["restore_gbps"] = state_bytes / statistics.median(restore_s) / 1e9
@@ -313,6 +317,9 @@ def main() -> None:
              result["state_bit_identical"], state_bytes / 1e9, result["park_s_median"], floor_d2h,
              result["restore_s_median"], floor_h2d, mem_parked[-1], out_path)
     dist.destroy_process_group()
+    if failed or not (result["losses_bit_identical"] and result["state_bit_identical"]):
+        sys.exit(f"megatron_switch: {failed} failed park(s)/restore(s), bit-identical losses "
+                 f"{result['losses_bit_identical']}, state {result['state_bit_identical']}; see {out_path}")
 
 
 if __name__ == "__main__":

@@ -172,13 +172,17 @@ def run_size(bench: Bench, nbytes: int, endpoint: str) -> dict[str, object]:
 
     say(f"park/restore through rota_fsdp, {bench.repeats} times")
     park, restore, identical = [], [], True
+    park_phases: list[dict[str, float]] = []
+    restore_phases: list[dict[str, float]] = []
     for _ in range(bench.repeats):
         gpu_a.park()
         park.append(gpu_a.stats.parks[-1].seconds)
+        park_phases.append(dict(tracked_a.parker.last_phases, hooks_total=park[-1]))
         freed = all(t.untyped_storage().nbytes() == 0 for t in a)
         with gpu_a.turn():
             pass
         restore.append(gpu_a.stats.restores[-1].seconds)
+        restore_phases.append(dict(tracked_a.parker.last_phases, hooks_total=restore[-1]))
         identical &= freed and torch.equal(bench.checksum(a), want_a)
     say(f"  park {statistics.median(park):.4f} s  restore {statistics.median(restore):.4f} s  "
         f"bit-identical {identical}")
@@ -224,11 +228,57 @@ def run_size(bench: Bench, nbytes: int, endpoint: str) -> dict[str, object]:
         "overlap_s": med(overlap), "overlap_gbps": 2 * real / med(overlap) / 1e9,
         "floor_overlap_gbps": 2 * real / med(floor_overlap) / 1e9,
         "pool_setup_s": setup_a + setup_b,
+        # where a park's and a restore's time goes (medians over the repeats): the parker's phases, and
+        # hooks_total, what the client timed (the parker plus the adapter's residue readings)
+        "park_phases_s": _median_phases(park_phases), "restore_phases_s": _median_phases(restore_phases),
         "bit_identical": bool(identical),
         "samples": {"floor_d2h": fd2h, "floor_h2d": fh2d, "park": park, "restore": restore, "overlap": overlap,
                     "floor_overlap": floor_overlap},
     }
     say(f"  overlapped switch {row['overlap_gbps']:.1f} GB/s (bare copies {row['floor_overlap_gbps']:.1f} GB/s)")
+    return row
+
+
+def _median_phases(samples: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(s.get(k, 0.0) for s in samples) for k in samples[0]} if samples else {}
+
+
+def first_park(bench: Bench, nbytes: int, endpoint: str, turn_s: float, floor_d2h_s: float) -> dict[str, object]:
+    """A tenant tracked with the default host pool (reserved in the background at ``track``), one turn of
+    ``turn_s`` seconds, then its first park: what a job whose first turn is short pays, against the floor."""
+    import rota
+    import rota_fsdp
+
+    say(f"first park at {nbytes / 1e9:.3f} GB after a {turn_s:g} s first turn (pool pinned in the background)")
+    c = bench.make_tensors(nbytes, seed=3)
+    real = sum(t.numel() * t.element_size() for t in c)
+    want = bench.checksum(c)
+    model = torch.nn.ParameterList([torch.nn.Parameter(t, requires_grad=False) for t in c])
+    gpu = rota.connect(group="bench-first", tenant="bench-first", endpoint=endpoint)
+    t0 = time.perf_counter()
+    tracked = rota_fsdp.track(gpu, model, tags=("weights",), device=bench.device, release_cached=bench.release_cached)
+    with gpu.turn():
+        time.sleep(turn_s)
+    gpu.park()
+    seconds = gpu.stats.parks[-1].seconds
+    phases = dict(tracked.parker.last_phases)
+    pool = tracked.parker.pool
+    pool.wait()
+    with gpu.turn():
+        pass
+    identical = torch.equal(bench.checksum(c), want)
+    row = {"size_bytes": real, "first_turn_s": turn_s, "first_park_s": seconds,
+           "first_park_ratio": seconds / floor_d2h_s, "since_track_s": time.perf_counter() - t0,
+           "pin_gbps": pool.pinned_bytes / pool.pinned_seconds / 1e9 if pool.pinned_seconds else 0.0,
+           "pinned_bytes": pool.pinned_bytes, "pinned_s": pool.pinned_seconds, "phases_s": phases,
+           "bit_identical": bool(identical), "failed": gpu.stats.failed("park") + gpu.stats.failed("restore")}
+    say(f"  first park {seconds:.4f} s = {row['first_park_ratio']:.2f}x the floor; host pinned "
+        f"{row['pin_gbps']:.1f} GB/s; bit-identical {identical}")
+    tracked.untrack()
+    gpu.close()
+    del model, c, tracked
+    if bench.device.type == "cuda":
+        torch.cuda.empty_cache()
     return row
 
 
@@ -255,6 +305,8 @@ def main() -> None:
     ap.add_argument("--keep-cache", action="store_true", help="do not hand freed device memory back to the "
                     "driver after a park (release_cached=False; faster, but only this process can reuse it)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/switch-<device>.json)")
+    ap.add_argument("--first-turn", type=float, default=0.5, help="seconds of the first turn before the first "
+                    "park of a freshly tracked tenant (its pool pinned in the background); <0 skips it")
     ns = ap.parse_args()
     if ns.device == "cuda" and not torch.cuda.is_available():
         sys.exit("switch: --device cuda but torch sees no CUDA device")
@@ -269,24 +321,32 @@ def main() -> None:
 
     bench = Bench(device, DTYPES[ns.dtype], ns.tensors, ns.repeats)
     bench.release_cached = not ns.keep_cache
-    rows = []
+    rows, firsts = [], []
     with running_orchestrator() as (endpoint, _engine):
         for s in sizes:
             rows.append(run_size(bench, s, endpoint))
+            if ns.first_turn >= 0:
+                firsts.append(first_park(bench, s, endpoint, ns.first_turn, rows[-1]["floor_d2h_s"]))
     print()
     print(table(rows))
+    for f in firsts:
+        print(f"first park {f['size_bytes'] / 1e9:.1f} GB after a {f['first_turn_s']:g} s turn: {f['first_park_s']:.4f}"
+              f" s = {f['first_park_ratio']:.2f}x the floor (host pinned {f['pin_gbps']:.1f} GB/s)")
+    failed = sum(f["failed"] for f in firsts) + sum(0 if r["bit_identical"] else 1 for r in rows)
     result = {
         "bench": "switch", "device": str(device), "device_name": name, "torch": torch.__version__,
         "python": platform.python_version(), "host": platform.node(), "dtype": ns.dtype, "tensors": ns.tensors,
         "repeats": ns.repeats, "release_cached": bench.release_cached,
         "verify": env_verify(), "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "targets": {"park_ratio_max": 1.1, "restore_ratio_max": 1.1, "overlap_gbps_min": 80.0},
-        "results": rows,
+        "results": rows, "first_parks": firsts, "failed": failed,
     }
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=2)
     say(f"wrote {out}")
+    if failed:
+        sys.exit(f"switch: {failed} failed park(s)/restore(s) or restores that were not bit-identical; see {out}")
 
 
 if __name__ == "__main__":

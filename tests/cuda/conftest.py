@@ -24,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built in the tests, n
 NO_CUDA = "no CUDA device here: the CUDA tier runs on a GPU machine (bash bench/cuda_tier.sh; see the README)"
 _figures: dict[str, dict[str, Any]] = {}
 _outcomes: dict[str, str] = {}
+_seconds: dict[str, float] = {}  # each test's setup + call time (the tier's budget is 10 minutes on one H200)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -46,6 +47,8 @@ def record(request: pytest.FixtureRequest) -> Callable[..., None]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
+    if report.when in ("setup", "call"):
+        _seconds[item.nodeid] = _seconds.get(item.nodeid, 0.0) + report.duration
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         _outcomes[item.nodeid] = report.outcome
 
@@ -67,7 +70,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     out = {"tier": "cuda", "commit": _commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "host": platform.node(), "device": device, "torch": torch.__version__, "exit_status": int(exitstatus),
-           "tests": {nodeid: {"outcome": _outcomes[nodeid], **_figures.get(nodeid, {})} for nodeid in _outcomes}}
+           "seconds": round(sum(_seconds.values()), 1),
+           "tests": {nodeid: {"outcome": _outcomes[nodeid], "seconds": round(_seconds.get(nodeid, 0.0), 1),
+                              **_figures.get(nodeid, {})} for nodeid in _outcomes}}
     with open(path, "w") as f:
         json.dump(out, f, indent=1, default=str)
         f.write("\n")

@@ -280,9 +280,14 @@ def test_status_shows_host_memory_residue_and_fault(orchestrator, monkeypatch):
     tenants = {t.job_id: t for t in reply.groups[0].tenants}
     assert tenants["a"].host_bytes == 4096
     assert tenants["b"].state == "faulted" and "device said no" in tenants["b"].fault
+    assert (tenants["b"].parks_failed, tenants["a"].parks_failed) == (1, 0)  # counted, not only the last cause
     table = render_table(reply)
-    assert "host mem" in table and "b FAULTED: park failed" in table
-    assert 'rota_tenant_host_bytes{group="mem",job="a"} 4096.0' in prometheus_text(reply)
+    assert "host mem" in table and "b FAULTED: park failed" in table and "failed p/r" in table
+    assert " 1/0" in next(line for line in table.splitlines() if line.strip().startswith("b "))
+    metrics = prometheus_text(reply)
+    assert 'rota_tenant_host_bytes{group="mem",job="a"} 4096.0' in metrics
+    assert 'rota_tenant_switch_failures_total{group="mem",job="b",kind="park"} 1.0' in metrics
+    assert b.stats.failed("park") == 1  # the tenant's own count, which results (the demo's JSON) read
     assert isinstance(reply, pb.StatusReply)
     for x in (sa, sb, a, b):
         x.close()

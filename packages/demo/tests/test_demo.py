@@ -28,6 +28,8 @@ def test_demo_small_run_is_bit_identical_and_reports_everything(tmp_path):
     assert summary["config"]["sft_turns"] == 4  # SFT steps split into 4 turns, in every mode alike
     ts = summary["timesliced"]
     assert ts["switches"] > 0
+    assert ts["failed_parks"] == 0 and ts["failed_restores"] == 0 and ts["failures"] == []
+    assert ts["capacity_bytes"] == 0 and "every switch parks" in ts["capacity_how"]  # auto on CPU: 0
     if "rota_fsdp" in ts["adapters"]:  # with the adapter installed, switches really park and restore
         assert ts["parks"] > 0 and ts["restores"] > 0 and ts["bytes_moved"] > 0
     assert "time-sliced makespan / serial makespan" in r.stdout
@@ -51,6 +53,7 @@ def test_demo_is_a_plugin_command_of_rota():
     (["--state", "huge"], "'huge' is not a size"),
     (["--device", "tpu"], "use cpu or cuda"),
     (["--sft-turns", "5"], "divide --batch 64"),
+    (["--capacity", "lots"], "'lots' is not a size"),
 ])
 def test_demo_rejects_bad_options(args, needle):
     r = subprocess.run([sys.executable, "-m", "rota", "demo", *args], capture_output=True, text=True, timeout=120)
@@ -77,14 +80,21 @@ def test_demo_with_capacity_prefetches_the_next_trainer_and_stays_bit_identical(
 
 
 @pytest.mark.slow
-def test_demo_whose_parks_all_time_out_still_finishes(tmp_path):
+def test_demo_whose_parks_all_time_out_finishes_and_fails_naming_them(tmp_path):
     """Every park runs past a 0.1 µs deadline and is rolled back: the jobs are FAULTED again and
     again, and retry. A job whose park failed while it waited in the queue used to keep an
-    acquire that no grant could answer, and the demo hung until its worker timeout."""
+    acquire that no grant could answer, and the demo hung until its worker timeout. The run
+    finishes, writes everything, and exits non-zero naming the failed parks: a failed park is
+    never a quiet success (it once printed bit-identical and exited 0)."""
     r = subprocess.run([sys.executable, "-m", "rota", "demo", "--steps", "3", "--hidden", "64", "--layers", "2",
                         "--modes", "timesliced", "--off-device", "0.05", "--out-dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=240, cwd=tmp_path,
                        env={**os.environ, "ROTA_SWITCH_DEADLINE_S": "0.0000001"})
-    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert r.returncode == 1, r.stdout + r.stderr[-3000:]
     assert "park of" in r.stderr and "FAULTED" in r.stderr  # the parks really failed
-    assert (tmp_path / "demo.json").exists()
+    summary = json.loads((tmp_path / "demo.json").read_text())
+    ts = summary["timesliced"]
+    assert ts["failed_parks"] > 0 and ts["failures"][0]["kind"] == "park"
+    assert "SwitchTimeout" in ts["failures"][0]["error"]
+    assert f"{ts['failed_parks']} failed park(s)" in r.stderr and "SwitchTimeout" in r.stderr
+    assert f"failed parks {ts['failed_parks']}" in r.stdout  # in the summary too

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 import time
@@ -31,9 +32,11 @@ __all__ = ["demo"]
 @click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True,
               help="Sequences per step (more = more device work per turn).")
 @click.option("--seq", type=click.IntRange(min=2), default=16, show_default=True, help="Tokens per sequence.")
-@click.option("--capacity", default="0", show_default=True,
-              help="Device memory per group for residency (e.g. 120GiB): tenants that fit stay resident. "
-              "0 = park at every switch.")
+@click.option("--capacity", default="auto", show_default=True,
+              help="Device memory per group for residency (e.g. 120GiB): tenants that fit stay resident and a "
+              "switch parks only when memory requires it. auto: on CUDA, what the device holds less a margin of "
+              "10% (at least 8 GiB), split between groups that share one device; on CPU, 0. 0 = park at every "
+              "switch.")
 @click.option("--off-device", type=click.FloatRange(min=0), default=0.1, show_default=True,
               help="Seconds of host work per step (reward judge for RL, data loading for SFT).")
 @click.option("--modes", default="dedicated,serial,timesliced", show_default=True,
@@ -76,7 +79,7 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
     bit-identical to its dedicated run. Writes demo.json and demo-timeline.png.
     """
     try:
-        from rota_demo.report import summarize, table, timeline_png, write_json
+        from rota_demo.report import failures_line, summarize, table, timeline_png, write_json
         from rota_demo.runner import DemoConfig, HostMemoryShort, host_memory_plan, run_demo
         from rota_demo.workloads import ModelSize
     except ImportError as exc:
@@ -85,18 +88,22 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
     try:
         size = ModelSize.for_state_bytes(parse_bytes(state_size, what="--state"), batch=batch, seq=seq) \
             if state_size else ModelSize(hidden=hidden, layers=layers, batch=batch, seq=seq)
-        capacity_bytes = parse_bytes(capacity, what="--capacity")
+        capacity_bytes = parse_bytes(capacity, what="--capacity") if capacity.strip().lower() != "auto" else -1
         host_memory_bytes = parse_bytes(host_memory, what="--host-memory") if host_memory else 0
     except RotaError as exc:
         raise click.UsageError(str(exc)) from None
+    if capacity_bytes < 0 and capacity.strip().lower() != "auto":
+        raise click.UsageError(f"--capacity {capacity!r} must be >= 0 bytes, or auto")
     if host_memory and host_memory_bytes <= 0:
         raise click.UsageError(f"--host-memory {host_memory!r} must be > 0 (omit it to read MemAvailable)")
     cfg = DemoConfig(steps=steps, groups=groups, device=device, size=size, off_device_s=off_device, seed=seed,
-                     modes=tuple(m.strip() for m in modes.split(",") if m.strip()), capacity_bytes=capacity_bytes,
+                     modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+                     capacity_bytes=max(capacity_bytes, 0),
                      host_memory_bytes=host_memory_bytes, policy=policy, resident_first_s=resident_first,
                      sft_turns=sft_turns, elastic=elastic)
     try:
-        cfg.check()
+        if capacity_bytes >= 0 or not resident_first:  # with auto, checked once the capacity is known
+            cfg.check()
     except RotaError as exc:
         raise click.UsageError(str(exc)) from None
     if device.startswith("cuda"):
@@ -104,6 +111,16 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
 
         if not torch.cuda.is_available():
             raise click.UsageError(f"--device {device}: torch sees no CUDA device here; use --device cpu")
+    from rota_demo.runner import auto_capacity
+
+    how = f"--capacity {capacity}: every switch parks" if capacity_bytes == 0 else f"--capacity {capacity}"
+    if capacity_bytes < 0:
+        capacity_bytes, how = auto_capacity(device, groups, elastic)
+    cfg = dataclasses.replace(cfg, capacity_bytes=capacity_bytes, capacity_how=how)
+    try:
+        cfg.check()
+    except RotaError as exc:
+        raise click.UsageError(str(exc)) from None
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     last = [0.0]
@@ -115,7 +132,7 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
             click.echo(f"{now - t0:6.1f}s  {line}", err=True)
 
     click.echo(f"rota demo: 3 jobs x (trainer + sampler), {steps} steps, {groups} group(s), device {device}, "
-               f"trainer state {size.trainer_state_bytes / 1e6:.1f} MB each", err=True)
+               f"trainer state {size.trainer_state_bytes / 1e6:.1f} MB each; capacity {how}", err=True)
     plan = host_memory_plan(cfg)
     click.echo(plan.describe(), err=True)
     try:
@@ -131,3 +148,6 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
     timeline_png(results, out_dir / "demo-timeline.png")
     click.echo(table(summary))
     click.echo(f"\nwrote {out_dir / 'demo.json'} and {out_dir / 'demo-timeline.png'}")
+    failed = failures_line(summary)
+    if failed:  # the figures above are not the switch rota promises: never a quiet success
+        raise click.ClickException(failed + f" (every failure is in {out_dir / 'demo.json'}, timesliced.failures)")

@@ -11,8 +11,10 @@ import numpy as np
 from rota.config import format_bytes
 from rota_demo.runner import JOBS, DemoConfig, ModeResult
 
-__all__ = ["summarize", "table", "timeline_lanes", "timeline_png", "write_json"]
+__all__ = ["failures_line", "summarize", "table", "timeline_lanes", "timeline_png", "write_json"]
 
+FAILURES_KEPT = 50  # failed parks/restores listed in demo.json (all are counted)
+FAILURE_CHARS = 600
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -78,11 +80,16 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
             "wait_ms_p50": percentile(waits, 50), "wait_ms_p99": percentile(waits, 99),
             "adapters": sorted({r.adapter for r in ts.reports.values()}),
             "pool_setup_s_max": max((r.pool_setup_s for r in ts.reports.values()), default=0.0),
-            "capacity_bytes": cfg.capacity_bytes, "policy": cfg.policy, "resident_first_s": cfg.resident_first_s,
+            "capacity_bytes": cfg.capacity_bytes, "capacity_how": cfg.capacity_how, "policy": cfg.policy,
+            "resident_first_s": cfg.resident_first_s,
             "push_pinned": all(r.push_pinned for r in ts.reports.values()),
             # held seconds over the makespan of each group, or of each device of the --elastic group (gpus@cuda:N)
             "busy_by_group": {g: b / ts.makespan_s for g, b in sorted(ts.busy_by_group.items())} if ts.makespan_s
             else {},
+            "failed_parks": sum(1 for r in ts.reports.values() for k, _ in r.failures if k == "park"),
+            "failed_restores": sum(1 for r in ts.reports.values() for k, _ in r.failures if k == "restore"),
+            "failures": [{"worker": name, "kind": k, "error": why[:FAILURE_CHARS]}
+                         for name, r in sorted(ts.reports.items()) for k, why in r.failures][:FAILURES_KEPT],
             "moves": len(moves), "move_ms_p50": percentile([s * 1000 for _, s in moves], 50),
             "move_ms_p99": percentile([s * 1000 for _, s in moves], 99), "bytes_moved_device_to_device":
             sum(b for b, _ in moves),
@@ -116,6 +123,17 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
     out["curves"] = {mode: {name: r.values for name, r in sorted(res.reports.items())}
                      for mode, res in results.items()}
     return out
+
+
+def failures_line(summary: dict[str, Any]) -> str:
+    """"" when every park and restore succeeded; else what failed, for the summary and the exit message."""
+    ts = summary.get("timesliced") or {}
+    parks, restores = ts.get("failed_parks", 0), ts.get("failed_restores", 0)
+    if not parks and not restores:
+        return ""
+    first = ts["failures"][0]
+    return (f"{parks} failed park(s) and {restores} failed restore(s) in the time-sliced run; the first: "
+            f"{first['kind']} of {first['worker']}: {first['error']}")
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -155,6 +173,9 @@ def table(summary: dict[str, Any]) -> str:
         if ts.get("busy_by_group"):
             lines.append("busy per group (device): " + ", ".join(f"{g} {b:.0%}" for g, b in ts["busy_by_group"].items())
                          + f"; moves device to device {ts['moves']} (p50 {ts['move_ms_p50']:.1f} ms)")
+        lines.append(f"failed parks {ts.get('failed_parks', 0)}, failed restores {ts.get('failed_restores', 0)}"
+                     + (f"; capacity {format_bytes(ts['capacity_bytes'])} per group ({ts.get('capacity_how') or 'set'})"
+                        if ts.get("capacity_bytes") else "; capacity 0: every switch parks"))
         pre = ts.get("prefetch") or {}
         if any(pre.values()):
             lines.append(f"prefetch (next tenant restored during the holder's turn): {pre.get('hits', 0)} hits, "

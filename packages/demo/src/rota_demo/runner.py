@@ -35,8 +35,9 @@ from rota_demo.push import WeightPush
 from rota_demo.worker import WorkerReport, WorkerSpec, worker_main
 from rota_demo.workloads import ModelSize
 
-__all__ = ["JOBS", "POLICIES", "RUNTIME_BYTES", "WORKER_TIMEOUT_S", "DemoConfig", "HostMemoryPlan", "HostMemoryShort",
-           "ModeResult", "available_host_bytes", "host_memory_plan", "run_demo"]
+__all__ = ["CAPACITY_MARGIN_MIN", "CAPACITY_MARGIN_SHARE", "JOBS", "POLICIES", "RUNTIME_BYTES", "WORKER_TIMEOUT_S",
+           "DemoConfig", "HostMemoryPlan", "HostMemoryShort", "ModeResult", "auto_capacity", "available_host_bytes",
+           "host_memory_plan", "run_demo"]
 
 JOBS = (("rl-a", "rl"), ("rl-b", "rl"), ("sft", "sft"))
 # Time-sliced turn order. "priority": an RL job's next step waits for its own trainer and
@@ -66,6 +67,7 @@ class DemoConfig:
     resident_first_s: float = 0.0  # > 0 (with capacity_bytes): resident waiters first, parked ones after this long
     sft_turns: int = 4  # the SFT trainer's microbatches per step, a turn each (same sequence in every mode)
     elastic: bool = False  # time-sliced: one group over every GPU of the host, each turn placed by rota
+    capacity_how: str = ""  # where capacity_bytes came from, for the summary (see auto_capacity)
 
     def check(self) -> None:
         if self.steps < 1:
@@ -113,6 +115,34 @@ class ModeResult:
     job_spans: dict[str, float] = field(default_factory=dict)
     busy_by_group: dict[str, float] = field(default_factory=dict)  # time-sliced: held seconds per group or lane
     how: str = ""  # how the mode was measured, for the report
+
+
+#: --capacity auto on CUDA: the device's memory less this share of it (at least CAPACITY_MARGIN_MIN), for the CUDA
+#: contexts of the workers and their steps' temporaries, which no footprint counts; split between the groups that
+#: share one device.
+CAPACITY_MARGIN_SHARE = 0.10
+CAPACITY_MARGIN_MIN = 8 << 30
+
+
+def auto_capacity(device: str, groups: int, elastic: bool) -> tuple[int, str]:
+    """(bytes per group, how): what ``--capacity auto`` means for this run.
+
+    On CUDA, what the device holds less the margin, so states that fit stay resident and a switch parks only
+    when memory requires it. On CPU, 0: there is no device size to fit in, and every switch parks.
+    """
+    if not device.startswith("cuda"):
+        return 0, "auto on cpu: 0, every switch parks"
+    import torch
+
+    index = torch.device(device).index or 0
+    total = torch.cuda.get_device_properties(index).total_memory
+    margin = max(CAPACITY_MARGIN_MIN, int(total * CAPACITY_MARGIN_SHARE))
+    sharing = groups if groups == 2 and not elastic and (":" in device or torch.cuda.device_count() < 2) else 1
+    per_group = max(total - margin, 0) // sharing
+    shared = f", split between the {sharing} groups on it" if sharing > 1 else ""
+    return per_group, (f"auto: {torch.cuda.get_device_name(index)} holds {total / 2**30:.1f} GiB, less a margin of "
+                       f"{margin / 2**30:.1f} GiB (max({CAPACITY_MARGIN_SHARE:.0%}, {CAPACITY_MARGIN_MIN >> 30} GiB), "
+                       f"for CUDA contexts and temporaries){shared}: {per_group / 2**30:.1f} GiB per group")
 
 
 ELASTIC_GROUP = "gpus"  # --elastic: the one group over every GPU (its lanes are gpus@cuda:0, gpus@cuda:1...)

@@ -85,6 +85,8 @@ class WorkerReport:
     push_pinned: bool = False
     digests: list[str] = field(default_factory=list)  # with spec.record_digests: one per push, in order
     group: str = ""  # the rota group (shared device) it took turns on; "" = a device of its own
+    # parks and restores of this worker that failed, setup included: ("park" | "restore", "Type: message")
+    failures: list[tuple[str, str]] = field(default_factory=list)
 
 
 class _Device:
@@ -165,10 +167,20 @@ class _Device:
         yield
         self.report.events.append(("off", t0, time.monotonic()))
 
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Between turns: no park or restore of this worker's state runs inside the block (rota's ``hold_state``)."""
+        if self.gpu is None:
+            yield
+        else:
+            with self.gpu.hold_state():
+                yield
+
     def close(self) -> None:
         if self.gpu is None:
             return
         stats = self.gpu.stats
+        self.report.failures = [(kind, why) for kind, _, why in list(stats.failures)]
         events, parks, restores, waits, moves = self._counts
         self.report.events += stats.events.since(events)[0]
         self.report.parks = [(p.bytes_moved, p.seconds) for p in stats.parks.since(parks)[0]]
@@ -220,7 +232,8 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
         run(spec, model, opt, dev, inbox, outbox, results, push, report)
     finally:
         report.end = time.monotonic()
-        _free_device_state(model, opt)
+        with dev.holding():  # a park the orchestrator asks for meanwhile waits: it must not copy freed tensors
+            _free_device_state(model, opt)
         dev.close()
     results.put(("done", spec.name, report))
     if finish is not None:
@@ -232,7 +245,8 @@ def _free_device_state(model: Any, opt: Any) -> None:
 
     Why: a process's memory otherwise goes only when it exits, seconds later with tens of
     GB of pinned host pools to unregister, and the job granted next (told that this one
-    ended) would wait for room meanwhile.
+    ended) would wait for room meanwhile. The caller holds the state (``gpu.hold_state()``):
+    a park that ran concurrently once copied storages this freed and failed.
     """
     import torch
 

@@ -26,6 +26,7 @@ from rota_torch._guard import (
     VERIFY_MODES,
     DiscardedTag,
     NoRoom,
+    StateChanged,
     SwitchError,
     SwitchTimeout,
     VerifyError,
@@ -40,7 +41,7 @@ from rota_torch.errors import AlreadyTracked, BackwardInFlight, DeviceMismatch, 
 from rota_torch.tracked import TAGS, Tracked, check_tags, switch, tracked_models
 
 __all__ = ["TAGS", "VERIFY_MODES", "AlreadyTracked", "BackwardInFlight", "DeviceMismatch", "DiscardedTag",
-           "HoldsTurn", "HostBudgetExceeded", "HostPool", "NamedTensors", "NoRoom", "ResidueError", "SwitchError",
-           "SwitchTimeout", "TensorParker", "Tracked", "TrackingError", "VerifyError", "align", "check_tags",
-           "env_verify", "host_bytes_in_use", "local_tensor", "name_untracked", "node_host_bytes",
+           "HoldsTurn", "HostBudgetExceeded", "HostPool", "NamedTensors", "NoRoom", "ResidueError", "StateChanged",
+           "SwitchError", "SwitchTimeout", "TensorParker", "Tracked", "TrackingError", "VerifyError", "align",
+           "check_tags", "env_verify", "host_bytes_in_use", "local_tensor", "name_untracked", "node_host_bytes",
            "outside_allocator_bytes", "overlap", "process_device_bytes", "switch", "tracked_models"]

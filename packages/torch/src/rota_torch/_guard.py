@@ -56,6 +56,10 @@ class VerifyError(SwitchError):
     """A restored region's bytes differ from what was parked: the restore was refused."""
 
 
+class StateChanged(SwitchError):
+    """A tracked tensor was freed or resized by other code while it was being parked: nothing was freed."""
+
+
 class DiscardedTag(SwitchError):
     """A tag parked in discard mode has no way to be re-created: it is not presented as restored."""
 

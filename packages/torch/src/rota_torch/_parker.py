@@ -47,12 +47,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from rota.config import env_float
 from rota.types import ParkResult
+from rota_torch._copies import Job, Slot, copy_in, copy_out, copy_runs, storage_view
 from rota_torch._guard import (
     Deadline,
     DiscardedTag,
@@ -80,31 +80,6 @@ STAGE_ORDER = {"weights": 0, "optimizer": 1, "grads": 2}
 NamedTensors = (
     Mapping[str, torch.Tensor] | Sequence[torch.Tensor] | Callable[[], Iterable[tuple[str, torch.Tensor]]]
 )
-
-
-@dataclass
-class _Slot:
-    """One distinct storage while parked: where its bytes sit in the pool."""
-
-    storage: torch.UntypedStorage
-    nbytes: int
-    tag: str
-    offset: int  # byte offset in the pool; -1 when discarded (nothing copied)
-    name: str = ""  # first tensor seen on this storage (for error messages)
-    fp: object = None  # full mode: the (words, tail) device checksum taken at park
-
-
-@dataclass
-class _Job:
-    """A park or restore whose copies are issued but not yet waited for."""
-
-    kind: str
-    slots: list[_Slot]
-    t0: float
-    event: object | None = None
-    deadline: Deadline | None = None
-    sums: list[object] | None = None  # full-mode device checksums, one per copied slot
-    verify_s: float = 0.0
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -145,7 +120,7 @@ class TensorParker:
         self.release_cached = release_cached
         self.name = name
         self._sources: dict[str, list[NamedTensors]] = {}
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, Slot] = {}
         self._sample = HostSample()  # verify="sample": sampled host bytes of the current park
         self._resident_by_tag: dict[str, int] = {}
         self._parked = False
@@ -160,6 +135,9 @@ class TensorParker:
         self.room_wait_s = env_float("ROTA_RESTORE_ROOM_WAIT_S", 10.0, minimum=0.0)
         self._on_discard: dict[str, str | Callable[[], None]] = {}
         self.last_residue: dict[str, int] = {}
+        #: seconds of the last park's or restore's phases (collect, pool, issue, wait, free, ...), for benchmarks
+        self.last_phases: dict[str, float] = {}
+        self._pool_wait_check: Callable[[], None] | None = None
 
     # ------------------------------------------------------------ registration
 
@@ -325,40 +303,28 @@ class TensorParker:
         return self._stream
 
     def _view(self, storage: torch.UntypedStorage) -> torch.Tensor:
-        return torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
+        return storage_view(storage, self.device)
 
-    def _copy_out(self, sl: _Slot, *, non_blocking: bool) -> None:
-        dev = self._view(sl.storage)
-        parts = self.pool.pieces(sl.offset, sl.nbytes)
-        if len(parts) == 1:
-            parts[0].copy_(dev, non_blocking=non_blocking)
-            return
-        at = 0
-        for part in parts:
-            part.copy_(dev[at:at + part.numel()], non_blocking=non_blocking)
-            at += part.numel()
+    def _copy_out(self, sl: Slot, *, non_blocking: bool) -> None:
+        copy_out(self.pool, self.device, sl, non_blocking=non_blocking, who=f"parker {self.name!r}")
 
-    def _copy_in(self, sl: _Slot, *, non_blocking: bool) -> None:
-        dev = self._view(sl.storage)
-        parts = self.pool.pieces(sl.offset, sl.nbytes)
-        if len(parts) == 1:
-            dev.copy_(parts[0], non_blocking=non_blocking)
-            return
-        at = 0
-        for part in parts:
-            dev[at:at + part.numel()].copy_(part, non_blocking=non_blocking)
-            at += part.numel()
+    def _copy_in(self, sl: Slot, *, non_blocking: bool) -> None:
+        copy_in(self.pool, self.device, sl, non_blocking=non_blocking)
+
+    def _copy_runs(self, slots: list[Slot], *, into_device: bool) -> None:
+        copy_runs(self.pool, self.device, slots, into_device=into_device, wait_check=self._pool_wait_check,
+                  who=f"parker {self.name!r}")
 
     def _begin_park(self, tags: Iterable[str] | None, discard: Iterable[str],
-                    deadline_s: float | None = None) -> _Job:
+                    deadline_s: float | None = None) -> Job:
         t0 = time.perf_counter()
         if self._parked:
             log.debug("parker %s: already parked", self.name)
-            return _Job("noop", [], t0)
+            return Job("noop", [], t0)
         deadline = Deadline(self.deadline_s if deadline_s is None else deadline_s, f"park of {self.name!r}")
         drop = set(discard)
         found = self.storages(tags)
-        slots: list[_Slot] = []
+        slots: list[Slot] = []
         need = 0
         for s, tag, name in found.values():
             n = s.nbytes()
@@ -368,40 +334,45 @@ class TensorParker:
                 raise RuntimeError(f"parker {self.name!r}: tensor {name!r} (tag {tag!r}) has a storage that "
                                    "cannot be resized (from numpy or from_blob?); rota cannot park it")
             if tag in drop:
-                slots.append(_Slot(s, n, tag, -1, name))
+                slots.append(Slot(s, n, tag, -1, name))
             else:
-                slots.append(_Slot(s, n, tag, need, name))
+                slots.append(Slot(s, n, tag, need, name))
                 need += align(n)
         deadline.check("collecting tensors")
-        self.pool.wait()
-        if need > self.pool.capacity:
-            if self.pool.allocations:
-                log.warning("parker %s: tracked state grew to %.3f GB; growing the host pool (slow if pinned)",
-                            self.name, need / 1e9)
-            self.pool.reserve(need)
-        job = _Job("park", slots, t0, deadline=deadline)
+        job = Job("park", slots, t0, deadline=deadline)
+        job.mark("collect")
+        if need > self.pool.target_bytes:  # no reservation under way covers it: grow now (the first chunks of
+            self.pool.wait()  # one under way are copied into while the rest is pinned, below)
+            if need > self.pool.capacity:
+                if self.pool.allocations:
+                    log.warning("parker %s: tracked state grew to %.3f GB; growing the host pool (slow if pinned)",
+                                self.name, need / 1e9)
+                self.pool.reserve(need)
+        job.mark("grow_pool")
+        self._pool_wait_check = lambda: deadline.check("waiting for the host pool to be pinned")
         copied = [sl for sl in slots if sl.offset >= 0]
         if self.cuda:
             stream = self._side_stream()
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
-                for sl in copied:
-                    self._copy_out(sl, non_blocking=True)
+                self._copy_runs(copied, into_device=False)
                 if self.verify == "full":
                     job.sums = [device_checksum(self._view(sl.storage)) for sl in copied]
                 job.event = stream.record_event()
+            job.mark("issue")
         else:
             for sl in copied:
                 deadline.check(f"copying {sl.name!r} (tag {sl.tag!r})")
+                self.pool.wait_for(sl.offset + sl.nbytes, self._pool_wait_check)
                 self._copy_out(sl, non_blocking=False)
             if self.verify == "full":
                 job.sums = [device_checksum(self._view(sl.storage)) for sl in copied]
         return job
 
-    def _begin_restore(self, deadline_s: float | None = None) -> _Job:
+    def _begin_restore(self, deadline_s: float | None = None) -> Job:
         return self._issue_restore(self._alloc_restore(deadline_s))
 
-    def _alloc_restore(self, deadline_s: float | None = None) -> _Job:
+    def _alloc_restore(self, deadline_s: float | None = None) -> Job:
         """Check, then allocate every parked storage again (on the current stream: the one that will use it).
 
         Nothing is allocated unless every check passes: discarded tags can be
@@ -412,7 +383,7 @@ class TensorParker:
         """
         t0 = time.perf_counter()
         if not self._parked:
-            return _Job("noop", [], t0)
+            return Job("noop", [], t0)
         deadline = Deadline(self.deadline_s if deadline_s is None else deadline_s, f"restore of {self.name!r}")
         slots = sorted(self._slots.values(), key=lambda sl: STAGE_ORDER.get(sl.tag, len(STAGE_ORDER)))
         refuse = sorted({sl.tag for sl in slots if sl.offset < 0 and self._on_discard.get(sl.tag) == "error"})
@@ -432,9 +403,12 @@ class TensorParker:
                          f"{free / 1e9:.3f} GB is free after waiting {self.room_wait_s:g} s "
                          "(ROTA_RESTORE_ROOM_WAIT_S); nothing was allocated, the tenant stays parked")
         deadline.check("checks before allocating")
+        job = Job("restore", slots, t0, deadline=deadline, verify_s=verify_s)
+        job.mark("check")
         if self.cuda and self.release_cached:
             self._reserve_segment(slots)
-        done: list[_Slot] = []
+            job.mark("reserve_segment")
+        done: list[Slot] = []
         try:
             for sl in slots:
                 sl.storage.resize_(sl.nbytes)
@@ -443,7 +417,8 @@ class TensorParker:
             for sl in done:
                 sl.storage.resize_(0)
             raise
-        return _Job("restore", slots, t0, deadline=deadline, verify_s=verify_s)
+        job.mark("allocate")
+        return job
 
     def _wait_for_room(self, need: int, deadline: Deadline) -> int | None:
         """The device's free bytes, polled until ``need`` fits, ``room_wait_s`` passes or the deadline nears.
@@ -459,7 +434,7 @@ class TensorParker:
             free = self.free_bytes(self.device)
         return free
 
-    def _reserve_segment(self, slots: list[_Slot]) -> None:
+    def _reserve_segment(self, slots: list[Slot]) -> None:
         """Ask the driver once for the restore's large storages, then hand the block to the caching allocator.
 
         After a park that returned memory to the driver, every storage of the restore
@@ -478,7 +453,7 @@ class TensorParker:
             return
         del block
 
-    def _issue_restore(self, job: _Job) -> _Job:
+    def _issue_restore(self, job: Job) -> Job:
         slots = job.slots
         if job.kind == "noop":
             return job
@@ -487,14 +462,14 @@ class TensorParker:
                 stream = self._side_stream()
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(stream):
+                    self._copy_runs([sl for sl in slots if sl.offset >= 0], into_device=True)
                     for sl in slots:
-                        if sl.offset >= 0:
-                            self._copy_in(sl, non_blocking=True)
-                        else:
+                        if sl.offset < 0:
                             self._view(sl.storage).zero_()
                     if self.verify == "full":
                         job.sums = [device_checksum(self._view(sl.storage)) for sl in slots if sl.offset >= 0]
                     job.event = stream.record_event()
+                job.mark("issue")
             else:
                 for sl in slots:
                     if job.deadline is not None:
@@ -510,7 +485,7 @@ class TensorParker:
             raise
         return job
 
-    def _rollback_restore(self, job: _Job) -> None:
+    def _rollback_restore(self, job: Job) -> None:
         """Free what a failed restore allocated; the parker stays parked with its host copy."""
         if self.cuda:  # the frees must come after any copy still in flight on the side stream
             torch.cuda.current_stream(self.device).wait_stream(self._side_stream())
@@ -518,7 +493,7 @@ class TensorParker:
             sl.storage.resize_(0)
         log.warning("parker %s: restore rolled back; still parked", self.name)
 
-    def _wait(self, job: _Job) -> None:
+    def _wait(self, job: Job) -> None:
         """The one host wait of a park or restore, bounded by its deadline."""
         if job.event is None:
             return
@@ -531,7 +506,7 @@ class TensorParker:
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
 
-    def _finish(self, job: _Job) -> ParkResult:
+    def _finish(self, job: Job) -> ParkResult:
         if job.kind == "restore":
             try:
                 self._wait(job)
@@ -545,6 +520,8 @@ class TensorParker:
                 raise
         else:
             self._wait(job)  # a park past its deadline raises here, before anything is freed
+        if job.kind != "noop":
+            job.mark("wait")
         by_tag: dict[str, int] = {}
         moved = 0
         discarded: list[str] = []
@@ -568,6 +545,7 @@ class TensorParker:
                 for sl, fp in zip(copied, host_sums(job.sums), strict=True):
                     sl.fp = fp
             result.verify_seconds = time.perf_counter() - tv
+            job.mark("verify")
             for sl in job.slots:  # everything is copied out: now free each distinct storage once
                 sl.storage.resize_(0)
             self._slots = {sl.storage._cdata: sl for sl in job.slots}
@@ -576,8 +554,10 @@ class TensorParker:
                 resident[sl.tag] += sl.nbytes
             self._resident_by_tag = resident
             self._parked = True
+            job.mark("free")
             if self.cuda and self.release_cached:
                 torch.cuda.empty_cache()
+                job.mark("empty_cache")
             result.residue = self.residue()
             if self.cuda:
                 result.residue["process:allocated"] = int(torch.cuda.memory_allocated(self.device))
@@ -597,6 +577,9 @@ class TensorParker:
                     result.recreated.append(tag)
                 else:
                     result.discarded.append(tag)
+        if job.kind != "noop":
+            job.mark("finish")
+            self.last_phases = dict(job.phases or {})
         seconds = time.perf_counter() - job.t0
         result.seconds = seconds
         if job.kind != "noop":

@@ -38,12 +38,14 @@ import stat
 import threading
 import time
 import weakref
+from collections.abc import Callable
 
 import torch
 
 from rota.config import env_bytes
 from rota.errors import ConfigError, PermanentError
 from rota_torch._ledger import LedgerBusy, locked_ledger, node_budget
+from rota_torch._pin import ChunkMaker, Registered, release
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +152,13 @@ class HostPool:
                                           self._spill_source)
         self.spilled_bytes = 0  # part of the capacity that lives in spill files
         self._error: BaseException | None = None
+        self._ready = threading.Condition()  # chunks appended, or a reservation ended
+        self._target = 0  # capacity the reservation under way will reach (0: none under way)
+        self.pinned_seconds = 0.0  # time spent pinning, and the bytes pinned: the host's pinning rate
+        self.pinned_bytes = 0
+        self._registered = Registered()  # chunks registered with CUDA, unregistered when the pool goes
+        fin = weakref.finalize(self, release, self._registered)
+        fin.atexit = False  # at exit the driver frees them with the process
         _pools.add(self)
 
     @property
@@ -168,6 +177,8 @@ class HostPool:
     def reserve_async(self, nbytes: int) -> None:
         """Start :meth:`reserve` on a background thread; the next park waits for it."""
         self.wait()
+        with self._ready:  # from now on a park may wait for these bytes chunk by chunk (wait_for)
+            self._target = max(self._target, nbytes)
         thread = threading.Thread(target=self._grow_bg, args=(nbytes,), name="rota-host-pool", daemon=True)
         self._pending = thread
         thread.start()
@@ -180,6 +191,29 @@ class HostPool:
         error, self._error = self._error, None
         if error is not None:
             raise error
+
+    @property
+    def target_bytes(self) -> int:
+        """What the capacity will be once the reservation under way (if any) ends."""
+        with self._ready:
+            return max(self._target, self.capacity)
+
+    def wait_for(self, nbytes: int, check: Callable[[], None] | None = None) -> bool:
+        """Block until the first ``nbytes`` of the pool are allocated; False if no reservation under way will.
+
+        Why: a park can copy into the chunks already pinned while the rest of a reservation is still being
+        pinned (the first park after ``track``). ``check`` runs while waiting (a park's deadline).
+        A background reservation that failed raises its error here.
+        """
+        with self._ready:
+            while self.capacity < nbytes and self._target >= nbytes and self._error is None:
+                self._ready.wait(0.05)
+                if check is not None:
+                    check()
+            ready = self.capacity >= nbytes
+        if not ready and self._error is not None:
+            self.wait()
+        return ready
 
     def pieces(self, offset: int, nbytes: int) -> list[torch.Tensor]:
         """uint8 views covering ``nbytes`` at ``offset``, one per chunk touched, in order."""
@@ -206,9 +240,10 @@ class HostPool:
         out = torch.empty(positions.numel(), dtype=torch.int64)
         if positions.numel() == 0:
             return out
-        starts = torch.tensor(self._starts, dtype=torch.int64) // 8
+        chunks = list(self.chunks)  # a reservation may still be appending: read the chunks made so far
+        starts = torch.tensor(self._starts[:len(chunks)], dtype=torch.int64) // 8
         splits = [*torch.searchsorted(positions, starts).tolist(), positions.numel()]
-        for i, chunk in enumerate(self.chunks):
+        for i, chunk in enumerate(chunks):
             lo, hi = splits[i], splits[i + 1]
             if lo < hi:
                 torch.index_select(chunk.view(torch.int64), 0, positions[lo:hi] - int(starts[i]), out=out[lo:hi])
@@ -217,9 +252,13 @@ class HostPool:
     def _grow_bg(self, nbytes: int) -> None:
         try:
             self._grow(nbytes)
-        except BaseException as exc:  # raised again by the next wait()/park
+        except BaseException as exc:  # raised again by the next wait()/wait_for()/park
             log.error("host pool: background reservation of %.3f GB failed: %s", nbytes / 1e9, exc)
             self._error = exc
+        finally:
+            with self._ready:
+                self._target = self.capacity
+                self._ready.notify_all()
 
     def _room(self, others_on_node: int) -> int | None:
         """Bytes this pool may still take in memory under the process and node budgets (None = unlimited)."""
@@ -312,28 +351,45 @@ class HostPool:
                 return 0.0
             t0 = time.perf_counter()
             missing = align(missing)
-            in_memory = self._plan(missing)
+            planned = in_memory = self._plan(missing)
+            sizes = []  # (size, spilled): chunks in offset order; the first in-memory ones, then the spill
+            while missing > 0:
+                size = min(self.chunk_bytes, missing)
+                sizes.append((size, size > in_memory))
+                in_memory -= 0 if size > in_memory else size
+                missing -= size
+            made = 0  # in-memory bytes really allocated
+            maker = ChunkMaker([n for n, spilled in sizes if not spilled], self._registered,
+                               method=None if self.pin else "pageable")
+            made_chunks = maker.in_order()
+            with self._ready:
+                self._target = self.capacity + sum(n for n, _ in sizes)
             try:
-                while missing > 0:
-                    size = min(self.chunk_bytes, missing)
-                    start = self.capacity
-                    if size > in_memory:
+                for size, spilled in sizes:
+                    if spilled:
                         chunk = self._spill_chunk(size)
                         log.warning("host pool: %.3f GB over the host budget spilled to a file in %s (parks and "
                                     "restores of it run at disk speed)", size / 1e9, self.spill_dir)
                     else:
-                        chunk = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
-                        in_memory -= size
-                    self.chunks.append(chunk)
-                    self._starts.append(start)
-                    missing -= size
+                        chunk = next(made_chunks)
+                        made += size
+                    with self._ready:  # offsets first: pieces() bounds its walk by the chunks
+                        self._starts.append(self.capacity)
+                        self.chunks.append(chunk)
+                        self._ready.notify_all()
                     time.sleep(0)  # let other threads (heartbeats) take the GIL between chunks
             finally:
-                if in_memory:  # an allocation failed: the ledger holds only what was really allocated
+                maker.close()
+                with self._ready:
+                    self._target = self.capacity
+                    self._ready.notify_all()
+                if made < planned:  # an allocation failed: the ledger holds only what was really allocated
                     self._record(host_bytes_in_use()[0])
             self.allocations += 1
             seconds = time.perf_counter() - t0
             self.setup_seconds += seconds
+            self.pinned_seconds += seconds if self.pin else 0.0
+            self.pinned_bytes += made if self.pin else 0
             log.info("host pool: grown to %.3f GB%s in %.3f s (allocation #%d)", self.capacity / 1e9,
                      " pinned" if self.pin else "", seconds, self.allocations)
             return seconds

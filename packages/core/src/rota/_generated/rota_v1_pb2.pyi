@@ -226,7 +226,7 @@ class StatusRequest(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class TenantInfo(_message.Message):
-    __slots__ = ("job_id", "state", "turns", "gpu_seconds", "wait_p50_ms", "wait_p99_ms", "park_p50_ms", "park_p99_ms", "parked_bytes", "footprint_bytes", "priority", "weight", "host_bytes", "spilled_bytes", "residue_bytes", "fault")
+    __slots__ = ("job_id", "state", "turns", "gpu_seconds", "wait_p50_ms", "wait_p99_ms", "park_p50_ms", "park_p99_ms", "parked_bytes", "footprint_bytes", "priority", "weight", "host_bytes", "spilled_bytes", "residue_bytes", "fault", "parks_failed", "restores_failed")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +243,8 @@ class TenantInfo(_message.Message):
     SPILLED_BYTES_FIELD_NUMBER: _ClassVar[int]
     RESIDUE_BYTES_FIELD_NUMBER: _ClassVar[int]
     FAULT_FIELD_NUMBER: _ClassVar[int]
+    PARKS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    RESTORES_FAILED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: str
     turns: int
@@ -259,7 +261,9 @@ class TenantInfo(_message.Message):
     spilled_bytes: int
     residue_bytes: int
     fault: str
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., turns: _Optional[int] = ..., gpu_seconds: _Optional[float] = ..., wait_p50_ms: _Optional[float] = ..., wait_p99_ms: _Optional[float] = ..., park_p50_ms: _Optional[float] = ..., park_p99_ms: _Optional[float] = ..., parked_bytes: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., host_bytes: _Optional[int] = ..., spilled_bytes: _Optional[int] = ..., residue_bytes: _Optional[int] = ..., fault: _Optional[str] = ...) -> None: ...
+    parks_failed: int
+    restores_failed: int
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., turns: _Optional[int] = ..., gpu_seconds: _Optional[float] = ..., wait_p50_ms: _Optional[float] = ..., wait_p99_ms: _Optional[float] = ..., park_p50_ms: _Optional[float] = ..., park_p99_ms: _Optional[float] = ..., parked_bytes: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., host_bytes: _Optional[int] = ..., spilled_bytes: _Optional[int] = ..., residue_bytes: _Optional[int] = ..., fault: _Optional[str] = ..., parks_failed: _Optional[int] = ..., restores_failed: _Optional[int] = ...) -> None: ...
 
 class GroupInfo(_message.Message):
     __slots__ = ("group_id", "state", "holder", "token", "queue", "loaded_job", "resident_jobs", "switches", "busy_seconds", "age_seconds", "tenants", "policy", "prefetch_hits", "prefetch_misses", "prefetch_failures", "prefetch_wasted")

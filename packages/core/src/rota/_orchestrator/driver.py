@@ -90,6 +90,7 @@ class GroupDriver:
                     error = results[-1][1]
                     log.error("restore of job %s in group %s by agent %s failed: %s; job FAULTED",
                               chosen.job_id, group_id, restore_agent, error)
+                    g.tenant(chosen.job_id).restores_failed += 1
                     self._fault(g, chosen.job_id, f"restore by agent {restore_agent} failed: {error}",
                                 f"restore of job {chosen.job_id!r} in group {group_id!r} failed: {error}; acquire "
                                 "again to retry")
@@ -208,6 +209,7 @@ class GroupDriver:
                 g.mark_parked(job, nbytes, seconds)
                 continue
             log.error("park of job %s in group %s failed: %s; job FAULTED", job, g.group_id, error)
+            g.tenant(job).parks_failed += 1
             self._fault(g, job, f"park failed: {error}", f"park of job {job!r} in group {g.group_id!r} failed: "
                         f"{error}; its state was left in place; acquire again to retry")
 
@@ -236,6 +238,7 @@ class GroupDriver:
             log.info("prefetch: job %s in group %s restored in %.3f s, before its grant", job_id, g.group_id, seconds)
             return
         g.prefetch_failures += 1
+        rec.restores_failed += 1
         self._prefetch_failed.add((g.group_id, job_id, g.token))
         if not agent:  # the client rolled its restore back: still parked; it restores itself at its grant
             log.warning("prefetch of job %s in group %s failed: %s; it stays parked", job_id, g.group_id, error)

@@ -142,6 +142,9 @@ def group_families(groups: Iterable[Any]) -> list[Any]:
     parked = family(GaugeMetricFamily, "rota_tenant_parked_bytes", "Bytes of the tenant's last park.", gj)
     host = family(GaugeMetricFamily, "rota_tenant_host_bytes", "Host memory behind a tenant's parked state.", gj)
     residue = family(GaugeMetricFamily, "rota_tenant_residue_bytes", "Device bytes a tenant's last park left.", gj)
+    failed = family(CounterMetricFamily, "rota_tenant_switch_failures", "Parks (state left on the device) and "
+                    "restores by an agent or ahead of the grant (state left parked) of the tenant that failed.",
+                    ["group", "job", "kind"])
     for g in groups:
         gid = g.group_id
         if g.holder:
@@ -163,7 +166,9 @@ def group_families(groups: Iterable[Any]) -> list[Any]:
             parked.add_metric(job, t.parked_bytes)
             host.add_metric(job, t.host_bytes)
             residue.add_metric(job, t.residue_bytes)
-    return [holder, waiters, busy, switches, prefetch, state, turns, gpu, wait, park, parked, host, residue]
+            failed.add_metric([*job, "park"], t.parks_failed)
+            failed.add_metric([*job, "restore"], t.restores_failed)
+    return [holder, waiters, busy, switches, prefetch, state, turns, gpu, wait, park, parked, host, residue, failed]
 
 
 __all__ = ["GroupsCollector", "OrchestratorMetrics", "group_families"]

@@ -324,7 +324,8 @@ def group_info(g: GroupState, policy: str = "", *, viewer: Principal = LOCAL_ADM
             wait_p50_ms=percentile(waits, 50), wait_p99_ms=percentile(waits, 99), park_p50_ms=percentile(parks, 50),
             park_p99_ms=percentile(parks, 99), parked_bytes=rec.parked_bytes, footprint_bytes=rec.footprint_bytes,
             priority=rec.priority, weight=rec.weight, host_bytes=rec.host_bytes, spilled_bytes=rec.spilled_bytes,
-            residue_bytes=rec.residue_bytes, fault=rec.fault))
+            residue_bytes=rec.residue_bytes, fault=rec.fault, parks_failed=rec.parks_failed,
+            restores_failed=rec.restores_failed))
     return pb.GroupInfo(group_id=g.group_id, state=g.state(), holder=hide(g.holder),
                         token=g.token if viewer.admin else 0,
                         queue=[hide(w.job_id) for w in g.queue], loaded_job=hide(g.loaded_job),

@@ -69,6 +69,8 @@ class TenantRecord:
     spilled_bytes: int = 0
     residue_bytes: int = 0  # device bytes the last park left behind
     fault: str = ""  # why the job is FAULTED; cleared by its next grant
+    parks_failed: int = 0  # parks of this job that failed (its state stayed on the device), ever
+    restores_failed: int = 0  # restores by an agent and prefetches that failed (its state stayed parked), ever
     attached: bool = False  # speaks rota.v1 (had a session): must re-attach after a restart
     last_active: float = 0.0  # monotonic time of its last enqueue, grant, release or removal (for collection)
     waits_ms: deque = field(default_factory=lambda: deque(maxlen=_SAMPLES))

@@ -126,6 +126,13 @@ class TurnStats:
     restores: Recent = field(default_factory=Recent)  # of ParkResult
     moves: Recent = field(default_factory=Recent)  # of ParkResult: resident state moved to the turn's device
     events: Recent = field(default_factory=Recent)  # of (kind, start, end), monotonic
+    #: parks and restores that failed: (kind "park" | "restore", monotonic time, "Type: message"). A failed park
+    #: left the state on the device; a failed restore left it parked. Never empty after a failure: results count it.
+    failures: Recent = field(default_factory=Recent)
+
+    def failed(self, kind: str) -> int:
+        """How many parks (``"park"``) or restores (``"restore"``) failed, of all this client saw."""
+        return sum(1 for k, _, _ in list(self.failures) if k == kind)
 
 
 class Gpu(SessionStream):
@@ -308,6 +315,22 @@ class Gpu(SessionStream):
             after()
             self.stats.events.append(("after", t0, time.monotonic()))
 
+    @contextlib.contextmanager
+    def hold_state(self) -> Iterator[None]:
+        """Between turns, hold this rank's device state where it is: no park, restore or prefetch of it runs
+        inside the block (the orchestrator's commands wait for it to end).
+
+        For code that reads, changes or frees tracked tensors outside a turn: a checkpoint written from the
+        device, or freeing the state at the end of a run before :meth:`close`. Keep it short: a park the
+        orchestrator asked for waits meanwhile, and so does the tenant it makes room for.
+        """
+        if self.grant is not None:
+            raise InvalidArgument(f"job {self.tenant!r} holds group {self.group!r}: inside a turn its state is "
+                                  "already held; hold_state() is for code between turns",
+                                  job_id=self.tenant, group_id=self.group)
+        with self._state_lock:
+            yield
+
     def fault(self, reason: str) -> None:
         """Report that this rank cannot go on: the orchestrator FAULTs the whole job and ends its turn.
 
@@ -414,8 +437,9 @@ class Gpu(SessionStream):
         t0 = time.monotonic()
         try:
             result = self._run_snapshot_hooks(self.pm.hook.rota_park, plan)
-        except Exception:
+        except Exception as exc:
             self.park_failed = True  # the adapters rolled back: the state is still on the device
+            self.stats.failures.append(("park", t0, f"{type(exc).__name__}: {exc}"))
             raise
         self.park_failed = False
         self.stats.parks.append(result)
@@ -424,6 +448,7 @@ class Gpu(SessionStream):
         self.last_park = result
         fault = residue_fault(result, residue_max_bytes())
         if fault:
+            self.stats.failures.append(("park", t0, f"ResidueError: {fault}"))
             log.error("job %s rank %d in group %s: %s", self.tenant, self.rank, self.group, fault)
             err = ResidueError(fault, job_id=self.tenant, group_id=self.group)
             err.park_result = result  # type: ignore[attr-defined]
@@ -438,7 +463,11 @@ class Gpu(SessionStream):
         if not self.parked and not moving:
             return ParkResult()
         t0 = time.monotonic()
-        result = self._run_snapshot_hooks(self.pm.hook.rota_restore, plan)
+        try:
+            result = self._run_snapshot_hooks(self.pm.hook.rota_restore, plan)
+        except Exception as exc:
+            self.stats.failures.append(("restore", t0, f"{type(exc).__name__}: {exc}"))
+            raise
         if not moving or result.bytes_moved or result.by_tag:  # a move of nothing built yet is no move
             (self.stats.moves if moving else self.stats.restores).append(result)
             self.stats.events.append(("move" if moving else "restore", t0, time.monotonic()))

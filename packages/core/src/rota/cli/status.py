@@ -80,12 +80,12 @@ def render_table(reply: pb.StatusReply) -> str:
             out.append("  prefetch  " + "  ".join(f"{outcome}={n}" for outcome, n in counts))
         if g.tenants:
             out.append(f"  {'tenant':<24} {'state':<9} {'turns':>6} {'gpu s':>9} {'wait p50':>9} {'wait p99':>9} "
-                       f"{'park p50':>9} {'parked':>10} {'host mem':>10} {'residue':>10}")
+                       f"{'park p50':>9} {'parked':>10} {'host mem':>10} {'residue':>10} {'failed p/r':>10}")
         for t in g.tenants:
             out.append(f"  {t.job_id:<24} {t.state:<9} {t.turns:>6} {t.gpu_seconds:>9.2f} "
                        f"{t.wait_p50_ms:>7.1f}ms {t.wait_p99_ms:>7.1f}ms {t.park_p50_ms:>7.1f}ms "
                        f"{format_bytes(t.parked_bytes):>10} {format_bytes(t.host_bytes):>10} "
-                       f"{format_bytes(t.residue_bytes):>10}")
+                       f"{format_bytes(t.residue_bytes):>10} {f'{t.parks_failed}/{t.restores_failed}':>10}")
             if t.fault:
                 out.append(f"    {t.job_id} FAULTED: {t.fault}")
     return "\n".join(out) if out else "no groups yet"

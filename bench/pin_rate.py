@@ -1,0 +1,176 @@
+"""How fast this host pins memory for a host pool, by method, and what each kind of buffer copies at.
+
+Why: a tenant's first park waits for its host pool. ``torch.empty(pin_memory=True)`` (``cudaHostAlloc``)
+took 24 s for 20 GB on an H200 host, so a first turn shorter than that paid the whole reservation.
+This measures, in one run, ``--gib`` GiB pinned by each method, 1 GiB at a time:
+
+* ``hostalloc``: ``torch.empty(pin_memory=True)`` per chunk, one thread (what the pool did);
+* ``hostalloc-par``: the same from ``--threads`` threads at once;
+* ``register``: an anonymous ``mmap`` per chunk, its pages faulted in (zeroed) by ``--threads`` threads, then
+  ``cudaHostRegister``; ``-thp`` with ``madvise(MADV_HUGEPAGE)`` first; ``-par`` registers from the threads too;
+
+and the device-to-host / host-to-device copy rate of 1 GiB into each kind, and into pageable memory.
+
+    python bench/pin_rate.py --gib 8 --threads 8 --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import platform
+import threading
+import time
+
+import torch
+
+GIB = 1 << 30
+
+
+def _thp() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def hostalloc(n: int, threads: int) -> list:
+    out: list = [None] * n
+    if threads <= 1:
+        for i in range(n):
+            out[i] = torch.empty(GIB, dtype=torch.uint8, pin_memory=True)
+        return out
+
+    def work(i: int) -> None:
+        out[i] = torch.empty(GIB, dtype=torch.uint8, pin_memory=True)
+
+    _parallel(work, n, threads)
+    return out
+
+
+def _parallel(fn, n: int, threads: int) -> None:
+    lock = threading.Lock()
+    todo = list(range(n))
+
+    def loop() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i = todo.pop()
+            fn(i)
+
+    ts = [threading.Thread(target=loop) for _ in range(min(threads, n))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def register(n: int, threads: int, *, thp: bool, parallel_register: bool) -> list:
+    cudart = torch.cuda.cudart()
+    maps = [mmap.mmap(-1, GIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) for _ in range(n)]
+    tensors = []
+    for m in maps:
+        if thp and hasattr(mmap, "MADV_HUGEPAGE"):
+            m.madvise(mmap.MADV_HUGEPAGE)
+        tensors.append(torch.frombuffer(m, dtype=torch.uint8))
+
+    def touch(i: int) -> None:
+        tensors[i].zero_()
+        if parallel_register:
+            err = int(cudart.cudaHostRegister(tensors[i].data_ptr(), GIB, 0))
+            if err:
+                raise RuntimeError(f"cudaHostRegister failed: {err}")
+
+    _parallel(touch, n, threads)
+    if not parallel_register:
+        for t in tensors:
+            err = int(cudart.cudaHostRegister(t.data_ptr(), GIB, 0))
+            if err:
+                raise RuntimeError(f"cudaHostRegister failed: {err}")
+    return [(m, t) for m, t in zip(maps, tensors, strict=True)]
+
+
+def unregister(held: list) -> None:
+    cudart = torch.cuda.cudart()
+    for _mapping, t in held:
+        cudart.cudaHostUnregister(t.data_ptr())
+    held.clear()
+
+
+def copy_rate(host: torch.Tensor, dev: torch.Tensor, stream: torch.cuda.Stream) -> tuple[float, float]:
+    """(D2H GB/s, H2D GB/s) of one copy each way, median of 3."""
+    rates = []
+    for direction in ("d2h", "h2d"):
+        times = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.cuda.stream(stream):
+                if direction == "d2h":
+                    host.copy_(dev, non_blocking=True)
+                else:
+                    dev.copy_(host, non_blocking=True)
+            stream.synchronize()
+            times.append(time.perf_counter() - t0)
+        rates.append(host.numel() / sorted(times)[1] / 1e9)
+    return rates[0], rates[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gib", type=int, default=8, help="GiB pinned by each method")
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args()
+    if args.gib < 1 or args.threads < 1:
+        ap.error("--gib and --threads must be >= 1")
+    torch.cuda.init()
+    torch.set_num_threads(1)
+    dev = torch.empty(GIB, dtype=torch.uint8, device="cuda").random_()
+    stream = torch.cuda.Stream()
+    result: dict = {"bench": "pin_rate", "host": platform.node(), "cpus": os.cpu_count(), "thp": _thp(),
+                    "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "gib": args.gib,
+                    "threads": args.threads, "methods": {}}
+    pageable = torch.empty(GIB, dtype=torch.uint8)
+    pageable.zero_()
+    result["pageable_copy_gbps"] = copy_rate(pageable, dev, stream)
+    del pageable
+    methods = {
+        "hostalloc": lambda: hostalloc(args.gib, 1),
+        "hostalloc-par": lambda: hostalloc(args.gib, args.threads),
+        "register": lambda: register(args.gib, args.threads, thp=False, parallel_register=False),
+        "register-thp": lambda: register(args.gib, args.threads, thp=True, parallel_register=False),
+        "register-thp-par": lambda: register(args.gib, args.threads, thp=True, parallel_register=True),
+    }
+    for name, fn in methods.items():
+        t0 = time.perf_counter()
+        held = fn()
+        seconds = time.perf_counter() - t0
+        first = held[0] if not isinstance(held[0], tuple) else held[0][1]
+        d2h, h2d = copy_rate(first, dev, stream)
+        result["methods"][name] = {"seconds": seconds, "pin_gbps": args.gib * GIB / seconds / 1e9,
+                                   "copy_d2h_gbps": d2h, "copy_h2d_gbps": h2d}
+        print(f"{name:>18}: {args.gib} GiB pinned in {seconds:6.2f} s = {args.gib * GIB / seconds / 1e9:6.2f} GB/s; "
+              f"copies d2h {d2h:5.1f} GB/s, h2d {h2d:5.1f} GB/s", flush=True)
+        if isinstance(held[0], tuple):
+            unregister(held)
+        del held, first
+        if hasattr(torch._C, "_host_emptyCache"):  # torch caches freed pinned blocks: the next method starts bare
+            torch._C._host_emptyCache()
+    print(f"pageable copies: d2h {result['pageable_copy_gbps'][0]:.1f} GB/s, h2d {result['pageable_copy_gbps'][1]:.1f}"
+          f" GB/s; THP {result['thp']}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "pin-rate-cuda.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""What a park holds per storage (:class:`Slot`), a switch in flight (:class:`Job`), and the copies between them.
+
+Who calls it: :class:`rota_torch.TensorParker` only. Copies go one per *run* of storages that lie back to
+back on the device and in the pool (:func:`device_runs`), not one per storage: a tenant's hundreds of
+storages are a few copies once a restore has carved them out of one block. A park copies a run only once
+the pool has pinned its bytes (:meth:`rota_torch.HostPool.wait_for`), so the first park after ``track``
+copies into the chunks already pinned while the rest are pinned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rota_torch._guard import Deadline, StateChanged
+from rota_torch._pool import HostPool, align
+
+__all__ = ["Job", "Slot", "copy_in", "copy_out", "copy_runs", "device_runs", "raw_device_bytes", "storage_view"]
+
+
+@dataclass
+class Slot:
+    """One distinct storage while parked: where its bytes sit in the pool."""
+
+    storage: torch.UntypedStorage
+    nbytes: int
+    tag: str
+    offset: int  # byte offset in the pool; -1 when discarded (nothing copied)
+    name: str = ""  # first tensor seen on this storage (for error messages)
+    fp: object = None  # full mode: the (words, tail) device checksum taken at park
+
+
+@dataclass
+class Job:
+    """A park or restore whose copies are issued but not yet waited for."""
+
+    kind: str
+    slots: list[Slot]
+    t0: float
+    event: object | None = None
+    deadline: Deadline | None = None
+    sums: list[object] | None = None  # full-mode device checksums, one per copied slot
+    verify_s: float = 0.0
+    phases: dict[str, float] | None = None  # seconds per phase, in order (see TensorParker.last_phases)
+    last_mark: float = 0.0
+
+    def mark(self, phase: str) -> None:
+        """The phase that just ended took the time since the previous mark (or the start)."""
+        now = time.perf_counter()
+        if self.phases is None:
+            self.phases, self.last_mark = {}, self.t0
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - self.last_mark
+        self.last_mark = now
+
+
+def storage_view(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
+    """The storage's bytes as a uint8 tensor (on ``device``)."""
+    return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+
+
+def device_runs(slots: list[Slot]) -> list[list[Slot]]:
+    """``slots`` (in pool order) grouped into runs that lie back to back both in the pool and on the device.
+
+    Storages restored together are carved out of one block, so after the first restore a tenant's state is a
+    few runs. A run spans the padding between two storages only where that padding is the first storage's
+    own: no gap, or a gap under the 512-byte rounding of the caching allocator, when that allocator made them.
+    """
+    native: bool | None = None
+    runs: list[list[Slot]] = []
+    for sl in slots:
+        if runs:
+            prev = runs[-1][-1]
+            step = align(prev.nbytes)
+            gap = step - prev.nbytes
+            if sl.offset == prev.offset + step and sl.storage.data_ptr() == prev.storage.data_ptr() + step:
+                if gap and native is None:
+                    native = torch.cuda.memory.get_allocator_backend() == "native"
+                if not gap or native:
+                    runs[-1].append(sl)
+                    continue
+        runs.append([sl])
+    return runs
+
+
+class _Span:
+    """Device bytes at an address, for ``torch.as_tensor`` (CUDA array interface): a view that owns nothing."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
+                                         "strides": None, "stream": None}
+
+
+def raw_device_bytes(ptr: int, nbytes: int, device: torch.device) -> torch.Tensor:
+    """A uint8 tensor over ``nbytes`` of device memory at ``ptr`` that it does not own."""
+    return torch.as_tensor(_Span(ptr, nbytes), device=device)
+
+
+def check_unchanged(sl: Slot, who: str) -> None:
+    """The storage still has the bytes the park collected; else the park fails naming it (nothing is freed)."""
+    now = sl.storage.nbytes()
+    if now != sl.nbytes:
+        raise StateChanged(
+            f"{who}: tensor {sl.name!r} (tag {sl.tag!r}) went from {sl.nbytes} to {now} bytes while it was being "
+            "parked: other code freed or resized a tracked tensor between turns (e.g. at the end of a run). Free "
+            "or change tracked tensors only inside a turn or inside gpu.hold_state(); nothing was freed, the "
+            "tenant stays resident")
+
+
+def copy_out(pool: HostPool, device: torch.device, sl: Slot, *, non_blocking: bool, who: str) -> None:
+    """Device -> pool, one storage."""
+    check_unchanged(sl, who)
+    dev = storage_view(sl.storage, device)
+    at = 0
+    for part in pool.pieces(sl.offset, sl.nbytes):
+        part.copy_(dev[at:at + part.numel()], non_blocking=non_blocking)
+        at += part.numel()
+
+
+def copy_in(pool: HostPool, device: torch.device, sl: Slot, *, non_blocking: bool) -> None:
+    """Pool -> device, one storage."""
+    dev = storage_view(sl.storage, device)
+    at = 0
+    for part in pool.pieces(sl.offset, sl.nbytes):
+        dev[at:at + part.numel()].copy_(part, non_blocking=non_blocking)
+        at += part.numel()
+
+
+def copy_runs(pool: HostPool, device: torch.device, slots: list[Slot], *, into_device: bool,
+              wait_check: Callable[[], None] | None, who: str) -> None:
+    """Issue the asynchronous copies of ``slots`` (copied ones, in pool order) on the current stream, one per run,
+    each once the pool holds its bytes."""
+    for run in device_runs(slots):
+        first, last = run[0], run[-1]
+        pool.wait_for(last.offset + last.nbytes, wait_check)
+        if len(run) == 1:
+            if into_device:
+                copy_in(pool, device, first, non_blocking=True)
+            else:
+                copy_out(pool, device, first, non_blocking=True, who=who)
+            continue
+        if not into_device:
+            for sl in run:
+                check_unchanged(sl, who)
+        span = last.offset - first.offset + last.nbytes
+        dev = raw_device_bytes(first.storage.data_ptr(), span, device)
+        at = 0
+        for part in pool.pieces(first.offset, span):
+            piece = dev[at:at + part.numel()]
+            if into_device:
+                piece.copy_(part, non_blocking=True)
+            else:
+                part.copy_(piece, non_blocking=True)
+            at += part.numel()
