@@ -131,7 +131,7 @@ c.close()
 
 
 def test_row15_app_endpoint_calls_only_registered_urls_without_redirects_or_bodies(start_agent, http_servers):
-    agent = start_agent("--step-timeout", "5")
+    agent = start_agent("--http-timeout", "5")
     internal = http_servers(lambda path: (200, {}, b"INTERNAL-SECRET"))  # e.g. a metadata service
     mode = {"answer": (302, {"Location": internal.url + "/latest/meta-data"}, b"")}
     own = http_servers(lambda path: mode["answer"])  # the attacker's own server
@@ -166,7 +166,7 @@ def test_row15_app_endpoint_calls_only_registered_urls_without_redirects_or_bodi
 
 
 def test_row16_status_stays_bounded_and_answers_while_endpoints_hang(start_agent, http_servers):
-    agent = start_agent("--op-timeout", "3", "--step-timeout", "5", "--forget-after", "1")
+    agent = start_agent("--op-timeout", "3", "--http-timeout", "5", "--forget-after", "1")
     admin = agent.admin()
     group_token = agent.token("*", "g2")  # a service's token for any job of its group
 

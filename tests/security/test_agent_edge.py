@@ -64,7 +64,7 @@ def refusal(agent, job: str, url: str) -> tuple[grpc.StatusCode, str]:
 
 
 def test_a_port_the_job_does_not_own_is_refused_at_registration_without_an_oracle(start_agent, foreign):
-    agent = start_agent("--step-timeout", "5")
+    agent = start_agent("--http-timeout", "5")
     port, output = foreign
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
@@ -94,7 +94,7 @@ def test_other_spellings_of_an_address_are_refused(start_agent, http_servers, ho
 
 def test_a_first_line_read_back_is_a_fixed_category(start_agent):
     """The job's own port, speaking first like Redis: the error names a category, never the line."""
-    agent = start_agent("--step-timeout", "5")
+    agent = start_agent("--http-timeout", "5")
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(8)
@@ -125,7 +125,7 @@ def test_a_first_line_read_back_is_a_fixed_category(start_agent):
 
 def test_silent_endpoints_of_one_job_do_not_hold_the_agent(start_agent, http_servers):
     """Eight silent servers of one job (the old code's eight threads) leave another job's snapshot prompt."""
-    agent = start_agent("--op-timeout", "20", "--step-timeout", "5")
+    agent = start_agent("--op-timeout", "20", "--http-timeout", "5")
     silent = []
     for _ in range(8):
         s = socket.socket()  # accepts (kernel backlog) and never answers

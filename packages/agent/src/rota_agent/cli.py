@@ -58,7 +58,12 @@ def agent() -> None:
 @click.option("--op-timeout", type=click.FloatRange(min=0.001), default=300.0, show_default=True,
               envvar="ROTA_AGENT_OP_TIMEOUT", help="Deadline of one Snapshot/Restore; a miss FAULTs the job.")
 @click.option("--step-timeout", type=click.FloatRange(min=0.001), default=120.0, show_default=True,
-              help="Deadline of one CUDA driver step or one HTTP call of the app_endpoint backend.")
+              help="Deadline of one CUDA driver step (the cuda backend).")
+@click.option("--http-timeout", type=click.FloatRange(min=0.001), default=30.0, show_default=True,
+              envvar="ROTA_AGENT_HTTP_TIMEOUT",
+              help="Deadline of one HTTP call of the app_endpoint backend to a tenant's server, connect to last "
+                   "byte (env ROTA_AGENT_HTTP_TIMEOUT); a server that never answers fails its own job's operation "
+                   "then. Raise it for engines whose sleep or wake takes longer.")
 @click.option("--forget-after", type=click.FloatRange(min=0), default=300.0, show_default=True,
               help="Seconds a job whose WorkloadChannels all closed stays listed (its fault, its parked state) "
                    "before the agent forgets it.")
@@ -75,7 +80,7 @@ def agent() -> None:
                    "an HMAC-SHA256 keyed with --auth-key.")
 def serve_cmd(listen: str, auth_key: str, tls_cert: str, tls_key: str, tls_client_ca: str, insecure: bool,
               names: tuple[str, ...], socket_dir: str | None, op_timeout: float, step_timeout: float,
-              forget_after: float,
+              http_timeout: float, forget_after: float,
               residue_max_bytes: int | None, metrics_listen: str, metrics_hash_ids: bool) -> None:
     """Serve SnapshotAgentService and grpc.health.v1 until SIGINT/SIGTERM."""
     from rota import plugin_manager
@@ -104,7 +109,8 @@ def serve_cmd(listen: str, auth_key: str, tls_cert: str, tls_key: str, tls_clien
                            "the tokens its callers show (the orchestrator's are valid 60 s, at this agent only); "
                            "give --tls-cert/--tls-key and the orchestrator --tls-cert (ROTA_TLS_CA: this agent's CA)",
                            err=True)
-        backends = available_backends(plugin_manager(), step_timeout_s=step_timeout)  # every plugin's
+        backends = available_backends(plugin_manager(), step_timeout_s=step_timeout,  # every plugin's
+                                      http_timeout_s=http_timeout)
         a = Agent(backends, op_timeout_s=op_timeout, name=listen or "unix", residue_max_bytes=residue_max_bytes,
                   keep_closed_s=forget_after)
     except ConfigError as exc:

@@ -18,7 +18,7 @@ hookspec = pluggy.HookspecMarker("rota")
 
 
 @hookspec
-def rota_agent_backends(step_timeout_s: float) -> dict[str, Backend] | None:
+def rota_agent_backends(step_timeout_s: float, http_timeout_s: float) -> dict[str, Backend] | None:
     """Park backends this plugin offers, by the name a job registers with (metadata ``rota-backend``).
 
     Called by ``rota agent serve``, through :func:`rota_agent.backends.available_backends`, when an
@@ -27,4 +27,5 @@ def rota_agent_backends(step_timeout_s: float) -> dict[str, Backend] | None:
     one name is an error naming both.
 
     :param step_timeout_s: the agent's ``--step-timeout``: how long one backend step may take.
+    :param http_timeout_s: the agent's ``--http-timeout``: how long one HTTP call to a tenant's server may take.
     """

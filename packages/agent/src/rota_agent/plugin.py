@@ -26,11 +26,11 @@ def rota_add_hookspecs(pluginmanager: Any) -> None:
 
 
 @hookimpl
-def rota_agent_backends(step_timeout_s: float) -> dict[str, Any]:
+def rota_agent_backends(step_timeout_s: float, http_timeout_s: float) -> dict[str, Any]:
     """rota_agent's own backends (the hook is the agent's: rota_agent.hookspecs)."""
     from rota_agent.backends import default_backends
 
-    return default_backends(step_timeout_s=step_timeout_s)
+    return default_backends(step_timeout_s=step_timeout_s, http_timeout_s=http_timeout_s)
 
 
 @hookimpl

@@ -16,20 +16,25 @@ speaks the same protocol inside a served engine's own process, where the server'
 are shown; the two packages never import each other.)
 
 Every endpoint of the job (e.g. one per data-parallel replica) is called at once; each
-request has a deadline (``timeout_s``). The calls run on this backend's own threads
-(``THREADS``): at most one at a time per server address (however the URL spells it),
-``JOB_CALLS`` per job and ``OWNER_CALLS`` per owner, so silent servers hold a few
-threads of their own job, never the agent.
+call has one deadline for all of it (``timeout_s``: ``--http-timeout``, 30 s). Calls are
+asyncio I/O on the agent's loop, no threads: a server that never answers holds one socket
+of its own job until its deadline, and nothing another job's call waits for. In flight at
+once: one call per server address (however the URL spells it), ``JOB_CALLS`` per job,
+``OWNER_CALLS`` per owner and ``CALLS`` in all, the last handed out fairly: a freed slot
+goes to the waiting owner with the fewest calls in flight, so one owner's many jobs (or
+many tokens) cannot keep another owner's first call waiting behind theirs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import collections
 import contextlib
 import http.client
+import io
 import json
 import logging
+import re
 import ssl
 import urllib.parse
 from dataclasses import dataclass
@@ -49,9 +54,12 @@ log = logging.getLogger(__name__)
 MAX_ENDPOINTS = 16  # endpoints one job may register
 MAX_URL_CHARS = 512
 MAX_ANSWER = 64 << 10  # bytes of an answer read; a longer one fails the call
-THREADS = 8  # HTTP calls in flight across all servers
+MAX_HEAD = 16 << 10  # bytes of an answer's status line and headers
+CALLS = 256  # HTTP calls in flight across all servers (sockets; slots handed out fairly by owner)
 JOB_CALLS = 2  # ... of one job
 OWNER_CALLS = 4  # ... of one owner's jobs
+DEFAULT_TIMEOUT_S = 30.0  # one call, connect to last byte (--http-timeout)
+_STATUS = re.compile(rb"HTTP/1\.[01] ([1-5][0-9][0-9])(?: [^\r\n]*)?\r\n")
 APP_NAMES = {pb.APP_VLLM: engines.VLLM, pb.APP_SGLANG: engines.SGLANG}  # the wire's App -> rota.engines
 
 
@@ -106,14 +114,62 @@ def check_owned(job_id: str, endpoints: tuple[str, ...], pids: dict[int, int], w
                                    "server the job's own process listens on", job_id=job_id)
 
 
+class _NotHttp(Exception):
+    """The peer's bytes are no HTTP answer (the words stay in the log)."""
+
+
+class _TooLong(Exception):
+    """The answer is longer than MAX_ANSWER."""
+
+
+class FairSlots:
+    """``n`` slots shared by owners: while any wait, a freed slot goes to the waiting owner with the fewest slots
+    held (first come among equals), so an owner's first call never waits behind another's tenth. Loop-only."""
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self.held: collections.Counter[object] = collections.Counter()
+        self._waiting: list[tuple[object, asyncio.Future]] = []
+
+    async def acquire(self, owner: object) -> None:
+        if self.free and not self._waiting:
+            self.free -= 1
+            self.held[owner] += 1
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting.append((owner, fut))
+        try:
+            await fut  # resolved by release, which counted the slot as ours
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.release(owner)  # handed over as we were cancelled: pass it on
+            elif (owner, fut) in self._waiting:
+                self._waiting.remove((owner, fut))
+            raise
+
+    def release(self, owner: object) -> None:
+        self.held[owner] -= 1
+        if self.held[owner] <= 0:
+            del self.held[owner]
+        live = [(o, f) for o, f in self._waiting if not f.done()]
+        self._waiting = live
+        if not live:
+            self.free += 1
+            return
+        pick = min(range(len(live)), key=lambda i: (self.held[live[i][0]], i))
+        owner_next, fut = self._waiting.pop(pick)
+        self.held[owner_next] += 1
+        fut.set_result(None)
+
+
 class AppEndpointBackend:
     name: ClassVar[str] = "app_endpoint"
     whole_process: ClassVar[bool] = False
 
-    def __init__(self, timeout_s: float = 300.0) -> None:
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="rota-http")
         self._slots: dict[object, asyncio.Semaphore] = {}  # Target / job / owner -> its calls (on the agent's loop)
+        self._calls = FairSlots(CALLS)
 
     def parse(self, job: Job | None, job_id: str, config: pb.AppEndpointConfig | None) -> EndpointPlan:
         where = f"app_endpoint config of job {job_id!r}"
@@ -143,89 +199,96 @@ class AppEndpointBackend:
         eps = tuple(dict.fromkeys(ep.rstrip("/") for ep in asked)) or job.endpoints
         return EndpointPlan(job.app, eps, mode, check_tag_names(config.tags, f"{where}: tags", job_id))
 
-    def _http(self, method: str, url: str, pids: dict[int, int], body: dict[str, Any] | None = None) -> Any:
+    async def _http(self, method: str, url: str, pids: dict[int, int], body: dict[str, Any] | None = None) -> Any:
         """One call to the checked address of ``url``, if the job's processes ``pids`` still own it. A failure's
         message is a fixed category, never the server's bytes or the network error (the log has those): it goes
         back to the agent's remote callers."""
         where = address(url)
         assert where is not None  # check_endpoints refused the URL otherwise
-        why = owned(where, pids)
+        why = await asyncio.to_thread(owned, where, pids)  # /proc reads, off the loop
         if why:
             raise BackendFailed(f"{method} {url} not called: {why}")
         u = urllib.parse.urlsplit(url)
         path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-        data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
-        if u.scheme == "https":
-            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                str(where.ip), where.port, timeout=self.timeout_s, context=ssl.create_default_context())
-        else:
-            conn = http.client.HTTPConnection(str(where.ip), where.port, timeout=self.timeout_s)
+        data = json.dumps(body).encode() if body is not None else b""
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
         try:
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json", "Host": u.netloc})
-            resp = conn.getresponse()
-            status, raw = resp.status, resp.read(MAX_ANSWER + 1)
-        except TimeoutError:
-            raise BackendFailed(f"{method} {url} timed out after {self.timeout_s:g} s") from None
+            status, raw = await asyncio.wait_for(self._exchange(where, u.scheme == "https", head + data),
+                                                 self.timeout_s)
+        except asyncio.TimeoutError:
+            raise BackendFailed(f"{method} {url} timed out after {self.timeout_s:g} s (--http-timeout)") from None
+        except _TooLong:
+            raise BackendFailed(f"{method} {url} answered more than {MAX_ANSWER} bytes; a sleep/wake answer is "
+                                "small") from None
+        except _NotHttp as exc:
+            log.info("%s %s: no HTTP answer (%s)", method, url, exc)
+            raise BackendFailed(f"{method} {url} did not answer in HTTP") from None
         except (ConnectionError, ssl.SSLError, OSError) as exc:
             log.info("%s %s: could not connect (%r)", method, url, exc)
             raise BackendFailed(f"{method} {url} could not connect (refused, reset or TLS failed)") from None
-        except Exception as exc:  # http.client.HTTPException and whatever else a peer's bytes raise
-            log.info("%s %s: no HTTP answer (%s)", method, url, type(exc).__name__)
-            raise BackendFailed(f"{method} {url} did not answer in HTTP") from None
-        finally:
-            conn.close()
         if status >= 300:
             raise BackendFailed(f"{method} {url} answered HTTP {status}")
-        if len(raw) > MAX_ANSWER:
-            raise BackendFailed(f"{method} {url} answered more than {MAX_ANSWER} bytes; a sleep/wake answer is small")
         try:
             return json.loads(raw) if raw.strip() else None
         except ValueError:
             return raw.decode(errors="replace")
 
-    def _one(self, plan: EndpointPlan, ep: str, sleep: bool, pids: dict[int, int]) -> None:
-        """Sleep (``sleep=True``) or wake one endpoint and check its state, synchronously."""
+    @staticmethod
+    async def _exchange(where: Target, tls: bool, request: bytes) -> tuple[int, bytes]:
+        """Send ``request`` to ``where`` and read one answer: (status, body of at most MAX_ANSWER bytes)."""
+        reader, writer = await asyncio.open_connection(
+            str(where.ip), where.port, ssl=ssl.create_default_context() if tls else None,
+            server_hostname=str(where.ip) if tls else None, limit=MAX_HEAD)
+        try:
+            writer.write(request)
+            await writer.drain()
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.LimitOverrunError, asyncio.IncompleteReadError) as exc:
+                raise _NotHttp(type(exc).__name__) from None
+            line = _STATUS.match(head)
+            if line is None:
+                raise _NotHttp("no HTTP/1.x status line")
+            try:
+                headers = http.client.parse_headers(io.BytesIO(head[line.end():]))
+            except http.client.HTTPException as exc:
+                raise _NotHttp(type(exc).__name__) from None
+            return int(line.group(1)), await _body(reader, headers)
+        finally:
+            writer.close()
+
+    async def _one(self, plan: EndpointPlan, ep: str, sleep: bool, pids: dict[int, int]) -> None:
+        """Sleep (``sleep=True``) or wake one endpoint and check its state."""
         app = APP_NAMES[plan.app]
         mode = ParkMode.DISCARD if plan.mode == pb.SUSPEND_MODE_DISCARD else ParkMode.OFFLOAD
         step = engines.sleep_step(app, mode, plan.tags) if sleep else engines.wake_step(app, plan.tags)
-        self._http(step.method, ep + step.path, pids, step.body)
+        await self._http(step.method, ep + step.path, pids, step.body)
         if step.expect_sleeping is None:
             return
-        wrong = engines.sleeping_mismatch(self._http("GET", ep + engines.IS_SLEEPING, pids), step.expect_sleeping)
+        wrong = engines.sleeping_mismatch(await self._http("GET", ep + engines.IS_SLEEPING, pids),
+                                          step.expect_sleeping)
         if wrong:
             raise BackendFailed(f"{ep}: after {'sleep' if sleep else 'wake_up'} the server reports {wrong}; "
                                 f"expected {step.expect_sleeping}")
 
     def _slot(self, key: object, n: int) -> asyncio.Semaphore:
-        if len(self._slots) > 4 * MAX_ENDPOINTS * THREADS:  # forget idle ones
+        if len(self._slots) > 4 * MAX_ENDPOINTS * JOB_CALLS * OWNER_CALLS:  # forget idle ones
             self._slots = {k: v for k, v in self._slots.items() if v.locked()}
         return self._slots.setdefault(key, asyncio.Semaphore(n))
 
     async def _call(self, job: Job, plan: EndpointPlan, ep: str, sleep: bool) -> None:
-        """One endpoint's step on this backend's threads. Its job's, owner's and server's slots (taken in that
-        order) are held until the thread is done (also when the operation gave up waiting), so silent servers
-        hold at most ``JOB_CALLS`` threads per job, ``OWNER_CALLS`` per owner, one per address."""
-        slots = [self._slot(("job", job.job_id), JOB_CALLS), self._slot(("owner", job.owner), OWNER_CALLS),
-                 self._slot(address(ep), 1)]
-        taken: list[asyncio.Semaphore] = []
-        loop = asyncio.get_running_loop()
-
-        def free(_: object = None) -> None:
-            for slot in taken:
-                with contextlib.suppress(RuntimeError):  # the loop is gone: the agent stopped
-                    loop.call_soon_threadsafe(slot.release)
-
-        try:
-            for slot in slots:
-                await slot.acquire()
-                taken.append(slot)
-            work = self._pool.submit(self._one, plan, ep, sleep, dict(job.proven))
-        except BaseException:
-            for slot in taken:
-                slot.release()
-            raise
-        work.add_done_callback(free)
-        await asyncio.wrap_future(work)
+        """One endpoint's step. Its job's, owner's and server's slots (taken in that order), then a fair share
+        of the ``CALLS``, are held until it ends (at its deadline at the latest), also when the operation
+        gave up waiting for it: silent servers hold at most ``JOB_CALLS`` calls per job, ``OWNER_CALLS`` per
+        owner, one per address, and never a slot an owner with fewer calls in flight waits for."""
+        async with contextlib.AsyncExitStack() as held:
+            for slot in (self._slot(("job", job.job_id), JOB_CALLS), self._slot(("owner", job.owner), OWNER_CALLS),
+                         self._slot(address(ep), 1)):
+                await held.enter_async_context(slot)
+            await self._calls.acquire(job.owner)
+            held.callback(self._calls.release, job.owner)
+            await self._one(plan, ep, sleep, dict(job.proven))
 
     async def _all(self, job: Job, plan: EndpointPlan, sleep: bool) -> Moved:
         await asyncio.gather(*(self._call(job, plan, ep, sleep) for ep in plan.endpoints))
@@ -236,3 +299,36 @@ class AppEndpointBackend:
 
     async def restore(self, job: Job, plan: EndpointPlan) -> Moved:
         return await self._all(job, plan, False)
+
+
+async def _body(reader: asyncio.StreamReader, headers: http.client.HTTPMessage) -> bytes:
+    """An answer's body after its headers: by Content-Length, in chunks, or to the end; _TooLong past
+    MAX_ANSWER, _NotHttp when it is not what the headers say."""
+    try:
+        if "chunked" in (headers.get("Transfer-Encoding") or "").lower():
+            out = b""
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                if size == 0:
+                    return out
+                if len(out) + size > MAX_ANSWER:
+                    raise _TooLong
+                out += await reader.readexactly(size)
+                await reader.readexactly(2)
+        length = headers.get("Content-Length")
+        if length is not None:
+            n = int(length)
+            if n > MAX_ANSWER:
+                raise _TooLong
+            return await reader.readexactly(n) if n > 0 else b""
+        out = await reader.read(MAX_ANSWER + 1)
+        while out and len(out) <= MAX_ANSWER:
+            more = await reader.read(MAX_ANSWER + 1 - len(out))
+            if not more:
+                break
+            out += more
+        if len(out) > MAX_ANSWER:
+            raise _TooLong
+        return out
+    except (ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+        raise _NotHttp(type(exc).__name__) from None
