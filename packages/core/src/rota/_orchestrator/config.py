@@ -38,7 +38,7 @@ class OrchestratorConfig:
     agent_tls: Any = field(default=None, repr=False)  # grpc.ChannelCredentials of the agent links (None: plaintext)
     prefetch: bool | None = None  # restore the next waiter during the current turn (None = on iff capacity known)
     # devices a lane may name: cuda:0..N-1 and fake:0..N-1 (None: the GPUs of this host, rota.devices.host_gpus,
-    # and fake:0..FAKE_DEVICES-1); set it where the orchestrator serves the GPUs of another host
+    # or MAX_DEVICES on a host without any, and fake:0..FAKE_DEVICES-1); set it where it serves other hosts' GPUs
     devices: int | None = None
     # a tenant's reported residue that counts against the others' room (more counts for nobody: it is capped)
     residue_allowance_bytes: int = DEFAULT_RESIDUE_MAX_BYTES

@@ -36,7 +36,7 @@ from rota._orchestrator.sessions import Session, TenantSessions
 from rota._orchestrator.state import GroupState
 from rota._orchestrator.store import GroupStore, MemoryStore
 from rota._types import Grant, ReleaseInfo, TurnRequest
-from rota.devices import FAKE_DEVICES, device_index, host_gpus, lane_base, lane_device
+from rota.devices import FAKE_DEVICES, MAX_DEVICES, device_index, host_gpus, lane_base, lane_device
 from rota.errors import InvalidArgument, NotFound, RotaError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -206,17 +206,22 @@ class Orchestrator(TenantSessions, GroupDriver):
 
     def _check_devices(self, devices: list[str] | tuple[str, ...], where: str) -> None:
         """InvalidArgument unless every one of ``devices`` exists on the host (a lane of a device nobody has would
-        hold the group's name for nothing): cuda:N for N below this host's GPUs, or ``config.devices``."""
+        hold the group's name for nothing): cuda:N below ``config.devices``, else below this host's GPUs, or
+        below MAX_DEVICES on a host without any (it serves the GPUs of other hosts, whose count it cannot see)."""
         if self._host_devices is None:
-            self._host_devices = host_gpus() if self.config.devices is None else self.config.devices
-        fakes = FAKE_DEVICES if self.config.devices is None else self.config.devices
+            self._host_devices = self.config.devices if self.config.devices is not None else host_gpus()
         for d in devices:
             kind = d.partition(":")[0]
-            have = fakes if kind == "fake" else self._host_devices
+            if self.config.devices is not None:
+                have, basis = self.config.devices, f"--devices {self.config.devices}"
+            elif kind == "fake":
+                have, basis = FAKE_DEVICES, f"{FAKE_DEVICES} fake devices"
+            elif self._host_devices:
+                have, basis = self._host_devices, f"{self._host_devices} GPUs in /dev/nvidia*"
+            else:
+                have, basis = MAX_DEVICES, f"no GPUs here, so any of {MAX_DEVICES}"
             if device_index(d) < have:
                 continue
-            basis = f"--devices {self.config.devices}" if self.config.devices is not None else \
-                f"{FAKE_DEVICES} fake devices" if kind == "fake" else f"{have} GPUs in /dev/nvidia*"
             has = f"{kind}:0..{kind}:{have - 1}" if have else f"no {kind} devices"
             raise InvalidArgument(f"device {d} does not exist on this host (it has {has}: {basis}) {where}; name "
                                   "devices the host has (ROTA_DEVICES), or start the orchestrator with --devices N "

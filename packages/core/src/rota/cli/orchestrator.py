@@ -57,8 +57,8 @@ def orchestrator() -> None:
               "parked. 0 = unknown: park every other resident.")
 @click.option("--devices", "host_devices", type=click.IntRange(0, 64), default=None,
               help="GPUs of the host whose groups span devices: a tenant's ROTA_DEVICES may name cuda:0..N-1 (and "
-              "fake:0..N-1); other names are refused. Default: this host's GPUs (/dev/nvidia0, /dev/nvidia1...); "
-              "set it where this orchestrator serves the GPUs of another host.")
+              "fake:0..N-1); other names are refused. Default: this host's GPUs (/dev/nvidia0, /dev/nvidia1...), "
+              "or 64 on a host without any; set it where this orchestrator serves the GPUs of other hosts.")
 @click.option("--residue-allowance", type=ByteSize(), default="256MiB", show_default=True,
               help="Device bytes a parked tenant's reported residue (what its park left behind) may take from the "
               "room of the others; more is its own word and counts for nobody. 0 = reported residue counts for "
