@@ -53,13 +53,16 @@ def agent_names(listen: str, socket_dir: str, names: tuple[str, ...] = ()) -> tu
     address it dials, ``--agent``), so one replayed at another agent of the same key is refused there.
 
     ``names`` (``--name``, e.g. ``node1:9001`` when the orchestrator dials the agent by host name), the
-    ``--listen`` address, ``unix:<socket_dir>/agent.sock``; a wildcard ``--listen`` (``0.0.0.0:PORT``,
-    ``[::]:PORT``) answers to this host's names and addresses on that port too.
+    ``--listen`` address (a loopback one also as ``localhost:PORT``), ``unix:<socket_dir>/agent.sock``; a
+    wildcard ``--listen`` (``0.0.0.0:PORT``, ``[::]:PORT``) answers to this host's names and addresses on that
+    port too.
     """
     out = list(names)
     if listen:
         out.append(listen)
         host, _, port = listen.rpartition(":")
+        if host.strip("[]") in ("127.0.0.1", "::1") and not listen.startswith("unix:"):
+            out.append(f"localhost:{port}")
         if host.strip("[]") in ("0.0.0.0", "::", ""):
             import socket
 
