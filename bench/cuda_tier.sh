@@ -17,6 +17,7 @@ else
   PY=.venv/bin/python
 fi
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p bench/results
 json=bench/results/cuda-tier-$stamp${ROTA_TIER_NAME:+-$ROTA_TIER_NAME}.json
 export ROTA_CUDA_TIER_JSON=$PWD/$json
 export ROTA_COMMIT=${ROTA_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}

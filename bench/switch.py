@@ -25,6 +25,7 @@ rota-core and rota-adapter-fsdp; starts an in-process orchestrator on loopback.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -213,7 +214,8 @@ def run_size(bench: Bench, nbytes: int, endpoint: str) -> dict[str, object]:
     tracked_b.untrack()
     gpu_a.close()
     gpu_b.close()
-    del model_a, model_b, a, b, tracked_a, tracked_b
+    del model_a, model_b, a, b, tracked_a, tracked_b, out, into
+    gc.collect()  # a tracked model and its parker refer to each other: without this the next size ran beside them
     if dev.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -277,6 +279,7 @@ def first_park(bench: Bench, nbytes: int, endpoint: str, turn_s: float, floor_d2
     tracked.untrack()
     gpu.close()
     del model, c, tracked
+    gc.collect()
     if bench.device.type == "cuda":
         torch.cuda.empty_cache()
     return row
