@@ -6,7 +6,8 @@ snapshot (random bf16 weights, a local tokenizer, saved with ``save_pretrained``
 path), a Python reward, and the one line ``trainer.add_callback(rota_trl.RotaCallback(trainer))``. TRL
 sleeps its engine at level 2 after every generation (``vllm_enable_sleep_mode=True``); a park checks that
 sleep, empties torch's cache and parks the model and its AdamW state. Checked: each job's losses, rewards and
-grad norms step for step equal the same job run alone (``full_determinism``), both jobs were parked and
+grad norms step for step equal the same job run alone (deterministic torch kernels, cuBLAS's reproducible
+workspace), both jobs were parked and
 restored, and NVML after every park is back to the process's bytes before it built anything plus
 ``RESIDUE_MAX`` (the CUDA context, vLLM's and NCCL's own). Recorded: NVML after each park, the makespan of
 the two jobs time-sliced vs one after the other.
@@ -51,8 +52,11 @@ def job(snapshot: str, seed: int, rota_on: bool, out: str) -> None:
     import rota_trl
     from rota_torch import process_device_bytes
 
-    torch.cuda.init()
+    torch.zeros(1, device="cuda:0")  # the CUDA context
     context = process_device_bytes("cuda:0")  # this process before it built anything
+    # deterministic kernels where torch has them (the embedding's backward, cuBLAS), warnings elsewhere:
+    # transformers' full_determinism would refuse vLLM's sampling ops that have no deterministic version
+    torch.use_deterministic_algorithms(True, warn_only=True)
     tok = AutoTokenizer.from_pretrained(snapshot, local_files_only=True)
     data = Dataset.from_dict({"prompt": ["the quick brown fox", "hello world", "a tiny model", "user: hi"] * 8})
 
@@ -62,7 +66,7 @@ def job(snapshot: str, seed: int, rota_on: bool, out: str) -> None:
     args = GRPOConfig(output_dir=os.path.join(os.path.dirname(out), f"out-{seed}-{rota_on}"), max_steps=STEPS,
                       per_device_train_batch_size=4, num_generations=4, max_completion_length=16, logging_steps=1,
                       report_to=[], save_strategy="no", seed=seed, bf16=True, learning_rate=1e-4,
-                      full_determinism=True, disable_tqdm=True, use_vllm=True, vllm_mode="colocate",
+                      disable_tqdm=True, use_vllm=True, vllm_mode="colocate",
                       vllm_enable_sleep_mode=True, vllm_gpu_memory_utilization=0.2, vllm_max_model_length=128)
     trainer = GRPOTrainer(model=snapshot, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
     after_park: list[int | None] = []
