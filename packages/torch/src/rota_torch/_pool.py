@@ -211,8 +211,11 @@ class HostPool:
                 if check is not None:
                     check()
             ready = self.capacity >= nbytes
-        if not ready and self._error is not None:
+        if not ready and (self._error is not None or self._pending is not None):
+            # the reservation ended short: join it, so a failure raises here (its thread records the error only
+            # after it has lowered the target, which is what ended the loop above)
             self.wait()
+            ready = self.capacity >= nbytes
         return ready
 
     def pieces(self, offset: int, nbytes: int) -> list[torch.Tensor]:
