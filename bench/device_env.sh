@@ -21,7 +21,7 @@ python3 -c 'import transformers, peft, safetensors, tokenizers as t; print("devi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 # every package the GPU benches import (no dependencies resolved: the device has torch, transformers and peft)
 pkgs=""
-for p in core torch adapter-fsdp adapter-megatron serving agent-client agent demo service-tinker; do
+for p in core torch adapter-fsdp adapter-megatron serving adapter-vllm adapter-sglang adapter-trl agent-client agent demo service-tinker; do
   [ -d packages/$p ] && pkgs="$pkgs packages/$p"
 done
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site $pkgs

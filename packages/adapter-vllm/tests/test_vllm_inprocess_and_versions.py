@@ -54,10 +54,10 @@ def _park_by_trainer(connect, gpu):
     gpu.release()
 
 
-def test_offload_plan_sleeps_level_1_and_wakes_everything(connect):
+def test_offload_plan_with_vllms_backup_sleeps_level_1_and_wakes_everything(connect):
     gpu = connect("llm")
     llm = FakeLLM()
-    tracked = rota_vllm.track(gpu, llm, check_version=False)
+    tracked = rota_vllm.track(gpu, llm, backup="vllm", check_version=False)
     _park_by_trainer(connect, gpu)
     assert llm.calls == [("sleep", 1), ("wake_up", None)]
     assert tracked.dropped == ("kv_cache",) and not tracked.weights_stale
@@ -67,7 +67,7 @@ def test_offload_plan_sleeps_level_1_and_wakes_everything(connect):
 def test_discard_sleeps_level_2_wakes_weights_first_and_needs_a_weight_push(connect):
     gpu = connect("llm")
     llm = FakeLLM()
-    tracked = rota_vllm.track(gpu, llm, mode="discard", check_version=False)
+    tracked = rota_vllm.track(gpu, llm, mode="discard", backup="vllm", check_version=False)
     _park_by_trainer(connect, gpu)
     assert llm.calls == [("sleep", 2), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
     assert tracked.dropped == ("weights", "kv_cache") and tracked.weights_stale
@@ -83,7 +83,11 @@ def test_bad_inputs_name_the_fix(connect):
         rota_vllm.track(gpu, FakeLLM(), mode="level3", check_version=False)
     with pytest.raises(rota_vllm.TrackingError, match="has no sleep"):
         rota_vllm.track(gpu, object(), check_version=False)
-    tracked = rota_vllm.track(gpu, llm := FakeLLM(), check_version=False)
+    with pytest.raises(rota_vllm.TrackingError, match="backup='host' is not 'rota'"):
+        rota_vllm.track(gpu, FakeLLM(), backup="host", check_version=False)
+    with pytest.raises(rota_vllm.TrackingError, match=r"could not reserve rota's copy .* backup='vllm'"):
+        rota_vllm.track(gpu, FakeLLM(), check_version=False)  # its workers' model has no parameters
+    tracked = rota_vllm.track(gpu, llm := FakeLLM(), backup="vllm", check_version=False)
     with pytest.raises(rota_vllm.TrackingError, match="already tracked"):
         rota_vllm.track(gpu, llm, check_version=False)
     with pytest.raises(rota_vllm.TrackingError, match="not a \\(name, tensor\\) pair"):

@@ -9,14 +9,17 @@ enable_sleep_mode=True)`` and shares the GPU through rota::
         engine.update_weights(trainer_state.items())   # optional: RL weight sync
         outs = llm.generate(prompts, params)
 
-Park (``rota_park``): ``llm.sleep(level=1)`` for an OFFLOAD plan (weights copied to
-host, KV cache dropped), ``level=2`` for DISCARD (both dropped; the weights must be
-pushed again with :meth:`TrackedLLM.update_weights` after the wake, which is what an
-RL loop does anyway). ``dropped`` records what the last park lost.
+Park (``rota_park``) for an OFFLOAD plan (weights kept, KV cache dropped): with
+``backup="rota"`` (default) each worker copies its parameters into rota's pinned host
+pool (:mod:`rota_vllm._pinned`) and the engine sleeps at level 2; with ``backup="vllm"``
+it sleeps at level 1 (vLLM's own host backup, about twice as slow on an H200). A
+DISCARD plan sleeps at level 2 and keeps nothing: the weights must be pushed again with
+:meth:`TrackedLLM.update_weights` after the wake, which is what an RL loop does anyway.
+``dropped`` records what the last park lost.
 
 Restore (``rota_restore``): ``llm.wake_up(tags=...)``; after a level-2 park the
-weights come back first, alone, so a weight push fits before the KV cache returns
-(vLLM's documented order), then the rest.
+weights come back first, alone (then rota's copy of them, or a weight push), before the
+KV cache returns (vLLM's documented order).
 
 The ``LLM`` is duck-typed (``sleep``, ``wake_up``, ``collective_rpc``): vLLM itself is
 imported only for the version check, so tests use a small fake.
@@ -34,10 +37,12 @@ from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
 from rota_serving import check_fixed_device
 from rota_vllm._compat import require_vllm
+from rota_vllm._pinned import worker_load, worker_prepare, worker_release, worker_save
 
 log = logging.getLogger(__name__)
 
 TAGS = ("weights", "kv_cache")
+BACKUPS = ("rota", "vllm")  # who keeps the weights over an OFFLOAD park
 
 
 class TrackingError(InvalidArgument):
@@ -56,9 +61,11 @@ def _load_weights_on_worker(worker: Any, named: list[tuple[str, Any]]) -> None:
 class TrackedLLM:
     """One tracked ``LLM``; its hooks answer only for ``gpu``."""
 
-    def __init__(self, gpu: Gpu, llm: Any, mode: ParkMode | None) -> None:
-        self.gpu, self.llm, self.mode = gpu, llm, mode
+    def __init__(self, gpu: Gpu, llm: Any, mode: ParkMode | None, backup: str = "vllm") -> None:
+        self.gpu, self.llm, self.mode, self.backup = gpu, llm, mode, backup
         self.parked_level = 0  # 0 = awake
+        self.stashed = False  # the weights are in rota's pool (an OFFLOAD park with backup="rota")
+        self.stash_bytes = 0
         self.dropped: tuple[str, ...] = ()
         self.weights_stale = False  # after a level-2 park, until update_weights
         self.history: list[tuple[str, Any]] = []
@@ -75,13 +82,19 @@ class TrackedLLM:
             return None
         level = self.level_for(plan)
         t0 = time.perf_counter()
+        stash = level == 1 and self.backup == "rota"
+        if stash:
+            self.llm.collective_rpc(worker_save)
+            self.history.append(("save_weights", self.stash_bytes))
+            level = 2
         self.llm.sleep(level=level)
-        self.parked_level = level
-        self.dropped = ("weights", "kv_cache") if level == 2 else ("kv_cache",)
-        self.weights_stale = self.weights_stale or level == 2
+        self.parked_level, self.stashed = level, stash
+        self.dropped = ("weights", "kv_cache") if level == 2 and not stash else ("kv_cache",)
+        self.weights_stale = self.weights_stale or "weights" in self.dropped
         self.history.append(("sleep", level))
-        log.info("vLLM of %s asleep at level %d (dropped %s)", tenant.tenant, level, ", ".join(self.dropped))
-        return ParkResult(seconds=time.perf_counter() - t0)
+        log.info("vLLM of %s asleep at level %d (dropped %s%s)", tenant.tenant, level, ", ".join(self.dropped),
+                 "; weights in rota's pool" if stash else "")
+        return ParkResult(bytes_moved=self.stash_bytes if stash else 0, seconds=time.perf_counter() - t0)
 
     @hookimpl
     def rota_restore(self, tenant: Gpu, plan: ParkPlan) -> ParkResult | None:
@@ -89,7 +102,16 @@ class TrackedLLM:
             return None
         t0 = time.perf_counter()
         wanted = [t for t in TAGS if plan.wants(t)]
-        if self.parked_level == 2 and len(wanted) == len(TAGS):
+        moved = self.stash_bytes if self.stashed else 0
+        if self.stashed:  # weights first, then rota's copy into them, then the KV cache
+            self.llm.wake_up(tags=["weights"])
+            self.llm.collective_rpc(worker_load)
+            self.history += [("wake_up", ("weights",)), ("load_weights", self.stash_bytes)]
+            if "kv_cache" in wanted:
+                self.llm.wake_up(tags=["kv_cache"])
+                self.history.append(("wake_up", ("kv_cache",)))
+            self.stashed = False
+        elif self.parked_level == 2 and len(wanted) == len(TAGS):
             self.llm.wake_up(tags=["weights"])  # weights first: room for a weight push
             self.llm.wake_up(tags=["kv_cache"])
             self.history += [("wake_up", ("weights",)), ("wake_up", ("kv_cache",))]
@@ -100,7 +122,7 @@ class TrackedLLM:
             self.llm.wake_up(tags=wanted)
             self.history.append(("wake_up", tuple(wanted)))
         self.parked_level = 0
-        return ParkResult(seconds=time.perf_counter() - t0)
+        return ParkResult(bytes_moved=moved, seconds=time.perf_counter() - t0)
 
     @hookimpl
     def rota_footprint(self, tenant: Gpu) -> dict[str, int] | None:
@@ -143,16 +165,21 @@ class TrackedLLM:
         """Stop parking this engine (wakes it first if parked)."""
         if self.parked_level:
             self.rota_restore(self.gpu, ParkPlan())
+        if self.backup == "rota":
+            self.llm.collective_rpc(worker_release)
         self.gpu.pm.unregister(name=self._name)
         with _lock:
             _tracked.pop(id(self.llm), None)
 
 
-def track(gpu: Gpu, llm: Any, *, mode: ParkMode | str | None = None, check_version: bool = True) -> TrackedLLM:
+def track(gpu: Gpu, llm: Any, *, mode: ParkMode | str | None = None, backup: str = "rota",
+          check_version: bool = True) -> TrackedLLM:
     """Let rota park ``llm`` (a ``vllm.LLM`` built with ``enable_sleep_mode=True``) between ``gpu``'s turns.
 
     :param mode: force ``"offload"`` (sleep level 1) or ``"discard"`` (level 2) for every
         park; default: the park plan's mode (OFFLOAD unless the orchestrator or agent says).
+    :param backup: who keeps the weights over an OFFLOAD park: ``"rota"`` (rota's pinned pool, reserved now in
+        each worker, then a level-2 sleep) or ``"vllm"`` (vLLM's level-1 sleep).
     :param check_version: check the installed vLLM first (off only for fakes in tests).
     :raises rota_vllm.UnsupportedVersion: vLLM missing or outside the targeted versions.
     :raises TrackingError: ``llm`` has no sleep mode, or is already tracked.
@@ -167,6 +194,9 @@ def track(gpu: Gpu, llm: Any, *, mode: ParkMode | str | None = None, check_versi
         except ValueError:
             raise TrackingError(f"mode={mode!r} is not 'offload' (sleep level 1) or 'discard' (level 2)",
                                 job_id=gpu.tenant) from None
+    if backup not in BACKUPS:
+        raise TrackingError(f"backup={backup!r} is not 'rota' (rota's pinned pool, level-2 sleep) or 'vllm' "
+                            "(vLLM's level-1 sleep)", job_id=gpu.tenant)
     for attr in ("sleep", "wake_up", "collective_rpc"):
         if not callable(getattr(llm, attr, None)):
             raise TrackingError(f"{type(llm).__name__} has no {attr}(); pass a vllm.LLM (vLLM >= 0.10)",
@@ -179,9 +209,18 @@ def track(gpu: Gpu, llm: Any, *, mode: ParkMode | str | None = None, check_versi
         if id(llm) in _tracked:
             raise TrackingError(f"this LLM is already tracked by job {_tracked[id(llm)].gpu.tenant!r}; call "
                                 "untrack() first", job_id=gpu.tenant)
-        tracked = _tracked[id(llm)] = TrackedLLM(gpu, llm, mode)
+        tracked = _tracked[id(llm)] = TrackedLLM(gpu, llm, mode, backup)
+    if backup == "rota":
+        try:
+            tracked.stash_bytes = sum(int(n) for n in llm.collective_rpc(worker_prepare))
+        except Exception as e:
+            with _lock:
+                _tracked.pop(id(llm), None)
+            raise TrackingError("could not reserve rota's copy of the weights in the vLLM workers "
+                                f"({type(e).__name__}: {str(e)[:200]}); in an engine with worker processes set "
+                                "VLLM_ALLOW_INSECURE_SERIALIZATION=1, or pass backup='vllm'", job_id=gpu.tenant) from e
     gpu.pm.register(tracked, name=tracked._name)
     return tracked
 
 
-__all__ = ["TAGS", "TrackedLLM", "TrackingError", "track"]
+__all__ = ["BACKUPS", "TAGS", "TrackedLLM", "TrackingError", "track"]

@@ -1,0 +1,112 @@
+"""``backup="rota"``: an OFFLOAD park copies each worker's parameters into rota's host pool and sleeps at level 2;
+the restore wakes the weights, copies them back, then wakes the KV cache. The fake engine below does what
+vLLM's level-2 sleep does to the weights' memory (its contents are lost: overwritten with NaN here) and keeps the
+buffers as vLLM does; the model is a real torch module with tied weights. (The H200 run is in the CUDA tier.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rota_vllm
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 16)
+        self.mlp = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 64, bias=False)
+        self.head.weight = self.embed.weight  # tied: one storage, kept once
+        self.register_buffer("rope", torch.arange(16.0))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.mlp(self.embed(ids)) + self.rope))
+
+
+class Worker:
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model_runner = type("Runner", (), {})()
+        self.model_runner.model = TinyLM()
+
+
+class SleepingLLM:
+    """vllm.LLM's sleep mode over one in-process worker: level 2 loses the weights' contents (NaN here)."""
+
+    def __init__(self) -> None:
+        self.worker, self.calls, self.asleep = Worker(), [], set()
+
+    def sleep(self, level: int = 1) -> None:
+        self.calls.append(("sleep", level))
+        assert level == 2, "with backup='rota' the engine sleeps at level 2"
+        with torch.no_grad():
+            for p in self.worker.model_runner.model.parameters():
+                p.fill_(float("nan"))
+        self.asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.calls.append(("wake_up", tags))
+        self.asleep -= set(tags or ("weights", "kv_cache"))
+
+    def collective_rpc(self, method, args=(), kwargs=None):
+        self.calls.append(("rpc", method.__name__, sorted(self.asleep)))
+        return [method(self.worker, *args, **(kwargs or {}))]
+
+
+def _park_and_restore(connect, gpu) -> None:
+    gpu.acquire()
+    gpu.release()
+    trainer = connect("trainer")
+    trainer.acquire()  # parks the engine
+    trainer.release()
+    gpu.acquire()  # restores it
+    gpu.release()
+
+
+def test_offload_keeps_the_weights_in_rotas_pool_and_outputs_are_unchanged(connect) -> None:
+    gpu = connect("llm")
+    llm = SleepingLLM()
+    model = llm.worker.model_runner.model
+    ids = torch.arange(8)
+    before = model(ids).detach().clone()
+    tracked = rota_vllm.track(gpu, llm, check_version=False)
+    params = sum(p.numel() * 4 for p in {p.data_ptr(): p for p in model.parameters()}.values())
+    assert tracked.stash_bytes == params  # the tied weight counted once
+    _park_and_restore(connect, gpu)
+    assert llm.calls[1:] == [("rpc", "worker_save", []), ("sleep", 2), ("wake_up", ["weights"]),
+                             ("rpc", "worker_load", ["kv_cache"]), ("wake_up", ["kv_cache"])]
+    assert torch.equal(model(ids), before)  # bit for bit, buffers included
+    assert tracked.dropped == ("kv_cache",) and not tracked.weights_stale
+    assert model.head.weight is model.embed.weight
+    tracked.untrack()
+    assert not hasattr(llm.worker, "_rota_weights_stash")
+
+
+def test_a_discard_plan_keeps_nothing_and_wants_a_weight_push(connect) -> None:
+    gpu = connect("llm")
+    llm = SleepingLLM()
+    tracked = rota_vllm.track(gpu, llm, mode="discard", check_version=False)
+    _park_and_restore(connect, gpu)
+    assert [c for c in llm.calls if c[0] == "rpc"] == [("rpc", "worker_prepare", [])]  # no save, no load
+    assert tracked.weights_stale and tracked.dropped == ("weights", "kv_cache")
+    tracked.untrack()
+
+
+def test_parameters_that_moved_while_asleep_are_refused_not_overwritten(connect) -> None:
+    gpu = connect("llm")
+    llm = SleepingLLM()
+    tracked = rota_vllm.track(gpu, llm, check_version=False)
+    gpu.acquire()
+    gpu.release()
+    trainer = connect("trainer")
+    trainer.acquire()
+    mlp = llm.worker.model_runner.model.mlp
+    kept, mlp.weight = mlp.weight, torch.nn.Parameter(torch.zeros(16, 16))  # a new model loaded
+    trainer.release()
+    with pytest.raises(Exception, match="parameters moved while the engine slept"):
+        gpu.acquire()
+    assert torch.equal(mlp.weight, torch.zeros(16, 16))  # not overwritten with the old weights
+    mlp.weight = kept
+    tracked.untrack()  # restores into the parameters it saved
+    assert not torch.isnan(kept).any()
