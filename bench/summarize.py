@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
@@ -104,6 +105,66 @@ def _two_gpu_experiment() -> None:
               f"{ser['trainer_device_busy']:.0%}) | {same} | {path.name} |")
 
 
+def _demo_logs() -> None:
+    """``rota demo --device cuda`` runs kept as their printed summary (demo-cuda-*-default-auto.log)."""
+    for path in sorted(RESULTS.glob("demo-cuda-*-default-auto.log"), key=lambda p: int(p.name.split("-")[2][:-2])):
+        text = path.read_text()
+        size = path.name.split("-")[2]
+        ratio = re.search(r"time-sliced makespan / serial makespan = ([0-9.]+)", text)
+        sw = re.search(r"switches (\d+), parks (\d+)", text)
+        failed = re.search(r"failed parks (\d+), failed restores (\d+)", text)
+        ident = re.findall(r"^\S+\s+[0-9.]+s\s+[0-9.]+s\s+[0-9.]+s\s+[0-9.]+x\s+(True|False)$", text, re.M)
+        if not (ratio and sw and failed and ident):
+            print(f"({path.name}: not a complete demo summary)")
+            continue
+        print(f"`rota demo --device cuda --state {size}` with its defaults (2 groups, `--capacity auto`) on one H200: "
+              f"time-sliced makespan ÷ serial = {float(ratio[1]):.2f}, {sw[1]} switches, {sw[2]} parks, "
+              f"{failed[1]} failed parks / {failed[2]} failed restores, bit-identical: "
+              f"{all(x == 'True' for x in ident)} ({path.name}).")
+
+
+def _agent_tier() -> None:
+    """The agent's whole-process backend in the CUDA tier (cuda-tier-*-agent.json), newest run."""
+    runs = sorted(RESULTS.glob("cuda-tier-*-agent.json"))
+    if not runs:
+        return
+    tier, name = json.loads(runs[-1].read_text()), runs[-1].name
+    parts = []
+    for nodeid, t in tier["tests"].items():
+        if t.get("outcome") != "passed":
+            parts.append(f"{nodeid.split('::')[-1]} {t.get('outcome')}")
+        elif "cycles" in t:
+            c = t["cycles"]
+            parks = ", ".join(f"{x['park_s']:.2f}" for x in c)
+            restores = ", ".join(f"{x['restore_s']:.2f}" for x in c)
+            parts.append(f"one {t['size_bytes'] / 1e9:.0f} GB process: park {parks} s, restore {restores} s, "
+                         "NVML of the pid "
+                         f"{c[0]['nvml_before'][str(c[0]['pids'][0])] / 1e9:.2f} GB -> "
+                         f"{max(v for x in c for v in x['nvml_after'].values()) / 1e9:.0f}")
+        elif "parallel" in t:
+            parts.append(f"{len(t['pids'])} processes of {t['size_bytes'] / len(t['pids']) / 1e9:.0f} GB, parallel "
+                         f"{t['parallel']}: park {t['park_s']:.2f} s, restore {t['restore_s']:.2f} s")
+    print(f"Agent whole-process backend (CUDA checkpoint), CUDA tier on {tier['device']} at {tier['commit'][:10]}: "
+          f"{'; '.join(parts)}; every byte checked ({name}).")
+
+
+def _vllm_rows() -> None:
+    """vLLM engines: rota's park/restore vs vLLM's own level-1 sleep, vs the pinned floor (vllm-switch-cuda.json)."""
+    d = _load("vllm-switch-cuda.json")
+    if not d:
+        return
+
+    def x(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.2f}x"
+    for r in d["rows"]:
+        o, v = r["rota"], r["vllm_level1"]
+        print(f"vLLM {d['vllm']} engine, Qwen3-{r['shape']} shape ({r['weights_bytes'] / 1e9:.2f} GB of weights), one "
+              f"H200: rota park {x(o['park_x_floor'])} / restore {x(o['restore_x_floor'])} the pinned floor (first "
+              f"park {x(o['first_park_x_floor'])}); vLLM's level-1 sleep {x(v['sleep_x_floor'])} / wake "
+              f"{x(v['wake_x_floor'])} (first sleep {x(v['first_sleep_x_floor'])}); failures "
+              f"{len(d['failures'])} (vllm-switch-cuda.json).")
+
+
 def main() -> None:
     print("| path (H200, bf16, 800 tensors) | size | park | restore | overlapped park ‖ restore | source |")
     print("|---|---|---|---|---|---|")
@@ -137,14 +198,18 @@ def main() -> None:
     print()
     _two_gpu_experiment()
     print()
+    _demo_logs()
     for path in sorted(RESULTS.glob("demo-cuda-*.json")):
         demo, size = json.loads(path.read_text()), path.stem.removeprefix("demo-cuda-")
         ts = demo["timesliced"]
-        print(f"`rota demo --device cuda --state {size} --groups 1` on one H200: time-sliced makespan ÷ serial = "
+        print(f"`rota demo --device cuda --state {size} --groups 1` (every switch parking), before the park race "
+              "was fixed (such runs also failed parks while exiting 0): time-sliced makespan ÷ serial = "
               f"{demo['ratios']['timesliced_over_serial_makespan']:.2f}, busy {ts['busy_fraction']:.0%}, "
               f"{ts['switches']} switches, park p50 {ts['park_ms_p50']:.0f} ms / restore p50 "
               f"{ts['restore_ms_p50']:.0f} ms, {ts['bytes_moved'] / 2**30:.0f} GiB moved, bit-identical: "
               f"{all(t['bit_identical'] for t in demo['tenants'])} ({path.name}).")
+    _agent_tier()
+    _vllm_rows()
     verify = _load("verify-cuda.json")
     if verify:
         costs = ", ".join(f"{size}: sample {m['sample']['extra_fraction_of_switch']:.1%}, full "
