@@ -92,3 +92,42 @@ def test_real_vllm_cpu_server_parks_and_serves_requests_in_its_turn(endpoint, co
             engine.reload_weights()  # a dummy-format model cannot reload: the server's own words come back
     finally:
         served.close(timeout_s=60)
+
+
+def test_real_vllm_cpu_server_with_rotas_backup_saves_and_loads_in_its_workers(endpoint, connect, tiny_model):
+    """``--backup rota``: the real server's workers take rota's methods (``--worker-extension-cls``); a park runs
+    ``rota_save`` then ``/sleep?level=2``, a restore wakes the weights, runs ``rota_load``, wakes the KV cache. On
+    CPU sleep frees nothing, so this checks the wiring and the bytes kept, not the memory (the CUDA tier does)."""
+    from rota_vllm import RotaBackupServer
+
+    port = free_port()
+    args = ["--model", tiny_model, "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "float32",
+            "--max-model-len", "256", "--max-num-seqs", "4"]
+    command = engine_command(args, port, sys.executable, sleep_mode=False)
+    assert command[command.index("--worker-extension-cls") + 1] == "rota_vllm.worker_extension.RotaWorkerExtension"
+
+    def check(client):
+        check_server(client)
+        client.prepare()
+
+    cfg = ServeConfig(app="vllm", command=command, engine_port=port, listen="127.0.0.1:0", orchestrator=endpoint,
+                      group="g2", tenant="vllm-cpu-rota", agent="", idle_release_s=0.0, ready_timeout_s=900,
+                      check_version=check, client_factory=lambda url, timeout: RotaBackupServer(url, timeout),
+                      env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"})
+    served = serve_app(cfg)
+    try:
+        c = CONFIG
+        h, v, n = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+        # vLLM's CPU backend packs the linear layers' weights outside torch parameters (oneDNN), so what stays a
+        # parameter here is the embedding, the head and the norms, float32; on a GPU every weight is one (the
+        # CUDA tier checks the full size and the tokens after a restore)
+        assert served.client.stash_bytes == 4 * (2 * v * h + (2 * n + 1) * h)
+        assert _complete(served.url, tiny_model)["usage"]["completion_tokens"] == 4
+        trainer = connect("trainer2", group="g2")
+        trainer.acquire()  # parks the engine: rota_save, then /sleep?level=2
+        assert served.client.stashed and served.parker.history[-1][0] == "park"
+        trainer.release()
+        assert _complete(served.url, tiny_model)["usage"]["completion_tokens"] == 4  # restored: rota_load ran
+        assert not served.client.stashed
+    finally:
+        served.close(timeout_s=60)

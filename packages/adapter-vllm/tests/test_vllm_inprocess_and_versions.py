@@ -145,3 +145,35 @@ def test_an_llm_of_a_tenant_naming_several_devices_is_refused(endpoint):
             rota_vllm.track(gpu, FakeLLM(), check_version=False)
     finally:
         gpu.close()
+
+
+def test_served_engine_with_rotas_backup_saves_sleeps_level_2_and_loads_between_wakes():
+    from rota import ParkMode
+    from rota_vllm import RotaBackupServer
+
+    with FakeVllmServer().running() as srv:
+        client = RotaBackupServer(srv.url)
+        client.sleep(ParkMode.OFFLOAD)
+        assert client.stashed and srv.level == 2
+        client.wake()
+        posts = [c for c in srv.calls if c.startswith("POST")]
+        assert posts == ["POST /collective_rpc", "POST /sleep?level=2", "POST /wake_up?tags=weights",
+                         "POST /collective_rpc", "POST /wake_up?tags=kv_cache"], posts
+        assert not client.stashed and not srv.asleep
+        client.sleep(ParkMode.DISCARD)  # nothing kept: vLLM's own level 2, no rota_save
+        assert srv.calls[-2:] == ["POST /sleep?level=2", "GET /is_sleeping"] and not client.stashed
+
+
+def test_cli_serve_adds_rotas_worker_extension_unless_told_otherwise():
+    cli = cli_with_plugins()
+    ext = "rota_vllm.worker_extension.RotaWorkerExtension"
+    r = CliRunner().invoke(cli, ["vllm", "serve", "--dry-run", "--", "m"])
+    out = json.loads(r.output)
+    assert out["backup"] == "rota" and out["command"][out["command"].index("--worker-extension-cls") + 1] == ext
+    r = CliRunner().invoke(cli, ["vllm", "serve", "--backup", "vllm", "--dry-run", "--", "m"])
+    assert "--worker-extension-cls" not in json.loads(r.output)["command"]
+    r = CliRunner().invoke(cli, ["vllm", "serve", "--dry-run", "--", "m", "--worker-extension-cls", "mine.Ext"])
+    command = json.loads(r.output)["command"]
+    assert command.count("--worker-extension-cls") == 1 and "mine.Ext" in command  # theirs, which subclasses ours
+    r = CliRunner().invoke(cli, ["vllm", "serve", "--backup", "host", "--dry-run", "--", "m"])
+    assert r.exit_code == 2 and "'host' is not one of" in r.output

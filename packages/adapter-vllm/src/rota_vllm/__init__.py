@@ -40,11 +40,12 @@ if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads
     from rota.errors import UnsupportedVersion
     from rota_serving import EndpointClient, ServeConfig, Served, ServingError, TurnGate, TurnProxy, serve_app
     from rota_vllm._compat import FIX, VLLM_SPEC, check_server, require_vllm
-    from rota_vllm._llm import TAGS, TrackedLLM, TrackingError, track
-    from rota_vllm._server import VllmServer, engine_command
+    from rota_vllm._llm import BACKUPS, TAGS, TrackedLLM, TrackingError, track
+    from rota_vllm._server import RotaBackupServer, VllmServer, engine_command
 
-__all__ = ["FIX", "TAGS", "VLLM_SPEC", "EndpointClient", "ServeConfig", "Served", "ServingError", "TrackedLLM",
-           "TrackingError", "TurnGate", "TurnProxy", "UnsupportedVersion", "VllmServer", "check_server",
+__all__ = ["BACKUPS", "FIX", "TAGS", "VLLM_SPEC", "EndpointClient", "RotaBackupServer", "ServeConfig", "Served",
+           "ServingError", "TrackedLLM", "TrackingError", "TurnGate", "TurnProxy", "UnsupportedVersion", "VllmServer",
+           "check_server",
            "engine_command", "require_vllm", "serve_app", "track"]
 
 _HOME = {
@@ -60,11 +61,13 @@ _HOME = {
     "VLLM_SPEC": "rota_vllm._compat",
     "check_server": "rota_vllm._compat",
     "require_vllm": "rota_vllm._compat",
+    "BACKUPS": "rota_vllm._llm",
     "TAGS": "rota_vllm._llm",
     "TrackedLLM": "rota_vllm._llm",
     "TrackingError": "rota_vllm._llm",
     "track": "rota_vllm._llm",
     "VllmServer": "rota_vllm._server",
+    "RotaBackupServer": "rota_vllm._server",
     "engine_command": "rota_vllm._server",
 }
 __getattr__ = lazy_getattr(__name__, _HOME)

@@ -17,23 +17,31 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from rota import ParkMode
 from rota.errors import InvalidArgument
-from rota_serving import VLLM, EndpointClient
+from rota_serving import VLLM, EndpointClient, ServingError
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
+CLASS_PATH = "rota_vllm.worker_extension.RotaWorkerExtension"  # imported by vLLM in its workers, not here
+BACKUPS = {"rota": "rota's pinned host pool, then vLLM's level-2 sleep (its workers get rota's methods)",
+           "vllm": "vLLM's own level-1 sleep"}
 ENGINE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 _OWNED = ("--host", "--port", "--uds")
 
 
 def engine_command(vllm_args: Sequence[str], engine_port: int, python: str | None = None, *,
-                   sleep_mode: bool = True) -> list[str]:
+                   sleep_mode: bool = True, backup: str = "rota") -> list[str]:
     """The engine's command line for ``vllm_args`` (what follows ``--`` in ``rota vllm serve``).
 
     A leading positional model (``vllm serve MODEL`` style) becomes ``--model MODEL``;
     ``--enable-sleep-mode`` is added when missing unless ``sleep_mode`` is False (vLLM on
     CPU refuses the flag, "Sleep mode is not supported on current platform", yet still
     answers the dev-mode sleep routes, as no-ops); ``--host``/``--port`` are rota's.
+    With ``backup="rota"`` the workers get rota's methods (``--worker-extension-cls``, unless the arguments
+    name a class of their own, which must then subclass :class:`rota_vllm.worker_extension.RotaWorkerExtension`).
     """
+    if backup not in BACKUPS:
+        raise InvalidArgument(f"backup {backup!r} is not one of {', '.join(BACKUPS)}")
     args = list(vllm_args)
     for a in args:
         flag = a.split("=", 1)[0]
@@ -48,6 +56,8 @@ def engine_command(vllm_args: Sequence[str], engine_port: int, python: str | Non
                               "`-- --model /path/to/model`")
     if sleep_mode and "--enable-sleep-mode" not in args:
         args.append("--enable-sleep-mode")
+    if backup == "rota" and not any(a.split("=", 1)[0] == "--worker-extension-cls" for a in args):
+        args += ["--worker-extension-cls", CLASS_PATH]
     return [python or sys.executable, "-m", ENGINE_MODULE, *args, "--host", "127.0.0.1", "--port", str(engine_port)]
 
 
@@ -91,4 +101,49 @@ class VllmServer(EndpointClient):
         self.call("POST", "/reset_prefix_cache")
 
 
-__all__ = ["ENGINE_ENV", "ENGINE_MODULE", "VllmServer", "engine_command"]
+class RotaBackupServer(VllmServer):
+    """A served engine whose offload park keeps the weights in rota's pool (``--backup rota``).
+
+    Park (OFFLOAD, all tags): ``rota_save`` on every worker, then ``/sleep?level=2``; restore: wake the weights,
+    ``rota_load``, wake the KV cache. Other parks (DISCARD, some tags) are vLLM's own.
+    """
+
+    def __init__(self, base_url: str, timeout_s: float = 300.0) -> None:
+        super().__init__(base_url, timeout_s)
+        self.stashed = False
+        self.stash_bytes = 0
+
+    def prepare(self) -> int:
+        """Reserve rota's pool in every worker (after the engine is up); the bytes it keeps."""
+        try:
+            got = self.collective_rpc("rota_prepare")
+        except ServingError as e:
+            raise ServingError(f"{self.base_url}: the engine's workers have no rota_prepare ({e}); a "
+                               f"--worker-extension-cls of your own must subclass {CLASS_PATH}, or serve with "
+                               "--backup vllm") from None
+        self.stash_bytes = sum(int(n) for n in got) if isinstance(got, list) else int(got)
+        return self.stash_bytes
+
+    def sleep(self, mode: ParkMode = ParkMode.OFFLOAD, tags: Sequence[str] = ()) -> None:
+        if mode != ParkMode.OFFLOAD or tags:
+            return super().sleep(mode, tags)
+        self.collective_rpc("rota_save")
+        super().sleep(ParkMode.DISCARD)
+        self.stashed = True
+
+    def wake(self, tags: Sequence[str] = ()) -> None:
+        if not self.stashed or tags:
+            return super().wake(tags)
+        super().wake(["weights"])
+        self.collective_rpc("rota_load")
+        super().wake(["kv_cache"])
+        self.stashed = False
+
+
+def server_client(backup: str, base_url: str, timeout_s: float) -> VllmServer:
+    """The client ``rota vllm serve --backup BACKUP`` parks the engine with."""
+    return RotaBackupServer(base_url, timeout_s) if backup == "rota" else VllmServer(base_url, timeout_s)
+
+
+__all__ = ["BACKUPS", "ENGINE_ENV", "ENGINE_MODULE", "RotaBackupServer", "VllmServer", "engine_command",
+           "server_client"]

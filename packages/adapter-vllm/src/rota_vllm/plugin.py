@@ -12,7 +12,7 @@ import click
 from rota import hookimpl
 from rota_serving import make_serve
 from rota_vllm._compat import check_server, warn_on_load
-from rota_vllm._server import ENGINE_ENV, engine_command
+from rota_vllm._server import BACKUPS, ENGINE_ENV, engine_command, server_client
 
 warn_on_load()
 
@@ -22,11 +22,20 @@ def vllm() -> None:
     """vLLM engines that take turns on a GPU (sleep/wake through rota)."""
 
 
+def _check_and_prepare(client: object) -> None:
+    """The served vLLM's version; then, with --backup rota, rota's pool reserved in its workers."""
+    check_server(client)
+    prepare = getattr(client, "prepare", None)
+    if prepare is not None:
+        prepare()
+
+
 vllm.add_command(make_serve(
-    "vllm", engine_command, ENGINE_ENV, check_server,
-    "Everything after `--` goes to `python -m vllm.entrypoints.openai.api_server` (with --enable-sleep-mode "
-    "and VLLM_SERVER_DEV_MODE=1 added), e.g.\n\n  rota vllm serve --listen 0.0.0.0:8000 -- Qwen/Qwen3-0.6B "
-    "--dtype bfloat16"))
+    "vllm", engine_command, ENGINE_ENV, _check_and_prepare,
+    "Everything after `--` goes to `python -m vllm.entrypoints.openai.api_server` (with --enable-sleep-mode, "
+    "VLLM_SERVER_DEV_MODE=1 and, with --backup rota, rota's --worker-extension-cls added), e.g.\n\n"
+    "  rota vllm serve --listen 0.0.0.0:8000 -- Qwen/Qwen3-0.6B --dtype bfloat16",
+    backups=BACKUPS, client_factory=server_client))
 
 
 @hookimpl

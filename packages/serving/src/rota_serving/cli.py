@@ -44,8 +44,13 @@ def _listen(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 def make_serve(app: str, build: Builder, env: dict[str, str], check: Callable[[EndpointClient], Any],
-               engine_help: str) -> click.Command:
-    """A click ``serve`` command for ``app``."""
+               engine_help: str, *, backups: dict[str, str] | None = None,
+               client_factory: Callable[[str, str, float], EndpointClient] | None = None) -> click.Command:
+    """A click ``serve`` command for ``app``.
+
+    ``backups`` (name -> help): adds ``--backup`` (the first name is the default), passed to ``build`` and
+    ``client_factory(backup, base_url, timeout_s)``, for an engine that can keep its weights more than one way.
+    """
 
     @click.command("serve", context_settings={"ignore_unknown_options": False})
     @click.option("--listen", default="127.0.0.1:8000", show_default=True, envvar="ROTA_SERVE_LISTEN",
@@ -76,23 +81,27 @@ def make_serve(app: str, build: Builder, env: dict[str, str], check: Callable[[E
     @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
     def serve(listen: str, group: str | None, tenant: str | None, orchestrator: str | None, agent: str | None,
               mode: str | None, footprint: int, idle_release: float, ready_timeout: float, engine_port: int,
-              python: str | None, sleep_mode: bool, dry_run: bool, engine_args: tuple[str, ...]) -> None:
+              python: str | None, sleep_mode: bool, dry_run: bool, engine_args: tuple[str, ...],
+              backup: str | None = None) -> None:
         from rota.rpc import free_port
         from rota_serving.supervisor import ServeConfig, serve_app
 
         try:
             port = engine_port or free_port()
-            command = build(engine_args, port, python, sleep_mode=sleep_mode)
+            extra = {"backup": backup} if backups else {}
+            command = build(engine_args, port, python, sleep_mode=sleep_mode, **extra)
         except RotaError as exc:
             raise click.UsageError(str(exc)) from None
         if dry_run:
-            click.echo(json.dumps({"command": command, "env": env, "engine": f"http://127.0.0.1:{port}",
+            click.echo(json.dumps({"command": command, "env": env, "engine": f"http://127.0.0.1:{port}", **extra,
                                    "listen": listen}, indent=2))
             return
         cfg = ServeConfig(app=app, command=command, engine_port=port, listen=listen, env=env, group=group,
                           tenant=tenant, orchestrator=orchestrator, agent=agent or "",
                           mode=ParkMode(mode) if mode else None, footprint_bytes=footprint, idle_release_s=idle_release,
-                          ready_timeout_s=ready_timeout, check_version=check)
+                          ready_timeout_s=ready_timeout, check_version=check,
+                          client_factory=None if client_factory is None or not backups else
+                          (lambda url, timeout: client_factory(backup, url, timeout)))
         try:
             served = serve_app(cfg)
         except RotaError as exc:
@@ -109,6 +118,11 @@ def make_serve(app: str, build: Builder, env: dict[str, str], check: Callable[[E
         if rc:
             raise click.ClickException(f"the {app} engine exited with code {rc}")
 
+    if backups:
+        names = list(backups)
+        serve = click.option("--backup", type=click.Choice(names), default=names[0], show_default=True,
+                             help="Who keeps the weights over an offload park: "
+                                  + "; ".join(f"{k}: {v}" for k, v in backups.items()) + ".")(serve)
     serve.help = (f"Serve {app} behind rota: the engine sleeps between turns and requests wait for its turn.\n\n"
                   f"{engine_help}")
     return serve

@@ -91,6 +91,8 @@ class ServeConfig:
     request_timeout_s: float = 600.0
     http_timeout_s: float = 300.0
     check_version: Callable[[EndpointClient], None] | None = None
+    # the engine's client (base_url, timeout_s): an adapter's subclass of EndpointClient parks its own way
+    client_factory: Callable[[str, float], EndpointClient] | None = None
 
     def check(self) -> None:
         check_app(self.app)
@@ -177,7 +179,9 @@ def serve_app(config: ServeConfig) -> Served:
     env = {**os.environ, **config.env}
     log.info("starting %s: %s", config.app, " ".join(config.command))
     proc = subprocess.Popen(list(config.command), env=env, start_new_session=True)
-    client = EndpointClient(config.app, f"http://127.0.0.1:{config.engine_port}", timeout_s=config.http_timeout_s)
+    url = f"http://127.0.0.1:{config.engine_port}"
+    client = (config.client_factory(url, config.http_timeout_s) if config.client_factory is not None
+              else EndpointClient(config.app, url, timeout_s=config.http_timeout_s))
     gpu = workload = None
     try:
         client.wait_ready(config.ready_timeout_s, alive=lambda: proc.poll() is None)
