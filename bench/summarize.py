@@ -28,8 +28,11 @@ def _tinker_line(tinker: dict, name: str) -> None:
     done = [p for p in tinker.get("points", []) if not p.get("failed")]
     points = ", ".join(f"N={p['tenants']} {p['latency_vs_alone']:.2f}x ({p['aggregate_steps_per_s']:.2f} steps/s, "
                        f"{p['device_mem_used_bytes'] / 1e9:.1f} GB)" for p in done)
-    density = tinker.get("density")
+    density = tinker.get("density_vs_one_tenant", tinker.get("density"))  # "density" is against t_ref since issue 44
     verdict = f"density {density}" if density is not None else "incomplete run"
+    if tinker.get("density_vs_reference"):
+        ref = tinker["density_vs_reference"]
+        verdict += f"; density {ref['density']} against the peft reference's t_ref {ref['t_ref_s']:.3f} s"
     failed = [p for p in tinker.get("points", []) if p.get("failed")]
     if failed:
         points += "".join(f", N={p['tenants']} did not finish in --point-timeout-s ({_phase(p)})" for p in failed)

@@ -13,13 +13,20 @@ Definition (also written into the JSON as ``definition``):
 * *per-step latency* of a tenant: wall time from sending ``forward_backward`` to having
   both its result and ``optim_step``'s; a point's latency is the median over all tenants'
   measured steps (after ``--warmup``).
-* *baseline*: N = 1, one tenant alone on the device (one tenant per GPU).
-* *density*: the largest tested N such that, for it and every smaller tested N, the
-  point's latency is at most ``--tolerance`` x the baseline latency.
-* *think time*: ``--think-s`` seconds, or (default) ``--think-ratio`` x the baseline's
-  back-to-back step time, measured in a calibration phase of the N = 1 point. With
+* *reference* (``reference`` in the JSON; ``bench/peft_reference.py`` says how, and which settings): what a
+  user would run instead, a single-tenant Hugging Face + peft trainer on the dedicated device, measured first
+  in a process of its own: the same snapshot, rank, batch and loss. Its median step is ``t_ref``. The toy model
+  has none (``--ref-steps 0`` skips it too): the one-tenant figures below stand in.
+* *density* (``density``): the largest tested N whose p50 step is at most ``--tolerance`` x ``t_ref``
+  (``density_vs_reference`` also gives the same by p90). *baseline*: N = 1, one tenant alone on the device;
+  ``density_vs_one_tenant``: the largest tested N such that, for it and every smaller tested N, the point's
+  latency is at most ``--tolerance`` x the baseline latency (the earlier definition).
+* *think time*: ``--think-s`` seconds, or (default) ``--think-ratio`` x ``t_ref`` (without a reference: x the
+  baseline's back-to-back step time, measured in a calibration phase of the N = 1 point). With
   ratio r a tenant alone keeps the device busy 1/(1+r) of the time; the ideal density
   is about 1+r, and what rota's switching costs shows up as the gap.
+* *tokens/s and MFU* (every point): ``aggregate_tokens_per_s`` and ``mfu``, 4 x base parameters x that over
+  the device's dense bf16 peak (null on CPU, with the reason); ``step_tokens_per_s``: one tenant's own rate.
 * *arrivals*: ``staggered`` (default): tenant i starts its measured steps i/N of a period
   (baseline step + think) after tenant 0, as independent jobs would be spread out;
   ``lockstep``: all start together and, with equal think times, stay together, so every
@@ -66,12 +73,13 @@ the run goes on.
     # the same with shared LoRA turns: up to 4 tenants' units at once in one rota turn of the base
     python bench/tinker_density.py --device cuda:0 --model qwen3-1.7b --tenants 1,8,10,12 --steps 10 \\
         --lora-concurrency 4 --out bench/results/tinker-density-h200-qwen3-1.7b-shared.json
-    # the same with the batched LoRA worker: every tenant's units in one batched pass (issue: >= 32 at <= 1.25x)
-    python bench/tinker_density.py --device cuda:0 --model qwen3-1.7b --tenants 1,8,16,32,48,64 --steps 8 \\
+    # the same with the batched LoRA worker: every tenant's units in one batched pass (issue 44: >= 32 at
+    # <= 1.25x t_ref); on CUDA the N list defaults to 1,8,16,32,48,64
+    python bench/tinker_density.py --device cuda:0 --model qwen3-1.7b --steps 8 \\
         --lora-batch --out bench/results/tinker-density-h200-qwen3-1.7b-batch.json
-    # CPU smoke run of the same path (a tiny Qwen3 shape)
+    # CPU smoke run of the same path (a tiny Qwen3 shape) and its peft reference
     python bench/tinker_density.py --device cpu --model qwen3-tiny --dtype float32 --batch 2 --seq-len 16 \\
-        --tenants 1,2 --steps 3 --warmup 1
+        --tenants 1,2 --steps 3 --warmup 1 --ref-steps 5
     # CPU smoke run (about a minute)
     python bench/tinker_density.py --device cpu --vocab 256 --dim 64 --layers 2 --heads 2 --batch 2 \\
         --seq-len 16 --tenants 1,2 --steps 3 --warmup 1 --unshared 2
@@ -86,10 +94,7 @@ import logging
 import os
 import platform
 import random
-import re
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -97,18 +102,21 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+import peft_reference as ref
 
 from rota_tinker.testing import QWEN3_SHAPES
 
 log = logging.getLogger("tinker_density")
 _HF_SPECS: dict[tuple[str, str], object] = {}  # (shape, dtype) -> its spec: one snapshot per run
 
-DEFINITION = ("density = largest tested N such that, for it and every smaller tested N, the median per-step latency "
-              "(forward_backward+optim_step, all tenants' measured steps) is <= tolerance x the N=1 median (one "
-              "tenant per device); every tenant thinks think_s seconds off-device between steps; all N LoRA tenants "
-              "share one resident base (unless share_lora_base is false); arrivals staggered by 1/N of a period "
-              "(baseline step + think) unless arrivals is lockstep; with lora_concurrency > 1 up to that many "
-              "LoRA units run at once in one shared rota turn of the base (every point, N=1 included)")
+DEFINITION = ("density = largest tested N whose median per-step latency (forward_backward+optim_step, all "
+              "tenants' measured steps) is <= tolerance x t_ref, the median step of a single-tenant HF+peft trainer "
+              "on the dedicated device (reference; without one: density_vs_one_tenant); density_vs_one_tenant = "
+              "largest tested N such that, for it and every smaller tested N, that latency is <= tolerance x the "
+              "N=1 median (one tenant per device); every tenant thinks think_s seconds off-device between steps; "
+              "all N LoRA tenants share one resident base (unless share_lora_base is false); arrivals staggered by "
+              "1/N of a period (baseline step + think) unless arrivals is lockstep; with lora_concurrency > 1 up "
+              "to that many LoRA units run at once in one shared rota turn of the base (every point, N=1 included)")
 BREAKDOWN = ("queue_s", "acquire_s", "wait_s", "restore_s", "compute_s", "release_s", "reply_s", "answer_lag_s",
              "total_s", "parked_s")
 MONO = time.monotonic() - time.perf_counter()  # perf_counter stamps + MONO = monotonic stamps (the service's)
@@ -119,35 +127,18 @@ class PointFailed(Exception):
 
 
 def _batch(vocab: int, length: int, n: int, seed: int) -> list:
+    """``n`` next-token rows of ``length`` tokens as tinker Datums (the peft reference trains on the same rows)."""
     from tinker import types
 
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        toks = rng.integers(0, vocab, size=length + 1)
-        target = types.TensorData.from_numpy(toks[1:].astype(np.int64))
-        out.append(types.Datum(model_input=types.ModelInput.from_ints(toks[:-1].tolist()),
-                               loss_fn_inputs={"target_tokens": target}))
-    return out
-
-
-def _gpu_index(device: str) -> int | None:
-    m = re.match(r"^cuda(?::(\d+))?$", device)
-    return None if m is None else int(m.group(1) or 0)
+    return [types.Datum(model_input=types.ModelInput.from_ints(toks[:-1].tolist()),
+                        loss_fn_inputs={"target_tokens": types.TensorData.from_numpy(toks[1:].astype(np.int64))})
+            for toks in ref.rows(vocab, length, n, seed)]
 
 
 def _device_mem(device: str, what: str = "used") -> int | None:
     """Device memory ``used`` or ``free`` (bytes, whole device, nvidia-smi); None on CPU or without nvidia-smi."""
-    idx = _gpu_index(device)
-    if idx is None or shutil.which("nvidia-smi") is None:
-        return None
-    out = subprocess.run(["nvidia-smi", f"--id={idx}", f"--query-gpu=memory.{what}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=30)
-    return int(out.stdout.strip().splitlines()[0]) * 2**20 if out.returncode == 0 and out.stdout.strip() else None
-
-
-def _device_used(device: str) -> int | None:
-    return _device_mem(device, "used")
+    mib = ref.nvidia_smi(device, f"memory.{what}")
+    return None if mib is None else int(mib) * 2**20
 
 
 def _capacity(args: argparse.Namespace, n: int, base_bytes: int) -> int:
@@ -181,7 +172,7 @@ class _Peak:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            used = _device_used(self.device)
+            used = _device_mem(self.device)
             if used is not None:
                 self.peak = used if self.peak is None else max(self.peak, used)
             self._stop.wait(self.every_s)
@@ -215,7 +206,7 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
 
     spec = base_spec(args)
     tenants = tuple(Tenant(f"t{i}", f"tml-bench-tenant-{i:04d}") for i in range(n))
-    idle = _device_used(args.device)
+    idle = _device_mem(args.device)
     base_bytes = base_spec_bytes(spec)
     capacity = _capacity(args, n, base_bytes)
     data = _batch(spec.vocab, args.seq_len, args.batch, seed=0)
@@ -436,16 +427,19 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=2048, help="base model: width")
     p.add_argument("--layers", type=int, default=8, help="base model: transformer blocks")
     p.add_argument("--heads", type=int, default=16, help="base model: attention heads")
-    p.add_argument("--tenants", default="1,2,4,8", help="comma-separated N values (1 is always run: the baseline)")
+    p.add_argument("--tenants", default=None, help="comma-separated N values (1 is always run: the baseline; "
+                   "default 1,8,16,32,48,64 on CUDA, 1,2,4,8 on CPU)")
     p.add_argument("--rank", type=int, default=16, help="LoRA rank of every tenant")
     p.add_argument("--batch", type=int, default=8, help="sequences per forward_backward")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
     p.add_argument("--steps", type=int, default=10, help="measured steps per tenant")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps per tenant first")
+    p.add_argument("--ref-steps", type=int, default=20, help="measured steps of the peft reference (0: skip it)")
+    p.add_argument("--ref-warmup", type=int, default=3, help="unmeasured steps of the peft reference first")
     p.add_argument("--think-s", type=float, default=None, help="seconds off-device between a tenant's steps")
     p.add_argument("--think-ratio", type=float, default=4.0,
-                   help="without --think-s: think time = this x the one-tenant back-to-back step time")
-    p.add_argument("--tolerance", type=float, default=1.25, help="'equal latency' = within this factor of N=1")
+                   help="without --think-s: think time = this x t_ref (no reference: the one-tenant step)")
+    p.add_argument("--tolerance", type=float, default=1.25, help="'equal latency' = within this factor of t_ref")
     p.add_argument("--unshared", type=int, default=0, help="also run this N with base sharing off (0: skip)")
     p.add_argument("--arrivals", choices=("staggered", "lockstep"), default="staggered",
                    help="staggered: tenant i starts i/N of a period after tenant 0; lockstep: all together")
@@ -470,6 +464,8 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=os.environ.get("ROTA_LOG_LEVEL", "WARNING"))
     os.environ.setdefault("TINKER_TELEMETRY", "0")
+    if args.tenants is None:
+        args.tenants = "1,2,4,8" if args.device == "cpu" else "1,8,16,32,48,64"
     try:
         ns = sorted({1} | {int(x) for x in args.tenants.split(",") if x.strip()})
     except ValueError:
@@ -479,8 +475,8 @@ def main() -> None:
     for name in ("vocab", "dim", "layers", "heads", "rank", "batch", "seq_len", "steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
-    if args.warmup < 0 or args.unshared < 0:
-        p.error("--warmup and --unshared must be >= 0")
+    if min(args.warmup, args.unshared, args.ref_steps, args.ref_warmup) < 0:
+        p.error("--warmup, --unshared, --ref-steps and --ref-warmup must be >= 0")
     if not 0 <= args.think_jitter < 1:
         p.error(f"--think-jitter {args.think_jitter} must be within [0, 1)")
     if not 1 <= args.lora_concurrency <= 64:
@@ -497,7 +493,7 @@ def main() -> None:
         p.error("--think-s and --think-ratio must be >= 0")
     if args.tolerance < 1:
         p.error(f"--tolerance {args.tolerance} must be >= 1")
-    if args.device != "cpu" and _gpu_index(args.device) is None:
+    if args.device != "cpu" and ref.gpu_index(args.device) is None:
         p.error(f"--device {args.device!r} not understood; use cpu, cuda or cuda:N")
     if args.capacity != "auto":
         from rota.config import parse_bytes
@@ -511,31 +507,34 @@ def main() -> None:
     t0 = time.perf_counter()
     result: dict = {"bench": "tinker_density", "definition": DEFINITION, "device": args.device,
                     "host": platform.node(), "args": vars(args), "tolerance": args.tolerance, "complete": False,
-                    "density": None,
-                    "points": [], "unshared_point": None}
-    base = _point(1, args, args.think_s)
+                    "density": None, "density_vs_one_tenant": None, "mfu_definition": ref.MFU_DEFINITION,
+                    "device_peak": ref.peak_flops(args.device), "points": [], "unshared_point": None}
+    spec = base_spec(args)
+    reference, think_s = ref.prepare(result, spec, args)
+    params = spec.params()  # type: ignore[attr-defined]
+
+    def report(pt: dict) -> None:
+        _report(pt, base, args.tolerance)
+        ref.annotate(pt, args, params, result["device_peak"], reference)
+
+    base = _point(1, args, think_s)
     result["points"].append(base)
     if base.get("failed"):
         _write(result, args, t0)
         sys.exit(f"the baseline (N=1) failed: {base['reason']}")
     period = base["median_step_s"] + base["think_s"]
     result.update(think_s=base["think_s"], single_tenant_median_step_s=base["median_step_s"], period_s=period)
-    _report(base, base, args.tolerance)
+    report(base)
     _write(result, args, t0)
     for n in ns[1:]:
         pt = _point(n, args, base["think_s"], period_s=period)
         result["points"].append(pt)
-        _report(pt, base, args.tolerance)
+        report(pt)
         _write(result, args, t0)
     if args.unshared:
         result["unshared_point"] = _point(args.unshared, args, base["think_s"], share=False, period_s=period)
-        _report(result["unshared_point"], base, args.tolerance)
-    density = 1
-    for pt in result["points"]:
-        if pt.get("failed") or not pt["within_tolerance"]:
-            break
-        density = pt["tenants"]
-    result["density"] = density
+        report(result["unshared_point"])
+    ref.set_densities(result, reference, args.tolerance)
     unshared = result["unshared_point"]
     if unshared is not None and not unshared.get("failed"):
         same = next((pt for pt in result["points"] if pt["tenants"] == args.unshared and not pt.get("failed")), None)
@@ -548,8 +547,7 @@ def main() -> None:
                                                      "or torch runtime), which sharing adds"}
     result["complete"] = True
     text = _write(result, args, t0)
-    log.warning("density %d (tenants per device at <= %.2fx one-tenant step latency, think %.3f s, %s arrivals)",
-                density, args.tolerance, base["think_s"], args.arrivals)
+    log.warning("%s (%s arrivals)", ref.summary(result), args.arrivals)
     sys.stdout.write(text + "\n")
 
 
