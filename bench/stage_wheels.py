@@ -30,6 +30,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,11 @@ def load_spec(path: Path) -> dict:
     return spec
 
 
+def _key(name: str, version: str) -> tuple[str, str]:
+    """A distribution's name as pip compares it (``Foo_bar`` is ``foo-bar``) and its version."""
+    return re.sub(r"[-_.]+", "-", name).lower(), version
+
+
 def download(spec: dict, into: Path) -> list[Path]:
     """pip download of the spec's wheels for the device's interpreter and platforms (no dependencies)."""
     into.mkdir(parents=True, exist_ok=True)
@@ -114,6 +120,9 @@ def prepare(args: argparse.Namespace) -> int:
     if args.piece_mib < 1 or args.piece_mib > 60:
         raise StageError(f"--piece-mib {args.piece_mib}: pass 1..60 (a run carries 64 MiB with the working tree)")
     wheels = sorted(Path(args.wheels_dir).glob("*.whl")) if args.wheels_dir else download(spec, stage / "download")
+    if not args.wheels_dir:  # the download folder may still hold wheels of an earlier version of the spec
+        pinned = {_key(*w.split("==", 1)) for w in spec["wheels"]}
+        wheels = [w for w in wheels if _key(*w.name.split("-")[:2]) in pinned]
     if not wheels:
         raise StageError(f"no wheels found in {args.wheels_dir or stage / 'download'}")
     shutil.rmtree(stage / "wheels", ignore_errors=True)
