@@ -201,6 +201,12 @@ class ServiceConfig:
     max_models: int = 8
     max_sessions: int = 64
     max_bytes: int = 64 * 2**30
+    # Per key, what the HTTP process holds for it (rota_tinker._http.budget): work units not finished yet (queued or
+    # running), and bytes of results reserved or not yet fetched; a fetched result is let go result_grace_s after
+    # its first answer (a client whose connection broke may fetch it again meanwhile).
+    max_queued_units: int = 256
+    max_result_bytes: int = 4 * 2**30
+    result_grace_s: float = 30.0
     # A session without a heartbeat (the SDK sends one every 10 s) for this long ends: its models are unloaded.
     session_ttl_s: float = 300.0
     # stop(): for up to this long, answer the live sessions' heartbeats with 410 (session ended) before closing,
@@ -280,7 +286,8 @@ class ServiceConfig:
         except RotaError as e:
             raise ConfigError(f"{e}; fix --group / ROTA_GROUP") from None
         for name in ("max_models", "max_sessions", "max_bytes", "max_connections", "max_client_connections",
-                     "max_unauthenticated", "http_threads", "max_json_bytes", "max_body_bytes", "max_request_tokens"):
+                     "max_unauthenticated", "http_threads", "max_json_bytes", "max_body_bytes", "max_request_tokens",
+                     "max_queued_units", "max_result_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be an integer >= 1")
@@ -289,6 +296,8 @@ class ServiceConfig:
         for path in (self.tls_cert, self.tls_key):
             if path and not os.access(path, os.R_OK):
                 raise ConfigError(f"TLS file {path!r} cannot be read; give a PEM file (--tls-cert / --tls-key)")
+        if not 0 <= self.result_grace_s <= 3600:
+            raise ConfigError(f"result_grace_s={self.result_grace_s!r} must be 0-3600 seconds (--result-grace)")
         for name in ("session_ttl_s", "header_timeout_s", "body_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0 seconds")

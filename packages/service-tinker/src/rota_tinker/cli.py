@@ -47,6 +47,15 @@ _LIMITS = (
      "Live sessions (training and sampling) one API key may hold at once (429 past it)."),
     ("--max-bytes", "max_bytes", ByteSize(), "64GiB",
      "Bytes of model state and saved weights one API key may hold (429 past it)."),
+    ("--max-queued-units", "max_queued_units", click.IntRange(min=1), 256,
+     "Work units (forward_backward, optim_step, samples, saves...) one API key may have queued or running at once "
+     "(429 past it)."),
+    ("--max-result-bytes", "max_result_bytes", ByteSize(), "4GiB",
+     "Bytes of results one API key may have reserved (a unit's largest possible result, from when it is accepted) "
+     "or not yet fetched (429 past it; a single request whose result could take more: 400)."),
+    ("--result-grace", "result_grace_s", click.FloatRange(min=0, max=3600), 30.0,
+     "Seconds a result is kept after its first answer (a client whose connection broke fetches it again), then "
+     "let go."),
     ("--session-ttl", "session_ttl_s", click.FloatRange(min=1), 300.0,
      "Seconds without a heartbeat after which a session ends and its models are unloaded."),
     ("--farewell", "farewell_s", click.FloatRange(min=0, max=60), 12.0,

@@ -50,6 +50,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from rota_tinker._http.audit import AuditLog
+from rota_tinker._http.budget import JSON_RESULT_BYTES
 from rota_tinker._http.formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 from rota_tinker._http.server import Reply
 
@@ -189,7 +190,7 @@ class CheckpointRoutes:
             if old is not None and not overwrite:
                 raise BadRequest(f"{path} exists; save under another name or pass overwrite=True", status=CONFLICT)
             state.check_quota(tenant.name, nbytes=max(0, m.bytes - (old.bytes if old else 0)))
-        fut = state.future(tenant.name, "SaveWeights", m.session_id)
+        fut = state.future(tenant.name, "SaveWeights", m.session_id, result_bytes=JSON_RESULT_BYTES)
 
         def done(result: Any) -> None:
             ck = Checkpoint(path, tenant.name, m.model_id, name, m.base, m.lora, result["folder"], int(result["bytes"]),
@@ -246,7 +247,7 @@ class CheckpointRoutes:
                              f"{_kind(m.base.name, m.lora)} one: load it into a model of the same kind, or with "
                              "create_training_client_from_state")
         answer["model_id"] = m.model_id
-        fut = self.state.future(tenant.name, "LoadWeights", m.session_id)
+        fut = self.state.future(tenant.name, "LoadWeights", m.session_id, result_bytes=JSON_RESULT_BYTES)
         self.state.trainer_of(m).submit(
             fut, "load_state", {"model_id": m.model_id, "folder": ck.folder, "optimizer": optimizer},
             lambda _r: fut.succeed(json=answer))

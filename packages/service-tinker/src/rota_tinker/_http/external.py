@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from rota_tinker._http.budget import JSON_RESULT_BYTES
 from rota_tinker._http.checkpoints import ID, MAX_ARCHIVE_BYTES, NAME, expired, ttl, user_metadata
 from rota_tinker._http.formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 from rota_tinker._http.server import Reply, Request
@@ -122,7 +123,7 @@ class ExternalRoutes:
             if path in state.runs.external:
                 raise BadRequest(f"{path} exists; save under another name or delete it first", status=CONFLICT)
             state.check_quota(tenant.name, nbytes=m.bytes)
-        fut = state.future(tenant.name, "SaveWeightsExternal", m.session_id)
+        fut = state.future(tenant.name, "SaveWeightsExternal", m.session_id, result_bytes=JSON_RESULT_BYTES)
 
         def done(result: Any) -> None:
             src = result["file"]

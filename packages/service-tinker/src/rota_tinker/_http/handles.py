@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import queue
 import threading
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_for
@@ -48,6 +48,8 @@ class Future:
     # monotonic stamps and durations of this unit: submitted, recv, wait_s, restore_s, compute_s, ... answered
     timing: dict[str, float] = field(default_factory=dict)
     finished_at: float | None = None  # monotonic; the service forgets the future future_ttl_s after it
+    delivered: bool = False  # its result was answered once (rota_tinker._http.budget lets it go a little later)
+    dropped: bool = False  # its result was let go (answered a while ago): a later retrieve gets an error
     _callbacks: list[Callable[[], None]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -71,6 +73,11 @@ class Future:
         callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
             fn()
+
+    def drop_result(self) -> None:
+        """Let the result's bytes go (rota_tinker._http.budget); the future stays, for its timing."""
+        with self._lock:
+            self.proto, self.json, self.dropped = None, None, True
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` once the future completes (now, if it has): how a long poll waits without a thread."""
@@ -96,6 +103,9 @@ DURATIONS = ("acquire_s", "wait_s", "restore_s", "compute_s", "release_s", "park
 # device bytes of the worker process around its last park (NVML, CUDA only): before, after, outside the allocator;
 # and what that park left on the device by rota's count (rota.residue.residue_left: the limit's measure)
 PARK_READINGS = ("parked_nvml_before", "parked_nvml_after", "parked_outside_allocator", "parked_residue")
+# the batched LoRA worker's passes (rota_tinker._worker.passes): the pass a unit finished in, the passes that ran from
+# its arrival to its reply, and the decode steps of sample batches run meanwhile
+PASS_COUNTS = ("pass", "passes", "decode_steps")
 
 
 def unit_breakdown(timing: dict[str, float]) -> dict[str, float]:
@@ -117,10 +127,10 @@ def unit_breakdown(timing: dict[str, float]) -> dict[str, float]:
     part of them outside torch's allocator (its CUDA context, cuBLAS workspaces), and the residue rota counted
     against ``ROTA_RESIDUE_MAX_BYTES``. A unit of a shared LoRA turn (:mod:`rota_tinker._worker.shared_turn`)
     has ``units_sharing``: the units in the shared turn when it entered (itself included); its ``wait_s`` is
-    its wait at the shared turn's gate.
+    its wait at the shared turn's gate. A unit of the batched LoRA worker has :data:`PASS_COUNTS`.
     """
     out = {k: float(timing[k]) for k in (*DURATIONS, *PARK_READINGS, "new_turn", "batch_units", "decode_rows",
-                                         "units_sharing") if k in timing}
+                                         "units_sharing", *PASS_COUNTS) if k in timing}
     for name, hi, lo in _LEGS:
         if hi in timing and lo in timing:
             out[name] = max(0.0, timing[hi] - timing[lo])
@@ -144,6 +154,52 @@ def off_request_thread(fut: Future, what: str, fn: Callable[[], None]) -> None:
 _STOP = object()  # tells a handle's sender thread to end
 
 
+class _Outbox:
+    """What a handle's sender thread sends, fairly: each tenant's units in the order they were submitted, the tenants
+    in turn. A worker shared by tenants (the batched LoRA worker) reads its pipe in order, so one tenant's backlog
+    sent first would reach it before another tenant's next unit; here that unit goes right after the unit being
+    sent. The close message goes once every tenant's units have."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queues: OrderedDict[str, deque[Any]] = OrderedDict()
+        self._closing: Any = None
+        self._stopped = False
+
+    def put(self, item: Any, tenant: str = "") -> None:
+        with self._cond:
+            self._queues.setdefault(tenant, deque()).append(item)
+            self._cond.notify()
+
+    def close(self, item: Any) -> None:
+        """Send ``item`` after everything put before it, and nothing after it."""
+        with self._cond:
+            self._closing = item
+            self._cond.notify()
+
+    def stop(self) -> None:
+        """The worker is gone: the sender ends now."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def get(self) -> Any:
+        with self._cond:
+            while not (self._stopped or self._queues or self._closing is not None):
+                self._cond.wait()
+            if self._stopped:
+                return _STOP
+            if not self._queues:
+                item, self._closing = self._closing, None
+                return item
+            tenant, queue = next(iter(self._queues.items()))
+            item = queue.popleft()
+            del self._queues[tenant]
+            if queue:  # its next unit waits for the other tenants' next ones
+                self._queues[tenant] = queue
+            return item
+
+
 class WorkerHandle:
     """One worker process of one tenant, started lazily on first use.
 
@@ -161,7 +217,7 @@ class WorkerHandle:
         self._dead: str | None = None
         self._closed = False
         self._reaped = threading.Event()  # set by the reader once it has joined the process
-        self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # what the sender thread sends, in order
+        self._outbox = _Outbox()  # what the sender thread sends
         self._starting: threading.Event | None = None  # a start in progress; set when it has ended
         self._buffer: list[Any] = []  # units submitted during that start, in order
         self.hello: dict[str, Any] = {}  # what the process said when it was ready (a base holder: its address)
@@ -227,11 +283,11 @@ class WorkerHandle:
                 failed = []
                 self._proc, self.hello = proc, hello
                 reaped = self._reaped = threading.Event()
-                outbox = self._outbox = queue.SimpleQueue()
+                outbox = self._outbox = _Outbox()
                 for item in buffered:
-                    outbox.put(item)
+                    outbox.put(item, item[1].tenant)
                 if self._closed:  # the service closed while this started: the worker exits after what it has
-                    outbox.put((None, None))
+                    outbox.close((None, None))
                 threading.Thread(target=self._read, args=(parent, proc, reaped, outbox),
                                  name=f"rota-tinker-read-{self.name}", daemon=True).start()
                 threading.Thread(target=self._send, args=(parent, outbox), name=f"rota-tinker-send-{self.name}",
@@ -284,12 +340,16 @@ class WorkerHandle:
                 future.timing["submitted"] = time.monotonic()
                 self._pending[future.request_id] = (future, on_result)
                 item = ((future.request_id, op, args), future)
-                (self._buffer.append if starting is not None else self._outbox.put)(item)
+                if starting is not None:
+                    self._buffer.append(item)
+                else:
+                    self._outbox.put(item, future.tenant)
         if why is not None:
             future.fail(why, "server")
 
-    def _send(self, conn: Any, outbox: queue.SimpleQueue[Any]) -> None:
-        """Send the worker its units in submission order. A thread of its own: a worker busy with a long pass reads
+    def _send(self, conn: Any, outbox: _Outbox) -> None:
+        """Send the worker its units: each tenant's in submission order, the tenants in turn (:class:`_Outbox`). A
+        thread of its own: a worker busy with a long pass reads
         nothing, and once the pipe is full a send waits; an HTTP thread (or the lock the reader needs to deliver
         the worker's replies) waiting there had stalled the whole service with 32 tenants on one batched worker."""
         while True:
@@ -311,7 +371,7 @@ class WorkerHandle:
                 return
 
     def _read(self, conn: Any, proc: mp.process.BaseProcess, reaped: threading.Event,
-              outbox: queue.SimpleQueue[Any]) -> None:
+              outbox: _Outbox) -> None:
         """Complete futures from the worker's replies; when it exits, reap it (the only reaper) and fail the rest.
 
         Replies: ``(rid, "ok", result, timing)`` or ``(rid, "err", message, category, timing)``.
@@ -341,7 +401,7 @@ class WorkerHandle:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s %s %s: %s", self.name, future.kind, rid,
                           " ".join(f"{k}={v:.4f}" for k, v in unit_breakdown(future.timing).items()))
-        outbox.put(_STOP)  # its sender has nobody left to send to
+        outbox.stop()  # its sender has nobody left to send to
         proc.join(5)
         reaped.set()
         with self._lock:
@@ -361,7 +421,7 @@ class WorkerHandle:
             self._closed = True
             self._dead = self._dead or f"{self.name} worker was stopped (service shutting down)"
             if self._proc is not None:
-                self._outbox.put((None, None))  # after every unit submitted before it
+                self._outbox.close((None, None))  # after every unit submitted before it
 
     def wait_closed(self, deadline: float) -> bool:
         """Wait until ``deadline`` (monotonic) for the worker to exit; kill it after that. True if it exited itself."""

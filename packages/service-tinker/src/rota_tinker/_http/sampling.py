@@ -16,15 +16,13 @@ from rota_tinker._http.handles import Future, off_request_thread
 from rota_tinker._http.server import Reply
 from rota_tinker._http.state import (
     _PATH,
-    MAX_NEW_TOKENS,
-    MAX_SAMPLES,
-    MAX_TOPK,
     SEED_BOUNDS,
     _json,
     _SamplingSession,
     _State,
     _Weights,
 )
+from rota_tinker._worker.common import MAX_NEW_TOKENS, MAX_SAMPLES, MAX_TOPK, MIN_TEMPERATURE
 
 log = logging.getLogger("rota_tinker._http.service")
 
@@ -58,6 +56,20 @@ def _stops(stop: Any, base: BaseModelSpec | HfModelSpec) -> tuple[list[int], lis
                              f"base model's vocabulary of {base.vocab} tokens [0, {base.vocab})")
     return list(items), []
 
+
+
+def result_bound(num: int, params: dict[str, Any], outputs: dict[str, Any], prompt_len: int) -> int:
+    """The most bytes a sample's encoded ``SampleResponse`` can take (rota_tinker._http.formats.sample_response):
+    what rota_tinker._http.budget reserves for it when it is accepted. Per sampled token its id and logprob (4 bytes
+    each) and its top-k (8 bytes a column); at the prompt what it asked for; protobuf's tags and lengths on top."""
+    k = outputs.get("topk_sample") or 0
+    sequence = 64 + params["max_tokens"] * (8 + 8 * k)
+    prompt = 4 * prompt_len if outputs.get("prompt_logprobs") else 0
+    prompt += 8 * (outputs.get("topk_prompt") or 0) * prompt_len
+    target = outputs.get("target")
+    prompt += 4 * int(target.size) if target is not None else 0
+    prompt += 12 * (outputs.get("alt_k") or 0) * prompt_len
+    return num * sequence + prompt + 512
 
 
 class SamplingRoutes:
@@ -149,7 +161,8 @@ class SamplingRoutes:
         params.update(outputs)
         seed = params.pop("seed")
         seed = secrets.randbelow(2**31) if seed is None else seed
-        fut = state.future(tenant.name, "Sample", session)
+        fut = state.future(tenant.name, "Sample", session,
+                           result_bytes=result_bound(num, params, outputs, prompt.size))
         seq_ids = [f"{fut.request_id}:{i}" for i in range(num)]
         sampler = state.sampler_of(tenant.name, base, shareable)
 
@@ -161,7 +174,7 @@ class SamplingRoutes:
                 return
             sampler.submit(
                 fut, "sample", {"key": key, "base": base, "prompt": prompt, "params": params, "num_samples": num,
-                                "seed": seed, "shared_base": shared},
+                                "seed": seed, "shared_base": shared, "owner": tenant.name},
                 lambda result: self._sampled(fut, tenant, result, prompt.size, base.name, session,
                                              (seq_ids, prompt) if record else None), restart=True)
 
@@ -212,8 +225,9 @@ class SamplingRoutes:
         temperature = field_of(sp, "temperature", float, required=False, default=1.0)
         top_k = field_of(sp, "top_k", int, required=False, default=-1)
         top_p = field_of(sp, "top_p", float, required=False, default=1.0)
-        if temperature < 0:
-            raise BadRequest(f"sampling_params.temperature={temperature} must be a finite number >= 0")
+        if temperature != 0 and not temperature >= MIN_TEMPERATURE:  # logits / 1e-300 overflow float32
+            raise BadRequest(f"sampling_params.temperature={temperature:g} must be 0 (greedy) or at least "
+                             f"{MIN_TEMPERATURE:g}")
         if not (0 < top_p <= 1):
             raise BadRequest(f"sampling_params.top_p={top_p} must be within (0, 1]")
         if top_k == 0 or top_k < -1:

@@ -290,16 +290,22 @@ class _Api(TrainingRoutes, SamplingRoutes, _checkpoints.CheckpointRoutes, _exter
                           "queue_state_reason": "running or waiting for its turn on the GPU"})
         finally:
             fut.remove_done_callback(wake)
+        proto, answer = fut.proto, fut.json  # read once: the budget may let them go meanwhile
         if fut.error is not None:
             reply = _json({"error": fut.error, "category": fut.category, "request_id": fut.request_id})
-        elif fut.proto is not None:
+        elif fut.dropped:
+            raise BadRequest(f"the result of {fut.request_id} was answered already and let go "
+                             f"{self.config.result_grace_s:g} s after (--result-grace); results are kept for one "
+                             "answer", status=404)
+        elif proto is not None:
             if PROTO not in req.header("accept"):
                 raise BadRequest(f"the result of {fut.request_id} ({fut.kind}) is protobuf; send Accept: {PROTO}",
                                  status=406)
-            reply = Reply(200, fut.proto, PROTO)
+            reply = Reply(200, proto, PROTO)
         else:
-            reply = _json(fut.json)
+            reply = _json(answer)
         fut.timing.setdefault("answered", time.monotonic())
+        self.state.budget.delivered(fut)
         return reply
 
 

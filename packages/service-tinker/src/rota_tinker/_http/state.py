@@ -19,6 +19,7 @@ from typing import Any
 from rota_tinker._config import BaseModelSpec, ServiceConfig
 from rota_tinker._http import checkpoints as _checkpoints
 from rota_tinker._http import usage as _usage
+from rota_tinker._http.budget import Budget
 from rota_tinker._http.formats import QuotaExceeded
 from rota_tinker._http.handles import Future, WorkerHandle
 from rota_tinker._http.server import Reply
@@ -31,9 +32,6 @@ PROTO = "application/x-protobuf"
 _NAME = _checkpoints.NAME  # checkpoint names: they become file names
 _ID = _checkpoints.ID
 _PATH = re.compile(rf"tinker://({_ID})/sampler_weights/({_ID})")
-MAX_SAMPLES = 64
-MAX_TOPK = 1000  # top-k, target ids per position and alternative tokens a sample request may ask for
-MAX_NEW_TOKENS = 1024
 SEED_BOUNDS = (0, 2**63 - 1)
 # a model's newest ephemeral sampler weights kept; older ones are deleted (an RL loop saves one every step)
 EPHEMERAL_KEEP = 4
@@ -131,6 +129,7 @@ class _State:
         self.stopping = False  # stop() is saying farewell: heartbeats answer 410 (TinkerService.stop)
         self.farewelled: set[str] = set()  # sessions whose heartbeat got that answer
         self.forgotten_futures = 0  # finished futures dropped after future_ttl_s
+        self.budget = Budget(config.max_queued_units, config.max_result_bytes, config.result_grace_s)
         self.counter = itertools.count(1)
         self.workers: dict[tuple[str, str], WorkerHandle] = {}
         for t in config.tenants:
@@ -191,7 +190,8 @@ class _State:
         for handle in handles:
             if handle is not None and handle.pid is not None:
                 fut = self.future(tenant, "ForgetWeights")
-                handle.submit(fut, "forget", {"key": key}, lambda _r, fut=fut: fut.succeed(json={}))
+                args = {"key": key, "owner": tenant} if handle.spec.role == "batch" else {"key": key}
+                handle.submit(fut, "forget", args, lambda _r, fut=fut: fut.succeed(json={}))
 
     def shared_base(self, base: BaseModelSpec, shareable: bool) -> str | None:
         """The address workers fetch ``base`` from, or None (sharing is off, or a full model needs its own copy).
@@ -205,14 +205,25 @@ class _State:
     def new_id(self, prefix: str) -> str:
         return f"{prefix}-{next(self.counter)}-{secrets.token_hex(4)}"
 
-    def future(self, tenant: str, kind: str, session: str | None = None) -> Future:
-        """A new request's future; ``session``: the session it belongs to (its trace, rota_tinker._http.trace)."""
+    def future(self, tenant: str, kind: str, session: str | None = None, *, result_bytes: int | None = None) -> Future:
+        """A new request's future; ``session``: the session it belongs to (its trace, rota_tinker._http.trace).
+
+        ``result_bytes`` (a tenant's work unit: the most its result can take) counts it against the key's queued
+        units and result bytes (rota_tinker._http.budget) until its result is let go; the service's own units
+        (unloads at a session's end, forgetting weights) give none.
+
+        :raises BadRequest: past a bound of the key (429) or a result too large for it (400).
+        """
         fut = Future(request_id=self.new_id("req"), tenant=tenant, kind=kind)
         with self.lock:
             self._forget_old_futures()
+            if result_bytes is not None:
+                self.budget.admit(tenant, fut, result_bytes)
             self.futures[fut.request_id] = fut
             if session is not None:
                 self.future_session[fut.request_id] = session
+        if result_bytes is not None:
+            fut.add_done_callback(lambda: self.budget.finished(fut))
         return fut
 
     def _forget_old_futures(self) -> None:
@@ -224,7 +235,7 @@ class _State:
         cutoff = now - self.config.future_ttl_s
         old = [rid for rid, f in self.futures.items() if f.finished_at is not None and f.finished_at < cutoff]
         for rid in old:
-            del self.futures[rid]
+            self.budget.forget(self.futures.pop(rid))
             self.future_session.pop(rid, None)
             self.forgotten_futures += 1
 

@@ -12,6 +12,7 @@ from rota_tinker._config import STATE_BYTES_PER_PARAM, BaseModelSpec, ServiceCon
 from rota_tinker._hf import HfModelSpec
 from rota_tinker._http import checkpoints as _checkpoints
 from rota_tinker._http import formats as _formats
+from rota_tinker._http.budget import JSON_RESULT_BYTES
 from rota_tinker._http.formats import CONFLICT, NOT_IMPLEMENTED, BadRequest, field_of
 from rota_tinker._http.handles import Future, off_request_thread
 from rota_tinker._http.server import Reply, Request
@@ -89,7 +90,12 @@ class TrainingRoutes:
                 raise BadRequest(f"model {model_id[:140]!r} exists already; use a new model_seq_id", status=CONFLICT)
             state.check_quota(tenant.name, models=1, nbytes=model.bytes)
             state.creating[model_id] = model
-        fut = state.future(tenant.name, "CreateModel", sid)
+        try:
+            fut = state.future(tenant.name, "CreateModel", sid, result_bytes=JSON_RESULT_BYTES)
+        except BadRequest:  # the key's queued units or results are at their bounds: nothing is being created
+            with state.lock:
+                state.creating.pop(model_id, None)
+            raise
         trainer = state.trainer_of(model)
 
         def done(result: Any) -> None:
@@ -131,7 +137,7 @@ class TrainingRoutes:
     def _unload_model(self, tenant: Tenant, body: dict[str, Any]) -> Reply:
         """Free a model and its ephemeral sampler weights: the quota at once, the memory in its trainer's next turn."""
         m = self._model(tenant, field_of(body, "model_id", str))
-        fut = self.state.future(tenant.name, "UnloadModel")
+        fut = self.state.future(tenant.name, "UnloadModel", result_bytes=JSON_RESULT_BYTES)
         self.state.unload(m, fut)
         log.info("tenant %s: unload_model %s", tenant.name, m.model_id)
         return self._future_reply(fut, m.model_id)
@@ -170,7 +176,9 @@ class TrainingRoutes:
                 inputs = self.state.stability.loss_inputs(tenant.name, m.session_id, i, d.tokens, inputs,
                                                           d.provenance)
             data.append((d.tokens, inputs))
-        fut = self.state.future(tenant.name, "ForwardBackward", m.session_id)
+        # its result: a float32 logprob per token, the data's tensors and the message around them
+        fut = self.state.future(tenant.name, "ForwardBackward", m.session_id,
+                                result_bytes=8 * tokens + 64 * len(data) + 1024)
 
         def done(result: Any) -> None:
             self.state.usage_counts.note(tenant.name, "training", tokens, m.base.name, m.session_id)
@@ -196,7 +204,7 @@ class TrainingRoutes:
                              "be >= 0 and eps > 0")
         if not (0 <= adam["beta1"] < 1 and 0 <= adam["beta2"] < 1):
             raise BadRequest(f"adam_params beta1={adam['beta1']}, beta2={adam['beta2']} must be within [0, 1)")
-        fut = self.state.future(tenant.name, "OptimStep", m.session_id)
+        fut = self.state.future(tenant.name, "OptimStep", m.session_id, result_bytes=JSON_RESULT_BYTES)
         self.state.trainer_of(m).submit(
             fut, "optim_step", {"model_id": m.model_id, "adam": adam},
             lambda result: fut.succeed(json={"metrics": result["metrics"]}))
@@ -221,7 +229,7 @@ class TrainingRoutes:
             if tinker_path in state.weights:
                 raise BadRequest(f"{tinker_path} exists; save under another name or delete it first", status=CONFLICT)
             state.check_quota(tenant.name, nbytes=nbytes, sessions=1 if ephemeral else 0)
-        fut = state.future(tenant.name, "SaveWeightsForSampler", m.session_id)
+        fut = state.future(tenant.name, "SaveWeightsForSampler", m.session_id, result_bytes=JSON_RESULT_BYTES)
 
         def done(result: Any) -> None:
             w = _Weights(tinker_path, tenant.name, m.base, result["file"], m.lora is not None, int(result["bytes"]),

@@ -3,18 +3,17 @@
 With ``ServiceConfig.lora_batch`` the service sends the units of LoRA models on a shared base to one
 worker process per (base, device) instead of each tenant's trainer. It attaches to the base holder's
 copy of the base (:mod:`rota_tinker._worker.holder`) and holds every such model's adapters and AdamW state in
-one :class:`rota_tinker._worker.multilora.BatchedLora`. Its loop (:class:`rota_tinker._worker.loop.Loop`) hands
-it every ``forward_backward`` and ``optim_step`` unit queued when a turn starts, of any tenant, in
-one call (:meth:`BatchTrainer.batch_mixed`):
+one :class:`rota_tinker._worker.multilora.BatchedLora`. What runs when is its loop's
+(:class:`rota_tinker._worker.passes.BatchLoop`: passes that each take a bounded share of every tenant's queued
+work); this module is what a pass calls:
 
-* each model's units keep their order (round ``k`` takes each model's ``k``-th unit);
-* the ``forward_backward`` units of a round run as one batched pass, at most ``tenant_tokens`` tokens
-  of one model per pass (:func:`rota_tinker._worker.multilora.plan_batches`: a larger unit is cut by datum
-  and runs over consecutive passes; nobody waits more than one pass for its turn in the batch);
-* an ``optim_step`` runs that model's own AdamW;
-* ``sample`` units (from LoRA sampler weights or the bare base, of any tenant) decode together, each
-  row with its own weights' adapters (loaded from their folder on first use, the least recently used
-  let go past :data:`MAX_WEIGHTS`).
+* :meth:`BatchTrainer.train`: ``forward_backward`` parts of many models as one batched pass;
+* ``op_optim_step``: one model's own AdamW;
+* :meth:`BatchTrainer.open_decoding`: ``sample`` units (from LoRA sampler weights or the bare base, of any
+  tenant) as one decode batch, each row with its own weights' adapters, loaded from their folder on first use
+  and **pinned** until the decoding ends (the least recently used unpinned ones are let go past
+  :data:`MAX_WEIGHTS`; a decoding never needs more than that many: the loop admits no more);
+* model operations (create, unload, checkpoints) one at a time.
 
 The worker is one rota tenant (``lora-batch.N``): its batch takes turns against full-parameter
 tenants and samplers on the device, like the shared LoRA turn (:mod:`rota_tinker._worker.shared_turn`). Adapters and
@@ -27,18 +26,18 @@ either way.
 from __future__ import annotations
 
 import gc
+import itertools
 import os
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
-from rota_tinker._worker.common import MICRO_BATCH_TOKENS, UserError
-from rota_tinker._worker.multilora import BatchedLora, Unit, plan_batches
+from rota_tinker._worker.common import UserError
+from rota_tinker._worker.multilora import BatchedLora, Unit
 from rota_tinker._worker.roles import WorkerBase, base_model
 
 __all__ = ["BatchTrainer"]
 
-BATCH_TOKENS = 1 << 20  # tokens of one batched pass, all tenants together (micro-batches bound the memory)
-MAX_WEIGHTS = 256  # sampler weights whose adapters stay loaded (least recently used go first)
+MAX_WEIGHTS = 256  # sampler weights whose adapters stay loaded (least recently used unpinned ones go first)
 
 
 class BatchTrainer(WorkerBase):
@@ -46,23 +45,22 @@ class BatchTrainer(WorkerBase):
 
     DEVICE_OPS = frozenset({"create", "forward_backward", "optim_step", "unload", "save_state", "load_state",
                             "save_for_sampler", "sample", "forget"})
-    BATCHED_OPS = frozenset({"forward_backward", "optim_step", "sample"})
-    MIXED_BATCHES = True  # the loop hands queued units of all three ops, in arrival order, to batch_mixed
-    # a lone unit waits this long for more before its pass starts: the SDK sends a step's optim_step right behind
-    # its forward_backward, and without it the optim_step would wait for the whole next pass
-    LINGER_S = 0.005
+    BATCHED_OPS = frozenset({"forward_backward", "optim_step", "sample"})  # what a pass takes together
 
     def __init__(self, spec: Any, gpu: Any) -> None:
         super().__init__(spec, gpu)
         self.batched: BatchedLora | None = None
         self.owners: dict[str, tuple[str, dict[str, Any], Any]] = {}  # model id -> (tenant, lora, base)
         self.weights: OrderedDict[str, str] = OrderedDict()  # sampler weights' folder -> its adapters' name, LRU
+        self.pins: Counter[str] = Counter()  # sampler weights' folder -> decodings in flight that use it
+        self.forgotten: set[str] = set()  # weights deleted while pinned: let go when their last decoding ends
+        self.loaded = itertools.count()  # names adapters of sampler weights uniquely
 
     def needs_turn(self, op: str, args: dict[str, Any]) -> bool:
         if op == "unload":
             return args["model_id"] in self.owners
         if op == "forget":
-            return args["key"] in self.weights
+            return args["key"] in self.weights or args["key"] in self.forgotten
         return op in self.DEVICE_OPS
 
     # ------------------------------------------------------------------ models
@@ -109,96 +107,79 @@ class BatchTrainer(WorkerBase):
         assert self.batched is not None
         return self.batched.optim_step(model_id, adam)
 
-    # ------------------------------------------------------------------ batches
+    # ------------------------------------------------------------------ a pass
 
-    def batch_mixed(self, units: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | Exception]:
-        """Run queued ``forward_backward``/``optim_step``/``sample`` units of many tenants (see the module docs);
-        each gets its result or the exception that failed it (a bad model id fails only its own units)."""
-        out: list[dict[str, Any] | Exception] = [None] * len(units)  # type: ignore[list-item]
-        queues: dict[str, list[int]] = {}
-        samples = []
-        for i, (op, args) in enumerate(units):
-            if op == "sample":  # from saved weights: no order with the models' training units
-                samples.append(i)
-            else:
-                queues.setdefault(args["model_id"], []).append(i)
-        if samples:
-            self._samples([units[i][1] for i in samples], out, samples)
-        while any(queues.values()):
-            this_round = [q.pop(0) for q in queues.values() if q]
-            passes = [i for i in this_round if units[i][0] == "forward_backward"]
-            self._forward_backward(units, passes, out)
-            for i in this_round:
-                if units[i][0] == "optim_step":
-                    try:
-                        out[i] = self.op_optim_step(**units[i][1])
-                    except Exception as e:
-                        out[i] = e
-        return out
+    def owner_of(self, model_id: str) -> str | None:
+        """The tenant (API key) whose model ``model_id`` is; None if this worker does not hold it."""
+        entry = self.owners.get(model_id)
+        return entry[0] if entry is not None else None
 
-    def _forward_backward(self, units: list[tuple[str, dict[str, Any]]], rows: list[int],
-                          out: list[dict[str, Any] | Exception]) -> None:
-        """One round's forward_backward units as batched passes; each unit's parts summed back into its result."""
-        todo = []
-        for i in rows:
-            args = units[i][1]
-            try:
-                self._get(args["model_id"])
-            except UserError as e:
-                out[i] = e
-                continue
-            todo.append(Unit(args["model_id"], args["data"], args["loss_fn"], args.get("loss_config"),
-                             args["forward_only"], key=i))
-        if not todo:
-            return
+    def train(self, parts: list[Unit]) -> list[dict[str, Any]]:
+        """``forward_backward`` parts of many models (``Unit.tenant``: the model id) as one batched pass: each
+        part's per-datum logprobs and ``loss:sum``. A failure fails the whole pass (what its earlier micro-batches
+        added to gradients stays, as in a trainer process).
+
+        :raises UserError: a part's model is not loaded here (callers check :meth:`owner_of` first).
+        """
+        for part in parts:
+            self._get(part.tenant)
         assert self.batched is not None
-        results: dict[int, dict[str, Any]] = {}
-        try:
-            for batch in plan_batches(todo, self.spec.lora_batch_tokens, BATCH_TOKENS):
-                for unit, result in zip(batch, self.batched.forward_backward(batch), strict=True):
-                    mine = results.setdefault(unit.key, {"logprobs": [], "metrics": {"loss:sum": 0.0}})
-                    mine["logprobs"].extend(result["logprobs"])
-                    mine["metrics"]["loss:sum"] += result["metrics"]["loss:sum"]
-        except Exception as e:  # a failed pass (out of memory, say) fails every unit in it; as in a trainer
-            # process, what its earlier micro-batches added to gradients stays
-            for unit in todo:
-                out[unit.key] = e
-            return
-        for key, result in results.items():
-            out[key] = result
+        return self.batched.forward_backward(parts)
 
-    # ------------------------------------------------------------------ sampling
+    def can_pin(self, keys: set[str]) -> bool:
+        """Whether a decoding of sampler weights ``keys`` (folders; ``base:`` keys need no adapters) fits beside
+        the weights pinned by the decodings in flight: at most :data:`MAX_WEIGHTS` held at once."""
+        wanted = {k for k in keys if not k.startswith("base:")}
+        return len(wanted | {k for k, n in self.pins.items() if n}) <= MAX_WEIGHTS
 
-    def _samples(self, units: list[dict[str, Any]], out: list[Any], where: list[int]) -> None:
-        """Sample units of many tenants (LoRA sampler weights or the bare base) decoded in as few batches as fit,
-        each row with its own weights' adapters; unit ``k``'s outcome goes to ``out[where[k]]``."""
-        from rota_tinker._worker.sampling import decode_batches
+    def open_decoding(self, units: list[dict[str, Any]]) -> tuple[Any, list[Exception | None]]:
+        """A decode batch of ``units`` (the ``sample`` units' arguments), or None when none of them can run; and
+        each unit's error (None: it is in the batch). A unit whose parameters are out of bounds or whose weights
+        cannot load fails alone; the weights of those in the batch stay pinned until :meth:`close_decoding`."""
+        from rota_tinker._worker.sampling import check_params
 
-        requests: list[dict[str, Any] | None] = []
-        for i, unit in zip(where, units, strict=True):
+        errors: list[Exception | None] = [None] * len(units)
+        requests, keys = [], []
+        for i, unit in enumerate(units):
             try:
-                requests.append({**unit, "tenant": self._sampler_weights(unit)})
-            except Exception as e:  # weights that cannot load fail their own unit only
-                out[i] = e
-                requests.append(None)
-        ready = [k for k, r in enumerate(requests) if r is not None]
-        for part in decode_batches([requests[k] for k in ready], MICRO_BATCH_TOKENS):  # type: ignore[misc]
-            batch = [requests[ready[j]] for j in part]
-            base = batch[0]["base"]  # type: ignore[index]
-            tokenizer = self._tokenizer(base) if any(r["params"].get("stop_strings") for r in batch) else None  # type: ignore[index]
-            try:
-                assert self.batched is not None
-                results: list[Any] = self.batched.sample(batch, base.max_len, tokenizer)  # type: ignore[arg-type]
+                check_params(unit["params"])
+                name = self._sampler_weights(unit)
             except Exception as e:
-                results = [e] * len(batch)
-            for j, result in zip(part, results, strict=True):
-                if isinstance(result, dict):
-                    result["timing"] = {"batch_units": float(len(batch)), "decode_rows": float(result.pop("rows"))}
-                out[where[ready[j]]] = result
+                errors[i] = e
+                continue
+            self.pins[unit["key"]] += 1  # before the next unit loads: nothing this batch needs is let go
+            keys.append(unit["key"])
+            requests.append({**unit, "tenant": name})
+        if not requests:
+            return None, errors
+        base = requests[0]["base"]
+        tokenizer = self._tokenizer(base) if any(r["params"].get("stop_strings") for r in requests) else None
+        try:
+            assert self.batched is not None
+            decoding = self.batched.decoding(requests, base.max_len, tokenizer)
+        except Exception:
+            self._unpin(keys)
+            raise
+        decoding.pinned = keys
+        return decoding, errors
+
+    def close_decoding(self, decoding: Any) -> None:
+        """A decode batch ended (or failed): its weights are no longer pinned by it."""
+        self._unpin(decoding.pinned)
+        decoding.pinned = []
+
+    def _unpin(self, keys: list[str]) -> None:
+        for key in keys:
+            self.pins[key] -= 1
+            if self.pins[key] <= 0:
+                del self.pins[key]
+                if key in self.forgotten:  # deleted while a decoding used it
+                    self.forgotten.discard(key)
+                    self.op_forget(key)
 
     def _sampler_weights(self, unit: dict[str, Any]) -> str | None:
         """The batch's name of the adapters ``unit`` samples from (loaded from its folder on first use, the least
-        recently used let go past :data:`MAX_WEIGHTS`); None for the bare base."""
+        recently used unpinned ones let go past :data:`MAX_WEIGHTS`); None for the bare base."""
         from safetensors.torch import load_file
 
         from rota_tinker._worker.state_files import saved_lora
@@ -213,9 +194,7 @@ class BatchTrainer(WorkerBase):
         lora = saved_lora(key)
         if lora is None:
             raise UserError(f"{os.path.basename(key)} holds full-parameter weights; they cannot go on a shared base")
-        name = f"weights:{len(self.weights)}:{os.path.basename(key)}"
-        while name in batched.adapters:
-            name += "'"
+        name = f"weights:{next(self.loaded)}:{os.path.basename(key)}"
         batched.add(name, lora["rank"], lora["seed"], lora["targets"])
         try:
             batched.load(name, load_file(os.path.join(key, "adapter_model.safetensors")))
@@ -226,12 +205,17 @@ class BatchTrainer(WorkerBase):
             p.requires_grad_(False)
             p.grad = None
         self.weights[key] = name
-        while len(self.weights) > MAX_WEIGHTS:
-            self.op_forget(next(iter(self.weights)))
+        idle = [k for k in self.weights if not self.pins.get(k) and k != key]  # oldest first
+        for old in idle[:max(0, len(self.weights) - MAX_WEIGHTS)]:
+            self.op_forget(old)
         return name
 
-    def op_forget(self, key: str) -> dict[str, Any]:
-        """Drop the adapters of deleted sampler weights (nothing to do if they were never loaded)."""
+    def op_forget(self, key: str, owner: str | None = None) -> dict[str, Any]:
+        """Drop the adapters of deleted sampler weights (nothing to do if they were never loaded; once the decodings
+        using them end, if any do)."""
+        if self.pins.get(key):
+            self.forgotten.add(key)
+            return {}
         name = self.weights.pop(key, None)
         if name is not None and self.batched is not None:
             self.batched.remove(name)

@@ -8,7 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MICRO_BATCH_TOKENS", "UserError", "WorkerSpec"]
+__all__ = ["MAX_NEW_TOKENS", "MAX_SAMPLES", "MAX_TOPK", "MICRO_BATCH_TOKENS", "MIN_TEMPERATURE", "UserError",
+           "WorkerSpec"]
+
+# A sample request's bounds, checked by the HTTP front end (rota_tinker._http.sampling) and again by the worker that
+# reads them (rota_tinker._worker.sampling.check_params)
+MAX_SAMPLES = 64  # num_samples
+MAX_TOPK = 1000  # top-k, target ids per position and alternative tokens a sample request may ask for
+MAX_NEW_TOKENS = 1024
+# the lowest temperature above 0 (0 is greedy): logits / 1e-300 overflow float32, and the inf/NaN that gives once
+# failed every row decoded beside it
+MIN_TEMPERATURE = 1e-3
 
 
 @dataclass(frozen=True)

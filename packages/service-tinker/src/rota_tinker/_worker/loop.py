@@ -1,7 +1,9 @@
 """A worker's loop: units in arrival order, device units inside turns (see :mod:`rota_tinker._worker.main`).
 
-A turn is the tenant's own rota turn (:class:`OwnTurn`) or its base's shared LoRA turn
-(:class:`rota_tinker._worker.shared_turn.SharedTurn`): both have ``begin``, ``may_continue``, ``queued`` and ``end``.
+:class:`Loop` runs a trainer's or a sampler's units; the batched LoRA worker runs its passes in
+:class:`rota_tinker._worker.passes.BatchLoop`, a subclass. A turn is the tenant's own rota turn
+(:class:`OwnTurn`) or its base's shared LoRA turn (:class:`rota_tinker._worker.shared_turn.SharedTurn`): both
+have ``begin``, ``may_continue``, ``queued`` and ``end``.
 """
 
 from __future__ import annotations
@@ -137,13 +139,8 @@ class Loop:
         while queue:
             batched = queue[0][1] in self.worker.BATCHED_OPS
             if batched and not stop:  # the units queued behind it may join its batch
-                linger = self.worker.LINGER_S
-                if linger and len(queue) == 1:  # its companion (an optim_step sent right behind it) may be in flight
-                    self.conn.poll(linger)
                 stop = self._take_queued(queue, self.units_per_turn - ran, turn)
-            mixed = self.worker.MIXED_BATCHES  # any batched ops together (batch_mixed)
-            n = next((i for i, unit in enumerate(queue) if (unit[1] not in self.worker.BATCHED_OPS if mixed
-                                                            else unit[1] != queue[0][1])), len(queue)) if batched else 1
+            n = next((i for i, unit in enumerate(queue) if unit[1] != queue[0][1]), len(queue)) if batched else 1
             batch, queue = queue[:n], queue[n:]
             outcomes = self._run(batch)
             ran += len(batch)
@@ -218,10 +215,7 @@ class Loop:
             return [self.call(op, batch[0][2], batch[0][3])]
         t0 = time.monotonic()
         try:
-            if self.worker.MIXED_BATCHES:
-                results = self.worker.batch_mixed([(o, args) for _, o, args, _ in batch])
-            else:
-                results = getattr(self.worker, f"batch_{op}")([args for _, _, args, _ in batch])
+            results = getattr(self.worker, f"batch_{op}")([args for _, _, args, _ in batch])
         except Exception as e:
             results = [e] * len(batch)
         spent = time.monotonic() - t0

@@ -107,7 +107,12 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
     hello["start"] = {"main_s": t0, "import_s": imported - t0, "setup_s": time.monotonic() - imported}
     conn.send(("ready", os.getpid(), hello))
     try:
-        Loop(worker, gpu, conn, spec.units_per_turn, working).run()
+        if spec.role == "batch":  # passes over every tenant's queued work (rota_tinker._worker.passes)
+            from rota_tinker._worker.passes import BatchLoop
+
+            BatchLoop(worker, gpu, conn, working).run()
+        else:
+            Loop(worker, gpu, conn, spec.units_per_turn, working).run()
     finally:
         try:  # leave quietly: the orchestrator may already be gone when the service shuts down
             if gpu is not None and gpu.grant is not None:

@@ -437,20 +437,29 @@ class BatchedLora:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t.to(self.device)
 
-    def sample(self, requests: Sequence[dict[str, Any]], max_len: int, tokenizer: Any = None) -> list[dict[str, Any]]:
-        """Decode the sample requests of many tenants as one batch, each row with its own tenant's adapters.
+    def decoding(self, requests: Sequence[dict[str, Any]], max_len: int, tokenizer: Any = None) -> Any:
+        """The sample requests of many tenants as one decode batch (a :class:`rota_tinker._worker.sampling.Decoding`,
+        run a step at a time), each row with its own tenant's adapters.
 
         A request is what :func:`rota_tinker._worker.sampling.sample` takes, plus ``tenant`` (None: the bare base);
-        its ``num_samples`` rows are one segment. Each result is what that function gives.
+        its ``num_samples`` rows are one segment. The adapters must stay until the decoding is done.
         """
-        from rota_tinker._worker.sampling import sample
+        from rota_tinker._worker.sampling import Decoding
 
         starts = [0]
         for r in requests:
             starts.append(starts[-1] + r["num_samples"])
         segments = _Segments(starts, [self.adapters[r["tenant"]] if r.get("tenant") else None for r in requests])
-        with self._running(segments), torch.no_grad():
-            return sample(self.model, list(requests), self.device, max_len, tokenizer)
+        return Decoding(self.model, list(requests), self.device, max_len, tokenizer,
+                        around=lambda: self._running(segments))
+
+    def sample(self, requests: Sequence[dict[str, Any]], max_len: int, tokenizer: Any = None) -> list[Any]:
+        """Decode the requests of :meth:`decoding` to their end; each result is what
+        :func:`rota_tinker._worker.sampling.sample` gives (or the exception that failed that request alone)."""
+        decoding = self.decoding(requests, max_len, tokenizer)
+        while not decoding.done:
+            decoding.step()
+        return decoding.results()
 
     def optim_step(self, tenant: str, adam: dict[str, float]) -> dict[str, Any]:
         """``tenant``'s AdamW step with its own settings (:func:`rota_tinker._worker.models.adam_step`)."""

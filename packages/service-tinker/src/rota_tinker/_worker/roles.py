@@ -31,8 +31,6 @@ class WorkerBase:
 
     DEVICE_OPS: frozenset[str] = frozenset()  # ops that run inside a turn
     BATCHED_OPS: frozenset[str] = frozenset()  # ops whose queued units run together (``batch_OP``)
-    MIXED_BATCHES = False  # True: queued units of any BATCHED_OPS run together, through ``batch_mixed``
-    LINGER_S = 0.0  # how long a lone batched unit waits for more before it runs
 
     def __init__(self, spec: WorkerSpec, gpu: Any) -> None:
         import torch
@@ -310,17 +308,23 @@ class Sampler(WorkerBase):
         :func:`rota_tinker._worker.sampling.decode_batches`).
 
         Each unit (``key``, ``base``, ``prompt``, ``params``, ``num_samples``, ``seed``, ``shared_base``)
-        gets its own result, or the exception that failed its batch (weights that cannot load, say); a
-        result's ``timing`` gives the units and rows of the decode batch it was in.
+        gets its own result, or the exception that failed it (parameters out of bounds, or a draw that failed on
+        its rows: that request alone) or its batch (weights that cannot load, say); a result's ``timing`` gives
+        the units and rows of the decode batch it was in.
         """
-        from rota_tinker._worker.sampling import decode_batches, sample
+        from rota_tinker._worker.sampling import check_params, decode_batches, sample
 
+        out: list[dict[str, Any] | Exception] = [None] * len(units)  # type: ignore[list-item]
         groups: dict[str, list[int]] = {}
         for i, unit in enumerate(units):
+            try:
+                check_params(unit["params"])  # a request out of bounds fails alone, before it joins a batch
+            except UserError as e:
+                out[i] = e
+                continue
             groups.setdefault(unit["key"], []).append(i)
         batches = [[rows[j] for j in part] for rows in groups.values()
                    for part in decode_batches([units[i] for i in rows], MICRO_BATCH_TOKENS)]
-        out: list[dict[str, Any] | Exception] = [None] * len(units)  # type: ignore[list-item]
         for rows in batches:
             key = units[rows[0]]["key"]
             base = units[rows[0]]["base"]

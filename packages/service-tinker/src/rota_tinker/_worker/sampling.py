@@ -7,6 +7,12 @@ and position ids counted from each row's first real token keep each row to its o
 Each request keeps its own temperature, top-k, top-p, ``max_tokens``, stop tokens and strings
 and its own seeded ``torch.Generator``, drawn in the same order as when it runs alone.
 
+A batch decodes a step at a time (:class:`Decoding`): the batched LoRA worker interleaves its steps with other
+tenants' training (:mod:`rota_tinker._worker.passes`), and a step computes a bounded number of positions (a long
+prompt is fed to a cached model in chunks). What one request brings cannot fail the others: its parameters are
+checked where they are read (:func:`check_params`), and a row whose draw fails (logits that are not finite, from
+weights that diverged) fails that request alone while the others go on.
+
 Whether a row's logits are bit-identical alone and in a padded batch depends on the kernels
 (a batched matmul may sum in another order): the service's tests check it for the tiny models
 on CPU; on other devices expect the last bits of logprobs to differ, and so, rarely, a token
@@ -15,6 +21,10 @@ drawn at a near tie.
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,11 +33,39 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from rota_tinker._worker.common import MAX_TOPK, MIN_TEMPERATURE, UserError
 from rota_tinker._worker.models import lora_compute_dtype, lora_in_base_precision
 
-__all__ = ["decode_batches", "needs_prompt_logits", "sample"]
+__all__ = ["Decoding", "check_params", "decode_batches", "needs_prompt_logits", "sample"]
 
 MASK_LOGPROB = -99999.0  # the SDK's filler for a top-k cell that holds nothing (tinker.types.topk_logprobs)
+
+
+def check_params(params: dict[str, Any]) -> None:
+    """Refuse sampling parameters that no row can be decoded with (the HTTP front end checks them first; a worker
+    checks again where it reads them, so one request's numbers never reach a batch it shares).
+
+    :raises UserError: naming the parameter and its bounds.
+    """
+    def number(name: str, default: float) -> float:
+        value = params.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise UserError(f"sampling_params.{name}={str(value)[:40]} must be a finite number")
+        return float(value)
+
+    temperature = number("temperature", 1.0)
+    if temperature != 0 and not temperature >= MIN_TEMPERATURE:
+        raise UserError(f"sampling_params.temperature={temperature:g} must be 0 (greedy) or at least "
+                        f"{MIN_TEMPERATURE:g}")
+    if not 0 < number("top_p", 1.0) <= 1:
+        raise UserError(f"sampling_params.top_p={params.get('top_p')} must be within (0, 1]")
+    for name, lo, hi in (("top_k", -1, 2**31), ("max_tokens", 1, 2**31), ("topk_sample", 0, MAX_TOPK),
+                         ("topk_prompt", 0, MAX_TOPK), ("alt_k", 0, MAX_TOPK)):
+        value = params.get(name) or (lo if name != "top_k" else -1)
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi or (name == "top_k"
+                                                                                             and value == 0):
+            raise UserError(f"sampling_params.{name}={str(value)[:40]} must be an integer within [{lo}, {hi}]"
+                            + (" other than 0" if name == "top_k" else ""))
 
 
 def needs_prompt_logits(params: dict[str, Any]) -> bool:
@@ -39,8 +77,9 @@ def needs_prompt_logits(params: dict[str, Any]) -> bool:
 class _Decoder:
     """Next-token logits of a batch of rows that grow together, their prompts left-padded to one width.
 
-    A Hugging Face model (it has a ``config``) keeps its KV cache between steps; the test
-    transformer recomputes the whole batch. Rows that have finished are fed a masked filler token.
+    A Hugging Face model (it has a ``config``) keeps its KV cache between steps, and takes its prompts in chunks
+    (:meth:`prefill`); the test transformer recomputes the whole batch every step. Rows that have finished are fed
+    a masked filler token.
     """
 
     def __init__(self, model: nn.Module, prompts: list[torch.Tensor], device: torch.device) -> None:
@@ -54,35 +93,53 @@ class _Decoder:
             self.seqs[row, width - len(p):] = p
             self.mask[row, width - len(p):] = 1
         self.past: Any = None
+        self.fed = 0  # columns of the prompts in the KV cache so far (a cached model)
 
     def lengths(self) -> list[int]:
         """Each row's real tokens (prompt and sampled)."""
         return self.mask.sum(1).tolist()
 
-    def logits(self, every_position: bool = False) -> torch.Tensor:
-        """``[rows, vocab]`` float32 logits of each row's next token, on the CPU.
+    def prefill(self, max_positions: int, keep_rows: list[int]) -> tuple[int, torch.Tensor | None,
+                                                                         torch.Tensor | None]:
+        """Feed the next chunk of the prompts: a cached model at most ``max_positions`` positions (rows x columns,
+        at least one column), the test transformer all of them. Returns (positions computed; float32 logits of
+        ``keep_rows`` at every position of the chunk, on the CPU, or None; each row's last logits once the whole
+        prompt is in, else None)."""
+        rows, width = self.seqs.shape
+        a = self.fed
+        b = min(width, a + max(1, max_positions // rows)) if self.cached else width
+        logits = self._forward(slice(a, b), every_position=bool(keep_rows))
+        self.fed = b
+        kept = logits[keep_rows].float().cpu() if keep_rows else None
+        last = logits[:, -1].float().cpu() if b == width else None
+        return rows * ((b - a) if self.cached else width), kept, last
 
-        ``every_position`` (first call only): ``[rows, width, vocab]``, the prompt's logits too.
-        """
+    def next_logits(self) -> tuple[int, torch.Tensor]:
+        """``[rows, vocab]`` float32 logits of each row's next token, on the CPU; and the positions computed."""
+        rows, width = self.seqs.shape
+        logits = self._forward(slice(width - 1, width), every_position=False)
+        return (rows if self.cached else rows * width), logits[:, -1].float().cpu()
+
+    def _forward(self, columns: slice, every_position: bool) -> torch.Tensor:
         positions = (self.mask.cumsum(1) - 1).clamp(min=0)
         with lora_in_base_precision(self.model, self.lora_dtype):  # as the trainer computes them
-            logits = self._forward(positions, every_position)
-        return (logits if every_position else logits[:, -1]).float().cpu()
-
-    def _forward(self, positions: torch.Tensor, every_position: bool) -> torch.Tensor:
-        if self.cached:
-            fresh = slice(None) if self.past is None else slice(-1, None)
-            out = self.model(self.seqs[:, fresh], attention_mask=self.mask, position_ids=positions[:, fresh],
-                             past_key_values=self.past, use_cache=True, logits_to_keep=0 if every_position else 1)
-            self.past = out.past_key_values
-            return out.logits
-        return self.model(self.seqs, attention_mask=self.mask, position_ids=positions)
+            if self.cached:
+                out = self.model(self.seqs[:, columns], attention_mask=self.mask[:, :columns.stop],
+                                 position_ids=positions[:, columns], past_key_values=self.past, use_cache=True,
+                                 logits_to_keep=0 if every_position else 1)
+                self.past = out.past_key_values
+                return out.logits
+            return self.model(self.seqs, attention_mask=self.mask, position_ids=positions)
 
     def append(self, tokens: list[int], alive: list[bool]) -> None:
         """One more token per row (a finished row's is masked out)."""
         dev = self.seqs.device
         self.seqs = torch.cat([self.seqs, torch.tensor(tokens, device=dev).unsqueeze(1)], dim=1)
         self.mask = torch.cat([self.mask, torch.tensor(alive, dtype=torch.long, device=dev).unsqueeze(1)], dim=1)
+
+    def release(self) -> None:
+        """Let the KV cache go (the batch is done)."""
+        self.past = None
 
 
 @dataclass
@@ -96,11 +153,13 @@ class _Request:
     gen: torch.Generator
     toks: list[list[int]] = field(init=False)  # per row: the tokens drawn so far
     lps: list[list[float]] = field(init=False)  # per row: their logprobs
-    reasons: list[str] = field(init=False)  # per row: "" while decoded, then "stop" or "length"
+    reasons: list[str] = field(init=False)  # per row: "" while decoded, then "stop", "length" (or "error")
     topk: list[list[tuple[np.ndarray, np.ndarray]]] = field(init=False)  # per row, per token: its top-k
+    error: Exception | None = field(init=False, default=None)  # what failed this request (its rows only)
 
     def __post_init__(self) -> None:
         p = self.params
+        check_params(p)
         self.temperature = float(p.get("temperature", 1.0))
         self.top_k, self.top_p = int(p.get("top_k", -1)), float(p.get("top_p", 1.0))
         self.max_tokens = int(p.get("max_tokens") or 16)
@@ -110,9 +169,28 @@ class _Request:
         self.topk_sample = int(p.get("topk_sample") or 0)
         self.topk = [[] for _ in range(self.n)]
 
+    def fail(self, e: Exception, logits: torch.Tensor | None = None) -> None:
+        """This request fails (its rows stop); the batch's other requests go on."""
+        rows = slice(self.first, self.first + self.n)
+        if logits is not None and not bool(torch.isfinite(logits[rows]).all()):
+            e = UserError(f"sampling failed: this request's logits are not finite ({type(e).__name__}: "
+                          f"{str(e)[:200]}); the weights it samples from may have diverged")
+        self.error, self.reasons = e, ["error"] * self.n
+
     def step(self, logits: torch.Tensor, logp: torch.Tensor, lengths: list[int], max_len: int,
              tokenizer: Any) -> list[int]:
-        """Pick the next token of each of this request's rows (0 for a finished one), in row order."""
+        """Pick the next token of each of this request's rows (0 for a finished one), in row order; a failure
+        fails this request alone."""
+        if self.error is not None:
+            return [0] * self.n
+        try:
+            return self._step(logits, logp, lengths, max_len, tokenizer)
+        except Exception as e:
+            self.fail(e, logits)
+            return [0] * self.n
+
+    def _step(self, logits: torch.Tensor, logp: torch.Tensor, lengths: list[int], max_len: int,
+              tokenizer: Any) -> list[int]:
         out = []
         for i, row in enumerate(range(self.first, self.first + self.n)):
             if not self.reasons[i] and lengths[row] >= max_len:  # the prompt fills the context already
@@ -132,16 +210,102 @@ class _Request:
                 self.reasons[i] = "length"
         return out
 
-    def result(self, prompt_out: dict[str, Any], rows: int) -> dict[str, Any]:
+    def result(self, prompt_out: dict[str, Any], rows: int) -> dict[str, Any] | Exception:
+        if self.error is not None:
+            return self.error
         seqs = [(np.asarray(t, np.int32), np.asarray(lp, np.float32), r, _stack(k, self.topk_sample))
                 for t, lp, r, k in zip(self.toks, self.lps, self.reasons, self.topk, strict=True)]
         return {"sequences": seqs, "prompt_logprobs": None, **prompt_out, "rows": rows}
 
 
-@torch.no_grad()
+class Decoding:
+    """One decode batch of ``requests`` (``{"prompt", "params", "num_samples", "seed"}`` each), a step at a time.
+
+    Each :meth:`step` is one forward of the model: the next chunk of the prompts, or the next token of every row;
+    ``around()`` is entered around it (the batched LoRA worker puts its rows' adapters in place there). Once
+    :attr:`done`, :meth:`results` gives each request's result (see :func:`sample`) or the exception that failed
+    that request alone. ``steps`` and ``positions`` count what it computed.
+
+    :raises UserError: a request's parameters are out of bounds (:func:`check_params`; callers check each request
+        first, so one that fails does not take the others with it).
+    """
+
+    def __init__(self, model: nn.Module, requests: list[dict[str, Any]], device: torch.device, max_len: int,
+                 tokenizer: Any = None, around: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
+        self.reqs, first = [], 0
+        for r in requests:
+            prompt = torch.as_tensor(np.asarray(r["prompt"]), dtype=torch.long, device=device)
+            self.reqs.append(_Request(first, r["num_samples"], prompt, r["params"],
+                                      torch.Generator(device="cpu").manual_seed(r["seed"])))
+            first += r["num_samples"]
+        self.rows, self.seeds = first, [r["seed"] for r in requests]
+        self.max_len, self.tokenizer = max_len, tokenizer
+        self.around = around or nullcontext
+        self.decoder = _Decoder(model, [q.prompt for q in self.reqs for _ in range(q.n)], device)
+        self.want = [needs_prompt_logits(q.params) for q in self.reqs]
+        self.keep_rows = [q.first for q, want in zip(self.reqs, self.want, strict=True) if want]
+        self.prompt_chunks: list[torch.Tensor] = []  # the kept rows' logits at every prompt position, by chunk
+        self.prompt_outs: list[dict[str, Any]] = [{} for _ in self.reqs]
+        self.prefilled, self.done = False, False
+        self.steps = self.positions = 0
+        self.seconds = 0.0  # spent in its steps
+        self.pinned: list[str] = []  # what its caller holds for it until it ends (the batched worker's weights)
+
+    def step(self, max_positions: int = 1 << 62) -> int:
+        """One forward (a prompt chunk of at most ``max_positions`` positions, or a token of every row) and the
+        draws that follow it; the positions it computed."""
+        t0 = time.monotonic()
+        with self.around(), torch.no_grad():
+            if not self.prefilled:
+                n, kept, last = self.decoder.prefill(max_positions, self.keep_rows)
+                if kept is not None:
+                    self.prompt_chunks.append(kept)
+                if last is not None:
+                    self.prefilled = True
+                    self._prompt_outputs()
+                    self._draw(last)
+            else:
+                n, logits = self.decoder.next_logits()
+                self._draw(logits)
+        self.steps += 1
+        self.positions += n
+        self.seconds += time.monotonic() - t0
+        return n
+
+    def _prompt_outputs(self) -> None:
+        if not self.prompt_chunks:
+            return
+        every = torch.cat(self.prompt_chunks, dim=1)  # [kept rows, width, vocab]
+        self.prompt_chunks = []
+        k = 0
+        for j, (q, want) in enumerate(zip(self.reqs, self.want, strict=True)):
+            if not want:
+                continue
+            try:
+                self.prompt_outs[j] = _prompt_outputs(every[k], q.prompt.cpu(), q.params, self.seeds[j])
+            except Exception as e:  # this request alone
+                q.fail(e, every[k])
+            k += 1
+
+    def _draw(self, logits: torch.Tensor) -> None:
+        logp = F.log_softmax(logits, dim=-1)
+        lengths = self.decoder.lengths()
+        nxt = [t for q in self.reqs for t in q.step(logits, logp, lengths, self.max_len, self.tokenizer)]
+        alive = [not reason for q in self.reqs for reason in q.reasons]
+        if any(alive):
+            self.decoder.append(nxt, alive)
+        else:
+            self.done = True
+            self.decoder.release()
+
+    def results(self) -> list[dict[str, Any] | Exception]:
+        return [q.result(out, self.rows) for q, out in zip(self.reqs, self.prompt_outs, strict=True)]
+
+
 def sample(model: nn.Module, requests: list[dict[str, Any]], device: torch.device, max_len: int,
-           tokenizer: Any = None) -> list[dict[str, Any]]:
-    """Decode ``requests`` (``{"prompt", "params", "num_samples", "seed"}`` each) as one batch; a result each.
+           tokenizer: Any = None) -> list[dict[str, Any] | Exception]:
+    """Decode ``requests`` (``{"prompt", "params", "num_samples", "seed"}`` each) as one batch; a result each, or the
+    exception that failed that request alone.
 
     A result is ``{"sequences": [(tokens, logprobs, "stop" | "length", top-k or None), ...], "rows": rows of the
     decode batch}`` plus what :func:`_prompt_outputs` gives for the prompt. ``params``:
@@ -150,29 +314,10 @@ def sample(model: nn.Module, requests: list[dict[str, Any]], device: torch.devic
     topk_prompt (k), topk_sample (k: each sampled token's top-k, ``(ids [n, k], logprobs [n, k])``), target
     (``[len(prompt) - 1, K]`` ids, -1 for none), alt_k, last_n. No row grows past ``max_len``.
     """
-    reqs, first = [], 0
-    for r in requests:
-        prompt = torch.as_tensor(np.asarray(r["prompt"]), dtype=torch.long, device=device)
-        reqs.append(_Request(first, r["num_samples"], prompt, r["params"],
-                             torch.Generator(device="cpu").manual_seed(r["seed"])))
-        first += r["num_samples"]
-    decoder = _Decoder(model, [q.prompt for q in reqs for _ in range(q.n)], device)
-    want_prompt = [needs_prompt_logits(q.params) for q in reqs]
-    logits = decoder.logits(every_position=any(want_prompt))
-    prompt_outs = [_prompt_outputs(logits[q.first], q.prompt.cpu(), q.params, r["seed"]) if want else {}
-                   for q, want, r in zip(reqs, want_prompt, requests, strict=True)]
-    if any(want_prompt):
-        logits = logits[:, -1]
-    while True:
-        logp = F.log_softmax(logits, dim=-1)
-        lengths = decoder.lengths()
-        nxt = [t for q in reqs for t in q.step(logits, logp, lengths, max_len, tokenizer)]
-        alive = [not reason for q in reqs for reason in q.reasons]
-        if not any(alive):
-            break
-        decoder.append(nxt, alive)
-        logits = decoder.logits()
-    return [q.result(out, first) for q, out in zip(reqs, prompt_outs, strict=True)]
+    decoding = Decoding(model, requests, device, max_len, tokenizer)
+    while not decoding.done:
+        decoding.step()
+    return decoding.results()
 
 
 def decode_batches(requests: list[dict[str, Any]], max_logit_rows: int) -> list[list[int]]:
