@@ -57,11 +57,24 @@ __all__ = ["demo"]
               help="Host memory the run may use (e.g. 120GB); the demo refuses to start if its estimate is larger. "
               "Default: MemAvailable, or the memory cgroup's room if smaller. Set it where MemAvailable "
               "under-reads, e.g. a VM whose memory grows as it is used.")
+@click.option("--engine", type=click.Choice(["toy", "hf", "vllm"]), default="toy", show_default=True,
+              help="toy: rota's own small models and sampler. hf or vllm: LLM jobs that learn (GRPO on generated "
+              "string tasks with exact-answer rewards; SFT on generated text, evaluated by its engine), Qwen3-"
+              "architecture checkpoints built and pre-trained briefly in the run. vllm: vllm.LLM in-process, "
+              "sleep mode, tracked by rota_vllm (needs a GPU and vLLM). hf: NOT an inference engine but a stand-in "
+              "for one: the trainer's transformers model running generate(), parked by rota_fsdp; it runs on CPU.")
+@click.option("--llm-size", type=click.Choice(["tiny", "h200"]), default="tiny", show_default=True,
+              help="With --engine hf|vllm, the jobs' model shapes (rl-a, rl-b, sft): tiny, about 0.1M parameters "
+              "each (CPU, CI); h200, Qwen3-0.6B/1.7B/4B shapes (about 0.44B, 1.4B, 3.6B) for one H200.")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=None,
+              help="With --engine hf|vllm: where built starting checkpoints are kept, named by a hash of their "
+              "config, so a repeated run loads them instead of building. Default: ~/.cache/rota-demo.")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=".",
               show_default=True, help="Where demo.json and demo-timeline.png go.")
 def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layers: int, state_size: str, batch: int,
          seq: int, capacity: str, off_device: float, modes: str, policy: str, resident_first: float, sft_turns: int,
-         seed: int, host_memory: str, out_dir: pathlib.Path) -> None:
+         seed: int, host_memory: str, engine: str, llm_size: str, cache_dir: pathlib.Path | None,
+         out_dir: pathlib.Path) -> None:
     """Three real training jobs take turns on shared devices; compare with dedicated and serial.
 
     Two RL jobs (a sampler generates with the current policy, a judge scores off the
@@ -100,7 +113,15 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
                      modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
                      capacity_bytes=max(capacity_bytes, 0),
                      host_memory_bytes=host_memory_bytes, policy=policy, resident_first_s=resident_first,
-                     sft_turns=sft_turns, elastic=elastic)
+                     sft_turns=sft_turns, elastic=elastic, engine=engine,
+                     cache_dir=str(cache_dir or pathlib.Path.home() / ".cache" / "rota-demo"))
+    if engine != "toy":
+        try:
+            from rota_demo.llm_models import PRESETS
+        except ImportError as exc:
+            raise click.ClickException(f"rota demo --engine {engine} needs transformers and tokenizers ({exc}): "
+                                       "pip install \"rota-demo[llm]\"") from None
+        cfg = dataclasses.replace(cfg, llm_sizes=PRESETS[llm_size])
     try:
         if capacity_bytes >= 0 or not resident_first:  # with auto, checked once the capacity is known
             cfg.check()
@@ -131,8 +152,11 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
             last[0] = now
             click.echo(f"{now - t0:6.1f}s  {line}", err=True)
 
-    click.echo(f"rota demo: 3 jobs x (trainer + sampler), {steps} steps, {groups} group(s), device {device}, "
-               f"trainer state {size.trainer_state_bytes / 1e6:.1f} MB each; capacity {how}", err=True)
+    states = ", ".join(f"{cfg.job_size(j).trainer_state_bytes / 1e6:.1f}" for j in ("rl-a", "rl-b", "sft"))
+    what = "trainer + sampler" if engine == "toy" else f"trainer + {engine} engine" + (
+        " (transformers stand-in, not an inference engine)" if engine == "hf" else "")
+    click.echo(f"rota demo: 3 jobs x ({what}), {steps} steps, {groups} group(s), device {device}, "
+               f"trainer state {states} MB; capacity {how}", err=True)
     plan = host_memory_plan(cfg)
     click.echo(plan.describe(), err=True)
     try:
@@ -145,7 +169,7 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
         sys.exit(130)
     summary = summarize(cfg, results)
     write_json(summary, out_dir / "demo.json")
-    timeline_png(results, out_dir / "demo-timeline.png")
+    timeline_png(results, out_dir / "demo-timeline.png", summary.get("curve_meaning"))
     click.echo(table(summary))
     click.echo(f"\nwrote {out_dir / 'demo.json'} and {out_dir / 'demo-timeline.png'}")
     failed = failures_line(summary)

@@ -159,6 +159,13 @@ class WeightPush:
         self._free.release()
 
 
+    def read_with(self, load: Any) -> None:
+        """``load(named)`` with the buffer's ``(name, host tensor)`` views (an engine that copies them itself,
+        e.g. ``TrackedLLM.update_weights``), then free the buffer for the next push. Call inside the turn."""
+        load(list(self._views.items()))
+        self._free.release()
+
+
 def push_bytes(shapes: list[tuple[int, int]]) -> int:
     """Buffer bytes for tensors of ``(numel, element_size)``, laid out as :meth:`WeightPush.bind` does."""
     return sum(aligned(n * e) for n, e in shapes)

@@ -51,8 +51,12 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
     out: dict[str, Any] = {"device": cfg.device, "config": {
         "steps": cfg.steps, "groups": cfg.groups, "elastic": cfg.elastic, "off_device_s": cfg.off_device_s,
         "seed": cfg.seed, "policy": cfg.policy, "resident_first_s": cfg.resident_first_s, "sft_turns": cfg.sft_turns,
-        "model": cfg.size.__dict__, "trainer_state_bytes": cfg.size.trainer_state_bytes,
-        "push_buffer_bytes": cfg.size.push_bytes}}
+        "engine": cfg.engine, "models": {job: {**cfg.job_size(job).__dict__, "params": getattr(
+            cfg.job_size(job), "params", None), "trainer_state_bytes": cfg.job_size(job).trainer_state_bytes,
+                                          "push_buffer_bytes": cfg.job_size(job).push_bytes} for job, _ in JOBS},
+        "model": cfg.size.__dict__ if not cfg.llm_sizes else None,
+        "trainer_state_bytes": cfg.job_size("sft").trainer_state_bytes if cfg.llm_sizes
+        else cfg.size.trainer_state_bytes, "push_buffer_bytes": cfg.size.push_bytes if not cfg.llm_sizes else None}}
     for mode, res in results.items():
         out[mode] = {"makespan_s": res.makespan_s, "devices": res.devices,
                      "device_seconds": res.devices * res.makespan_s,
@@ -71,7 +75,9 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
         moves = [m for r in ts.reports.values() for m in r.moves]
         out["timesliced"].update({
             "orchestrator_busy_fraction": ts.busy_seconds / (ts.devices * ts.makespan_s) if ts.makespan_s else 0.0,
-            "switches": ts.switches, "parks": len(parks), "restores": len(restores), "prefetch": ts.prefetch,
+            "switches": ts.switches, "parks": len(parks),
+            "parks_by_worker": {name: len(r.parks) for name, r in sorted(ts.reports.items())},
+            "restores": len(restores), "prefetch": ts.prefetch,
             "park_ms_p50": percentile([s * 1000 for _, s in parks], 50),
             "park_ms_p99": percentile([s * 1000 for _, s in parks], 99),
             "restore_ms_p50": percentile([s * 1000 for _, s in restores], 50),
@@ -117,12 +123,25 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
             pairs = [(ref.reports[n].values, ts.reports[n].values) for n in ref.reports if n.startswith(job + "/")]
             row["bit_identical"] = all(a == b and len(a) > 0 for a, b in pairs)
             row["final_loss"] = ts.reports[f"{job}/trainer"].values[-1]
+        if ref or ts:  # the engine's (sampler's) curve: RL mean reward per step, SFT eval (loss or accuracy)
+            curve = (ref or ts).reports[f"{job}/sampler"].values
+            row["sampler_first"], row["sampler_last"] = (curve[0], curve[-1]) if curve else (None, None)
         tenants.append(row)
     out["tenants"] = tenants
     # every worker's curve (trainer losses; sampler rewards or eval losses), so runs can be compared later
     out["curves"] = {mode: {name: r.values for name, r in sorted(res.reports.items())}
                      for mode, res in results.items()}
+    out["curve_meaning"] = curve_meaning(cfg)
     return out
+
+
+def curve_meaning(cfg: DemoConfig) -> dict[str, str]:
+    """What each worker's curve holds (per step for trainers and RL samplers, per push for the SFT sampler)."""
+    if cfg.llm_sizes:
+        return {"trainer": "loss per step (GRPO for RL, cross-entropy for SFT)",
+                "rl sampler": f"mean reward per step ({cfg.engine} engine, exact answers)",
+                "sft sampler": f"eval exact-match accuracy per push ({cfg.engine} engine, greedy)"}
+    return {"trainer": "loss per step", "rl sampler": "mean reward per step", "sft sampler": "eval loss per push"}
 
 
 def failures_line(summary: dict[str, Any]) -> str:
@@ -205,9 +224,10 @@ def timeline_lanes(res: ModeResult) -> list[tuple[str, str, str]]:
     return [(n, f"{n} [{res.reports[n].group or 'own device'}]", res.reports[n].group) for n in names]
 
 
-def timeline_png(results: dict[str, ModeResult], path: pathlib.Path) -> None:
+def timeline_png(results: dict[str, ModeResult], path: pathlib.Path, meaning: dict[str, str] | None = None) -> None:
     """One panel per mode, one lane per worker: turns, waits, parks, restores, off-device; the lanes of one
-    shared device (group) are banded together and named by it."""
+    shared device (group) are banded together and named by it. Below: each job's trainer loss and sampler
+    (engine) curve, one line per mode (equal curves overlap)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -216,7 +236,9 @@ def timeline_png(results: dict[str, ModeResult], path: pathlib.Path) -> None:
 
     modes = [m for m in ("serial", "timesliced", "dedicated") if m in results]
     xmax = max(res.makespan_s for res in results.values())
-    fig, axes = plt.subplots(len(modes), 1, figsize=(12, 2.2 + 1.6 * len(modes)), squeeze=False, sharex=True)
+    fig = plt.figure(figsize=(12, 2.2 + 1.6 * len(modes) + 3.4))
+    top, bottom = fig.subfigures(2, 1, height_ratios=[2.2 + 1.6 * len(modes), 3.4])
+    axes = top.subplots(len(modes), 1, squeeze=False, sharex=True)
     for ax, mode in zip(axes[:, 0], modes, strict=True):
         res = results[mode]
         lanes = timeline_lanes(res)
@@ -233,8 +255,28 @@ def timeline_png(results: dict[str, ModeResult], path: pathlib.Path) -> None:
         ax.set_xlim(0, xmax * 1.02)
         ax.set_title(f"{mode}: makespan {res.makespan_s:.1f} s on {res.devices} device(s)", fontsize=10, loc="left")
     axes[-1, 0].set_xlabel("seconds since start")
-    fig.legend(handles=[Patch(color=c, label=_LABELS[k]) for k, c in _COLOURS.items()], loc="upper center",
+    top.legend(handles=[Patch(color=c, label=_LABELS[k]) for k, c in _COLOURS.items()], loc="upper center",
                ncol=7, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    _curves(bottom, results, meaning or {})
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _curves(fig, results: dict[str, ModeResult], meaning: dict[str, str]) -> None:
+    """Two rows (trainer loss, sampler reward or eval) by one column per job; a line per mode."""
+    axes = fig.subplots(2, len(JOBS), squeeze=False)
+    styles = {"dedicated": ("#1f77b4", "-", 3.0), "serial": ("#2ca02c", "--", 2.0), "timesliced": ("#d62728", ":",
+                                                                                                      1.6)}
+    for col, (job, kind) in enumerate(JOBS):
+        for row, role in enumerate(("trainer", "sampler")):
+            ax = axes[row, col]
+            for mode, res in results.items():
+                values = res.reports.get(f"{job}/{role}")
+                if values is not None and values.values:
+                    colour, line, width = styles.get(mode, ("#000000", "-", 1.0))
+                    ax.plot(range(1, len(values.values) + 1), values.values, line, color=colour, linewidth=width,
+                            label=mode)
+            what = meaning.get("trainer" if role == "trainer" else f"{kind} sampler", role)
+            ax.set_title(f"{job} {role}: {what}", fontsize=7, loc="left")
+            ax.tick_params(labelsize=7)
+    axes[0, 0].legend(fontsize=7, frameon=False)

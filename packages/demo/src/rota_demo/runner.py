@@ -68,6 +68,13 @@ class DemoConfig:
     sft_turns: int = 4  # the SFT trainer's microbatches per step, a turn each (same sequence in every mode)
     elastic: bool = False  # time-sliced: one group over every GPU of the host, each turn placed by rota
     capacity_how: str = ""  # where capacity_bytes came from, for the summary (see auto_capacity)
+    engine: str = "toy"  # toy: rota's own models and sampler; hf | vllm: LLM jobs (rota_demo.llm_worker)
+    llm_sizes: tuple[Any, ...] = ()  # --engine hf|vllm: each job's rota_demo.llm_models.LlmSize, in JOBS order
+    cache_dir: str = ""  # --engine hf|vllm: where the built starting checkpoints are kept
+
+    def job_size(self, job: str) -> Any:
+        """The model size of ``job``: the same for every job with the toy engine, its own in the LLM mode."""
+        return self.llm_sizes[[j for j, _ in JOBS].index(job)] if self.llm_sizes else self.size
 
     def check(self) -> None:
         if self.steps < 1:
@@ -85,9 +92,17 @@ class DemoConfig:
         if self.resident_first_s < 0 or (self.resident_first_s and not self.capacity_bytes):
             raise InvalidArgument(f"--resident-first {self.resident_first_s:g} needs --capacity and must be >= 0 "
                                   "seconds (without the device's size nobody stays resident)")
-        if self.sft_turns < 1 or self.size.batch % self.sft_turns:
-            raise InvalidArgument(f"--sft-turns {self.sft_turns} must be >= 1 and divide --batch {self.size.batch} "
+        sft_batch = self.job_size("sft").batch
+        if self.sft_turns < 1 or sft_batch % self.sft_turns:
+            raise InvalidArgument(f"--sft-turns {self.sft_turns} must be >= 1 and divide --batch {sft_batch} "
                                   "(each turn takes an equal microbatch)")
+        if self.engine not in ("toy", "hf", "vllm") or (self.engine != "toy") != bool(self.llm_sizes):
+            raise InvalidArgument(f"--engine {self.engine!r}: choose from toy, hf, vllm (hf and vllm need the "
+                                  "jobs' LLM sizes)")
+        if self.engine == "vllm" and not self.device.startswith("cuda"):
+            raise InvalidArgument("--engine vllm runs vLLM with sleep mode, which needs a CUDA device (vLLM "
+                                  "refuses it on CPU); use --device cuda, or --engine hf (the transformers "
+                                  "stand-in) on CPU")
         if self.policy not in POLICIES:
             raise InvalidArgument(f"--policy {self.policy!r}: choose from {', '.join(POLICIES)}")
         if self.elastic and not self.device.startswith("cuda"):
@@ -175,13 +190,25 @@ def _specs(cfg: DemoConfig, jobs: tuple[tuple[str, str], ...], endpoint: str | N
             # A sampler parks only when switches park everything (no capacity): only then pin its pool ahead.
             elastic = elastic_devices() if cfg.elastic and endpoint else ()
             specs.append(WorkerSpec(job=job, kind=kind, role=role, steps=cfg.steps, seed=seed, devices=elastic,
-                                    size=cfg.size, device=elastic[0] if elastic else _device_of(role, cfg),
+                                    size=cfg.job_size(job), engine=cfg.engine,
+                                    device=elastic[0] if elastic else _device_of(role, cfg),
                                     group=ELASTIC_GROUP if elastic else _group_of(role, cfg),
                                     endpoint=endpoint, off_device_s=cfg.off_device_s,
                                     eval_every=cfg.eval_every(), record_digests=cfg.record_digests,
                                     priority=POLICIES[cfg.policy][kind], sft_turns=cfg.sft_turns,
                                     prepare_pool=role == "trainer" or cfg.capacity_bytes == 0))
     return specs
+
+
+def _context(specs: list[WorkerSpec]) -> Any:
+    """How workers start: ``spawn`` (a fresh interpreter each), except LLM jobs on CPU, which start from a
+    ``forkserver`` that imported torch and transformers once (seconds per worker on a small CI machine; no CUDA
+    is initialised in it, and nothing else differs: each worker builds its own state after the fork)."""
+    if specs and specs[0].engine != "toy" and specs[0].device == "cpu":
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "transformers", "rota_demo.llm_worker", "rota_fsdp"])
+        return ctx
+    return mp.get_context("spawn")
 
 
 def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label: str,
@@ -191,7 +218,7 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
     Returns only once every worker process has exited (killed if it hangs), so the next
     mode never starts while this one still holds host memory.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context(specs)
     results = ctx.Queue()
     go, finish = ctx.Event(), ctx.Event()
     procs = []
@@ -201,7 +228,7 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
     for s in specs:
         by_job.setdefault(s.job, []).append(s)
     try:
-        for job_specs in by_job.values():
+        for job_specs in by_job.values():  # (one push buffer per job, sized by its own model)
             priority.update({s.name: s.priority for s in job_specs})
             trainer = next(s for s in job_specs if s.role == "trainer")
             sampler = next(s for s in job_specs if s.role == "sampler")
@@ -324,16 +351,17 @@ def host_memory_plan(cfg: DemoConfig) -> HostMemoryPlan:
         available, source = cfg.host_memory_bytes, "--host-memory"
     else:
         available, source = available_host_bytes()
-    size, on_host = cfg.size, cfg.device == "cpu"
-    job_models = size.trainer_state_bytes + size.weight_bytes if on_host else 0
+    sizes, on_host = [cfg.job_size(job) for job, _ in JOBS], cfg.device == "cpu"
     runtime = RUNTIME_BYTES["cpu" if on_host else "cuda"]
     plans = []
-    sampler_pool = size.weight_bytes if cfg.capacity_bytes == 0 else 0  # pinned ahead only when it will park
     for mode in cfg.modes:
-        jobs = len(JOBS) if mode == "timesliced" else 1  # dedicated and serial run one job at a time
-        pools = jobs * (size.trainer_state_bytes + sampler_pool) if mode == "timesliced" else 0
-        plans.append(HostMemoryPlan(mode=mode, pools=pools, push=jobs * size.push_bytes, models=jobs * job_models,
-                                    runtime=(2 * jobs + 1) * runtime, trainer_state=size.trainer_state_bytes,
+        # dedicated and serial run one job at a time: the largest is their peak; time-sliced runs them all
+        run = sizes if mode == "timesliced" else [max(sizes, key=lambda s: s.trainer_state_bytes)]
+        sampler_pools = sum(s.weight_bytes for s in run) if cfg.capacity_bytes == 0 else 0  # pinned if it parks
+        pools = sum(s.trainer_state_bytes for s in run) + sampler_pools if mode == "timesliced" else 0
+        models = sum(s.trainer_state_bytes + s.weight_bytes for s in run) if on_host else 0
+        plans.append(HostMemoryPlan(mode=mode, pools=pools, push=sum(s.push_bytes for s in run), models=models,
+                                    runtime=(2 * len(run) + 1) * runtime, trainer_state=run[0].trainer_state_bytes,
                                     available=available, source=source))
     return max(plans, key=lambda p: p.total)
 
@@ -378,10 +406,35 @@ def _cgroup_room() -> int | None:
     return None
 
 
+def starting_checkpoints(cfg: DemoConfig, progress: Callable[[str], None]) -> tuple[Any, ...]:
+    """The LLM jobs' sizes with their checkpoints, built (or found in ``cfg.cache_dir``) in a process of its own,
+    so this one never holds the models' memory (nor a CUDA context) while the modes run."""
+    ctx = mp.get_context("spawn")
+    jobs = [(size, cfg.seed + i) for i, size in enumerate(cfg.llm_sizes)]
+    t0 = time.monotonic()
+    with ctx.Pool(1) as pool:
+        built = pool.starmap(_build_checkpoint, [(size, seed, cfg.device, cfg.cache_dir) for size, seed in jobs])
+    for (job, _), (path, fresh) in zip(JOBS, built, strict=True):
+        progress(f"{job}: checkpoint {path} ({'built' if fresh else 'cached'})")
+    progress(f"starting checkpoints ready in {time.monotonic() - t0:.1f} s")
+    return tuple(dataclasses.replace(size, ckpt=path) for (size, _), (path, _) in zip(jobs, built, strict=True))
+
+
+def _build_checkpoint(size: Any, seed: int, device: str, cache_dir: str) -> tuple[str, bool]:
+    import torch
+
+    from rota_demo.llm_models import build_checkpoint
+
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    return build_checkpoint(size, seed, device, cache_dir)
+
+
 def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, ModeResult]:
     """Run each requested mode and return its result; refuses (:class:`HostMemoryShort`) a run that won't fit."""
     cfg.check()
     host_memory_plan(cfg).check()
+    if cfg.llm_sizes and not all(s.ckpt for s in cfg.llm_sizes):
+        cfg = dataclasses.replace(cfg, llm_sizes=starting_checkpoints(cfg, progress))
     out: dict[str, ModeResult] = {}
     if "dedicated" in cfg.modes or "serial" in cfg.modes:
         progress(f"each job alone on its own {cfg.groups} device(s), one job after another (dedicated and serial)")

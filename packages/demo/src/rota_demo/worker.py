@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rota_demo.push import WeightPush, weights_digest
-from rota_demo.workloads import ModelSize
 
 __all__ = ["WorkerReport", "WorkerSpec", "worker_main"]
 
@@ -42,7 +41,7 @@ class WorkerSpec:
     role: str  # "trainer" | "sampler"
     steps: int
     seed: int
-    size: ModelSize
+    size: Any  # ModelSize (--engine toy) or rota_demo.llm_models.LlmSize (--engine hf|vllm)
     device: str  # where it starts (with devices: the first; each turn's device is the grant's)
     group: str
     endpoint: str | None = None  # None: dedicated device, no rota
@@ -54,6 +53,7 @@ class WorkerSpec:
     token: str = ""  # proves to the orchestrator that this worker may act for its job (rota.auth)
     prepare_pool: bool = True  # pin the host pool during setup (False: it grows at a first park, if any)
     sft_turns: int = 1  # SFT trainer: microbatches per step, each in its own turn (the last also updates)
+    engine: str = "toy"  # toy: rota's own small models and sampler; hf | vllm: rota_demo.llm_worker's jobs
 
     @property
     def name(self) -> str:
@@ -119,7 +119,8 @@ class _Device:
                 yield
 
     def track(self, model: Any, opt: Any) -> None:
-        """Inside :meth:`setup`: make the state parkable (the host pool starts filling in the background)."""
+        """Inside :meth:`setup`: make a torch model's state parkable (the host pool starts filling in the
+        background)."""
         if self.gpu is None:
             return
         import rota_fsdp
@@ -190,6 +191,79 @@ class _Device:
         self.gpu.close()
 
 
+class ToyWork:
+    """The math of ``--engine toy`` (rota's own small models and sampler, :mod:`rota_demo.workloads`), as the
+    loops below call it; :class:`rota_demo.llm_worker.LlmWork` is the LLM mode's."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+
+    def setup(self, dev: _Device, report: WorkerReport) -> tuple[Any, Any]:
+        """Inside ``dev.setup()``: (model, optimizer or None), warmed up and tracked."""
+        from rota_demo import workloads as w
+
+        spec, trainer = self.spec, self.spec.role == "trainer"
+        model, opt = w.build(spec.size, spec.seed, dev.device, optimizer=trainer)
+        if not trainer:  # a sampler never backpropagates: no grads, so its host pool holds the weights only
+            model.requires_grad_(False)
+        report.state_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) * (4 if trainer else 1)
+        _warm_up(spec, model, opt, dev.device)  # every tensor exists before tracking; first-call costs paid here
+        dev.track(model, opt)
+        return model, opt
+
+    def push_target(self, model: Any) -> Any:
+        return model
+
+    def module(self, model: Any) -> Any:
+        """The torch module whose device memory is freed at the end (None: the engine frees its own)."""
+        return model
+
+    def take(self, model: Any, push: WeightPush) -> Any:
+        """Inside the sampler's turn: the announced push into its weights; returns what to digest, or None."""
+        push.read_into(model)
+        return model
+
+    def rollout(self, model: Any, step: int, device: str) -> Any:
+        from rota_demo import workloads as w
+
+        return w.generate(model, self.spec.size, self.spec.seed, step, device).cpu()
+
+    def judge(self, rollout: Any, step: int) -> tuple[Any, float]:
+        """Off the device: (what the trainer gets, the step's mean reward)."""
+        from rota_demo import workloads as w
+
+        rewards = w.reward(rollout, self.spec.size.vocab)
+        return (rollout, rewards), float(rewards.mean())
+
+    def rl_step(self, model: Any, opt: Any, payload: Any, device: str) -> float:
+        from rota_demo import workloads as w
+
+        tokens, rewards = payload
+        return w.reinforce_step(model, opt, tokens.to(device), rewards.to(device))
+
+    def sft_data(self, step: int) -> Any:
+        from rota_demo import workloads as w
+
+        return w.sft_batch(self.spec.size, self.spec.seed, step)
+
+    def sft_step(self, model: Any, opt: Any, data: Any, turn: Any) -> float:
+        from rota_demo import workloads as w
+
+        x, y = data
+        return w.sft_step(model, opt, x, y, self.spec.sft_turns, turn=turn)  # each microbatch to its turn's device
+
+    def held_out(self) -> Any:
+        from rota_demo import workloads as w
+
+        return w.sft_batch(self.spec.size, self.spec.seed + 1, 10_000)
+
+    def evaluate(self, model: Any, held: Any, device: str) -> float:
+        from rota_demo import workloads as w
+
+        x, y = held
+        return w.eval_loss(model, x.to(device), y.to(device))
+
+
 def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any, push: WeightPush,
                 finish: Any = None) -> None:
     """Process entry point: build, report ready, wait for go, run, report, then wait for ``finish`` to exit.
@@ -207,19 +281,17 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
         torch.cuda.set_device(torch.device(spec.device))
-    from rota_demo import workloads as w
+    if spec.engine == "toy":
+        work: Any = ToyWork(spec)
+    else:
+        from rota_demo.llm_worker import LlmWork
 
+        work = LlmWork(spec)
     report = WorkerReport(spec.name, group=spec.group if spec.endpoint else "")
-    trainer = spec.role == "trainer"
     dev = _Device(spec, report)
     with dev.setup():
-        model, opt = w.build(spec.size, spec.seed, dev.device, optimizer=trainer)
-        if not trainer:  # a sampler never backpropagates: no grads, so its host pool holds the weights only
-            model.requires_grad_(False)
-        report.state_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) * (4 if trainer else 1)
-        _warm_up(spec, model, opt, dev.device)  # every tensor exists before tracking; first-call costs paid here
-        dev.track(model, opt)
-    push.bind(model)
+        model, opt = work.setup(dev, report)
+    push.bind(work.push_target(model))
     report.push_pin_s, report.push_pinned = push.pin(), push.pinned
     dev.prepare()
     results.put(("ready", spec.name, None))
@@ -229,11 +301,11 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
     try:
         run = {("rl", "sampler"): _rl_sampler, ("rl", "trainer"): _rl_trainer,
                ("sft", "trainer"): _sft_trainer, ("sft", "sampler"): _sft_sampler}[(spec.kind, spec.role)]
-        run(spec, model, opt, dev, inbox, outbox, results, push, report)
+        run(spec, work, model, opt, dev, inbox, outbox, results, push, report)
     finally:
         report.end = time.monotonic()
         with dev.holding():  # a park the orchestrator asks for meanwhile waits: it must not copy freed tensors
-            _free_device_state(model, opt)
+            _free_device_state(work.module(model), opt)
         dev.close()
     results.put(("done", spec.name, report))
     if finish is not None:
@@ -250,6 +322,8 @@ def _free_device_state(model: Any, opt: Any) -> None:
     """
     import torch
 
+    if model is None:
+        return
     tensors = [*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None)]
     if opt is not None:
         tensors += [v for state in opt.state.values() for v in state.values() if torch.is_tensor(v)]
@@ -282,13 +356,22 @@ def _warm_up(spec: WorkerSpec, model: Any, opt: Any, device: str) -> None:
         else:
             w.eval_loss(model, zeros, zeros)
         return
+    if spec.kind == "rl":
+        step_at_zero_lr(model, opt, lambda: w.reinforce_step(model, opt, zeros, torch.zeros(size.batch,
+                                                                                             device=device)))
+    else:
+        step_at_zero_lr(model, opt, lambda: w.sft_step(model, opt, zeros, zeros, spec.sft_turns))
+
+
+def step_at_zero_lr(model: Any, opt: Any, step: Any) -> None:
+    """Run ``step()`` (one optimizer step of the job's own kind) at learning rate 0, then zero the grads, the
+    AdamW moments and step counts: the state a fresh optimizer would have, but every tensor exists (so parking
+    sees all of it) and the kernels and the allocator are warm. Weight decay scales by the learning rate, so
+    no weight moves."""
     lrs = [g["lr"] for g in opt.param_groups]
     for g in opt.param_groups:
         g["lr"] = 0.0
-    if spec.kind == "rl":
-        w.reinforce_step(model, opt, zeros, torch.zeros(size.batch, device=device))
-    else:
-        w.sft_step(model, opt, zeros, zeros, spec.sft_turns)
+    step()
     for g, lr in zip(opt.param_groups, lrs, strict=True):
         g["lr"] = lr
     for p in model.parameters():
@@ -328,74 +411,67 @@ def _publish(spec: WorkerSpec, model: Any, push: WeightPush, report: WorkerRepor
         report.digests.append(weights_digest(model.state_dict()))
 
 
-def _take(spec: WorkerSpec, model: Any, push: WeightPush, report: WorkerReport, version: int, expected: int) -> None:
-    """Sampler, inside its turn: the announced push into the model's own tensors."""
+def _take(spec: WorkerSpec, work: Any, model: Any, push: WeightPush, report: WorkerReport, version: int,
+          expected: int) -> None:
+    """Sampler, inside its turn: the announced push into the model's (or engine's) own tensors."""
     if version != expected:
         raise RuntimeError(f"{spec.name}: weight push {version} arrived, expected {expected} (pushes out of order)")
-    push.read_into(model)
-    if spec.record_digests:
-        report.digests.append(weights_digest(model.state_dict()))
+    target = work.take(model, push)
+    if spec.record_digests and target is not None:
+        report.digests.append(weights_digest(target.state_dict()))
 
 
-def _rl_sampler(spec, model, opt, dev, inbox, outbox, results, push, report) -> None:
-    from rota_demo import workloads as w
-
+def _rl_sampler(spec, work, model, opt, dev, inbox, outbox, results, push, report) -> None:
     for step in range(spec.steps):
         version = inbox.recv() if step else None  # on-policy: wait for the trainer's update
         with dev.phase():
             if version is not None:
-                _take(spec, model, push, report, version, step)
-            tokens = w.generate(model, spec.size, spec.seed, step, dev.device).cpu()
+                _take(spec, work, model, push, report, version, step)
+            rollout = work.rollout(model, step, dev.device)
         with dev.off_device():  # the environment / judge: real wall time, no device
             time.sleep(spec.off_device_s)
-            rewards = w.reward(tokens, spec.size.vocab)
-        report.values.append(float(rewards.mean()))
-        _send(outbox, (tokens, rewards))
+            payload, mean_reward = work.judge(rollout, step)
+        report.values.append(mean_reward)
+        _send(outbox, payload)
 
 
-def _rl_trainer(spec, model, opt, dev, inbox, outbox, results, push, report) -> None:
-    from rota_demo import workloads as w
-
+def _rl_trainer(spec, work, model, opt, dev, inbox, outbox, results, push, report) -> None:
     for step in range(spec.steps):
-        tokens, rewards = _recv(inbox)
+        payload = _recv(inbox)
         pushing = step + 1 < spec.steps
         if pushing:
             push.claim()  # before the turn: the sampler has read the last push (it sent these tokens after)
         publish = (lambda: _publish(spec, model, push, report)) if pushing else None
         with dev.phase(after=publish):  # the push copies run while the next trainer computes
-            loss = w.reinforce_step(model, opt, tokens.to(dev.device), rewards.to(dev.device))
+            loss = work.rl_step(model, opt, payload, dev.device)
         report.values.append(loss)
         results.put(("progress", spec.name, (step, loss)))
         if pushing:
             outbox.send(step + 1)  # only the version number crosses the pipe
 
 
-def _sft_trainer(spec, model, opt, dev, inbox, outbox, results, push, report) -> None:
-    from rota_demo import workloads as w
-
+def _sft_trainer(spec, work, model, opt, dev, inbox, outbox, results, push, report) -> None:
     for step in range(spec.steps):
         with dev.off_device():  # the data loader: host work
             time.sleep(spec.off_device_s)
-            x, y = w.sft_batch(spec.size, spec.seed, step)
+            data = work.sft_data(step)
         pushing = (step + 1) % spec.eval_every == 0
         if pushing:
             push.claim()  # before the turn: waits only if the eval sampler still reads the previous push
         publish = (lambda: _publish(spec, model, push, report)) if pushing else None
         # a turn per microbatch: a waiting RL job waits one microbatch at most
-        loss = w.sft_step(model, opt, x, y, spec.sft_turns,  # each microbatch to the model's device of its turn
-                          turn=lambda last, publish=publish: dev.phase(after=publish if last else None))
+        loss = work.sft_step(model, opt, data,
+                             lambda last, publish=publish: dev.phase(after=publish if last else None))
         report.values.append(loss)
         results.put(("progress", spec.name, (step, loss)))
         if pushing:
             outbox.send((step + 1) // spec.eval_every)
 
 
-def _sft_sampler(spec, model, opt, dev, inbox, outbox, results, push, report) -> None:
-    from rota_demo import workloads as w
-
-    x, y = w.sft_batch(spec.size, spec.seed + 1, 10_000)  # held-out batch
+def _sft_sampler(spec, work, model, opt, dev, inbox, outbox, results, push, report) -> None:
+    held = work.held_out()
     for i in range(spec.steps // spec.eval_every):
         version = inbox.recv()
         with dev.phase():
-            _take(spec, model, push, report, version, i + 1)
-            report.values.append(w.eval_loss(model, x.to(dev.device), y.to(dev.device)))
+            _take(spec, work, model, push, report, version, i + 1)
+            report.values.append(work.evaluate(model, held, dev.device))

@@ -1,0 +1,251 @@
+"""The LLM mode's models (``rota demo --engine hf|vllm``): Qwen3-architecture shapes per job, the starting
+checkpoints built in the run (no model hub) and cached on disk, and the trainer's two step functions (a GRPO
+policy-gradient step, an SFT step split into microbatches).
+
+Checkpoints: a ``transformers.Qwen3Config`` of the job's shape, random weights from the job's seed, pre-trained
+for ``pretrain_steps`` on correct examples of the job's task (a short warm start: the model knows the format and
+answers some questions, so RL has rewards to raise), then ``save_pretrained`` with the character-level
+tokenizer of :mod:`rota_demo.llm_tasks`. Trainer and engine both load it with ``from_pretrained``. The directory
+is named by a hash of everything that determines its bytes (shape, task, seed, pre-training), so a repeated
+run finds it and skips the build.
+
+Imports torch and transformers: only the LLM mode loads this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import pathlib
+import shutil
+from dataclasses import dataclass
+
+import torch
+
+from rota_demo import llm_tasks as t
+
+__all__ = ["CKPT_VERSION", "PRESETS", "LlmSize", "build_checkpoint", "examples", "grpo_step", "load_trainer",
+           "own_storages", "rollout_batch", "sft_step"]
+
+CKPT_VERSION = 1  # bump when the build below changes what it writes
+
+
+@dataclass(frozen=True)
+class LlmSize:
+    """One job's model shape and loop sizes; ``ckpt`` is set once its checkpoint exists."""
+
+    task: str
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+    intermediate: int = 128
+    prompts: int = 16  # questions per step
+    group: int = 8  # G: samples per question (GRPO group); the SFT job trains on prompts x group examples
+    lr: float = 1e-3
+    pretrain_steps: int = 30
+    pretrain_lr: float = 3e-3
+    engine_memory: float = 0.0  # vLLM's gpu_memory_utilization for this job's engine (0: not set, CPU)
+    ckpt: str = ""
+
+    @property
+    def batch(self) -> int:
+        """Sequences per trainer step (the SFT microbatches split this)."""
+        return self.prompts * self.group
+
+    @property
+    def params(self) -> int:
+        """Parameters of the Qwen3 shape (embedding tied to the output head, as Qwen3-0.6B/1.7B/4B)."""
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads) + 2 * self.head_dim
+        mlp = 3 * self.hidden * self.intermediate
+        return t.VOCAB * self.hidden + self.layers * (attn + mlp + 2 * self.hidden) + self.hidden
+
+    @property
+    def trainer_state_bytes(self) -> int:
+        """fp32 weights + grads + two AdamW moments."""
+        return self.params * 16
+
+    @property
+    def weight_bytes(self) -> int:
+        """fp32 weights: what the HF stand-in engine holds and parks."""
+        return self.params * 4
+
+    @property
+    def push_bytes(self) -> int:
+        """The trainer -> engine push buffer: the fp32 state dict (the tied head listed twice), laid out as
+        :meth:`rota_demo.push.WeightPush.bind` does; from the model built on the meta device (no memory)."""
+        from transformers import Qwen3ForCausalLM
+
+        from rota_demo.push import push_bytes
+
+        with torch.device("meta"):
+            model = Qwen3ForCausalLM._from_config(self.config(), dtype=torch.float32)
+        return push_bytes([(v.numel(), v.element_size()) for v in model.state_dict().values()])
+
+    def config(self):  # -> transformers.Qwen3Config
+        from transformers import Qwen3Config
+
+        return Qwen3Config(vocab_size=t.VOCAB, hidden_size=self.hidden, num_hidden_layers=self.layers,
+                           num_attention_heads=self.heads, num_key_value_heads=self.kv_heads, head_dim=self.head_dim,
+                           intermediate_size=self.intermediate, max_position_embeddings=64, tie_word_embeddings=True,
+                           bos_token_id=t.BOS, eos_token_id=t.EOS, pad_token_id=t.PAD, rope_theta=10000.0,
+                           torch_dtype="float32")
+
+    def key(self, seed: int) -> str:
+        """What determines the checkpoint's bytes, hashed: its directory name."""
+        shape = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("prompts", "group", "lr", "ckpt",
+                                                                                 "engine_memory")}
+        blob = json.dumps({"v": CKPT_VERSION, "seed": seed, **shape}, sort_keys=True)
+        return f"{self.task}-{self.params / 1e6:.1f}M-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def _tiny(task: str, lr: float = 1e-3, pretrain_steps: int = 30) -> LlmSize:
+    return LlmSize(task=task, lr=lr, pretrain_steps=pretrain_steps)
+
+
+#: --llm-size: the three jobs' shapes (rl-a, rl-b, sft). ``tiny`` runs on CPU in CI (about 0.1 M parameters
+#: each, so a step takes milliseconds; measured on CPU, 20 GRPO steps: shift 0.32 -> 0.61, rev 0.37 -> 0.47
+#: mean reward); ``h200`` is Qwen3-0.6B, -1.7B and -4B's shapes (vocabulary aside: the tasks' 32 tokens), about
+#: 0.44 B, 1.4 B and 3.6 B parameters, for one H200 (not yet run there).
+PRESETS: dict[str, tuple[LlmSize, LlmSize, LlmSize]] = {
+    "tiny": (_tiny("shift"), _tiny("rev", pretrain_steps=40), _tiny("sort", lr=3e-3)),
+    "h200": (
+        LlmSize("shift", hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072, prompts=32,
+                group=8, lr=1e-5, pretrain_steps=60, pretrain_lr=1e-4, engine_memory=0.08),
+        LlmSize("rev", hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=6144, prompts=32,
+                group=8, lr=5e-6, pretrain_steps=60, pretrain_lr=5e-5, engine_memory=0.10),
+        LlmSize("sort", hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128, intermediate=9728, prompts=32,
+                group=8, lr=3e-6, pretrain_steps=60, pretrain_lr=3e-5, engine_memory=0.14),
+    ),
+}
+
+
+def examples(task: str, seed: int, step: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Supervised batch: (tokens (count, PROMPT_LEN + MAX_NEW), mask of the predicted answer positions)."""
+    rows, masks = [], []
+    for q in t.prompts(task, seed, step, count):
+        ans = [*t.encode(t.answer(q)), t.EOS]
+        row = [t.BOS, *t.encode(q), *ans]
+        rows.append(row + [t.PAD] * (t.PROMPT_LEN + t.MAX_NEW - len(row)))
+        masks.append([0.0] * (t.PROMPT_LEN - 1) + [1.0] * len(ans) + [0.0] * (t.MAX_NEW - len(ans)))
+    return torch.tensor(rows), torch.tensor(masks)
+
+
+def rollout_batch(completions: list[list[int]], questions: list[str], group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Engine samples (``group`` per question, in order) as the trainer's (tokens, completion mask)."""
+    rows, masks = [], []
+    for i, comp in enumerate(completions):
+        comp = list(comp[:t.MAX_NEW])
+        if t.EOS in comp:
+            comp = comp[:comp.index(t.EOS) + 1]
+        row = [t.BOS, *t.encode(questions[i // group]), *comp]
+        rows.append(row + [t.PAD] * (t.PROMPT_LEN + t.MAX_NEW - len(row)))
+        masks.append([0.0] * (t.PROMPT_LEN - 1) + [1.0] * len(comp) + [0.0] * (t.MAX_NEW - len(comp)))
+    return torch.tensor(rows), torch.tensor(masks)
+
+
+def _logp(model, tokens: torch.Tensor) -> torch.Tensor:
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if tokens.is_cuda else torch.autocast("cpu",
+                                                                                                enabled=False)
+    with autocast:
+        logits = model(input_ids=tokens[:, :-1]).logits
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def grpo_step(model, opt, tokens: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor, group: int) -> float:
+    """One GRPO update, on-policy (one step per rollout, so the importance ratio is 1 and no clipping applies):
+    advantage = reward - its group's mean, over the group's std (+1e-4); loss = -mean over completion tokens of
+    advantage x log-prob. Returns the loss."""
+    r = rewards.view(-1, group)
+    adv = ((r - r.mean(dim=1, keepdim=True)) / (r.std(dim=1, keepdim=True) + 1e-4)).view(-1)
+    loss = -(adv.unsqueeze(1) * _logp(model, tokens) * mask).sum() / mask.sum().clamp(min=1.0)
+    opt.zero_grad(set_to_none=False)
+    loss.backward()
+    opt.step()
+    return float(loss.item())
+
+
+def sft_step(model, opt, tokens: torch.Tensor, mask: torch.Tensor, parts: int, turn) -> float:
+    """Cross-entropy on the answer tokens, in ``parts`` equal microbatches, each inside ``turn(last)`` (the
+    worker's device phase), then one optimizer step in the last. Returns the step's loss."""
+    total = 0.0
+    for i, (x, m) in enumerate(zip(tokens.chunk(parts), mask.chunk(parts), strict=True)):
+        last = i == parts - 1
+        with turn(last):
+            if i == 0:
+                opt.zero_grad(set_to_none=False)
+            dev = next(model.parameters()).device
+            x, m = x.to(dev), m.to(dev)
+            loss = -(_logp(model, x) * m).sum() / m.sum().clamp(min=1.0) / parts
+            loss.backward()
+            total += float(loss.item())
+            if last:
+                opt.step()
+    return total
+
+
+def load_trainer(size: LlmSize, device: str, *, optimizer: bool):
+    """The checkpoint as the trainer's model (fp32, eager attention: deterministic) and AdamW."""
+    from transformers import Qwen3ForCausalLM
+
+    model = own_storages(Qwen3ForCausalLM.from_pretrained(size.ckpt, dtype=torch.float32,
+                                                          attn_implementation="eager", device_map=device))
+    opt = torch.optim.AdamW(model.parameters(), lr=size.lr, weight_decay=0.0) if optimizer else None
+    return model, opt
+
+
+def own_storages(model):
+    """``model`` with every parameter and buffer in a storage of its own: ``from_pretrained`` on CPU leaves
+    them in the safetensors file's memory map, whose storages cannot be resized, so rota could not park them.
+    Ties (the embedding and the output head) are kept: they are one parameter."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data.clone()
+        for mod in model.modules():
+            for name, b in list(mod._buffers.items()):
+                if b is not None:
+                    mod._buffers[name] = b.clone()
+    return model
+
+
+def build_checkpoint(size: LlmSize, seed: int, device: str, cache_dir: str) -> tuple[str, bool]:
+    """(path, built): the job's starting checkpoint under ``cache_dir``, built unless it is there already."""
+    path = pathlib.Path(cache_dir) / size.key(seed)
+    if (path / "rota-demo.json").exists():
+        return str(path), False
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    if device.startswith("cuda"):
+        torch.cuda.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3ForCausalLM._from_config(size.config(), attn_implementation="eager", dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=size.pretrain_lr)
+    losses = []
+    for step in range(size.pretrain_steps):
+        tokens, mask = examples(size.task, seed + 7919, step, 64)  # other questions than the run's
+        # a warm-up of the learning rate over the first tenth, then constant
+        for g in opt.param_groups:
+            g["lr"] = size.pretrain_lr * min(1.0, (step + 1) / max(1, math.ceil(size.pretrain_steps / 10)))
+        tokens, mask = tokens.to(device), mask.to(device)
+        loss = -(_logp(model, tokens) * mask).sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.generation_config.do_sample = False  # the demo passes its own settings; keep the saved ones plain
+    model.save_pretrained(tmp)
+    t.save_tokenizer(str(tmp))
+    (tmp / "rota-demo.json").write_text(json.dumps({"size": dataclasses.asdict(size), "seed": seed,
+                                                    "params": size.params, "pretrain_losses": losses}, indent=1))
+    try:
+        os.replace(tmp, path)
+    except OSError:  # another run built it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(path), True
