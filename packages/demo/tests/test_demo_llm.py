@@ -23,6 +23,7 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+@pytest.mark.slow
 def test_demo_hf_engine_learns_and_is_identical_in_every_mode(tmp_path):
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "rota", "demo", "--engine", "hf", "--steps", str(STEPS),

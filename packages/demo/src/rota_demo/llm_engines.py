@@ -86,6 +86,7 @@ class VllmEngine:
 
     def __init__(self, path: str, gpu: Any, seed: int, memory: float) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: collective_rpc runs here
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # bench/engines/vllm-0.26.0.toml's env
         try:
             import vllm
         except ImportError as exc:

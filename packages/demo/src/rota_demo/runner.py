@@ -205,10 +205,16 @@ def _context(specs: list[WorkerSpec]) -> Any:
     ``forkserver`` that imported torch and transformers once (seconds per worker on a small CI machine; no CUDA
     is initialised in it, and nothing else differs: each worker builds its own state after the fork)."""
     if specs and specs[0].engine != "toy" and specs[0].device == "cpu":
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "transformers", "rota_demo.llm_worker", "rota_fsdp"])
-        return ctx
+        return _llm_cpu_context()
     return mp.get_context("spawn")
+
+
+def _llm_cpu_context() -> Any:
+    ctx = mp.get_context("forkserver")
+    # Qwen3's modeling module alone takes about 2 s to import; the rota client and adapter load here too
+    ctx.set_forkserver_preload(["torch", "transformers", "transformers.models.qwen3.modeling_qwen3",
+                                "rota_demo.llm_worker", "rota_fsdp._tracked", "rota"])
+    return ctx
 
 
 def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label: str,
@@ -409,7 +415,7 @@ def _cgroup_room() -> int | None:
 def starting_checkpoints(cfg: DemoConfig, progress: Callable[[str], None]) -> tuple[Any, ...]:
     """The LLM jobs' sizes with their checkpoints, built (or found in ``cfg.cache_dir``) in a process of its own,
     so this one never holds the models' memory (nor a CUDA context) while the modes run."""
-    ctx = mp.get_context("spawn")
+    ctx = _llm_cpu_context() if cfg.device == "cpu" else mp.get_context("spawn")
     jobs = [(size, cfg.seed + i) for i, size in enumerate(cfg.llm_sizes)]
     t0 = time.monotonic()
     with ctx.Pool(1) as pool:

@@ -279,7 +279,8 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
     torch.set_num_threads(1)
     if spec.device.startswith("cuda"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+        if spec.engine != "vllm" or spec.role == "trainer":  # vLLM's kernels are its own; its samples are seeded
+            torch.use_deterministic_algorithms(True)
         torch.cuda.set_device(torch.device(spec.device))
     if spec.engine == "toy":
         work: Any = ToyWork(spec)
