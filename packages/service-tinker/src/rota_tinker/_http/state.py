@@ -4,7 +4,6 @@ them, with the quotas and what frees them (the routes are :mod:`.service`, :mod:
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import re
 import secrets
@@ -130,7 +129,6 @@ class _State:
         self.farewelled: set[str] = set()  # sessions whose heartbeat got that answer
         self.forgotten_futures = 0  # finished futures dropped after future_ttl_s
         self.budget = Budget(config.max_queued_units, config.max_result_bytes, config.result_grace_s)
-        self.counter = itertools.count(1)
         self.workers: dict[tuple[str, str], WorkerHandle] = {}
         for t in config.tenants:
             for role in ("trainer", "sampler"):
@@ -202,8 +200,12 @@ class _State:
             return None
         return str(self.holder(base).ensure()["address"])
 
-    def new_id(self, prefix: str) -> str:
-        return f"{prefix}-{next(self.counter)}-{secrets.token_hex(4)}"
+    @staticmethod
+    def new_id(prefix: str) -> str:
+        """``prefix`` and 128 random bits. No counter: ids were ``PREFIX-N-RANDOM`` with one ``N`` for the whole
+        service, so two of one tenant's ids told it how many requests, sessions and models the others made between
+        them (issue 45 row 11)."""
+        return f"{prefix}-{secrets.token_hex(16)}"
 
     def future(self, tenant: str, kind: str, session: str | None = None, *, result_bytes: int | None = None) -> Future:
         """A new request's future; ``session``: the session it belongs to (its trace, rota_tinker._http.trace).
