@@ -57,3 +57,23 @@ def test_demo_vllm_engine_is_refused_on_cpu_with_the_reason():
     r = subprocess.run([sys.executable, "-m", "rota", "demo", "--engine", "vllm"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "needs a CUDA device" in r.stderr and "--engine hf" in r.stderr, r.stderr
+
+
+def test_starting_checkpoints_are_cached_by_their_config_and_load_with_from_pretrained(tmp_path):
+    import dataclasses
+
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+    from rota_demo import llm_tasks as t
+    from rota_demo.llm_models import LlmSize, build_checkpoint
+
+    size = LlmSize("rev", pretrain_steps=2)
+    path, built = build_checkpoint(size, 0, "cpu", str(tmp_path))
+    assert built and build_checkpoint(size, 0, "cpu", str(tmp_path)) == (path, False)  # found, not rebuilt
+    # what does not change the checkpoint's bytes (the RL learning rate, loop sizes) does not change its name
+    assert build_checkpoint(dataclasses.replace(size, lr=1.0, group=2), 0, "cpu", str(tmp_path)) == (path, False)
+    assert size.key(1) != size.key(0) and dataclasses.replace(size, pretrain_steps=3).key(0) != size.key(0)
+    model = Qwen3ForCausalLM.from_pretrained(path)
+    assert model.config.model_type == "qwen3" and sum(p.numel() for p in model.parameters()) == size.params
+    tok = AutoTokenizer.from_pretrained(path)
+    assert tok("cab:", add_special_tokens=False)["input_ids"] == t.encode("cab:") and tok.eos_token_id == t.EOS

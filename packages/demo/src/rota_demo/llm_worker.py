@@ -23,7 +23,7 @@ from rota_demo import llm_engines as e
 from rota_demo import llm_models as m
 from rota_demo import llm_tasks as t
 from rota_demo.push import WeightPush
-from rota_demo.worker import WorkerReport, WorkerSpec, step_at_zero_lr
+from rota_demo.worker import WorkerReport, WorkerSpec, free_device_state, step_at_zero_lr
 
 __all__ = ["EVAL_QUESTIONS", "LlmWork"]
 
@@ -68,10 +68,16 @@ class LlmWork:
     def push_target(self, model: Any) -> Any:
         return model.push_target() if self.engine is not None else model
 
-    def module(self, model: Any) -> Any:
+    def free(self, model: Any, opt: Any) -> None:
+        """At the end of the run, with the state held: the trainer's and the hf engine's tensors are freed; an
+        awake vLLM engine sleeps at level 2 (weights and KV cache freed), so the next job granted has the room
+        before this process exits."""
         if self.engine is None:
-            return model
-        return self.engine.model if isinstance(self.engine, e.HfEngine) else None  # vLLM frees its own
+            free_device_state(model, opt)
+        elif isinstance(self.engine, e.HfEngine):
+            free_device_state(self.engine.model, None)
+        elif self.engine.tracked is None or not self.engine.tracked.parked_level:
+            self.engine.llm.sleep(level=2)
 
     # ------------------------------------------------------------------ engine
 

@@ -236,8 +236,8 @@ def timeline_png(results: dict[str, ModeResult], path: pathlib.Path, meaning: di
 
     modes = [m for m in ("serial", "timesliced", "dedicated") if m in results]
     xmax = max(res.makespan_s for res in results.values())
-    fig = plt.figure(figsize=(12, 2.2 + 1.6 * len(modes) + 3.4))
-    top, bottom = fig.subfigures(2, 1, height_ratios=[2.2 + 1.6 * len(modes), 3.4])
+    fig = plt.figure(figsize=(12, 2.2 + 1.6 * len(modes) + 4.0))
+    top, bottom = fig.subfigures(2, 1, height_ratios=[2.2 + 1.6 * len(modes), 4.0])
     axes = top.subplots(len(modes), 1, squeeze=False, sharex=True)
     for ax, mode in zip(axes[:, 0], modes, strict=True):
         res = results[mode]
@@ -265,6 +265,7 @@ def timeline_png(results: dict[str, ModeResult], path: pathlib.Path, meaning: di
 def _curves(fig, results: dict[str, ModeResult], meaning: dict[str, str]) -> None:
     """Two rows (trainer loss, sampler reward or eval) by one column per job; a line per mode."""
     axes = fig.subplots(2, len(JOBS), squeeze=False)
+    fig.subplots_adjust(hspace=0.45)
     styles = {"dedicated": ("#1f77b4", "-", 3.0), "serial": ("#2ca02c", "--", 2.0), "timesliced": ("#d62728", ":",
                                                                                                       1.6)}
     for col, (job, kind) in enumerate(JOBS):
@@ -277,6 +278,6 @@ def _curves(fig, results: dict[str, ModeResult], meaning: dict[str, str]) -> Non
                     ax.plot(range(1, len(values.values) + 1), values.values, line, color=colour, linewidth=width,
                             label=mode)
             what = meaning.get("trainer" if role == "trainer" else f"{kind} sampler", role)
-            ax.set_title(f"{job} {role}: {what}", fontsize=7, loc="left")
+            ax.set_title(f"{job} {role}: {what.split(' per ')[0]}", fontsize=8, loc="left")  # demo.json has more
             ax.tick_params(labelsize=7)
     axes[0, 0].legend(fontsize=7, frameon=False)

@@ -29,7 +29,7 @@ from typing import Any
 
 from rota_demo.push import WeightPush, weights_digest
 
-__all__ = ["WorkerReport", "WorkerSpec", "worker_main"]
+__all__ = ["ToyWork", "WorkerReport", "WorkerSpec", "free_device_state", "step_at_zero_lr", "worker_main"]
 
 
 @dataclass(frozen=True)
@@ -214,9 +214,9 @@ class ToyWork:
     def push_target(self, model: Any) -> Any:
         return model
 
-    def module(self, model: Any) -> Any:
-        """The torch module whose device memory is freed at the end (None: the engine frees its own)."""
-        return model
+    def free(self, model: Any, opt: Any) -> None:
+        """At the end of the run, with the state held: give the job's device memory back."""
+        free_device_state(model, opt)
 
     def take(self, model: Any, push: WeightPush) -> Any:
         """Inside the sampler's turn: the announced push into its weights; returns what to digest, or None."""
@@ -306,14 +306,14 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
     finally:
         report.end = time.monotonic()
         with dev.holding():  # a park the orchestrator asks for meanwhile waits: it must not copy freed tensors
-            _free_device_state(work.module(model), opt)
+            work.free(model, opt)
         dev.close()
     results.put(("done", spec.name, report))
     if finish is not None:
         finish.wait(timeout=3600)
 
 
-def _free_device_state(model: Any, opt: Any) -> None:
+def free_device_state(model: Any, opt: Any) -> None:
     """At the end of the run, give the job's device memory back to the driver before its session ends.
 
     Why: a process's memory otherwise goes only when it exits, seconds later with tens of
@@ -323,8 +323,6 @@ def _free_device_state(model: Any, opt: Any) -> None:
     """
     import torch
 
-    if model is None:
-        return
     tensors = [*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None)]
     if opt is not None:
         tensors += [v for state in opt.state.values() for v in state.values() if torch.is_tensor(v)]
