@@ -39,7 +39,7 @@ def test_demo_hf_engine_learns_and_is_identical_in_every_mode(tmp_path):
         assert curves["serial"][name] == values and curves["timesliced"][name] == values, name
     for job in ("rl-a", "rl-b"):  # mean reward per step: the last quarter above the first
         rewards = curves["timesliced"][f"{job}/sampler"]
-        assert len(rewards) == STEPS and _mean(rewards[-4:]) > _mean(rewards[:4]) + 0.03, (job, rewards)
+        assert len(rewards) == STEPS and _mean(rewards[-4:]) > _mean(rewards[:4]) + 0.1, (job, rewards)
     accuracy = curves["timesliced"]["sft/sampler"]
     assert len(accuracy) == STEPS // 4 and accuracy[-1] > accuracy[0], accuracy
     assert all(t["bit_identical"] is True for t in summary["tenants"])
