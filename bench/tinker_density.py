@@ -89,6 +89,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -205,7 +206,8 @@ def run_point(n: int, args: argparse.Namespace, think_s: float | None, share: bo
         return max(1.0, deadline - time.monotonic())
 
     spec = base_spec(args)
-    tenants = tuple(Tenant(f"t{i}", f"tml-bench-tenant-{i:04d}") for i in range(n))
+    tenants = tuple(Tenant(f"t{i}", "tml-" + hashlib.sha256(f"rota-bench-tenant:{i}".encode()).hexdigest()[:43])
+                    for i in range(n))
     idle = _device_mem(args.device)
     base_bytes = base_spec_bytes(spec)
     capacity = _capacity(args, n, base_bytes)

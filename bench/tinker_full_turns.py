@@ -28,6 +28,7 @@ pinned host<->device copy bandwidth (measured here with one ``--floor-bytes`` bu
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -46,6 +47,11 @@ log = logging.getLogger("tinker_full_turns")
 T0 = time.perf_counter()
 
 
+def _key(tenant: str) -> str:
+    """A tenant's API key: 128 random-looking bits and more (the service refuses guessable keys)."""
+    return "tml-" + hashlib.sha256(f"rota-bench-full:{tenant}".encode()).hexdigest()[:43]
+
+
 def say(msg: str) -> None:
     """Progress on stderr (a run takes minutes): seconds since the start, then the message."""
     sys.stderr.write(f"[{time.perf_counter() - T0:7.1f}s] {msg}\n")
@@ -60,14 +66,14 @@ def run(specs: dict, tenants: list[tuple[str, str]], args: argparse.Namespace) -
     from rota_tinker import ServiceConfig, Tenant, TinkerService
     from rota_tinker.testing import full_training_client
 
-    cfg = ServiceConfig(tenants=tuple(Tenant(t, f"tml-bench-full-{t}-0000") for t, _ in tenants),
+    cfg = ServiceConfig(tenants=tuple(Tenant(t, _key(t)) for t, _ in tenants),
                         data_dir=tempfile.mkdtemp(prefix="tinker-full-"), device=args.device, long_poll_s=5.0,
                         base_models=specs, capacity_bytes=0, deterministic=True, max_bytes=2**50,
                         worker_start_timeout_s=600.0, stop_timeout_s=60.0)
     losses: dict[str, list[float]] = {}
     errors: list[BaseException] = []
     with TinkerService(cfg) as svc:
-        clients = {t: tinker.ServiceClient(base_url=svc.url, api_key=f"tml-bench-full-{t}-0000") for t, _ in tenants}
+        clients = {t: tinker.ServiceClient(base_url=svc.url, api_key=_key(t)) for t, _ in tenants}
 
         def train(tenant: str, base: str) -> None:
             try:

@@ -22,7 +22,10 @@ MIB = 1 << 20
 LIMIT = 256 * MIB
 SHAPE = os.environ.get("ROTA_CUDA_TIER_SHAPE", "qwen3-0.6b")
 BASE = "acme/Qwen3-tier"
-KEYS = {"alice": "tml-alice-cuda-tier-0001", "bob": "tml-bob-cuda-tier-00002"}
+KEYS = {  # 128 random bits and more: the service refuses guessable keys
+    "alice": "tml-0Dt0J-oo49QLSQlEgOzl2hD0drCZCBqGQLnwhzlJkH0",
+    "bob": "tml-wm6zbsYFmKHj5alrE_pJsmKH3YLsDGdNHOuN7H3gRUs",
+}
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,11 @@ from rota.admin import fetch_status  # noqa: E402
 from rota_tinker import ServiceConfig, Tenant, TinkerService  # noqa: E402
 from rota_tinker.testing import serving_process  # noqa: E402
 
-KEYS = {"alice": "tml-alice-security-0123", "bob": "tml-bob-security-01234", "carol": "tml-carol-security-0123"}
+KEYS = {  # 128 random bits and more: the service refuses guessable keys
+    "alice": "tml-JkyyOZ6ouV7EgPPRxzpHgiRF2br0YLm_VlRXCEla9lI",
+    "bob": "tml-JJpEV26aiFKB13RrTrH9wrzBZq65R0m5prf4sI-kQDI",
+    "carol": "tml-8fBWwSXEltm1L5Wjsc3wOYeGC00Z4FjzdgpW8I4riqA",
+}
 MIB = 1 << 20
 HEADER_TIMEOUT_S = 8.0
 MAX_CONNECTIONS = 1600

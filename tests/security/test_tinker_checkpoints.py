@@ -28,7 +28,10 @@ from tinker import types  # noqa: E402
 
 from rota_tinker.testing import hub_cache_snapshot, serving_process  # noqa: E402
 
-KEYS = {"alice": "tml-alice-checkpoint-0123", "mallory": "tml-mallory-checkpoint-01"}
+KEYS = {  # 128 random bits and more: the service refuses guessable keys
+    "alice": "tml-UtdhWBIzffN1T63MOCt5cwe5g_JMUkzULV3i334Iq5o",
+    "mallory": "tml-HBI_lwl5LK5gJxw5FA2vrYe8ePVBUoL7lLJ7ecbkEsk",
+}
 MODEL = "acme/Qwen3-Tiny"
 TIMEOUT = 180
 
@@ -122,7 +125,7 @@ def test_another_tenant_cannot_describe_publish_expire_or_sample_a_checkpoint(se
         for r in (httpx.post(f"{route}/publish", headers=headers, timeout=30),
                   httpx.delete(f"{route}/publish", headers=headers, timeout=30),
                   httpx.put(f"{route}/ttl", headers=headers, json={"ttl_seconds": 5}, timeout=30),
-                  httpx.put(f"{route}/ttl", headers={"X-API-Key": "tml-wrong-key-000000000"},
+                  httpx.put(f"{route}/ttl", headers={"X-API-Key": "tml-NGEsg2qb_At9X7WxtR1k5SEAH1bPpgitaDQCruhC_Rg"},
                             json={"ttl_seconds": 5}, timeout=30)):
             assert r.status_code in (401, 403), (r.request.method, r.request.url, r.text)
     sc = tinker.ServiceClient(base_url=served.url, api_key=mallory)

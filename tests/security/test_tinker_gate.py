@@ -26,7 +26,7 @@ pytest.importorskip("tinker")
 from rota_tinker.testing import serving_process
 from tests.security.test_tls import pki  # noqa: F401  (fixture: a test CA and a certificate for 127.0.0.1)
 
-KEY = "tml-alice-gate-0123456789"
+KEY = "tml-dkOel_dHA9wmADNIS1qB0EFXgoZ3n-Q7CKltipvKKGU"
 MAX_CONNECTIONS, PER_CLIENT, UNAUTHENTICATED = 200, 50, 60
 
 

@@ -16,7 +16,10 @@ from rota.orchestrator import OrchestratorConfig  # noqa: E402
 from rota.testing import running_orchestrator  # noqa: E402
 from rota_tinker import DEFAULT_BASE_MODELS, ServiceConfig, Tenant, TinkerService  # noqa: E402
 
-KEYS = {"alice": "tml-alice-provenance-01", "mallory": "tml-mallory-provenance"}
+KEYS = {  # 128 random bits and more: the service refuses guessable keys
+    "alice": "tml-jmiRItI-6-5UbtgMNh_ZpyKCRrjvozb9a6_xJECuKgk",
+    "mallory": "tml-TpVpiWjxan7hP7dPwgPteLdCg7sh-zHMm9KzcQ9_xow",
+}
 TIMEOUT = 120
 PROMPT = [5, 9, 17, 33, 2, 8]
 

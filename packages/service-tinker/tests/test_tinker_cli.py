@@ -7,6 +7,7 @@ from click.testing import CliRunner
 from rota.testing import cli_with_plugins
 
 cli = cli_with_plugins()  # the `rota` group with every plugin's subcommands, as the executable lists them
+KEY = "tml-yxVc8LhBs2Bsf8X2hYZL9ihbDcY8cZTT2bhRaVjPF54"  # 128 random bits and more: weaker keys are refused
 
 
 def test_rota_tinker_serve_is_a_subcommand() -> None:
@@ -20,9 +21,9 @@ def test_bad_flags_are_refused() -> None:
     assert r.exit_code == 2 and "no tenants configured" in r.output
     r = runner.invoke(cli, ["tinker", "serve", "--tenant", "alice=sk-wrong"])
     assert r.exit_code == 2 and "must start with 'tml-'" in r.output
-    r = runner.invoke(cli, ["tinker", "serve", "--tenant", "alice=tml-aaaaaaaaaa", "--device", "tpu"])
+    r = runner.invoke(cli, ["tinker", "serve", "--tenant", "alice=" + KEY, "--device", "tpu"])
     assert r.exit_code == 2 and "device 'tpu'" in r.output
-    r = runner.invoke(cli, ["tinker", "serve", "--tenant", "alice=tml-aaaaaaaaaa", "--listen", "nowhere"])
+    r = runner.invoke(cli, ["tinker", "serve", "--tenant", "alice=" + KEY, "--listen", "nowhere"])
     assert r.exit_code == 2 and "HOST:PORT" in r.output
 
 
@@ -33,7 +34,7 @@ def test_rota_serve_tinker_is_the_same_command() -> None:
 
 def test_bad_base_models_and_capacity_are_refused_naming_the_value(tmp_path: object) -> None:
     runner = CliRunner(env={"ROTA_TINKER_KEYS": None, "ROTA_ORCHESTRATOR": None, "ROTA_TINKER_BASE_MODELS": None})
-    ok = ["serve", "tinker", "--tenant", "alice=tml-aaaaaaaaaa"]
+    ok = ["serve", "tinker", "--tenant", "alice=" + KEY]
     cases = {
         ("--base-model", "acme/lm"): "is not NAME:key=value",
         ("--base-model", "acme/lm:vocab=ten"): "vocab='ten' must be an integer",
@@ -57,7 +58,7 @@ def test_bad_base_models_and_capacity_are_refused_naming_the_value(tmp_path: obj
 
 def test_model_dirs_are_checked_and_listed_in_help(tmp_path: object) -> None:
     runner = CliRunner(env={"ROTA_TINKER_KEYS": None, "ROTA_TINKER_MODEL_DIRS": None})
-    r = runner.invoke(cli, ["serve", "tinker", "--tenant", "alice=tml-aaaaaaaaaa", "--model-dir", "/no/such/dir"])
+    r = runner.invoke(cli, ["serve", "tinker", "--tenant", "alice=" + KEY, "--model-dir", "/no/such/dir"])
     assert r.exit_code == 2 and "'/no/such/dir' does not exist" in r.output, r.output
     r = runner.invoke(cli, ["serve", "tinker", "--help"])
     assert r.exit_code == 0 and "--model-dir" in r.output and "--deterministic" in r.output

@@ -23,7 +23,10 @@ from rota_tinker import DEFAULT_BASE_MODELS, BaseModelSpec, ServiceConfig, Tenan
 
 TIMEOUT = 120
 STEPS = 3
-KEYS = {"ann": "tml-ann-residency-key-01", "ben": "tml-ben-residency-key-02"}
+KEYS = {  # 128 random bits and more: the service refuses guessable keys
+    "ann": "tml-qbpBoC2q0f9WE1ZTyJovxXKPE_xpGr9MxzI92bCUIvw",
+    "ben": "tml--7f5yE3eVOcAMWy06vempVME67seZgpVvlihJIsvHTI",
+}
 
 
 @contextmanager

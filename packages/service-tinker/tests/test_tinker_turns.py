@@ -46,7 +46,7 @@ def test_optim_step_queued_behind_forward_backward_shares_its_turn(
 
 def test_stop_waits_for_workers_then_holder_and_kills_none(tmp_path: object) -> None:
     """A LoRA tenant on a shared base trains; stop() sees every worker and the holder exit by themselves."""
-    tenant = Tenant("erin", "tml-erin-test-key-0123")
+    tenant = Tenant("erin", "tml-HOm6rXaLCAPNR-gGrr0olO-edHUDE9bEyRmPCvKc5VM")
     assert tenant.api_key not in KEYS.values()
     with running_orchestrator() as (endpoint, _engine):
         svc = TinkerService(ServiceConfig(tenants=(tenant,), data_dir=tempfile.mkdtemp(dir=str(tmp_path)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import time
 from collections import Counter
@@ -18,7 +19,9 @@ from rota.testing import running_orchestrator
 from rota_tinker import BaseModelSpec, ServiceConfig, Tenant, TinkerService, find_models, search_dirs
 from rota_tinker.testing import full_training_client  # noqa: F401 (the tests import it from here)
 
-KEYS = {name: f"tml-{name}-test-key-0123" for name in ("alice", "bob", "carol", "dave")}
+# keys of 128 random bits and more, the same in every process of a test (the service refuses guessable ones)
+KEYS = {name: "tml-" + hashlib.sha256(f"rota-test-key:{name}".encode()).hexdigest()[:43]
+        for name in ("alice", "bob", "carol", "dave")}
 # A base big enough (about 80 MB) that a private copy of it per worker would stand out of a process's memory.
 WIDE = BaseModelSpec("rota/wide", vocab=16384, dim=512, layers=1, heads=4, seed=3)
 

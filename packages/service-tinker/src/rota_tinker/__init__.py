@@ -6,7 +6,7 @@ and sampler worker processes, and every work unit runs inside a rota turn, so se
 tenants (full-parameter or LoRA) share devices without knowing it::
 
     from rota_tinker import ServiceConfig, Tenant, TinkerService
-    cfg = ServiceConfig(tenants=(Tenant("alice", "tml-alice-key-1"),), data_dir="/tmp/tinker")
+    cfg = ServiceConfig(tenants=(Tenant("alice", ALICE_KEY),), data_dir="/tmp/tinker")  # "tml-" + 128 random bits
     with TinkerService(cfg) as svc:      # TINKER_BASE_URL=svc.url
         ...
 

@@ -16,6 +16,7 @@ trailing newline, which once let ``ok\n`` through as a file name).
 from __future__ import annotations
 
 import hmac
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -133,6 +134,39 @@ class Tenant:
                 or not _KEY.fullmatch(self.api_key)):
             raise ConfigError(f"API key of tenant {self.name!r} must start with {KEY_PREFIX!r} and have at least "
                               "8-200 more letters, digits, '-' or '_' (the tinker SDK refuses other keys)")
+        why = key_weakness(self.api_key[len(KEY_PREFIX):], self.name)
+        if why:  # never the key itself: it may be a real one, mistyped
+            raise ConfigError(f"API key of tenant {self.name!r} is guessable ({why}); give every tenant a key of at "
+                              f"least {KEY_BITS} random bits, e.g. the output of python -c \"import secrets; "
+                              f"print('{KEY_PREFIX}' + secrets.token_urlsafe(32))\"")
+
+
+KEY_BITS = 128  # the least an API key must carry: keys of 8 characters were guessed from many addresses (issue 45)
+_KEY_CLASSES = ("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", "-_")
+
+
+def key_weakness(body: str, tenant: str) -> str:
+    """Why an API key (``body``: what follows ``tml-``) looks guessable, or ``""``. Its bits are estimated as
+    its length times log2 of the characters of the classes it uses (lower, upper, digits, ``-_``); structure
+    counts against it: the tenant's name inside it, words and numbers between separators
+    (``alice-key-0123``), seven equal or consecutive characters in a row, few distinct characters. A key from
+    ``secrets.token_urlsafe(32)`` (or ``token_hex(16)`` and longer) passes."""
+    alphabet = sum(len(c) for c in _KEY_CLASSES if any(ch in c for ch in body))
+    bits = len(body) * math.log2(max(alphabet, 2))
+    if bits < KEY_BITS:
+        return f"{len(body)} characters after {KEY_PREFIX!r} of {alphabet} kinds carry about {bits:.0f} bits"
+    if len(tenant) >= 3 and tenant.lower() in body.lower():
+        return "it holds the tenant's name"
+    parts = [p for p in re.split(r"[-_]", body) if p]
+    if len(parts) >= 2 and all((p.isalpha() and p.islower()) or p.isdigit() for p in parts):
+        return "it is words and numbers between separators"
+    for i in range(len(body) - 6):
+        steps = {ord(b) - ord(a) for a, b in zip(body[i:i + 6], body[i + 1:i + 7], strict=True)}
+        if len(steps) == 1 and steps <= {-1, 0, 1}:
+            return "it has seven equal or consecutive characters in a row"
+    if len(set(body)) < min(8, len(body) // 4):
+        return f"it has only {len(set(body))} distinct characters"
+    return ""
 
 
 def parse_keys(text: str) -> list[Tenant]:

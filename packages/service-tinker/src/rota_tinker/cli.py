@@ -159,9 +159,10 @@ def serve_cmd(listen: str, tls_cert: str, tls_key: str, tenants: tuple[str, ...]
     """Serve the tinker SDK's training and sampling API; each API key is a tenant.
 
     \b
-    rota tinker serve --tenant alice=tml-alice-key-1 --tenant bob=tml-bob-key-22 --device cuda:0 \\
+    rota tinker serve --tenant alice=$ALICE_KEY --tenant bob=$BOB_KEY --device cuda:0 \\
         --model-dir /models --capacity 120GiB
-    TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-alice-key-1 python my_loop.py
+    TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=$ALICE_KEY python my_loop.py
+    (each key: tml- and at least 128 random bits, e.g. secrets.token_urlsafe(32); others are refused)
     """
     from rota_tinker._config import DEFAULT_BASE_MODELS, ServiceConfig, parse_base_model, parse_keys
     from rota_tinker._hf import find_models, search_dirs

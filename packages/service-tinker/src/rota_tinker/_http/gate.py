@@ -13,7 +13,12 @@ tenant 503. The gate bounds connections where they come from, before any key is 
 * **failed keys** are logged (the peer address and how many in the last minute; never the
   key) and slowed: the refusal waits ``FAIL_DELAY_S`` doubled per failure of that peer in
   the last minute, up to ``FAIL_DELAY_MAX_S``, while its connection counts against the
-  peer's cap, so a peer tries a few keys a second, not thousands.
+  peer's cap, so a peer tries a few keys a second, not thousands;
+* **service-wide**, beside the per-peer count: 200 loopback addresses once guessed 100 keys a
+  second, each peer's own count staying low. Every failure also counts in one budget of the
+  whole service: past :data:`SERVICE_FREE_FAILURES` in the last minute the refusal waits
+  ``FAIL_DELAY_S`` doubled per further :data:`SERVICE_FAILURE_STEP` failures (up to
+  ``FAIL_DELAY_MAX_S``), whichever peer they came from; a known key is never slowed.
 
 Lives on the server's event loop (no locks); used by :mod:`rota_tinker._http.server`.
 """
@@ -31,6 +36,8 @@ FAIL_WINDOW_S = 60.0
 FAIL_DELAY_S = 0.05
 FAIL_DELAY_MAX_S = 5.0
 MAX_PEERS_TRACKED = 65536  # peers with recent failures remembered (oldest forgotten first)
+SERVICE_FREE_FAILURES = 16  # failures a minute, all peers together, before the service-wide budget slows refusals
+SERVICE_FAILURE_STEP = 4  # ... and the delay doubles every this many failures more
 
 
 class Gate:
@@ -41,6 +48,7 @@ class Gate:
         self._by_peer: collections.Counter[str] = collections.Counter()
         self._pending: collections.OrderedDict[Any, Any] = collections.OrderedDict()  # protocol -> its transport
         self._failures: collections.OrderedDict[str, collections.deque[float]] = collections.OrderedDict()
+        self._all_failures: collections.deque[float] = collections.deque()  # every peer's, the last minute
 
     def admit(self, conn: Any, transport: Any, peer: str) -> bool:
         """Whether connection ``conn`` from ``peer`` may stay open; it then counts as unauthenticated."""
@@ -77,9 +85,16 @@ class Gate:
         self._failures[peer] = times
         while len(self._failures) > MAX_PEERS_TRACKED:
             self._failures.popitem(last=False)
-        n = len(times)
-        log.warning("unknown API key from %s (%d in the last %g s)", peer, n, FAIL_WINDOW_S)
-        return min(FAIL_DELAY_S * 2 ** min(n - 1, 20), FAIL_DELAY_MAX_S)
+        every = self._all_failures
+        while every and now - every[0] > FAIL_WINDOW_S:
+            every.popleft()
+        every.append(now)
+        n, total = len(times), len(every)
+        log.warning("unknown API key from %s (%d in the last %g s; %d from all peers)", peer, n, FAIL_WINDOW_S,
+                    total)
+        over = max(0, total - SERVICE_FREE_FAILURES)
+        service = FAIL_DELAY_S * 2 ** min(over // SERVICE_FAILURE_STEP, 20) if over else 0.0
+        return min(max(FAIL_DELAY_S * 2 ** min(n - 1, 20), service), FAIL_DELAY_MAX_S)
 
 
 __all__ = ["Gate"]
