@@ -212,11 +212,16 @@ def put(args: argparse.Namespace) -> int:
     return 0
 
 
-def install(args: argparse.Namespace) -> int:
+def installed_paths(args: argparse.Namespace) -> tuple[dict, Path, Path]:
+    """The manifest (carried, or put in ``--dest`` by an earlier run), the pieces' folder and the install root."""
     stage = Path(args.stage)
     dest = Path(args.dest) / stage.name
     manifest = read_manifest(stage if (stage / "manifest.json").exists() else dest)
-    target = Path(args.target) / manifest["name"]
+    return manifest, dest, Path(args.target) / manifest["name"]
+
+
+def install(args: argparse.Namespace) -> int:
+    manifest, dest, target = installed_paths(args)
     done = target / ".rota-staged"
     if done.is_file() and done.read_text().strip() == manifest["bundle_sha256"]:
         print(f"stage: {manifest['name']} already installed in {target}")
@@ -254,10 +259,7 @@ def install(args: argparse.Namespace) -> int:
 
 
 def env(args: argparse.Namespace) -> int:
-    stage = Path(args.stage)
-    dest = Path(args.dest) / stage.name
-    manifest = read_manifest(stage if (stage / "manifest.json").exists() else dest)
-    target = Path(args.target) / manifest["name"]
+    manifest, _dest, target = installed_paths(args)
     if not (target / ".rota-staged").is_file():
         raise StageError(f"{manifest['name']} is not installed in {target}: run put and install first")
     print(f'export PYTHONPATH="{target}${{PYTHONPATH:+:$PYTHONPATH}}" PATH="{target}/bin:$PATH"')
