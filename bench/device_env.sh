@@ -25,4 +25,4 @@ for p in core torch adapter-fsdp adapter-megatron serving adapter-vllm adapter-s
   [ -d packages/$p ] && pkgs="$pkgs packages/$p"
 done
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site $pkgs
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH  # keeps a staged engine (stage_wheels.py env) on the path

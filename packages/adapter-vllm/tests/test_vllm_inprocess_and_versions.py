@@ -59,7 +59,7 @@ def test_offload_plan_with_vllms_backup_sleeps_level_1_and_wakes_everything(conn
     llm = FakeLLM()
     tracked = rota_vllm.track(gpu, llm, backup="vllm", check_version=False)
     _park_by_trainer(connect, gpu)
-    assert llm.calls == [("sleep", 1), ("wake_up", None)]
+    assert llm.calls == [("sleep", 1), ("collective_rpc", 0), ("wake_up", None)]  # the rpc: worker_trim
     assert tracked.dropped == ("kv_cache",) and not tracked.weights_stale
     tracked.untrack()
 
@@ -69,12 +69,53 @@ def test_discard_sleeps_level_2_wakes_weights_first_and_needs_a_weight_push(conn
     llm = FakeLLM()
     tracked = rota_vllm.track(gpu, llm, mode="discard", backup="vllm", check_version=False)
     _park_by_trainer(connect, gpu)
-    assert llm.calls == [("sleep", 2), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
+    assert llm.calls == [("sleep", 2), ("collective_rpc", 0), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
     assert tracked.dropped == ("weights", "kv_cache") and tracked.weights_stale
     with gpu.turn():
         assert tracked.update_weights([("w", 1.0), ("b", 2.0)]) == 2
     assert llm.calls[-1] == ("collective_rpc", 2) and not tracked.weights_stale
     tracked.untrack()
+
+
+class FakeExecutor:
+    is_sleeping, sleeping_tags = False, set()
+
+
+class CheckFailingLLM(FakeLLM):
+    """Fake of an in-process vllm.LLM whose worker slept but whose device-wide free-memory check then failed
+    (vLLM 0.26's ``assert freed_bytes >= 0`` while another process allocated): the executor was never marked
+    asleep. ``executor=None``: an engine whose executor is in another process."""
+
+    def __init__(self, executor: FakeExecutor | None) -> None:
+        super().__init__()
+        core = type("EngineCore", (), {"model_executor": executor})() if executor else None
+        self.llm_engine = type("LLMEngine", (), {"engine_core": type("InprocClient", (), {"engine_core": core})()})()
+
+    def sleep(self, level: int = 1) -> None:
+        super().sleep(level)
+        raise AssertionError("Memory usage increased after sleeping.")
+
+
+def test_a_sleep_whose_only_failure_is_vllms_device_wide_check_still_parks(connect):
+    gpu = connect("llm")
+    executor = FakeExecutor()
+    llm = CheckFailingLLM(executor)
+    tracked = rota_vllm.track(gpu, llm, backup="vllm", check_version=False)
+    _park_by_trainer(connect, gpu)
+    assert executor.is_sleeping and executor.sleeping_tags == {"weights", "kv_cache"}
+    assert llm.calls == [("sleep", 1), ("collective_rpc", 0), ("wake_up", None)] and not gpu.stats.failures
+    tracked.untrack()
+
+
+def test_the_same_failure_with_the_executor_out_of_reach_fails_the_park_naming_the_fix(connect):
+    gpu = connect("llm")
+    rota_vllm.track(gpu, CheckFailingLLM(None), backup="vllm", check_version=False)
+    gpu.acquire()
+    gpu.release()
+    trainer = connect("trainer")
+    trainer.acquire()
+    trainer.release()
+    assert gpu.stats.failures and "VLLM_ENABLE_V1_MULTIPROCESSING=0" in str(gpu.stats.failures), gpu.stats.failures
 
 
 def test_bad_inputs_name_the_fix(connect):

@@ -74,7 +74,8 @@ def test_offload_keeps_the_weights_in_rotas_pool_and_outputs_are_unchanged(conne
     params = sum(p.numel() * 4 for p in {p.data_ptr(): p for p in model.parameters()}.values())
     assert tracked.stash_bytes == params  # the tied weight counted once
     _park_and_restore(connect, gpu)
-    assert llm.calls[1:] == [("rpc", "worker_save", []), ("sleep", 2), ("wake_up", ["weights"]),
+    assert llm.calls[1:] == [("rpc", "worker_save", []), ("sleep", 2),
+                             ("rpc", "worker_trim", ["kv_cache", "weights"]), ("wake_up", ["weights"]),
                              ("rpc", "worker_load", ["kv_cache"]), ("wake_up", ["kv_cache"])]
     assert torch.equal(model(ids), before)  # bit for bit, buffers included
     assert tracked.dropped == ("kv_cache",) and not tracked.weights_stale
@@ -88,7 +89,8 @@ def test_a_discard_plan_keeps_nothing_and_wants_a_weight_push(connect) -> None:
     llm = SleepingLLM()
     tracked = rota_vllm.track(gpu, llm, mode="discard", check_version=False)
     _park_and_restore(connect, gpu)
-    assert [c for c in llm.calls if c[0] == "rpc"] == [("rpc", "worker_prepare", [])]  # no save, no load
+    rpcs = [c[1] for c in llm.calls if c[0] == "rpc"]
+    assert rpcs == ["worker_prepare", "worker_trim"]  # no save, no load
     assert tracked.weights_stale and tracked.dropped == ("weights", "kv_cache")
     tracked.untrack()
 

@@ -37,7 +37,7 @@ from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
 from rota_serving import check_fixed_device
 from rota_vllm._compat import require_vllm
-from rota_vllm._pinned import worker_load, worker_prepare, worker_release, worker_save
+from rota_vllm._pinned import worker_load, worker_model, worker_prepare, worker_release, worker_save, worker_trim
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,31 @@ _tracked: dict[int, TrackedLLM] = {}
 
 def _load_weights_on_worker(worker: Any, named: list[tuple[str, Any]]) -> None:
     """Runs inside each vLLM worker (``collective_rpc``): load ``named`` tensors into its model."""
-    worker.model_runner.model.load_weights(weights=named)
+    worker_model(worker).load_weights(weights=named)
+
+
+#: vLLM's worker ends its sleep with ``assert freed_bytes >= 0`` on the whole device's free memory: another
+#: process allocating meanwhile (a trainer of another job, a restore) fails it after the sleep itself finished.
+SLEEP_CHECK = "Memory usage increased after sleeping"
+
+
+def _sleep(llm: Any, level: int) -> None:
+    """``llm.sleep(level)``; if only vLLM's device-wide check failed, mark the in-process executor asleep (the
+    check raised before vLLM recorded it), or re-raise naming why where the executor is in another process."""
+    try:
+        llm.sleep(level=level)
+    except AssertionError as e:
+        if SLEEP_CHECK not in str(e):
+            raise
+        core = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "engine_core", None)
+        executor = getattr(core, "model_executor", None)
+        if executor is None or not hasattr(executor, "is_sleeping"):
+            raise RuntimeError("vLLM's sleep check failed because another process allocated device memory during "
+                               "the sleep, and this engine's executor is in another process; run the LLM with "
+                               "VLLM_ENABLE_V1_MULTIPROCESSING=0") from e
+        executor.sleeping_tags, executor.is_sleeping = {"weights", "kv_cache"}, True
+        log.info("vLLM's free-memory check after its sleep failed (another process allocated meanwhile); the "
+                 "sleep itself finished, the executor is marked asleep")
 
 
 class TrackedLLM:
@@ -87,7 +111,8 @@ class TrackedLLM:
             self.llm.collective_rpc(worker_save)
             self.history.append(("save_weights", self.stash_bytes))
             level = 2
-        self.llm.sleep(level=level)
+        _sleep(self.llm, level)
+        self.llm.collective_rpc(worker_trim)
         self.parked_level, self.stashed = level, stash
         self.dropped = ("weights", "kv_cache") if level == 2 and not stash else ("kv_cache",)
         self.weights_stale = self.weights_stale or "weights" in self.dropped

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from rota_torch import HostPool, align
+from rota_torch import HostPool, align, give_back_workspaces
 
 ATTR = "_rota_weights_stash"
 
@@ -101,11 +101,18 @@ class WeightStash:
         return seconds
 
 
+def worker_model(worker: Any) -> torch.nn.Module:
+    """The worker's model, out of any CUDA-graph wrapper (``get_model`` where the runner has it)."""
+    runner = worker.model_runner
+    get = getattr(runner, "get_model", None)
+    return get() if callable(get) else runner.model
+
+
 def worker_prepare(worker: Any) -> int:
     """Make this worker's stash (once); the bytes it keeps."""
     stash = getattr(worker, ATTR, None)
     if stash is None:
-        stash = WeightStash(worker.model_runner.model)
+        stash = WeightStash(worker_model(worker))
         setattr(worker, ATTR, stash)
     return stash.nbytes
 
@@ -116,6 +123,14 @@ def worker_save(worker: Any) -> float:
 
 def worker_load(worker: Any) -> float:
     return getattr(worker, ATTR).load()
+
+
+def worker_trim(worker: Any) -> None:
+    """After the sleep: hand cuBLAS's cached workspaces and the free segments of torch's own allocator (vLLM's
+    buffers outside its sleep pool) back to the driver, so the parked engine keeps little beyond its context."""
+    device = getattr(worker, "device", None)
+    if isinstance(device, torch.device) and device.type == "cuda":
+        give_back_workspaces(device)
 
 
 def worker_release(worker: Any) -> None:
