@@ -87,7 +87,7 @@ def engine(snapshot: str, how: str, out: str) -> None:
         time.sleep(0.5)  # the trainer takes its turn: this engine is parked
     Path(out).write_text(json.dumps({"context": context, "after_park": after_park, "equal": equal,
                                      "push_changed_tokens": changed, "parks": len(gpu.stats.parks),
-                                     "restores": len(gpu.stats.restores), "failures": gpu.stats.failures,
+                                     "restores": len(gpu.stats.restores), "failures": [str(f) for f in gpu.stats.failures],
                                      "park_s": [p.seconds for p in gpu.stats.parks],
                                      "restore_s": [r.seconds for r in gpu.stats.restores],
                                      "stash_bytes": tracked.stash_bytes}, default=str))
@@ -133,7 +133,7 @@ def trainer(out: str, ready: str) -> None:
                 filled.append(False)
             torch.cuda.empty_cache()
     Path(out).write_text(json.dumps({"filled": filled, "losses": losses, "parks": len(gpu.stats.parks),
-                                     "failures": gpu.stats.failures}, default=str))
+                                     "failures": [str(f) for f in gpu.stats.failures]}, default=str))
     gpu.close()
 
 

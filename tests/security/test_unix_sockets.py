@@ -116,7 +116,7 @@ def test_an_agent_without_a_key_serves_only_its_owner(agent_env, tenant, as_atta
     and the 0666 socket. Now it serves no TCP port and 0600 sockets; its owner's jobs still park."""
     socket_dir = tempfile.mkdtemp(prefix="rota-sec-")
     os.chmod(socket_dir, 0o755)
-    proc, _ = serving(["agent", "serve", "--socket-dir", socket_dir], agent_env, ready="serving")
+    proc, _ = serving(["agent", "serve", "--socket-dir", socket_dir], agent_env, ready="rota agent serving on")
     try:
         assert _tcp_listeners(proc.pid) == set()  # no TCP port at all
         for name in ("agent.sock", "pid.sock"):
