@@ -2,7 +2,8 @@
 
 On a machine without one every test here is skipped, saying so. Each test records what it measured
 through the ``record`` fixture; with ``ROTA_CUDA_TIER_JSON=PATH`` the session writes those figures, each
-test's outcome, the commit, the date and the device to PATH (``bench/results/cuda-tier-*.json``).
+test's outcome, the commit, the date and the device to PATH (``bench/results/cuda-tier-*.json``), after every
+test, so that a run cut off by a time limit keeps what finished (``"exit_status": null, "complete": false``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         _seconds[item.nodeid] = _seconds.get(item.nodeid, 0.0) + report.duration
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         _outcomes[item.nodeid] = report.outcome
+    if report.when == "teardown":
+        _write(None)
 
 
 def _commit() -> str:
@@ -64,12 +67,18 @@ def _commit() -> str:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _write(int(exitstatus))
+
+
+def _write(exitstatus: int | None) -> None:
+    """The tier's JSON as it stands; ``exitstatus`` None: the session is still running."""
     path = os.environ.get("ROTA_CUDA_TIER_JSON")
     if not path or not _outcomes:
         return
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     out = {"tier": "cuda", "commit": _commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "host": platform.node(), "device": device, "torch": torch.__version__, "exit_status": int(exitstatus),
+           "host": platform.node(), "device": device, "torch": torch.__version__, "exit_status": exitstatus,
+           "complete": exitstatus is not None,
            "seconds": round(sum(_seconds.values()), 1),
            "tests": {nodeid: {"outcome": _outcomes[nodeid], "seconds": round(_seconds.get(nodeid, 0.0), 1),
                               **_figures.get(nodeid, {})} for nodeid in _outcomes}}

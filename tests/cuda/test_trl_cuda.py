@@ -54,9 +54,6 @@ def job(snapshot: str, seed: int, rota_on: bool, out: str) -> None:
 
     torch.zeros(1, device="cuda:0")  # the CUDA context
     context = process_device_bytes("cuda:0")  # this process before it built anything
-    # deterministic kernels where torch has them (the embedding's backward, cuBLAS), warnings elsewhere:
-    # transformers' full_determinism would refuse vLLM's sampling ops that have no deterministic version
-    torch.use_deterministic_algorithms(True, warn_only=True)
     tok = AutoTokenizer.from_pretrained(snapshot, local_files_only=True)
     data = Dataset.from_dict({"prompt": ["the quick brown fox", "hello world", "a tiny model", "user: hi"] * 8})
 
@@ -69,6 +66,11 @@ def job(snapshot: str, seed: int, rota_on: bool, out: str) -> None:
                       disable_tqdm=True, use_vllm=True, vllm_mode="colocate",
                       vllm_enable_sleep_mode=True, vllm_gpu_memory_utilization=0.2, vllm_max_model_length=128)
     trainer = GRPOTrainer(model=snapshot, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
+    # deterministic kernels where torch has them (the embedding's backward, cuBLAS), warnings elsewhere:
+    # transformers' full_determinism would refuse vLLM's sampling ops that have no deterministic version. Only
+    # once the trainer (and its colocated vLLM) is built: the flag also puts Inductor in its deterministic mode,
+    # which refuses the combo-kernel benchmarking of vLLM's torch.compile at start-up (H200, vLLM 0.26).
+    torch.use_deterministic_algorithms(True, warn_only=True)
     after_park: list[int | None] = []
     gpu = None
     if rota_on:

@@ -48,7 +48,8 @@ def engine(snapshot: str, how: str, out: str) -> None:
     torch.zeros(1, device="cuda:0")
     context = process_device_bytes("cuda:0")
     llm = LLM(model=snapshot, enable_sleep_mode=True, skip_tokenizer_init=True, seed=0, dtype="bfloat16",
-              gpu_memory_utilization=ENGINE_SHARE, enforce_eager=True)
+              gpu_memory_utilization=ENGINE_SHARE, enforce_eager=True,
+              enable_prefix_caching=False)  # a cached prefix takes another kernel path: random weights' near-ties flip
     params = SamplingParams(max_tokens=16, temperature=0.0, detokenize=False)
     prompts = [{"prompt_token_ids": list(range(100 + 7 * i, 164 + 7 * i))} for i in range(8)]
 
@@ -84,15 +85,28 @@ def engine(snapshot: str, how: str, out: str) -> None:
                 changed = pushed != want
             equal.append(got == (pushed if pushed is not None and turn > 1 else want))
         Path(out).with_suffix(".ready").touch()  # the trainer starts after the engine's first turn
-        time.sleep(0.5)  # the trainer takes its turn: this engine is parked
+        if turn + 1 < TURNS:  # the trainer takes its turn (this engine parked) before this engine's next one
+            _wait_for_turns(Path(out).with_suffix(".trainer"), turn + 1)
     Path(out).write_text(json.dumps({"context": context, "after_park": after_park, "equal": equal,
                                      "push_changed_tokens": changed, "parks": len(gpu.stats.parks),
-                                     "restores": len(gpu.stats.restores), "failures": [str(f) for f in gpu.stats.failures],
+                                     "restores": len(gpu.stats.restores),
+                                     "failures": [str(f) for f in gpu.stats.failures],
                                      "park_s": [p.seconds for p in gpu.stats.parks],
                                      "restore_s": [r.seconds for r in gpu.stats.restores],
                                      "stash_bytes": tracked.stash_bytes}, default=str))
     tracked.untrack()
     gpu.close()
+
+
+def _wait_for_turns(progress: Path, n: int, timeout: float = 300.0) -> None:
+    """Until the trainer has written ``n`` (its turns so far) to ``progress``: the two processes alternate, so
+    every engine turn after the first follows a park (the trainer cannot start before the engine's first turn,
+    and without waiting, an engine that is quick could end its turns before the trainer asked for one)."""
+    deadline = time.monotonic() + timeout
+    while not (progress.exists() and int(progress.read_text() or 0) >= n):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the trainer did not take turn {n} within {timeout:.0f} s ({progress})")
+        time.sleep(0.05)
 
 
 def trainer(out: str, ready: str) -> None:
@@ -132,6 +146,9 @@ def trainer(out: str, ready: str) -> None:
             except torch.OutOfMemoryError:
                 filled.append(False)
             torch.cuda.empty_cache()
+        progress = Path(ready).with_suffix(".trainer")
+        progress.with_suffix(".tmp").write_text(str(len(filled)))
+        progress.with_suffix(".tmp").replace(progress)  # the engine never reads a half-written count
     Path(out).write_text(json.dumps({"filled": filled, "losses": losses, "parks": len(gpu.stats.parks),
                                      "failures": [str(f) for f in gpu.stats.failures]}, default=str))
     gpu.close()
