@@ -89,6 +89,43 @@ def test_slow_keyless_clients_cannot_keep_a_tenant_out(tmp_path):
                 s.close()
 
 
+MALLORY = "tml-6Wm0yQ2rJt8vVbN4xKc1sPz7dHf3gLe9aUo5iRqTjYw"  # the attacker's own, valid key
+PER_KEY = 40
+
+
+def _held_upload(port: int, source: str) -> socket.socket:
+    """A whole request head with the attacker's valid key, announcing a body that never comes."""
+    s = socket.socket()
+    s.bind((source, 0))
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"X-API-Key: " + MALLORY.encode() + b"\r\nContent-Length: 1000000\r\n\r\n")
+    return s
+
+
+def test_a_tenant_holding_bodiless_requests_keeps_only_itself_out(tmp_path):
+    """Issue 45 row 9: with its valid key, from many loopback addresses, the attacker held 2,100 POSTs declaring
+    a 1 MB body and sending none; every other tenant got 503 for as long as it went on (a keyed connection was
+    never evicted and the body deadline is 60 s). Now one key holds at most --max-key-connections."""
+    with _served(tmp_path, "--tenant", f"mallory={MALLORY}", "--max-key-connections", str(PER_KEY)) as (url, lines):
+        port = int(url.rsplit(":", 1)[1])
+        socks: list[socket.socket] = []
+        try:
+            for i in range(2, 2 + 2 * MAX_CONNECTIONS // PER_CLIENT):  # twice the global cap, under each peer's
+                socks += [_held_upload(port, f"127.0.1.{i}") for _ in range(PER_CLIENT - 5)]
+            time.sleep(1.0)
+            assert sum(_open(s) for s in socks) <= PER_KEY  # the rest were closed once their heads arrived
+            with httpx.Client(headers={"X-API-Key": KEY}, timeout=10) as tenant:
+                for _ in range(5):
+                    assert tenant.get(f"{url}/api/v1/get_server_capabilities").status_code == 200
+                    socks += [_held_upload(port, "127.0.1.250") for _ in range(10)]  # the flood goes on
+            log = "".join(lines)
+            assert "--max-key-connections" in log and MALLORY not in log  # logged, never the key
+        finally:
+            for s in socks:
+                s.close()
+
+
 def test_wrong_keys_are_logged_and_slowed(tmp_path):
     with _served(tmp_path) as (url, lines):
         guesses = [f"tml-guess-{i:08d}" for i in range(8)]

@@ -254,6 +254,9 @@ class ServiceConfig:
     # yet at most max_unauthenticated (and half of max_connections), oldest closed first (rota_tinker._http.gate).
     max_client_connections: int = 256
     max_unauthenticated: int = 1024
+    # ... and those that have shown one tenant's API key at most max_key_connections (and a quarter of
+    # max_connections): a tenant holding many half-sent requests, from many addresses, keeps only its own out.
+    max_key_connections: int = 256
     # HTTPS: the certificate and private key (PEM files); "" serves plain HTTP.
     tls_cert: str = ""
     tls_key: str = ""
@@ -320,8 +323,8 @@ class ServiceConfig:
         except RotaError as e:
             raise ConfigError(f"{e}; fix --group / ROTA_GROUP") from None
         for name in ("max_models", "max_sessions", "max_bytes", "max_connections", "max_client_connections",
-                     "max_unauthenticated", "http_threads", "max_json_bytes", "max_body_bytes", "max_request_tokens",
-                     "max_queued_units", "max_result_bytes"):
+                     "max_unauthenticated", "max_key_connections", "http_threads", "max_json_bytes", "max_body_bytes",
+                     "max_request_tokens", "max_queued_units", "max_result_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be an integer >= 1")

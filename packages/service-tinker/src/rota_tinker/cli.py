@@ -68,6 +68,9 @@ _LIMITS = (
     ("--max-unauthenticated", "max_unauthenticated", click.IntRange(min=1), 1024,
      "Open connections that have not shown a known API key yet, in all (at most half of --max-connections); one "
      "more closes the oldest, so slow or keyless clients cannot keep tenants out."),
+    ("--max-key-connections", "max_key_connections", click.IntRange(min=1), 256,
+     "Open connections that show one tenant's API key, at most (and a quarter of --max-connections); more are "
+     "closed once their request head arrives, so one tenant cannot hold the places the others need."),
     ("--header-timeout", "header_timeout_s", click.FloatRange(min=0.1), 10.0,
      "Seconds a request's head (request line and headers) may take to arrive; then the connection is closed."),
     ("--body-timeout", "body_timeout_s", click.FloatRange(min=0.1), 60.0,

@@ -10,6 +10,10 @@ tenant 503. The gate bounds connections where they come from, before any key is 
   new connection shows its key in its first request head, within milliseconds, and is then
   no longer evictable; a slow client's connections are the ones that go. (The server's
   global cap is larger than this, so unauthenticated connections alone never reach it.)
+* **per key**: connections that have shown one tenant's API key hold at most ``per_key``
+  places; one more is closed as soon as its request head shows the key. A tenant that holds
+  thousands of requests whose bodies never come (each waits out the body deadline), from as
+  many addresses as it likes, keeps only its own requests out.
 * **failed keys** are logged (the peer address and how many in the last minute; never the
   key) and slowed: the refusal waits ``FAIL_DELAY_S`` doubled per failure of that peer in
   the last minute, up to ``FAIL_DELAY_MAX_S``, while its connection counts against the
@@ -43,8 +47,11 @@ SERVICE_FAILURE_STEP = 4  # ... and the delay doubles every this many failures m
 class Gate:
     """Connection places by peer and by authentication; failed-key pacing (see the module docs)."""
 
-    def __init__(self, per_client: int, unauthenticated: int) -> None:
+    def __init__(self, per_client: int, unauthenticated: int, per_key: int | None = None) -> None:
         self.per_client, self.unauthenticated = per_client, unauthenticated
+        self.per_key = per_key or unauthenticated
+        self._by_key: collections.Counter[bytes] = collections.Counter()
+        self._key_of: dict[Any, bytes] = {}  # keyed connection -> the key it showed last
         self._by_peer: collections.Counter[str] = collections.Counter()
         self._pending: collections.OrderedDict[Any, Any] = collections.OrderedDict()  # protocol -> its transport
         self._failures: collections.OrderedDict[str, collections.deque[float]] = collections.OrderedDict()
@@ -65,15 +72,34 @@ class Gate:
             oldest.close()
         return True
 
-    def keyed(self, conn: Any) -> None:
-        """``conn`` showed a known API key: it keeps its place."""
+    def keyed(self, conn: Any, key: bytes) -> bool:
+        """``conn`` showed the known API ``key``: whether it keeps its place (False: that key holds ``per_key``
+        connections already; close it)."""
         self._pending.pop(conn, None)
+        if self._key_of.get(conn) == key:
+            return True
+        self._drop_key(conn)
+        if self._by_key[key] >= self.per_key:
+            log.warning("closing a connection whose API key already holds %d open connections "
+                        "(--max-key-connections)", self.per_key)  # never the key itself
+            return False
+        self._by_key[key] += 1
+        self._key_of[conn] = key
+        return True
 
     def left(self, conn: Any, peer: str) -> None:
         self._pending.pop(conn, None)
+        self._drop_key(conn)
         self._by_peer[peer] -= 1
         if self._by_peer[peer] <= 0:
             del self._by_peer[peer]
+
+    def _drop_key(self, conn: Any) -> None:
+        key = self._key_of.pop(conn, None)
+        if key is not None:
+            self._by_key[key] -= 1
+            if self._by_key[key] <= 0:
+                del self._by_key[key]
 
     def failed(self, peer: str) -> float:
         """Record a wrong API key from ``peer`` (logged); the seconds its refusal waits."""

@@ -6,9 +6,9 @@ held one thread each (1,500 half-sent requests held 1,513 threads and starved
 and no thread, and is bounded three ways:
 
 * ``max_connections``: uvicorn's ``limit_concurrency``; past it, requests get 503; below
-  it, :class:`rota_tinker._http.gate.Gate` caps each peer's connections and those that have
-  shown no API key yet, so a slow or keyless client cannot take a keyed one's place, and
-  slows wrong keys;
+  it, :class:`rota_tinker._http.gate.Gate` caps each peer's connections, those that have
+  shown no API key yet and those of each key, so neither a slow or keyless client nor a
+  tenant with many half-sent requests can take another tenant's place, and slows wrong keys;
 * a **head deadline**: each request's head (request line and headers) must arrive within
   ``header_timeout_s`` of the connection opening (or of the previous response), dribbled
   or not, else the connection is closed. uvicorn has no such timeout (its keep-alive timer
@@ -139,8 +139,8 @@ class _Protocol(H11Protocol):
         if self.conn.their_state is not h11.IDLE:  # a whole request head arrived
             self._disarm()
             key = next((v for k, v in getattr(self, "scope", {}).get("headers", ()) if k == b"x-api-key"), b"")
-            if key and self.is_key(key):
-                self.gate.keyed(self)
+            if key and self.is_key(key) and not self.gate.keyed(self, key):
+                self.transport.close()  # that key holds its cap of connections already
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -175,14 +175,16 @@ class HttpServer:
 
     def __init__(self, app: App, host: str, port: int, *, max_connections: int, header_timeout_s: float,
                  body_timeout_s: float, max_client_connections: int | None = None,
-                 max_unauthenticated: int | None = None, is_key: Callable[[bytes], bool] | None = None,
+                 max_unauthenticated: int | None = None, max_key_connections: int | None = None,
+                 is_key: Callable[[bytes], bool] | None = None,
                  tls_cert: str = "", tls_key: str = "") -> None:
         """``is_key(raw header)``: whether an ``X-API-Key`` is known (connections that show one are never evicted;
         a wrong one is slowed); ``tls_cert``/``tls_key``: serve HTTPS (PEM files)."""
         self.app = app
         self.body_timeout_s = body_timeout_s
         self.tls = bool(tls_cert)
-        self.gate = Gate(max_client_connections or max_connections, max_unauthenticated or max_connections)
+        self.gate = Gate(max_client_connections or max_connections, max_unauthenticated or max_connections,
+                         max_key_connections or max_connections)
         self.is_key = is_key
         _descriptors_for(max_connections)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET

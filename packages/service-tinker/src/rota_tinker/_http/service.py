@@ -383,6 +383,8 @@ class TinkerService:
                                     max_client_connections=config.max_client_connections,
                                     max_unauthenticated=min(config.max_unauthenticated,
                                                             max(1, config.max_connections // 2)),
+                                    max_key_connections=min(config.max_key_connections,
+                                                            max(1, config.max_connections // 4)),
                                     is_key=lambda key: config.tenant_for_key(key) is not None,
                                     tls_cert=config.tls_cert, tls_key=config.tls_key)
         except BaseException:
