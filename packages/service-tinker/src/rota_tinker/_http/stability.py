@@ -18,8 +18,12 @@ Records belong to the tenant and the training session that sampled them (another
 is unknown to a caller), live for :data:`RECORD_TTL_S` after their last use (the Tinker
 docs' one day, restarted by each training request naming them), end with their session,
 and are bounded per tenant by :data:`MAX_RECORDED_TOKENS` (the least recently used go
-first; a training request naming a dropped one is a 400 saying so). Called by
-:mod:`rota_tinker._http.service`; numpy only.
+first; a training request naming a dropped one is a 400 saying so). Each record also costs
+:data:`RECORD_COST_TOKENS` of that budget, what keeping it costs beyond its tokens: records of
+one token each once held ~1.25 GiB per tenant at the bound. Every operation touches only the
+records it names, the tenant's oldest, or the session's: one tenant's millions of records once
+held the lock that every tenant's ``stable_reinforce`` and sample results need for 1.3-1.6 s
+per further record (each scanned them all). Called by :mod:`rota_tinker._http.service`; numpy only.
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ RECORD_TTL_S = 86400.0  # the Tinker docs: trainable for one day after sampling,
 # prompt + sampled tokens recorded per tenant: 8 bytes a prompt token (a request's samples share one copy but each
 # counts it), 12 a sampled one with its logprob
 MAX_RECORDED_TOKENS = 4_000_000
+# what one record costs beyond its tokens, in tokens of that budget: its object, three arrays' headers and the
+# index entries, ~780 bytes in CPython 3.11, about what 64 sampled tokens cost (12 bytes each); so a tenant
+# at its bound holds ~12 bytes per budget token, ~48 MB (tests/security/test_tinker_stability.py measures it)
+RECORD_COST_TOKENS = 64
 
 
 @dataclass
@@ -50,7 +58,8 @@ class _Record:
 
     @property
     def size(self) -> int:
-        return self.prompt.size + self.tokens.size
+        """Its cost against the tenant's budget, in tokens."""
+        return self.prompt.size + self.tokens.size + RECORD_COST_TOKENS
 
 
 class StabilityRecords:
@@ -59,8 +68,10 @@ class StabilityRecords:
     def __init__(self, max_tokens: int = MAX_RECORDED_TOKENS, ttl_s: float = RECORD_TTL_S) -> None:
         self.max_tokens, self.ttl_s = max_tokens, ttl_s
         self._lock = threading.Lock()
-        self._records: OrderedDict[str, _Record] = OrderedDict()
-        self._tokens: dict[str, int] = {}  # tenant -> recorded tokens
+        self._records: OrderedDict[str, _Record] = OrderedDict()  # every tenant's, least recently used first
+        self._by_tenant: dict[str, OrderedDict[str, None]] = {}  # tenant -> its record ids, least recently used first
+        self._by_session: dict[str, set[str]] = {}  # session -> its record ids
+        self._tokens: dict[str, int] = {}  # tenant -> recorded tokens (with each record's cost)
         self.trained: Counter[str] = Counter()  # tenant -> data trained on with records (a metric; tests read it)
 
     def record(self, tenant: str, session: str, sequence_ids: list[str], prompt: np.ndarray,
@@ -73,19 +84,21 @@ class StabilityRecords:
                               np.asarray(logprobs, dtype=np.float32))
                 self._drop(sid)
                 self._records[sid] = rec
+                self._by_tenant.setdefault(tenant, OrderedDict())[sid] = None
+                self._by_session.setdefault(session, set()).add(sid)
                 self._tokens[tenant] = self._tokens.get(tenant, 0) + rec.size
             self._expire(tenant)
 
     def end_session(self, session: str) -> None:
         """Drop the records of a session that ended."""
         with self._lock:
-            for sid in [k for k, r in self._records.items() if r.session == session]:
+            for sid in list(self._by_session.get(session, ())):
                 self._drop(sid)
 
     def count(self, tenant: str) -> int:
         """Records the tenant holds (tests, metrics)."""
         with self._lock:
-            return sum(1 for r in self._records.values() if r.tenant == tenant)
+            return len(self._by_tenant.get(tenant, ()))
 
     def loss_inputs(self, tenant: str, session: str, i: int, tokens: np.ndarray,
                     inputs: dict[str, np.ndarray], provenance: tuple[list[Span], list[Span]] | None
@@ -125,6 +138,7 @@ class StabilityRecords:
             for rec_id in {s.sequence_id for s in (*input_spans, *target_spans)}:
                 self._records[rec_id].used = now
                 self._records.move_to_end(rec_id)
+                self._by_tenant[tenant].move_to_end(rec_id)
             self.trained[tenant] += 1
         return {"target_tokens": targets, "advantages": adv, "logprobs": sampler_lp, "sampled_mask": mask}
 
@@ -158,8 +172,16 @@ class StabilityRecords:
 
     def _drop(self, sid: str) -> None:
         rec = self._records.pop(sid, None)
-        if rec is not None:
-            self._tokens[rec.tenant] -= rec.size
+        if rec is None:
+            return
+        self._tokens[rec.tenant] -= rec.size
+        mine, session = self._by_tenant[rec.tenant], self._by_session[rec.session]
+        del mine[sid]
+        session.discard(sid)
+        if not mine:
+            del self._by_tenant[rec.tenant], self._tokens[rec.tenant]
+        if not session:
+            del self._by_session[rec.session]
 
     def _expire(self, tenant: str) -> None:
         """Drop records unused for ``ttl_s`` and, past the tenant's budget, its least recently used ones."""
@@ -169,8 +191,5 @@ class StabilityRecords:
             if rec.used > deadline:
                 break
             self._drop(sid)
-        if self._tokens.get(tenant, 0) > self.max_tokens:
-            for sid in [k for k, r in self._records.items() if r.tenant == tenant]:
-                if self._tokens[tenant] <= self.max_tokens:
-                    break
-                self._drop(sid)
+        while self._tokens.get(tenant, 0) > self.max_tokens:
+            self._drop(next(iter(self._by_tenant[tenant])))
