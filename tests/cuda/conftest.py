@@ -82,6 +82,7 @@ def _write(exitstatus: int | None) -> None:
            "seconds": round(sum(_seconds.values()), 1),
            "tests": {nodeid: {"outcome": _outcomes[nodeid], "seconds": round(_seconds.get(nodeid, 0.0), 1),
                               **_figures.get(nodeid, {})} for nodeid in _outcomes}}
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1, default=str)
-        f.write("\n")
+    for where in (path, *([os.path.join(os.environ["OUT"], os.path.basename(path))] if os.environ.get("OUT") else [])):
+        with open(where, "w") as f:  # and into the device tool's $OUT: a call cut off still brings it back
+            json.dump(out, f, indent=1, default=str)
+            f.write("\n")
