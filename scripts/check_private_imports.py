@@ -49,6 +49,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("tests/security/test_metrics.py", "rota._orchestrator"): "attacks the metrics collector (metrics.py) directly",
     ("tests/security/test_tinker_checkpoints.py", "rota_tinker._http"): "the checkpoint registry's bounds and a "
                                                                          "tenant's model record, attacked directly",
+    ("tests/security/test_tinker_stability.py", "rota_tinker._http"): "the stability record store's bounds, "
+                                                                       "attacked directly (millions of samples)",
     ("tests/security/test_tinker_shared_turn.py", "rota_tinker._worker"): "a shared LoRA turn's admission, attacked "
                                                                          "directly",
     ("packages/agent/tests/tenant_proc.py", "rota_fsdp"): "a tenant whose state the agent parks is a real trainer's",
