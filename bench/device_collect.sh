@@ -11,7 +11,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:?run this on the device machine, where the device tool sets OUT}
-work=$(mktemp -d /tmp/rota-collect.XXXX)
+work=${ROTA_COLLECT_WORK:-$(mktemp -d /tmp/rota-collect.XXXX)}  # bench/device_background.sh names it
 mkdir -p "$work/steps" "$work/results" bench/results
 touch "$work/.start"
 rc=0 n=0
