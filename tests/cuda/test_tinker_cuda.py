@@ -33,8 +33,8 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from rota_tinker.testing import QWEN3_SHAPES, hub_cache_snapshot
 
     root = tmp_path_factory.mktemp("hub")
-    hub_cache_snapshot(root, BASE, dtype="bfloat16", tie=True, **{**QWEN3_SHAPES[SHAPE],
-                                                                   "max_position_embeddings": 4096})
+    dims = {"tie": True, **QWEN3_SHAPES[SHAPE], "max_position_embeddings": 4096}  # 8B names its own tie
+    hub_cache_snapshot(root, BASE, dtype="bfloat16", **dims)
     return root
 
 

@@ -31,6 +31,8 @@ QWEN3_SHAPES: dict[str, dict[str, Any]] = {
                        num_key_value_heads=8, head_dim=128, vocab_size=151936),
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128, vocab_size=151936),
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936, tie=False),  # its own lm_head
 }
 
 SENTENCES = ["the quick brown fox jumps over the lazy dog.", "hello world, stop here.", "a tiny model learns to talk.",
@@ -90,8 +92,10 @@ def qwen3_shaped(cache: str | Path, shape: str, dtype: str = "bfloat16", *, weig
     """A hub-cache snapshot ``bench/SHAPE`` of a Qwen3 shape, as served: config-only (the service random-inits it
     from seed 0), or with ``weights`` (random weights written with ``save_pretrained``, which workers load with
     ``from_pretrained``: the path users take)."""
-    hub_cache_snapshot(cache, f"bench/{shape}", weights=weights, dtype=dtype, tie=True, max_position_embeddings=40960,
-                       **QWEN3_SHAPES[shape])
+    dims = dict(QWEN3_SHAPES[shape])
+    tie = dims.pop("tie", True)  # Qwen3 up to 4B ties the head to the embeddings; 8B does not
+    hub_cache_snapshot(cache, f"bench/{shape}", weights=weights, dtype=dtype, tie=tie, max_position_embeddings=40960,
+                       **dims)
     return find_models([str(cache)])[f"bench/{shape}"]
 
 
