@@ -45,7 +45,7 @@ def job(snapshot: str, seed: int, rota_on: bool, out: str) -> None:
 
     import torch
     from datasets import Dataset
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     import rota
@@ -73,6 +73,20 @@ def job(snapshot: str, seed: int, rota_on: bool, out: str) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
     after_park: list[int | None] = []
     gpu = None
+
+    class StartTogether(TrainerCallback):  # the test's, not rota's
+        """Training starts once every job has built its trainer and vLLM. Why: building vLLM takes tens of
+        seconds and four steps of this model a second or two, so the job whose engine came up first finished
+        before the other asked for a turn, and nothing was parked (H200, 4a4fd4f)."""
+
+        def on_train_begin(self, args: object, state: object, control: object, **kwargs: object) -> None:
+            mark = Path(out).with_suffix(".started")
+            mark.touch()
+            deadline = time.monotonic() + 300
+            while len(list(mark.parent.glob("*.started"))) < int(os.environ["ROTA_TEST_JOBS"]):
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the other jobs did not start training within 300 s ({mark.parent})")
+                time.sleep(0.1)
     if rota_on:
         gpu = rota.connect()
 
@@ -83,6 +97,7 @@ def job(snapshot: str, seed: int, rota_on: bool, out: str) -> None:
                 after_park.append(process_device_bytes("cuda:0"))
 
         gpu.pm.register(NvmlAfterPark(), name="nvml-after-park")
+        trainer.add_callback(StartTogether())
         trainer.add_callback(rota_trl.RotaCallback(trainer, gpu=gpu))
     t0 = time.monotonic()
     trainer.train()
@@ -136,7 +151,8 @@ def test_two_grpo_jobs_with_colocated_vllm_time_slice_one_gpu(tmp_path: Path, re
     serial = time.monotonic() - t0
     with running_orchestrator(OrchestratorConfig(ttl_s=30.0, park_timeout_s=120.0)) as (endpoint, _):
         t0 = time.monotonic()
-        _wait([_run(env | {"ROTA_ORCHESTRATOR": endpoint}, snapshot, seed, "rota", tmp_path / f"rota-{seed}.json")
+        shared_env = env | {"ROTA_ORCHESTRATOR": endpoint, "ROTA_TEST_JOBS": str(len(seeds))}
+        _wait([_run(shared_env, snapshot, seed, "rota", tmp_path / f"rota-{seed}.json")
                for seed in seeds], 400)
         sliced = time.monotonic() - t0
     alone = {s: json.loads((tmp_path / f"alone-{s}.json").read_text()) for s in seeds}

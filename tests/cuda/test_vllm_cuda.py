@@ -87,6 +87,8 @@ def engine(snapshot: str, how: str, out: str) -> None:
         Path(out).with_suffix(".ready").touch()  # the trainer starts after the engine's first turn
         if turn + 1 < TURNS:  # the trainer takes its turn (this engine parked) before this engine's next one
             _wait_for_turns(Path(out).with_suffix(".trainer"), turn + 1)
+            print(f"engine {os.getpid()} before turn {turn + 1}: device bytes by pid {device_processes()}",
+                  file=sys.stderr, flush=True)
     Path(out).write_text(json.dumps({"context": context, "after_park": after_park, "equal": equal,
                                      "push_changed_tokens": changed, "parks": len(gpu.stats.parks),
                                      "restores": len(gpu.stats.restores),
@@ -96,6 +98,15 @@ def engine(snapshot: str, how: str, out: str) -> None:
                                      "stash_bytes": tracked.stash_bytes}, default=str))
     tracked.untrack()
     gpu.close()
+
+
+def device_processes() -> dict[int, int]:
+    """NVML's bytes of every process on device 0 (what a failed wake competed with)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    return {p.pid: p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
 
 
 def _wait_for_turns(progress: Path, n: int, timeout: float = 300.0) -> None:
@@ -146,6 +157,8 @@ def trainer(out: str, ready: str) -> None:
             except torch.OutOfMemoryError:
                 filled.append(False)
             torch.cuda.empty_cache()
+        print(f"trainer {os.getpid()} after turn {len(filled)}: reserved {torch.cuda.memory_reserved()} B, device "
+              f"bytes by pid {device_processes()}", file=sys.stderr, flush=True)
         progress = Path(ready).with_suffix(".trainer")
         progress.with_suffix(".tmp").write_text(str(len(filled)))
         progress.with_suffix(".tmp").replace(progress)  # the engine never reads a half-written count
