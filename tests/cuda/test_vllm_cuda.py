@@ -160,7 +160,8 @@ def trainer(out: str, ready: str) -> None:
         segments = sorted(((s["total_size"], s["allocated_size"]) for s in torch.cuda.memory_snapshot()), reverse=True)
         print(f"trainer {os.getpid()} after turn {len(filled)} (filled: {filled[-1]}): reserved "
               f"{torch.cuda.memory_reserved()} B, allocated {torch.cuda.memory_allocated()} B, largest segments "
-              f"(bytes, of them live) {segments[:4]}, device "
+              f"(bytes, of them live) {segments[:4]}, PYTORCH_CUDA_ALLOC_CONF "
+              f"{os.environ.get('PYTORCH_CUDA_ALLOC_CONF')!r}, device "
               f"bytes by pid {device_processes()}", file=sys.stderr, flush=True)
         progress = Path(ready).with_suffix(".trainer")
         progress.with_suffix(".tmp").write_text(str(len(filled)))
