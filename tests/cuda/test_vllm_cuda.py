@@ -6,7 +6,8 @@ Hugging Face snapshot built here (random bf16 weights, ``save_pretrained``; vLLM
 The engine holds 60% of the device while awake, and in each of its turns the trainer fills 55% of the device
 with a tensor of its own: that fits only if the engine's park really freed its memory. Checked:
 
-* after every park, NVML of the engine's process is back to its CUDA context plus ``RESIDUE_MAX``;
+* after every park, NVML of the engine's process is back to its CUDA context plus ``RESIDUE_MAX``, and the
+  trainer's after each of its parks to its context plus ``TRAINER_RESIDUE_MAX`` (a park frees the device);
 * ``backup="rota"`` (OFFLOAD, weights in rota's pinned pool, level-2 sleep): greedy tokens after every restore
   equal those before the first park; a weight push (``update_weights``, the embedding scaled) changes them, and
   the pushed weights are what later parks keep;
@@ -28,6 +29,7 @@ from pathlib import Path
 GB = 1 << 30
 MIB = 1 << 20
 RESIDUE_MAX = 256 * MIB  # NVML bytes a parked engine may hold beyond its CUDA context
+TRAINER_RESIDUE_MAX = 512 * MIB  # and the parked trainer (cuBLAS's and the allocator's small pool's, at most)
 TURNS = 4
 ENGINE_SHARE = 0.6  # of the device, for vLLM (weights + KV cache)
 TRAINER_FILL = 0.55  # of the device, filled by the trainer in each of its turns: fits only beside a parked engine
@@ -134,11 +136,23 @@ def trainer(out: str, ready: str) -> None:
 
     import rota
     import rota_fsdp
+    from rota_torch import process_device_bytes
 
+    torch.zeros(1, device="cuda:0")
+    context = process_device_bytes("cuda:0")
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(16)]).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gpu = rota.connect()
+    after_park: list[int] = []
+
+    class NvmlAfterPark:  # a park must free the trainer's device memory too, not only the engine's
+        @rota.hookimpl(trylast=True)
+        def rota_park(self, tenant: object, plan: object) -> None:
+            torch.cuda.synchronize()
+            after_park.append(process_device_bytes("cuda:0"))
+
+    gpu.pm.register(NvmlAfterPark(), name="nvml-after-park")
     rota_fsdp.track(gpu, model, opt)
     filled, losses = [], []
     total = torch.cuda.get_device_properties(0).total_memory
@@ -167,6 +181,7 @@ def trainer(out: str, ready: str) -> None:
         progress.with_suffix(".tmp").write_text(str(len(filled)))
         progress.with_suffix(".tmp").replace(progress)  # the engine never reads a half-written count
     Path(out).write_text(json.dumps({"filled": filled, "losses": losses, "parks": len(gpu.stats.parks),
+                                     "context": context, "after_park": after_park,
                                      "failures": [str(f) for f in gpu.stats.failures]}, default=str))
     gpu.close()
 
@@ -216,11 +231,15 @@ def test_a_vllm_engine_and_a_trainer_take_turns_on_one_gpu(tmp_path: Path, snaps
     record(how=how, seconds=time.monotonic() - t0, engine_parks=e["parks"], engine_restores=e["restores"],
            park_s=e["park_s"], restore_s=e["restore_s"], stash_bytes=e["stash_bytes"],
            residue_after_park_mib=[r // MIB for r in residue], tokens_equal=e["equal"],
-           push_changed_tokens=e["push_changed_tokens"], trainer_filled=t["filled"], failures=e["failures"])
+           push_changed_tokens=e["push_changed_tokens"], trainer_filled=t["filled"], failures=e["failures"],
+           trainer_residue_after_park_mib=[(b - t["context"]) // MIB for b in t["after_park"]])
     assert not e["failures"] and not t["failures"], (e["failures"], t["failures"])
     assert e["parks"] >= 2 and e["restores"] >= 2, e
     assert residue and max(residue) <= RESIDUE_MAX, f"NVML after parks minus the context: {residue}"
     assert all(e["equal"]), e["equal"]
+    trainer_residue = [b - t["context"] for b in t["after_park"]]
+    assert trainer_residue and max(trainer_residue) <= TRAINER_RESIDUE_MAX, \
+        f"the trainer's NVML after its parks minus its context: {[r // MIB for r in trainer_residue]} MiB"
     assert all(t["filled"]), f"the trainer could not fill {TRAINER_FILL:.0%} of the device: {t['filled']}"
     if how == "offload":
         assert e["push_changed_tokens"], "the weight push did not change the greedy tokens"
