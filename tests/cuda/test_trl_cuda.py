@@ -45,6 +45,7 @@ def job(snapshot: str, seed: int, rota_on: bool, out: str) -> None:
 
     import torch
     from datasets import Dataset
+    from park_probe import nvml_after_parks
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -89,14 +90,7 @@ def job(snapshot: str, seed: int, rota_on: bool, out: str) -> None:
                 time.sleep(0.1)
     if rota_on:
         gpu = rota.connect()
-
-        class NvmlAfterPark:  # runs after every other park hook (trylast): what the parked job still holds
-            @rota.hookimpl(trylast=True)
-            def rota_park(self, tenant: object, plan: object) -> None:
-                torch.cuda.synchronize()
-                after_park.append(process_device_bytes("cuda:0"))
-
-        gpu.pm.register(NvmlAfterPark(), name="nvml-after-park")
+        after_park = nvml_after_parks(gpu)  # what the parked job still holds
         trainer.add_callback(StartTogether())
         trainer.add_callback(rota_trl.RotaCallback(trainer, gpu=gpu))
     t0 = time.monotonic()

@@ -40,6 +40,7 @@ SHAPE = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num
 def engine(snapshot: str, how: str, out: str) -> None:
     """The engine's process: generate in each turn, check tokens, record NVML after each park."""
     import torch
+    from park_probe import nvml_after_parks
     from safetensors.torch import load_file
     from vllm import LLM, SamplingParams
 
@@ -62,15 +63,7 @@ def engine(snapshot: str, how: str, out: str) -> None:
     for f in sorted(Path(snapshot).glob("*.safetensors")):
         weights |= load_file(str(f))
     gpu = rota.connect()
-    after_park: list[int] = []
-
-    class NvmlAfterPark:  # after every other park hook (trylast): what the parked engine still holds
-        @rota.hookimpl(trylast=True)
-        def rota_park(self, tenant: object, plan: object) -> None:
-            torch.cuda.synchronize()
-            after_park.append(process_device_bytes("cuda:0"))
-
-    gpu.pm.register(NvmlAfterPark(), name="nvml-after-park")
+    after_park = nvml_after_parks(gpu)  # what the parked engine still holds
     tracked = (rota_vllm.track(gpu, llm, mode="discard") if how == "discard" else rota_vllm.track(gpu, llm))
     want, pushed, equal, changed = None, None, [], None
     for turn in range(TURNS):
@@ -133,6 +126,7 @@ def trainer(out: str, ready: str) -> None:
             raise SystemExit(f"the engine never finished its first turn ({ready} missing after 300 s)")
         time.sleep(0.2)
     import torch
+    from park_probe import nvml_after_parks
 
     import rota
     import rota_fsdp
@@ -144,15 +138,7 @@ def trainer(out: str, ready: str) -> None:
     model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(16)]).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gpu = rota.connect()
-    after_park: list[int] = []
-
-    class NvmlAfterPark:  # a park must free the trainer's device memory too, not only the engine's
-        @rota.hookimpl(trylast=True)
-        def rota_park(self, tenant: object, plan: object) -> None:
-            torch.cuda.synchronize()
-            after_park.append(process_device_bytes("cuda:0"))
-
-    gpu.pm.register(NvmlAfterPark(), name="nvml-after-park")
+    after_park = nvml_after_parks(gpu)  # a park must free the trainer's device memory too, not only the engine's
     rota_fsdp.track(gpu, model, opt)
     filled, losses = [], []
     total = torch.cuda.get_device_properties(0).total_memory
