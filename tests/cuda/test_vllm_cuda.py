@@ -115,6 +115,22 @@ def _wait_for_turns(progress: Path, n: int, timeout: float = 300.0) -> None:
         time.sleep(0.05)
 
 
+def _fill(nbytes: int) -> bool:
+    """Whether ``nbytes`` of the device could be allocated and written; the tensor is gone on return.
+
+    Why a function: at 7daf63b the check was ``fill.sum(dtype=torch.int64)``, which makes an int64 copy (8x the
+    fill) and ran out of memory; the raise skipped the ``del``, so the loop's ``fill`` kept 82 GB across the
+    trainer's park and the engine's wake found no room. ``min`` reduces in uint8, and a local dies on return.
+    """
+    import torch
+
+    try:
+        fill = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
+        return int(fill.min().item()) == 1
+    except torch.OutOfMemoryError:
+        return False
+
+
 def trainer(out: str, ready: str) -> None:
     """The other job: a rota_fsdp model + AdamW; in each turn it also fills TRAINER_FILL of the device.
 
@@ -150,12 +166,7 @@ def trainer(out: str, ready: str) -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)
             losses.append(loss.item())
-            try:
-                fill = torch.ones(int(total * TRAINER_FILL), dtype=torch.uint8, device="cuda")
-                filled.append(int(fill.sum(dtype=torch.int64).item()) == fill.numel())
-                del fill
-            except torch.OutOfMemoryError:
-                filled.append(False)
+            filled.append(_fill(int(total * TRAINER_FILL)))
             torch.cuda.empty_cache()
         segments = sorted(((s["total_size"], s["allocated_size"]) for s in torch.cuda.memory_snapshot()), reverse=True)
         print(f"trainer {os.getpid()} after turn {len(filled)} (filled: {filled[-1]}): reserved "
@@ -202,13 +213,13 @@ def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_vllm_engine_and_a_trainer_take_turns_on_one_gpu(tmp_path: Path, snapshot: Path, how: str,
                                                            record) -> None:
     env = os.environ | {"ROTA_GROUP": f"vllm-{how}", "XDG_RUNTIME_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1",
-                        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0",
-                        "ROTA_RESIDUE_MAX_BYTES": "0"}  # NVML is read by the engine itself, per park
+                        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     os.chmod(tmp_path, 0o700)
     eng_out, tr_out = tmp_path / "engine.json", tmp_path / "trainer.json"
     t0 = time.monotonic()
     eng = subprocess.Popen([sys.executable, __file__, "engine", str(snapshot), how, str(eng_out)],
-                           env=env | {"ROTA_TENANT": "engine"})
+                           env=env | {"ROTA_TENANT": "engine", "ROTA_RESIDUE_MAX_BYTES": "0"})  # NVML, read per park
+    # the trainer keeps the default limit: a tensor of its own left alive across a park faults that park
     tr = subprocess.Popen([sys.executable, __file__, "trainer", str(tr_out), str(eng_out.with_suffix(".ready"))],
                           env=env | {"ROTA_TENANT": "trainer"})
     assert eng.wait(600) == 0 and tr.wait(120) == 0, f"engine exited {eng.returncode}, trainer {tr.returncode}"
