@@ -8,11 +8,12 @@
 # files it added under bench/results), after OTHER has finished if given (two GPU benches never overlap).
 # wait prints each queue's summary and the running step's last lines, and puts one archive per queue in $OUT
 # (NAME.tgz: tar xzf NAME.tgz here); it exits 0 when all are done and every step passed, 1 when a step failed,
-# 2 when time ran out first (call it again in the next call). Re-sourcing bench/device_env.sh while a queue
+# 2 when time ran out first (call it again in the next call), 3 at once when a NAME was never started on this
+# machine (it was recycled, or the call that started it never ran). Re-sourcing bench/device_env.sh while a queue
 # runs rewrites the packages its processes import: the queue's steps set their own environment.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=/tmp/rota-bg
+root=${ROTA_BG_ROOT:-/tmp/rota-bg}  # the queues' folder (tests set their own)
 verb=${1:-}; shift || true
 case $verb in
 start)
@@ -31,6 +32,10 @@ start)
 wait)
   secs=${1:?SECONDS}; shift
   [ $# -gt 0 ] || { echo "device_background: wait SECONDS NAME ..." >&2; exit 2; }
+  for n in "$@"; do  # a queue never started here (a recycled machine, a start that failed) is not waited for
+    [ -d "$root/$n" ] || { echo "device_background: no queue $n on this machine (recycled, or its start failed):" \
+                                "start it again" >&2; exit 3; }
+  done
   end=$(( $(date +%s) + secs ))
   while :; do
     pending=0

@@ -5,6 +5,7 @@ the losses equal a run with no parks, bit for bit."""
 from __future__ import annotations
 
 import gc
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,33 @@ def test_hf_models_park_to_the_context_and_restore_bit_identically(kind: str, sn
         assert p["freed"] >= p["state_bytes"] - LIMIT, f"{kind}: freed less than the state: {p}"
     gc.collect()
     torch.cuda.empty_cache()
+
+
+def test_copy_runs_stay_inside_one_driver_allocation(record: Any) -> None:
+    """Tensors in segments of their own (one ``cudaMalloc`` each) park and restore bit for bit, and the driver's
+    allocation lookup agrees with the caching allocator's segments. Why: two segments can lie back to back in the
+    address space, and one copy across both fails ("invalid argument": every park of a TRL job after its first,
+    on the H200 at 49a8a30); ``device_runs`` now cuts a run where the driver says the next allocation begins."""
+    from rota_torch import TensorParker, allocation_start
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    tensors = [torch.randint(0, 255, (32 * MIB,), dtype=torch.uint8, device="cuda", generator=gen)
+               for _ in range(24)]  # 32 MiB each: above the allocator's 10 MiB, so each is a segment of its own
+    segments = {s["address"]: s["total_size"] for s in torch.cuda.memory_snapshot() if s["device"] == 0}
+    for t in tensors:
+        seg = max(a for a in segments if a <= t.data_ptr())
+        assert allocation_start(t.data_ptr()) == seg, (hex(t.data_ptr()), hex(seg))
+        assert allocation_start(t.data_ptr() + t.numel() - 1) == seg
+    ptrs = sorted(t.data_ptr() for t in tensors)
+    adjacent = sum(b == a + 32 * MIB for a, b in itertools.pairwise(ptrs))  # back to back, two allocations
+    want = [t.clone() for t in tensors]
+    parker = TensorParker("cuda:0", name="segments")
+    parker.add("weights", [(f"t{i}", t) for i, t in enumerate(tensors)])
+    parks = 3
+    for _ in range(parks):
+        parker.park()
+        parker.restore()
+    record(tensors=len(tensors), adjacent_pairs=adjacent, parks=parks)
+    assert all(torch.equal(a, b) for a, b in zip(tensors, want, strict=True)), "bytes changed over park/restore"

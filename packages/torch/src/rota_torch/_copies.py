@@ -2,13 +2,16 @@
 
 Who calls it: :class:`rota_torch.TensorParker` only. Copies go one per *run* of storages that lie back to
 back on the device and in the pool (:func:`device_runs`), not one per storage: a tenant's hundreds of
-storages are a few copies once a restore has carved them out of one block. A park copies a run only once
+storages are a few copies once a restore has carved them out of one block; a run never crosses from one driver
+allocation into another, even where the two lie back to back in the address space. A park copies a run only once
 the pool has pinned its bytes (:meth:`rota_torch.HostPool.wait_for`), so the first park after ``track``
 copies into the chunks already pinned while the rest are pinned.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +21,10 @@ import torch
 from rota_torch._guard import Deadline, StateChanged
 from rota_torch._pool import HostPool, align
 
-__all__ = ["Job", "Slot", "copy_in", "copy_out", "copy_runs", "device_runs", "raw_device_bytes", "storage_view"]
+__all__ = ["Job", "Slot", "allocation_start", "copy_in", "copy_out", "copy_runs", "device_runs", "raw_device_bytes",
+           "storage_view"]
+
+RANGE_START_ADDR = 11  # CU_POINTER_ATTRIBUTE_RANGE_START_ADDR of the CUDA driver API
 
 
 @dataclass
@@ -61,15 +67,41 @@ def storage_view(storage: torch.UntypedStorage, device: torch.device) -> torch.T
     return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
 
 
-def device_runs(slots: list[Slot]) -> list[list[Slot]]:
+@functools.cache
+def _pointer_attribute() -> Callable[..., int] | None:
+    """The driver's ``cuPointerGetAttribute``; None where no CUDA driver can be loaded."""
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuPointerGetAttribute
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def allocation_start(ptr: int) -> int | None:
+    """Where the driver allocation holding device address ``ptr`` starts; None where the driver cannot say."""
+    fn = _pointer_attribute()
+    start = ctypes.c_uint64(0)
+    if fn is None or fn(ctypes.byref(start), RANGE_START_ADDR, ptr) != 0:
+        return None
+    return start.value
+
+
+def device_runs(slots: list[Slot],
+                allocation_of: Callable[[int], int | None] = allocation_start) -> list[list[Slot]]:
     """``slots`` (in pool order) grouped into runs that lie back to back both in the pool and on the device.
 
     Storages restored together are carved out of one block, so after the first restore a tenant's state is a
     few runs. A run spans the padding between two storages only where that padding is the first storage's
     own: no gap, or a gap under the 512-byte rounding of the caching allocator, when that allocator made them.
+    A run stays inside one driver allocation (``allocation_of`` of its first and its next storage agree): two
+    ``cudaMalloc`` segments can lie back to back in the address space, and one copy across both fails with
+    "invalid argument" (a TRL job's park on the H200 at 49a8a30). Where the driver cannot say, nothing merges.
     """
     native: bool | None = None
     runs: list[list[Slot]] = []
+    start: int | None = None  # the current run's allocation, looked up once the run has a candidate to merge
     for sl in slots:
         if runs:
             prev = runs[-1][-1]
@@ -79,9 +111,13 @@ def device_runs(slots: list[Slot]) -> list[list[Slot]]:
                 if gap and native is None:
                     native = torch.cuda.memory.get_allocator_backend() == "native"
                 if not gap or native:
-                    runs[-1].append(sl)
-                    continue
+                    if start is None:
+                        start = allocation_of(runs[-1][0].storage.data_ptr())
+                    if start is not None and allocation_of(sl.storage.data_ptr()) == start:
+                        runs[-1].append(sl)
+                        continue
         runs.append([sl])
+        start = None
     return runs
 
 
