@@ -129,30 +129,36 @@ def test_hf_models_park_to_the_context_and_restore_bit_identically(kind: str, sn
 
 
 def test_copy_runs_stay_inside_one_driver_allocation(record: Any) -> None:
-    """Tensors in segments of their own (one ``cudaMalloc`` each) park and restore bit for bit, and the driver's
-    allocation lookup agrees with the caching allocator's segments. Why: two segments can lie back to back in the
-    address space, and one copy across both fails ("invalid argument": every park of a TRL job after its first,
-    on the H200 at 49a8a30); ``device_runs`` now cuts a run where the driver says the next allocation begins."""
+    """Large tensors (a segment each) and thousands of small ones (the allocator's 2 MiB small-pool segments)
+    park and restore three times bit for bit, and the driver's allocation lookup agrees with the caching
+    allocator's segments. Why: segments can lie back to back in the address space, and one copy across two
+    fails ("invalid argument"). On the H200 at 49a8a30 every park of a TRL job after its first failed so: the
+    restore had carved its small storages in pool order out of consecutive small segments; ``device_runs`` now
+    cuts a run where the driver says the next allocation begins."""
     from rota_torch import TensorParker, allocation_start
 
     gc.collect()
     torch.cuda.empty_cache()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    tensors = [torch.randint(0, 255, (32 * MIB,), dtype=torch.uint8, device="cuda", generator=gen)
-               for _ in range(24)]  # 32 MiB each: above the allocator's 10 MiB, so each is a segment of its own
-    segments = {s["address"]: s["total_size"] for s in torch.cuda.memory_snapshot() if s["device"] == 0}
+
+    def rand(n: int) -> torch.Tensor:
+        return torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda", generator=gen)
+
+    large = [rand(32 * MIB) for _ in range(24)]  # above the allocator's 10 MiB: a segment of its own each
+    small = [rand(4096 + 512 * (i % 7)) for i in range(4000)]  # ~16 MiB over many 2 MiB small segments
+    tensors = large + small
+    segments = sorted((s["address"], s["total_size"]) for s in torch.cuda.memory_snapshot() if s["device"] == 0)
     for t in tensors:
-        seg = max(a for a in segments if a <= t.data_ptr())
+        seg = max(a for a, _ in segments if a <= t.data_ptr())
         assert allocation_start(t.data_ptr()) == seg, (hex(t.data_ptr()), hex(seg))
         assert allocation_start(t.data_ptr() + t.numel() - 1) == seg
-    ptrs = sorted(t.data_ptr() for t in tensors)
-    adjacent = sum(b == a + 32 * MIB for a, b in itertools.pairwise(ptrs))  # back to back, two allocations
+    adjacent = sum(a + n == b for (a, n), (b, _) in itertools.pairwise(segments))  # back to back, two segments
     want = [t.clone() for t in tensors]
     parker = TensorParker("cuda:0", name="segments")
-    parker.add("weights", [(f"t{i}", t) for i, t in enumerate(tensors)])
+    parker.add("weights", {f"t{i}": t for i, t in enumerate(tensors)})
     parks = 3
     for _ in range(parks):
         parker.park()
         parker.restore()
-    record(tensors=len(tensors), adjacent_pairs=adjacent, parks=parks)
+    record(tensors=len(tensors), segments=len(segments), adjacent_segments=adjacent, parks=parks)
     assert all(torch.equal(a, b) for a, b in zip(tensors, want, strict=True)), "bytes changed over park/restore"
