@@ -133,6 +133,30 @@ class Bench:
             h2d.append(time.perf_counter() - t0)
         return d2h, h2d
 
+    def time_driver_floor(self, nbytes: int, host: HostPool) -> tuple[list[float], list[float]]:
+        """The floor of a switch that hands its memory back to the driver (CUDA only): host->device into one
+        block just asked of the driver (the allocation timed), and device->host then the block freed back
+        (``empty_cache`` timed). Why: a restore writes into memory the driver has just mapped, which a copy
+        into the tenant's own resident tensors (the plain floor) never does."""
+        d2h, h2d = [], []
+        for _ in range(self.repeats):
+            gc.collect()
+            torch.cuda.empty_cache()
+            sync(self.device)
+            t0 = time.perf_counter()
+            block = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            pairs = self.floor_pairs([block], host)
+            self._copies([(d, h) for h, d in pairs], self.stream)
+            sync(self.device)
+            h2d.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            self._copies(pairs, self.stream)
+            sync(self.device)
+            del pairs, block
+            torch.cuda.empty_cache()
+            d2h.append(time.perf_counter() - t0)
+        return d2h, h2d
+
     def time_floor_overlap(self, a: list[torch.Tensor], host_a: HostPool, b: list[torch.Tensor],
                            host_b: HostPool) -> list[float]:
         out_pairs = self.floor_pairs(a, host_a)
@@ -170,6 +194,10 @@ def run_size(bench: Bench, nbytes: int, endpoint: str) -> dict[str, object]:
     say("floor: bare copies into the same pre-pinned pool")
     fd2h, fh2d = bench.time_floor(a, tracked_a.parker.pool)
     assert torch.equal(bench.checksum(a), want_a)
+    driver: tuple[list[float], list[float]] = ([], [])
+    if dev.type == "cuda" and bench.release_cached:
+        say("driver floor: the same copies into memory just asked of the driver, and back before freeing it")
+        driver = bench.time_driver_floor(real, tracked_a.parker.pool)  # A is resident: the pool is scratch
 
     say(f"park/restore through rota_fsdp, {bench.repeats} times")
     park, restore, identical = [], [], True
@@ -229,14 +257,22 @@ def run_size(bench: Bench, nbytes: int, endpoint: str) -> dict[str, object]:
         "park_gbps": real / med(park) / 1e9, "restore_gbps": real / med(restore) / 1e9,
         "overlap_s": med(overlap), "overlap_gbps": 2 * real / med(overlap) / 1e9,
         "floor_overlap_gbps": 2 * real / med(floor_overlap) / 1e9,
+        # memory handed back to the driver at park and asked again at restore (None with the cache kept)
+        "floor_driver_d2h_s": med(driver[0]) if driver[0] else None,
+        "floor_driver_h2d_s": med(driver[1]) if driver[1] else None,
+        "park_ratio_driver": med(park) / med(driver[0]) if driver[0] else None,
+        "restore_ratio_driver": med(restore) / med(driver[1]) if driver[1] else None,
         "pool_setup_s": setup_a + setup_b,
         # where a park's and a restore's time goes (medians over the repeats): the parker's phases, and
         # hooks_total, what the client timed (the parker plus the adapter's residue readings)
         "park_phases_s": _median_phases(park_phases), "restore_phases_s": _median_phases(restore_phases),
         "bit_identical": bool(identical),
         "samples": {"floor_d2h": fd2h, "floor_h2d": fh2d, "park": park, "restore": restore, "overlap": overlap,
-                    "floor_overlap": floor_overlap},
+                    "floor_overlap": floor_overlap, "floor_driver_d2h": driver[0], "floor_driver_h2d": driver[1]},
     }
+    if driver[0]:
+        say(f"  against the driver floor ({row['floor_driver_d2h_s']:.4f} s / {row['floor_driver_h2d_s']:.4f} s): "
+            f"park {row['park_ratio_driver']:.2f}x, restore {row['restore_ratio_driver']:.2f}x")
     say(f"  overlapped switch {row['overlap_gbps']:.1f} GB/s (bare copies {row['floor_overlap_gbps']:.1f} GB/s)")
     return row
 
@@ -332,6 +368,10 @@ def main() -> None:
                 firsts.append(first_park(bench, s, endpoint, ns.first_turn, rows[-1]["floor_d2h_s"]))
     print()
     print(table(rows))
+    for r in rows:
+        if r["park_ratio_driver"] is not None:
+            print(f"{r['size_bytes'] / 1e9:.1f} GB against the driver floor (memory handed back and asked again): "
+                  f"park {r['park_ratio_driver']:.2f}x, restore {r['restore_ratio_driver']:.2f}x")
     for f in firsts:
         print(f"first park {f['size_bytes'] / 1e9:.1f} GB after a {f['first_turn_s']:g} s turn: {f['first_park_s']:.4f}"
               f" s = {f['first_park_ratio']:.2f}x the floor (host pinned {f['pin_gbps']:.1f} GB/s)")

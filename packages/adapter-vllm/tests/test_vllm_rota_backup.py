@@ -1,7 +1,8 @@
 """``backup="rota"``: an OFFLOAD park copies each worker's parameters into rota's host pool and sleeps at level 2;
-the restore wakes the weights, copies them back, then wakes the KV cache. The fake engine below does what
-vLLM's level-2 sleep does to the weights' memory (its contents are lost: overwritten with NaN here) and keeps the
-buffers as vLLM does; the model is a real torch module with tied weights. (The H200 run is in the CUDA tier.)"""
+the restore wakes the weights, starts copying them back, wakes the KV cache meanwhile, then waits for the copy.
+The fake engine below does what vLLM's level-2 sleep does to the weights' memory (its contents are lost:
+overwritten with NaN here) and keeps the buffers as vLLM does; the model is a real torch module with tied
+weights. (The H200 run is in the CUDA tier.)"""
 
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def test_offload_keeps_the_weights_in_rotas_pool_and_outputs_are_unchanged(conne
     _park_and_restore(connect, gpu)
     assert llm.calls[1:] == [("rpc", "worker_save", []), ("sleep", 2),
                              ("rpc", "worker_trim", ["kv_cache", "weights"]), ("wake_up", ["weights"]),
-                             ("rpc", "worker_load", ["kv_cache"]), ("wake_up", ["kv_cache"])]
+                             ("rpc", "worker_load_begin", ["kv_cache"]), ("wake_up", ["kv_cache"]),
+                             ("rpc", "worker_load_end", [])]
     assert torch.equal(model(ids), before)  # bit for bit, buffers included
     assert tracked.dropped == ("kv_cache",) and not tracked.weights_stale
     assert model.head.weight is model.embed.weight
@@ -112,3 +114,41 @@ def test_parameters_that_moved_while_asleep_are_refused_not_overwritten(connect)
     mlp.weight = kept
     tracked.untrack()  # restores into the parameters it saved
     assert not torch.isnan(kept).any()
+
+
+class KvWakeFails(SleepingLLM):
+    """The KV cache's wake fails once (out of memory, as on the H200 when another job's trainer held the device);
+    a tag woken twice is an error, as in vLLM (its memory is mapped already)."""
+
+    fail = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        assert not set(tags or ("weights", "kv_cache")) - self.asleep, f"woken twice: {tags}"
+        if tags == ["kv_cache"] and self.fail:
+            self.fail = False
+            self.calls.append(("wake_up", tags))
+            raise RuntimeError("CUDA Error: out of memory (a fake's)")
+        super().wake_up(tags)
+
+
+def test_a_failed_kv_wake_still_waits_for_the_weights_copy_and_fails_the_restore(connect) -> None:
+    gpu = connect("llm")
+    llm = KvWakeFails()
+    tracked = rota_vllm.track(gpu, llm, check_version=False)
+    gpu.acquire()
+    gpu.release()
+    trainer = connect("trainer")
+    trainer.acquire()  # parks the engine
+    trainer.release()
+    with pytest.raises(Exception, match="out of memory"):
+        gpu.acquire()
+    names = [c[1] if c[0] == "rpc" else c for c in llm.calls]
+    assert names[-3:] == ["worker_load_begin", ("wake_up", ["kv_cache"]), "worker_load_end"]
+    assert gpu.stats.failed("restore") == 1
+    model = llm.worker.model_runner.model
+    assert not torch.isnan(model.mlp.weight).any()  # the copy landed all the same
+    gpu.acquire()  # the retry wakes only the KV cache
+    gpu.release()
+    assert llm.calls[-1] == ("wake_up", ["kv_cache"]) and not llm.asleep
+    assert not torch.isnan(model.mlp.weight).any() and tracked.parked_level == 0
+    tracked.untrack()

@@ -19,7 +19,7 @@ DISCARD plan sleeps at level 2 and keeps nothing: the weights must be pushed aga
 
 Restore (``rota_restore``): ``llm.wake_up(tags=...)``; after a level-2 park the
 weights come back first, alone (then rota's copy of them, or a weight push), before the
-KV cache returns (vLLM's documented order).
+KV cache returns (vLLM's documented order); rota's copy runs while the KV cache is woken.
 
 The ``LLM`` is duck-typed (``sleep``, ``wake_up``, ``collective_rpc``): vLLM itself is
 imported only for the version check, so tests use a small fake.
@@ -37,7 +37,15 @@ from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
 from rota_serving import check_fixed_device
 from rota_vllm._compat import require_vllm
-from rota_vllm._pinned import worker_load, worker_model, worker_prepare, worker_release, worker_save, worker_trim
+from rota_vllm._pinned import (
+    worker_load_begin,
+    worker_load_end,
+    worker_model,
+    worker_prepare,
+    worker_release,
+    worker_save,
+    worker_trim,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +100,7 @@ class TrackedLLM:
         self.stash_bytes = 0
         self.dropped: tuple[str, ...] = ()
         self.weights_stale = False  # after a level-2 park, until update_weights
+        self.woken: tuple[str, ...] = ()  # tags a restore that failed half-way has woken already
         self.history: list[tuple[str, Any]] = []
         self._name = f"rota-vllm-{gpu.tenant}-{id(llm):x}"
 
@@ -128,26 +137,33 @@ class TrackedLLM:
         t0 = time.perf_counter()
         wanted = [t for t in TAGS if plan.wants(t)]
         moved = self.stash_bytes if self.stashed else 0
-        if self.stashed:  # weights first, then rota's copy into them, then the KV cache
+        if self.stashed:  # weights first, then rota's copy into them, the KV cache woken while it runs
             self.llm.wake_up(tags=["weights"])
-            self.llm.collective_rpc(worker_load)
+            self.llm.collective_rpc(worker_load_begin)
             self.history += [("wake_up", ("weights",)), ("load_weights", self.stash_bytes)]
-            if "kv_cache" in wanted:
-                self.llm.wake_up(tags=["kv_cache"])
-                self.history.append(("wake_up", ("kv_cache",)))
-            self.stashed = False
+            try:
+                if "kv_cache" in wanted:
+                    self._wake("kv_cache")
+            finally:  # the copies are waited for even if the KV cache's wake failed; a retry wakes only it
+                self.llm.collective_rpc(worker_load_end)
+                self.stashed, self.woken = False, ("weights",)
         elif self.parked_level == 2 and len(wanted) == len(TAGS):
-            self.llm.wake_up(tags=["weights"])  # weights first: room for a weight push
-            self.llm.wake_up(tags=["kv_cache"])
-            self.history += [("wake_up", ("weights",)), ("wake_up", ("kv_cache",))]
+            for tag in TAGS:  # weights first: room for a weight push
+                if tag not in self.woken:  # a restore that failed half-way woke some already
+                    self._wake(tag)
         elif len(wanted) == len(TAGS):
             self.llm.wake_up()
             self.history.append(("wake_up", None))
         else:
             self.llm.wake_up(tags=wanted)
             self.history.append(("wake_up", tuple(wanted)))
-        self.parked_level = 0
+        self.parked_level, self.woken = 0, ()
         return ParkResult(bytes_moved=moved, seconds=time.perf_counter() - t0)
+
+    def _wake(self, tag: str) -> None:
+        self.llm.wake_up(tags=[tag])
+        self.woken += (tag,)
+        self.history.append(("wake_up", (tag,)))
 
     @hookimpl
     def rota_footprint(self, tenant: Gpu) -> dict[str, int] | None:

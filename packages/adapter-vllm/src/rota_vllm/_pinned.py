@@ -5,8 +5,9 @@ sleep took 2.2-2.5x a pinned copy of the same bytes (53x the first time: that me
 its wake 4.4-4.7x. Here the weights are copied into a :class:`rota_torch.HostPool` reserved (and pinned, in
 the background) when the engine is tracked, one copy per storage on a side stream, and the engine then sleeps
 at level 2, which frees weights and KV cache alike; a restore wakes the weights (vLLM maps their memory again,
-at the same addresses), copies them back, and wakes the KV cache. vLLM itself keeps the model's buffers over
-a level-2 sleep (it saves ``named_buffers`` and puts them back on wake), so only the parameters travel here.
+at the same addresses), starts copying them back, wakes the KV cache while the copies run (mapping memory is
+the driver's work, not the copy engines'), then waits for them. vLLM itself keeps the model's buffers over a
+level-2 sleep (it saves ``named_buffers`` and puts them back on wake), so only the parameters travel here.
 
 These functions run inside each vLLM worker, through ``LLM.collective_rpc``: the stash lives on the worker
 object, in the worker's process (in-process with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; in an engine's worker
@@ -58,9 +59,10 @@ class WeightStash:
         self.pool = HostPool(pin=self.device.type == "cuda")
         self.pool.reserve_async(total)  # pinned while the engine serves; the first park copies in as it grows
         self.saved = False
+        self._loading: tuple[float, Any] | None = None  # (start, stream) between load_begin and load_end
 
-    def _copy(self, to_host: bool) -> float:
-        t0 = time.perf_counter()
+    def _issue(self, to_host: bool) -> Any:
+        """Issue every storage's copy (on a side stream on CUDA, returned; None on CPU, where they are done)."""
         cuda = self.device.type == "cuda"
         stream = torch.cuda.Stream(self.device) if cuda else None
         if stream is not None:
@@ -77,28 +79,47 @@ class WeightStash:
                     else:
                         dev[at:at + part.numel()].copy_(part, non_blocking=cuda)
                     at += part.numel()
+        return stream
+
+    def _finish(self, stream: Any) -> None:
         if stream is not None:
             stream.synchronize()
             torch.cuda.current_stream(self.device).wait_stream(stream)
-        return time.perf_counter() - t0
 
     def save(self) -> float:
         """Copy every parameter's bytes to the pool (before the level-2 sleep frees them)."""
-        seconds = self._copy(to_host=True)
+        t0 = time.perf_counter()
+        self._finish(self._issue(to_host=True))
         self.saved = True
-        return seconds
+        return time.perf_counter() - t0
 
-    def load(self) -> float:
-        """Copy them back (after the weights' wake mapped their memory again)."""
+    def load_begin(self) -> None:
+        """Start copying the weights back (after the weights' wake mapped their memory again); the copies run
+        while the caller wakes the KV cache, whose mapping is work of the driver's, not of the copy engines."""
         if not self.saved:
             raise RuntimeError("rota_vllm: no weights were saved on this worker; nothing to restore")
+        if self._loading is not None:
+            raise RuntimeError("rota_vllm: a load is already in flight on this worker")
         now = _storages(self.model)
         if [s.data_ptr() for s in now] != [s.data_ptr() for s in self.storages]:
             raise RuntimeError("rota_vllm: the model's parameters moved while the engine slept (a new "
                                "model was loaded?); park with backup='vllm' or mode='discard'")
-        seconds = self._copy(to_host=False)
+        self._loading = (time.perf_counter(), self._issue(to_host=False))
+
+    def load_end(self) -> float:
+        """Wait for the copies :meth:`load_begin` started; seconds since it began."""
+        if self._loading is None:
+            raise RuntimeError("rota_vllm: no load is in flight on this worker")
+        t0, stream = self._loading
+        self._loading = None
+        self._finish(stream)
         self.saved = False
-        return seconds
+        return time.perf_counter() - t0
+
+    def load(self) -> float:
+        """Copy the weights back and wait for them."""
+        self.load_begin()
+        return self.load_end()
 
 
 def worker_model(worker: Any) -> torch.nn.Module:
@@ -123,6 +144,14 @@ def worker_save(worker: Any) -> float:
 
 def worker_load(worker: Any) -> float:
     return getattr(worker, ATTR).load()
+
+
+def worker_load_begin(worker: Any) -> None:
+    getattr(worker, ATTR).load_begin()
+
+
+def worker_load_end(worker: Any) -> float:
+    return getattr(worker, ATTR).load_end()
 
 
 def worker_trim(worker: Any) -> None:
