@@ -1,4 +1,4 @@
-"""What a parked process still holds, read by NVML right after every park: for the CUDA tier's child processes.
+"""What a parked process still holds, read by NVML: right after every park, and by pid.
 
 Those children run as scripts (``python tests/cuda/test_*.py ...``), so they import this as ``park_probe`` from
 their own folder.
@@ -27,3 +27,12 @@ def nvml_after_parks(gpu: Any) -> list[int | None]:
 
     gpu.pm.register(NvmlAfterPark(), name="nvml-after-park")
     return after
+
+
+def device_processes() -> dict[int, int]:
+    """NVML's bytes of every process on device 0, by pid (what a wake competes with; a served engine's)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    return {p.pid: p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}

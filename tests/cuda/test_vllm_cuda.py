@@ -40,7 +40,7 @@ SHAPE = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num
 def engine(snapshot: str, how: str, out: str) -> None:
     """The engine's process: generate in each turn, check tokens, record NVML after each park."""
     import torch
-    from park_probe import nvml_after_parks
+    from park_probe import device_processes, nvml_after_parks
     from safetensors.torch import load_file
     from vllm import LLM, SamplingParams
 
@@ -95,15 +95,6 @@ def engine(snapshot: str, how: str, out: str) -> None:
     gpu.close()
 
 
-def device_processes() -> dict[int, int]:
-    """NVML's bytes of every process on device 0 (what a failed wake competed with)."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    return {p.pid: p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
-
-
 def _wait_for_turns(progress: Path, n: int, timeout: float = 300.0) -> None:
     """Until the trainer has written ``n`` (its turns so far) to ``progress``: the two processes alternate, so
     every engine turn after the first follows a park (the trainer cannot start before the engine's first turn,
@@ -142,7 +133,7 @@ def trainer(out: str, ready: str) -> None:
             raise SystemExit(f"the engine never finished its first turn ({ready} missing after 300 s)")
         time.sleep(0.2)
     import torch
-    from park_probe import nvml_after_parks
+    from park_probe import device_processes, nvml_after_parks
 
     import rota
     import rota_fsdp
