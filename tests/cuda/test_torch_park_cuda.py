@@ -135,7 +135,7 @@ def test_copy_runs_stay_inside_one_driver_allocation(record: Any) -> None:
     fails ("invalid argument"). On the H200 at 49a8a30 every park of a TRL job after its first failed so: the
     restore had carved its small storages in pool order out of consecutive small segments; ``device_runs`` now
     cuts a run where the driver says the next allocation begins."""
-    from rota_torch import TensorParker, allocation_start
+    from rota_torch import TensorParker, allocation_range
 
     gc.collect()
     torch.cuda.empty_cache()
@@ -150,8 +150,9 @@ def test_copy_runs_stay_inside_one_driver_allocation(record: Any) -> None:
     segments = sorted((s["address"], s["total_size"]) for s in torch.cuda.memory_snapshot() if s["device"] == 0)
     for t in tensors:
         seg = max(a for a, _ in segments if a <= t.data_ptr())
-        assert allocation_start(t.data_ptr()) == seg, (hex(t.data_ptr()), hex(seg))
-        assert allocation_start(t.data_ptr() + t.numel() - 1) == seg
+        got = allocation_range(t.data_ptr())
+        assert got is not None and got[0] == seg, (hex(t.data_ptr()), hex(seg), got)
+        assert t.data_ptr() + t.numel() <= got[0] + got[1] and allocation_range(t.data_ptr() + t.numel() - 1) == got
     adjacent = sum(a + n == b for (a, n), (b, _) in itertools.pairwise(segments))  # back to back, two segments
     want = [t.clone() for t in tensors]
     parker = TensorParker("cuda:0", name="segments")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from rota_torch._copies import Slot, allocation_start, device_runs
+from rota_torch._copies import Slot, allocation_range, device_runs
 from rota_torch._pool import align
 
 N = align(4096)  # a size the pool's alignment leaves as it is: no padding between back-to-back storages
@@ -35,20 +35,24 @@ def slots_at(*ptrs: int) -> list[Slot]:
 
 
 def fake_driver(*allocations: tuple[int, int]):
-    """allocation_start over (start, size) allocations; None outside all of them."""
-    def start_of(ptr: int) -> int | None:
-        return next((s for s, n in allocations if s <= ptr < s + n), None)
-    return start_of
+    """allocation_range over (start, size) allocations; None outside all of them. Counts its calls."""
+    def range_of(ptr: int) -> tuple[int, int] | None:
+        range_of.calls += 1
+        return next(((s, n) for s, n in allocations if s <= ptr < s + n), None)
+    range_of.calls = 0
+    return range_of
 
 
 def names(runs: list[list[Slot]]) -> list[list[str]]:
     return [[sl.name for sl in run] for run in runs]
 
 
-def test_storages_back_to_back_in_one_allocation_are_one_run() -> None:
+def test_storages_back_to_back_in_one_allocation_are_one_run_and_the_driver_is_asked_once() -> None:
     base = 1 << 40
     slots = slots_at(base, base + N, base + 2 * N)
-    assert names(device_runs(slots, fake_driver((base, 3 * N)))) == [["t0", "t1", "t2"]]
+    driver = fake_driver((base, 3 * N))
+    assert names(device_runs(slots, driver)) == [["t0", "t1", "t2"]]
+    assert driver.calls == 1  # once per run, not once per storage (a park walks hundreds)
 
 
 def test_a_run_stops_where_the_next_allocation_begins_even_when_the_addresses_continue() -> None:
@@ -73,4 +77,4 @@ def test_storages_apart_on_the_device_are_separate_runs() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA tier checks the real lookup "
                     "(tests/cuda/test_torch_park_cuda.py)")
 def test_without_a_cuda_driver_the_real_lookup_says_nothing() -> None:
-    assert allocation_start(1 << 40) is None
+    assert allocation_range(1 << 40) is None

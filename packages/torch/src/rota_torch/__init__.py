@@ -7,7 +7,7 @@ Two layers:
   on CPU so the same code path is testable anywhere) and restores the same storages,
   so tensor, parameter and storage identities survive; :func:`overlap` parks one
   parker while restoring another; :func:`name_untracked` and
-  :func:`outside_allocator_bytes` name what a park left behind; :func:`allocation_start` is
+  :func:`outside_allocator_bytes` name what a park left behind; :func:`allocation_range` is
   the driver's word on which allocation holds an address (a copy never crosses two).
 * the adapter contract — :class:`Tracked`, the base every trainer adapter subclasses
   (``rota_fsdp``, ``rota_megatron``): one registry of tracked models, parameters and
@@ -23,7 +23,7 @@ Imports torch (``torch>=2.4,<2.15``, the range of every trainer adapter); rota-c
 from __future__ import annotations
 
 from rota.residue import ResidueError
-from rota_torch._copies import allocation_start
+from rota_torch._copies import allocation_range
 from rota_torch._guard import (
     VERIFY_MODES,
     DiscardedTag,
@@ -45,7 +45,7 @@ from rota_torch.tracked import TAGS, Tracked, check_tags, switch, tracked_models
 __all__ = ["TAGS", "VERIFY_MODES", "AlreadyTracked", "BackwardInFlight", "DeviceMismatch", "DiscardedTag",
            "HoldsTurn", "HostBudgetExceeded", "HostPool", "NamedTensors", "NoRoom", "ResidueError", "StateChanged",
            "SwitchError", "SwitchTimeout", "TensorParker", "Tracked", "TrackingError", "VerifyError", "align",
-           "allocation_start",
+           "allocation_range",
            "check_tags", "env_verify", "give_back_workspaces", "host_bytes_in_use", "local_tensor",
            "name_untracked", "node_host_bytes", "outside_allocator_bytes", "overlap",
            "process_device_bytes", "switch", "tracked_models"]

@@ -21,10 +21,10 @@ import torch
 from rota_torch._guard import Deadline, StateChanged
 from rota_torch._pool import HostPool, align
 
-__all__ = ["Job", "Slot", "allocation_start", "copy_in", "copy_out", "copy_runs", "device_runs", "raw_device_bytes",
-           "storage_view"]
+__all__ = ["Job", "Slot", "allocation_range", "copy_in", "copy_out", "copy_runs", "device_runs",
+           "raw_device_bytes", "storage_view"]
 
-RANGE_START_ADDR = 11  # CU_POINTER_ATTRIBUTE_RANGE_START_ADDR of the CUDA driver API
+RANGE_START_ADDR, RANGE_SIZE = 11, 12  # CU_POINTER_ATTRIBUTE_RANGE_START_ADDR and _RANGE_SIZE (driver API)
 
 
 @dataclass
@@ -79,45 +79,46 @@ def _pointer_attribute() -> Callable[..., int] | None:
     return fn
 
 
-def allocation_start(ptr: int) -> int | None:
-    """Where the driver allocation holding device address ``ptr`` starts; None where the driver cannot say."""
+def allocation_range(ptr: int) -> tuple[int, int] | None:
+    """(start, size) of the driver allocation holding device address ``ptr``; None where the driver cannot say."""
     fn = _pointer_attribute()
-    start = ctypes.c_uint64(0)
-    if fn is None or fn(ctypes.byref(start), RANGE_START_ADDR, ptr) != 0:
+    start, size = ctypes.c_uint64(0), ctypes.c_uint64(0)
+    if fn is None or fn(ctypes.byref(start), RANGE_START_ADDR, ptr) or fn(ctypes.byref(size), RANGE_SIZE, ptr):
         return None
-    return start.value
+    return start.value, size.value
 
 
 def device_runs(slots: list[Slot],
-                allocation_of: Callable[[int], int | None] = allocation_start) -> list[list[Slot]]:
+                allocation_of: Callable[[int], tuple[int, int] | None] = allocation_range) -> list[list[Slot]]:
     """``slots`` (in pool order) grouped into runs that lie back to back both in the pool and on the device.
 
     Storages restored together are carved out of one block, so after the first restore a tenant's state is a
     few runs. A run spans the padding between two storages only where that padding is the first storage's
     own: no gap, or a gap under the 512-byte rounding of the caching allocator, when that allocator made them.
-    A run stays inside one driver allocation (``allocation_of`` of its first and its next storage agree): two
+    A run stays inside one driver allocation (``allocation_of`` its first storage, asked once per run): two
     ``cudaMalloc`` segments can lie back to back in the address space, and one copy across both fails with
     "invalid argument" (a TRL job's park on the H200 at 49a8a30). Where the driver cannot say, nothing merges.
     """
     native: bool | None = None
     runs: list[list[Slot]] = []
-    start: int | None = None  # the current run's allocation, looked up once the run has a candidate to merge
+    within: tuple[int, int] | None = None  # the current run's allocation, asked once it has a storage to merge
     for sl in slots:
         if runs:
             prev = runs[-1][-1]
             step = align(prev.nbytes)
             gap = step - prev.nbytes
-            if sl.offset == prev.offset + step and sl.storage.data_ptr() == prev.storage.data_ptr() + step:
+            ptr = sl.storage.data_ptr()
+            if sl.offset == prev.offset + step and ptr == prev.storage.data_ptr() + step:
                 if gap and native is None:
                     native = torch.cuda.memory.get_allocator_backend() == "native"
                 if not gap or native:
-                    if start is None:
-                        start = allocation_of(runs[-1][0].storage.data_ptr())
-                    if start is not None and allocation_of(sl.storage.data_ptr()) == start:
+                    if within is None:
+                        within = allocation_of(runs[-1][0].storage.data_ptr())
+                    if within is not None and within[0] <= ptr and ptr + sl.nbytes <= within[0] + within[1]:
                         runs[-1].append(sl)
                         continue
         runs.append([sl])
-        start = None
+        within = None
     return runs
 
 
