@@ -297,6 +297,7 @@ def first_park(bench: Bench, nbytes: int, endpoint: str, turn_s: float, floor_d2
     tracked = rota_fsdp.track(gpu, model, tags=("weights",), device=bench.device, release_cached=bench.release_cached)
     with gpu.turn():
         time.sleep(turn_s)
+    park_at = time.perf_counter() - t0
     gpu.park()
     seconds = gpu.stats.parks[-1].seconds
     phases = dict(tracked.parker.last_phases)
@@ -309,9 +310,12 @@ def first_park(bench: Bench, nbytes: int, endpoint: str, turn_s: float, floor_d2
            "first_park_ratio": seconds / floor_d2h_s, "since_track_s": time.perf_counter() - t0,
            "pin_gbps": pool.pinned_bytes / pool.pinned_seconds / 1e9 if pool.pinned_seconds else 0.0,
            "pinned_bytes": pool.pinned_bytes, "pinned_s": pool.pinned_seconds, "phases_s": phases,
+           # since track(): when the park was asked for, and when the pool's background pinning ended
+           "park_asked_since_track_s": park_at, "pool_pinned_since_track_s": pool.grown_at - t0,
            "bit_identical": bool(identical), "failed": gpu.stats.failed("park") + gpu.stats.failed("restore")}
     say(f"  first park {seconds:.4f} s = {row['first_park_ratio']:.2f}x the floor; host pinned "
-        f"{row['pin_gbps']:.1f} GB/s; bit-identical {identical}")
+        f"{row['pin_gbps']:.1f} GB/s, done {row['pool_pinned_since_track_s']:.3f} s after track() (the park was "
+        f"asked for at {park_at:.3f} s); bit-identical {identical}")
     tracked.untrack()
     gpu.close()
     del model, c, tracked

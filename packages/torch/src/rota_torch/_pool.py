@@ -155,6 +155,7 @@ class HostPool:
         self._ready = threading.Condition()  # chunks appended, or a reservation ended
         self._target = 0  # capacity the reservation under way will reach (0: none under way)
         self.pinned_seconds = 0.0  # time spent pinning, and the bytes pinned: the host's pinning rate
+        self.grown_at = 0.0  # time.perf_counter() when the last growth ended (0: never grown)
         self.pinned_bytes = 0
         self._registered = Registered()  # chunks registered with CUDA, unregistered when the pool goes
         fin = weakref.finalize(self, release, self._registered)
@@ -391,6 +392,7 @@ class HostPool:
             self.allocations += 1
             seconds = time.perf_counter() - t0
             self.setup_seconds += seconds
+            self.grown_at = t0 + seconds
             self.pinned_seconds += seconds if self.pin else 0.0
             self.pinned_bytes += made if self.pin else 0
             log.info("host pool: grown to %.3f GB%s in %.3f s (allocation #%d)", self.capacity / 1e9,
