@@ -55,12 +55,17 @@ class SleepingLLM:
         return [method(self.worker, *args, **(kwargs or {}))]
 
 
-def _park_and_restore(connect, gpu) -> None:
+def _parked(connect, gpu) -> None:
+    """One turn of the engine, then one of a trainer of another job, which parks it."""
     gpu.acquire()
     gpu.release()
     trainer = connect("trainer")
     trainer.acquire()  # parks the engine
     trainer.release()
+
+
+def _park_and_restore(connect, gpu) -> None:
+    _parked(connect, gpu)
     gpu.acquire()  # restores it
     gpu.release()
 
@@ -135,11 +140,7 @@ def test_a_failed_kv_wake_still_waits_for_the_weights_copy_and_fails_the_restore
     gpu = connect("llm")
     llm = KvWakeFails()
     tracked = rota_vllm.track(gpu, llm, check_version=False)
-    gpu.acquire()
-    gpu.release()
-    trainer = connect("trainer")
-    trainer.acquire()  # parks the engine
-    trainer.release()
+    _parked(connect, gpu)
     with pytest.raises(Exception, match="out of memory"):
         gpu.acquire()
     names = [c[1] if c[0] == "rpc" else c for c in llm.calls]
