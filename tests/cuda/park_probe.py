@@ -6,6 +6,8 @@ their own folder.
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 
@@ -36,3 +38,36 @@ def device_processes() -> dict[int, int]:
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     return {p.pid: p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+
+
+def fill_fits(nbytes: int) -> bool:
+    """Whether ``nbytes`` of device 0 could be allocated and written by this process; the tensor is gone on
+    return (what another job's turn needs after a park freed the device).
+
+    Why a function: at 7daf63b a test's check was ``fill.sum(dtype=torch.int64)``, which makes an int64 copy (8x
+    the fill) and ran out of memory; the raise skipped the ``del``, so the loop's ``fill`` kept 82 GB across a
+    park and the engine's wake found no room. ``min`` reduces in uint8, and a local dies on return.
+    """
+    import torch
+
+    try:
+        fill = torch.ones(nbytes, dtype=torch.uint8, device="cuda:0")
+        return int(fill.min().item()) == 1
+    except torch.OutOfMemoryError:
+        return False
+
+
+def wait_for_count(path: Path, n: int, who: str, timeout: float = 300.0) -> None:
+    """Until ``path`` holds a count of at least ``n``, written by ``who`` (turns taken so far): two processes
+    that alternate on the device wait for each other's turns this way."""
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and int(path.read_text() or 0) >= n):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{who} did not take turn {n} within {timeout:.0f} s ({path})")
+        time.sleep(0.05)
+
+
+def write_count(path: Path, n: int) -> None:
+    """Write count ``n`` to ``path`` whole (a reader never sees half of it)."""
+    path.with_suffix(".tmp").write_text(str(n))
+    path.with_suffix(".tmp").replace(path)

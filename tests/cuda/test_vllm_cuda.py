@@ -99,27 +99,9 @@ def _wait_for_turns(progress: Path, n: int, timeout: float = 300.0) -> None:
     """Until the trainer has written ``n`` (its turns so far) to ``progress``: the two processes alternate, so
     every engine turn after the first follows a park (the trainer cannot start before the engine's first turn,
     and without waiting, an engine that is quick could end its turns before the trainer asked for one)."""
-    deadline = time.monotonic() + timeout
-    while not (progress.exists() and int(progress.read_text() or 0) >= n):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the trainer did not take turn {n} within {timeout:.0f} s ({progress})")
-        time.sleep(0.05)
+    from park_probe import wait_for_count
 
-
-def _fill(nbytes: int) -> bool:
-    """Whether ``nbytes`` of the device could be allocated and written; the tensor is gone on return.
-
-    Why a function: at 7daf63b the check was ``fill.sum(dtype=torch.int64)``, which makes an int64 copy (8x the
-    fill) and ran out of memory; the raise skipped the ``del``, so the loop's ``fill`` kept 82 GB across the
-    trainer's park and the engine's wake found no room. ``min`` reduces in uint8, and a local dies on return.
-    """
-    import torch
-
-    try:
-        fill = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
-        return int(fill.min().item()) == 1
-    except torch.OutOfMemoryError:
-        return False
+    wait_for_count(progress, n, "the trainer", timeout)
 
 
 def trainer(out: str, ready: str) -> None:
@@ -133,7 +115,7 @@ def trainer(out: str, ready: str) -> None:
             raise SystemExit(f"the engine never finished its first turn ({ready} missing after 300 s)")
         time.sleep(0.2)
     import torch
-    from park_probe import device_processes, nvml_after_parks
+    from park_probe import device_processes, fill_fits, nvml_after_parks
 
     import rota
     import rota_fsdp
@@ -157,7 +139,7 @@ def trainer(out: str, ready: str) -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)
             losses.append(loss.item())
-            filled.append(_fill(int(total * TRAINER_FILL)))
+            filled.append(fill_fits(int(total * TRAINER_FILL)))
             torch.cuda.empty_cache()
         segments = sorted(((s["total_size"], s["allocated_size"]) for s in torch.cuda.memory_snapshot()), reverse=True)
         print(f"trainer {os.getpid()} after turn {len(filled)} (filled: {filled[-1]}): reserved "

@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from tests.cuda.park_probe import device_processes, fill_fits
+
 pytest.importorskip("vllm", reason="vllm is not importable here: stage vllm 0.26.0 on the GPU machine with "
                                    "bench/stage_wheels.py (see the README), then run the tier")
 
@@ -71,8 +73,6 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
 
 def _engine_bytes() -> int:
     """NVML bytes of every process on device 0 but this one (the served engine's)."""
-    from tests.cuda.park_probe import device_processes
-
     return sum(n for pid, n in device_processes().items() if pid != os.getpid())
 
 
@@ -125,12 +125,7 @@ def test_rota_vllm_serve_parks_for_another_job_and_answers_the_same(tmp_path: Pa
                 time.sleep(0.5)  # past --idle-release: the engine has given its turn back
                 trainer.acquire()  # the engine parks
                 parked.append(_engine_bytes())
-                try:
-                    fill = torch.ones(int(total * FILL), dtype=torch.uint8, device="cuda")
-                    filled.append(int(fill.min().item()) == 1)
-                    del fill
-                except torch.OutOfMemoryError:
-                    filled.append(False)
+                filled.append(fill_fits(int(total * FILL)))
                 torch.cuda.empty_cache()
                 got: dict[str, list[str]] = {}
                 asker = threading.Thread(target=lambda got=got: got.update(texts=_complete(url, model)))
