@@ -248,6 +248,7 @@ def run_size(bench: Bench, nbytes: int, endpoint: str) -> dict[str, object]:
         torch.cuda.empty_cache()
 
     med = statistics.median
+    driver_d2h, driver_h2d = (med(driver[0]), med(driver[1])) if driver[0] else (None, None)
     row = {
         "size_bytes": real,
         "floor_d2h_s": med(fd2h), "floor_h2d_s": med(fh2d),
@@ -258,10 +259,9 @@ def run_size(bench: Bench, nbytes: int, endpoint: str) -> dict[str, object]:
         "overlap_s": med(overlap), "overlap_gbps": 2 * real / med(overlap) / 1e9,
         "floor_overlap_gbps": 2 * real / med(floor_overlap) / 1e9,
         # memory handed back to the driver at park and asked again at restore (None with the cache kept)
-        "floor_driver_d2h_s": med(driver[0]) if driver[0] else None,
-        "floor_driver_h2d_s": med(driver[1]) if driver[1] else None,
-        "park_ratio_driver": med(park) / med(driver[0]) if driver[0] else None,
-        "restore_ratio_driver": med(restore) / med(driver[1]) if driver[1] else None,
+        "floor_driver_d2h_s": driver_d2h, "floor_driver_h2d_s": driver_h2d,
+        "park_ratio_driver": med(park) / driver_d2h if driver_d2h else None,
+        "restore_ratio_driver": med(restore) / driver_h2d if driver_h2d else None,
         "pool_setup_s": setup_a + setup_b,
         # where a park's and a restore's time goes (medians over the repeats): the parker's phases, and
         # hooks_total, what the client timed (the parker plus the adapter's residue readings)
@@ -270,7 +270,7 @@ def run_size(bench: Bench, nbytes: int, endpoint: str) -> dict[str, object]:
         "samples": {"floor_d2h": fd2h, "floor_h2d": fh2d, "park": park, "restore": restore, "overlap": overlap,
                     "floor_overlap": floor_overlap, "floor_driver_d2h": driver[0], "floor_driver_h2d": driver[1]},
     }
-    if driver[0]:
+    if driver_d2h:
         say(f"  against the driver floor ({row['floor_driver_d2h_s']:.4f} s / {row['floor_driver_h2d_s']:.4f} s): "
             f"park {row['park_ratio_driver']:.2f}x, restore {row['restore_ratio_driver']:.2f}x")
     say(f"  overlapped switch {row['overlap_gbps']:.1f} GB/s (bare copies {row['floor_overlap_gbps']:.1f} GB/s)")

@@ -40,7 +40,7 @@ SHAPE = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num
 def engine(snapshot: str, how: str, out: str) -> None:
     """The engine's process: generate in each turn, check tokens, record NVML after each park."""
     import torch
-    from park_probe import device_processes, nvml_after_parks
+    from park_probe import device_processes, nvml_after_parks, wait_for_count
     from safetensors.torch import load_file
     from vllm import LLM, SamplingParams
 
@@ -80,8 +80,10 @@ def engine(snapshot: str, how: str, out: str) -> None:
                 changed = pushed != want
             equal.append(got == (pushed if pushed is not None and turn > 1 else want))
         Path(out).with_suffix(".ready").touch()  # the trainer starts after the engine's first turn
-        if turn + 1 < TURNS:  # the trainer takes its turn (this engine parked) before this engine's next one
-            _wait_for_turns(Path(out).with_suffix(".trainer"), turn + 1)
+        if turn + 1 < TURNS:  # the trainer takes its turn (this engine parked) before this engine's next one:
+            # so every engine turn after the first follows a park (without waiting, an engine that is quick could
+            # end its turns before the trainer asked for one)
+            wait_for_count(Path(out).with_suffix(".trainer"), turn + 1, "the trainer")
             print(f"engine {os.getpid()} before turn {turn + 1}: device bytes by pid {device_processes()}",
                   file=sys.stderr, flush=True)
     Path(out).write_text(json.dumps({"context": context, "after_park": after_park, "equal": equal,
@@ -95,15 +97,6 @@ def engine(snapshot: str, how: str, out: str) -> None:
     gpu.close()
 
 
-def _wait_for_turns(progress: Path, n: int, timeout: float = 300.0) -> None:
-    """Until the trainer has written ``n`` (its turns so far) to ``progress``: the two processes alternate, so
-    every engine turn after the first follows a park (the trainer cannot start before the engine's first turn,
-    and without waiting, an engine that is quick could end its turns before the trainer asked for one)."""
-    from park_probe import wait_for_count
-
-    wait_for_count(progress, n, "the trainer", timeout)
-
-
 def trainer(out: str, ready: str) -> None:
     """The other job: a rota_fsdp model + AdamW; in each turn it also fills TRAINER_FILL of the device.
 
@@ -115,7 +108,7 @@ def trainer(out: str, ready: str) -> None:
             raise SystemExit(f"the engine never finished its first turn ({ready} missing after 300 s)")
         time.sleep(0.2)
     import torch
-    from park_probe import device_processes, fill_fits, nvml_after_parks
+    from park_probe import device_processes, fill_fits, nvml_after_parks, write_count
 
     import rota
     import rota_fsdp
@@ -147,9 +140,7 @@ def trainer(out: str, ready: str) -> None:
               f"(bytes, of them live) {segments[:4]}, PYTORCH_CUDA_ALLOC_CONF "
               f"{os.environ.get('PYTORCH_CUDA_ALLOC_CONF')!r}, device "
               f"bytes by pid {device_processes()}", file=sys.stderr, flush=True)
-        progress = Path(ready).with_suffix(".trainer")
-        progress.with_suffix(".tmp").write_text(str(len(filled)))
-        progress.with_suffix(".tmp").replace(progress)  # the engine never reads a half-written count
+        write_count(Path(ready).with_suffix(".trainer"), len(filled))  # the engine waits for it
     Path(out).write_text(json.dumps({"filled": filled, "losses": losses, "parks": len(gpu.stats.parks),
                                      "context": context, "after_park": after_park,
                                      "failures": [str(f) for f in gpu.stats.failures]}, default=str))

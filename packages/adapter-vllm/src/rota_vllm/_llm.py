@@ -138,15 +138,16 @@ class TrackedLLM:
         wanted = [t for t in TAGS if plan.wants(t)]
         moved = self.stash_bytes if self.stashed else 0
         if self.stashed:  # weights first, then rota's copy into them, the KV cache woken while it runs
-            self.llm.wake_up(tags=["weights"])
+            if "weights" not in self.woken:  # a restore that failed half-way woke them already
+                self._wake("weights")
             self.llm.collective_rpc(worker_load_begin)
-            self.history += [("wake_up", ("weights",)), ("load_weights", self.stash_bytes)]
+            self.history.append(("load_weights", self.stash_bytes))
             try:
                 if "kv_cache" in wanted:
                     self._wake("kv_cache")
             finally:  # the copies are waited for even if the KV cache's wake failed; a retry wakes only it
                 self.llm.collective_rpc(worker_load_end)
-                self.stashed, self.woken = False, ("weights",)
+                self.stashed = False
         elif self.parked_level == 2 and len(wanted) == len(TAGS):
             for tag in TAGS:  # weights first: room for a weight push
                 if tag not in self.woken:  # a restore that failed half-way woke some already
