@@ -126,6 +126,10 @@ def ratio(xs: list[float], floor: float) -> float | None:
     return None if not xs else statistics.median(xs) / floor
 
 
+def rounded(steps: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 4) for k, v in steps.items()}
+
+
 def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
@@ -173,15 +177,17 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
     gpu = rota.connect(group=f"vllm-switch-{shape}", tenant=f"engine-{shape}")
     tracked = rota_vllm.track(gpu, llm)
     time.sleep(args.first_after)
-    park, restore, park_nvml, park_used = [], [], [], []
+    park, restore, park_nvml, park_used, park_steps, restore_steps = [], [], [], [], [], []
     for i in range(args.cycles):
         try:
             gpu.park()
             park.append(gpu.stats.parks[-1].seconds)
+            park_steps.append(dict(tracked.last_phases))
             park_nvml.append(nvml_of_this_process())
             park_used.append(device_used())
             gpu.restore()
             restore.append(gpu.stats.restores[-1].seconds)
+            restore_steps.append(dict(tracked.last_phases))
         except Exception as e:  # counted, named, and the run fails
             failures.append(f"{shape}: rota cycle {i}: {type(e).__name__}: {e}")
             traceback.print_exc()
@@ -190,6 +196,8 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
     failures += [f"{shape}: {kind} failed: {msg}" for kind, _, msg in gpu.stats.failures]
     say(f"{shape}: rota: park {[round(x, 3) for x in park]} s, restore {[round(x, 3) for x in restore]} s, "
         f"NVML after park {[None if b is None else b // MIB for b in park_nvml]} MiB")
+    if restore_steps:
+        say(f"{shape}: rota's last park by step {rounded(park_steps[-1])}; last restore {rounded(restore_steps[-1])}")
     tracked.untrack()
     gpu.close()
     row = {
@@ -200,7 +208,8 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
         "vllm_level1": {"sleep_s": vllm_sleep, "wake_s": vllm_wake, "nvml_asleep": vllm_nvml,
                         "first_sleep_x_floor": vllm_sleep[0] / f_d2h if vllm_sleep else None,
                         "sleep_x_floor": ratio(vllm_sleep[1:], f_d2h), "wake_x_floor": ratio(vllm_wake, f_h2d)},
-        "rota": {"park_s": park, "restore_s": restore, "nvml_after_park": park_nvml,
+        "rota": {"park_s": park, "restore_s": restore, "park_steps_s": park_steps, "restore_steps_s": restore_steps,
+                 "nvml_after_park": park_nvml,
                  "device_used_after_park": park_used,
                  "first_park_x_floor": park[0] / f_d2h if park else None, "first_after_s": args.first_after,
                  "park_x_floor": ratio(park[1:], f_d2h), "restore_x_floor": ratio(restore, f_h2d),

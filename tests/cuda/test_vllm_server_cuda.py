@@ -56,11 +56,16 @@ def _complete(url: str, model: str) -> list[str]:
     return [c["text"] for c in sorted(got["choices"], key=lambda c: c["index"])]
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
+def _tail(log: Path, n: int = 6000) -> str:
+    return log.read_text(errors="replace")[-n:] if log.exists() else "(no log)"
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"rota vllm serve exited {proc.returncode} before it served")
+            raise AssertionError(f"rota vllm serve exited {proc.returncode} before it served; its log ends:\n"
+                                 f"{_tail(log)}")
         try:
             with urllib.request.urlopen(url + "/v1/models", timeout=5) as r:
                 if r.status == 200:
@@ -68,7 +73,7 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(1)
-    raise AssertionError(f"rota vllm serve did not serve {url} within {timeout:.0f} s")
+    raise AssertionError(f"rota vllm serve did not serve {url} within {timeout:.0f} s; its log ends:\n{_tail(log)}")
 
 
 def _engine_bytes() -> int:
@@ -106,7 +111,8 @@ def test_rota_vllm_serve_parks_for_another_job_and_answers_the_same(tmp_path: Pa
                    "--max-model-len", "1024", "--seed", "0", "--no-enable-prefix-caching"]
     if not graphs:
         engine_args.append("--enforce-eager")
-    log = (tmp_path / "serve.log").open("w")
+    log_path = tmp_path / "serve.log"
+    log = log_path.open("w")
     with running_orchestrator() as (endpoint, _):
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "rota", "vllm", "serve", "--listen", listen, "--group", group,
@@ -115,7 +121,7 @@ def test_rota_vllm_serve_parks_for_another_job_and_answers_the_same(tmp_path: Pa
                                 stderr=subprocess.STDOUT)
         trainer = rota.connect(group=group, tenant="trainer", endpoint=endpoint)
         try:
-            _wait_ready(url, proc, 600)
+            _wait_ready(url, proc, 600, log_path)
             start_s = time.monotonic() - t0
             before = _complete(url, model)
             awake = _engine_bytes()
@@ -143,9 +149,10 @@ def test_rota_vllm_serve_parks_for_another_job_and_answers_the_same(tmp_path: Pa
             except subprocess.TimeoutExpired:
                 proc.kill()
             log.close()
-    tail = (tmp_path / "serve.log").read_text()[-3000:]
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], f"vllm-serve-{group}.log").write_text((tmp_path / "serve.log").read_text())
+            keep = os.environ.get("STEP_OUT") or os.environ.get("OUT")  # the device tool's folders, where set
+            if keep:
+                Path(keep, f"vllm-serve-{group}.log").write_text(log_path.read_text(errors="replace"))
+    tail = _tail(log_path, 3000)
     record(backup=backup, cuda_graphs=graphs, start_s=start_s, awake_mib=awake // MIB,
            parked_mib=[b // MIB for b in parked], trainer_filled=filled, tokens_equal=same, request_waited=waited)
     assert all(waited), f"a request did not wait for the engine's turn: {waited}\n{tail}"

@@ -84,6 +84,8 @@ def test_offload_keeps_the_weights_in_rotas_pool_and_outputs_are_unchanged(conne
                              ("rpc", "worker_trim", ["kv_cache", "weights"]), ("wake_up", ["weights"]),
                              ("rpc", "worker_load_begin", ["kv_cache"]), ("wake_up", ["kv_cache"]),
                              ("rpc", "worker_load_end", [])]
+    assert list(tracked.last_phases) == ["wake_weights", "issue", "wake_kv_cache", "wait"]  # the restore's steps
+    assert all(s >= 0 for s in tracked.last_phases.values())
     assert torch.equal(model(ids), before)  # bit for bit, buffers included
     assert tracked.dropped == ("kv_cache",) and not tracked.weights_stale
     assert model.head.weight is model.embed.weight

@@ -71,6 +71,19 @@ def _load_weights_on_worker(worker: Any, named: list[tuple[str, Any]]) -> None:
 SLEEP_CHECK = "Memory usage increased after sleeping"
 
 
+class _Steps:
+    """Seconds of each step of one park or restore, each since the previous one ended (for benchmarks)."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self._at = time.perf_counter()
+
+    def done(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = now - self._at
+        self._at = now
+
+
 def _sleep(llm: Any, level: int) -> None:
     """``llm.sleep(level)``; if only vLLM's device-wide check failed, mark the in-process executor asleep (the
     check raised before vLLM recorded it), or re-raise naming why where the executor is in another process."""
@@ -102,6 +115,9 @@ class TrackedLLM:
         self.weights_stale = False  # after a level-2 park, until update_weights
         self.woken: tuple[str, ...] = ()  # tags a restore that failed half-way has woken already
         self.history: list[tuple[str, Any]] = []
+        #: seconds of the last park's or restore's steps (save, sleep, trim / wake_weights, issue, wake_kv_cache,
+        #: wait...), for benchmarks
+        self.last_phases: dict[str, float] = {}
         self._name = f"rota-vllm-{gpu.tenant}-{id(llm):x}"
 
     def level_for(self, plan: ParkPlan) -> int:
@@ -115,13 +131,18 @@ class TrackedLLM:
             return None
         level = self.level_for(plan)
         t0 = time.perf_counter()
+        steps = _Steps()
+        self.last_phases = steps.phases
         stash = level == 1 and self.backup == "rota"
         if stash:
             self.llm.collective_rpc(worker_save)
             self.history.append(("save_weights", self.stash_bytes))
             level = 2
+            steps.done("save")
         _sleep(self.llm, level)
+        steps.done("sleep")
         self.llm.collective_rpc(worker_trim)
+        steps.done("trim")
         self.parked_level, self.stashed = level, stash
         self.dropped = ("weights", "kv_cache") if level == 2 and not stash else ("kv_cache",)
         self.weights_stale = self.weights_stale or "weights" in self.dropped
@@ -135,19 +156,25 @@ class TrackedLLM:
         if tenant is not self.gpu or not self.parked_level:
             return None
         t0 = time.perf_counter()
+        steps = _Steps()
+        self.last_phases = steps.phases
         wanted = [t for t in TAGS if plan.wants(t)]
         moved = self.stash_bytes if self.stashed else 0
         if self.stashed:  # weights first, then rota's copy into them, the KV cache woken while it runs
             if "weights" not in self.woken:  # a restore that failed half-way woke them already
                 self._wake("weights")
+                steps.done("wake_weights")
             self.llm.collective_rpc(worker_load_begin)
             self.history.append(("load_weights", self.stash_bytes))
+            steps.done("issue")
             try:
                 if "kv_cache" in wanted:
                     self._wake("kv_cache")
+                    steps.done("wake_kv_cache")
             finally:  # the copies are waited for even if the KV cache's wake failed; a retry wakes only it
                 self.llm.collective_rpc(worker_load_end)
                 self.stashed = False
+                steps.done("wait")
         elif self.parked_level == 2 and len(wanted) == len(TAGS):
             for tag in TAGS:  # weights first: room for a weight push
                 if tag not in self.woken:  # a restore that failed half-way woke some already
@@ -162,6 +189,7 @@ class TrackedLLM:
         return ParkResult(bytes_moved=moved, seconds=time.perf_counter() - t0)
 
     def _wake(self, tag: str) -> None:
+        """Wake one tag; remembered, so that a retry after a failure half-way does not wake it twice."""
         self.llm.wake_up(tags=[tag])
         self.woken += (tag,)
         self.history.append(("wake_up", (tag,)))
