@@ -118,6 +118,27 @@ def floor_on_worker(worker: Any, repeats: int) -> dict[str, Any]:
     return {"bytes": sum(d.numel() for d in devs), "d2h": d2h, "h2d": h2d}
 
 
+def recopy_on_worker(worker: Any) -> float:
+    """Runs in the vLLM worker just after a restore: rota's pool copied into the weights once more (the same
+    bytes, into memory the restore has just written), timed. Why: the restore's own copy into memory vLLM had
+    just mapped again ran at half the floor on the H200 (and so did vLLM's level-1 wake), while the floor into
+    the same addresses, awake, did not; this tells a first write into freshly mapped memory from the copy."""
+    from rota_vllm import worker_stash
+
+    stash = worker_stash(worker)
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.cuda.stream(stream):
+        for storage, offset in zip(stash.storages, stash.offsets, strict=True):
+            dev, at = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage), 0
+            for part in stash.pool.pieces(offset, storage.nbytes()):
+                dev[at:at + part.numel()].copy_(part, non_blocking=True)
+                at += part.numel()
+    stream.synchronize()
+    return time.perf_counter() - t0
+
+
 def x(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
@@ -177,7 +198,7 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
     gpu = rota.connect(group=f"vllm-switch-{shape}", tenant=f"engine-{shape}")
     tracked = rota_vllm.track(gpu, llm)
     time.sleep(args.first_after)
-    park, restore, park_nvml, park_used, park_steps, restore_steps = [], [], [], [], [], []
+    park, restore, park_nvml, park_used, park_steps, restore_steps, recopy = [], [], [], [], [], [], []
     for i in range(args.cycles):
         try:
             gpu.park()
@@ -188,6 +209,7 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
             gpu.restore()
             restore.append(gpu.stats.restores[-1].seconds)
             restore_steps.append(dict(tracked.last_phases))
+            recopy.append(llm.collective_rpc(recopy_on_worker)[0])
         except Exception as e:  # counted, named, and the run fails
             failures.append(f"{shape}: rota cycle {i}: {type(e).__name__}: {e}")
             traceback.print_exc()
@@ -209,6 +231,7 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
                         "first_sleep_x_floor": vllm_sleep[0] / f_d2h if vllm_sleep else None,
                         "sleep_x_floor": ratio(vllm_sleep[1:], f_d2h), "wake_x_floor": ratio(vllm_wake, f_h2d)},
         "rota": {"park_s": park, "restore_s": restore, "park_steps_s": park_steps, "restore_steps_s": restore_steps,
+                 "recopy_after_restore_s": recopy, "recopy_x_floor": ratio(recopy, f_h2d),
                  "nvml_after_park": park_nvml,
                  "device_used_after_park": park_used,
                  "first_park_x_floor": park[0] / f_d2h if park else None, "first_after_s": args.first_after,

@@ -79,6 +79,7 @@ def test_offload_keeps_the_weights_in_rotas_pool_and_outputs_are_unchanged(conne
     tracked = rota_vllm.track(gpu, llm, check_version=False)
     params = sum(p.numel() * 4 for p in {p.data_ptr(): p for p in model.parameters()}.values())
     assert tracked.stash_bytes == params  # the tied weight counted once
+    assert rota_vllm.worker_stash(llm.worker).nbytes == params  # what benchmarks read
     _park_and_restore(connect, gpu)
     assert llm.calls[1:] == [("rpc", "worker_save", []), ("sleep", 2),
                              ("rpc", "worker_trim", ["kv_cache", "weights"]), ("wake_up", ["weights"]),
@@ -90,7 +91,7 @@ def test_offload_keeps_the_weights_in_rotas_pool_and_outputs_are_unchanged(conne
     assert tracked.dropped == ("kv_cache",) and not tracked.weights_stale
     assert model.head.weight is model.embed.weight
     tracked.untrack()
-    assert not hasattr(llm.worker, "_rota_weights_stash")
+    assert not hasattr(llm.worker, "_rota_weights_stash") and rota_vllm.worker_stash(llm.worker) is None
 
 
 def test_a_discard_plan_keeps_nothing_and_wants_a_weight_push(connect) -> None:

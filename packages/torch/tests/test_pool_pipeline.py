@@ -90,18 +90,3 @@ def test_pinning_settings_are_checked(monkeypatch: pytest.MonkeyPatch, name: str
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=needle):
         pin.pin_threads() if name == "ROTA_PIN_THREADS" else pin.pin_method()
-
-
-def test_pages_are_faulted_in_by_the_kernel_where_it_can_and_by_writing_where_it_cannot(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    import mmap
-
-    n = 1 << 21
-    mapping = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    chunk = torch.frombuffer(mapping, dtype=torch.uint8)
-    chunk[:16] = 7
-    how = pin._fault_in(chunk)  # Linux 5.14+: the kernel faults the pages in, the bytes stay as they are
-    assert (how, int(chunk[:16].sum())) in {("populate", 7 * 16), ("write", 0)}, how
-
-    monkeypatch.setattr(pin, "MADV_POPULATE_WRITE", 10_000)  # no kernel has this advice: EINVAL
-    assert pin._fault_in(chunk) == "write" and int(chunk.sum()) == 0

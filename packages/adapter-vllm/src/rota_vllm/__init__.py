@@ -41,12 +41,12 @@ if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads
     from rota_serving import EndpointClient, ServeConfig, Served, ServingError, TurnGate, TurnProxy, serve_app
     from rota_vllm._compat import FIX, VLLM_SPEC, check_server, require_vllm
     from rota_vllm._llm import BACKUPS, TAGS, TrackedLLM, TrackingError, track
+    from rota_vllm._pinned import WeightStash, worker_stash
     from rota_vllm._server import RotaBackupServer, VllmServer, engine_command
 
 __all__ = ["BACKUPS", "FIX", "TAGS", "VLLM_SPEC", "EndpointClient", "RotaBackupServer", "ServeConfig", "Served",
            "ServingError", "TrackedLLM", "TrackingError", "TurnGate", "TurnProxy", "UnsupportedVersion", "VllmServer",
-           "check_server",
-           "engine_command", "require_vllm", "serve_app", "track"]
+           "WeightStash", "check_server", "engine_command", "require_vllm", "serve_app", "track", "worker_stash"]
 
 _HOME = {
     "UnsupportedVersion": "rota.errors",
@@ -66,6 +66,8 @@ _HOME = {
     "TrackedLLM": "rota_vllm._llm",
     "TrackingError": "rota_vllm._llm",
     "track": "rota_vllm._llm",
+    "WeightStash": "rota_vllm._pinned",
+    "worker_stash": "rota_vllm._pinned",
     "VllmServer": "rota_vllm._server",
     "RotaBackupServer": "rota_vllm._server",
     "engine_command": "rota_vllm._server",

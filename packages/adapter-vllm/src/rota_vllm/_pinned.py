@@ -138,6 +138,11 @@ def worker_prepare(worker: Any) -> int:
     return stash.nbytes
 
 
+def worker_stash(worker: Any) -> WeightStash | None:
+    """The worker's stash (its storages, their offsets and the pool), for benchmarks; None until prepared."""
+    return getattr(worker, ATTR, None)
+
+
 def worker_save(worker: Any) -> float:
     return getattr(worker, ATTR).save()
 

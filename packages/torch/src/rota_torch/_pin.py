@@ -5,9 +5,10 @@ time (a 20 GB pool took 24 s), so a tenant whose first turn was shorter than tha
 park. Faulting an anonymous mapping in from several threads (with transparent huge pages where the
 kernel offers them, ``madvise``) and then registering it (``cudaHostRegister``) pinned 15 GB/s on the same
 host (20-28 GB/s in ``bench/switch.py``'s first parks at 49a8a30), and copies to and from it run at the same
-bandwidth (``bench/pin_rate.py``). The pages are faulted in by the kernel (``MADV_POPULATE_WRITE``) where it
-can, once, instead of by writing zeros over pages the kernel has just zeroed; through ctypes, so that the
-threads do it in parallel and the tenant's own thread runs meanwhile.
+bandwidth (``bench/pin_rate.py``). The pages are faulted in by writing zeros (torch lets go of the GIL for it, so
+the threads run in parallel and the tenant's own thread runs meanwhile). Having the kernel fault them in
+instead (``MADV_POPULATE_WRITE``, through ctypes: ``mmap.madvise`` holds the GIL) pinned only 4.8-6.3 GB/s on
+the same host at f4af044, a quarter of the writes' rate, though it was faster on a 2-core CPU host.
 
 :class:`ChunkMaker` makes the chunks of one reservation on ``ROTA_PIN_THREADS`` threads (default: up to 8)
 and hands them out in offset order as soon as each is ready, so a park can copy into the first chunks while
@@ -24,13 +25,11 @@ Environment (checked where read):
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import logging
 import mmap
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -41,7 +40,6 @@ log = logging.getLogger(__name__)
 
 METHODS = ("register", "hostalloc")
 _fallback_logged = False
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # the Linux value; older Pythons lack the name
 
 
 def pin_threads() -> int:
@@ -76,35 +74,6 @@ def release(registered: Registered) -> None:
         cudart.cudaHostUnregister(ptr)
 
 
-@functools.cache
-def _libc_madvise() -> Callable[..., int] | None:
-    """libc's ``madvise``, called through ctypes, which lets go of the GIL for the call (``mmap.madvise`` holds
-    it: on the H200 host, eight threads populating a 20 GB pool pinned 6 GB/s, one at a time, and stalled the
-    tenant's own Python turn until they were done); None where libc has no ``madvise``."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def _fault_in(chunk: torch.Tensor) -> str:
-    """Fault every page of ``chunk`` (a whole anonymous mapping) in on this thread, so that registering it is
-    quick; how it was done.
-
-    ``MADV_POPULATE_WRITE`` (Linux 5.14+) has the kernel fault the pages in, zeroed once; writing zeros from
-    here (the fallback) has the kernel zero each page at its fault and then writes it a second time (on a
-    2-core CPU host: 0.054-0.075 s per 512 MiB against 0.063-0.43 s). Both run without the GIL.
-    """
-    fn = _libc_madvise()
-    if fn is not None and fn(chunk.data_ptr(), chunk.numel(), MADV_POPULATE_WRITE) == 0:
-        return "populate"
-    chunk.zero_()  # an older kernel (EINVAL) or no madvise: fault the pages in by writing them
-    return "write"
-
-
 def _registered_chunk(size: int, registered: Registered) -> torch.Tensor:
     """An anonymous mapping of ``size`` bytes, faulted in here (huge pages where offered), then registered."""
     mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -114,7 +83,7 @@ def _registered_chunk(size: int, registered: Registered) -> torch.Tensor:
         except OSError:  # a kernel without transparent huge pages: ordinary pages
             pass
     chunk = torch.frombuffer(mapping, dtype=torch.uint8)
-    _fault_in(chunk)
+    chunk.zero_()  # faults every page in (registering is then quick), without the GIL
     err = int(torch.cuda.cudart().cudaHostRegister(chunk.data_ptr(), size, 0))
     if err:
         raise OSError(f"cudaHostRegister of {size} bytes failed with CUDA error {err}")
