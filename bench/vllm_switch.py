@@ -179,8 +179,18 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
     wbytes = floor["bytes"]
     say(f"{shape}: floor {wbytes / GB:.2f} GB: D2H {f_d2h:.4f} s, H2D {f_h2d:.4f} s")
 
-    def check(what: str, i: int) -> None:
-        if generate() != want:
+    def timed_generate() -> tuple[list[list[int]], float]:
+        t = time.perf_counter()
+        out = generate()
+        return out, time.perf_counter() - t
+
+    warm_s = statistics.median(timed_generate()[1] for _ in range(3))  # the same requests, engine warm
+    first_after: dict[str, list[float]] = {"vllm": [], "rota": []}  # after vLLM's own wake, after rota's restore
+
+    def check(what: str, who: str, i: int) -> None:
+        got, seconds = timed_generate()  # the first requests after the wake: an empty KV cache and prefix cache
+        first_after[who].append(seconds)
+        if got != want:
             failures.append(f"{shape}: greedy tokens after {what} #{i} differ from those before any park")
 
     vllm_sleep, vllm_wake, vllm_nvml = [], [], []
@@ -192,7 +202,7 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
         t = time.perf_counter()
         llm.wake_up()
         vllm_wake.append(time.perf_counter() - t)
-        check("vLLM's wake", i)
+        check("vLLM's wake", "vllm", i)
     say(f"{shape}: vLLM level 1: sleep {[round(x, 3) for x in vllm_sleep]} s, wake {[round(x, 3) for x in vllm_wake]}")
 
     gpu = rota.connect(group=f"vllm-switch-{shape}", tenant=f"engine-{shape}")
@@ -214,12 +224,14 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
             failures.append(f"{shape}: rota cycle {i}: {type(e).__name__}: {e}")
             traceback.print_exc()
             break
-        check("rota's restore", i)
+        check("rota's restore", "rota", i)
     failures += [f"{shape}: {kind} failed: {msg}" for kind, _, msg in gpu.stats.failures]
     say(f"{shape}: rota: park {[round(x, 3) for x in park]} s, restore {[round(x, 3) for x in restore]} s, "
         f"NVML after park {[None if b is None else b // MIB for b in park_nvml]} MiB")
     if restore_steps:
         say(f"{shape}: rota's last park by step {rounded(park_steps[-1])}; last restore {rounded(restore_steps[-1])}")
+    say(f"{shape}: the same requests take {warm_s:.3f} s warm, {[round(x, 3) for x in first_after['rota']]} s first "
+        f"after a restore; a second copy into the restored weights {[round(x, 4) for x in recopy]} s")
     tracked.untrack()
     gpu.close()
     row = {
@@ -227,6 +239,8 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
         "context_bytes": context, "awake_nvml_bytes": awake_nvml, "awake_device_used": awake_used,
         "floor_d2h_s": f_d2h, "floor_h2d_s": f_h2d, "floor_d2h_gbps": wbytes / f_d2h / GB,
         "floor_h2d_gbps": wbytes / f_h2d / GB,
+        "warm_generate_s": warm_s, "first_generate_after_wake_s": first_after["vllm"],
+        "first_generate_after_restore_s": first_after["rota"],
         "vllm_level1": {"sleep_s": vllm_sleep, "wake_s": vllm_wake, "nvml_asleep": vllm_nvml,
                         "first_sleep_x_floor": vllm_sleep[0] / f_d2h if vllm_sleep else None,
                         "sleep_x_floor": ratio(vllm_sleep[1:], f_d2h), "wake_x_floor": ratio(vllm_wake, f_h2d)},
