@@ -7,6 +7,8 @@ job starts this user's embedded orchestrator (in the test's runtime folder), whi
 every switch (no ``--capacity``). Checked: every job's losses, rewards and grad norms step for step and its
 final weights equal its run alone; no two jobs hold the device at once; while the slow reward runs, another
 job holds the turn (the timeline in the message shows it) and the slow job is parked and restored mid-step.
+Each job's first step waits, in its turn, until every job has arrived and another waits for the device (the
+job script's own callbacks, not rota's), so every job is parked and restored however the machine is loaded.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def test_grpo_grpo_sft_time_slice_and_match_their_runs_alone(child_env, tmp_path
     procs: dict[str, ScriptedProcess] = {}
     try:
         for name, (kind, seed, steps, slow) in JOBS.items():
-            env = child_env | {"ROTA_TENANT": name, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+            env = child_env | {"ROTA_TENANT": name, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+                               "ROTA_TEST_JOBS": str(len(JOBS))}  # the rota run's training starts together
             procs[name] = ScriptedProcess(JOB, [kind, str(seed), str(steps), str(slow), str(tmp_path)], env,
                                           timeout=240)
         alone, sliced = {}, {}

@@ -32,10 +32,11 @@ print(json.dumps({"ready": os.getpid()}), file=PROTO)
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config  # noqa: E402
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config, TrainerCallback  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer  # noqa: E402
 
 import rota_trl  # noqa: E402
+from rota.admin import fetch_status  # noqa: E402
 
 torch.set_num_threads(1)  # three jobs on two cores; the same kernels alone and time-sliced
 SENTENCES = ["the cat sat on the mat", "a dog ran in the park", "one two three four five", "red green blue sky",
@@ -117,13 +118,52 @@ def history(trainer: object) -> dict:
             "grad_norm": [h.get("grad_norm") for h in logs], "weights": digest.hexdigest()}
 
 
+def _marks(kind: str) -> int:
+    return sum(n.endswith(kind) for n in os.listdir(WORKDIR))
+
+
+class Arrived(TrainerCallback):  # the test's, not rota's: added before rota's callback
+    """Marks that this job reached the start of training (its next call takes its first turn)."""
+
+    def on_train_begin(self, args: object, state: object, control: object, **kwargs: object) -> None:
+        open(os.path.join(WORKDIR, f"{os.environ['ROTA_TENANT']}.arrived"), "w").close()
+
+    def on_train_end(self, args: object, state: object, control: object, **kwargs: object) -> None:
+        open(os.path.join(WORKDIR, f"{os.environ['ROTA_TENANT']}.ended"), "w").close()
+
+
+class HandOffFirst(TrainerCallback):  # the test's, not rota's: added after rota's callback, runs in the turn
+    """The first step starts once every job (``ROTA_TEST_JOBS``) has arrived and another one waits for the
+    device (or every other job has ended), so the turn given back at that step goes to another job: each job
+    is parked there and restored later. Why: six steps of the GRPO job with a KL term take 0.2 s alone, and on
+    a loaded 2-core CI machine it once finished before the SFT job asked for a turn, so it was never parked.
+    It holds the turn while it waits: the others' first turns queue behind it (``rota.admin.fetch_status``)."""
+
+    def __init__(self, rota_callback: rota_trl.RotaCallback) -> None:
+        self.rota, self.waited = rota_callback, False
+
+    def on_step_begin(self, args: object, state: object, control: object, **kwargs: object) -> None:
+        if self.waited:
+            return
+        self.waited = True
+        gpu, jobs = self.rota.gpu, int(os.environ["ROTA_TEST_JOBS"])
+        deadline = time.monotonic() + 120
+        while _marks(".arrived") < jobs or not (
+                any(g.queue for g in fetch_status(gpu.endpoint, gpu.group).groups) or _marks(".ended") == jobs - 1):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no other job queued for the device within 120 s ({WORKDIR})")
+            time.sleep(0.02)
+
+
 def train(run: str) -> dict:
     REWARD_INTERVALS.clear()
     trainer = build(run)
     callback = None
     if run == "rota":
+        trainer.add_callback(Arrived())
         callback = rota_trl.RotaCallback(trainer)
         trainer.add_callback(callback)
+        trainer.add_callback(HandOffFirst(callback))
     t0 = time.monotonic()
     trainer.train()
     out = history(trainer) | {"start": t0, "end": time.monotonic(), "reward_intervals": list(REWARD_INTERVALS)}
