@@ -47,3 +47,26 @@ def test_a_queue_never_started_is_refused_at_once(tmp_path: Path) -> None:
 def test_a_bad_name_is_refused(tmp_path: Path) -> None:
     r = _run(tmp_path, "start", "../x", "true")
     assert r.returncode == 2 and "letters, digits" in r.stderr
+
+
+def test_what_a_step_wrote_under_bench_results_survives_a_later_copy_of_the_tree(tmp_path: Path) -> None:
+    """Each device call copies the working tree again: a file a step added under bench/results is deleted and
+    one it rewrote is put back as committed (an older mtime). On the H200 (2026-12-04) the first call's tier
+    JSONs and switch-cuda.json were lost so; device_collect now keeps each step's files as the step ends."""
+    repo = tmp_path / "repo"
+    (repo / "bench" / "results").mkdir(parents=True)
+    (repo / "bench" / "device_collect.sh").write_text((ROOT / "bench" / "device_collect.sh").read_text())
+    committed = repo / "bench" / "results" / "switch-cuda.json"
+    committed.write_text("committed")
+    os.utime(committed, (1_000_000_000, 1_000_000_000))
+    resync = f"rm -f bench/results/new.json; echo committed > {committed}; touch -d @1000000000 {committed}"
+    env = os.environ | {"OUT": str(tmp_path / "out"), "ROTA_COLLECT_WORK": str(tmp_path / "work")}
+    (tmp_path / "out").mkdir()
+    r = subprocess.run(["bash", str(repo / "bench" / "device_collect.sh"),
+                        "echo measured > bench/results/switch-cuda.json; echo new > bench/results/new.json",
+                        resync], capture_output=True, text=True, env=env, timeout=60, cwd=repo)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with tarfile.open(tmp_path / "out" / "collected.tgz") as tgz:
+        got = {Path(m.name).name: tgz.extractfile(m).read().decode().strip()
+               for m in tgz.getmembers() if m.isfile() and "/bench/results/" in m.name}
+    assert got == {"switch-cuda.json": "measured", "new.json": "new"}, got
