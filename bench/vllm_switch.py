@@ -119,24 +119,15 @@ def floor_on_worker(worker: Any, repeats: int) -> dict[str, Any]:
 
 
 def recopy_on_worker(worker: Any) -> float:
-    """Runs in the vLLM worker just after a restore: rota's pool copied into the weights once more (the same
-    bytes, into memory the restore has just written), timed. Why: the restore's own copy into memory vLLM had
-    just mapped again ran at half the floor on the H200 (and so did vLLM's level-1 wake), while the floor into
-    the same addresses, awake, did not; this tells a first write into freshly mapped memory from the copy."""
+    """Runs in the vLLM worker just after a restore: rota's pool copied into the weights once more, as the
+    restore copies them (the same bytes, into memory the restore has just written), timed. Why: the restore's
+    own copy into memory vLLM had just mapped again ran at half the floor on the H200 (and so did vLLM's
+    level-1 wake), while the floor into the same addresses, awake, did not; this tells a first write into
+    freshly mapped memory from the copy."""
     from rota_vllm import worker_stash
 
-    stash = worker_stash(worker)
-    stream = torch.cuda.Stream()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    with torch.cuda.stream(stream):
-        for storage, offset in zip(stash.storages, stash.offsets, strict=True):
-            dev, at = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage), 0
-            for part in stash.pool.pieces(offset, storage.nbytes()):
-                dev[at:at + part.numel()].copy_(part, non_blocking=True)
-                at += part.numel()
-    stream.synchronize()
-    return time.perf_counter() - t0
+    return worker_stash(worker).copy_back()
 
 
 def x(value: float | None) -> str:

@@ -88,6 +88,8 @@ def test_offload_keeps_the_weights_in_rotas_pool_and_outputs_are_unchanged(conne
     assert list(tracked.last_phases) == ["wake_weights", "issue", "wake_kv_cache", "wait"]  # the restore's steps
     assert all(s >= 0 for s in tracked.last_phases.values())
     assert torch.equal(model(ids), before)  # bit for bit, buffers included
+    assert rota_vllm.worker_stash(llm.worker).copy_back() >= 0  # the pool's bytes again (benchmarks time it)
+    assert torch.equal(model(ids), before)
     assert tracked.dropped == ("kv_cache",) and not tracked.weights_stale
     assert model.head.weight is model.embed.weight
     tracked.untrack()

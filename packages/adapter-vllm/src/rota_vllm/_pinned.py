@@ -121,6 +121,13 @@ class WeightStash:
         self.load_begin()
         return self.load_end()
 
+    def copy_back(self) -> float:
+        """Copy the pool's bytes into the weights once more and wait; seconds. The pool keeps them after a load,
+        so a benchmark can time this copy into memory the restore has just written (``bench/vllm_switch.py``)."""
+        t0 = time.perf_counter()
+        self._finish(self._issue(to_host=False))
+        return time.perf_counter() - t0
+
 
 def worker_model(worker: Any) -> torch.nn.Module:
     """The worker's model, out of any CUDA-graph wrapper (``get_model`` where the runner has it)."""
