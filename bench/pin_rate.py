@@ -8,6 +8,8 @@ This measures, in one run, ``--gib`` GiB pinned by each method, 1 GiB at a time:
 * ``hostalloc-par``: the same from ``--threads`` threads at once;
 * ``register``: an anonymous ``mmap`` per chunk, its pages faulted in (zeroed) by ``--threads`` threads, then
   ``cudaHostRegister``; ``-thp`` with ``madvise(MADV_HUGEPAGE)`` first; ``-par`` registers from the threads too;
+  ``-touch`` writes one byte per 4 KiB page instead of zeroing every byte (the kernel zeroes each page it faults
+  in anyway, so zeroing it again doubles the host memory traffic);
 
 and the device-to-host / host-to-device copy rate of 1 GiB into each kind, and into pageable memory.
 
@@ -70,7 +72,7 @@ def _parallel(fn, n: int, threads: int) -> None:
         t.join()
 
 
-def register(n: int, threads: int, *, thp: bool, parallel_register: bool) -> list:
+def register(n: int, threads: int, *, thp: bool, parallel_register: bool, touch_only: bool = False) -> list:
     cudart = torch.cuda.cudart()
     maps = [mmap.mmap(-1, GIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) for _ in range(n)]
     tensors = []
@@ -80,7 +82,10 @@ def register(n: int, threads: int, *, thp: bool, parallel_register: bool) -> lis
         tensors.append(torch.frombuffer(m, dtype=torch.uint8))
 
     def touch(i: int) -> None:
-        tensors[i].zero_()
+        if touch_only:
+            tensors[i].view(-1, 4096)[:, 0].fill_(0)  # one write per page: the fault zeroes the rest
+        else:
+            tensors[i].zero_()
         if parallel_register:
             err = int(cudart.cudaHostRegister(tensors[i].data_ptr(), GIB, 0))
             if err:
@@ -126,11 +131,15 @@ def main() -> None:
     ap.add_argument("--gib", type=int, default=8, help="GiB pinned by each method")
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--name", default="pin-rate-cuda.json", help="the JSON file's name under --out")
+    ap.add_argument("--methods", default="", help="comma-separated subset of the methods (default: all)")
+    ap.add_argument("--intra-op-threads", type=int, default=1,
+                    help="torch.set_num_threads for the zeroing (1: each pinning thread zeroes alone)")
     args = ap.parse_args()
-    if args.gib < 1 or args.threads < 1:
-        ap.error("--gib and --threads must be >= 1")
+    if args.gib < 1 or args.threads < 1 or args.intra_op_threads < 1:
+        ap.error("--gib, --threads and --intra-op-threads must be >= 1")
     torch.cuda.init()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.intra_op_threads)
     dev = torch.empty(GIB, dtype=torch.uint8, device="cuda").random_()
     stream = torch.cuda.Stream()
     result: dict = {"bench": "pin_rate", "host": platform.node(), "cpus": os.cpu_count(), "thp": _thp(),
@@ -146,8 +155,18 @@ def main() -> None:
         "register": lambda: register(args.gib, args.threads, thp=False, parallel_register=False),
         "register-thp": lambda: register(args.gib, args.threads, thp=True, parallel_register=False),
         "register-thp-par": lambda: register(args.gib, args.threads, thp=True, parallel_register=True),
+        "register-thp-touch-par": lambda: register(args.gib, args.threads, thp=True, parallel_register=True,
+                                                   touch_only=True),
+        "register-touch-par": lambda: register(args.gib, args.threads, thp=False, parallel_register=True,
+                                               touch_only=True),
     }
-    for name, fn in methods.items():
+    wanted = [m for m in args.methods.split(",") if m] or list(methods)
+    unknown = sorted(set(wanted) - set(methods))
+    if unknown:
+        ap.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(methods)}")
+    result["intra_op_threads"] = args.intra_op_threads
+    for name in wanted:
+        fn = methods[name]
         t0 = time.perf_counter()
         held = fn()
         seconds = time.perf_counter() - t0
@@ -165,7 +184,7 @@ def main() -> None:
     print(f"pageable copies: d2h {result['pageable_copy_gbps'][0]:.1f} GB/s, h2d {result['pageable_copy_gbps'][1]:.1f}"
           f" GB/s; THP {result['thp']}", flush=True)
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "pin-rate-cuda.json")
+    path = os.path.join(args.out, os.path.basename(args.name))
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")

@@ -13,7 +13,9 @@ model's config, ``save_pretrained``: real safetensors files, loaded by vLLM with
   ``--cycles`` times, the first park ``--first-after`` seconds after ``track`` (a short first turn: the pool is
   still being pinned). The seconds are those of the adapter's hooks (``gpu.stats``);
 * after every park: NVML of this process (must be back to its CUDA context plus what the KV-cache-free engine
-  keeps) and the device's used memory; after every restore: greedy tokens equal to those before any park.
+  keeps) and the device's used memory; after every restore: greedy tokens equal to those before any park;
+* **fresh-mapping probe** (after ``untrack``): a level-2 sleep, the weights woken alone, then a pinned pool's copy
+  into them with and without a device-side write first, and the same copy again: where a restore loses time.
 
 A park or restore that fails, or tokens that differ, is counted in ``failures`` and the run exits 1 naming it.
 Ratios: median of the cycles after the first over the floor's median, and the first apart. JSON goes to
@@ -130,6 +132,67 @@ def recopy_on_worker(worker: Any) -> float:
     return worker_stash(worker).copy_back()
 
 
+PROBE = "_rota_bench_probe_stash"
+
+
+def probe_save_on_worker(worker: Any) -> float:
+    """Runs in the worker: a stash of the bench's own (not the tracker's) saves the weights; seconds."""
+    from rota_vllm import WeightStash
+
+    stash = getattr(worker, PROBE, None)
+    if stash is None:
+        stash = WeightStash(worker.model_runner.get_model())
+        stash.pool.wait()
+        setattr(worker, PROBE, stash)
+    return stash.save()
+
+
+def probe_load_on_worker(worker: Any, pretouch: bool) -> dict[str, float]:
+    """Runs in the worker after ``wake_up(tags=["weights"])`` of a level-2 sleep: (optionally) every weight
+    storage written on the device first (``zero_``: the first write into the freshly mapped memory, done by the
+    SMs), then the pool copied in, then copied in once more; seconds of each."""
+    stash = getattr(worker, PROBE)
+    touch_s = 0.0
+    if pretouch:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for s in stash.storages:
+            torch.empty(0, dtype=torch.uint8, device=s.device).set_(s).zero_()
+        torch.cuda.synchronize()
+        touch_s = time.perf_counter() - t0
+    load_s = stash.load()
+    return {"touch_s": touch_s, "load_s": load_s, "recopy_s": stash.copy_back()}
+
+
+def probe_drop_on_worker(worker: Any) -> None:
+    if hasattr(worker, PROBE):
+        delattr(worker, PROBE)
+
+
+def fresh_mapping_probe(llm: Any, cycles: int, check: Any) -> list[dict[str, Any]]:
+    """Where a restore's copy into vLLM's freshly mapped weights loses time (issue 41): level-2 sleep, wake the
+    weights alone (timed), then the copy from a pinned pool with and without a device-side write first, and the
+    same copy again; the KV cache woken after. Each cycle's greedy tokens are checked like the others."""
+    rows = []
+    for i in range(cycles):
+        pretouch = i % 2 == 1
+        save_s = llm.collective_rpc(probe_save_on_worker)[0]
+        t = time.perf_counter()
+        llm.sleep(level=2)
+        sleep_s = time.perf_counter() - t
+        t = time.perf_counter()
+        llm.wake_up(tags=["weights"])
+        wake_weights_s = time.perf_counter() - t
+        got = llm.collective_rpc(probe_load_on_worker, args=(pretouch,))[0]
+        t = time.perf_counter()
+        llm.wake_up(tags=["kv_cache"])
+        rows.append({"pretouch": pretouch, "save_s": save_s, "sleep_level2_s": sleep_s,
+                     "wake_weights_s": wake_weights_s, **got, "wake_kv_s": time.perf_counter() - t})
+        check("the fresh-mapping probe", "probe", i)
+    llm.collective_rpc(probe_drop_on_worker)
+    return rows
+
+
 def x(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
@@ -176,7 +239,8 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
         return out, time.perf_counter() - t
 
     warm_s = statistics.median(timed_generate()[1] for _ in range(3))  # the same requests, engine warm
-    first_after: dict[str, list[float]] = {"vllm": [], "rota": []}  # after vLLM's own wake, after rota's restore
+    # the first requests after vLLM's own wake, after rota's restore, after the probe's
+    first_after: dict[str, list[float]] = {"vllm": [], "rota": [], "probe": []}
 
     def check(what: str, who: str, i: int) -> None:
         got, seconds = timed_generate()  # the first requests after the wake: an empty KV cache and prefix cache
@@ -225,6 +289,15 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
         f"after a restore; a second copy into the restored weights {[round(x, 4) for x in recopy]} s")
     tracked.untrack()
     gpu.close()
+    probe: list[dict[str, Any]] = []
+    try:
+        probe = fresh_mapping_probe(llm, args.cycles, check)
+    except Exception as e:  # counted, named, and the run fails
+        failures.append(f"{shape}: the fresh-mapping probe: {type(e).__name__}: {e}")
+        traceback.print_exc()
+    for r in probe:
+        say(f"{shape}: probe (pretouch {r['pretouch']}): wake weights {r['wake_weights_s']:.4f} s, device write "
+            f"{r['touch_s']:.4f} s, copy in {r['load_s']:.4f} s, again {r['recopy_s']:.4f} s (floor {f_h2d:.4f} s)")
     row = {
         "shape": shape, "snapshot": str(snapshot), "weights_bytes": wbytes, "engine_start_s": start_s,
         "context_bytes": context, "awake_nvml_bytes": awake_nvml, "awake_device_used": awake_used,
@@ -243,6 +316,7 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
                  "park_x_floor": ratio(park[1:], f_d2h), "restore_x_floor": ratio(restore, f_h2d),
                  "residue_after_park_bytes": [None if b is None or context is None else b - context
                                               for b in park_nvml]},
+        "fresh_mapping_probe": probe, "first_generate_after_probe_s": first_after["probe"],
     }
     return row
 
