@@ -126,11 +126,67 @@ def copy_rate(host: torch.Tensor, dev: torch.Tensor, stream: torch.cuda.Stream) 
     return rates[0], rates[1]
 
 
+def _pin_more(stop: threading.Event, extra: list, register_too: bool, most: int = 48) -> None:
+    """Pin fresh 1 GiB mappings (zeroed, registered too if asked) until ``stop`` (at most ``most`` GiB in all)."""
+    cudart = torch.cuda.cudart()
+    while not stop.is_set() and len(extra) < most:
+        m = mmap.mmap(-1, GIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        m.madvise(mmap.MADV_HUGEPAGE)
+        t = torch.frombuffer(m, dtype=torch.uint8)
+        t.zero_()
+        if register_too:
+            cudart.cudaHostRegister(t.data_ptr(), GIB, 0)
+        extra.append((m, t, register_too))
+
+
+def copy_while_pinning(threads: int, gib: int, dev: torch.device, stream: torch.cuda.Stream) -> dict:
+    """D2H copies of ``gib`` GiB into memory pinned beforehand: alone, while ``threads`` threads zero fresh
+    mappings (host memory traffic), and while they zero and register them (the driver's work). Why: a tenant's
+    first park copies into the pool's first chunks while the rest is pinned, and on an H200 host those copies
+    made little progress until pinning ended (bench/switch.py at 4c07ed8)."""
+    src = torch.empty(GIB, dtype=torch.uint8, device=dev).random_()
+    held = register(gib, threads, thp=True, parallel_register=True)
+    out = {}
+    for case in ("alone", "while-zeroing", "while-registering"):
+        stop = threading.Event()
+        extra: list = []
+        workers = []
+        if case != "alone":
+            workers = [threading.Thread(target=_pin_more, args=(stop, extra, case == "while-registering"), daemon=True)
+                       for _ in range(threads)]
+            for w in workers:
+                w.start()
+            time.sleep(0.05)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.cuda.stream(stream):
+            for _m, host in held:
+                host.copy_(src, non_blocking=True)
+        stream.synchronize()
+        seconds = time.perf_counter() - t0
+        stop.set()
+        for w in workers:
+            w.join()
+        cudart = torch.cuda.cudart()
+        for _m, t, registered in extra:
+            if registered:
+                cudart.cudaHostUnregister(t.data_ptr())
+        out[case] = {"seconds": seconds, "copy_d2h_gbps": gib * GIB / seconds / 1e9,
+                     "gib_pinned_meanwhile": len(extra)}
+        print(f"copy while pinning ({case:>17}): {gib} GiB D2H in {seconds:.3f} s = {gib * GIB / seconds / 1e9:5.1f}"
+              f" GB/s; {len(extra)} GiB pinned meanwhile", flush=True)
+        extra.clear()
+    unregister(held)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gib", type=int, default=8, help="GiB pinned by each method")
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--copy-while-pinning", action="store_true",
+                    help="also time D2H copies into pinned memory while other threads pin more")
     ap.add_argument("--name", default="pin-rate-cuda.json", help="the JSON file's name under --out")
     ap.add_argument("--methods", default="", help="comma-separated subset of the methods (default: all)")
     ap.add_argument("--intra-op-threads", type=int, default=1,
@@ -181,6 +237,8 @@ def main() -> None:
         del held, first
         if hasattr(torch._C, "_host_emptyCache"):  # torch caches freed pinned blocks: the next method starts bare
             torch._C._host_emptyCache()
+    if args.copy_while_pinning:
+        result["copy_while_pinning"] = copy_while_pinning(args.threads, args.gib, dev.device, stream)
     print(f"pageable copies: d2h {result['pageable_copy_gbps'][0]:.1f} GB/s, h2d {result['pageable_copy_gbps'][1]:.1f}"
           f" GB/s; THP {result['thp']}", flush=True)
     os.makedirs(args.out, exist_ok=True)

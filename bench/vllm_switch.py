@@ -15,7 +15,8 @@ model's config, ``save_pretrained``: real safetensors files, loaded by vLLM with
 * after every park: NVML of this process (must be back to its CUDA context plus what the KV-cache-free engine
   keeps) and the device's used memory; after every restore: greedy tokens equal to those before any park;
 * **fresh-mapping probe** (after ``untrack``): a level-2 sleep, the weights woken alone, then a pinned pool's copy
-  into them with and without a device-side write first, and the same copy again: where a restore loses time.
+  into them (at once, after a device-side write, after a pause, after the KV cache's wake), and the same copy
+  again: where a restore loses time.
 
 A park or restore that fails, or tokens that differ, is counted in ``failures`` and the run exits 1 naming it.
 Ratios: median of the cycles after the first over the floor's median, and the first apart. JSON goes to
@@ -147,21 +148,24 @@ def probe_save_on_worker(worker: Any) -> float:
     return stash.save()
 
 
-def probe_load_on_worker(worker: Any, pretouch: bool) -> dict[str, float]:
-    """Runs in the worker after ``wake_up(tags=["weights"])`` of a level-2 sleep: (optionally) every weight
-    storage written on the device first (``zero_``: the first write into the freshly mapped memory, done by the
-    SMs), then the pool copied in, then copied in once more; seconds of each."""
+def probe_load_on_worker(worker: Any, mode: str) -> dict[str, float]:
+    """Runs in the worker after ``wake_up(tags=["weights"])`` of a level-2 sleep: the pool copied into the weights,
+    then copied in once more; seconds of each. ``mode``: ``pretouch`` writes every weight storage on the device first
+    (``zero_``: the first write into the freshly mapped memory, by the SMs); ``settle`` waits 0.2 s first (work
+    the driver may still do on memory it has just mapped, e.g. clearing it); ``plain`` and ``kv_first`` (the KV
+    cache was woken before) do neither."""
     stash = getattr(worker, PROBE)
-    touch_s = 0.0
-    if pretouch:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    if mode == "pretouch":
         for s in stash.storages:
             torch.empty(0, dtype=torch.uint8, device=s.device).set_(s).zero_()
         torch.cuda.synchronize()
-        touch_s = time.perf_counter() - t0
+    elif mode == "settle":
+        time.sleep(0.2)
+    before_s = time.perf_counter() - t0
     load_s = stash.load()
-    return {"touch_s": touch_s, "load_s": load_s, "recopy_s": stash.copy_back()}
+    return {"before_s": before_s, "load_s": load_s, "recopy_s": stash.copy_back()}
 
 
 def probe_drop_on_worker(worker: Any) -> None:
@@ -169,13 +173,16 @@ def probe_drop_on_worker(worker: Any) -> None:
         delattr(worker, PROBE)
 
 
+PROBE_MODES = ("plain", "settle", "kv_first", "pretouch")
+
+
 def fresh_mapping_probe(llm: Any, cycles: int, check: Any) -> list[dict[str, Any]]:
     """Where a restore's copy into vLLM's freshly mapped weights loses time (issue 41): level-2 sleep, wake the
-    weights alone (timed), then the copy from a pinned pool with and without a device-side write first, and the
-    same copy again; the KV cache woken after. Each cycle's greedy tokens are checked like the others."""
+    weights alone (timed), then the copy from a pinned pool (see :func:`probe_load_on_worker` for each mode) and
+    the same copy again; the KV cache woken after (before, in ``kv_first``). Each cycle's tokens are checked."""
     rows = []
-    for i in range(cycles):
-        pretouch = i % 2 == 1
+    for i in range(max(cycles, len(PROBE_MODES))):
+        mode = PROBE_MODES[i % len(PROBE_MODES)]
         save_s = llm.collective_rpc(probe_save_on_worker)[0]
         t = time.perf_counter()
         llm.sleep(level=2)
@@ -183,11 +190,18 @@ def fresh_mapping_probe(llm: Any, cycles: int, check: Any) -> list[dict[str, Any
         t = time.perf_counter()
         llm.wake_up(tags=["weights"])
         wake_weights_s = time.perf_counter() - t
-        got = llm.collective_rpc(probe_load_on_worker, args=(pretouch,))[0]
-        t = time.perf_counter()
-        llm.wake_up(tags=["kv_cache"])
-        rows.append({"pretouch": pretouch, "save_s": save_s, "sleep_level2_s": sleep_s,
-                     "wake_weights_s": wake_weights_s, **got, "wake_kv_s": time.perf_counter() - t})
+        wake_kv_s = 0.0
+        if mode == "kv_first":
+            t = time.perf_counter()
+            llm.wake_up(tags=["kv_cache"])
+            wake_kv_s = time.perf_counter() - t
+        got = llm.collective_rpc(probe_load_on_worker, args=(mode,))[0]
+        if mode != "kv_first":
+            t = time.perf_counter()
+            llm.wake_up(tags=["kv_cache"])
+            wake_kv_s = time.perf_counter() - t
+        rows.append({"mode": mode, "save_s": save_s, "sleep_level2_s": sleep_s, "wake_weights_s": wake_weights_s,
+                     **got, "wake_kv_s": wake_kv_s})
         check("the fresh-mapping probe", "probe", i)
     llm.collective_rpc(probe_drop_on_worker)
     return rows
@@ -296,8 +310,9 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
         failures.append(f"{shape}: the fresh-mapping probe: {type(e).__name__}: {e}")
         traceback.print_exc()
     for r in probe:
-        say(f"{shape}: probe (pretouch {r['pretouch']}): wake weights {r['wake_weights_s']:.4f} s, device write "
-            f"{r['touch_s']:.4f} s, copy in {r['load_s']:.4f} s, again {r['recopy_s']:.4f} s (floor {f_h2d:.4f} s)")
+        say(f"{shape}: probe ({r['mode']}): wake weights {r['wake_weights_s']:.4f} s, before the copy "
+            f"{r['before_s']:.4f} s, copy in {r['load_s']:.4f} s, again {r['recopy_s']:.4f} s (floor {f_h2d:.4f} s), "
+            f"wake KV cache {r['wake_kv_s']:.4f} s")
     row = {
         "shape": shape, "snapshot": str(snapshot), "weights_bytes": wbytes, "engine_start_s": start_s,
         "context_bytes": context, "awake_nvml_bytes": awake_nvml, "awake_device_used": awake_used,

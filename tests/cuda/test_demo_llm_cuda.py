@@ -32,19 +32,31 @@ ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"
 
 
 def _demo(tmp_path: Path, size: str, steps: int, capacity: str, timeout: int) -> tuple[dict[str, Any], float]:
+    """Run the demo, its output streamed into a log as it runs ($OUT's when the device tool sets it, so that a run
+    stopped by a timeout still shows how far it got); the summary and the seconds it took."""
     out = tmp_path / f"demo-vllm-{size}-{capacity}"
+    logs = Path(os.environ["OUT"]) if os.environ.get("OUT") else tmp_path
+    log = logs / f"{out.name}.log"
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "rota", "demo", "--engine", "vllm", "--device", "cuda", "--groups",
-                        "1", "--llm-size", size, "--steps", str(steps), "--capacity", capacity, "--off-device",
-                        "0.05", "--cache-dir", str(tmp_path / "ckpt"), "--out-dir", str(out)],
-                       capture_output=True, text=True, timeout=timeout, env={**os.environ, **ENV})
+    with log.open("w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "rota", "demo", "--engine", "vllm", "--device", "cuda",
+                                 "--groups", "1", "--llm-size", size, "--steps", str(steps), "--capacity", capacity,
+                                 "--off-device", "0.05", "--cache-dir", str(tmp_path / "ckpt"), "--out-dir",
+                                 str(out)], stdout=f, stderr=subprocess.STDOUT, text=True, env={**os.environ, **ENV})
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = None
     seconds = time.monotonic() - t0
-    if os.environ.get("OUT"):  # the device tool brings $OUT back: keep every run's output and plot
-        Path(os.environ["OUT"], f"{out.name}.log").write_text(r.stdout + "\n" + r.stderr)
+    if os.environ.get("OUT"):  # the device tool brings $OUT back: keep the summary and the plot too
         for name in ("demo.json", "demo-timeline.png"):
             if (out / name).exists():
                 Path(os.environ["OUT"], f"{out.name}-{name}").write_bytes((out / name).read_bytes())
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    tail = log.read_text()[-4000:]
+    assert rc is not None, f"rota demo did not finish in {timeout} s; its output ends:\n{tail}"
+    assert rc == 0, f"rota demo exited {rc}; its output ends:\n{tail}"
     return json.loads((out / "demo.json").read_text()), seconds
 
 
@@ -65,6 +77,7 @@ def _figures(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
                 bit_identical=[t["bit_identical"] for t in summary["tenants"]])
 
 
+@pytest.mark.timeout(600)  # the run's own limit is 540 s
 def test_demo_vllm_tiny_parks_every_switch_and_learns_identically(tmp_path: Path, record: Any) -> None:
     summary, seconds = _demo(tmp_path, "tiny", 8, "0", 540)
     record(**_figures(summary, seconds))
@@ -76,8 +89,9 @@ def test_demo_vllm_tiny_parks_every_switch_and_learns_identically(tmp_path: Path
         assert curves["serial"][name] == values and curves["timesliced"][name] == values, name
 
 
+@pytest.mark.timeout(1200)  # three checkpoints built, nine engines started; the run's own limit is 1,100 s
 def test_demo_vllm_h200_sizes_report_the_issue_figures(tmp_path: Path, record: Any) -> None:
-    summary, seconds = _demo(tmp_path, "h200", 4, "auto", 590)
+    summary, seconds = _demo(tmp_path, "h200", 4, "auto", 1100)
     record(**_figures(summary, seconds))
     ts = summary["timesliced"]
     assert ts["failed_parks"] == 0 and ts["failed_restores"] == 0, ts["failures"][:3]
