@@ -126,14 +126,19 @@ def copy_rate(host: torch.Tensor, dev: torch.Tensor, stream: torch.cuda.Stream) 
     return rates[0], rates[1]
 
 
-def _pin_more(stop: threading.Event, extra: list, register_too: bool, most: int = 48) -> None:
-    """Pin fresh 1 GiB mappings (zeroed, registered too if asked) until ``stop`` (at most ``most`` GiB in all)."""
+def _pin_more(stop: threading.Event, extra: list, register_too: bool, touch_only: bool = False,
+              most: int = 48) -> None:
+    """Pin fresh 1 GiB mappings (zeroed or touched once per page, registered too if asked) until ``stop`` (at most
+    ``most`` GiB in all)."""
     cudart = torch.cuda.cudart()
     while not stop.is_set() and len(extra) < most:
         m = mmap.mmap(-1, GIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         m.madvise(mmap.MADV_HUGEPAGE)
         t = torch.frombuffer(m, dtype=torch.uint8)
-        t.zero_()
+        if touch_only:
+            t[::4096].fill_(0)
+        else:
+            t.zero_()
         if register_too:
             cudart.cudaHostRegister(t.data_ptr(), GIB, 0)
         extra.append((m, t, register_too))
@@ -147,12 +152,14 @@ def copy_while_pinning(threads: int, gib: int, dev: torch.device, stream: torch.
     src = torch.empty(GIB, dtype=torch.uint8, device=dev).random_()
     held = register(gib, threads, thp=True, parallel_register=True)
     out = {}
-    for case in ("alone", "while-zeroing", "while-registering"):
+    cases = {"alone": (False, False), "while-zeroing": (False, False), "while-registering": (True, False),
+             "while-touching": (False, True), "while-touching-registering": (True, True)}
+    for case, (register_too, touch_only) in cases.items():
         stop = threading.Event()
         extra: list = []
         workers = []
         if case != "alone":
-            workers = [threading.Thread(target=_pin_more, args=(stop, extra, case == "while-registering"), daemon=True)
+            workers = [threading.Thread(target=_pin_more, args=(stop, extra, register_too, touch_only), daemon=True)
                        for _ in range(threads)]
             for w in workers:
                 w.start()
@@ -173,7 +180,7 @@ def copy_while_pinning(threads: int, gib: int, dev: torch.device, stream: torch.
                 cudart.cudaHostUnregister(t.data_ptr())
         out[case] = {"seconds": seconds, "copy_d2h_gbps": gib * GIB / seconds / 1e9,
                      "gib_pinned_meanwhile": len(extra)}
-        print(f"copy while pinning ({case:>17}): {gib} GiB D2H in {seconds:.3f} s = {gib * GIB / seconds / 1e9:5.1f}"
+        print(f"copy while pinning ({case:>26}): {gib} GiB D2H in {seconds:.3f} s = {gib * GIB / seconds / 1e9:5.1f}"
               f" GB/s; {len(extra)} GiB pinned meanwhile", flush=True)
         extra.clear()
     unregister(held)

@@ -266,6 +266,9 @@ def run_size(bench: Bench, nbytes: int, endpoint: str) -> dict[str, object]:
         # where a park's and a restore's time goes (medians over the repeats): the parker's phases, and
         # hooks_total, what the client timed (the parker plus the adapter's residue readings)
         "park_phases_s": _median_phases(park_phases), "restore_phases_s": _median_phases(restore_phases),
+        # every repeat's phases: the first restore after a park that freed the bench's own allocations has
+        # differed from later ones by up to 25 ms at 20 GB, which the medians hide
+        "park_phases_samples": park_phases, "restore_phases_samples": restore_phases,
         "bit_identical": bool(identical),
         "samples": {"floor_d2h": fd2h, "floor_h2d": fh2d, "park": park, "restore": restore, "overlap": overlap,
                     "floor_overlap": floor_overlap, "floor_driver_d2h": driver[0], "floor_driver_h2d": driver[1]},
@@ -385,6 +388,8 @@ def main() -> None:
         "python": platform.python_version(), "host": platform.node(), "dtype": ns.dtype, "tensors": ns.tensors,
         "repeats": ns.repeats, "release_cached": bench.release_cached,
         "verify": env_verify(), "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "settings": {k: os.environ.get(k) for k in ("ROTA_PIN_THREADS", "ROTA_PIN_FAULT", "ROTA_PIN_METHOD",
+                                                    "PYTORCH_CUDA_ALLOC_CONF")},
         "targets": {"park_ratio_max": 1.1, "restore_ratio_max": 1.1, "overlap_gbps_min": 80.0},
         "results": rows, "first_parks": firsts, "failed": failed,
     }

@@ -202,3 +202,38 @@ def test_residue_fault_names_tensors_and_reports_memory_outside_the_allocator_un
         in message
     within = ParkResult(residue={"process:allocated": 100 << 20, "process:outside_allocator": 5 << 30})
     assert residue_fault(within, 256 << 20) == ""  # NCCL and the context never make a fault
+
+
+def test_a_restore_copies_each_batch_before_it_allocates_the_next(monkeypatch):
+    """The plain restore is pipelined (on a GPU the first copies run while the rest is allocated): storages come
+    back in batches of ``RESTORE_BATCH`` bytes, each allocated then copied, small storages allocated first, and the
+    bytes and the stage order are those of an unpipelined restore."""
+    import rota_torch._parker as parker_mod
+
+    monkeypatch.setattr(parker_mod, "RESTORE_BATCH", 3 << 20)
+    monkeypatch.setattr(parker_mod, "LARGE_ALLOC", 1 << 12)  # the CUDA allocator's large pool, scaled down
+    parker = TensorParker("cpu", pool=HostPool(pin=False), verify="sample")
+    big = {f"w{i}": torch.randn(1 << 18) for i in range(6)}  # 1 MiB each: two batches of three
+    small = {"bias": torch.randn(16)}
+    parker.add("weights", {**big, **small})
+    parker.add("grads", [torch.randn(1 << 18)])
+    want = {k: v.clone() for k, v in {**big, **small}.items()}
+    parker.park()
+    events: list[tuple[str, str]] = []
+    real_alloc, real_copy = TensorParker._allocate, TensorParker._copy_in
+
+    def allocate(slots):
+        events.extend(("alloc", sl.name) for sl in slots if sl.storage.nbytes() != sl.nbytes)
+        return real_alloc(slots)
+
+    monkeypatch.setattr(TensorParker, "_allocate", staticmethod(allocate))
+    monkeypatch.setattr(TensorParker, "_copy_in",
+                        lambda self, sl, **kw: (events.append(("copy", sl.name)), real_copy(self, sl, **kw)))
+    parker.restore()
+    assert all(torch.equal(v, want[k]) for k, v in {**big, **small}.items())
+    assert events[0] == ("alloc", "bias")  # small first
+    names = [f"w{i}" for i in range(6)]
+    assert events[1:] == [*[("alloc", n) for n in names[:3]], ("copy", "w0"), ("copy", "w1"), ("copy", "w2"),
+                          *[("alloc", n) for n in names[3:]], ("copy", "w3"), ("copy", "w4"), ("copy", "w5"),
+                          ("alloc", "0"), ("copy", "bias"), ("copy", "0")]  # the bias, allocated already
+    assert set(parker.last_phases) >= {"check", "allocate_issue", "check_host", "wait", "finish"}

@@ -7,6 +7,8 @@ chunk making is slowed on purpose (a gate per chunk after the first) so the orde
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import threading
 
 import pytest
@@ -85,8 +87,32 @@ def test_a_reservation_that_fails_fails_the_park_instead_of_hanging(gated: dict[
 
 
 @pytest.mark.parametrize("name,value,needle", [("ROTA_PIN_THREADS", "0", "ROTA_PIN_THREADS"),
-                                               ("ROTA_PIN_METHOD", "magic", "register, hostalloc")])
+                                               ("ROTA_PIN_METHOD", "magic", "register, hostalloc"),
+                                               ("ROTA_PIN_FAULT", "populate", "touch, zero")])
 def test_pinning_settings_are_checked(monkeypatch: pytest.MonkeyPatch, name: str, value: str, needle: str) -> None:
     monkeypatch.setenv(name, value)
+    read = {"ROTA_PIN_THREADS": pin.pin_threads, "ROTA_PIN_METHOD": pin.pin_method, "ROTA_PIN_FAULT": pin.pin_fault}
     with pytest.raises(ConfigError, match=needle):
-        pin.pin_threads() if name == "ROTA_PIN_THREADS" else pin.pin_method()
+        read[name]()
+
+
+def _resident_pages(mapping: mmap.mmap, size: int) -> int:
+    """Pages of ``mapping`` in memory now (``mincore``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    vec = (ctypes.c_ubyte * pages)()
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec)
+
+
+@pytest.mark.parametrize("fault", pin.FAULTS)
+def test_faulting_in_makes_every_page_resident_and_zero(fault: str) -> None:
+    size = 8 << 20
+    mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    chunk = torch.frombuffer(mapping, dtype=torch.uint8)
+    assert _resident_pages(mapping, size) == 0  # fresh: nothing faulted in yet
+    pin.fault_in(chunk, fault)
+    assert _resident_pages(mapping, size) == size // mmap.PAGESIZE
+    assert int(chunk.count_nonzero()) == 0
+    del chunk

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +22,8 @@ from rota_torch._guard import Deadline, StateChanged
 from rota_torch._pool import HostPool, align
 
 __all__ = ["Job", "Slot", "allocation_range", "copy_in", "copy_out", "copy_runs", "device_runs",
-           "raw_device_bytes", "storage_view"]
+           "raw_device_bytes", "reserve_segment", "restore_batches",
+           "storage_view"]
 
 RANGE_START_ADDR, RANGE_SIZE = 11, 12  # CU_POINTER_ATTRIBUTE_RANGE_START_ADDR and _RANGE_SIZE (driver API)
 
@@ -60,6 +61,39 @@ class Job:
             self.phases, self.last_mark = {}, self.t0
         self.phases[phase] = self.phases.get(phase, 0.0) + now - self.last_mark
         self.last_mark = now
+
+
+def restore_batches(slots: list[Slot], nbytes: int) -> Iterator[list[Slot]]:
+    """``slots`` in order, cut into consecutive batches of at least ``nbytes`` (the last may hold less)."""
+    batch: list[Slot] = []
+    size = 0
+    for sl in slots:
+        batch.append(sl)
+        size += sl.nbytes
+        if size >= nbytes:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def reserve_segment(device: torch.device, slots: list[Slot], large_alloc: int) -> None:
+    """Ask the driver once for a restore's large storages (of ``large_alloc`` bytes and more), then hand the block
+    to the caching allocator.
+
+    After a park that returned memory to the driver, every storage of the restore would otherwise be its own
+    ``cudaMalloc`` (hundreds per tenant: about 30% of a 4 GB restore). Freed at once, the block stays cached and
+    the allocator carves the storages out of it. Smaller storages come from the allocator's small pool and are
+    not covered. If the block does not fit, the storages are allocated one by one as before.
+    """
+    large = sum(align(sl.nbytes) for sl in slots if sl.nbytes >= large_alloc)
+    if large < 2 * large_alloc:
+        return
+    try:
+        block = torch.empty(large, dtype=torch.uint8, device=device)
+    except torch.OutOfMemoryError:
+        return
+    del block
 
 
 def storage_view(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:

@@ -21,7 +21,7 @@ Invariants, and why:
   on the parker's own side stream, ordered after the compute stream's pending work;
   the host waits once per park or restore. Restore allocates on the *current* stream
   (so the caching allocator ties the memory to the stream that will use it) and the
-  copies run on the side stream after that.
+  copies run on the side stream after that, batch by batch (:data:`RESTORE_BATCH`).
 * **Discard** frees a storage without copying it. On restore a discarded storage comes
   back *zero-filled* (same tensor objects, all bytes zero), never as None: the parker
   only sees tensors, and setting ``.grad = None`` is the adapter's business.
@@ -52,7 +52,7 @@ import torch
 
 from rota.config import env_float
 from rota.types import ParkResult
-from rota_torch._copies import Job, Slot, copy_in, copy_out, copy_runs, storage_view
+from rota_torch._copies import Job, Slot, copy_in, copy_out, copy_runs, reserve_segment, restore_batches, storage_view
 from rota_torch._guard import (
     Deadline,
     DiscardedTag,
@@ -71,6 +71,7 @@ from rota_torch._pool import HostPool, align
 log = logging.getLogger(__name__)
 
 LARGE_ALLOC = 1 << 20  # the CUDA caching allocator serves storages of at least this size from its large pool
+RESTORE_BATCH = 1 << 29  # a restore on its own allocates, then issues the copies of, this many bytes at a time
 #: Restore order: the state a step needs first comes back first; unknown tags (caches) last.
 STAGE_ORDER = {"weights": 0, "optimizer": 1, "grads": 2}
 
@@ -370,17 +371,36 @@ class TensorParker:
         return job
 
     def _begin_restore(self, deadline_s: float | None = None) -> Job:
-        return self._issue_restore(self._alloc_restore(deadline_s))
+        """A restore on its own, pipelined: the copies of the first :data:`RESTORE_BATCH` bytes run while the
+        next are allocated, and the sampled check of the host copy runs while the copies do (a mismatch rolls the
+        restore back like any failure: the tenant stays parked). Why: on an H200 the checks, the allocation and
+        the first issue kept the device idle for 7-14 ms of a 0.37 s 20 GB restore, 5 ms of a 0.08 s 4 GB one."""
+        job = self._check_restore(deadline_s, sample=False)
+        if job.kind == "noop":
+            return job
+        try:
+            self._reserve(job)
+            # small storages first: one may need a new small-pool segment from the driver, which would wait for
+            # the copies in flight; large ones are carved out of the reserved block, which asks nothing
+            self._allocate([sl for sl in job.slots if sl.nbytes < LARGE_ALLOC])
+            for batch in restore_batches(job.slots, RESTORE_BATCH):
+                self._allocate(batch)
+                self._issue_slots(job, batch)
+            job.mark("allocate_issue")
+            if self.verify == "sample" and self._sample.taken:
+                tv = time.perf_counter()
+                self._sample.check(self.pool, f"parker {self.name!r}")
+                job.verify_s += time.perf_counter() - tv
+                job.mark("check_host")
+            self._close_issue(job)
+        except BaseException:
+            self._rollback_restore(job)
+            raise
+        return job
 
-    def _alloc_restore(self, deadline_s: float | None = None) -> Job:
-        """Check, then allocate every parked storage again (on the current stream: the one that will use it).
-
-        Nothing is allocated unless every check passes: discarded tags can be
-        re-created, the sampled host windows match (``verify="sample"``), and the
-        device has room for the whole footprint. Device allocation implicitly
-        synchronises streams, so an overlapped switch allocates *before* it issues any
-        copy (see :func:`overlap`).
-        """
+    def _check_restore(self, deadline_s: float | None, *, sample: bool) -> Job:
+        """The checks before a restore allocates: discarded tags can be re-created, the sampled host windows
+        match (``verify="sample"``, when ``sample``) and the device has room for the whole footprint."""
         t0 = time.perf_counter()
         if not self._parked:
             return Job("noop", [], t0)
@@ -392,7 +412,7 @@ class TensorParker:
                                "re-created (added with on_discard='error'); reload them or park them in offload "
                                "mode; the tenant stays parked")
         verify_s = 0.0
-        if self.verify == "sample" and self._sample.taken:
+        if sample and self.verify == "sample" and self._sample.taken:
             tv = time.perf_counter()
             self._sample.check(self.pool, f"parker {self.name!r}")
             verify_s = time.perf_counter() - tv
@@ -405,20 +425,39 @@ class TensorParker:
         deadline.check("checks before allocating")
         job = Job("restore", slots, t0, deadline=deadline, verify_s=verify_s)
         job.mark("check")
-        if self.cuda and self.release_cached:
-            self._reserve_segment(slots)
-            job.mark("reserve_segment")
-        done: list[Slot] = []
+        return job
+
+    def _alloc_restore(self, deadline_s: float | None = None) -> Job:
+        """Check, then allocate every parked storage again (on the current stream: the one that will use it).
+
+        Nothing is allocated unless every check passes. Device allocation implicitly
+        synchronises streams, so an overlapped switch allocates *before* it issues any
+        copy (see :func:`overlap`).
+        """
+        job = self._check_restore(deadline_s, sample=True)
+        if job.kind == "noop":
+            return job
         try:
-            for sl in slots:
-                sl.storage.resize_(sl.nbytes)
-                done.append(sl)
+            self._reserve(job)
+            self._allocate(job.slots)
         except BaseException:
-            for sl in done:
+            for sl in job.slots:
                 sl.storage.resize_(0)
             raise
         job.mark("allocate")
         return job
+
+    def _reserve(self, job: Job) -> None:
+        if self.cuda and self.release_cached:
+            reserve_segment(self.device, job.slots, LARGE_ALLOC)
+            job.mark("reserve_segment")
+
+    @staticmethod
+    def _allocate(slots: list[Slot]) -> None:
+        """Give each storage its bytes again (those not given them yet), on the current stream."""
+        for sl in slots:
+            if sl.storage.nbytes() != sl.nbytes:
+                sl.storage.resize_(sl.nbytes)
 
     def _wait_for_room(self, need: int, deadline: Deadline) -> int | None:
         """The device's free bytes, polled until ``need`` fits, ``room_wait_s`` passes or the deadline nears.
@@ -434,56 +473,49 @@ class TensorParker:
             free = self.free_bytes(self.device)
         return free
 
-    def _reserve_segment(self, slots: list[Slot]) -> None:
-        """Ask the driver once for the restore's large storages, then hand the block to the caching allocator.
-
-        After a park that returned memory to the driver, every storage of the restore
-        would otherwise be its own ``cudaMalloc`` (hundreds per tenant: about 30% of a
-        4 GB restore). Freed at once, the block stays cached and the allocator carves
-        the storages out of it. Storages under 1 MiB come from the allocator's small
-        pool and are not covered. If the block does not fit, the storages are
-        allocated one by one as before.
-        """
-        large = sum(align(sl.nbytes) for sl in slots if sl.nbytes >= LARGE_ALLOC)
-        if large < 2 * LARGE_ALLOC:
-            return
-        try:
-            block = torch.empty(large, dtype=torch.uint8, device=self.device)
-        except torch.OutOfMemoryError:
-            return
-        del block
-
     def _issue_restore(self, job: Job) -> Job:
-        slots = job.slots
         if job.kind == "noop":
             return job
         try:
-            if self.cuda:
-                stream = self._side_stream()
-                stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(stream):
-                    self._copy_runs([sl for sl in slots if sl.offset >= 0], into_device=True)
-                    for sl in slots:
-                        if sl.offset < 0:
-                            self._view(sl.storage).zero_()
-                    if self.verify == "full":
-                        job.sums = [device_checksum(self._view(sl.storage)) for sl in slots if sl.offset >= 0]
-                    job.event = stream.record_event()
-                job.mark("issue")
-            else:
-                for sl in slots:
-                    if job.deadline is not None:
-                        job.deadline.check(f"copying {sl.name!r} (tag {sl.tag!r}) back")
-                    if sl.offset >= 0:
-                        self._copy_in(sl, non_blocking=False)
-                    else:
-                        self._view(sl.storage).zero_()
-                if self.verify == "full":
-                    job.sums = [device_checksum(self._view(sl.storage)) for sl in slots if sl.offset >= 0]
+            self._issue_slots(job, job.slots)
+            self._close_issue(job)
+            job.mark("issue")
         except BaseException:
             self._rollback_restore(job)
             raise
         return job
+
+    def _issue_slots(self, job: Job, slots: list[Slot]) -> None:
+        """Copies back into allocated ``slots`` (zeros for discarded ones): on CUDA issued on the side stream after
+        the current stream's work, elsewhere done here."""
+        if self.cuda:
+            stream = self._side_stream()
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                self._copy_runs([sl for sl in slots if sl.offset >= 0], into_device=True)
+                for sl in slots:
+                    if sl.offset < 0:
+                        self._view(sl.storage).zero_()
+            return
+        for sl in slots:
+            if job.deadline is not None:
+                job.deadline.check(f"copying {sl.name!r} (tag {sl.tag!r}) back")
+            if sl.offset >= 0:
+                self._copy_in(sl, non_blocking=False)
+            else:
+                self._view(sl.storage).zero_()
+
+    def _close_issue(self, job: Job) -> None:
+        """After the last copy of a restore: its checksums (``verify="full"``) and, on CUDA, the event waited for."""
+        copied = [sl for sl in job.slots if sl.offset >= 0]
+        if not self.cuda:
+            if self.verify == "full":
+                job.sums = [device_checksum(self._view(sl.storage)) for sl in copied]
+            return
+        with torch.cuda.stream(self._side_stream()):
+            if self.verify == "full":
+                job.sums = [device_checksum(self._view(sl.storage)) for sl in copied]
+            job.event = self._side_stream().record_event()
 
     def _rollback_restore(self, job: Job) -> None:
         """Free what a failed restore allocated; the parker stays parked with its host copy."""

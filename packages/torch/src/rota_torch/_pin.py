@@ -5,10 +5,12 @@ time (a 20 GB pool took 24 s), so a tenant whose first turn was shorter than tha
 park. Faulting an anonymous mapping in from several threads (with transparent huge pages where the
 kernel offers them, ``madvise``) and then registering it (``cudaHostRegister``) pinned 15 GB/s on the same
 host (20-28 GB/s in ``bench/switch.py``'s first parks at 49a8a30), and copies to and from it run at the same
-bandwidth (``bench/pin_rate.py``). The pages are faulted in by writing zeros (torch lets go of the GIL for it, so
-the threads run in parallel and the tenant's own thread runs meanwhile). Having the kernel fault them in
-instead (``MADV_POPULATE_WRITE``, through ctypes: ``mmap.madvise`` holds the GIL) pinned only 4.8-6.3 GB/s on
-the same host at f4af044, a quarter of the writes' rate, though it was faster on a 2-core CPU host.
+bandwidth (``bench/pin_rate.py``). The pages are faulted in by writes from those threads (torch lets go of the GIL
+for them, so the threads run in parallel and the tenant's own thread runs meanwhile). Having the kernel fault them
+in instead (``MADV_POPULATE_WRITE``, through ctypes: ``mmap.madvise`` holds the GIL) pinned only 4.8-6.3 GB/s on
+the same host at f4af044, a quarter of the writes' rate. The kernel zeroes every page it faults in, so one write
+per page (``touch``, the default) faults the same pages with half the host memory traffic of writing zeros over
+every byte again (``zero``, what the figures above used); ``bench/pin_rate.py`` measures both.
 
 :class:`ChunkMaker` makes the chunks of one reservation on ``ROTA_PIN_THREADS`` threads (default: up to 8)
 and hands them out in offset order as soon as each is ready, so a park can copy into the first chunks while
@@ -21,6 +23,7 @@ made; the pool calls it when it is collected (not at interpreter exit, when the 
 Environment (checked where read):
     ROTA_PIN_THREADS   threads that pin one reservation (default min(8, CPUs); 1 = one at a time)
     ROTA_PIN_METHOD    register (default) or hostalloc (torch's pin_memory=True, one chunk at a time)
+    ROTA_PIN_FAULT     how ``register`` faults pages in: touch (default: one byte per page) or zero (every byte)
 """
 
 from __future__ import annotations
@@ -39,12 +42,22 @@ from rota.errors import ConfigError
 log = logging.getLogger(__name__)
 
 METHODS = ("register", "hostalloc")
+FAULTS = ("touch", "zero")
+PAGE = 4096  # a write per base page faults it in (a transparent huge page takes its first write)
 _fallback_logged = False
 
 
 def pin_threads() -> int:
     """``ROTA_PIN_THREADS``, checked (default: up to 8 of this host's CPUs)."""
     return env_int("ROTA_PIN_THREADS", max(1, min(8, os.cpu_count() or 1)), minimum=1)
+
+
+def pin_fault() -> str:
+    """``ROTA_PIN_FAULT``, checked."""
+    fault = os.environ.get("ROTA_PIN_FAULT", "touch").strip() or "touch"
+    if fault not in FAULTS:
+        raise ConfigError(f"ROTA_PIN_FAULT={fault!r} is not understood; use one of {', '.join(FAULTS)}")
+    return fault
 
 
 def pin_method() -> str:
@@ -74,7 +87,16 @@ def release(registered: Registered) -> None:
         cudart.cudaHostUnregister(ptr)
 
 
-def _registered_chunk(size: int, registered: Registered) -> torch.Tensor:
+def fault_in(chunk: torch.Tensor, fault: str) -> None:
+    """Fault every page of a fresh anonymous mapping in, without the GIL: one write per page (``touch``; the
+    kernel hands out zeroed pages) or zeros over every byte (``zero``). Either way the chunk reads as zeros."""
+    if fault == "touch":
+        chunk[::PAGE].fill_(0)
+    else:
+        chunk.zero_()
+
+
+def _registered_chunk(size: int, registered: Registered, fault: str) -> torch.Tensor:
     """An anonymous mapping of ``size`` bytes, faulted in here (huge pages where offered), then registered."""
     mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
@@ -83,7 +105,7 @@ def _registered_chunk(size: int, registered: Registered) -> torch.Tensor:
         except OSError:  # a kernel without transparent huge pages: ordinary pages
             pass
     chunk = torch.frombuffer(mapping, dtype=torch.uint8)
-    chunk.zero_()  # faults every page in (registering is then quick), without the GIL
+    fault_in(chunk, fault)  # registering faulted pages is then quick
     err = int(torch.cuda.cudart().cudaHostRegister(chunk.data_ptr(), size, 0))
     if err:
         raise OSError(f"cudaHostRegister of {size} bytes failed with CUDA error {err}")
@@ -114,6 +136,7 @@ class ChunkMaker:
         self.sizes = sizes
         self.registered = registered
         self.method = method or pin_method()
+        self.fault = pin_fault() if self.method == "register" else "zero"
         self.threads = max(1, min(threads or pin_threads(), len(sizes)))
         self._done: dict[int, torch.Tensor | BaseException] = {}
         self._next = 0  # the next index a worker takes (ascending: the pool fills from its start)
@@ -130,7 +153,7 @@ class ChunkMaker:
             return _pageable_chunk(size)
         if self.method == "register":
             try:
-                return _registered_chunk(size, self.registered)
+                return _registered_chunk(size, self.registered, self.fault)
             except (OSError, RuntimeError) as exc:
                 if not _fallback_logged:
                     _fallback_logged = True
@@ -177,4 +200,5 @@ class ChunkMaker:
             w.join()
 
 
-__all__ = ["METHODS", "ChunkMaker", "Registered", "pin_method", "pin_threads", "release"]
+__all__ = ["FAULTS", "METHODS", "ChunkMaker", "Registered", "fault_in", "pin_fault", "pin_method", "pin_threads",
+           "release"]
