@@ -35,13 +35,27 @@ def _holder(orchestrator_address: str, group: str) -> str:
     return groups[0].holder if groups else ""
 
 
+def _has_held(orchestrator_address: str, group: str, job: str) -> bool:
+    """``job`` holds ``group`` now, or held it already: a job that exits holding is evicted by its epilog at once,
+    and on a loaded CI machine that window passed between two polls (the wait then timed out)."""
+    groups = group_status(orchestrator_address, group)
+    return bool(groups) and (groups[0].holder == job or any(t.job_id == job and t.turns >= 1
+                                                             for t in groups[0].tenants))
+
+
 def _run_case(slurm: SlurmCluster, orchestrator_address: str, outdir: Path, group: str, kind: str, *,
               cancel: bool) -> str:
     marker = outdir / "held"
     holder = slurm.sbatch(f"--timeslice={group}", "--gres=shard:1", "-w", "n1", "-o", str(outdir / "holder.out"),
                           "--wrap", f"{sys.executable} {HOLDER} {kind} {marker}" + ("" if cancel else " --exit"))
-    _wait_for(lambda: marker.exists() and _holder(orchestrator_address, group) == holder,
-              f"job {holder} to hold {group}")
+    try:
+        _wait_for(lambda: marker.exists() and _has_held(orchestrator_address, group, holder),
+                  f"job {holder} to hold {group}")
+    except TimeoutError as e:
+        out = outdir / "holder.out"
+        raise TimeoutError(f"{e}: job state {slurm.job_state(holder)!r}, marker {marker.exists()}, group "
+                           f"{group_status(orchestrator_address, group)}, holder.out: "
+                           f"{out.read_text()[-2000:] if out.exists() else '(none)'}") from e
     waiter = slurm.sbatch(f"--timeslice={group}", "--gres=shard:1", "-w", "n1", "-o", str(outdir / "waiter.out"),
                           "--wrap", f"{sys.executable} {TENANT} 5 {outdir / 'waiter.json'}")
     if cancel:
