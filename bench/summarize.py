@@ -126,14 +126,53 @@ def _demo_logs() -> None:
               f"{all(x == 'True' for x in ident)} ({path.name}).")
 
 
-def _agent_tier() -> None:
-    """The agent's whole-process backend in the CUDA tier (cuda-tier-*-agent.json), newest run."""
-    runs = sorted(RESULTS.glob("cuda-tier-*-agent.json"))
-    if not runs:
+def _newest_tier_with(test_file: str) -> tuple[dict, str] | None:
+    """The newest CUDA tier JSON (by its name's date) that ran tests of ``test_file``."""
+    runs = sorted(RESULTS.glob("cuda-tier-2*.json"), key=lambda p: p.name.split("-")[2])
+    for path in reversed(runs):
+        tier = json.loads(path.read_text())
+        if any(test_file in nodeid for nodeid in tier.get("tests", {})):
+            return tier, path.name
+    return None
+
+
+def _demo_tier() -> None:
+    """``rota demo --device cuda`` in the newest CUDA tier that ran it (tests/cuda/test_demo_cuda.py)."""
+    found = _newest_tier_with("test_demo_cuda.py")
+    if not found:
         return
-    tier, name = json.loads(runs[-1].read_text()), runs[-1].name
+    tier, name = found
     parts = []
     for nodeid, t in tier["tests"].items():
+        if "test_demo_cuda.py" not in nodeid:
+            continue
+        if t.get("outcome") != "passed" or "timesliced_over_serial" not in t:
+            parts.append(f"{nodeid.split('::')[-1]} {t.get('outcome')}")
+            continue
+        case = nodeid.split("[")[-1].rstrip("]") if "[" in nodeid else "defaults"
+        what = (f"--state {case.split('-')[0]} --groups {case.split('-')[1]} --capacity 0" if case != "defaults"
+                else "--state 4GB --groups 1, default capacity")
+        parts.append(f"{what}: time-sliced/serial {t['timesliced_over_serial']:.2f}, {t['parks']} parks"
+                     + (f" (p50 {t['park_ms_p50']:.0f} ms, restore p50 {t['restore_ms_p50']:.0f} ms)"
+                        if t["parks"] else "")
+                     + f", {t['failed_parks']} failed" + (f" / {t['failed_restores']} failed restores"
+                                                          if "failed_restores" in t else "")
+                     + (f", bit-identical {all(t['bit_identical'])}" if "bit_identical" in t else ""))
+    print(f"`rota demo --device cuda` in the CUDA tier on {tier['device']} at {tier['commit'][:10]} "
+          f"({tier['date'][:10]}), three jobs of six workers (bit-identical: every curve equal to its dedicated run): "
+          f"{'; '.join(parts)} ({name}).")
+
+
+def _agent_tier() -> None:
+    """The agent's whole-process backend in the newest CUDA tier that ran it."""
+    found = _newest_tier_with("test_agent_whole_process_cuda.py")
+    if not found:
+        return
+    tier, name = found
+    parts = []
+    for nodeid, t in tier["tests"].items():
+        if "test_agent_whole_process_cuda.py" not in nodeid:
+            continue
         if t.get("outcome") != "passed":
             parts.append(f"{nodeid.split('::')[-1]} {t.get('outcome')}")
         elif "cycles" in t:
@@ -211,6 +250,7 @@ def main() -> None:
               f"{ts['switches']} switches, park p50 {ts['park_ms_p50']:.0f} ms / restore p50 "
               f"{ts['restore_ms_p50']:.0f} ms, {ts['bytes_moved'] / 2**30:.0f} GiB moved, bit-identical: "
               f"{all(t['bit_identical'] for t in demo['tenants'])} ({path.name}).")
+    _demo_tier()
     _agent_tier()
     _vllm_rows()
     verify = _load("verify-cuda.json")

@@ -31,17 +31,24 @@ def endpoint() -> Iterator[str]:
         yield served
 
 
-def _run(args: list[str]) -> dict[str, Any]:
+def _run(args: list[str]) -> str:
+    """The child's stdout (it must exit 0)."""
     r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return r.stdout
+
+
+def _last_json_line(stdout: str) -> dict[str, Any]:
+    lines = stdout.strip().splitlines()
+    assert lines, "the child printed nothing: its figures were expected on the last line"
+    return json.loads(lines[-1])
 
 
 def test_fsdp2_parks_to_its_baseline_every_step_and_trains_bit_identically(endpoint: str, record: Any) -> None:
     from rota.testing import free_port
 
-    got = _run([str(HERE / "fsdp2_cuda_worker.py"), str(free_port()), endpoint])
+    got = _last_json_line(_run([str(HERE / "fsdp2_cuda_worker.py"), str(free_port()), endpoint]))
     left = [n - got["baseline_bytes"] for n in got["after_park_bytes"]]
     record(state_bytes=got["state_bytes"], parked_bytes=got["parked_bytes"], baseline_bytes=got["baseline_bytes"],
            left_after_park_bytes=left, losses=got["losses"], failed=got["failed"])
@@ -53,6 +60,7 @@ def test_fsdp2_parks_to_its_baseline_every_step_and_trains_bit_identically(endpo
 
 def test_megatron_parks_to_its_baseline_every_step_and_trains_bit_identically(tmp_path: Path, record: Any) -> None:
     out = tmp_path / "megatron.json"
+    # its figures go to --out, not to stdout
     _run([str(ROOT / "bench" / "megatron_switch.py"), "--device", "cuda", "--hidden", "1024", "--layers", "4",
           "--vocab", "32768", "--steps", "4", "--out", str(out)])
     got = json.loads(out.read_text())

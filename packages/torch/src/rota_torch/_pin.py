@@ -10,7 +10,8 @@ for them, so the threads run in parallel and the tenant's own thread runs meanwh
 in instead (``MADV_POPULATE_WRITE``, through ctypes: ``mmap.madvise`` holds the GIL) pinned only 4.8-6.3 GB/s on
 the same host at f4af044, a quarter of the writes' rate. The kernel zeroes every page it faults in, so one write
 per page (``touch``, the default) faults the same pages with half the host memory traffic of writing zeros over
-every byte again (``zero``, what the figures above used); ``bench/pin_rate.py`` measures both.
+every byte again (``zero``, what the figures above used): 31 GB/s against 27.7 in ``bench/switch.py``'s 20 GB
+first park on the H200 host (c9fc3b5 and 49a8a30); ``bench/pin_rate.py`` measures both.
 
 :class:`ChunkMaker` makes the chunks of one reservation on ``ROTA_PIN_THREADS`` threads (default: up to 8)
 and hands them out in offset order as soon as each is ready, so a park can copy into the first chunks while
