@@ -126,26 +126,23 @@ def _demo_logs() -> None:
               f"{all(x == 'True' for x in ident)} ({path.name}).")
 
 
-def _newest_tier_with(test_file: str) -> tuple[dict, str] | None:
-    """The newest CUDA tier JSON (by its name's date) that ran tests of ``test_file``."""
+def _newest_tier_with(test_file: str) -> tuple[dict, str, list[tuple[str, dict]]]:
+    """The newest CUDA tier JSON (by its name's date) that ran tests of ``test_file``, its name and those tests
+    (none found: an empty list)."""
     runs = sorted(RESULTS.glob("cuda-tier-2*.json"), key=lambda p: p.name.split("-")[2])
     for path in reversed(runs):
         tier = json.loads(path.read_text())
-        if any(test_file in nodeid for nodeid in tier.get("tests", {})):
-            return tier, path.name
-    return None
+        mine = [(nodeid, t) for nodeid, t in tier.get("tests", {}).items() if test_file in nodeid]
+        if mine:
+            return tier, path.name, mine
+    return {}, "", []
 
 
 def _demo_tier() -> None:
     """``rota demo --device cuda`` in the newest CUDA tier that ran it (tests/cuda/test_demo_cuda.py)."""
-    found = _newest_tier_with("test_demo_cuda.py")
-    if not found:
-        return
-    tier, name = found
+    tier, name, tests = _newest_tier_with("test_demo_cuda.py")
     parts = []
-    for nodeid, t in tier["tests"].items():
-        if "test_demo_cuda.py" not in nodeid:
-            continue
+    for nodeid, t in tests:
         if t.get("outcome") != "passed" or "timesliced_over_serial" not in t:
             parts.append(f"{nodeid.split('::')[-1]} {t.get('outcome')}")
             continue
@@ -158,21 +155,19 @@ def _demo_tier() -> None:
                      + f", {t['failed_parks']} failed" + (f" / {t['failed_restores']} failed restores"
                                                           if "failed_restores" in t else "")
                      + (f", bit-identical {all(t['bit_identical'])}" if "bit_identical" in t else ""))
-    print(f"`rota demo --device cuda` in the CUDA tier on {tier['device']} at {tier['commit'][:10]} "
-          f"({tier['date'][:10]}), three jobs of six workers (bit-identical: every curve equal to its dedicated run): "
-          f"{'; '.join(parts)} ({name}).")
+    if parts:
+        print(f"`rota demo --device cuda` in the CUDA tier on {tier['device']} at {tier['commit'][:10]} "
+              f"({tier['date'][:10]}), three jobs of six workers (bit-identical: every curve equal to its dedicated "
+              f"run): {'; '.join(parts)} ({name}).")
 
 
 def _agent_tier() -> None:
     """The agent's whole-process backend in the newest CUDA tier that ran it."""
-    found = _newest_tier_with("test_agent_whole_process_cuda.py")
-    if not found:
+    tier, name, tests = _newest_tier_with("test_agent_whole_process_cuda.py")
+    if not tests:
         return
-    tier, name = found
     parts = []
-    for nodeid, t in tier["tests"].items():
-        if "test_agent_whole_process_cuda.py" not in nodeid:
-            continue
+    for nodeid, t in tests:
         if t.get("outcome") != "passed":
             parts.append(f"{nodeid.split('::')[-1]} {t.get('outcome')}")
         elif "cycles" in t:
@@ -295,12 +290,16 @@ def main() -> None:
     if tiers:
         tier = _load(tiers[-1])
         outcomes = [t["outcome"] for t in tier["tests"].values()]
-        parks = [p for t in tier["tests"].values() for p in t.get("parks", []) if "parked_nvml_after" in p]
+        parks = [p for t in tier["tests"].values() if isinstance(t.get("parks"), list)  # the demo's are counts
+                 for p in t["parks"] if "parked_nvml_after" in p]
         beyond = max((p["parked_nvml_after"] - p["parked_outside_allocator"] for p in parks), default=0)
+        failed = [nodeid.split("::")[-1] for nodeid, t in tier["tests"].items() if t["outcome"] == "failed"]
         print(f"CUDA tier on {tier['device']} at {tier['commit'][:10]} ({tier['date'][:10]}): "
-              f"{outcomes.count('passed')} of {len(outcomes)} passed ({outcomes.count('skipped')} skipped: "
-              f"two-GPU tests on one GPU); Tinker workers' parks: {len(parks)}, the most "
-              f"any left beside its CUDA context {beyond / 2**20:.0f} MiB ({tiers[-1]}).")
+              f"{outcomes.count('passed')} of {len(outcomes)} passed"
+              + (f" ({outcomes.count('skipped')} skipped: two-GPU tests on one GPU)" if "skipped" in outcomes else "")
+              + (f"; failed: {', '.join(failed)}" if failed else "")
+              + (f"; Tinker workers' parks: {len(parks)}, the most any left beside its CUDA context "
+                 f"{beyond / 2**20:.0f} MiB" if parks else "") + f" ({tiers[-1]}).")
     for name, label in (("handoff-cpu.json", "embedded"), ("handoff-etcd-cpu.json", "through etcd")):
         d = _load(name)
         if d:
