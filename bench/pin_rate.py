@@ -72,6 +72,14 @@ def _parallel(fn, n: int, threads: int) -> None:
         t.join()
 
 
+def _fault_in(t: torch.Tensor, touch_only: bool) -> None:
+    """Fault a fresh mapping's pages in: one write per page (the fault zeroes the rest), or zeros over every byte."""
+    if touch_only:
+        t[::4096].fill_(0)
+    else:
+        t.zero_()
+
+
 def register(n: int, threads: int, *, thp: bool, parallel_register: bool, touch_only: bool = False) -> list:
     cudart = torch.cuda.cudart()
     maps = [mmap.mmap(-1, GIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) for _ in range(n)]
@@ -82,10 +90,7 @@ def register(n: int, threads: int, *, thp: bool, parallel_register: bool, touch_
         tensors.append(torch.frombuffer(m, dtype=torch.uint8))
 
     def touch(i: int) -> None:
-        if touch_only:
-            tensors[i].view(-1, 4096)[:, 0].fill_(0)  # one write per page: the fault zeroes the rest
-        else:
-            tensors[i].zero_()
+        _fault_in(tensors[i], touch_only)
         if parallel_register:
             err = int(cudart.cudaHostRegister(tensors[i].data_ptr(), GIB, 0))
             if err:
@@ -135,10 +140,7 @@ def _pin_more(stop: threading.Event, extra: list, register_too: bool, touch_only
         m = mmap.mmap(-1, GIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         m.madvise(mmap.MADV_HUGEPAGE)
         t = torch.frombuffer(m, dtype=torch.uint8)
-        if touch_only:
-            t[::4096].fill_(0)
-        else:
-            t.zero_()
+        _fault_in(t, touch_only)
         if register_too:
             cudart.cudaHostRegister(t.data_ptr(), GIB, 0)
         extra.append((m, t, register_too))

@@ -43,6 +43,7 @@ Invariants, and why:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -388,9 +389,7 @@ class TensorParker:
                 self._issue_slots(job, batch)
             job.mark("allocate_issue")
             if self.verify == "sample" and self._sample.taken:
-                tv = time.perf_counter()
-                self._sample.check(self.pool, f"parker {self.name!r}")
-                job.verify_s += time.perf_counter() - tv
+                job.verify_s += self._check_sample()
                 job.mark("check_host")
             self._close_issue(job)
         except BaseException:
@@ -411,11 +410,7 @@ class TensorParker:
             raise DiscardedTag(f"parker {self.name!r}: tag(s) {refuse} were discarded at park and cannot be "
                                "re-created (added with on_discard='error'); reload them or park them in offload "
                                "mode; the tenant stays parked")
-        verify_s = 0.0
-        if sample and self.verify == "sample" and self._sample.taken:
-            tv = time.perf_counter()
-            self._sample.check(self.pool, f"parker {self.name!r}")
-            verify_s = time.perf_counter() - tv
+        verify_s = self._check_sample() if sample and self.verify == "sample" and self._sample.taken else 0.0
         need = sum(sl.nbytes for sl in slots)
         free = self._wait_for_room(need, deadline)
         if free is not None and need > free:
@@ -446,6 +441,12 @@ class TensorParker:
             raise
         job.mark("allocate")
         return job
+
+    def _check_sample(self) -> float:
+        """The sampled words of the host copy against the park's (:class:`VerifyError` if they differ); seconds."""
+        tv = time.perf_counter()
+        self._sample.check(self.pool, f"parker {self.name!r}")
+        return time.perf_counter() - tv
 
     def _reserve(self, job: Job) -> None:
         if self.cuda and self.release_cached:
@@ -507,15 +508,11 @@ class TensorParker:
 
     def _close_issue(self, job: Job) -> None:
         """After the last copy of a restore: its checksums (``verify="full"``) and, on CUDA, the event waited for."""
-        copied = [sl for sl in job.slots if sl.offset >= 0]
-        if not self.cuda:
+        with torch.cuda.stream(self._side_stream()) if self.cuda else contextlib.nullcontext():
             if self.verify == "full":
-                job.sums = [device_checksum(self._view(sl.storage)) for sl in copied]
-            return
-        with torch.cuda.stream(self._side_stream()):
-            if self.verify == "full":
-                job.sums = [device_checksum(self._view(sl.storage)) for sl in copied]
-            job.event = self._side_stream().record_event()
+                job.sums = [device_checksum(self._view(sl.storage)) for sl in job.slots if sl.offset >= 0]
+            if self.cuda:
+                job.event = self._side_stream().record_event()
 
     def _rollback_restore(self, job: Job) -> None:
         """Free what a failed restore allocated; the parker stays parked with its host copy."""
