@@ -148,7 +148,9 @@ def _pin_more(stop: threading.Event, extra: list, register_too: bool, touch_only
 
 def copy_while_pinning(threads: int, gib: int, dev: torch.device, stream: torch.cuda.Stream) -> dict:
     """D2H copies of ``gib`` GiB into memory pinned beforehand: alone, while ``threads`` threads zero fresh
-    mappings (host memory traffic), and while they zero and register them (the driver's work). Why: a tenant's
+    mappings (host memory traffic), and while they zero and register them (the driver's work); each as 1 GiB
+    copies and as 25 MB ones (a tenant's storages), with the seconds it took to issue them (a driver lock held by
+    registration would show there rather than in the copies' rate). Why: a tenant's
     first park copies into the pool's first chunks while the rest is pinned, and on an H200 host those copies
     made little progress until pinning ended (bench/switch.py at 4c07ed8)."""
     src = torch.empty(GIB, dtype=torch.uint8, device=dev).random_()
@@ -156,7 +158,10 @@ def copy_while_pinning(threads: int, gib: int, dev: torch.device, stream: torch.
     out = {}
     cases = {"alone": (False, False), "while-zeroing": (False, False), "while-registering": (True, False),
              "while-touching": (False, True), "while-touching-registering": (True, True)}
-    for case, (register_too, touch_only) in cases.items():
+    piece = 25 * 10**6  # a tenant's storages: bench/switch.py's 800 tensors of 25 MB, one copy each
+    runs = [(case, size) for case in cases for size in (GIB, piece)]
+    for case, size in runs:
+        register_too, touch_only = cases[case]
         stop = threading.Event()
         extra: list = []
         workers = []
@@ -170,7 +175,9 @@ def copy_while_pinning(threads: int, gib: int, dev: torch.device, stream: torch.
         t0 = time.perf_counter()
         with torch.cuda.stream(stream):
             for _m, host in held:
-                host.copy_(src, non_blocking=True)
+                for at in range(0, GIB, size):
+                    host[at:at + size].copy_(src[at:at + size], non_blocking=True)
+        issue_s = time.perf_counter() - t0
         stream.synchronize()
         seconds = time.perf_counter() - t0
         stop.set()
@@ -180,10 +187,11 @@ def copy_while_pinning(threads: int, gib: int, dev: torch.device, stream: torch.
         for _m, t, registered in extra:
             if registered:
                 cudart.cudaHostUnregister(t.data_ptr())
-        out[case] = {"seconds": seconds, "copy_d2h_gbps": gib * GIB / seconds / 1e9,
+        name = case if size == GIB else f"{case}-25MB"
+        out[name] = {"seconds": seconds, "issue_s": issue_s, "copy_d2h_gbps": gib * GIB / seconds / 1e9,
                      "gib_pinned_meanwhile": len(extra)}
-        print(f"copy while pinning ({case:>26}): {gib} GiB D2H in {seconds:.3f} s = {gib * GIB / seconds / 1e9:5.1f}"
-              f" GB/s; {len(extra)} GiB pinned meanwhile", flush=True)
+        print(f"copy while pinning ({name:>31}): {gib} GiB D2H in {seconds:.3f} s = {gib * GIB / seconds / 1e9:5.1f}"
+              f" GB/s (issued in {issue_s:.3f} s); {len(extra)} GiB pinned meanwhile", flush=True)
         extra.clear()
     unregister(held)
     return out

@@ -315,10 +315,15 @@ def first_park(bench: Bench, nbytes: int, endpoint: str, turn_s: float, floor_d2
            "pinned_bytes": pool.pinned_bytes, "pinned_s": pool.pinned_seconds, "phases_s": phases,
            # since track(): when the park was asked for, and when the pool's background pinning ended
            "park_asked_since_track_s": park_at, "pool_pinned_since_track_s": pool.grown_at - t0,
+           # how far pinning had got when the park was asked for, and when each chunk was ready (since track())
+           "pinned_when_asked_bytes": sum(c.numel() for c, at in zip(pool.chunks, pool.chunk_ready_at, strict=True)
+                                          if at - t0 <= park_at),
+           "chunk_ready_since_track_s": [round(at - t0, 4) for at in pool.chunk_ready_at],
            "bit_identical": bool(identical), "failed": gpu.stats.failed("park") + gpu.stats.failed("restore")}
     say(f"  first park {seconds:.4f} s = {row['first_park_ratio']:.2f}x the floor; host pinned "
         f"{row['pin_gbps']:.1f} GB/s, done {row['pool_pinned_since_track_s']:.3f} s after track() (the park was "
-        f"asked for at {park_at:.3f} s); bit-identical {identical}")
+        f"asked for at {park_at:.3f} s, {row['pinned_when_asked_bytes'] / 1e9:.1f} GB pinned by then); "
+        f"phases {', '.join(f'{k} {v * 1e3:.0f} ms' for k, v in phases.items())}; bit-identical {identical}")
     tracked.untrack()
     gpu.close()
     del model, c, tracked

@@ -163,12 +163,17 @@ class HostSample:
         self._index = (torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
         self._taken: tuple[list[Any], torch.Tensor] | None = None  # (copied regions, their words)
 
-    def take(self, pool: HostPool, copied: list[Any]) -> None:
-        """Read the sampled words of ``copied`` (regions with ``offset`` and ``nbytes`` in ``pool``)."""
+    def prepare(self, copied: list[Any]) -> None:
+        """Build the index for ``copied``'s layout if it changed. A park calls it while its copies are in flight,
+        so that a first park (a new layout: 30-80 ms for 800 storages on the H200 host) does not wait for it."""
         layout = [(sl.offset, sl.nbytes) for sl in copied]
         if self._layout != layout:
             self._layout = layout
             self._index = sample_index([o for o, _ in layout], [n for _, n in layout])
+
+    def take(self, pool: HostPool, copied: list[Any]) -> None:
+        """Read the sampled words of ``copied`` (regions with ``offset`` and ``nbytes`` in ``pool``)."""
+        self.prepare(copied)
         self._taken = (copied, pool.gather_words(self._index[0]))
 
     def clear(self) -> None:

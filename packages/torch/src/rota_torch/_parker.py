@@ -361,6 +361,8 @@ class TensorParker:
                 if self.verify == "full":
                     job.sums = [device_checksum(self._view(sl.storage)) for sl in copied]
                 job.event = stream.record_event()
+            if self.verify == "sample":
+                self._sample.prepare(copied)  # while the copies run
             job.mark("issue")
         else:
             for sl in copied:

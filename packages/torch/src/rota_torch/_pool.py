@@ -156,6 +156,7 @@ class HostPool:
         self._target = 0  # capacity the reservation under way will reach (0: none under way)
         self.pinned_seconds = 0.0  # time spent pinning, and the bytes pinned: the host's pinning rate
         self.grown_at = 0.0  # time.perf_counter() when the last growth ended (0: never grown)
+        self.chunk_ready_at: list[float] = []  # time.perf_counter() when each chunk was added (benchmarks)
         self.pinned_bytes = 0
         self._registered = Registered()  # chunks registered with CUDA, unregistered when the pool goes
         fin = weakref.finalize(self, release, self._registered)
@@ -380,6 +381,7 @@ class HostPool:
                     with self._ready:  # offsets first: pieces() bounds its walk by the chunks
                         self._starts.append(self.capacity)
                         self.chunks.append(chunk)
+                        self.chunk_ready_at.append(time.perf_counter())
                         self._ready.notify_all()
                     time.sleep(0)  # let other threads (heartbeats) take the GIL between chunks
             finally:
