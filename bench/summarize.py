@@ -202,6 +202,21 @@ def _vllm_rows() -> None:
               f"{len(d['failures'])} (vllm-switch-cuda.json).")
 
 
+def _newest_whole_process() -> set[pathlib.Path]:
+    """Per GPU model, the agent JSON whose whole-process rows are shown: the newest by the date in its name (a
+    name without one is older: agent-cuda.json is from before pids had to be proven)."""
+    newest: dict[str, tuple[str, pathlib.Path]] = {}
+    for path in RESULTS.glob("agent-cuda*.json"):
+        d = json.loads(path.read_text())
+        if not d.get("whole_process_cuda"):
+            continue
+        stamp = max(re.findall(r"\d{8}", path.name), default="")
+        gpu = d.get("gpu", "")
+        if gpu not in newest or stamp > newest[gpu][0]:
+            newest[gpu] = (stamp, path)
+    return {path for _, path in newest.values()}
+
+
 def main() -> None:
     print("| path (H200, bf16, 800 tensors) | size | park | restore | overlapped park ‖ restore | source |")
     print("|---|---|---|---|---|---|")
@@ -214,13 +229,18 @@ def main() -> None:
                   f"| {r['restore_s']:.3f} s = {r['restore_ratio']:.2f}x floor | {r['overlap_gbps']:.0f} GB/s "
                   f"(bare copy {r['floor_overlap_gbps']:.0f}) | {name} |")
     region_only = RESULTS / "agent-cuda-region.json"  # a later region-only run supersedes the combined one's
+    whole_from = _newest_whole_process()
     for path in sorted(RESULTS.glob("agent-cuda*.json"), reverse=True):
         name, d = path.name, json.loads(path.read_text())
         if path != region_only and region_only.exists():
             d = {**d, "region_app_channel": []}
-        for w in d.get("whole_process_cuda", []):
-            print(f"| agent, whole-process (CUDA checkpoint) | {w['size_bytes'] / 1e9:.0f} GB | {w['park_s']:.2f} s "
-                  f"({w['park_GBps']:.1f} GB/s) | {w['restore_s']:.2f} s ({w['restore_GBps']:.1f} GB/s) | - | {name} |")
+        gpu = d.get("gpu", "")
+        for w in d.get("whole_process_cuda", []) if path in whole_from else []:
+            on = "" if "H200" in gpu else f" on {gpu.replace('NVIDIA ', '')}"
+            procs = f", {w['procs']} processes of the job, parallel {w['parallel']}" if w.get("procs", 1) > 1 else ""
+            print(f"| agent, whole-process (CUDA checkpoint){on}{procs} | {w['size_bytes'] / 1e9:.0f} GB | "
+                  f"{w['park_s']:.2f} s ({w['park_GBps']:.1f} GB/s) | {w['restore_s']:.2f} s ({w['restore_GBps']:.1f} "
+                  f"GB/s) | - | {name} |")
         for r in d.get("region_app_channel", []):
             best = min(r["switches"])
             print(f"| agent, region app_channel, release→grant end to end | {r['size_bytes'] / 1e9:.0f} GB | - | - | "
