@@ -1,5 +1,6 @@
 # Source on the H200 device machine (Python 3.12, CUDA torch preinstalled, no PyPI):
 #   source bench/device_env.sh
+#   ROTA_ENV_ONLY=1 source bench/device_env.sh   # a later call on the same warm machine: exports only
 # Installs the pinned grpcio/protobuf wheels carried in .whl/ and rota's packages into
 # /tmp/site (non-editable, offline), keeps NVLink multicast off, and puts `rota` on PATH.
 # .whl/ is git-ignored; fill it here first (pass carry=[".whl"] to the device run):
@@ -18,6 +19,12 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONWARNINGS="ignore::UserWarning:google.protobuf.runtime_version"
 python3 -c 'import grpc, google.protobuf as p, torch; print("device has grpcio", grpc.__version__, "protobuf", p.__version__, "torch", torch.__version__, "gpus", torch.cuda.device_count())'
 python3 -c 'import transformers, peft, safetensors, tokenizers as t; print("device has transformers", transformers.__version__, "peft", peft.__version__, "tokenizers", t.__version__)' || true
+if [ "${ROTA_ENV_ONLY:-}" = 1 ] && [ -d /tmp/site/rota ]; then
+  # a later call on the same warm machine (a queue may be running): the exports only, nothing reinstalled
+  echo "device_env: /tmp/site kept as installed (ROTA_ENV_ONLY=1)"
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
+  return 0 2>/dev/null || exit 0
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 # every package the GPU benches import (no dependencies resolved: the device has torch, transformers and peft)
 pkgs=""
