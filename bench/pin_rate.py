@@ -132,67 +132,93 @@ def copy_rate(host: torch.Tensor, dev: torch.Tensor, stream: torch.cuda.Stream) 
 
 
 def _pin_more(stop: threading.Event, extra: list, register_too: bool, touch_only: bool = False,
-              most: int = 48) -> None:
-    """Pin fresh 1 GiB mappings (zeroed or touched once per page, registered too if asked) until ``stop`` (at most
-    ``most`` GiB in all)."""
+              most: int = 48, ready: list | None = None) -> None:
+    """Pin 1 GiB mappings until ``stop`` (at most ``most`` GiB in all): fresh ones, zeroed or touched once per page,
+    registered too if asked; or, given ``ready`` (mappings faulted in beforehand), only register those. Each
+    entry of ``extra`` records when its registration ended (``time.perf_counter()``; None if not registered)."""
     cudart = torch.cuda.cudart()
     while not stop.is_set() and len(extra) < most:
-        m = mmap.mmap(-1, GIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        m.madvise(mmap.MADV_HUGEPAGE)
-        t = torch.frombuffer(m, dtype=torch.uint8)
-        _fault_in(t, touch_only)
+        if ready is not None:
+            try:
+                m, t = ready.pop()
+            except IndexError:
+                return
+        else:
+            m = mmap.mmap(-1, GIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            m.madvise(mmap.MADV_HUGEPAGE)
+            t = torch.frombuffer(m, dtype=torch.uint8)
+            _fault_in(t, touch_only)
+        at = None
         if register_too:
             cudart.cudaHostRegister(t.data_ptr(), GIB, 0)
-        extra.append((m, t, register_too))
+            at = time.perf_counter()
+        extra.append((m, t, at))
 
 
-def copy_while_pinning(threads: int, gib: int, dev: torch.device, stream: torch.cuda.Stream) -> dict:
-    """D2H copies of ``gib`` GiB into memory pinned beforehand: alone, while ``threads`` threads zero fresh
-    mappings (host memory traffic), and while they zero and register them (the driver's work); each as 1 GiB
-    copies and as 25 MB ones (a tenant's storages), with the seconds it took to issue them (a driver lock held by
-    registration would show there rather than in the copies' rate). Why: a tenant's
-    first park copies into the pool's first chunks while the rest is pinned, and on an H200 host those copies
-    made little progress until pinning ended (bench/switch.py at 4c07ed8)."""
+def copy_while_pinning(threads: int, gib: int, dev: torch.device, stream: torch.cuda.Stream,
+                       rounds: int = 4) -> dict:
+    """D2H copies of ``gib`` GiB (``rounds`` times over, so that the copies last long enough for the workers to
+    reach their registrations) into memory pinned beforehand: alone; while ``threads`` threads touch fresh mappings
+    (host memory traffic); while they touch and register them (what the pool does); and while they only register
+    mappings faulted in beforehand (the driver's part alone). Each as 1 GiB copies and as 25 MB ones (a tenant's
+    storages), with the seconds it took to issue them and the GiB whose registration ended during the copies.
+    Why: a tenant's first park copies into the pool's first chunks while the rest is pinned, and those copies ran
+    at about 36 GB/s against 55 (bench/switch.py's first park at 20 GB, H100 and H200), while a copy with the pool
+    already pinned ran at the floor."""
     src = torch.empty(GIB, dtype=torch.uint8, device=dev).random_()
     held = register(gib, threads, thp=True, parallel_register=True)
     out = {}
-    cases = {"alone": (False, False), "while-zeroing": (False, False), "while-registering": (True, False),
-             "while-touching": (False, True), "while-touching-registering": (True, True)}
+    cases = {"alone": (False, True), "while-touching": (False, True), "while-touching-registering": (True, True),
+             "while-registering-only": (True, True)}
     piece = 25 * 10**6  # a tenant's storages: bench/switch.py's 800 tensors of 25 MB, one copy each
-    runs = [(case, size) for case in cases for size in (GIB, piece)]
-    for case, size in runs:
-        register_too, touch_only = cases[case]
-        stop = threading.Event()
-        extra: list = []
-        workers = []
-        if case != "alone":
-            workers = [threading.Thread(target=_pin_more, args=(stop, extra, register_too, touch_only), daemon=True)
-                       for _ in range(threads)]
+    cudart = torch.cuda.cudart()
+    for case in cases:
+        for size in (GIB, piece):
+            register_too, touch_only = cases[case]
+            stop = threading.Event()
+            extra: list = []
+            ready = None
+            if case == "while-registering-only":  # faulted in now, registered during the copies
+                ready = []
+                for _ in range(32):
+                    m = mmap.mmap(-1, GIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                    m.madvise(mmap.MADV_HUGEPAGE)
+                    ready.append((m, torch.frombuffer(m, dtype=torch.uint8)))
+                _parallel(lambda i, r=ready: _fault_in(r[i][1], True), len(ready), threads)
+            workers = []
+            if case != "alone":
+                workers = [threading.Thread(target=_pin_more, args=(stop, extra, register_too, touch_only),
+                                            kwargs={"ready": ready}, daemon=True) for _ in range(threads)]
+                for w in workers:
+                    w.start()
+                time.sleep(0.02)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.cuda.stream(stream):
+                for _ in range(rounds):
+                    for _m, host in held:
+                        for at in range(0, GIB, size):
+                            host[at:at + size].copy_(src[at:at + size], non_blocking=True)
+            issue_s = time.perf_counter() - t0
+            stream.synchronize()
+            t1 = time.perf_counter()
+            seconds = t1 - t0
+            stop.set()
             for w in workers:
-                w.start()
-            time.sleep(0.05)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.cuda.stream(stream):
-            for _m, host in held:
-                for at in range(0, GIB, size):
-                    host[at:at + size].copy_(src[at:at + size], non_blocking=True)
-        issue_s = time.perf_counter() - t0
-        stream.synchronize()
-        seconds = time.perf_counter() - t0
-        stop.set()
-        for w in workers:
-            w.join()
-        cudart = torch.cuda.cudart()
-        for _m, t, registered in extra:
-            if registered:
-                cudart.cudaHostUnregister(t.data_ptr())
-        name = case if size == GIB else f"{case}-25MB"
-        out[name] = {"seconds": seconds, "issue_s": issue_s, "copy_d2h_gbps": gib * GIB / seconds / 1e9,
-                     "gib_pinned_meanwhile": len(extra)}
-        print(f"copy while pinning ({name:>31}): {gib} GiB D2H in {seconds:.3f} s = {gib * GIB / seconds / 1e9:5.1f}"
-              f" GB/s (issued in {issue_s:.3f} s); {len(extra)} GiB pinned meanwhile", flush=True)
-        extra.clear()
+                w.join()
+            registered_during = sum(1 for _m, _t, at in extra if at is not None and t0 <= at <= t1)
+            for _m, t, at in extra:
+                if at is not None:
+                    cudart.cudaHostUnregister(t.data_ptr())
+            name = case if size == GIB else f"{case}-25MB"
+            moved = rounds * gib * GIB
+            out[name] = {"seconds": seconds, "issue_s": issue_s, "copy_d2h_gbps": moved / seconds / 1e9,
+                         "gib_pinned_meanwhile": len(extra), "gib_registered_during_copies": registered_during}
+            print(f"copy while pinning ({name:>28}): {rounds}x{gib} GiB D2H in {seconds:.3f} s = "
+                  f"{moved / seconds / 1e9:5.1f} GB/s (issued in {issue_s:.3f} s); {len(extra)} GiB pinned meanwhile, "
+                  f"{registered_during} registered during the copies", flush=True)
+            extra.clear()
+            ready = None  # unmapped with the last reference
     unregister(held)
     return out
 
