@@ -71,6 +71,7 @@ class Bench:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.stream2 = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.release_cached = True
+        self.settle = 0.0  # seconds between a park and the restore after it (--settle)
 
     # ------------------------------------------------------------- tensors
 
@@ -208,6 +209,7 @@ def run_size(bench: Bench, nbytes: int, endpoint: str) -> dict[str, object]:
         park.append(gpu_a.stats.parks[-1].seconds)
         park_phases.append(dict(tracked_a.parker.last_phases, hooks_total=park[-1]))
         freed = all(t.untyped_storage().nbytes() == 0 for t in a)
+        time.sleep(bench.settle)
         with gpu_a.turn():
             pass
         restore.append(gpu_a.stats.restores[-1].seconds)
@@ -356,6 +358,9 @@ def main() -> None:
     ap.add_argument("--keep-cache", action="store_true", help="do not hand freed device memory back to the "
                     "driver after a park (release_cached=False; faster, but only this process can reuse it)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/switch-<device>.json)")
+    ap.add_argument("--settle", type=float, default=0.0, help="seconds between each park and the restore after it "
+                    "(default 0: back to back). In a time-sliced group another tenant's turn lies between them; a "
+                    "restore into memory the driver has only just taken back may copy slower")
     ap.add_argument("--first-turn", type=float, default=0.5, help="seconds of the first turn before the first "
                     "park of a freshly tracked tenant (its pool pinned in the background); <0 skips it")
     ns = ap.parse_args()
@@ -370,7 +375,10 @@ def main() -> None:
 
     from rota.testing import running_orchestrator
 
+    if ns.settle < 0:
+        ap.error(f"--settle {ns.settle:g}: seconds, 0 or more")
     bench = Bench(device, DTYPES[ns.dtype], ns.tensors, ns.repeats)
+    bench.settle = ns.settle
     bench.release_cached = not ns.keep_cache
     rows, firsts = [], []
     with running_orchestrator() as (endpoint, _engine):
@@ -391,7 +399,7 @@ def main() -> None:
     result = {
         "bench": "switch", "device": str(device), "device_name": name, "torch": torch.__version__,
         "python": platform.python_version(), "host": platform.node(), "dtype": ns.dtype, "tensors": ns.tensors,
-        "repeats": ns.repeats, "release_cached": bench.release_cached,
+        "repeats": ns.repeats, "release_cached": bench.release_cached, "settle_s": ns.settle,
         "verify": env_verify(), "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "settings": {k: os.environ.get(k) for k in ("ROTA_PIN_THREADS", "ROTA_PIN_FAULT", "ROTA_PIN_METHOD",
                                                     "PYTORCH_CUDA_ALLOC_CONF")},
