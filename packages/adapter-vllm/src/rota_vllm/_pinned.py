@@ -67,7 +67,7 @@ class WeightStash:
         stream = torch.cuda.Stream(self.device) if cuda else None
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(), self.pool.copying():
             for s, offset in zip(self.storages, self.offsets, strict=True):
                 n = s.nbytes()
                 if to_host and not self.pool.wait_for(offset + n):

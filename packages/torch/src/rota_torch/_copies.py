@@ -202,7 +202,14 @@ def copy_in(pool: HostPool, device: torch.device, sl: Slot, *, non_blocking: boo
 def copy_runs(pool: HostPool, device: torch.device, slots: list[Slot], *, into_device: bool,
               wait_check: Callable[[], None] | None, who: str) -> None:
     """Issue the asynchronous copies of ``slots`` (copied ones, in pool order) on the current stream, one per run,
-    each once the pool holds its bytes."""
+    each once the pool holds its bytes; the pool's pinning registers nothing while copies are being issued
+    (:meth:`rota_torch.HostPool.copying`)."""
+    with pool.copying():
+        _issue_runs(pool, device, slots, into_device=into_device, wait_check=wait_check, who=who)
+
+
+def _issue_runs(pool: HostPool, device: torch.device, slots: list[Slot], *, into_device: bool,
+                wait_check: Callable[[], None] | None, who: str) -> None:
     for run in device_runs(slots):
         first, last = run[0], run[-1]
         pool.wait_for(last.offset + last.nbytes, wait_check)

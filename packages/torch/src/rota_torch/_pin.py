@@ -33,7 +33,7 @@ import logging
 import mmap
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -97,8 +97,10 @@ def fault_in(chunk: torch.Tensor, fault: str) -> None:
         chunk.zero_()
 
 
-def _registered_chunk(size: int, registered: Registered, fault: str) -> torch.Tensor:
-    """An anonymous mapping of ``size`` bytes, faulted in here (huge pages where offered), then registered."""
+def _registered_chunk(size: int, registered: Registered, fault: str,
+                      gate: Callable[[], None] | None = None) -> torch.Tensor:
+    """An anonymous mapping of ``size`` bytes, faulted in here (huge pages where offered), then registered once
+    ``gate`` returns (the pool holds registrations back while a park issues its copies)."""
     mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         try:
@@ -107,6 +109,8 @@ def _registered_chunk(size: int, registered: Registered, fault: str) -> torch.Te
             pass
     chunk = torch.frombuffer(mapping, dtype=torch.uint8)
     fault_in(chunk, fault)  # registering faulted pages is then quick
+    if gate is not None:
+        gate()
     err = int(torch.cuda.cudart().cudaHostRegister(chunk.data_ptr(), size, 0))
     if err:
         raise OSError(f"cudaHostRegister of {size} bytes failed with CUDA error {err}")
@@ -126,6 +130,7 @@ def _pageable_chunk(size: int) -> torch.Tensor:
 class ChunkMaker:
     """Makes host chunks of the given sizes; :meth:`in_order` yields them by index.
 
+    ``gate`` (optional) is called after a chunk's pages are faulted in and before it is registered.
     ``method``: ``register`` (pinned, on worker threads), ``hostalloc`` (pinned by torch, on the caller's
     thread) or ``pageable`` (ordinary memory, for pools of CPU tenants). A failure stops the workers and is
     raised by :meth:`in_order` at that chunk; :meth:`close` (always call it) waits for the workers so that no
@@ -133,9 +138,10 @@ class ChunkMaker:
     """
 
     def __init__(self, sizes: list[int], registered: Registered, *, threads: int | None = None,
-                 method: str | None = None) -> None:
+                 method: str | None = None, gate: Callable[[], None] | None = None) -> None:
         self.sizes = sizes
         self.registered = registered
+        self.gate = gate
         self.method = method or pin_method()
         self.fault = pin_fault() if self.method == "register" else "zero"
         self.threads = max(1, min(threads or pin_threads(), len(sizes)))
@@ -154,7 +160,7 @@ class ChunkMaker:
             return _pageable_chunk(size)
         if self.method == "register":
             try:
-                return _registered_chunk(size, self.registered, self.fault)
+                return _registered_chunk(size, self.registered, self.fault, self.gate)
             except (OSError, RuntimeError) as exc:
                 if not _fallback_logged:
                     _fallback_logged = True
