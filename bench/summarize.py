@@ -186,20 +186,20 @@ def _agent_tier() -> None:
 
 
 def _vllm_rows() -> None:
-    """vLLM engines: rota's park/restore vs vLLM's own level-1 sleep, vs the pinned floor (vllm-switch-cuda.json)."""
-    d = _load("vllm-switch-cuda.json")
-    if not d:
-        return
-
+    """vLLM engines: rota's park/restore vs vLLM's own level-1 sleep, vs the pinned floor, one line per shape of
+    each vllm-switch-cuda*.json (the card each ran on named)."""
     def x(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.2f}x"
-    for r in d["rows"]:
-        o, v = r["rota"], r["vllm_level1"]
-        print(f"vLLM {d['vllm']} engine, Qwen3-{r['shape']} shape ({r['weights_bytes'] / 1e9:.2f} GB of weights), one "
-              f"H200: rota park {x(o['park_x_floor'])} / restore {x(o['restore_x_floor'])} the pinned floor (first "
-              f"park {x(o['first_park_x_floor'])}); vLLM's level-1 sleep {x(v['sleep_x_floor'])} / wake "
-              f"{x(v['wake_x_floor'])} (first sleep {x(v['first_sleep_x_floor'])}); failures "
-              f"{len(d['failures'])} (vllm-switch-cuda.json).")
+    for path in sorted(RESULTS.glob("vllm-switch-cuda*.json")):
+        d = json.loads(path.read_text())
+        card = d.get("device", "GPU").replace("NVIDIA ", "")
+        for r in d["rows"]:
+            o, v = r["rota"], r["vllm_level1"]
+            print(f"vLLM {d['vllm']} engine, Qwen3-{r['shape']} shape ({r['weights_bytes'] / 1e9:.2f} GB of weights), "
+                  f"one {card}{' at ' + d['commit'][:7] if d.get('commit') else ''}: rota park {x(o['park_x_floor'])} "
+                  f"/ restore {x(o['restore_x_floor'])} the pinned floor (first park {x(o['first_park_x_floor'])}); "
+                  f"vLLM's level-1 sleep {x(v['sleep_x_floor'])} / wake {x(v['wake_x_floor'])} (first sleep "
+                  f"{x(v['first_sleep_x_floor'])}); failures {len(d['failures'])} ({path.name}).")
 
 
 def _newest_whole_process() -> set[pathlib.Path]:
