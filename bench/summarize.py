@@ -202,6 +202,16 @@ def _vllm_rows() -> None:
                   f"{x(v['first_sleep_x_floor'])}); failures {len(d['failures'])} ({path.name}).")
 
 
+def _tier_part(name: str) -> str:
+    """One part of the tier (ROTA_TIER_TESTS): where and at what commit it ran, and its outcomes."""
+    tier = _load(name)
+    outcomes = [t["outcome"] for t in tier["tests"].values()]
+    failed = [nodeid.split("::")[-1] for nodeid, t in tier["tests"].items() if t["outcome"] == "failed"]
+    files = sorted({nodeid.split("::")[0].rsplit("/", 1)[-1] for nodeid in tier["tests"]})
+    return (f"{', '.join(files)} on {tier['device']} at {tier['commit'][:7]}: {outcomes.count('passed')} of "
+            f"{len(outcomes)} passed" + (f" (failed: {', '.join(failed)})" if failed else "") + f" ({name})")
+
+
 def _newest_whole_process() -> set[pathlib.Path]:
     """Per GPU model, the agent JSON whose whole-process rows are shown: the newest by the date in its name (a
     name without one is older: agent-cuda.json is from before pids had to be proven)."""
@@ -320,6 +330,9 @@ def main() -> None:
               + (f"; failed: {', '.join(failed)}" if failed else "")
               + (f"; Tinker workers' parks: {len(parks)}, the most any left beside its CUDA context "
                  f"{beyond / 2**20:.0f} MiB" if parks else "") + f" ({tiers[-1]}).")
+        later = sorted(n for n in tiers if n > tiers[-1] and re.match(r"cuda-tier-\d{8}T", n))  # run since
+        if later:
+            print("Parts of the CUDA tier run since: " + "; ".join(_tier_part(n) for n in later) + ".")
     for name, label in (("handoff-cpu.json", "embedded"), ("handoff-etcd-cpu.json", "through etcd")):
         d = _load(name)
         if d:
