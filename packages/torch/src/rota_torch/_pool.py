@@ -176,7 +176,8 @@ class HostPool:
         Growing appends chunks; bytes already in the pool stay where they are.
         """
         self.wait()
-        return self._grow(nbytes)
+        with self._registrations_through():  # a copier growing the pool itself must not hold back its pinning
+            return self._grow(nbytes)
 
     def reserve_async(self, nbytes: int) -> None:
         """Start :meth:`reserve` on a background thread; the next park waits for it."""
@@ -222,6 +223,22 @@ class HostPool:
                 self._copying -= 1
                 self._ready.notify_all()
 
+    @contextlib.contextmanager
+    def _registrations_through(self) -> Iterator[None]:
+        """While a caller inside :meth:`copying` waits for bytes (or grows the pool itself), the registrations
+        that make them go ahead: one copier fewer for the duration (none if the caller is not copying)."""
+        with self._ready:
+            through = self._copying > 0
+            if through:
+                self._copying -= 1
+                self._ready.notify_all()
+        try:
+            yield
+        finally:
+            if through:
+                with self._ready:
+                    self._copying += 1
+
     def registration_gate(self, limit_s: float = 1.0) -> None:
         """Called by the pinning threads before each registration: wait (at most ``limit_s``) while a caller
         issues copies (:meth:`copying`)."""
@@ -237,19 +254,11 @@ class HostPool:
         pinned (the first park after ``track``). ``check`` runs while waiting (a park's deadline).
         A background reservation that failed raises its error here.
         """
-        with self._ready:
-            waiting = self.capacity < nbytes and self._copying > 0
-            if waiting:  # a copier waiting for bytes lets the registrations that make them go ahead
-                self._copying -= 1
-                self._ready.notify_all()
-            try:
-                while self.capacity < nbytes and self._target >= nbytes and self._error is None:
-                    self._ready.wait(0.05)
-                    if check is not None:
-                        check()
-            finally:
-                if waiting:
-                    self._copying += 1
+        with self._ready, self._registrations_through():
+            while self.capacity < nbytes and self._target >= nbytes and self._error is None:
+                self._ready.wait(0.05)
+                if check is not None:
+                    check()
             ready = self.capacity >= nbytes
         if not ready and (self._error is not None or self._pending is not None):
             # the reservation ended short: join it, so a failure raises here (its thread records the error only
