@@ -135,6 +135,7 @@ class HostPool:
                  spill_dir: str | None = None) -> None:
         self.pin = torch.cuda.is_available() if pin is None else pin
         self.chunks: list[torch.Tensor] = []
+        self._held = 0  # bytes of the chunks: capacity, read on every copy a park issues
         if chunk_bytes <= 0 or chunk_bytes % ALIGN:  # sampled verify reads the chunks as 8-byte words
             raise ConfigError(f"chunk_bytes={chunk_bytes!r} must be a positive multiple of {ALIGN}")
         self.chunk_bytes = chunk_bytes
@@ -168,7 +169,7 @@ class HostPool:
     @property
     def capacity(self) -> int:
         """Bytes the pool holds now."""
-        return sum(c.numel() for c in self.chunks)
+        return self._held
 
     def reserve(self, nbytes: int) -> float:
         """Make sure the pool holds at least ``nbytes``; returns seconds spent allocating.
@@ -254,6 +255,8 @@ class HostPool:
         pinned (the first park after ``track``). ``check`` runs while waiting (a park's deadline).
         A background reservation that failed raises its error here.
         """
+        if self._held >= nbytes:  # the common case, every run of every park: no lock
+            return True
         with self._ready, self._registrations_through():
             while self.capacity < nbytes and self._target >= nbytes and self._error is None:
                 self._ready.wait(0.05)
@@ -428,6 +431,7 @@ class HostPool:
                     with self._ready:  # offsets first: pieces() bounds its walk by the chunks
                         self._starts.append(self.capacity)
                         self.chunks.append(chunk)
+                        self._held += chunk.numel()
                         self.chunk_ready_at.append(time.perf_counter())
                         self._ready.notify_all()
                     time.sleep(0)  # let other threads (heartbeats) take the GIL between chunks
