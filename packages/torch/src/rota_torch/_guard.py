@@ -165,7 +165,7 @@ class HostSample:
 
     def prepare(self, copied: list[Any]) -> None:
         """Build the index for ``copied``'s layout if it changed. A park calls it while its copies are in flight,
-        so that a first park (a new layout: 30-80 ms for 800 storages on the H200 host) does not wait for it."""
+        so that a first park (a new layout: tens of ms for 800 storages on the GPU hosts) does not wait for it."""
         layout = [(sl.offset, sl.nbytes) for sl in copied]
         if self._layout != layout:
             self._layout = layout
