@@ -22,14 +22,13 @@ python3 -c 'import transformers, peft, safetensors, tokenizers as t; print("devi
 if [ "${ROTA_ENV_ONLY:-}" = 1 ] && [ -d /tmp/site/rota ]; then
   # a later call on the same warm machine (a queue may be running): the exports only, nothing reinstalled
   echo "device_env: /tmp/site kept as installed (ROTA_ENV_ONLY=1)"
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
-  return 0 2>/dev/null || exit 0
+else
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  # every package the GPU benches import (no dependencies resolved: the device has torch, transformers and peft)
+  pkgs=""
+  for p in core torch adapter-fsdp adapter-megatron serving adapter-vllm adapter-sglang adapter-trl agent-client agent demo service-tinker; do
+    [ -d packages/$p ] && pkgs="$pkgs packages/$p"
+  done
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site $pkgs
 fi
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-# every package the GPU benches import (no dependencies resolved: the device has torch, transformers and peft)
-pkgs=""
-for p in core torch adapter-fsdp adapter-megatron serving adapter-vllm adapter-sglang adapter-trl agent-client agent demo service-tinker; do
-  [ -d packages/$p ] && pkgs="$pkgs packages/$p"
-done
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site $pkgs
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH  # keeps a staged engine (stage_wheels.py env) on the path

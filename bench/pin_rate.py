@@ -80,34 +80,37 @@ def _fault_in(t: torch.Tensor, touch_only: bool) -> None:
         t.zero_()
 
 
+def _mapping(thp: bool = True) -> tuple[mmap.mmap, torch.Tensor]:
+    """A fresh anonymous 1 GiB mapping (transparent huge pages asked for if ``thp``) and a uint8 view of it."""
+    m = mmap.mmap(-1, GIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if thp and hasattr(mmap, "MADV_HUGEPAGE"):
+        m.madvise(mmap.MADV_HUGEPAGE)
+    return m, torch.frombuffer(m, dtype=torch.uint8)
+
+
 def register(n: int, threads: int, *, thp: bool, parallel_register: bool, touch_only: bool = False) -> list:
     cudart = torch.cuda.cudart()
-    maps = [mmap.mmap(-1, GIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) for _ in range(n)]
-    tensors = []
-    for m in maps:
-        if thp and hasattr(mmap, "MADV_HUGEPAGE"):
-            m.madvise(mmap.MADV_HUGEPAGE)
-        tensors.append(torch.frombuffer(m, dtype=torch.uint8))
+    held = [_mapping(thp) for _ in range(n)]
 
     def touch(i: int) -> None:
-        _fault_in(tensors[i], touch_only)
+        _fault_in(held[i][1], touch_only)
         if parallel_register:
-            err = int(cudart.cudaHostRegister(tensors[i].data_ptr(), GIB, 0))
+            err = int(cudart.cudaHostRegister(held[i][1].data_ptr(), GIB, 0))
             if err:
                 raise RuntimeError(f"cudaHostRegister failed: {err}")
 
     _parallel(touch, n, threads)
     if not parallel_register:
-        for t in tensors:
+        for _m, t in held:
             err = int(cudart.cudaHostRegister(t.data_ptr(), GIB, 0))
             if err:
                 raise RuntimeError(f"cudaHostRegister failed: {err}")
-    return [(m, t) for m, t in zip(maps, tensors, strict=True)]
+    return held
 
 
 def unregister(held: list) -> None:
     cudart = torch.cuda.cudart()
-    for _mapping, t in held:
+    for _m, t in held:
         cudart.cudaHostUnregister(t.data_ptr())
     held.clear()
 
@@ -144,9 +147,7 @@ def _pin_more(stop: threading.Event, extra: list, register_too: bool, touch_only
             except IndexError:
                 return
         else:
-            m = mmap.mmap(-1, GIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            m.madvise(mmap.MADV_HUGEPAGE)
-            t = torch.frombuffer(m, dtype=torch.uint8)
+            m, t = _mapping()
             _fault_in(t, touch_only)
         at = None
         if register_too:
@@ -168,26 +169,23 @@ def copy_while_pinning(threads: int, gib: int, dev: torch.device, stream: torch.
     src = torch.empty(GIB, dtype=torch.uint8, device=dev).random_()
     held = register(gib, threads, thp=True, parallel_register=True)
     out = {}
-    cases = {"alone": (False, True), "while-touching": (False, True), "while-touching-registering": (True, True),
-             "while-registering-only": (True, True)}
+    # case -> whether the workers register (they touch one byte per page of fresh mappings, as the pool does)
+    cases = {"alone": False, "while-touching": False, "while-touching-registering": True,
+             "while-registering-only": True}
     piece = 25 * 10**6  # a tenant's storages: bench/switch.py's 800 tensors of 25 MB, one copy each
     cudart = torch.cuda.cudart()
     for case in cases:
         for size in (GIB, piece):
-            register_too, touch_only = cases[case]
+            register_too = cases[case]
             stop = threading.Event()
             extra: list = []
             ready = None
             if case == "while-registering-only":  # faulted in now, registered during the copies
-                ready = []
-                for _ in range(32):
-                    m = mmap.mmap(-1, GIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-                    m.madvise(mmap.MADV_HUGEPAGE)
-                    ready.append((m, torch.frombuffer(m, dtype=torch.uint8)))
+                ready = [_mapping() for _ in range(32)]
                 _parallel(lambda i, r=ready: _fault_in(r[i][1], True), len(ready), threads)
             workers = []
             if case != "alone":
-                workers = [threading.Thread(target=_pin_more, args=(stop, extra, register_too, touch_only),
+                workers = [threading.Thread(target=_pin_more, args=(stop, extra, register_too, True),
                                             kwargs={"ready": ready}, daemon=True) for _ in range(threads)]
                 for w in workers:
                     w.start()

@@ -202,11 +202,16 @@ def _vllm_rows() -> None:
                   f"{x(v['first_sleep_x_floor'])}); failures {len(d['failures'])} ({path.name}).")
 
 
+def _failed_tests(tier: dict) -> list[str]:
+    """The names of a tier run's failed tests."""
+    return [nodeid.split("::")[-1] for nodeid, t in tier["tests"].items() if t["outcome"] == "failed"]
+
+
 def _tier_part(name: str) -> str:
     """One part of the tier (ROTA_TIER_TESTS): where and at what commit it ran, and its outcomes."""
     tier = _load(name)
     outcomes = [t["outcome"] for t in tier["tests"].values()]
-    failed = [nodeid.split("::")[-1] for nodeid, t in tier["tests"].items() if t["outcome"] == "failed"]
+    failed = _failed_tests(tier)
     files = sorted({nodeid.split("::")[0].rsplit("/", 1)[-1] for nodeid in tier["tests"]})
     return (f"{', '.join(files)} on {tier['device']} at {tier['commit'][:7]}: {outcomes.count('passed')} of "
             f"{len(outcomes)} passed" + (f" (failed: {', '.join(failed)})" if failed else "") + f" ({name})")
@@ -323,7 +328,7 @@ def main() -> None:
         parks = [p for t in tier["tests"].values() if isinstance(t.get("parks"), list)  # the demo's are counts
                  for p in t["parks"] if "parked_nvml_after" in p]
         beyond = max((p["parked_nvml_after"] - p["parked_outside_allocator"] for p in parks), default=0)
-        failed = [nodeid.split("::")[-1] for nodeid, t in tier["tests"].items() if t["outcome"] == "failed"]
+        failed = _failed_tests(tier)
         print(f"CUDA tier on {tier['device']} at {tier['commit'][:10]} ({tier['date'][:10]}): "
               f"{outcomes.count('passed')} of {len(outcomes)} passed"
               + (f" ({outcomes.count('skipped')} skipped: two-GPU tests on one GPU)" if "skipped" in outcomes else "")
