@@ -126,21 +126,27 @@ def _demo_logs() -> None:
               f"{all(x == 'True' for x in ident)} ({path.name}).")
 
 
-def _newest_tier_with(test_file: str) -> tuple[dict, str, list[tuple[str, dict]]]:
-    """The newest CUDA tier JSON (by its name's date) that ran tests of ``test_file``, its name and those tests
-    (none found: an empty list)."""
+def _newest_tiers_with(test_file: str) -> list[tuple[dict, str, list[tuple[str, dict]]]]:
+    """Per GPU model, the newest CUDA tier JSON (by its name's date) that ran tests of ``test_file``: the tier,
+    its name and those tests."""
     runs = sorted(RESULTS.glob("cuda-tier-2*.json"), key=lambda p: p.name.split("-")[2])
-    for path in reversed(runs):
+    newest: dict[str, tuple[dict, str, list[tuple[str, dict]]]] = {}
+    for path in runs:
         tier = json.loads(path.read_text())
         mine = [(nodeid, t) for nodeid, t in tier.get("tests", {}).items() if test_file in nodeid]
         if mine:
-            return tier, path.name, mine
-    return {}, "", []
+            newest[tier["device"]] = (tier, path.name, mine)
+    return list(newest.values())
 
 
 def _demo_tier() -> None:
-    """``rota demo --device cuda`` in the newest CUDA tier that ran it (tests/cuda/test_demo_cuda.py)."""
-    tier, name, tests = _newest_tier_with("test_demo_cuda.py")
+    """``rota demo --device cuda`` in the newest CUDA tier that ran it on each GPU model (test_demo_cuda.py)."""
+    for tier, name, tests in _newest_tiers_with("test_demo_cuda.py"):
+        _demo_tier_line(tier, name, tests)
+
+
+def _demo_tier_line(tier: dict, name: str, tests: list[tuple[str, dict]]) -> None:
+    """One tier run's demo tests, in one line."""
     parts = []
     for nodeid, t in tests:
         if t.get("outcome") != "passed" or "timesliced_over_serial" not in t:
@@ -162,10 +168,13 @@ def _demo_tier() -> None:
 
 
 def _agent_tier() -> None:
-    """The agent's whole-process backend in the newest CUDA tier that ran it."""
-    tier, name, tests = _newest_tier_with("test_agent_whole_process_cuda.py")
-    if not tests:
-        return
+    """The agent's whole-process backend in the newest CUDA tier that ran it on each GPU model."""
+    for tier, name, tests in _newest_tiers_with("test_agent_whole_process_cuda.py"):
+        _agent_tier_line(tier, name, tests)
+
+
+def _agent_tier_line(tier: dict, name: str, tests: list[tuple[str, dict]]) -> None:
+    """One tier run's whole-process tests, in one line."""
     parts = []
     for nodeid, t in tests:
         if t.get("outcome") != "passed":
@@ -230,6 +239,31 @@ def _newest_whole_process() -> set[pathlib.Path]:
         if gpu not in newest or stamp > newest[gpu][0]:
             newest[gpu] = (stamp, path)
     return {path for _, path in newest.values()}
+
+
+def _whole_tiers() -> None:
+    """Per GPU model, its run of the whole tier (the one with the most tests, then the newest: a run of a part,
+    ROTA_TIER_TESTS or -k, has fewer) and the parts of the tier run on that model since."""
+    by_card: dict[str, list[str]] = {}
+    for path in sorted(RESULTS.glob("cuda-tier-*.json")):
+        by_card.setdefault(_load(path.name)["device"], []).append(path.name)
+    for names in by_card.values():
+        whole = max(names, key=lambda n: (len(_load(n)["tests"]), n))
+        tier = _load(whole)
+        outcomes = [t["outcome"] for t in tier["tests"].values()]
+        parks = [p for t in tier["tests"].values() if isinstance(t.get("parks"), list)  # the demo's are counts
+                 for p in t["parks"] if "parked_nvml_after" in p]
+        beyond = max((p["parked_nvml_after"] - p["parked_outside_allocator"] for p in parks), default=0)
+        failed = _failed_tests(tier)
+        print(f"CUDA tier on {tier['device']} at {tier['commit'][:10]} ({tier['date'][:10]}): "
+              f"{outcomes.count('passed')} of {len(outcomes)} passed"
+              + (f" ({outcomes.count('skipped')} skipped: two-GPU tests on one GPU)" if "skipped" in outcomes else "")
+              + (f"; failed: {', '.join(failed)}" if failed else "")
+              + (f"; Tinker workers' parks: {len(parks)}, the most any left beside its CUDA context "
+                 f"{beyond / 2**20:.0f} MiB" if parks else "") + f" ({whole}).")
+        later = sorted(n for n in names if n > whole and re.match(r"cuda-tier-\d{8}T", n))  # run since
+        if later:
+            print("Parts of the CUDA tier run since on this card: " + "; ".join(_tier_part(n) for n in later) + ".")
 
 
 def main() -> None:
@@ -319,25 +353,7 @@ def main() -> None:
                          for t, sw in ((full["tenants"][k], full["switches"][k]) for k in full["tenants"]))
         print(f"Tinker service, full-parameter tenants taking turns on one H200 ({how}; every switch parks; vs the "
               f"pinned floor): {rows}; bit-identical to each alone: {full['all_bit_identical']} ({name}).")
-    # the newest run of the whole tier (a run of some of its tests, -k, has fewer)
-    tiers = sorted(RESULTS.glob("cuda-tier-*.json"), key=lambda p: (len(_load(p.name)["tests"]), p.name))
-    tiers = [p.name for p in tiers]
-    if tiers:
-        tier = _load(tiers[-1])
-        outcomes = [t["outcome"] for t in tier["tests"].values()]
-        parks = [p for t in tier["tests"].values() if isinstance(t.get("parks"), list)  # the demo's are counts
-                 for p in t["parks"] if "parked_nvml_after" in p]
-        beyond = max((p["parked_nvml_after"] - p["parked_outside_allocator"] for p in parks), default=0)
-        failed = _failed_tests(tier)
-        print(f"CUDA tier on {tier['device']} at {tier['commit'][:10]} ({tier['date'][:10]}): "
-              f"{outcomes.count('passed')} of {len(outcomes)} passed"
-              + (f" ({outcomes.count('skipped')} skipped: two-GPU tests on one GPU)" if "skipped" in outcomes else "")
-              + (f"; failed: {', '.join(failed)}" if failed else "")
-              + (f"; Tinker workers' parks: {len(parks)}, the most any left beside its CUDA context "
-                 f"{beyond / 2**20:.0f} MiB" if parks else "") + f" ({tiers[-1]}).")
-        later = sorted(n for n in tiers if n > tiers[-1] and re.match(r"cuda-tier-\d{8}T", n))  # run since
-        if later:
-            print("Parts of the CUDA tier run since: " + "; ".join(_tier_part(n) for n in later) + ".")
+    _whole_tiers()
     for name, label in (("handoff-cpu.json", "embedded"), ("handoff-etcd-cpu.json", "through etcd")):
         d = _load(name)
         if d:

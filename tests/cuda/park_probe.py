@@ -57,11 +57,14 @@ def fill_fits(nbytes: int) -> bool:
         return False
 
 
-def wait_for_count(path: Path, n: int, who: str, timeout: float = 300.0) -> None:
+def wait_for_count(path: Path, n: int, who: str, timeout: float = 300.0, proc: Any = None) -> None:
     """Until ``path`` holds a count of at least ``n``, written by ``who`` (turns taken so far): two processes
-    that alternate on the device wait for each other's turns this way."""
+    that alternate on the device wait for each other's turns this way. With ``proc`` (``who``'s Popen), stop
+    at once when it has exited: an engine that died at start-up is not waited for until the timeout."""
     deadline = time.monotonic() + timeout
     while not (path.exists() and int(path.read_text() or 0) >= n):
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"{who} exited {proc.returncode} before turn {n} ({path})")
         if time.monotonic() > deadline:
             raise SystemExit(f"{who} did not take turn {n} within {timeout:.0f} s ({path})")
         time.sleep(0.05)

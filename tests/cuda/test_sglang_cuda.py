@@ -1,10 +1,10 @@
 """rota_sglang on a real GPU (issue 41, item 5): an in-process ``sglang.Engine`` (``enable_memory_saver=True``)
 tracked with ``rota_sglang.track`` is parked whenever this process, a job of its own, asks for the device.
 
-The engine runs in a process of its own (this file run as a script) on a Qwen3-0.6B-shaped snapshot built here
-(random bf16 weights and a small local tokenizer, ``save_pretrained``), with ``--attention-backend triton`` (the
-staged sglang-kernel has FlashAttention 3 pruned). Between two of its turns this process acquires the group,
-which parks the engine, and fills 60% of the device, which fits only if the park freed the engine's 50%.
+The engine runs in a process of its own (``sglang_engine.py`` run as a script) on a Qwen3-0.6B-shaped snapshot
+built here (random bf16 weights and a small local tokenizer, ``save_pretrained``), with ``--attention-backend
+triton`` (the staged sglang-kernel has FlashAttention 3 pruned). Between two of its turns this process acquires
+the group, which parks the engine, and fills 60% of the device, which fits only if the park freed the engine's 50%.
 Checked, with the weights kept on the host (``enable_weights_cpu_backup``) and dropped (pushed again with
 ``update_weights`` after each restore, as an RL loop does):
 
@@ -13,7 +13,7 @@ Checked, with the weights kept on the host (``enable_weights_cpu_backup``) and d
 * no park or restore failed.
 
 Needs SGLang (0.5.17 on the H200 host: bench/stage_wheels.py with bench/engines/sglang-0.5.17.toml) importable;
-skipped otherwise, saying so. Not yet run on a GPU.
+skipped otherwise, saying so.
 """
 
 from __future__ import annotations
@@ -26,66 +26,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-GB = 1 << 30
-MIB = 1 << 20
-TURNS = 3
-ENGINE_SHARE = 0.5  # mem_fraction_static
-FILL = 0.6  # of the device, filled by the other job in its turn: fits only beside a parked engine
-PARKED_MAX = 2 * GB  # NVML bytes of all the engine's processes while parked (contexts, residue)
-PROMPTS = ["the quick brown fox", "a model of the world", "rota takes turns", "one two three four"]
-
-
-def engine(snapshot: str, backup: str, out: str) -> None:
-    """The engine's process: generate in each turn; after a turn, wait for the other job's turn."""
-    import sglang as sgl
-    import torch
-    from park_probe import wait_for_count, write_count
-    from safetensors.torch import load_file
-
-    import rota
-    import rota_sglang
-
-    eng = sgl.Engine(model_path=snapshot, random_seed=0, enable_memory_saver=True, dtype="bfloat16",
-                     enable_weights_cpu_backup=backup == "cpu", mem_fraction_static=ENGINE_SHARE,
-                     attention_backend="triton", disable_cuda_graph=True, disable_radix_cache=True,
-                     log_level="warning")
-    params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
-    weights: dict[str, torch.Tensor] = {}
-    for f in sorted(Path(snapshot).glob("*.safetensors")):
-        weights |= load_file(str(f))
-    gpu = rota.connect()
-    tracked = rota_sglang.track(gpu, eng)
-    texts, stale = [], []
-    for turn in range(TURNS):
-        with gpu.turn():
-            stale.append(tracked.weights_stale)
-            if tracked.weights_stale:  # dropped at the park: the snapshot's weights again
-                tracked.update_weights([(k, v.to("cuda")) for k, v in weights.items()])
-            texts.append([o["text"] for o in eng.generate(PROMPTS, params)])
-        write_count(Path(out).with_suffix(".engine"), turn + 1)
-        if turn + 1 < TURNS:  # the other job's turn (this engine parked)
-            wait_for_count(Path(out).with_suffix(".other"), turn + 1, "the other job", 600)
-    Path(out).write_text(json.dumps({"texts": texts, "stale_at_turn": stale, "parks": len(gpu.stats.parks),
-                                     "restores": len(gpu.stats.restores),
-                                     "failures": [str(f) for f in gpu.stats.failures],
-                                     "park_s": [p.seconds for p in gpu.stats.parks],
-                                     "restore_s": [r.seconds for r in gpu.stats.restores],
-                                     "dropped": list(tracked.dropped)}))
-    tracked.untrack()
-    eng.shutdown()
-    gpu.close()
-
-
-if __name__ == "__main__":
-    engine(*sys.argv[1:4])
-    sys.exit(0)
-
-import pytest  # noqa: E402  (the test side; the engine's process needs none of it)
+import pytest
 
 pytest.importorskip("sglang", reason="sglang is not importable here: stage sglang 0.5.17 on the GPU machine with "
                                      "bench/stage_wheels.py (bench/engines/sglang-0.5.17.toml), then run the tier")
 
-from tests.cuda.park_probe import device_processes, fill_fits, wait_for_count, write_count  # noqa: E402
+from tests.cuda.park_probe import device_processes, fill_fits, wait_for_count, write_count
+from tests.cuda.sglang_engine import TURNS
+
+GB = 1 << 30
+MIB = 1 << 20
+FILL = 0.6  # of the device, filled by the other job in its turn: fits only beside a parked engine
+PARKED_MAX = 2 * GB  # NVML bytes of all the engine's processes while parked (contexts, residue)
+ENGINE = Path(__file__).with_name("sglang_engine.py")  # the engine's process, a script of its own
 
 
 @pytest.fixture(scope="module")
@@ -116,12 +69,12 @@ def test_an_sglang_engine_parks_for_another_job_and_answers_the_same(tmp_path: P
     with running_orchestrator() as (endpoint, _):
         env = os.environ | {"ROTA_ORCHESTRATOR": endpoint, "ROTA_GROUP": group, "ROTA_TENANT": "engine",
                             "PYTHONUNBUFFERED": "1", "ROTA_RESIDUE_MAX_BYTES": "0"}  # NVML is read here
-        proc = subprocess.Popen([sys.executable, __file__, str(snapshot), backup, str(out)], env=env, stdout=log,
+        proc = subprocess.Popen([sys.executable, str(ENGINE), str(snapshot), backup, str(out)], env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
         other = rota.connect(group=group, tenant="other", endpoint=endpoint)
         try:
             for turn in range(1, TURNS):
-                wait_for_count(out.with_suffix(".engine"), turn, "the engine", 600)
+                wait_for_count(out.with_suffix(".engine"), turn, "the engine", 600, proc)
                 other.acquire()  # the engine parks
                 parked.append(sum(n for pid, n in device_processes().items() if pid != os.getpid()))
                 filled.append(fill_fits(int(total * FILL)))
@@ -129,6 +82,9 @@ def test_an_sglang_engine_parks_for_another_job_and_answers_the_same(tmp_path: P
                 other.release()
                 write_count(out.with_suffix(".other"), turn)
             rc = proc.wait(600)
+        except SystemExit as stop:  # the engine died or stalled before a turn: its log says why
+            log.flush()
+            raise AssertionError(f"{stop}:\n{(tmp_path / 'engine.log').read_text()[-4000:]}") from None
         finally:
             other.close()
             if proc.poll() is None:
