@@ -14,6 +14,7 @@ import os
 import platform
 import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +36,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.cuda)
             if not torch.cuda.is_available():
                 item.add_marker(pytest.mark.skip(reason=NO_CUDA))
+
+
+@pytest.fixture(scope="session")
+def qwen3_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Qwen3-0.6B-shaped Hugging Face snapshot built here (random bf16 weights, a small local tokenizer,
+    ``save_pretrained``): what the engine tests serve."""
+    from rota_tinker.testing import QWEN3_SHAPES, hf_snapshot
+
+    shape = {k: v for k, v in QWEN3_SHAPES["qwen3-0.6b"].items() if k not in ("vocab_size", "tie")}
+    return hf_snapshot(tmp_path_factory.mktemp("qwen3-0.6b"), "qwen3", tie=True, dtype="bfloat16",
+                       max_position_embeddings=2048, **shape)  # the local tokenizer's vocabulary
 
 
 @pytest.fixture

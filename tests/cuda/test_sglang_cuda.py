@@ -41,19 +41,10 @@ PARKED_MAX = 2 * GB  # NVML bytes of all the engine's processes while parked (co
 ENGINE = Path(__file__).with_name("sglang_engine.py")  # the engine's process, a script of its own
 
 
-@pytest.fixture(scope="module")
-def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rota_tinker.testing import QWEN3_SHAPES, hf_snapshot
-
-    shape = {k: v for k, v in QWEN3_SHAPES["qwen3-0.6b"].items() if k not in ("vocab_size", "tie")}
-    return hf_snapshot(tmp_path_factory.mktemp("qwen3-0.6b-sglang"), "qwen3", tie=True, dtype="bfloat16",
-                       max_position_embeddings=2048, **shape)  # the local tokenizer's vocabulary
-
-
 @pytest.mark.timeout(900)  # the engine's start-up and three turns
 @pytest.mark.parametrize("backup", ["cpu", "none"], ids=["weights-kept", "weights-dropped"])
-def test_an_sglang_engine_parks_for_another_job_and_answers_the_same(tmp_path: Path, snapshot: Path, backup: str,
-                                                                     record: Any) -> None:
+def test_an_sglang_engine_parks_for_another_job_and_answers_the_same(tmp_path: Path, qwen3_snapshot: Path,
+                                                                     backup: str, record: Any) -> None:
     import torch
 
     import rota
@@ -69,8 +60,8 @@ def test_an_sglang_engine_parks_for_another_job_and_answers_the_same(tmp_path: P
     with running_orchestrator() as (endpoint, _):
         env = os.environ | {"ROTA_ORCHESTRATOR": endpoint, "ROTA_GROUP": group, "ROTA_TENANT": "engine",
                             "PYTHONUNBUFFERED": "1", "ROTA_RESIDUE_MAX_BYTES": "0"}  # NVML is read here
-        proc = subprocess.Popen([sys.executable, str(ENGINE), str(snapshot), backup, str(out)], env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, str(ENGINE), str(qwen3_snapshot), backup, str(out)], env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
         other = rota.connect(group=group, tenant="other", endpoint=endpoint)
         try:
             for turn in range(1, TURNS):

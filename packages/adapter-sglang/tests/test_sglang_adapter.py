@@ -16,6 +16,7 @@ from rota.testing import cli_with_plugins
 from rota_serving import ServeConfig, serve_app
 from rota_serving.testing import FakeSglangServer, fake_engine_command, get_json, post_json
 from rota_sglang import SglangServer, UnsupportedVersion, check_server, engine_command
+from rota_sglang._server import server_client
 
 
 def _state(engine: str) -> dict:
@@ -44,9 +45,28 @@ def test_served_sglang_releases_when_parked_and_requests_wait_for_the_turn(endpo
         t.join(30)
         assert result["r"] == (200, {"text": " tok2"})
         assert _state(s.client.base_url)["released"] == []
+        assert s.parker.dropped == ("kv_cache",)  # the default client: the engine backs its weights up
         eng = SglangServer(s.url)  # weight sync through the proxy: runs in the engine's turn
         assert eng.update_weights_from_disk("/ckpt/step-1")["success"] is True
         eng.flush_cache()
+    finally:
+        s.close(timeout_s=10)
+
+
+def test_served_sglang_without_a_weights_backup_reports_the_weights_dropped(endpoint, connect):
+    """``--backup none``: a release drops the weights, and the parker says so (an RL loop pushes fresh ones);
+    reporting only the KV cache would let the next rollout run on whatever the memory held."""
+    port = free_port()
+    s = serve_app(ServeConfig(app="sglang", command=fake_engine_command("sglang", port), engine_port=port,
+                              listen="127.0.0.1:0", orchestrator=endpoint, group="g", tenant="sgl-nb", agent="",
+                              idle_release_s=0.0, ready_timeout_s=60, check_version=check_server,
+                              client_factory=lambda url, timeout: server_client("none", url, timeout)))
+    try:
+        assert post_json(s.url + "/generate", {"text": "hi"})[0] == 200
+        trainer = connect("trainer-nb")
+        trainer.acquire()
+        assert s.parker.dropped == ("weights", "kv_cache")
+        trainer.release()
     finally:
         s.close(timeout_s=10)
 
@@ -117,7 +137,13 @@ def test_cli_serve_dry_run_builds_the_engine_command():
     assert res.exit_code == 0, res.output
     cmd = json.loads(res.output)["command"]
     assert cmd[1:5] == ["-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-0.6B"]
-    assert "--enable-memory-saver" in cmd
+    assert "--enable-memory-saver" in cmd and "--enable-weights-cpu-backup" in cmd  # an offload keeps weights
+    res = CliRunner().invoke(cli, ["sglang", "serve", "--dry-run", "--backup", "none", "--", "Qwen/Qwen3-0.6B"])
+    assert res.exit_code == 0, res.output
+    assert "--enable-weights-cpu-backup" not in json.loads(res.output)["command"]
+    res = CliRunner().invoke(cli, ["sglang", "serve", "--dry-run", "--backup", "none", "--", "m",
+                                   "--enable-weights-cpu-backup"])
+    assert res.exit_code == 2 and "--enable-weights-cpu-backup with --backup none" in res.output, res.output
 
 
 def test_an_engine_of_a_tenant_naming_several_devices_is_refused(endpoint):

@@ -17,13 +17,23 @@ from rota_serving import SGLANG, EndpointClient
 
 ENGINE_MODULE = "sglang.launch_server"
 ENGINE_ENV: dict[str, str] = {}
+BACKUPS = {"sglang": "SGLang keeps them in host memory (--enable-weights-cpu-backup, added)",
+           "none": "dropped at every park, as in RL where the trainer pushes fresh ones after each restore "
+                   "(update_weights_from_disk)"}
+BACKUP_FLAG = "--enable-weights-cpu-backup"
 
 
 def engine_command(sglang_args: Sequence[str], engine_port: int, python: str | None = None, *,
-                   sleep_mode: bool = True) -> list[str]:
+                   sleep_mode: bool = True, backup: str = "sglang") -> list[str]:
     """The engine's command line: a leading positional model becomes ``--model-path``;
-    ``--enable-memory-saver`` is added unless ``sleep_mode`` is False; host/port are rota's."""
+    ``--enable-memory-saver`` is added unless ``sleep_mode`` is False, and with ``backup="sglang"``
+    ``--enable-weights-cpu-backup`` (without it a release drops the weights); host/port are rota's."""
+    if backup not in BACKUPS:
+        raise InvalidArgument(f"backup {backup!r} is not one of {', '.join(BACKUPS)}")
     args = list(sglang_args)
+    if backup == "none" and BACKUP_FLAG in args:
+        raise InvalidArgument(f"{BACKUP_FLAG} with --backup none: the engine would keep the weights that rota "
+                              "reports dropped; leave the flag out, or serve with --backup sglang")
     for a in args:
         if a.split("=", 1)[0] in ("--host", "--port"):
             raise InvalidArgument(f"sglang argument {a!r}: rota owns the engine's address; give the public one as "
@@ -35,6 +45,8 @@ def engine_command(sglang_args: Sequence[str], engine_port: int, python: str | N
                               "`-- --model-path /path/to/model`")
     if sleep_mode and "--enable-memory-saver" not in args:
         args.append("--enable-memory-saver")
+    if sleep_mode and backup == "sglang" and BACKUP_FLAG not in args:
+        args.append(BACKUP_FLAG)
     return [python or sys.executable, "-m", ENGINE_MODULE, *args, "--host", "127.0.0.1", "--port", str(engine_port)]
 
 
@@ -46,8 +58,8 @@ class SglangServer(EndpointClient):
     trainer wrote, then ``flush_cache()``.
     """
 
-    def __init__(self, base_url: str, timeout_s: float = 300.0) -> None:
-        super().__init__(SGLANG, base_url, timeout_s)
+    def __init__(self, base_url: str, timeout_s: float = 300.0, keeps_weights: bool = True) -> None:
+        super().__init__(SGLANG, base_url, timeout_s, keeps_weights)
 
     def update_weights_from_disk(self, model_path: str, load_format: str | None = None) -> Any:
         """``POST /update_weights_from_disk``; raises with the server's message when it says success=false."""
@@ -66,4 +78,9 @@ class SglangServer(EndpointClient):
         self.call("POST", "/flush_cache")
 
 
-__all__ = ["ENGINE_ENV", "ENGINE_MODULE", "SglangServer", "engine_command"]
+def server_client(backup: str, base_url: str, timeout_s: float) -> SglangServer:
+    """The client ``rota sglang serve --backup BACKUP`` parks the engine with."""
+    return SglangServer(base_url, timeout_s, keeps_weights=backup == "sglang")
+
+
+__all__ = ["BACKUPS", "ENGINE_ENV", "ENGINE_MODULE", "SglangServer", "engine_command", "server_client"]

@@ -11,7 +11,7 @@ import click
 from rota import hookimpl
 from rota_serving import make_serve
 from rota_sglang._compat import check_server, warn_on_load
-from rota_sglang._server import ENGINE_ENV, engine_command
+from rota_sglang._server import BACKUPS, ENGINE_ENV, engine_command, server_client
 
 warn_on_load()
 
@@ -23,8 +23,10 @@ def sglang() -> None:
 
 sglang.add_command(make_serve(
     "sglang", engine_command, ENGINE_ENV, check_server,
-    "Everything after `--` goes to `python -m sglang.launch_server` (with --enable-memory-saver added), e.g.\n\n"
-    "  rota sglang serve --listen 0.0.0.0:30000 -- Qwen/Qwen3-0.6B --enable-weights-cpu-backup"))
+    "Everything after `--` goes to `python -m sglang.launch_server` (with --enable-memory-saver and, with "
+    "--backup sglang, --enable-weights-cpu-backup added), e.g.\n\n"
+    "  rota sglang serve --listen 0.0.0.0:30000 -- Qwen/Qwen3-0.6B",
+    backups=BACKUPS, client_factory=server_client))
 
 
 @hookimpl

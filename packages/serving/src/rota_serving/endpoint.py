@@ -69,11 +69,14 @@ class EndpointClient:
     :param app: ``"vllm"`` or ``"sglang"``.
     :param base_url: the engine's own address (not the proxy's).
     :param timeout_s: deadline of one HTTP call.
+    :param keeps_weights: whether an offload park keeps the weights (SGLang: only with
+        ``--enable-weights-cpu-backup``); when not, the parker reports them dropped.
     """
 
     app: str
     base_url: str
     timeout_s: float = 300.0
+    keeps_weights: bool = True
 
     def __post_init__(self) -> None:
         check_app(self.app)

@@ -74,8 +74,10 @@ class EndpointParker:
         if self.client.app == VLLM:
             # level 1 offloads weights and drops the KV cache; level 2 drops both
             self.dropped = ("weights", "kv_cache") if mode == ParkMode.DISCARD else ("kv_cache",)
-        else:
-            self.dropped = ("kv_cache",) if not tags or "kv_cache" in tags else ()
+        else:  # SGLang: the KV cache released is gone; the weights too, unless the engine backs them up
+            released = set(tags or APP_TAGS[self.client.app])
+            self.dropped = tuple(t for t in ("weights", "kv_cache")
+                                 if t in released and (t == "kv_cache" or not self.client.keeps_weights))
         self.history.append(("park", mode.value, tags))
         log.info("%s %s parked (%s, tags=%s; dropped %s)", self.client.app, self.client.base_url, mode.value,
                  ",".join(tags) or "all", ",".join(self.dropped) or "nothing")
