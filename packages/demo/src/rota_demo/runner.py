@@ -229,6 +229,7 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
     go, finish = ctx.Event(), ctx.Event()
     procs = []
     priority: dict[str, int] = {}  # process name -> its job's priority
+    builds: dict[int, Any] = {}  # priority -> the event that lets its workers build
     pushes: list[WeightPush] = []
     by_job: dict[str, list[WorkerSpec]] = {}
     for s in specs:
@@ -243,14 +244,17 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
             to_trainer_r, to_trainer_w = ctx.Pipe(duplex=False)
             to_sampler_r, to_sampler_w = ctx.Pipe(duplex=False)
             for spec, inbox, outbox in ((trainer, to_trainer_r, to_sampler_w), (sampler, to_sampler_r, to_trainer_w)):
-                procs.append(ctx.Process(target=worker_main, args=(spec, inbox, outbox, results, go, push, finish),
-                                         name=spec.name, daemon=True))
-        # Setup in rising priority: the last to build stays resident (earlier ones may be parked to make
-        # room), so the clock starts with the jobs that run first on the device, as in the runs alone.
-        for prio in sorted(set(priority.values())):
+                build = builds.setdefault(spec.priority, ctx.Event())
+                procs.append(ctx.Process(target=worker_main, name=spec.name, daemon=True,
+                                         args=(spec, inbox, outbox, results, go, push, finish, build)))
+        # Every worker starts at once (imports, CUDA context); they build in rising priority: the last to
+        # build stays resident (earlier ones may be parked to make room), so the clock starts with the jobs
+        # that run first on the device, as in the runs alone.
+        for p in procs:
+            p.start()
+        for prio in sorted(builds):
             batch = [p for p in procs if priority[p.name] == prio]
-            for p in batch:
-                p.start()
+            builds[prio].set()
             _collect(results, batch, {"ready"}, len(batch), progress, label)
         for push in pushes:  # both workers hold their own handle now; the buffer goes when they exit
             push.close()

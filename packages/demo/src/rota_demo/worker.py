@@ -265,8 +265,11 @@ class ToyWork:
 
 
 def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any, push: WeightPush,
-                finish: Any = None) -> None:
+                finish: Any = None, build: Any = None) -> None:
     """Process entry point: build, report ready, wait for go, run, report, then wait for ``finish`` to exit.
+
+    ``build`` (an event): wait for it before building the job's state, once torch is imported and the
+    device's context made: the parent starts every worker at once and lets them build in turn.
 
     Why wait: a process that exits unregisters its pinned host pools and destroys its CUDA
     context, which stalled the other tenants' CUDA calls on that device for seconds (60 GB
@@ -282,6 +285,9 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
         if spec.engine != "vllm" or spec.role == "trainer":  # vLLM's kernels are its own; its samples are seeded
             torch.use_deterministic_algorithms(True)
         torch.cuda.set_device(torch.device(spec.device))
+        torch.cuda.synchronize()  # the context, now: seconds that overlap the other workers' builds
+    if build is not None:
+        build.wait()
     if spec.engine == "toy":
         work: Any = ToyWork(spec)
     else:
