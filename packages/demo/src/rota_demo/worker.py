@@ -285,7 +285,10 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
         if spec.engine != "vllm" or spec.role == "trainer":  # vLLM's kernels are its own; its samples are seeded
             torch.use_deterministic_algorithms(True)
         torch.cuda.set_device(torch.device(spec.device))
-        torch.cuda.synchronize()  # the context, now: seconds that overlap the other workers' builds
+        # the CUDA context now, while other workers build (toy jobs only: a vLLM engine's start-up profiles the
+        # device's memory and wants it to itself)
+        if spec.engine == "toy":
+            torch.cuda.synchronize()
     if build is not None:
         build.wait()
     if spec.engine == "toy":
