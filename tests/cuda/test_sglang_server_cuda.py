@@ -5,8 +5,8 @@ The server loads a Qwen3-0.6B-shaped snapshot built here (random bf16 weights an
 ``save_pretrained``), with ``--attention-backend triton`` (the staged sglang-kernel has FlashAttention 3 pruned).
 This process is the other job: it acquires the group, which parks the engine, and fills 60% of the device in
 its turn, which fits only if the park freed the engine's 50%. Checked, with ``--backup sglang`` (the weights
-kept in host memory) and ``--backup none`` (dropped; pushed again with ``update_weights_from_disk`` after each
-restore, as an RL loop does):
+kept in host memory; eager, and with CUDA graphs captured, which the park releases too) and ``--backup none``
+(dropped; pushed again with ``update_weights_from_disk`` after each restore, as an RL loop does):
 
 * while parked, NVML of the engine's processes is at most ``PARKED_MAX`` (their CUDA contexts and residue);
 * greedy completions after every restore equal those before the first park;
@@ -31,10 +31,11 @@ pytest.importorskip("sglang", reason="sglang is not importable here: stage sglan
                                      "bench/stage_wheels.py (bench/engines/sglang-0.5.17.toml), then run the tier")
 
 
-@pytest.mark.timeout(900)  # the server's start-up and two park/restore cycles
-@pytest.mark.parametrize("backup", ["sglang", "none"], ids=["weights-kept", "weights-dropped"])
+@pytest.mark.timeout(900)  # the server's start-up (a capture with CUDA graphs) and two park/restore cycles
+@pytest.mark.parametrize(("backup", "graphs"), [("sglang", False), ("sglang", True), ("none", False)],
+                         ids=["weights-kept", "weights-kept-cuda-graphs", "weights-dropped"])
 def test_rota_sglang_serve_parks_for_another_job_and_answers_the_same(tmp_path: Path, qwen3_snapshot: Path,
-                                                                      backup: str, record: Any) -> None:
+                                                                      backup: str, graphs: bool, record: Any) -> None:
     from rota.rpc import free_port
     from rota.testing import running_orchestrator
     from rota_sglang import SglangServer
@@ -47,10 +48,12 @@ def test_rota_sglang_serve_parks_for_another_job_and_answers_the_same(tmp_path: 
     os.chmod(tmp_path, 0o700)
     listen = f"127.0.0.1:{free_port()}"
     url, model = f"http://{listen}", str(qwen3_snapshot)
-    group = f"sglang-serve-{backup}"
+    group = f"sglang-serve-{backup}-{'graphs' if graphs else 'eager'}"
     engine_args = ["--model-path", model, "--dtype", "bfloat16", "--mem-fraction-static", str(ENGINE_SHARE),
                    "--context-length", "1024", "--random-seed", "0", "--attention-backend", "triton",
-                   "--disable-cuda-graph", "--disable-radix-cache"]
+                   "--disable-radix-cache"]
+    if not graphs:
+        engine_args.append("--disable-cuda-graph")
     log_path = tmp_path / "serve.log"
     with running_orchestrator() as (endpoint, _):
         command = [sys.executable, "-m", "rota", "sglang", "serve", "--listen", listen, "--group", group, "--tenant",
@@ -60,8 +63,9 @@ def test_rota_sglang_serve_parks_for_another_job_and_answers_the_same(tmp_path: 
                           push=push if backup == "none" else None)
     end = tail(log_path, 3000)
     parked, awake, total = seen["parked"], seen["awake"], seen["total"]
-    record(backup=backup, start_s=seen["start_s"], awake_mib=awake // MIB, parked_mib=[b // MIB for b in parked],
-           trainer_filled=seen["filled"], tokens_equal=seen["same"], request_waited=seen["waited"])
+    record(backup=backup, cuda_graphs=graphs, start_s=seen["start_s"], awake_mib=awake // MIB,
+           parked_mib=[b // MIB for b in parked], trainer_filled=seen["filled"], tokens_equal=seen["same"],
+           request_waited=seen["waited"])
     assert all(seen["waited"]), f"a request did not wait for the engine's turn: {seen['waited']}\n{end}"
     assert awake > ENGINE_SHARE * total * 0.8, f"the awake engine holds {awake / GB:.1f} GiB: not the engine's?"
     assert max(parked) <= PARKED_MAX, f"NVML of the parked engine: {[b // MIB for b in parked]} MiB\n{end}"
