@@ -18,14 +18,12 @@ otherwise, saying so.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cuda.served import CYCLES, ENGINE_SHARE, FILL, GB, MIB, PARKED_MAX, tail, take_turns
+from tests.cuda.served import ENGINE_SHARE, check_turns, take_turns
 
 pytest.importorskip("sglang", reason="sglang is not importable here: stage sglang 0.5.17 on the GPU machine with "
                                      "bench/stage_wheels.py (bench/engines/sglang-0.5.17.toml), then run the tier")
@@ -36,8 +34,6 @@ pytest.importorskip("sglang", reason="sglang is not importable here: stage sglan
                          ids=["weights-kept", "weights-kept-cuda-graphs", "weights-dropped"])
 def test_rota_sglang_serve_parks_for_another_job_and_answers_the_same(tmp_path: Path, qwen3_snapshot: Path,
                                                                       backup: str, graphs: bool, record: Any) -> None:
-    from rota.rpc import free_port
-    from rota.testing import running_orchestrator
     from rota_sglang import SglangServer
 
     def push(url: str) -> None:  # what an RL loop does after a restore that dropped the weights
@@ -45,29 +41,12 @@ def test_rota_sglang_serve_parks_for_another_job_and_answers_the_same(tmp_path: 
         server.update_weights_from_disk(str(qwen3_snapshot))
         server.flush_cache()
 
-    os.chmod(tmp_path, 0o700)
-    listen = f"127.0.0.1:{free_port()}"
-    url, model = f"http://{listen}", str(qwen3_snapshot)
+    model = str(qwen3_snapshot)
     group = f"sglang-serve-{backup}-{'graphs' if graphs else 'eager'}"
     engine_args = ["--model-path", model, "--dtype", "bfloat16", "--mem-fraction-static", str(ENGINE_SHARE),
                    "--context-length", "1024", "--random-seed", "0", "--attention-backend", "triton",
                    "--disable-radix-cache"]
     if not graphs:
         engine_args.append("--disable-cuda-graph")
-    log_path = tmp_path / "serve.log"
-    with running_orchestrator() as (endpoint, _):
-        command = [sys.executable, "-m", "rota", "sglang", "serve", "--listen", listen, "--group", group, "--tenant",
-                   "engine", "--orchestrator", endpoint, "--idle-release", "0.2", "--backup", backup, "--",
-                   *engine_args]
-        seen = take_turns(command, url, model, endpoint, group, log_path, cycles=CYCLES, fill_share=FILL,
-                          push=push if backup == "none" else None)
-    end = tail(log_path, 3000)
-    parked, awake, total = seen["parked"], seen["awake"], seen["total"]
-    record(backup=backup, cuda_graphs=graphs, start_s=seen["start_s"], awake_mib=awake // MIB,
-           parked_mib=[b // MIB for b in parked], trainer_filled=seen["filled"], tokens_equal=seen["same"],
-           request_waited=seen["waited"])
-    assert all(seen["waited"]), f"a request did not wait for the engine's turn: {seen['waited']}\n{end}"
-    assert awake > ENGINE_SHARE * total * 0.8, f"the awake engine holds {awake / GB:.1f} GiB: not the engine's?"
-    assert max(parked) <= PARKED_MAX, f"NVML of the parked engine: {[b // MIB for b in parked]} MiB\n{end}"
-    assert all(seen["filled"]), f"the trainer could not fill {FILL:.0%} of the device beside the parked engine"
-    assert all(seen["same"]), f"greedy completions after a restore differ from before the first park\n{end}"
+    seen = take_turns("sglang", backup, engine_args, model, group, tmp_path, push=push if backup == "none" else None)
+    check_turns(seen, record, backup=backup, cuda_graphs=graphs)

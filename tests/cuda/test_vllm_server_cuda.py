@@ -15,14 +15,12 @@ Needs vLLM (0.26.0 on the H200 host: bench/stage_wheels.py) importable; skipped 
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cuda.served import CYCLES, ENGINE_SHARE, FILL, GB, MIB, PARKED_MAX, tail, take_turns
+from tests.cuda.served import ENGINE_SHARE, check_turns, take_turns
 
 pytest.importorskip("vllm", reason="vllm is not importable here: stage vllm 0.26.0 on the GPU machine with "
                                    "bench/stage_wheels.py (see the README), then run the tier")
@@ -33,31 +31,11 @@ pytest.importorskip("vllm", reason="vllm is not importable here: stage vllm 0.26
                          ids=["rota-eager", "rota-cuda-graphs", "vllm-eager"])
 def test_rota_vllm_serve_parks_for_another_job_and_answers_the_same(tmp_path: Path, qwen3_snapshot: Path,
                                                                     backup: str, graphs: bool, record: Any) -> None:
-    from rota.rpc import free_port
-    from rota.testing import running_orchestrator
-
-    os.chmod(tmp_path, 0o700)
-    listen = f"127.0.0.1:{free_port()}"
-    url, model = f"http://{listen}", str(qwen3_snapshot)
+    model = str(qwen3_snapshot)
     group = f"serve-{backup}-{'graphs' if graphs else 'eager'}"
     engine_args = ["--model", model, "--dtype", "bfloat16", "--gpu-memory-utilization", str(ENGINE_SHARE),
                    "--max-model-len", "1024", "--seed", "0", "--no-enable-prefix-caching"]
     if not graphs:
         engine_args.append("--enforce-eager")
-    log_path = tmp_path / "serve.log"
-    with running_orchestrator() as (endpoint, _):
-        command = [sys.executable, "-m", "rota", "vllm", "serve", "--listen", listen, "--group", group, "--tenant",
-                   "engine", "--orchestrator", endpoint, "--idle-release", "0.2", "--backup", backup, "--",
-                   *engine_args]
-        seen = take_turns(command, url, model, endpoint, group, log_path, cycles=CYCLES, fill_share=FILL,
-                          env={"VLLM_USE_FLASHINFER_SAMPLER": "0"})
-    end = tail(log_path, 3000)
-    parked, awake, total = seen["parked"], seen["awake"], seen["total"]
-    record(backup=backup, cuda_graphs=graphs, start_s=seen["start_s"], awake_mib=awake // MIB,
-           parked_mib=[b // MIB for b in parked], trainer_filled=seen["filled"], tokens_equal=seen["same"],
-           request_waited=seen["waited"])
-    assert all(seen["waited"]), f"a request did not wait for the engine's turn: {seen['waited']}\n{end}"
-    assert awake > ENGINE_SHARE * total * 0.8, f"the awake engine holds {awake / GB:.1f} GiB: not the engine's?"
-    assert max(parked) <= PARKED_MAX, f"NVML of the parked engine: {[b // MIB for b in parked]} MiB\n{end}"
-    assert all(seen["filled"]), f"the trainer could not fill {FILL:.0%} of the device beside the parked engine"
-    assert all(seen["same"]), f"greedy completions after a restore differ from before the first park\n{end}"
+    seen = take_turns("vllm", backup, engine_args, model, group, tmp_path, env={"VLLM_USE_FLASHINFER_SAMPLER": "0"})
+    check_turns(seen, record, backup=backup, cuda_graphs=graphs)
