@@ -243,8 +243,10 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
             pushes.append(push)
             to_trainer_r, to_trainer_w = ctx.Pipe(duplex=False)
             to_sampler_r, to_sampler_w = ctx.Pipe(duplex=False)
+            if trainer.priority not in builds:  # one event per priority (a job's workers share its priority)
+                builds[trainer.priority] = ctx.Event()
+            build = builds[trainer.priority]
             for spec, inbox, outbox in ((trainer, to_trainer_r, to_sampler_w), (sampler, to_sampler_r, to_trainer_w)):
-                build = builds.setdefault(spec.priority, ctx.Event())
                 procs.append(ctx.Process(target=worker_main, name=spec.name, daemon=True,
                                          args=(spec, inbox, outbox, results, go, push, finish, build)))
         # Every worker starts at once (imports, CUDA context); they build in rising priority: the last to
