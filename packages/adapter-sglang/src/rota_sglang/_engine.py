@@ -9,7 +9,8 @@ Who calls it: an RL script that builds ``sglang.Engine(..., enable_memory_saver=
         outs = engine.generate(prompts, sampling_params)
 
 Park: ``engine.release_memory_occupation(tags=...)`` (tags ``weights``, ``kv_cache``,
-``cuda_graph``; all when the plan names none). Restore:
+``cuda_graph``; all when the plan names none), then this process's idle CUDA cache, where
+pushed weights were staged (``rota_serving.release_idle_cache``). Restore:
 ``engine.resume_memory_occupation(tags=...)``. The KV cache is always dropped; the
 weights are kept on host only when the engine runs with
 ``enable_weights_cpu_backup=True`` — otherwise they come back with undefined contents
@@ -28,7 +29,7 @@ from typing import Any
 
 from rota import Gpu, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
-from rota_serving import SGLANG, check_fixed_device, check_tags
+from rota_serving import SGLANG, check_fixed_device, check_tags, release_idle_cache
 from rota_sglang._compat import require_sglang
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class TrackedEngine:
         tags = tuple(t for t in TAGS if t in plan.tags) if plan.tags else self.tags
         t0 = time.perf_counter()
         self.engine.release_memory_occupation(tags=list(tags) if tags else None)
+        release_idle_cache()  # weights pushed from this process (update_weights) were staged in its own cache
         self.released = tags or TAGS
         dropped = {"kv_cache", "cuda_graph"} & set(self.released)
         if "weights" in self.released and not self.weights_backup:

@@ -35,7 +35,7 @@ from typing import Any
 
 from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
-from rota_serving import check_fixed_device
+from rota_serving import check_fixed_device, release_idle_cache
 from rota_vllm._compat import require_vllm
 from rota_vllm._pinned import (
     worker_load_begin,
@@ -142,6 +142,7 @@ class TrackedLLM:
         _sleep(self.llm, level)
         steps.done("sleep")
         self.llm.collective_rpc(worker_trim)
+        release_idle_cache()  # weights pushed from this process were staged in its own cache
         steps.done("trim")
         self.parked_level, self.stashed = level, stash
         self.dropped = ("weights", "kv_cache") if level == 2 and not stash else ("kv_cache",)

@@ -29,14 +29,21 @@ if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads
     from rota_serving.endpoint import EndpointClient, EngineVersions, ServingError, check_base_url, check_server_version
     from rota_serving.engines import APP_TAGS, CONTROL_PATHS, FREE_PATHS, SGLANG, VLLM, check_app, check_tags
     from rota_serving.gate import TurnGate
-    from rota_serving.parker import EndpointParker, check_fixed_device, track_endpoint, wait_attached
+    from rota_serving.parker import (
+        EndpointParker,
+        check_fixed_device,
+        release_idle_cache,
+        track_endpoint,
+        wait_attached,
+    )
     from rota_serving.proxy import TurnProxy
     from rota_serving.supervisor import ServeConfig, Served, check_listen, register_with_agent, serve_app, stop_process
 
 __all__ = ["APP_TAGS", "CONTROL_PATHS", "FREE_PATHS", "SGLANG", "VLLM", "EndpointClient", "EndpointParker",
            "EngineVersions", "ServeConfig", "Served", "ServingError", "TurnGate", "TurnProxy", "check_app",
            "check_base_url", "check_fixed_device", "check_listen", "check_server_version", "check_tags", "make_serve",
-           "register_with_agent", "serve_app", "stop_process", "track_endpoint", "wait_attached"]
+           "register_with_agent", "release_idle_cache", "serve_app", "stop_process", "track_endpoint",
+           "wait_attached"]
 
 _HOME = {name: module for module, names in (
     ("rota_serving.cli", ["make_serve"]),
@@ -44,7 +51,8 @@ _HOME = {name: module for module, names in (
                                "check_server_version"]),
     ("rota_serving.engines", ["APP_TAGS", "CONTROL_PATHS", "FREE_PATHS", "SGLANG", "VLLM", "check_app", "check_tags"]),
     ("rota_serving.gate", ["TurnGate"]),
-    ("rota_serving.parker", ["EndpointParker", "check_fixed_device", "track_endpoint", "wait_attached"]),
+    ("rota_serving.parker", ["EndpointParker", "check_fixed_device", "release_idle_cache", "track_endpoint",
+                              "wait_attached"]),
     ("rota_serving.proxy", ["TurnProxy"]),
     ("rota_serving.supervisor", ["ServeConfig", "Served", "check_listen", "register_with_agent", "serve_app",
                                  "stop_process"]),

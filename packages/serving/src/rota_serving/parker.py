@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Sequence
 
@@ -33,6 +34,22 @@ def check_fixed_device(devices: Sequence[str], what: str) -> None:
         raise ConfigError(f"devices {','.join(devices)} (ROTA_DEVICES or devices=) name several GPUs, but {what} "
                           "runs on the GPU it started on and cannot move between turns; name only the engine's "
                           "device as it sees it (ROTA_DEVICES=cuda:0), or none")
+
+
+def release_idle_cache() -> int:
+    """Hand this process's idle cached CUDA blocks back to the driver, at an in-process engine's park.
+
+    The engine's own memory lives in its scheduler or worker processes, but weights pushed from this process
+    (``update_weights`` with tensors made here) are staged in this process's caching allocator, which NVML counts
+    against the parked tenant and no other process can use. Does nothing where torch has not started CUDA here
+    (torch is never imported for it). Returns the bytes handed back.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return 0
+    before = torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    return max(0, before - torch.cuda.memory_reserved())
 
 
 class EndpointParker:
