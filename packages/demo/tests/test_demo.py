@@ -34,6 +34,12 @@ def test_demo_small_run_is_bit_identical_and_reports_everything(tmp_path):
         assert ts["parks"] > 0 and ts["restores"] > 0 and ts["bytes_moved"] > 0
     assert "time-sliced makespan / serial makespan" in r.stdout
     assert "host memory: about" in r.stderr  # the estimate is in the header
+    # the wall time outside the measured runs: one set-up per run alone, one for time-sliced, each phase named
+    assert [s["label"] for s in summary["serial"]["setups"]] == ["rl-a alone", "rl-b alone", "sft alone"]
+    (setup,) = ts["setups"]
+    assert setup["label"] == "time-sliced" and setup["last_ready"].count("/") == 1
+    assert 0 < sum(setup["phases_s"].values()) <= setup["setup_s"] == ts["setup_s"] and ts["teardown_s"] > 0
+    assert "[time-sliced] 6 workers ready in" in r.stderr and "outside the measured runs" in r.stdout
     assert (tmp_path / "demo-timeline.png").stat().st_size > 10_000
 
 

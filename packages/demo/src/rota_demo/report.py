@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 from typing import Any
@@ -62,7 +63,10 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
                      "device_seconds": res.devices * res.makespan_s,
                      "gpu_hours": res.devices * res.makespan_s / 3600,
                      "busy_fraction": _device_time(res) / (res.devices * res.makespan_s) if res.makespan_s else 0.0,
-                     "how": res.how}
+                     "how": res.how,
+                     # wall time outside the measured run: spawning, imports, building, pinning; exits
+                     "setup_s": sum(x.setup_s for x in res.setups), "teardown_s": sum(x.teardown_s for x in res.setups),
+                     "setups": [dataclasses.asdict(x) for x in res.setups]}
         if cfg.groups == 2 and not (cfg.elastic and mode == "timesliced"):  # trainers' device, samplers' device
             out[mode]["trainer_device_busy"] = _role_busy(res, "trainer")
             out[mode]["sampler_device_busy"] = _role_busy(res, "sampler")
@@ -182,6 +186,12 @@ def table(summary: dict[str, Any]) -> str:
     for mode in ("dedicated", "serial", "timesliced"):
         if summary.get(mode, {}).get("how"):
             lines.append(f"  {mode}: {summary[mode]['how']}")
+    outside = [(mode, summary[mode]) for mode in ("serial" if "serial" in summary else "dedicated", "timesliced")
+               if summary.get(mode, {}).get("setups")]
+    if outside:  # the runs alone serve both dedicated and serial: counted once
+        lines.append("outside the measured runs (spawning, imports, building, pinning; exits): " + ", ".join(
+            f"{'runs alone' if mode != 'timesliced' else mode} {m['setup_s']:.1f} s + {m['teardown_s']:.1f} s"
+            for mode, m in outside))
     ts = summary.get("timesliced")
     if ts:
         lines.append(f"switches {ts['switches']}, parks {ts['parks']} (p50 {ts['park_ms_p50']:.1f} ms, p99 "

@@ -130,6 +130,38 @@ class ModeResult:
     job_spans: dict[str, float] = field(default_factory=dict)
     busy_by_group: dict[str, float] = field(default_factory=dict)  # time-sliced: held seconds per group or lane
     how: str = ""  # how the mode was measured, for the report
+    setups: list[Setup] = field(default_factory=list)  # the wall time around each measured run (not part of it)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What one start of workers cost outside the measured run: from the first spawn to "go", from the last
+    report to every process gone, and where the last worker ready spent its set-up."""
+
+    label: str
+    setup_s: float
+    teardown_s: float
+    last_ready: str
+    phases_s: dict[str, float]
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in self.phases_s.items())
+        return f"ready in {self.setup_s:.1f} s (the last, {self.last_ready}: {parts} s)"
+
+
+#: a worker's set-up milestones (worker_main's marks), each phase named by what ends at it
+SETUP_PHASES = (("spawn+imports", "entered"), ("CUDA context", "context"), ("waited to build", "build"),
+                ("turn+build+warm-up", "built"), ("push buffer", "push_pinned"), ("host pool", "ready"))
+
+
+def setup_phases(spawned: float, marks: dict[str, float]) -> dict[str, float]:
+    """Seconds of each set-up phase of a worker spawned at ``spawned`` (monotonic) that reported ``marks``."""
+    out, last = {}, spawned
+    for name, mark in SETUP_PHASES:
+        at = marks.get(mark, last)
+        out[name] = max(0.0, at - last)
+        last = at
+    return out
 
 
 #: --capacity auto on CUDA: the device's memory less this share of it (at least CAPACITY_MARGIN_MIN), for the CUDA
@@ -218,8 +250,8 @@ def _llm_cpu_context() -> Any:
 
 
 def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label: str,
-                 on_go: Callable[[], None] | None = None) -> tuple[float, dict]:
-    """Start the workers of ``specs``, release them together, wait; return (makespan, reports).
+                 on_go: Callable[[], None] | None = None) -> tuple[float, dict, Setup]:
+    """Start the workers of ``specs``, release them together, wait; return (makespan, reports, set-up costs).
 
     Returns only once every worker process has exited (killed if it hangs), so the next
     mode never starts while this one still holds host memory.
@@ -252,19 +284,25 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
         # Every worker starts at once (imports, CUDA context); they build in rising priority: the last to
         # build stays resident (earlier ones may be parked to make room), so the clock starts with the jobs
         # that run first on the device, as in the runs alone.
+        spawned = time.monotonic()
         for p in procs:
             p.start()
+        ready: dict[str, Any] = {}
         for prio in sorted(builds):
             batch = [p for p in procs if priority[p.name] == prio]
             builds[prio].set()
-            _collect(results, batch, {"ready"}, len(batch), progress, label)
+            ready |= _collect(results, batch, {"ready"}, len(batch), progress, label)
         for push in pushes:  # both workers hold their own handle now; the buffer goes when they exit
             push.close()
         if on_go is not None:
             on_go()
         start = time.monotonic()
+        last = max(ready, key=lambda n: ready[n]["ready"])
+        setup = Setup(label, start - spawned, 0.0, last, setup_phases(spawned, ready[last]))
+        progress(f"[{label}] {len(procs)} workers {setup.describe()}")
         go.set()
         reports = _collect(results, procs, {"done"}, len(procs), progress, label)
+        done = time.monotonic()
     except KeyboardInterrupt:  # Ctrl-C (the workers ignore it): stop them now, not after their turns
         for p in procs:
             if p.pid is not None and p.is_alive():
@@ -281,10 +319,11 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
             if p.is_alive():
                 p.kill()
                 p.join()  # reaped: its pinned pools and push buffer are gone before the next mode
+    setup = dataclasses.replace(setup, teardown_s=time.monotonic() - done)
     for r in reports.values():  # times relative to the common start; setup (before it) is not part of the run
         r.events = [(k, a - start, b - start) for k, a, b in r.events if b >= start]
         r.start, r.end = 0.0, r.end - start
-    return max(r.end for r in reports.values()), reports
+    return max(r.end for r in reports.values()), reports, setup
 
 
 def _collect(results: Any, procs: list, kinds: set[str], count: int, progress: Callable[[str], None],
@@ -453,17 +492,18 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
         alone = {}
         for job in JOBS:
             alone[job[0]] = _run_workers(_specs(cfg, (job,), None), progress, f"{job[0]} alone")
+        setups = [setup for _, _, setup in alone.values()]
         if "dedicated" in cfg.modes:
-            reports = {name: r for _, job_reports in alone.values() for name, r in job_reports.items()}
+            reports = {name: r for _, job_reports, _ in alone.values() for name, r in job_reports.items()}
             out["dedicated"] = ModeResult(
-                "dedicated", max(span for span, _ in alone.values()), devices=cfg.groups * len(JOBS),
-                reports=reports, job_spans={job: span for job, (span, _) in alone.items()},
+                "dedicated", max(span for span, _, _ in alone.values()), devices=cfg.groups * len(JOBS),
+                reports=reports, job_spans={job: span for job, (span, _, _) in alone.items()}, setups=setups,
                 how=(f"each job ran alone on its own {cfg.groups} device(s); dedicated makespan = the longest job "
                      f"alone, on {cfg.groups} devices per job ({cfg.groups * len(JOBS)} in all), as if every job had "
                      "its own devices at once"))
         if "serial" in cfg.modes:
             total, reports, spans = 0.0, {}, {}
-            for job, (span, job_reports) in alone.items():
+            for job, (span, job_reports, _) in alone.items():
                 for name, r in job_reports.items():  # lay the jobs end to end on one time axis (copies: dedicated
                     reports[name] = dataclasses.replace(  # keeps its own times), on the devices they share in turn
                         r, events=[(k, a + total, b + total) for k, a, b in r.events], start=total, end=r.end + total,
@@ -471,7 +511,7 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
                 spans[job] = span
                 total += span
             out["serial"] = ModeResult("serial", total, devices=cfg.groups, reports=reports, job_spans=spans,
-                                       how=f"the same runs end to end on {cfg.groups} device(s)")
+                                       how=f"the same runs end to end on {cfg.groups} device(s)", setups=setups)
     if "timesliced" in cfg.modes:
         shared = len(elastic_devices()) if cfg.elastic else cfg.groups
         where = f"one group over {shared} GPU(s)" if cfg.elastic else f"{cfg.groups} group(s)"
@@ -492,7 +532,8 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
             specs = [dataclasses.replace(spec, token=auth.issue(key, group=spec.group, job=spec.tenant,
                                                                 max_priority=max(spec.priority, 0)))
                      for spec in _specs(cfg, JOBS, endpoint)]
-            span, reports = _run_workers(specs, progress, "time-sliced", on_go=lambda: at_go.update(counters()))
+            span, reports, setup = _run_workers(specs, progress, "time-sliced",
+                                                on_go=lambda: at_go.update(counters()))
             final = counters()
             delta = [tuple(a - b for a, b in zip(now, at_go.get(gid, (0,) * 6), strict=True))
                      for gid, now in final.items()]  # setup (before "go") is not part of the run
@@ -501,6 +542,6 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
             busy = {gid: d[0] for gid, d in zip(final, delta, strict=True) if d[0] > 0}
         out["timesliced"] = ModeResult(
             "timesliced", span, devices=shared, reports=reports, busy_seconds=sum(d[0] for d in delta),
-            switches=int(sum(d[1] for d in delta)), prefetch=prefetch, busy_by_group=busy,
+            switches=int(sum(d[1] for d in delta)), prefetch=prefetch, busy_by_group=busy, setups=[setup],
             how=f"all jobs at once on {where}, taking turns through rota ({policy.name} policy)")
     return out

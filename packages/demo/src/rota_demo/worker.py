@@ -277,6 +277,7 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
     Ctrl-C is the parent's: it stops the workers (a worker's own KeyboardInterrupt would print a traceback).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    marks = {"entered": time.monotonic()}  # set-up milestones (CLOCK_MONOTONIC: the parent's clock too)
     import torch
 
     torch.set_num_threads(1)
@@ -289,8 +290,10 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
         # device's memory and wants it to itself)
         if spec.engine == "toy":
             torch.cuda.synchronize()
+    marks["context"] = time.monotonic()
     if build is not None:
         build.wait()
+    marks["build"] = time.monotonic()
     if spec.engine == "toy":
         work: Any = ToyWork(spec)
     else:
@@ -301,10 +304,13 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
     dev = _Device(spec, report)
     with dev.setup():
         model, opt = work.setup(dev, report)
+    marks["built"] = time.monotonic()
     push.bind(work.push_target(model))
     report.push_pin_s, report.push_pinned = push.pin(), push.pinned
+    marks["push_pinned"] = time.monotonic()
     dev.prepare()
-    results.put(("ready", spec.name, None))
+    marks["ready"] = time.monotonic()
+    results.put(("ready", spec.name, marks))
     go.wait()
     report.start = time.monotonic()
     dev.started()
