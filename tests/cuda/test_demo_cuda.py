@@ -46,7 +46,10 @@ def test_demo_on_cuda_parks_every_switch_with_no_failure(tmp_path: Path, state: 
            parks=ts["parks"], restores=ts["restores"], park_ms_p50=ts["park_ms_p50"], park_ms_p99=ts["park_ms_p99"],
            restore_ms_p50=ts["restore_ms_p50"], restore_ms_p99=ts["restore_ms_p99"],
            failed_parks=ts["failed_parks"], failed_restores=ts["failed_restores"], failures=ts["failures"][:3],
-           bit_identical=[t["bit_identical"] for t in summary["tenants"]])
+           bit_identical=[t["bit_identical"] for t in summary["tenants"]],
+           outside_runs_s={m: [round(summary[m]["setup_s"], 1), round(summary[m]["teardown_s"], 1)]
+                           for m in ("serial", "timesliced")},
+           setups=summary["serial"]["setups"] + ts["setups"])
     assert ts["failed_parks"] == 0 and ts["failed_restores"] == 0, ts["failures"]
     assert all(t["bit_identical"] for t in summary["tenants"]), summary["tenants"]
     assert ts["capacity_bytes"] == 0 and ts["parks"] > 0 and ts["restores"] > 0 and ts["switches"] > 0
