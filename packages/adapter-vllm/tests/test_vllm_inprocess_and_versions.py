@@ -28,6 +28,10 @@ class FakeLLM:
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.calls.append(("wake_up", tags))
 
+    def reset_prefix_cache(self) -> bool:
+        self.calls.append(("reset_prefix_cache",))
+        return not getattr(self, "busy", False)  # vLLM answers False while a request runs
+
     def collective_rpc(self, method, args=(), kwargs=None):
         class Worker:
             class model_runner:
@@ -73,7 +77,11 @@ def test_discard_sleeps_level_2_wakes_weights_first_and_needs_a_weight_push(conn
     assert tracked.dropped == ("weights", "kv_cache") and tracked.weights_stale
     with gpu.turn():
         assert tracked.update_weights([("w", 1.0), ("b", 2.0)]) == 2
-    assert llm.calls[-1] == ("collective_rpc", 2) and not tracked.weights_stale
+    # the prefix cache's KV was computed with the old weights: forgotten after every push
+    assert llm.calls[-2:] == [("collective_rpc", 2), ("reset_prefix_cache",)] and not tracked.weights_stale
+    llm.busy = True
+    with gpu.turn(), pytest.raises(rota_vllm.TrackingError, match="did not reset its prefix cache"):
+        tracked.update_weights([("w", 1.0)])
     tracked.untrack()
 
 

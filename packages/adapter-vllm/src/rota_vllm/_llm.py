@@ -211,7 +211,8 @@ class TrackedLLM:
 
         Call it inside a turn (the engine must be awake). Runs ``loader(worker, named)``
         on every vLLM worker through ``llm.collective_rpc`` (default: the model's own
-        ``load_weights``); returns how many tensors were sent. With a multi-process
+        ``load_weights``), then resets vLLM's prefix cache (its cached KV was computed with the
+        old weights); returns how many tensors were sent. With a multi-process
         engine vLLM pickles ``loader``: set ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` or
         pass a worker-extension method name via ``llm.collective_rpc`` yourself.
         """
@@ -228,6 +229,11 @@ class TrackedLLM:
                 raise TrackingError(f"update_weights: {type(item).__name__} {str(item)[:60]!r} is not a "
                                     "(name, tensor) pair", job_id=self.gpu.tenant)
         self.llm.collective_rpc(loader or _load_weights_on_worker, args=(named,))
+        reset = getattr(self.llm, "reset_prefix_cache", None)  # cached prefixes hold KV of the old weights
+        if callable(reset) and reset() is False:
+            raise TrackingError("vLLM did not reset its prefix cache after new weights (a request still running?); "
+                                "push weights between generate calls, or run the LLM with enable_prefix_caching=False",
+                                job_id=self.gpu.tenant, group_id=self.gpu.group)
         self.weights_stale = False
         self.history.append(("update_weights", len(named)))
         return len(named)
