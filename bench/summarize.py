@@ -127,14 +127,14 @@ def _demo_logs() -> None:
 
 
 def _newest_tiers_with(test_file: str) -> list[tuple[dict, str, list[tuple[str, dict]]]]:
-    """Per GPU model, the newest CUDA tier JSON (by its name's date) that ran tests of ``test_file``: the tier,
-    its name and those tests."""
+    """Per GPU model, the newest CUDA tier JSON (by its name's date) of those that ran the most tests of
+    ``test_file`` (a later rerun of one case does not hide a whole run): the tier, its name and those tests."""
     runs = sorted(RESULTS.glob("cuda-tier-2*.json"), key=lambda p: p.name.split("-")[2])
     newest: dict[str, tuple[dict, str, list[tuple[str, dict]]]] = {}
     for path in runs:
         tier = json.loads(path.read_text())
         mine = [(nodeid, t) for nodeid, t in tier.get("tests", {}).items() if test_file in nodeid]
-        if mine:
+        if mine and len(mine) >= len(newest.get(tier["device"], ({}, "", []))[2]):
             newest[tier["device"]] = (tier, path.name, mine)
     return list(newest.values())
 
