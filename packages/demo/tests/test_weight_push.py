@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the demo needs torch (installed by ./dev setup)")
 
-from rota_demo.push import WeightPush, weights_digest  # noqa: E402
+from rota_demo.push import WeightPush, push_bytes, weights_digest  # noqa: E402
 from rota_demo.runner import DemoConfig, HostMemoryShort, host_memory_plan, run_demo  # noqa: E402
 from rota_demo.workloads import ModelSize, build  # noqa: E402
 
@@ -71,6 +71,39 @@ def test_async_pushes_never_overwrite_a_push_still_being_read():
     assert got == sent
 
 
+def _bf16_reader(push: WeightPush, out) -> None:
+    """An engine that holds bf16 weights: it receives the buffer's views as they are (read_with)."""
+    model, _ = build(SMALL, 1, "cpu", optimizer=False)  # the layout: the trainer's fp32 state dict
+    push.bind(model)
+    push.read_with(lambda named: out.put({name: (str(t.dtype), t.contiguous().view(torch.int16).numpy().tobytes())
+                                          for name, t in named}))  # raw bits: tensors would outlive this process
+
+
+def test_a_bf16_push_carries_the_trainers_weights_rounded_once_in_half_the_bytes():
+    # what --engine vllm does: its engine holds bf16 weights, so they travel as bf16 (PUSH_DTYPE)
+    ctx = mp.get_context("spawn")
+    model, _ = build(SMALL, 0, "cpu", optimizer=False)
+    shapes = [(t.numel(), 2) for t in model.state_dict().values()]
+    push = WeightPush.create(ctx, push_bytes(shapes), "bfloat16")
+    assert push_bytes(shapes) < SMALL.push_bytes
+    out = ctx.Queue()
+    reader = ctx.Process(target=_bf16_reader, args=(push, out), daemon=True)
+    reader.start()
+    try:
+        push.bind(model)
+        push.claim()
+        push.write(model)
+        got = out.get(timeout=60)
+    finally:
+        reader.join(timeout=60)
+    assert reader.exitcode == 0
+    want = {name: ("torch.bfloat16", t.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
+            for name, t in model.state_dict().items()}
+    assert list(got) == list(want)
+    for name, bits in got.items():
+        assert bits == want[name], name
+
+
 def test_push_buffer_too_small_names_the_fix():
     push = WeightPush.create(mp.get_context("spawn"), SMALL.push_bytes - 64)
     model, _ = build(SMALL, 0, "cpu", optimizer=False)
@@ -91,6 +124,23 @@ def test_host_memory_plan_counts_pools_and_push_buffers_and_refuses_what_does_no
     short = host_memory_plan(DemoConfig(steps=4, groups=1, device="cuda", size=size, host_memory_bytes=50 * 10**9))
     with pytest.raises(HostMemoryShort, match=r"needs about .* GB .* only 50.0 GB is available .* smaller --state"):
         short.check()
+
+
+def test_host_memory_plan_of_vllm_engines_counts_their_pools_and_bf16_push_buffers():
+    pytest.importorskip("transformers", reason="the LLM mode's sizes need transformers")
+    from rota_demo.llm_models import PRESETS
+
+    sizes = PRESETS["h200"]
+    plans = {eng: host_memory_plan(DemoConfig(steps=4, groups=1, device="cuda", size=SMALL, engine=eng,
+                                              llm_sizes=sizes, capacity_bytes=64 << 30,
+                                              host_memory_bytes=128 << 30)) for eng in ("hf", "vllm")}
+    states = sum(s.trainer_state_bytes for s in sizes)
+    # rota_vllm reserves each engine's pool (bf16 weights) when it tracks it, whatever the capacity; the hf
+    # stand-in pins one only where every switch parks
+    assert plans["vllm"].pools == states + sum(s.params * 2 for s in sizes) and plans["hf"].pools == states
+    assert plans["vllm"].push == sum(s.push_bytes_as("bfloat16") for s in sizes)
+    assert plans["hf"].push == sum(s.push_bytes for s in sizes) > 1.9 * plans["vllm"].push
+    plans["vllm"].check()  # the three Qwen3 shapes fit a 128 GiB host with the engines' bf16 pushes
 
 
 @pytest.mark.parametrize("args", [["--state", "10TB"], ["--state", "400MB", "--host-memory", "4GB"]])

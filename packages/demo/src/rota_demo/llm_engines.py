@@ -25,9 +25,12 @@ from typing import Any
 
 from rota_demo import llm_tasks as t
 
-__all__ = ["ENGINES", "HfEngine", "VllmEngine", "VllmMissing", "make_engine"]
+__all__ = ["ENGINES", "PUSH_DTYPE", "HfEngine", "VllmEngine", "VllmMissing", "make_engine"]
 
 ENGINES = ("hf", "vllm")
+#: the dtype weights travel in from the trainer to each engine: vLLM holds bf16 weights (its load rounds fp32 to
+#: bf16 as the trainer's copy into a bf16 buffer does), so half the host buffer and copy; hf keeps fp32
+PUSH_DTYPE: dict[str, str | None] = {"hf": None, "vllm": "bfloat16"}
 
 
 class VllmMissing(RuntimeError):

@@ -76,15 +76,25 @@ class LlmSize:
 
     @property
     def push_bytes(self) -> int:
-        """The trainer -> engine push buffer: the fp32 state dict (the tied head listed twice), laid out as
-        :meth:`rota_demo.push.WeightPush.bind` does; from the model built on the meta device (no memory)."""
+        """The trainer -> engine push buffer of the fp32 state dict (the ``hf`` stand-in's)."""
+        return self.push_bytes_as(None)
+
+    def push_bytes_as(self, dtype: str | None) -> int:
+        """The push buffer with its tensors in ``dtype`` (None: fp32, the trainer's): the state dict (the tied
+        head listed twice) laid out as :meth:`rota_demo.push.WeightPush.bind` does; from the model built on the
+        meta device (no memory)."""
         from transformers import Qwen3ForCausalLM
 
-        from rota_demo.push import push_bytes
+        from rota_demo.push import push_bytes, travel_dtype
 
         with torch.device("meta"):
             model = Qwen3ForCausalLM._from_config(self.config(), dtype=torch.float32)
-        return push_bytes([(v.numel(), v.element_size()) for v in model.state_dict().values()])
+        return push_bytes([(v.numel(), travel_dtype(v.dtype, dtype).itemsize) for v in model.state_dict().values()])
+
+    @property
+    def engine_pool_bytes(self) -> int:
+        """bf16 weights: the pinned copy a vLLM engine's park keeps in rota's pool (reserved when it is tracked)."""
+        return self.params * 2
 
     def config(self):  # -> transformers.Qwen3Config
         from transformers import Qwen3Config

@@ -30,7 +30,7 @@ import mmap
 import os
 from typing import Any
 
-__all__ = ["ALIGN", "WeightPush", "aligned", "push_bytes", "weights_digest"]
+__all__ = ["ALIGN", "WeightPush", "aligned", "push_bytes", "travel_dtype", "weights_digest"]
 
 ALIGN = 64  # every slice starts on a 64-byte boundary: any dtype view fits, DMA likes it
 
@@ -45,10 +45,13 @@ class WeightPush:
 
     :param nbytes: buffer size; at least the aligned sum of the state dict's tensor sizes.
     :param free: a ``multiprocessing`` semaphore of value 1 from the spawning context.
+    :param dtype: torch dtype name the floating-point tensors travel in (e.g. ``"bfloat16"`` to an engine that
+        holds bf16 weights: rounded once, at the trainer's copy, as the engine's own load would); None: each
+        tensor's own.
     """
 
-    def __init__(self, nbytes: int, free: Any, fd: int) -> None:
-        self.nbytes, self._free, self._fd = nbytes, free, fd
+    def __init__(self, nbytes: int, free: Any, fd: int, dtype: str | None = None) -> None:
+        self.nbytes, self._free, self._fd, self.dtype = nbytes, free, fd, dtype
         self._map: mmap.mmap | None = None
         self._buffer: Any = None  # uint8 tensor over the mapping, made on first use in the worker
         self._views: dict[str, Any] = {}
@@ -56,13 +59,13 @@ class WeightPush:
         self._device: Any = None  # the CUDA device the copies go to or come from (None: host copies)
 
     @classmethod
-    def create(cls, ctx: Any, nbytes: int) -> WeightPush:
+    def create(cls, ctx: Any, nbytes: int, dtype: str | None = None) -> WeightPush:
         """A new buffer (pages are committed only when first written) in the runner process."""
         if nbytes <= 0:
             raise ValueError(f"push buffer size {nbytes} must be > 0")
         fd = os.memfd_create("rota-demo-push", os.MFD_CLOEXEC)
         os.ftruncate(fd, nbytes)
-        return cls(nbytes, ctx.Semaphore(1), fd)
+        return cls(nbytes, ctx.Semaphore(1), fd, dtype)
 
     def close(self) -> None:
         """Drop this process's handle; the memory goes when the last worker mapping it exits."""
@@ -73,7 +76,7 @@ class WeightPush:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         from multiprocessing import reduction
 
-        return _rebuild, (reduction.DupFd(self._fd), self.nbytes, self._free)
+        return _rebuild, (reduction.DupFd(self._fd), self.nbytes, self._free, self.dtype)
 
     # ----------------------------------------------------------------- both ends
 
@@ -93,11 +96,12 @@ class WeightPush:
             self._buffer = torch.frombuffer(self._map, dtype=torch.uint8)
         offset = 0
         for name, t in model.state_dict().items():
-            n = t.numel() * t.element_size()
+            dtype = travel_dtype(t.dtype, self.dtype)
+            n = t.numel() * dtype.itemsize
             if offset + n > self.nbytes:
                 raise ValueError(f"push buffer of {self.nbytes} bytes is too small for the state dict "
                                  f"(at {name!r}, {offset + n} bytes needed so far); size it with push_bytes()")
-            self._views[name] = self._buffer[offset:offset + n].view(t.dtype).view(t.shape)
+            self._views[name] = self._buffer[offset:offset + n].view(dtype).view(t.shape)
             offset = aligned(offset + n)
             if t.device.type == "cuda":
                 self._device = t.device
@@ -171,6 +175,16 @@ def push_bytes(shapes: list[tuple[int, int]]) -> int:
     return sum(aligned(n * e) for n, e in shapes)
 
 
+def travel_dtype(own: Any, push_dtype: str | None) -> Any:
+    """The dtype a tensor of dtype ``own`` has in a buffer whose push dtype is ``push_dtype`` (floating point
+    only: integer buffers travel as they are)."""
+    import torch
+
+    if push_dtype is None or not own.is_floating_point:
+        return own
+    return getattr(torch, push_dtype)
+
+
 def weights_digest(tensors: dict[str, Any]) -> str:
     """sha256 over names and raw bytes, in order; equal digests mean byte-identical weights."""
     import torch
@@ -183,5 +197,5 @@ def weights_digest(tensors: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def _rebuild(dupfd: Any, nbytes: int, free: Any) -> WeightPush:
-    return WeightPush(nbytes, free, dupfd.detach())
+def _rebuild(dupfd: Any, nbytes: int, free: Any, dtype: str | None) -> WeightPush:
+    return WeightPush(nbytes, free, dupfd.detach(), dtype)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from rota.config import format_bytes
-from rota_demo.runner import JOBS, DemoConfig, ModeResult
+from rota_demo.runner import JOBS, DemoConfig, ModeResult, push_plan
 
 __all__ = ["failures_line", "summarize", "table", "timeline_lanes", "timeline_png", "write_json"]
 
@@ -54,7 +54,8 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
         "seed": cfg.seed, "policy": cfg.policy, "resident_first_s": cfg.resident_first_s, "sft_turns": cfg.sft_turns,
         "engine": cfg.engine, "models": {job: {**cfg.job_size(job).__dict__, "params": getattr(
             cfg.job_size(job), "params", None), "trainer_state_bytes": cfg.job_size(job).trainer_state_bytes,
-                                          "push_buffer_bytes": cfg.job_size(job).push_bytes} for job, _ in JOBS},
+                                          "push_buffer_bytes": push_plan(cfg.engine, cfg.job_size(job))[0]}
+                                    for job, _ in JOBS},
         "model": cfg.size.__dict__ if not cfg.llm_sizes else None,
         "trainer_state_bytes": cfg.job_size("sft").trainer_state_bytes if cfg.llm_sizes
         else cfg.size.trainer_state_bytes, "push_buffer_bytes": cfg.size.push_bytes if not cfg.llm_sizes else None}}

@@ -31,6 +31,7 @@ from rota import auth
 from rota.errors import InvalidArgument, PermanentError
 from rota.orchestrator import OrchestratorConfig, running_orchestrator
 from rota.policies import Fifo, Priority, ResidentFirst
+from rota_demo.llm_engines import PUSH_DTYPE
 from rota_demo.push import WeightPush
 from rota_demo.worker import WorkerReport, WorkerSpec, worker_main
 from rota_demo.workloads import ModelSize
@@ -271,7 +272,8 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
             priority.update({s.name: s.priority for s in job_specs})
             trainer = next(s for s in job_specs if s.role == "trainer")
             sampler = next(s for s in job_specs if s.role == "sampler")
-            push = WeightPush.create(ctx, trainer.size.push_bytes)
+            nbytes, dtype = push_plan(trainer.engine, trainer.size)
+            push = WeightPush.create(ctx, nbytes, dtype)
             pushes.append(push)
             to_trainer_r, to_trainer_w = ctx.Pipe(duplex=False)
             to_sampler_r, to_sampler_w = ctx.Pipe(duplex=False)
@@ -395,6 +397,12 @@ class HostMemoryPlan:
                               f"available ({self.source}); {hint}")
 
 
+def push_plan(engine: str, size: Any) -> tuple[int, str | None]:
+    """(bytes, dtype) of one job's push buffer: its weights in the dtype its engine holds (PUSH_DTYPE)."""
+    dtype = PUSH_DTYPE.get(engine)
+    return (size.push_bytes_as(dtype) if dtype else size.push_bytes), dtype
+
+
 def host_memory_plan(cfg: DemoConfig) -> HostMemoryPlan:
     """Estimate the demo's peak host memory, against ``--host-memory`` or else :func:`available_host_bytes`."""
     available: int | None
@@ -408,10 +416,14 @@ def host_memory_plan(cfg: DemoConfig) -> HostMemoryPlan:
     for mode in cfg.modes:
         # dedicated and serial run one job at a time: the largest is their peak; time-sliced runs them all
         run = sizes if mode == "timesliced" else [max(sizes, key=lambda s: s.trainer_state_bytes)]
-        sampler_pools = sum(s.weight_bytes for s in run) if cfg.capacity_bytes == 0 else 0  # pinned if it parks
+        if cfg.engine == "vllm":  # rota_vllm reserves each engine's pool (its bf16 weights) when it tracks it
+            sampler_pools = sum(s.engine_pool_bytes for s in run)
+        else:  # a sampler parked by rota_fsdp pins its pool at setup only where every switch parks
+            sampler_pools = sum(s.weight_bytes for s in run) if cfg.capacity_bytes == 0 else 0
         pools = sum(s.trainer_state_bytes for s in run) + sampler_pools if mode == "timesliced" else 0
         models = sum(s.trainer_state_bytes + s.weight_bytes for s in run) if on_host else 0
-        plans.append(HostMemoryPlan(mode=mode, pools=pools, push=sum(s.push_bytes for s in run), models=models,
+        push = sum(push_plan(cfg.engine, s)[0] for s in run)
+        plans.append(HostMemoryPlan(mode=mode, pools=pools, push=push, models=models,
                                     runtime=(2 * len(run) + 1) * runtime, trainer_state=run[0].trainer_state_bytes,
                                     available=available, source=source))
     return max(plans, key=lambda p: p.total)
