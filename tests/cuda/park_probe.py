@@ -6,9 +6,30 @@ their own folder.
 
 from __future__ import annotations
 
+import functools
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+
+def others_mib(exclude: int) -> list[int]:
+    """NVML MiB of every process on device 0 but ``exclude`` (a parked engine's, one entry per process), largest
+    first: each is its CUDA context (grown by the kernels it loaded) plus what its park left."""
+    return sorted((n >> 20 for pid, n in device_processes().items() if pid != exclude), reverse=True)
+
+
+@functools.cache
+def bare_context_mib() -> int:
+    """NVML MiB of a fresh process that made its CUDA context and one small tensor: the floor a parked
+    process's own figure is compared with (an engine's is larger by the kernels it loaded)."""
+    code = ("import os, torch, pynvml; torch.zeros(1, device='cuda'); torch.cuda.synchronize(); pynvml.nvmlInit(); "
+            "h = pynvml.nvmlDeviceGetHandleByIndex(0); "
+            "print(sum(p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h) "
+            "if p.pid == os.getpid()) >> 20)")
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              timeout=120).stdout.split()[-1])
 
 
 def nvml_after_parks(gpu: Any) -> list[int | None]:

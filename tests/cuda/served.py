@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.cuda.park_probe import device_processes, fill_fits
+from tests.cuda.park_probe import bare_context_mib, device_processes, fill_fits, others_mib
 
 PROMPTS = ["the quick brown fox", "a model of the world", "rota takes turns", "one two three four"]
 GB = 1 << 30
@@ -94,7 +94,8 @@ def take_turns(app: str, backup: str, engine_args: list[str], model: str, group:
     url, log_path = f"http://{listen}", tmp_path / "serve.log"
     env = os.environ | (env or {}) | {"PYTHONUNBUFFERED": "1", "XDG_RUNTIME_DIR": str(tmp_path),
                                       "ROTA_RESIDUE_MAX_BYTES": "0"}  # NVML of the engine's processes is read here
-    seen: dict[str, Any] = {"parked": [], "filled": [], "same": [], "waited": [], "log": log_path}
+    seen: dict[str, Any] = {"parked": [], "parked_each": [], "filled": [], "same": [], "waited": [],
+                            "log": log_path}
     with running_orchestrator() as (endpoint, _), log_path.open("w") as log:
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "rota", app, "serve", "--listen", listen, "--group", group,
@@ -112,6 +113,7 @@ def take_turns(app: str, backup: str, engine_args: list[str], model: str, group:
                 time.sleep(0.5)  # past --idle-release: the engine has given its turn back
                 trainer.acquire()  # the engine parks
                 seen["parked"].append(engine_bytes())
+                seen["parked_each"].append(others_mib(os.getpid()))
                 seen["filled"].append(fill_fits(int(seen["total"] * FILL)))
                 torch.cuda.empty_cache()
                 if push is not None:  # weights dropped: push them again (in the engine's turn), then ask
@@ -143,6 +145,7 @@ def check_turns(seen: dict[str, Any], record: Any, **figures: Any) -> None:
     end = tail(seen["log"], 3000)
     parked, awake, total = seen["parked"], seen["awake"], seen["total"]
     record(**figures, start_s=seen["start_s"], awake_mib=awake // MIB, parked_mib=[b // MIB for b in parked],
+           parked_by_process_mib=seen["parked_each"], bare_context_mib=bare_context_mib(),
            trainer_filled=seen["filled"], tokens_equal=seen["same"], request_waited=seen["waited"])
     assert all(seen["waited"]), f"a request did not wait for the engine's turn: {seen['waited']}\n{end}"
     assert awake > ENGINE_SHARE * total * 0.8, f"the awake engine holds {awake / GB:.1f} GiB: not the engine's?"
