@@ -234,19 +234,21 @@ def _specs(cfg: DemoConfig, jobs: tuple[tuple[str, str], ...], endpoint: str | N
 
 
 def _context(specs: list[WorkerSpec]) -> Any:
-    """How workers start: ``spawn`` (a fresh interpreter each), except LLM jobs on CPU, which start from a
-    ``forkserver`` that imported torch and transformers once (seconds per worker on a small CI machine; no CUDA
-    is initialised in it, and nothing else differs: each worker builds its own state after the fork)."""
-    if specs and specs[0].engine != "toy" and specs[0].device == "cpu":
-        return _llm_cpu_context()
-    return mp.get_context("spawn")
+    """How workers start: from a ``forkserver`` that imported torch, rota and the worker's modules once (each
+    spawned interpreter took seconds to import them: 5 s per worker on the GPU host, before its CUDA context),
+    except vLLM jobs, whose engines start from a fresh interpreter (``spawn``). No CUDA is initialised in the
+    server, and nothing else differs: each worker makes its own CUDA context and builds its state after the
+    fork."""
+    if specs and specs[0].engine == "vllm":
+        return mp.get_context("spawn")
+    return _preloaded_context(llm=bool(specs) and specs[0].engine != "toy")
 
 
-def _llm_cpu_context() -> Any:
+def _preloaded_context(*, llm: bool) -> Any:
     ctx = mp.get_context("forkserver")
     # Qwen3's modeling module alone takes about 2 s to import; the rota client and adapter load here too
-    ctx.set_forkserver_preload(["torch", "transformers", "transformers.models.qwen3.modeling_qwen3",
-                                "rota_demo.llm_worker", "rota_fsdp._tracked", "rota"])
+    llm_modules = ["transformers", "transformers.models.qwen3.modeling_qwen3", "rota_demo.llm_worker"] if llm else []
+    ctx.set_forkserver_preload(["torch", *llm_modules, "rota_demo.worker", "rota_fsdp", "rota"])
     return ctx
 
 
@@ -472,7 +474,7 @@ def _cgroup_room() -> int | None:
 def starting_checkpoints(cfg: DemoConfig, progress: Callable[[str], None]) -> tuple[Any, ...]:
     """The LLM jobs' sizes with their checkpoints, built (or found in ``cfg.cache_dir``) in a process of its own,
     so this one never holds the models' memory (nor a CUDA context) while the modes run."""
-    ctx = _llm_cpu_context() if cfg.device == "cpu" else mp.get_context("spawn")
+    ctx = _preloaded_context(llm=True) if cfg.device == "cpu" else mp.get_context("spawn")
     jobs = [(size, cfg.seed + i) for i, size in enumerate(cfg.llm_sizes)]
     t0 = time.monotonic()
     with ctx.Pool(1) as pool:
