@@ -167,6 +167,24 @@ def _demo_tier_line(tier: dict, name: str, tests: list[tuple[str, dict]]) -> Non
               f"run): {'; '.join(parts)} ({name}).")
 
 
+def _sglang_tier() -> None:
+    """SGLang under rota in the newest CUDA tier that ran its tests on each GPU model (in-process and served)."""
+    for tier, name, tests in _newest_tiers_with("tests/cuda/test_sglang"):
+        parts = []
+        for nodeid, t in tests:
+            case = nodeid.split("[")[-1].rstrip("]")
+            how = "served" if "server" in nodeid else "in-process"
+            if t.get("outcome") != "passed":
+                parts.append(f"{how} {case} {t.get('outcome')} (parked: {t.get('parked_mib')} MiB)")
+                continue
+            times = (f", park {', '.join(f'{x:.2f}' for x in t['park_s'])} s, restore "
+                     f"{', '.join(f'{x:.2f}' for x in t['restore_s'])} s" if "park_s" in t else "")
+            parts.append(f"{how} {case}: parked {max(t['parked_mib'])} MiB in NVML{times}")
+        print(f"SGLang engine under rota (the staged release), CUDA tier on {tier['device']} at "
+              f"{tier['commit'][:10]}: " + "; ".join(parts) + f"; greedy completions equal after every restore where "
+              f"passed ({name}).")
+
+
 def _agent_tier() -> None:
     """The agent's whole-process backend in the newest CUDA tier that ran it on each GPU model."""
     for tier, name, tests in _newest_tiers_with("test_agent_whole_process_cuda.py"):
@@ -317,6 +335,7 @@ def main() -> None:
     _demo_tier()
     _agent_tier()
     _vllm_rows()
+    _sglang_tier()
     verify = _load("verify-cuda.json")
     if verify:
         costs = ", ".join(f"{size}: sample {m['sample']['extra_fraction_of_switch']:.1%}, full "
