@@ -36,9 +36,9 @@ from rota_demo.push import WeightPush
 from rota_demo.worker import WorkerReport, WorkerSpec, worker_main
 from rota_demo.workloads import ModelSize
 
-__all__ = ["CAPACITY_MARGIN_MIN", "CAPACITY_MARGIN_SHARE", "JOBS", "POLICIES", "RUNTIME_BYTES", "WORKER_TIMEOUT_S",
-           "DemoConfig", "HostMemoryPlan", "HostMemoryShort", "ModeResult", "auto_capacity", "available_host_bytes",
-           "host_memory_plan", "run_demo"]
+__all__ = ["CAPACITY_MARGIN_MIN", "CAPACITY_MARGIN_SHARE", "JOBS", "POLICIES", "RUNTIME_BYTES", "SETUP_PHASES",
+           "WORKER_TIMEOUT_S", "DemoConfig", "HostMemoryPlan", "HostMemoryShort", "ModeResult", "Setup",
+           "auto_capacity", "available_host_bytes", "host_memory_plan", "push_plan", "run_demo", "setup_phases"]
 
 JOBS = (("rl-a", "rl"), ("rl-b", "rl"), ("sft", "sft"))
 # Time-sliced turn order. "priority": an RL job's next step waits for its own trainer and
