@@ -19,9 +19,17 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONWARNINGS="ignore::UserWarning:google.protobuf.runtime_version"
 python3 -c 'import grpc, google.protobuf as p, torch; print("device has grpcio", grpc.__version__, "protobuf", p.__version__, "torch", torch.__version__, "gpus", torch.cuda.device_count())'
 python3 -c 'import transformers, peft, safetensors, tokenizers as t; print("device has transformers", transformers.__version__, "peft", peft.__version__, "tokenizers", t.__version__)' || true
+# what is installed is named by a hash of the packages' sources and the wheels: the same tree is never installed
+# twice on a warm machine (a reinstall costs up to a minute of device time, and one inside a queued step once
+# raced the device tool's copy of the tree: "build/bdist...: No such file")
+tree=$( (find packages \( -path '*/src/*' -type f ! -name '*.pyc' ! -path '*.egg-info/*' \) -o -name pyproject.toml
+         ls .whl/*.whl 2>/dev/null) | LC_ALL=C sort \
+        | xargs sha256sum 2>/dev/null | sha256sum | cut -c1-16)
 if [ "${ROTA_ENV_ONLY:-}" = 1 ] && [ -d /tmp/site/rota ]; then
   # a later call on the same warm machine (a queue may be running): the exports only, nothing reinstalled
   echo "device_env: /tmp/site kept as installed (ROTA_ENV_ONLY=1)"
+elif [ -d /tmp/site/rota ] && [ "$(cat /tmp/site/.rota-tree 2>/dev/null)" = "$tree" ]; then
+  echo "device_env: /tmp/site already holds this tree ($tree): nothing reinstalled"
 else
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   # every package the GPU benches import (no dependencies resolved: the device has torch, transformers and peft)
@@ -29,6 +37,7 @@ else
   for p in core torch adapter-fsdp adapter-megatron serving adapter-vllm adapter-sglang adapter-trl agent-client agent demo service-tinker; do
     [ -d packages/$p ] && pkgs="$pkgs packages/$p"
   done
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site $pkgs
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site $pkgs \
+    && echo "$tree" > /tmp/site/.rota-tree
 fi
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH  # keeps a staged engine (stage_wheels.py env) on the path
