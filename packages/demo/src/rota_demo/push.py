@@ -41,10 +41,10 @@ def aligned(nbytes: int) -> int:
 
 
 class WeightPush:
-    """One job's push buffer and its "free" token; pickled into both workers at ``spawn``.
+    """One job's push buffer and its "free" token; pickled into both workers when they start.
 
     :param nbytes: buffer size; at least the aligned sum of the state dict's tensor sizes.
-    :param free: a ``multiprocessing`` semaphore of value 1 from the spawning context.
+    :param free: a ``multiprocessing`` semaphore of value 1 from the workers' start context.
     :param dtype: torch dtype name the floating-point tensors travel in (e.g. ``"bfloat16"`` to an engine that
         holds bf16 weights: rounded once, at the trainer's copy, as the engine's own load would); None: each
         tensor's own.

@@ -1,6 +1,7 @@
 """One demo worker process: the trainer or the sampler of one job.
 
-Started by :mod:`rota_demo.runner` with the ``spawn`` method. With an orchestrator
+Started by :mod:`rota_demo.runner` from a ``forkserver`` that imported torch and rota (vLLM jobs: ``spawn``;
+no CUDA before the worker's own). With an orchestrator
 endpoint, every device phase runs inside ``gpu.turn()`` on its group and the model
 is tracked by ``rota_fsdp`` (a dependency of rota-demo); without an endpoint, the
 worker runs as if it had a dedicated device. Both paths execute the same math.
@@ -34,7 +35,7 @@ __all__ = ["ToyWork", "WorkerReport", "WorkerSpec", "free_device_state", "step_a
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """Everything a worker needs; picklable for ``spawn``."""
+    """Everything a worker needs; picklable (the worker gets it through ``forkserver`` or ``spawn``)."""
 
     job: str
     kind: str  # "rl" | "sft"
