@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 
-def others_mib(exclude: int) -> list[int]:
-    """NVML MiB of every process on device 0 but ``exclude`` (a parked engine's, one entry per process), largest
-    first: each is its CUDA context (grown by the kernels it loaded) plus what its park left."""
-    return sorted((n >> 20 for pid, n in device_processes().items() if pid != exclude), reverse=True)
+def others_bytes(exclude: int) -> list[int]:
+    """NVML bytes of every process on device 0 but ``exclude`` (an engine's, one entry per process), largest
+    first: each is its CUDA context (grown by the kernels it loaded) plus what it holds or its park left."""
+    return sorted((n for pid, n in device_processes().items() if pid != exclude), reverse=True)
 
 
 @functools.cache

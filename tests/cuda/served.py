@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.cuda.park_probe import bare_context_mib, device_processes, fill_fits, others_mib
+from tests.cuda.park_probe import bare_context_mib, fill_fits, others_bytes
 
 PROMPTS = ["the quick brown fox", "a model of the world", "rota takes turns", "one two three four"]
 GB = 1 << 30
@@ -63,7 +63,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float, log: Path, what
 
 def engine_bytes() -> int:
     """NVML bytes of every process on device 0 but this one (the served engine's)."""
-    return sum(n for pid, n in device_processes().items() if pid != os.getpid())
+    return sum(others_bytes(os.getpid()))
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -94,8 +94,7 @@ def take_turns(app: str, backup: str, engine_args: list[str], model: str, group:
     url, log_path = f"http://{listen}", tmp_path / "serve.log"
     env = os.environ | (env or {}) | {"PYTHONUNBUFFERED": "1", "XDG_RUNTIME_DIR": str(tmp_path),
                                       "ROTA_RESIDUE_MAX_BYTES": "0"}  # NVML of the engine's processes is read here
-    seen: dict[str, Any] = {"parked": [], "parked_each": [], "filled": [], "same": [], "waited": [],
-                            "log": log_path}
+    seen: dict[str, Any] = {"parked": [], "filled": [], "same": [], "waited": [], "log": log_path}
     with running_orchestrator() as (endpoint, _), log_path.open("w") as log:
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "rota", app, "serve", "--listen", listen, "--group", group,
@@ -112,8 +111,7 @@ def take_turns(app: str, backup: str, engine_args: list[str], model: str, group:
             for _ in range(CYCLES):
                 time.sleep(0.5)  # past --idle-release: the engine has given its turn back
                 trainer.acquire()  # the engine parks
-                seen["parked"].append(engine_bytes())
-                seen["parked_each"].append(others_mib(os.getpid()))
+                seen["parked"].append(others_bytes(os.getpid()))  # per process: one NVML reading per park
                 seen["filled"].append(fill_fits(int(seen["total"] * FILL)))
                 torch.cuda.empty_cache()
                 if push is not None:  # weights dropped: push them again (in the engine's turn), then ask
@@ -143,9 +141,10 @@ def check_turns(seen: dict[str, Any], record: Any, **figures: Any) -> None:
     held at most ``PARKED_MAX``, the trainer's fill fitted beside them, and greedy completions after every
     restore equal those before the first park."""
     end = tail(seen["log"], 3000)
-    parked, awake, total = seen["parked"], seen["awake"], seen["total"]
+    parked, awake, total = [sum(each) for each in seen["parked"]], seen["awake"], seen["total"]
     record(**figures, start_s=seen["start_s"], awake_mib=awake // MIB, parked_mib=[b // MIB for b in parked],
-           parked_by_process_mib=seen["parked_each"], bare_context_mib=bare_context_mib(),
+           parked_by_process_mib=[[b // MIB for b in each] for each in seen["parked"]],
+           bare_context_mib=bare_context_mib(),
            trainer_filled=seen["filled"], tokens_equal=seen["same"], request_waited=seen["waited"])
     assert all(seen["waited"]), f"a request did not wait for the engine's turn: {seen['waited']}\n{end}"
     assert awake > ENGINE_SHARE * total * 0.8, f"the awake engine holds {awake / GB:.1f} GiB: not the engine's?"

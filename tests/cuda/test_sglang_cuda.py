@@ -31,7 +31,7 @@ import pytest
 pytest.importorskip("sglang", reason="sglang is not importable here: stage sglang 0.5.17 on the GPU machine with "
                                      "bench/stage_wheels.py (bench/engines/sglang-0.5.17.toml), then run the tier")
 
-from tests.cuda.park_probe import bare_context_mib, device_processes, fill_fits, others_mib, wait_for_count, write_count
+from tests.cuda.park_probe import bare_context_mib, fill_fits, others_bytes, wait_for_count, write_count
 from tests.cuda.sglang_engine import TURNS
 
 GB = 1 << 30
@@ -54,7 +54,7 @@ def test_an_sglang_engine_parks_for_another_job_and_answers_the_same(tmp_path: P
     out = tmp_path / "engine.json"
     group = f"sglang-{backup}"
     log = (tmp_path / "engine.log").open("w")
-    parked, parked_each, filled = [], [], []
+    parked_each, filled = [], []  # per park: NVML bytes of each of the engine's processes (one reading)
     total = torch.cuda.get_device_properties(0).total_memory
     t0 = time.monotonic()
     with running_orchestrator() as (endpoint, _):
@@ -67,8 +67,7 @@ def test_an_sglang_engine_parks_for_another_job_and_answers_the_same(tmp_path: P
             for turn in range(1, TURNS):
                 wait_for_count(out.with_suffix(".engine"), turn, "the engine", 600, proc)
                 other.acquire()  # the engine parks
-                parked.append(sum(n for pid, n in device_processes().items() if pid != os.getpid()))
-                parked_each.append(others_mib(os.getpid()))
+                parked_each.append(others_bytes(os.getpid()))
                 filled.append(fill_fits(int(total * FILL)))
                 torch.cuda.empty_cache()
                 other.release()
@@ -87,9 +86,11 @@ def test_an_sglang_engine_parks_for_another_job_and_answers_the_same(tmp_path: P
         Path(os.environ["OUT"], f"sglang-{backup}.log").write_text(text)
     assert rc == 0, f"the engine's process exited {rc}:\n{text[-4000:]}"
     e = json.loads(out.read_text())
+    parked = [sum(each) for each in parked_each]
     record(backup=backup, seconds=time.monotonic() - t0, parks=e["parks"], restores=e["restores"],
            park_s=e["park_s"], restore_s=e["restore_s"], parked_mib=[b // MIB for b in parked],
-           parked_by_process_mib=parked_each, bare_context_mib=bare_context_mib(),
+           parked_by_process_mib=[[b // MIB for b in each] for each in parked_each],
+           bare_context_mib=bare_context_mib(),
            other_filled=filled, stale_at_turn=e["stale_at_turn"], dropped=e["dropped"], failures=e["failures"])
     assert not e["failures"], e["failures"]
     assert e["parks"] >= TURNS - 1 and e["restores"] >= TURNS - 1, e
