@@ -85,15 +85,7 @@ class WeightPush:
 
         Trainer and sampler build the same model, so both compute the same layout.
         """
-        import torch
-
-        if self._buffer is None:
-            if self._fd < 0:
-                raise ValueError("push buffer: this handle was closed before bind(); bind in a worker that "
-                                 "received the buffer, or before close()")
-            self._map = mmap.mmap(self._fd, self.nbytes)
-            self.close()
-            self._buffer = torch.frombuffer(self._map, dtype=torch.uint8)
+        self._mapped()
         offset = 0
         for name, t in model.state_dict().items():
             dtype = travel_dtype(t.dtype, self.dtype)
@@ -106,16 +98,34 @@ class WeightPush:
             if t.device.type == "cuda":
                 self._device = t.device
 
-    def pin(self) -> float:
-        """Page-lock this process's mapping for CUDA copies (after :meth:`bind`); returns seconds spent.
+    def _mapped(self) -> Any:
+        """This process's mapping of the buffer as a uint8 tensor, made on first use."""
+        import torch
 
-        Faults every page in, so call it during setup. A refusal is not an error: the
-        copies stay pageable (slower) and :attr:`pinned` stays False.
+        if self._buffer is None:
+            if self._fd < 0:
+                raise ValueError("push buffer: this handle was closed before it was mapped; map it in a worker "
+                                 "that received the buffer, or before close()")
+            self._map = mmap.mmap(self._fd, self.nbytes)
+            self.close()
+            self._buffer = torch.frombuffer(self._map, dtype=torch.uint8)
+        return self._buffer
+
+    def pin(self, device: Any = None) -> float:
+        """Page-lock this process's mapping for CUDA copies; returns seconds spent (0 when already pinned).
+
+        Faults every page in, so call it during setup: after :meth:`bind` (the copies' device is the model's),
+        or before it given ``device``, a CUDA device whose context this process already made (a worker pins
+        while the others build, off the set-up's critical path). A refusal is not an error: the copies stay
+        pageable (slower) and :attr:`pinned` stays False.
         """
         import time
 
         import torch
 
+        if device is not None and self._device is None and str(device).startswith("cuda"):
+            self._mapped()
+            self._device = torch.device(device)
         if self._device is None or self.pinned or self._buffer is None:
             return 0.0
         t0 = time.perf_counter()
