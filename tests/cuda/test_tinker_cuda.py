@@ -12,6 +12,7 @@ none fails, the losses of the two tenants equal each other and a run with no par
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,14 +108,20 @@ def _holder_bytes(svc: Any) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def runs(cache: Path, data: list[Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"seconds": {}, "worker_starts": {}}  # where the tier's largest test spends its time
+    t0 = time.monotonic()
     with _service(cache, tmp_path_factory.mktemp("parks"), 0, ["alice", "bob"]) as svc:
         out["parks"] = _script(svc, ["alice", "bob"], data)
         out["units"] = svc.unit_timings()
         out["holders"] = _holder_bytes(svc)
         out["base_bytes"] = svc.state.config.base_models[BASE].params() * 2
+        out["worker_starts"]["parks"] = svc.worker_starts()
+    out["seconds"]["parks"] = time.monotonic() - t0
+    t0 = time.monotonic()
     with _service(cache, tmp_path_factory.mktemp("resident"), 120 << 30, ["alice"]) as svc:
         out["alone"] = _script(svc, ["alice"], data)
+        out["worker_starts"]["alone"] = svc.worker_starts()
+    out["seconds"]["alone"] = time.monotonic() - t0
     yield out
 
 
@@ -123,7 +130,8 @@ def test_two_tenants_full_and_lora_at_capacity_0_park_every_switch_and_free_the_
     units = runs["units"]
     failed = [u for u in units if u["failed"]]
     parks = [u for u in units if u.get("parked_bytes")]
-    record(shape=SHAPE, units=len(units), failed_units=len(failed), parks=[
+    record(shape=SHAPE, units=len(units), failed_units=len(failed), run_seconds=runs["seconds"],
+           worker_starts=runs["worker_starts"], parks=[
         {k: u.get(k) for k in ("tenant", "kind", "parked_bytes", "parked_s", "parked_nvml_before",
                                "parked_nvml_after", "parked_outside_allocator", "parked_residue")} for u in parks])
     assert not failed, f"{len(failed)} units failed: {failed[:3]}"
