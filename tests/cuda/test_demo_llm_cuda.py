@@ -6,7 +6,8 @@
   every mode), no park or restore failed, every trainer and every engine parked at least once.
 * ``h200`` (Qwen3-0.6B/1.7B/4B shapes, ``--capacity auto``): the figures of issue 42 item 5 (makespan ratio,
   busy, switches, parks with their percentiles, rewards first and last) go into the tier's JSON; its
-  assertions are only that the run finishes with no failed park and identical curves. Not yet run anywhere.
+  assertions are only that the run finishes with no failed park and identical curves. Not yet run anywhere. On a
+  card under 120 GiB (an H100) the demo must refuse these shapes before building anything: that is checked there.
 
 Needs vLLM (0.26.0 on the H200 host: bench/stage_wheels.py) importable; skipped otherwise, saying so.
 """
@@ -91,6 +92,17 @@ def test_demo_vllm_tiny_parks_every_switch_and_learns_identically(tmp_path: Path
 
 @pytest.mark.timeout(1200)  # three checkpoints built, nine engines started; the run's own limit is 1,100 s
 def test_demo_vllm_h200_sizes_report_the_issue_figures(tmp_path: Path, record: Any) -> None:
+    import torch
+
+    if torch.cuda.get_device_properties(0).total_memory < 120 << 30:  # an 80 GB card: refused before any build
+        r = subprocess.run([sys.executable, "-m", "rota", "demo", "--engine", "vllm", "--device", "cuda",
+                            "--groups", "1", "--llm-size", "h200", "--steps", "1", "--cache-dir",
+                            str(tmp_path / "ckpt"), "--out-dir", str(tmp_path / "out")], capture_output=True,
+                           text=True, timeout=300, env={**os.environ, **ENV})
+        record(refused=r.stderr[-600:])
+        assert r.returncode == 1 and "needs about" in r.stderr and "--llm-size tiny" in r.stderr, r.stderr[-2000:]
+        assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir()), "it built checkpoints"
+        pytest.skip("the h200 shapes need one H200; refused here before building anything, as they must be")
     summary, seconds = _demo(tmp_path, "h200", 4, "auto", 1100)
     record(**_figures(summary, seconds))
     ts = summary["timesliced"]

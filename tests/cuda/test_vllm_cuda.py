@@ -73,6 +73,7 @@ def engine(snapshot: str, how: str, out: str) -> None:
             got = generate()
             if want is None:
                 want = got
+                awake = (process_device_bytes("cuda:0"), tracked.rota_footprint(gpu)["engine"])  # NVML, footprint
             if how == "offload" and turn == 1:  # an RL weight sync: the next rollouts use it, parks keep it
                 emb = next(k for k in weights if k.endswith("embed_tokens.weight"))
                 tracked.update_weights([(emb, weights[emb] * 1.5)])
@@ -92,7 +93,8 @@ def engine(snapshot: str, how: str, out: str) -> None:
                                      "failures": [str(f) for f in gpu.stats.failures],
                                      "park_s": [p.seconds for p in gpu.stats.parks],
                                      "restore_s": [r.seconds for r in gpu.stats.restores],
-                                     "stash_bytes": tracked.stash_bytes}, default=str))
+                                     "stash_bytes": tracked.stash_bytes, "awake_nvml": awake[0],
+                                     "awake_footprint": awake[1]}, default=str))
     tracked.untrack()
     gpu.close()
 
@@ -193,11 +195,15 @@ def test_a_vllm_engine_and_a_trainer_take_turns_on_one_gpu(tmp_path: Path, snaps
            park_s=e["park_s"], restore_s=e["restore_s"], stash_bytes=e["stash_bytes"],
            residue_after_park_mib=[r // MIB for r in residue], tokens_equal=e["equal"],
            push_changed_tokens=e["push_changed_tokens"], trainer_filled=t["filled"], failures=e["failures"],
-           trainer_residue_after_park_mib=[(b - t["context"]) // MIB for b in t["after_park"]])
+           trainer_residue_after_park_mib=[(b - t["context"]) // MIB for b in t["after_park"]],
+           awake_above_context_mib=(e["awake_nvml"] - e["context"]) // MIB,
+           awake_footprint_mib=e["awake_footprint"] // MIB)
     assert not e["failures"] and not t["failures"], (e["failures"], t["failures"])
     assert e["parks"] >= 2 and e["restores"] >= 2, e
     assert residue and max(residue) <= RESIDUE_MAX, f"NVML after parks minus the context: {residue}"
     assert all(e["equal"]), e["equal"]
+    # the footprint the engine reports awake (its budget: ENGINE_SHARE of the device) covers what it really holds
+    assert e["awake_nvml"] - e["context"] <= e["awake_footprint"], (e["awake_nvml"], e["context"], e["awake_footprint"])
     trainer_residue = [b - t["context"] for b in t["after_park"]]
     assert trainer_residue and max(trainer_residue) <= TRAINER_RESIDUE_MAX, \
         f"the trainer's NVML after its parks minus its context: {[r // MIB for r in trainer_residue]} MiB"

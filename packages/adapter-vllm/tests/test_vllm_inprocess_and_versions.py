@@ -68,6 +68,31 @@ def test_offload_plan_with_vllms_backup_sleeps_level_1_and_wakes_everything(conn
     tracked.untrack()
 
 
+def test_the_footprint_is_nonzero_awake_and_zero_asleep_where_the_budget_is_unknown(connect):
+    # Here CUDA never starts, so the engine's budget (gpu_memory_utilization x the device: the CUDA tier checks it
+    # covers what NVML sees) is unknown: 1 byte awake, so the orchestrator still parks the engine for others.
+    gpu = connect("llm")
+    llm = FakeLLM()
+    llm.llm_engine = type("E", (), {"vllm_config": type("C", (), {"cache_config": type("K", (), {
+        "gpu_memory_utilization": 0.3, "kv_cache_memory_bytes": None})})})
+    tracked = rota_vllm.track(gpu, llm, backup="vllm", check_version=False)
+    assert tracked.rota_footprint(gpu) == {"engine": 1} and tracked.rota_footprint(connect("other")) is None
+    gpu.acquire()
+    gpu.release()
+    trainer = connect("trainer")
+    trainer.acquire()  # the engine parks
+    assert tracked.rota_footprint(gpu) == {"engine": 0}
+    trainer.release()
+    tracked.untrack()
+
+
+def test_a_device_share_is_bytes_only_for_a_share_of_a_cuda_device_this_process_uses():
+    from rota_serving import device_share_bytes
+
+    assert device_share_bytes(None) == device_share_bytes(0.0) == device_share_bytes(1.5) == 0
+    assert device_share_bytes(0.3) == 0  # no CUDA started in this process
+
+
 def test_discard_sleeps_level_2_wakes_weights_first_and_needs_a_weight_push(connect):
     gpu = connect("llm")
     llm = FakeLLM()

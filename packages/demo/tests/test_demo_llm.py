@@ -77,3 +77,21 @@ def test_starting_checkpoints_are_cached_by_their_config_and_load_with_from_pret
     assert model.config.model_type == "qwen3" and sum(p.numel() for p in model.parameters()) == size.params
     tok = AutoTokenizer.from_pretrained(path)
     assert tok("cab:", add_special_tokens=False)["input_ids"] == t.encode("cab:") and tok.eos_token_id == t.EOS
+
+
+def test_the_h200_shapes_fit_one_h200_alone_but_not_all_at_once_and_not_an_80_gb_card():
+    from rota_demo.llm_models import PRESETS
+    from rota_demo.runner import CAPACITY_MARGIN_MIN, CAPACITY_MARGIN_SHARE
+
+    def room(total: int) -> int:  # what --capacity auto leaves, and what check_device_fits compares with
+        return total - max(CAPACITY_MARGIN_MIN, int(total * CAPACITY_MARGIN_SHARE))
+
+    h200, h100 = 143_771 << 20, 81_559 << 20  # the two cards' memory as torch reports it
+    sizes = PRESETS["h200"]
+    alone = [s.device_bytes("vllm", h200) for s in sizes]
+    assert max(alone) <= room(h200) < sum(alone)  # each job alone fits; all at once the policy must park
+    assert max(s.device_bytes("vllm", h100) for s in sizes) > room(h100)  # refused on an 80 GB card
+    # what the orchestrator counts: trainer states and the engines' shares, over the capacity by more than the
+    # smallest trainer state, so a switch cannot always be served by parking engines and that trainer alone
+    counted = sum(s.trainer_state_bytes + s.engine_memory * h200 for s in sizes)
+    assert counted - room(h200) > min(s.trainer_state_bytes for s in sizes)

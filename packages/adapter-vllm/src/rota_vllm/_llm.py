@@ -35,7 +35,7 @@ from typing import Any
 
 from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
-from rota_serving import check_fixed_device, release_idle_cache
+from rota_serving import check_fixed_device, device_share_bytes, release_idle_cache
 from rota_vllm._compat import require_vllm
 from rota_vllm._pinned import (
     worker_load_begin,
@@ -119,6 +119,10 @@ class TrackedLLM:
         #: wait...), for benchmarks
         self.last_phases: dict[str, float] = {}
         self._name = f"rota-vllm-{gpu.tenant}-{id(llm):x}"
+        cache = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None), "cache_config", None)
+        #: device bytes the engine holds awake: its gpu_memory_utilization of the device (0: unknown)
+        self.awake_bytes = 0 if getattr(cache, "kv_cache_memory_bytes", None) else \
+            device_share_bytes(getattr(cache, "gpu_memory_utilization", None))
 
     def level_for(self, plan: ParkPlan) -> int:
         """The sleep level a park with ``plan`` uses: 2 for DISCARD (or weights in ``plan.discard``)."""
@@ -197,13 +201,13 @@ class TrackedLLM:
 
     @hookimpl
     def rota_footprint(self, tenant: Gpu) -> dict[str, int] | None:
-        """1 byte while awake (vLLM preallocates its memory; the exact size is not asked), 0 asleep.
-
-        Nonzero so the orchestrator parks the engine whenever another tenant needs the group.
-        """
+        """While awake, the device bytes vLLM allotted itself (``gpu_memory_utilization`` of the device: weights,
+        activations, KV cache), so that a capacity counts the engine; 1 where that is unknown (an explicit
+        ``kv_cache_memory_bytes``, no CUDA here), still nonzero so the orchestrator parks the engine whenever another
+        tenant needs the group; 0 asleep."""
         if tenant is not self.gpu:
             return None
-        return {"engine": 0 if self.parked_level else 1}
+        return {"engine": 0 if self.parked_level else max(1, self.awake_bytes)}
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]],
                        loader: Callable[[Any, list[tuple[str, Any]]], None] | None = None) -> int:

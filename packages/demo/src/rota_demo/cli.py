@@ -93,7 +93,7 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
     """
     try:
         from rota_demo.report import failures_line, summarize, table, timeline_png, write_json
-        from rota_demo.runner import DemoConfig, HostMemoryShort, host_memory_plan, run_demo
+        from rota_demo.runner import DemoConfig, DeviceMemoryShort, HostMemoryShort, host_memory_plan, run_demo
         from rota_demo.workloads import ModelSize
     except ImportError as exc:
         raise click.ClickException(f"rota demo needs torch and matplotlib ({exc}): "
@@ -162,7 +162,7 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
     try:
         plan.check()
         results = run_demo(cfg, progress)
-    except HostMemoryShort as exc:  # refused before any worker started, instead of an OOM kill mid-run
+    except (HostMemoryShort, DeviceMemoryShort) as exc:  # refused before any worker started, not an OOM mid-run
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:  # Ctrl-C: the workers are stopped by now; no traceback, nothing written
         click.echo("rota demo: interrupted; every worker stopped, nothing written", err=True)

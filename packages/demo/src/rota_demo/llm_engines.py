@@ -100,7 +100,7 @@ class VllmEngine:
         self.path = path
         self.llm = vllm.LLM(model=path, skip_tokenizer_init=True, enable_sleep_mode=True, dtype="bfloat16",
                             seed=seed, enforce_eager=True, enable_prefix_caching=False,
-                            gpu_memory_utilization=memory or 0.1, max_model_len=t.PROMPT_LEN + t.MAX_NEW + 8,
+                            gpu_memory_utilization=memory, max_model_len=t.PROMPT_LEN + t.MAX_NEW + 8,
                             max_num_seqs=256)
         self.tracked = None
         if gpu is not None:

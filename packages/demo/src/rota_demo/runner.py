@@ -37,8 +37,9 @@ from rota_demo.worker import WorkerReport, WorkerSpec, worker_main
 from rota_demo.workloads import ModelSize
 
 __all__ = ["CAPACITY_MARGIN_MIN", "CAPACITY_MARGIN_SHARE", "JOBS", "POLICIES", "RUNTIME_BYTES", "SETUP_PHASES",
-           "WORKER_TIMEOUT_S", "DemoConfig", "HostMemoryPlan", "HostMemoryShort", "ModeResult", "Setup",
-           "auto_capacity", "available_host_bytes", "host_memory_plan", "push_plan", "run_demo", "setup_phases"]
+           "WORKER_TIMEOUT_S", "DemoConfig", "DeviceMemoryShort", "HostMemoryPlan", "HostMemoryShort", "ModeResult",
+           "Setup", "auto_capacity", "available_host_bytes", "check_device_fits", "host_memory_plan", "push_plan",
+           "run_demo", "setup_phases"]
 
 JOBS = (("rl-a", "rl"), ("rl-b", "rl"), ("sft", "sft"))
 # Time-sliced turn order. "priority": an RL job's next step waits for its own trainer and
@@ -357,6 +358,32 @@ class HostMemoryShort(PermanentError):
     """The demo would need more host memory than the machine has available; refused before starting."""
 
 
+class DeviceMemoryShort(PermanentError):
+    """An LLM job alone would not fit the device (its trainer, its step and its engine); refused before starting."""
+
+
+def check_device_fits(cfg: DemoConfig) -> None:
+    """Refuse ``--llm-size`` shapes whose largest job cannot run alone on the device (dedicated mode runs each
+    job's trainer and engine at once), before checkpoints are built; nothing to check for the toy jobs or CPU."""
+    if not cfg.llm_sizes or not cfg.device.startswith("cuda"):
+        return
+    import torch
+
+    index = torch.device(cfg.device).index or 0
+    total = torch.cuda.get_device_properties(index).total_memory
+    room = total - max(CAPACITY_MARGIN_MIN, int(total * CAPACITY_MARGIN_SHARE))
+    job, size = max(zip(("rl-a", "rl-b", "sft"), cfg.llm_sizes, strict=True),
+                    key=lambda js: js[1].device_bytes(cfg.engine, total))
+    need = size.device_bytes(cfg.engine, total)
+    if need > room:
+        raise DeviceMemoryShort(
+            f"job {job} of these --llm-size shapes needs about {need / 2**30:.1f} GiB of device memory alone (its "
+            f"trainer's state {size.trainer_state_bytes / 2**30:.1f} GiB, its step's bf16 weights "
+            f"{size.params * 2 / 2**30:.1f} GiB, its {cfg.engine} engine), but {torch.cuda.get_device_name(index)} "
+            f"has {room / 2**30:.1f} GiB besides the margin for contexts and activations; use a device with more "
+            f"memory (the h200 shapes are for one H200) or --llm-size tiny")
+
+
 @dataclass(frozen=True)
 class HostMemoryPlan:
     """Host bytes the demo needs at its peak: the largest of its modes (they run one after another)."""
@@ -499,6 +526,7 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
     """Run each requested mode and return its result; refuses (:class:`HostMemoryShort`) a run that won't fit."""
     cfg.check()
     host_memory_plan(cfg).check()
+    check_device_fits(cfg)
     if cfg.llm_sizes and not all(s.ckpt for s in cfg.llm_sizes):
         cfg = dataclasses.replace(cfg, llm_sizes=starting_checkpoints(cfg, progress))
     out: dict[str, ModeResult] = {}

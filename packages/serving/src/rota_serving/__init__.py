@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads
     from rota_serving.parker import (
         EndpointParker,
         check_fixed_device,
+        device_share_bytes,
         release_idle_cache,
         track_endpoint,
         wait_attached,
@@ -41,9 +42,9 @@ if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads
 
 __all__ = ["APP_TAGS", "CONTROL_PATHS", "FREE_PATHS", "SGLANG", "VLLM", "EndpointClient", "EndpointParker",
            "EngineVersions", "ServeConfig", "Served", "ServingError", "TurnGate", "TurnProxy", "check_app",
-           "check_base_url", "check_fixed_device", "check_listen", "check_server_version", "check_tags", "make_serve",
-           "register_with_agent", "release_idle_cache", "serve_app", "stop_process", "track_endpoint",
-           "wait_attached"]
+           "check_base_url", "check_fixed_device", "check_listen", "check_server_version", "check_tags",
+           "device_share_bytes", "make_serve", "register_with_agent", "release_idle_cache", "serve_app",
+           "stop_process", "track_endpoint", "wait_attached"]
 
 _HOME = {name: module for module, names in (
     ("rota_serving.cli", ["make_serve"]),
@@ -51,8 +52,8 @@ _HOME = {name: module for module, names in (
                                "check_server_version"]),
     ("rota_serving.engines", ["APP_TAGS", "CONTROL_PATHS", "FREE_PATHS", "SGLANG", "VLLM", "check_app", "check_tags"]),
     ("rota_serving.gate", ["TurnGate"]),
-    ("rota_serving.parker", ["EndpointParker", "check_fixed_device", "release_idle_cache", "track_endpoint",
-                              "wait_attached"]),
+    ("rota_serving.parker", ["EndpointParker", "check_fixed_device", "device_share_bytes", "release_idle_cache",
+                              "track_endpoint", "wait_attached"]),
     ("rota_serving.proxy", ["TurnProxy"]),
     ("rota_serving.supervisor", ["ServeConfig", "Served", "check_listen", "register_with_agent", "serve_app",
                                  "stop_process"]),

@@ -54,6 +54,19 @@ def release_idle_cache() -> int:
     return max(0, before - torch.cuda.memory_reserved())
 
 
+def device_share_bytes(share: float | None) -> int:
+    """``share`` of this process's current CUDA device's memory, in bytes; 0 where unknown (no share, or torch
+    has not started CUDA here: torch is never imported for it).
+
+    What an in-process engine given that share holds while awake (vLLM's ``gpu_memory_utilization``: it sizes its
+    KV cache to fill it), reported as its footprint so that a ``--capacity`` counts it.
+    """
+    torch = sys.modules.get("torch")
+    if not share or not 0 < share <= 1 or torch is None or not torch.cuda.is_initialized():
+        return 0
+    return int(share * torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+
+
 class EndpointParker:
     """rota_park / rota_restore of one tenant whose state is an engine behind HTTP.
 
