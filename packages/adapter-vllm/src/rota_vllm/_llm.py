@@ -203,8 +203,8 @@ class TrackedLLM:
     def rota_footprint(self, tenant: Gpu) -> dict[str, int] | None:
         """While awake, the device bytes vLLM allotted itself (``gpu_memory_utilization`` of the device: weights,
         activations, KV cache), so that a capacity counts the engine; 1 where that is unknown (an explicit
-        ``kv_cache_memory_bytes``, no CUDA here), still nonzero so the orchestrator parks the engine whenever another
-        tenant needs the group; 0 asleep."""
+        ``kv_cache_memory_bytes``, or CUDA not started in this process: an engine core of its own), still nonzero
+        so the orchestrator parks the engine whenever another tenant needs the group; 0 asleep."""
         if tenant is not self.gpu:
             return None
         return {"engine": 0 if self.parked_level else max(1, self.awake_bytes)}
