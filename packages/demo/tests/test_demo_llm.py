@@ -6,9 +6,11 @@ been parked at least once."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +53,31 @@ def test_demo_hf_engine_learns_and_is_identical_in_every_mode(tmp_path):
     # a second run finds the checkpoints (named by their config) and does not build them again
     assert "(built)" in r.stderr and "(cached)" not in r.stderr
     print(f"rota demo --engine hf: {seconds:.1f} s")
+
+
+FAKE_VLLM = Path(__file__).parent / "fake_vllm"  # a fake of vllm.LLM (see its module docs), not vLLM
+
+
+@pytest.mark.slow
+def test_demo_vllm_mode_on_the_cpu_fake_parks_engines_through_rota_vllm_and_learns_identically(tmp_path):
+    """The demo's vLLM path on CPU: its engine class, the bf16 push through rota_vllm's update_weights, engines
+    parked and restored by rota_vllm (rota's pool, level-2 sleep, weights written back in place) at capacity 0,
+    against a fake of vllm.LLM that loses whatever a sleep did not keep (NaN weights fail the next rollout)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKE_VLLM), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "rota", "demo", "--engine", "vllm", "--steps", "8",
+                        "--off-device", "0.02", "--capacity", "0", "--cache-dir", str(tmp_path / "ckpt"),
+                        "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=env)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    summary = json.loads((tmp_path / "demo.json").read_text())
+    ts, curves = summary["timesliced"], summary["curves"]
+    assert summary["config"]["engine"] == "vllm" and "rota_vllm" in ts["adapters"], ts["adapters"]
+    assert ts["failed_parks"] == 0 and ts["failed_restores"] == 0, ts["failures"][:2]
+    assert all(n >= 1 for n in ts["parks_by_worker"].values()) and len(ts["parks_by_worker"]) == 6, \
+        ts["parks_by_worker"]  # engines too: each parked by rota_vllm and restored before its next rollout
+    for name, values in curves["dedicated"].items():  # bit for bit, step for step
+        assert curves["serial"][name] == values and curves["timesliced"][name] == values, name
+    assert len(curves["timesliced"]["rl-a/sampler"]) == 8 and all(t["bit_identical"] for t in summary["tenants"])
 
 
 def test_demo_vllm_engine_is_refused_on_cpu_with_the_reason():

@@ -7,7 +7,8 @@
 * ``vllm``: ``vllm.LLM`` in-process (``enable_sleep_mode=True``, bf16, eager, no prefix cache, tokenizer skipped:
   prompts go as token ids), tracked with ``rota_vllm.track``; new weights arrive through
   ``TrackedLLM.update_weights`` (``collective_rpc`` into each worker's ``load_weights``). Needs a GPU and vLLM
-  (0.26.0 on the H200); it cannot run on CPU (vLLM refuses sleep mode there).
+  (0.26.0 on the H200); it cannot run on CPU (vLLM refuses sleep mode there: :func:`sleep_mode_available`), but
+  for the CPU tests' fake of ``vllm.LLM``.
 
 Determinism (the time-sliced run must equal the dedicated one step for step): every rollout is seeded from
 (job seed, step) only. ``hf`` reseeds torch's global generator (``torch.manual_seed``, all devices) right before
@@ -25,7 +26,8 @@ from typing import Any
 
 from rota_demo import llm_tasks as t
 
-__all__ = ["ENGINES", "PUSH_DTYPE", "HfEngine", "VllmEngine", "VllmMissing", "make_engine"]
+__all__ = ["ENGINES", "PUSH_DTYPE", "HfEngine", "VllmEngine", "VllmMissing", "make_engine",
+           "sleep_mode_available"]
 
 ENGINES = ("hf", "vllm")
 #: the dtype weights travel in from the trainer to each engine: vLLM holds bf16 weights (its load rounds fp32 to
@@ -35,6 +37,16 @@ PUSH_DTYPE: dict[str, str | None] = {"hf": None, "vllm": "bfloat16"}
 
 class VllmMissing(RuntimeError):
     """``--engine vllm`` without vLLM importable."""
+
+
+def sleep_mode_available() -> bool:
+    """Whether the installed vLLM offers sleep mode on this machine's platform (vLLM's own answer: on CUDA only;
+    the CPU tests' fake answers yes); False without vLLM."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    return bool(current_platform.is_sleep_mode_available())
 
 
 def sample_seed(seed: int, step: int, index: int = 0) -> int:

@@ -102,9 +102,12 @@ class DemoConfig:
             raise InvalidArgument(f"--engine {self.engine!r}: choose from toy, hf, vllm (hf and vllm need the "
                                   "jobs' LLM sizes)")
         if self.engine == "vllm" and not self.device.startswith("cuda"):
-            raise InvalidArgument("--engine vllm runs vLLM with sleep mode, which needs a CUDA device (vLLM "
-                                  "refuses it on CPU); use --device cuda, or --engine hf (the transformers "
-                                  "stand-in) on CPU")
+            from rota_demo.llm_engines import sleep_mode_available
+
+            if not sleep_mode_available():
+                raise InvalidArgument("--engine vllm runs vLLM with sleep mode, which needs a CUDA device (vLLM "
+                                      "refuses it on CPU); use --device cuda, or --engine hf (the transformers "
+                                      "stand-in) on CPU")
         if self.policy not in POLICIES:
             raise InvalidArgument(f"--policy {self.policy!r}: choose from {', '.join(POLICIES)}")
         if self.elastic and not self.device.startswith("cuda"):
