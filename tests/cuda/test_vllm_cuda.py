@@ -202,7 +202,8 @@ def test_a_vllm_engine_and_a_trainer_take_turns_on_one_gpu(tmp_path: Path, snaps
     assert e["parks"] >= 2 and e["restores"] >= 2, e
     assert residue and max(residue) <= RESIDUE_MAX, f"NVML after parks minus the context: {residue}"
     assert all(e["equal"]), e["equal"]
-    # the footprint the engine reports awake (its budget: ENGINE_SHARE of the device) covers what it really holds
+    # the footprint the engine reports awake (ENGINE_SHARE of the device and what it holds outside it) covers what
+    # its process really holds above its context (1,089 MiB beyond the share alone on the H100 at 47ebe11)
     assert e["awake_nvml"] - e["context"] <= e["awake_footprint"], (e["awake_nvml"], e["context"], e["awake_footprint"])
     trainer_residue = [b - t["context"] for b in t["after_park"]]
     assert trainer_residue and max(trainer_residue) <= TRAINER_RESIDUE_MAX, \

@@ -66,6 +66,12 @@ def _load_weights_on_worker(worker: Any, named: list[tuple[str, Any]]) -> None:
     worker_model(worker).load_weights(weights=named)
 
 
+#: device bytes an awake engine's process holds beyond its ``gpu_memory_utilization`` share and the CUDA context it
+#: had before vLLM started (kernels loaded into the context, libraries' workspaces, which vLLM's budget does not
+#: count): 1,089 MiB measured for vLLM 0.26.0 on an H100 at 0.6 of the device (tests/cuda/test_vllm_cuda.py),
+#: rounded up; counted in the footprint so that a capacity is not overrun by it
+OUTSIDE_SHARE_BYTES = 1536 << 20
+
 #: vLLM's worker ends its sleep with ``assert freed_bytes >= 0`` on the whole device's free memory: another
 #: process allocating meanwhile (a trainer of another job, a restore) fails it after the sleep itself finished.
 SLEEP_CHECK = "Memory usage increased after sleeping"
@@ -120,9 +126,11 @@ class TrackedLLM:
         self.last_phases: dict[str, float] = {}
         self._name = f"rota-vllm-{gpu.tenant}-{id(llm):x}"
         cache = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None), "cache_config", None)
-        #: device bytes the engine holds awake: its gpu_memory_utilization of the device (0: unknown)
-        self.awake_bytes = 0 if getattr(cache, "kv_cache_memory_bytes", None) else \
+        #: device bytes the engine holds awake: its gpu_memory_utilization of the device and what it keeps outside
+        #: that share (0: unknown)
+        share = 0 if getattr(cache, "kv_cache_memory_bytes", None) else \
             device_share_bytes(getattr(cache, "gpu_memory_utilization", None))
+        self.awake_bytes = share + OUTSIDE_SHARE_BYTES if share else 0
 
     def level_for(self, plan: ParkPlan) -> int:
         """The sleep level a park with ``plan`` uses: 2 for DISCARD (or weights in ``plan.discard``)."""
@@ -202,7 +210,8 @@ class TrackedLLM:
     @hookimpl
     def rota_footprint(self, tenant: Gpu) -> dict[str, int] | None:
         """While awake, the device bytes vLLM allotted itself (``gpu_memory_utilization`` of the device: weights,
-        activations, KV cache), so that a capacity counts the engine; 1 where that is unknown (an explicit
+        activations, KV cache) and :data:`OUTSIDE_SHARE_BYTES`, so that a capacity counts the engine; 1 where that
+        is unknown (an explicit
         ``kv_cache_memory_bytes``, or CUDA not started in this process: an engine core of its own), still nonzero
         so the orchestrator parks the engine whenever another tenant needs the group; 0 asleep."""
         if tenant is not self.gpu:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import threading
 from typing import Any
 
 __all__ = ["ALIGN", "WeightPush", "aligned", "push_bytes", "travel_dtype", "weights_digest"]
@@ -57,6 +58,7 @@ class WeightPush:
         self._views: dict[str, Any] = {}
         self.pinned = False  # this process's mapping is page-locked for CUDA copies
         self._device: Any = None  # the CUDA device the copies go to or come from (None: host copies)
+        self._map_lock = threading.Lock()
 
     @classmethod
     def create(cls, ctx: Any, nbytes: int, dtype: str | None = None) -> WeightPush:
@@ -99,9 +101,14 @@ class WeightPush:
                 self._device = t.device
 
     def _mapped(self) -> Any:
-        """This process's mapping of the buffer as a uint8 tensor, made on first use."""
+        """This process's mapping of the buffer as a uint8 tensor, made on first use (once, whichever thread asks:
+        a worker pins in a thread of its own while it builds)."""
         import torch
 
+        with self._map_lock:
+            return self._map_once(torch)
+
+    def _map_once(self, torch: Any) -> Any:
         if self._buffer is None:
             if self._fd < 0:
                 raise ValueError("push buffer: this handle was closed before it was mapped; map it in a worker "
@@ -115,9 +122,9 @@ class WeightPush:
         """Page-lock this process's mapping for CUDA copies; returns seconds spent (0 when already pinned).
 
         Faults every page in, so call it during setup: after :meth:`bind` (the copies' device is the model's),
-        or before it given ``device``, a CUDA device whose context this process already made (a worker pins
-        while the others build, off the set-up's critical path). A refusal is not an error: the copies stay
-        pageable (slower) and :attr:`pinned` stays False.
+        or before it given ``device``, a CUDA device whose context this process already made (a worker pins in a
+        thread while it builds: seconds of page faults off the set-up's critical path). A refusal is not an
+        error: the copies stay pageable (slower) and :attr:`pinned` stays False.
         """
         import time
 

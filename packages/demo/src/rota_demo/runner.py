@@ -155,9 +155,8 @@ class Setup:
 
 
 #: a worker's set-up milestones (worker_main's marks), each phase named by what ends at it
-SETUP_PHASES = (("spawn+imports", "entered"), ("CUDA context", "context"), ("push buffer", "push_pinned_early"),
-                ("waited to build", "build"), ("turn+build+warm-up", "built"), ("push buffer, after", "push_pinned"),
-                ("host pool", "ready"))
+SETUP_PHASES = (("spawn+imports", "entered"), ("CUDA context", "context"), ("waited to build", "build"),
+                ("turn+build+warm-up", "built"), ("push buffer", "push_pinned"), ("host pool", "ready"))
 
 
 def setup_phases(spawned: float, marks: dict[str, float]) -> dict[str, float]:
