@@ -210,10 +210,10 @@ class TrackedLLM:
     @hookimpl
     def rota_footprint(self, tenant: Gpu) -> dict[str, int] | None:
         """While awake, the device bytes vLLM allotted itself (``gpu_memory_utilization`` of the device: weights,
-        activations, KV cache) and :data:`OUTSIDE_SHARE_BYTES`, so that a capacity counts the engine; 1 where that
-        is unknown (an explicit
-        ``kv_cache_memory_bytes``, or CUDA not started in this process: an engine core of its own), still nonzero
-        so the orchestrator parks the engine whenever another tenant needs the group; 0 asleep."""
+        activations, KV cache) and :data:`OUTSIDE_SHARE_BYTES`, so that a capacity counts the engine; 1 where the
+        share is unknown (an explicit ``kv_cache_memory_bytes``, or CUDA not started in this process: an engine
+        core of its own), still nonzero so the orchestrator parks the engine whenever another tenant needs the
+        group; 0 asleep."""
         if tenant is not self.gpu:
             return None
         return {"engine": 0 if self.parked_level else max(1, self.awake_bytes)}

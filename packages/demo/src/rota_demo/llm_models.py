@@ -128,9 +128,9 @@ def _tiny(task: str, lr: float = 1e-3, pretrain_steps: int = 30) -> LlmSize:
 #: each, so a step takes milliseconds; measured on CPU over 16 steps, mean reward of the first four -> the
 #: last four: shift 0.41 -> 0.62, rev 0.50 -> 0.69; SFT accuracy 0.75 -> 0.91); ``h200`` is Qwen3-0.6B, -1.7B
 #: and -4B's shapes (vocabulary aside: the tasks' 32 tokens), about 0.44 B, 1.4 B and 3.6 B parameters, for one
-#: H200 (not yet run there): trainer states of 82 GiB and engines given 42% of the device (59 GiB awake, 64 GiB as
-#: their footprints count it) exceed what ``--capacity auto`` leaves (126 GiB), so the policy must park; the largest job alone needs 89 GiB, which
-#: an 80 GB card does not have (the demo refuses it there, naming why).
+#: H200 (not yet run there): trainer states of 82 GiB and engines given 42% of the device (59 GiB awake, 64 GiB
+#: as their footprints count it) exceed what ``--capacity auto`` leaves (126 GiB), so the policy must park; the
+#: largest job alone needs 89 GiB, which an 80 GB card does not have (the demo refuses it there, naming why).
 PRESETS: dict[str, tuple[LlmSize, LlmSize, LlmSize]] = {
     "tiny": (_tiny("shift"), _tiny("rev", pretrain_steps=40), _tiny("sort", lr=3e-3)),
     "h200": (

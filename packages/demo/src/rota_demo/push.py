@@ -106,17 +106,14 @@ class WeightPush:
         import torch
 
         with self._map_lock:
-            return self._map_once(torch)
-
-    def _map_once(self, torch: Any) -> Any:
-        if self._buffer is None:
-            if self._fd < 0:
-                raise ValueError("push buffer: this handle was closed before it was mapped; map it in a worker "
-                                 "that received the buffer, or before close()")
-            self._map = mmap.mmap(self._fd, self.nbytes)
-            self.close()
-            self._buffer = torch.frombuffer(self._map, dtype=torch.uint8)
-        return self._buffer
+            if self._buffer is None:
+                if self._fd < 0:
+                    raise ValueError("push buffer: this handle was closed before it was mapped; map it in a worker "
+                                     "that received the buffer, or before close()")
+                self._map = mmap.mmap(self._fd, self.nbytes)
+                self.close()
+                self._buffer = torch.frombuffer(self._map, dtype=torch.uint8)
+            return self._buffer
 
     def pin(self, device: Any = None) -> float:
         """Page-lock this process's mapping for CUDA copies; returns seconds spent (0 when already pinned).
