@@ -108,10 +108,10 @@ def test_starting_checkpoints_are_cached_by_their_config_and_load_with_from_pret
 
 def test_the_h200_shapes_fit_one_h200_alone_but_not_all_at_once_and_not_an_80_gb_card():
     from rota_demo.llm_models import PRESETS
-    from rota_demo.runner import CAPACITY_MARGIN_MIN, CAPACITY_MARGIN_SHARE
+    from rota_demo.runner import capacity_margin
 
     def room(total: int) -> int:  # what --capacity auto leaves, and what check_device_fits compares with
-        return total - max(CAPACITY_MARGIN_MIN, int(total * CAPACITY_MARGIN_SHARE))
+        return total - capacity_margin(total)
 
     h200, h100 = 143_771 << 20, 81_559 << 20  # the two cards' memory as torch reports it
     sizes = PRESETS["h200"]

@@ -38,8 +38,8 @@ from rota_demo.workloads import ModelSize
 
 __all__ = ["CAPACITY_MARGIN_MIN", "CAPACITY_MARGIN_SHARE", "JOBS", "POLICIES", "RUNTIME_BYTES", "SETUP_PHASES",
            "WORKER_TIMEOUT_S", "DemoConfig", "DeviceMemoryShort", "HostMemoryPlan", "HostMemoryShort", "ModeResult",
-           "Setup", "auto_capacity", "available_host_bytes", "check_device_fits", "host_memory_plan", "push_plan",
-           "run_demo", "setup_phases"]
+           "Setup", "auto_capacity", "available_host_bytes", "capacity_margin", "check_device_fits",
+           "host_memory_plan", "push_plan", "run_demo", "setup_phases"]
 
 JOBS = (("rl-a", "rl"), ("rl-b", "rl"), ("sft", "sft"))
 # Time-sliced turn order. "priority": an RL job's next step waits for its own trainer and
@@ -176,6 +176,12 @@ CAPACITY_MARGIN_SHARE = 0.10
 CAPACITY_MARGIN_MIN = 8 << 30
 
 
+def capacity_margin(total: int) -> int:
+    """Bytes of a device of ``total`` bytes kept out of ``--capacity auto`` (and out of what one LLM job may need
+    alone): max(CAPACITY_MARGIN_SHARE of it, CAPACITY_MARGIN_MIN)."""
+    return max(CAPACITY_MARGIN_MIN, int(total * CAPACITY_MARGIN_SHARE))
+
+
 def auto_capacity(device: str, groups: int, elastic: bool) -> tuple[int, str]:
     """(bytes per group, how): what ``--capacity auto`` means for this run.
 
@@ -188,7 +194,7 @@ def auto_capacity(device: str, groups: int, elastic: bool) -> tuple[int, str]:
 
     index = torch.device(device).index or 0
     total = torch.cuda.get_device_properties(index).total_memory
-    margin = max(CAPACITY_MARGIN_MIN, int(total * CAPACITY_MARGIN_SHARE))
+    margin = capacity_margin(total)
     sharing = groups if groups == 2 and not elastic and (":" in device or torch.cuda.device_count() < 2) else 1
     per_group = max(total - margin, 0) // sharing
     shared = f", split between the {sharing} groups on it" if sharing > 1 else ""
@@ -373,10 +379,9 @@ def check_device_fits(cfg: DemoConfig) -> None:
 
     index = torch.device(cfg.device).index or 0
     total = torch.cuda.get_device_properties(index).total_memory
-    room = total - max(CAPACITY_MARGIN_MIN, int(total * CAPACITY_MARGIN_SHARE))
-    job, size = max(zip(("rl-a", "rl-b", "sft"), cfg.llm_sizes, strict=True),
-                    key=lambda js: js[1].device_bytes(cfg.engine, total))
-    need = size.device_bytes(cfg.engine, total)
+    room = total - capacity_margin(total)
+    need, job = max((cfg.job_size(job).device_bytes(cfg.engine, total), job) for job, _ in JOBS)
+    size = cfg.job_size(job)
     if need > room:
         raise DeviceMemoryShort(
             f"job {job} of these --llm-size shapes needs about {need / 2**30:.1f} GiB of device memory alone (its "

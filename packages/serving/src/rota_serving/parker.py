@@ -1,6 +1,6 @@
 """Park hooks of a tenant whose state is an engine behind HTTP, and what the in-process engine adapters
-(rota_vllm's and rota_sglang's ``track``) share with them: the one-device check and the release of the
-tenant process's idle CUDA cache at a park.
+(rota_vllm's and rota_sglang's ``track``) share with them: the one-device check, the release of the
+tenant process's idle CUDA cache at a park, and the device bytes of an engine's share of the device.
 
 Who calls it: ``serve_app`` registers an :class:`EndpointParker` on the served tenant's
 ``Gpu``; rota then runs its ``rota_park``/``rota_restore`` when the orchestrator (or the
