@@ -8,7 +8,7 @@ orchestrator asks its client over the rota.v1 session (park and restore commands
 
     python prefetch_tenant.py --orch HOST:PORT [--agent HOST:PORT] --job J --group G --size N
                               [--block-on-restore FILE] [--tensor] [--fail-restores K]
-commands: acquire | release | check | exit. With --block-on-restore, a restore creates
+commands: acquire | acquire-quiet (a quiet turn) | release | check | exit. With --block-on-restore, a restore creates
 FILE.started and then waits until FILE exists (so a test can act while it runs). With
 --tensor the payload is a CPU tensor tracked by rota_torch's TensorParker (what the
 torch adapters use). With --fail-restores, the first K restores raise before moving
@@ -136,9 +136,9 @@ def main() -> None:
     for line in sys.stdin:
         cmd = line.strip()
         out: dict[str, object] = {"cmd": cmd}
-        if cmd == "acquire":
+        if cmd in ("acquire", "acquire-quiet"):
             try:
-                g = gpu.acquire()
+                g = gpu.acquire(quiet=cmd == "acquire-quiet")
                 out.update(token=g.token, restored=g.context_restored, on_device=dev.device is not None)
             except rota.RotaError as exc:
                 out.update(error=f"{type(exc).__name__}: {exc}")

@@ -15,6 +15,7 @@ import json
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -305,6 +306,41 @@ def test_prefetch_never_parks_a_job_that_waits_for_a_turn(sessions):
     c.ask("release")
 
 
+def test_no_prefetch_while_the_holder_is_quiet(sessions):
+    """Device of 3 U. a (2 U) holds a quiet turn (``turn(quiet=True)``: e.g. a vLLM engine profiling
+    free memory as it starts) while b (1 U) waits parked: b would fit beside a, but nothing is
+    prefetched; b is restored at its own grant. In b's ordinary turn that follows, parked c (2 U) is
+    prefetched as usual (idle a parked to make room)."""
+    engine, start, _ = sessions
+    b, c, a = start("b", 1, "--tensor"), start("c", 2, "--tensor"), start("a", 2, "--tensor")
+    for t in (b, c):  # both fit: 1 + 2 <= 3
+        t.ask("acquire")
+        t.ask("release")
+    assert a.ask("acquire-quiet")["restored"] is False  # parks b and c: 2 + 1 + 2 > 3
+    g = engine.groups["g"]
+    assert g.holder == "a" and g.holder_quiet and g.residents == ["a"]
+    b.send("acquire")  # an ordinary turn would restore b now (see test_session_tenant_is_restored_ahead_...)
+    eventually(lambda: g.queued("b") is not None, "b queued")
+    time.sleep(0.5)  # the driver that b's acquire kicked has run, or runs now
+    eventually(lambda: engine._drivers["g"].done(), "the group's driver idle")
+    assert "g" not in engine._prefetching and not g.prefetched, "a prefetch started during a quiet turn"
+    assert g.tenants["b"].state == "parked" and g.residents == ["a"] and b.lines.empty()
+    assert a.ask("check")["events"] == [], "the holder was parked or restored"
+
+    a.ask("release")
+    got = b.read()
+    assert got["restored"] is True and got["on_device"] is True  # restored at its grant, as without prefetch
+    assert not g.holder_quiet and (g.prefetch_hits, g.prefetch_misses) == (0, 1)
+    c.send("acquire")  # b's turn is not quiet: c is prefetched, idle a parked for it
+    eventually(lambda: g.tenants["c"].state == "resident", "c restored ahead of its grant")
+    assert g.holder == "b" and g.tenants["a"].state == "parked" and g.residents == ["b", "c"]
+    b.ask("release")
+    got = c.read()
+    assert got["restored"] is False and got["on_device"] is True and c.ask("check")["intact"]
+    assert (g.prefetch_hits, g.prefetch_misses, g.prefetch_failures) == (1, 1, 0)
+    c.ask("release")
+
+
 def test_session_prefetch_that_fails_leaves_the_state_parked(sessions):
     """b's restore raises (rolled back): the prefetch is reported failed, b stays parked
     and queued, is not asked again this turn, and its grant restores it as usual."""
@@ -426,6 +462,26 @@ def test_prefetch_config_is_validated():
         OrchestratorConfig(prefetch=True).check()
     with pytest.raises(InvalidArgument, match=r"prefetch='yes' must be True, False or None"):
         OrchestratorConfig(capacity_bytes=U, prefetch="yes").check()  # type: ignore[arg-type]
+
+
+def test_quiet_must_be_a_bool(orchestrator):
+    """``turn(quiet="yes")`` is refused before anything is asked, naming the value; so is an in-process
+    orchestrator's request with such a flag."""
+    import asyncio
+
+    import rota
+    from rota.types import TurnRequest
+
+    endpoint, engine = orchestrator
+    with rota.connect(group="q", tenant="a", endpoint=endpoint) as gpu:
+        with pytest.raises(InvalidArgument, match=r"quiet='yes' must be True or False"), gpu.turn(quiet="yes"):
+            pass
+        assert gpu.grant is None and "q" not in engine.groups
+        with gpu.turn(quiet=True):
+            assert engine.groups["q"].holder_quiet
+        assert not engine.groups["q"].holder_quiet
+    with pytest.raises(InvalidArgument, match=r"quiet=1 must be True or False \(job='a', group='q'\)"):
+        asyncio.run(Orchestrator(OrchestratorConfig()).acquire(TurnRequest("a", "q", quiet=1)))  # type: ignore
 
 
 def test_prefetch_flag_on_the_cli():

@@ -103,6 +103,31 @@ def test_round_trip_through_dict():
     assert GroupState.from_dict(g.to_dict()).to_dict() == g.to_dict()
 
 
+def test_quiet_turn_is_kept_with_the_holder_and_round_trips():
+    """A quiet request (any rank of the job) makes a quiet turn; it ends with the turn, survives to_dict /
+    from_dict, and state stored before the field existed loads as not quiet."""
+    g = GroupState("g")
+    g.enqueue(TurnRequest("a", "g", world_size=2, rank=0), 1.0)
+    g.enqueue(TurnRequest("a", "g", world_size=2, rank=1, quiet=True), 1.1)
+    assert g.queue[0].quiet
+    back = GroupState.from_dict(g.to_dict())
+    assert back.queue[0].quiet
+    back.begin_switch(back.queue[0], 0)
+    back.complete_grant(2.0)
+    assert back.holder_quiet and GroupState.from_dict(back.to_dict()).holder_quiet
+    old = back.to_dict()
+    del old["holder_quiet"]
+    assert GroupState.from_dict(old).holder == "a" and not GroupState.from_dict(old).holder_quiet
+    back.release("a", back.token, 0, 3.0)
+    assert back.holder_quiet  # one rank still holds the turn
+    back.release("a", back.token, 1, 3.0)
+    assert not back.holder_quiet
+    back.enqueue(TurnRequest("a", "g", world_size=2, rank=0), 4.0)  # the next turn asks for nothing
+    stored = back.to_dict()
+    del stored["queue"][0]["quiet"]
+    assert not GroupState.from_dict(stored).queue[0].quiet
+
+
 def test_all_ranks_release_before_group_is_free():
     g = GroupState("g")
     _both_ranks(g, "a", 1.0)

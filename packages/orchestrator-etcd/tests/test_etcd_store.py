@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -45,6 +46,20 @@ def test_state_round_trips_through_json_with_wall_clock_times() -> None:
     assert abs(back.holder_since - g.holder_since) < 0.01
     assert abs(back.queue[0].arrived - g.queue[0].arrived) < 0.01
     assert b'"holder_since":1' in encode_state(g)  # wall clock (2020s), not this boot's monotonic clock
+
+
+def test_quiet_turn_round_trips_and_older_state_loads_as_not_quiet() -> None:
+    g = GroupState("g", created=time.monotonic())
+    g.enqueue(TurnRequest("a", "g", quiet=True), time.monotonic())
+    g.begin_switch(g.queue[0], 0)
+    g.complete_grant(time.monotonic())
+    g.enqueue(TurnRequest("b", "g", quiet=True), time.monotonic())
+    back = decode_state(encode_state(g))
+    assert back.holder_quiet and back.queue[0].quiet
+    old = json.loads(encode_state(g))  # as a replica before TurnRequest.quiet wrote it
+    del old["holder_quiet"], old["queue"][0]["quiet"]
+    back = decode_state(json.dumps(old).encode())
+    assert back.holder == "a" and not back.holder_quiet and not back.queue[0].quiet
 
 
 def test_a_tenants_idle_age_survives_a_failover_to_a_host_with_another_monotonic_clock(

@@ -6,8 +6,9 @@ Two shapes:
 
       import rota, rota_vllm
       gpu = rota.connect()
-      llm = LLM(model, enable_sleep_mode=True)
-      engine = rota_vllm.track(gpu, llm)            # park = llm.sleep(1|2), restore = wake_up
+      with gpu.turn(quiet=True):                    # vLLM profiles free memory as it starts
+          llm = LLM(model, enable_sleep_mode=True)
+          engine = rota_vllm.track(gpu, llm)        # park = llm.sleep(1|2), restore = wake_up
       for step in range(n):
           with gpu.turn():
               engine.update_weights(trainer_weights)  # RL weight sync (collective_rpc)

@@ -98,6 +98,7 @@ class TurnRequest:
     rank: int = 0
     footprint_bytes: int = 0
     devices: tuple[str, ...] = ()  # devices of this host the job may run on (see rota.devices)
+    quiet: bool = False  # no prefetch in the group while this turn is held (see Gpu.turn)
 
 
 @dataclass(frozen=True)

@@ -111,11 +111,12 @@ class _Device:
 
     @contextlib.contextmanager
     def setup(self) -> Iterator[None]:
-        """Building and warming up: inside a turn with rota (one tenant on the device at a time)."""
+        """Building and warming up: inside a turn with rota (one tenant on the device at a time); a quiet one
+        for a vLLM engine, which profiles the device's free memory as it starts (no prefetch may change it)."""
         if self.gpu is None:
             yield
         else:
-            with self.gpu.turn():
+            with self.gpu.turn(quiet=self.spec.engine == "vllm" and self.spec.role == "sampler"):
                 self._on_turn_device()
                 yield
 

@@ -6,7 +6,7 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TurnRequest(_message.Message):
-    __slots__ = ("job_id", "group_id", "priority", "weight", "world_size", "rank", "footprint_bytes", "devices")
+    __slots__ = ("job_id", "group_id", "priority", "weight", "world_size", "rank", "footprint_bytes", "devices", "quiet")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class TurnRequest(_message.Message):
     RANK_FIELD_NUMBER: _ClassVar[int]
     FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    QUIET_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     group_id: str
     priority: int
@@ -23,7 +24,8 @@ class TurnRequest(_message.Message):
     rank: int
     footprint_bytes: int
     devices: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[str]] = ...) -> None: ...
+    quiet: bool
+    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., priority: _Optional[int] = ..., weight: _Optional[float] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[str]] = ..., quiet: bool = ...) -> None: ...
 
 class Grant(_message.Message):
     __slots__ = ("token", "waited_ms", "context_restored", "ttl_ms", "max_turn_ms", "device")

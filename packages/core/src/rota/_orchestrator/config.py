@@ -95,7 +95,8 @@ def check_bytes(name: str, value: int) -> int:
 
 
 def check_request(req: TurnRequest) -> None:
-    """Every number of an acquire bounded: impossible ranks, extreme priorities, NaN or infinite weights refused."""
+    """Every field of an acquire checked: impossible ranks, extreme priorities, NaN or infinite weights,
+    a quiet flag that is not a bool refused."""
     where = f"(job={req.job_id!r}, group={req.group_id!r})"
     if not 0 <= req.world_size <= MAX_WORLD_SIZE or (req.world_size and not 0 <= req.rank < req.world_size):
         raise InvalidArgument(f"rank {req.rank} / world_size {req.world_size} is impossible {where}; "
@@ -105,6 +106,8 @@ def check_request(req: TurnRequest) -> None:
     if not math.isfinite(req.weight) or not 0 < req.weight <= MAX_WEIGHT:
         raise InvalidArgument(f"weight {req.weight!r} must be a finite number in (0, {MAX_WEIGHT:g}] {where}")
     check_bytes("footprint_bytes", req.footprint_bytes)
+    if not isinstance(req.quiet, bool):  # the wire's is; an in-process caller's might not be
+        raise InvalidArgument(f"quiet={req.quiet!r} must be True or False {where}")
     if req.devices:
         if len(req.devices) > MAX_DEVICES:
             raise InvalidArgument(f"{len(req.devices)} devices named {where}; at most {MAX_DEVICES}")

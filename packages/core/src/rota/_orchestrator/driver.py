@@ -20,6 +20,12 @@ and never starts a second one. A failed prefetch is handled like a failed restor
 the same kind: by an agent, the job is FAULTED; by the tenant, it stays parked (and its
 client restores it at its grant, as without prefetch).
 
+A quiet turn (``TurnRequest.quiet``, ``gpu.turn(quiet=True)``) starts no prefetch while
+it is held: its job needs the device's memory to stay as it is (an inference engine
+profiles free memory as it starts). None is in flight when it begins either: a prefetch
+starts only while a holder holds the group and no switch runs, and a grant waits for one
+in flight (here, and ``_grant_at_once`` declines while one runs).
+
 :class:`GroupDriver` is that part of :class:`~rota._orchestrator.turns.Orchestrator` (a
 mixin: the state it uses is made by ``Orchestrator.__init__``).
 """
@@ -134,8 +140,10 @@ class GroupDriver:
 
     def _maybe_prefetch(self, g: GroupState) -> None:
         """Start restoring the job the policy would grant next, if it is parked and fits
-        beside every resident. Called by the group's driver, under the group's lock."""
-        if not self.config.prefetch_on or not g.holder or not g.grantable() or g.group_id in self._prefetching \
+        beside every resident, unless the holder's turn is quiet. Called by the group's driver,
+        under the group's lock."""
+        if not self.config.prefetch_on or not g.holder or g.holder_quiet or not g.grantable() \
+                or g.group_id in self._prefetching \
                 or _lanes.is_lane(g.group_id):  # a lane's prefetch would restore on the device it left: none yet
             return
         chosen = self.config.policy.choose(g.grantable(), g.tenants, time.monotonic())

@@ -142,7 +142,8 @@ def _turn_request(request: pb.TurnRequest) -> TurnRequest:
     if len(request.devices) > MAX_DEVICES:  # bounded before anything reads them
         raise InvalidArgument(f"{len(request.devices)} devices named; at most {MAX_DEVICES}")
     return TurnRequest(request.job_id, request.group_id, request.priority, request.weight or 1.0,
-                       request.world_size or 1, request.rank, request.footprint_bytes, tuple(request.devices))
+                       request.world_size or 1, request.rank, request.footprint_bytes, tuple(request.devices),
+                       request.quiet)
 
 
 class RotaService(_Guarded, pb_grpc.RotaServiceServicer):

@@ -44,6 +44,7 @@ class Waiter:
     footprint_bytes: int = 0
     ranks: list[int] = field(default_factory=list)  # ranks that asked for this turn (empty: state from before)
     devices: list[str] = field(default_factory=list)  # devices it may run on (a lane's waiter may move to another)
+    quiet: bool = False  # its turn asks for no prefetch while held (any rank's request says so)
 
     @property
     def complete(self) -> bool:
@@ -86,6 +87,7 @@ class GroupState:
     token: int = 0
     holder: str = ""
     holder_since: float = 0.0
+    holder_quiet: bool = False  # the holder's turn asked for no prefetch (TurnRequest.quiet)
     released_ranks: set[int] = field(default_factory=set)
     queue: list[Waiter] = field(default_factory=list)
     residents: list[str] = field(default_factory=list)
@@ -152,6 +154,7 @@ class GroupState:
                 rec.state = "waiting"
         waiter.world_size = rec.world_size
         waiter.devices = list(req.devices)
+        waiter.quiet = waiter.quiet or req.quiet
         if req.rank not in waiter.ranks:
             waiter.ranks.append(req.rank)
         return None
@@ -279,7 +282,7 @@ class GroupState:
         if self.loaded_job and self.loaded_job != job:
             self.switches += 1
         self.token += 1
-        self.holder, self.holder_since = job, now
+        self.holder, self.holder_since, self.holder_quiet = job, now, waiter.quiet
         self.released_ranks = set()
         if job not in self.residents:
             self.residents.append(job)
@@ -315,7 +318,7 @@ class GroupState:
         held = max(0.0, now - self.holder_since)
         self.busy_seconds += held
         self.tenant(self.holder).gpu_seconds += held
-        self.holder, self.released_ranks = "", set()
+        self.holder, self.released_ranks, self.holder_quiet = "", set(), False
 
     def remove(self, job_id: str, now: float, *, lost: bool, ended: bool = False) -> tuple[bool, bool]:
         """Take a job out entirely (it died, closed its session, or a scheduler evicted it).

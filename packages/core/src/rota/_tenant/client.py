@@ -190,14 +190,21 @@ class Gpu(SessionStream):
 
     # ------------------------------------------------------------------ turns
 
-    def acquire(self) -> Grant:
-        """Block until this job holds the group; restore parked state; return the grant."""
+    def acquire(self, *, quiet: bool = False) -> Grant:
+        """Block until this job holds the group; restore parked state; return the grant.
+
+        ``quiet``: see :meth:`turn`. A turn this rank already holds is returned as it is.
+        """
+        if not isinstance(quiet, bool):
+            raise InvalidArgument(f"quiet={quiet!r} must be True or False (quiet=True: the orchestrator "
+                                  "prefetches nothing while this turn is held)", job_id=self.tenant,
+                                  group_id=self.group)
         if self.aborted:
             raise self._aborted_error()
         if self.grant is not None:
             return self.grant
         req = TurnRequest(self.tenant, self.group, self.priority, self.weight, self.world_size, self.rank,
-                          self.footprint_bytes(), self.devices)
+                          self.footprint_bytes(), self.devices, quiet)
         self._wait_attached()  # else the orchestrator could not park us later
         t0 = time.monotonic()
         waiting = threading.Timer(1.0, log.info, ("job %s rank %d: waiting for a turn in group %s", self.tenant,
@@ -284,8 +291,14 @@ class Gpu(SessionStream):
         return info
 
     @contextlib.contextmanager
-    def turn(self, *, after: Callable[[], None] | None = None) -> Iterator[Grant]:
+    def turn(self, *, after: Callable[[], None] | None = None, quiet: bool = False) -> Iterator[Grant]:
         """``with gpu.turn():`` — hold the group for the block, release after it.
+
+        ``quiet=True``: while this turn is held the orchestrator starts no prefetch in the
+        group (it parks no idle resident and restores no waiter early), so rota moves no other
+        tenant's device memory meanwhile. For starting an inference engine: vLLM's ``LLM(...)``
+        profiles the device's free memory and fails if it changes. In a job of several ranks
+        the turn is quiet if any rank asks.
 
         ``after``: run right after the release, with this tenant's state still on the
         device: no park (nor prefetch restore) of it starts until ``after`` returns. For
@@ -297,7 +310,7 @@ class Gpu(SessionStream):
         If the block raises in a job of several ranks, the job is FAULTED as a unit
         (:meth:`fault`): the other ranks would otherwise wait for this one in a collective.
         """
-        grant = self.acquire()
+        grant = self.acquire(quiet=quiet)
         try:
             yield grant
         except BaseException as exc:

@@ -61,7 +61,8 @@ def rota_acquire(request: TurnRequest, link: OrchestratorLink) -> Grant:
 
     msg = pb.TurnRequest(job_id=request.job_id, group_id=request.group_id, priority=request.priority,
                          weight=request.weight, world_size=request.world_size, rank=request.rank,
-                         footprint_bytes=request.footprint_bytes, devices=list(request.devices))
+                         footprint_bytes=request.footprint_bytes, devices=list(request.devices),
+                         quiet=request.quiet)
     reply = call_with_retry(lambda: link.stub.Acquire(msg, wait_for_ready=True), job_id=request.job_id,
                             group_id=request.group_id, what="acquire", follow=link.follow)
     return Grant(request.job_id, request.group_id, reply.token, reply.waited_ms, reply.context_restored,
