@@ -130,8 +130,15 @@ def test_two_tenants_full_and_lora_at_capacity_0_park_every_switch_and_free_the_
     units = runs["units"]
     failed = [u for u in units if u["failed"]]
     parks = [u for u in units if u.get("parked_bytes")]
+    legs: dict[str, dict[str, float]] = {}  # per unit kind, each leg's seconds summed: where the run's time goes
+    for u in units:
+        kind = legs.setdefault(u["kind"], {"units": 0.0})
+        kind["units"] += 1
+        for leg, value in u.items():
+            if leg.endswith("_s"):
+                kind[leg] = round(kind.get(leg, 0.0) + value, 3)
     record(shape=SHAPE, units=len(units), failed_units=len(failed), run_seconds=runs["seconds"],
-           worker_starts=runs["worker_starts"], parks=[
+           worker_starts=runs["worker_starts"], unit_seconds_by_kind=legs, parks=[
         {k: u.get(k) for k in ("tenant", "kind", "parked_bytes", "parked_s", "parked_nvml_before",
                                "parked_nvml_after", "parked_outside_allocator", "parked_residue")} for u in parks])
     assert not failed, f"{len(failed)} units failed: {failed[:3]}"

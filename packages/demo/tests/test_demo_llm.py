@@ -122,3 +122,20 @@ def test_the_h200_shapes_fit_one_h200_alone_but_not_all_at_once_and_not_an_80_gb
     # smallest trainer state, so a switch cannot always be served by parking engines and that trainer alone
     counted = sum(s.trainer_state_bytes + s.engine_memory * h200 for s in sizes)
     assert counted - room(h200) > min(s.trainer_state_bytes for s in sizes)
+
+
+def test_preload_imports_the_engine_before_the_set_up_turn_and_starts_no_cuda():
+    """A vLLM engine worker imports vLLM (here the fake) and rota_vllm before its set-up turn (that import held the
+    device ~23 s of each engine's turn on the H100), with the engine's settings, and without starting CUDA; a
+    machine without vLLM gets no error here (the build names what is missing)."""
+    code = ("import os, sys, torch; from rota_demo.llm_engines import preload; preload('vllm', 'sampler'); "
+            "print(int('vllm' in sys.modules), int('rota_vllm' in sys.modules), int(torch.cuda.is_initialized()), "
+            "os.environ['VLLM_ENABLE_V1_MULTIPROCESSING'], int('transformers' in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKE_VLLM), os.environ.get("PYTHONPATH", "")])}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.split() == ["1", "1", "0", "0", "1"], r.stdout + r.stderr[-2000:]
+    env.pop("PYTHONPATH")  # no vLLM at all: nothing raised, nothing imported
+    r = subprocess.run([sys.executable, "-c", code.replace(", os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']", "")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.split()[:2] == ["0", "0"], r.stdout + r.stderr[-2000:]

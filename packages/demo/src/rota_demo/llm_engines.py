@@ -21,12 +21,13 @@ Evaluation is greedy in both.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
 from rota_demo import llm_tasks as t
 
-__all__ = ["ENGINES", "PUSH_DTYPE", "HfEngine", "VllmEngine", "VllmMissing", "make_engine",
+__all__ = ["ENGINES", "PUSH_DTYPE", "HfEngine", "VllmEngine", "VllmMissing", "make_engine", "preload",
            "sleep_mode_available"]
 
 ENGINES = ("hf", "vllm")
@@ -47,6 +48,27 @@ def sleep_mode_available() -> bool:
     except ImportError:
         return False
     return bool(current_platform.is_sleep_mode_available())
+
+
+def preload(engine: str, role: str) -> None:
+    """Import what a worker of the LLM mode builds with, before its set-up turn: a build runs inside a turn, which
+    holds the device for the whole group, and on the H100 host about 23 s of each engine's set-up turn passed before
+    vLLM's first line, mostly importing it (transformers' Qwen3 costs a trainer a few seconds more). Imports only: no CUDA, no model. Without vLLM nothing is
+    raised here; the build says what is missing (:class:`VllmMissing`)."""
+    from transformers import Qwen3ForCausalLM  # noqa: F401  (the trainer's model; every engine's push target)
+
+    if engine == "vllm" and role == "sampler":
+        _vllm_env()
+        with contextlib.suppress(ImportError):
+            from vllm import LLM, SamplingParams  # noqa: F401  (vllm's own attributes load lazily: these do)
+
+            import rota_vllm  # noqa: F401
+
+
+def _vllm_env() -> None:
+    """The in-process engine's settings, unless the caller set them (bench/engines/vllm-0.26.0.toml's env)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: collective_rpc runs here
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 
 
 def sample_seed(seed: int, step: int, index: int = 0) -> int:
@@ -100,8 +122,7 @@ class VllmEngine:
     name = "vllm"
 
     def __init__(self, path: str, gpu: Any, seed: int, memory: float) -> None:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: collective_rpc runs here
-        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # bench/engines/vllm-0.26.0.toml's env
+        _vllm_env()
         try:
             import vllm
         except ImportError as exc:

@@ -155,7 +155,8 @@ class Setup:
 
 
 #: a worker's set-up milestones (worker_main's marks), each phase named by what ends at it
-SETUP_PHASES = (("spawn+imports", "entered"), ("CUDA context", "context"), ("waited to build", "build"),
+SETUP_PHASES = (("spawn+imports", "entered"), ("CUDA context", "context"), ("engine imports", "imported"),
+                ("waited to build", "build"),
                 ("turn+build+warm-up", "built"), ("push buffer", "push_pinned"), ("host pool", "ready"))
 
 

@@ -293,6 +293,11 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
         if spec.engine == "toy":
             torch.cuda.synchronize()
     marks["context"] = time.monotonic()
+    if spec.engine != "toy":  # the LLM mode's heavy imports now, while others build: not inside this job's turn
+        from rota_demo.llm_engines import preload
+
+        preload(spec.engine, spec.role)
+    marks["imported"] = time.monotonic()
     pinning = _pin_while_building(push, spec.device) if spec.engine == "toy" else None
     if build is not None:
         build.wait()
