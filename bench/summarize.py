@@ -241,7 +241,13 @@ def _tier_part(name: str) -> str:
     failed = _failed_tests(tier)
     files = sorted({nodeid.split("::")[0].rsplit("/", 1)[-1] for nodeid in tier["tests"]})
     return (f"{', '.join(files)} on {tier['device']} at {tier['commit'][:7]}: {outcomes.count('passed')} of "
-            f"{len(outcomes)} passed" + (f" (failed: {', '.join(failed)})" if failed else "") + f" ({name})")
+            f"{len(outcomes)} passed" + (f", {outcomes.count('skipped')} skipped" if "skipped" in outcomes else "")
+            + (f" (failed: {', '.join(failed)})" if failed else "") + _took(tier) + f" ({name})")
+
+
+def _took(tier: dict) -> str:
+    """How long a tier run took, where its JSON says (the tier's target: 10 minutes on one GPU)."""
+    return f"; {tier['seconds']:.0f} s in all" if tier.get("seconds") else ""
 
 
 def _newest_whole_process() -> set[pathlib.Path]:
@@ -278,7 +284,7 @@ def _whole_tiers() -> None:
               + (f" ({outcomes.count('skipped')} skipped: two-GPU tests on one GPU)" if "skipped" in outcomes else "")
               + (f"; failed: {', '.join(failed)}" if failed else "")
               + (f"; Tinker workers' parks: {len(parks)}, the most any left beside its CUDA context "
-                 f"{beyond / 2**20:.0f} MiB" if parks else "") + f" ({whole}).")
+                 f"{beyond / 2**20:.0f} MiB" if parks else "") + _took(tier) + f" ({whole}).")
         later = sorted(n for n in names if n > whole and re.match(r"cuda-tier-\d{8}T", n))  # run since
         if later:
             print("Parts of the CUDA tier run since on this card: " + "; ".join(_tier_part(n) for n in later) + ".")
