@@ -52,9 +52,10 @@ def sleep_mode_available() -> bool:
 
 def preload(engine: str, role: str) -> None:
     """Import what a worker of the LLM mode builds with, before its set-up turn: a build runs inside a turn, which
-    holds the device for the whole group, and on the H100 host about 23 s of each engine's set-up turn passed before
-    vLLM's first line, mostly importing it (transformers' Qwen3 costs a trainer a few seconds more). Imports only: no CUDA, no model. Without vLLM nothing is
-    raised here; the build says what is missing (:class:`VllmMissing`)."""
+    holds the device for the whole group, and on the H100 host about 23 s of each engine's set-up turn passed
+    before vLLM's first line, mostly importing it (transformers' Qwen3 costs a trainer a few seconds more).
+    Imports only: no CUDA, no model. Without vLLM nothing is raised here; the build says what is missing
+    (:class:`VllmMissing`)."""
     from transformers import Qwen3ForCausalLM  # noqa: F401  (the trainer's model; every engine's push target)
 
     if engine == "vllm" and role == "sampler":
