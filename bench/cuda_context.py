@@ -1,0 +1,139 @@
+"""Where the seconds of a worker's first CUDA call go on this host, step by step, in fresh processes.
+
+Why: on the H100 hosts every worker of ``rota demo`` and of the Tinker service spends 5-7 s making its CUDA
+context (persistence mode on), about a fifth of the CUDA tier's time: 4 starts per demo run, 6 workers each.
+This times, in a fresh process per case (``--repeats`` of each):
+
+* ``driver``: ``cuInit`` and ``cuDevicePrimaryCtxRetain`` through ctypes (libcuda only: what the driver costs);
+* ``torch``: ``import torch``, ``torch.cuda.init()``, ``set_device``, the first kernel and ``synchronize``,
+  ``torch.use_deterministic_algorithms`` and cuBLAS's first matmul (what the demo's toy worker does);
+* ``torch-eager``: the same with ``CUDA_MODULE_LOADING=EAGER`` (every kernel of torch loaded at once);
+* ``forked``: the ``torch`` steps in a child forked from a parent that imported torch without CUDA (how the demo's
+  forkserver starts workers);
+* ``concurrent``: ``--workers`` of the ``torch`` case started at once (a demo start makes six contexts at once).
+
+    python bench/cuda_context.py --out bench/results/cuda-context.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+STEPS = r"""
+import json, os, sys, time
+t0 = time.monotonic()
+marks = {}
+import torch
+marks["import torch"] = time.monotonic()
+torch.cuda.init()
+marks["torch.cuda.init"] = time.monotonic()
+torch.cuda.set_device(0)
+marks["set_device"] = time.monotonic()
+x = torch.zeros(1, device="cuda")
+torch.cuda.synchronize()
+marks["first kernel + sync"] = time.monotonic()
+torch.use_deterministic_algorithms(True)
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+a = torch.randn(256, 256, device="cuda")
+(a @ a).sum().item()
+marks["first matmul"] = time.monotonic()
+last, out = t0, {}
+for k, v in marks.items():
+    out[k] = round(v - last, 4)
+    last = v
+out["total"] = round(last - t0, 4)
+print(json.dumps(out))
+"""
+
+
+def _driver() -> dict[str, float]:
+    """cuInit and the primary context through libcuda alone, in this (fresh) process."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    t0 = time.monotonic()
+    assert cuda.cuInit(0) == 0
+    t1 = time.monotonic()
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+    t2 = time.monotonic()
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    assert cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
+    t3 = time.monotonic()
+    return {"cuInit": round(t1 - t0, 4), "primary context": round(t2 - t1, 4), "first call": round(t3 - t2, 4),
+            "total": round(t3 - t0, 4)}
+
+
+def _run(code: str, env: dict[str, str] | None = None) -> dict[str, float]:
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, **(env or {})})
+    if r.returncode != 0:
+        raise SystemExit(f"a probe process failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+FORKED = r"""
+import json, os, sys, time
+import torch  # the parent imports torch without CUDA, as the demo's forkserver does
+r, w = os.pipe()
+if os.fork() == 0:
+    os.close(r)
+    import io, contextlib
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(compile(STEPS, "steps", "exec"))
+    os.write(w, buf.getvalue().encode())
+    os._exit(0)
+os.close(w)
+data = b""
+while chunk := os.read(r, 65536):
+    data += chunk
+os.wait()
+print(data.decode().strip().splitlines()[-1])
+"""
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=3, help="fresh processes per case")
+    p.add_argument("--workers", type=int, default=6, help="processes started at once in the concurrent case")
+    p.add_argument("--out", default="", help="write the JSON here too")
+    a = p.parse_args()
+    if a.repeats < 1 or a.workers < 1:
+        raise SystemExit(f"--repeats {a.repeats} / --workers {a.workers}: both must be at least 1")
+    driver_code = "import json, sys; sys.path.insert(0, %r); import cuda_context as c; print(json.dumps(c._driver()))"
+    here = os.path.dirname(os.path.abspath(__file__))
+    cases: dict[str, list] = {"driver": [], "torch": [], "torch-eager": [], "forked": []}
+    for _ in range(a.repeats):
+        cases["driver"].append(_run(driver_code % here))
+        cases["torch"].append(_run(STEPS))
+        cases["torch-eager"].append(_run(STEPS, {"CUDA_MODULE_LOADING": "EAGER"}))
+        cases["forked"].append(_run(f"STEPS = {STEPS!r}\n" + FORKED))
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-c", STEPS], stdout=subprocess.PIPE, text=True)
+             for _ in range(a.workers)]
+    cases["concurrent"] = [json.loads(pr.communicate(timeout=300)[0].strip().splitlines()[-1]) for pr in procs]
+    wall = time.monotonic() - t0
+    out = {"bench": "cuda_context", "host": platform.node(), "python": sys.version.split()[0],
+           "persistence_mode": subprocess.run(["nvidia-smi", "--query-gpu=name,persistence_mode,driver_version",
+                                               "--format=csv,noheader"], capture_output=True, text=True).stdout.strip(),
+           "cases": cases, "concurrent_wall_s": round(wall, 3), "workers": a.workers}
+    text = json.dumps(out, indent=2)
+    print(text)
+    for name, runs in cases.items():
+        totals = ", ".join(f"{r['total']:.2f}" for r in runs)
+        print(f"{name:12s} total s: {totals}", file=sys.stderr)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
