@@ -93,6 +93,19 @@ def test_a_device_share_is_bytes_only_for_a_share_of_a_cuda_device_this_process_
     assert device_share_bytes(0.3) == 0  # no CUDA started in this process
 
 
+def test_awake_footprint_is_the_share_and_what_vllm_holds_outside_it_and_refuses_nonsense():
+    """What track() reports awake, for a footprint hint before the engine starts: the share of the device plus
+    OUTSIDE_SHARE_BYTES (1.5 GiB); a share outside (0, 1] or a size that is not a positive int names the fix."""
+    from rota.errors import InvalidArgument
+
+    h200 = 143_771 << 20
+    assert rota_vllm.awake_footprint(0.2, h200) == int(0.2 * h200) + (1536 << 20)
+    assert rota_vllm.awake_footprint(1, 1 << 30) == (1 << 30) + (1536 << 20)
+    for util, total in ((0, h200), (1.5, h200), (True, h200), ("0.2", h200), (0.2, 0), (0.2, 2.5e9), (0.2, True)):
+        with pytest.raises(InvalidArgument, match=r"gpu_memory_utilization=|device_total_bytes="):
+            rota_vllm.awake_footprint(util, total)
+
+
 def test_discard_sleeps_level_2_wakes_weights_first_and_needs_a_weight_push(connect):
     gpu = connect("llm")
     llm = FakeLLM()

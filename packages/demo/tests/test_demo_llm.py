@@ -139,3 +139,26 @@ def test_preload_imports_the_engine_before_the_set_up_turn_and_starts_no_cuda():
     r = subprocess.run([sys.executable, "-c", code.replace(", os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']", "")],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0 and r.stdout.split()[:2] == ["0", "0"], r.stdout + r.stderr[-2000:]
+
+
+def test_shared_vllm_engines_tell_rota_what_they_will_hold_before_they_start():
+    """With a capacity, a tenant that has tracked nothing counts as 0 bytes, so an engine's set-up turn keeps the
+    residents that fit beside nothing, and vLLM refuses to start below its share of free memory: by the
+    orchestrator's rule (park the lowest priority, oldest first, until the newcomer fits), in 8 of the 48 set-up
+    orders of the h200 shapes on an H200 the rl-b engine would have found about 16.5 GiB free for its 16.8 GiB
+    share. So each vLLM engine worker of a shared run hints what rota_vllm reports once it tracks the engine;
+    trainers, the hf stand-in and dedicated runs keep their sizes' own figures."""
+    import rota_vllm
+    from rota_demo.llm_models import PRESETS
+    from rota_demo.runner import JOBS, DemoConfig, worker_specs
+
+    h200 = 143_771 << 20
+    cfg = DemoConfig(engine="vllm", device="cuda", groups=1, llm_sizes=PRESETS["h200"], capacity_bytes=1 << 40)
+    specs = worker_specs(cfg, JOBS, "127.0.0.1:1", device_total=h200)
+    hints = {s.name: s.footprint_hint for s in specs}
+    for s in specs:
+        want = rota_vllm.awake_footprint(s.size.engine_memory, h200) if s.role == "sampler" else 0
+        assert s.footprint_hint == want and (s.role == "trainer" or want > s.size.engine_memory * h200), hints
+    assert all(s.footprint_hint == 0 for s in worker_specs(cfg, JOBS, None, device_total=h200))  # dedicated
+    hf = DemoConfig(engine="hf", device="cpu", groups=1, llm_sizes=PRESETS["h200"])
+    assert all(s.footprint_hint == 0 for s in worker_specs(hf, JOBS, "127.0.0.1:1"))

@@ -41,13 +41,14 @@ if TYPE_CHECKING:  # the public names, for type checkers; at run time each loads
     from rota.errors import UnsupportedVersion
     from rota_serving import EndpointClient, ServeConfig, Served, ServingError, TurnGate, TurnProxy, serve_app
     from rota_vllm._compat import FIX, VLLM_SPEC, check_server, require_vllm
-    from rota_vllm._llm import BACKUPS, TAGS, TrackedLLM, TrackingError, track
+    from rota_vllm._llm import BACKUPS, TAGS, TrackedLLM, TrackingError, awake_footprint, track
     from rota_vllm._pinned import WeightStash, worker_stash
     from rota_vllm._server import RotaBackupServer, VllmServer, engine_command
 
 __all__ = ["BACKUPS", "FIX", "TAGS", "VLLM_SPEC", "EndpointClient", "RotaBackupServer", "ServeConfig", "Served",
            "ServingError", "TrackedLLM", "TrackingError", "TurnGate", "TurnProxy", "UnsupportedVersion", "VllmServer",
-           "WeightStash", "check_server", "engine_command", "require_vllm", "serve_app", "track", "worker_stash"]
+           "WeightStash", "awake_footprint", "check_server", "engine_command", "require_vllm", "serve_app", "track",
+           "worker_stash"]
 
 _HOME = {
     "UnsupportedVersion": "rota.errors",
@@ -66,6 +67,7 @@ _HOME = {
     "TAGS": "rota_vllm._llm",
     "TrackedLLM": "rota_vllm._llm",
     "TrackingError": "rota_vllm._llm",
+    "awake_footprint": "rota_vllm._llm",
     "track": "rota_vllm._llm",
     "WeightStash": "rota_vllm._pinned",
     "worker_stash": "rota_vllm._pinned",

@@ -72,6 +72,22 @@ def _load_weights_on_worker(worker: Any, named: list[tuple[str, Any]]) -> None:
 #: rounded up; counted in the footprint so that a capacity is not overrun by it
 OUTSIDE_SHARE_BYTES = 1536 << 20
 
+
+def awake_footprint(gpu_memory_utilization: float, device_total_bytes: int) -> int:
+    """Device bytes an engine given ``gpu_memory_utilization`` of a device of ``device_total_bytes`` holds awake:
+    what :func:`track` reports once it tracks it. Before the engine starts, give it to rota as the tenant's footprint
+    hint (``rota.connect(..., footprint_hint=...)``): with a capacity, a tenant that has tracked nothing counts as 0
+    bytes, so the turn the engine starts in would leave residents that "fit" beside it, and vLLM refuses to start
+    when the device's free memory is below its share."""
+    if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, (int, float)) \
+            or not 0 < gpu_memory_utilization <= 1:
+        raise InvalidArgument(f"gpu_memory_utilization={gpu_memory_utilization!r} must be a fraction in (0, 1], "
+                              "as given to vllm.LLM")
+    if isinstance(device_total_bytes, bool) or not isinstance(device_total_bytes, int) or device_total_bytes <= 0:
+        raise InvalidArgument(f"device_total_bytes={device_total_bytes!r} must be the device's size in bytes "
+                              "(torch.cuda.get_device_properties(i).total_memory)")
+    return int(gpu_memory_utilization * device_total_bytes) + OUTSIDE_SHARE_BYTES
+
 #: vLLM's worker ends its sleep with ``assert freed_bytes >= 0`` on the whole device's free memory: another
 #: process allocating meanwhile (a trainer of another job, a restore) fails it after the sleep itself finished.
 SLEEP_CHECK = "Memory usage increased after sleeping"
@@ -130,7 +146,7 @@ class TrackedLLM:
         #: that share (0: unknown)
         share = 0 if getattr(cache, "kv_cache_memory_bytes", None) else \
             device_share_bytes(getattr(cache, "gpu_memory_utilization", None))
-        self.awake_bytes = share + OUTSIDE_SHARE_BYTES if share else 0
+        self.awake_bytes = share + OUTSIDE_SHARE_BYTES if share else 0  # as awake_footprint(util, device's total)
 
     def level_for(self, plan: ParkPlan) -> int:
         """The sleep level a park with ``plan`` uses: 2 for DISCARD (or weights in ``plan.discard``)."""

@@ -91,6 +91,16 @@ class LlmSize:
             model = Qwen3ForCausalLM._from_config(self.config(), dtype=torch.float32)
         return push_bytes([(v.numel(), travel_dtype(v.dtype, dtype).itemsize) for v in model.state_dict().values()])
 
+    def engine_footprint(self, engine: str, total: int) -> int:
+        """Device bytes this job's engine holds awake on a device of ``total`` bytes, as its adapter reports once
+        it is tracked (vLLM: ``rota_vllm.awake_footprint`` of ``engine_memory``; the hf stand-in: its fp32
+        weights). Given to rota as the engine's footprint hint, so that the turn it starts in makes room for it."""
+        if engine == "vllm":
+            import rota_vllm
+
+            return rota_vllm.awake_footprint(self.engine_memory, total)
+        return self.weight_bytes
+
     def device_bytes(self, engine: str, total: int) -> int:
         """Device bytes this job holds at its peak on a device of ``total`` bytes: the trainer's state, the bf16
         copy of its weights that its autocast step makes, and its engine (vLLM: ``engine_memory`` of the device;

@@ -39,7 +39,7 @@ from rota_demo.workloads import ModelSize
 __all__ = ["CAPACITY_MARGIN_MIN", "CAPACITY_MARGIN_SHARE", "JOBS", "POLICIES", "RUNTIME_BYTES", "SETUP_PHASES",
            "WORKER_TIMEOUT_S", "DemoConfig", "DeviceMemoryShort", "HostMemoryPlan", "HostMemoryShort", "ModeResult",
            "Setup", "auto_capacity", "available_host_bytes", "capacity_margin", "check_device_fits",
-           "host_memory_plan", "push_plan", "run_demo", "setup_phases"]
+           "host_memory_plan", "push_plan", "run_demo", "setup_phases", "worker_specs"]
 
 JOBS = (("rl-a", "rl"), ("rl-b", "rl"), ("sft", "sft"))
 # Time-sliced turn order. "priority": an RL job's next step waits for its own trainer and
@@ -226,8 +226,13 @@ def _device_of(role: str, cfg: DemoConfig) -> str:
     return "cuda:1" if torch.cuda.device_count() > 1 and _group_of(role, cfg) == "gpu1" else "cuda:0"
 
 
-def _specs(cfg: DemoConfig, jobs: tuple[tuple[str, str], ...], endpoint: str | None) -> list[WorkerSpec]:
+def worker_specs(cfg: DemoConfig, jobs: tuple[tuple[str, str], ...], endpoint: str | None,
+                 device_total: int | None = None) -> list[WorkerSpec]:
+    """Both workers of each job in ``jobs``; shared through ``endpoint`` (None: dedicated). ``device_total``: the
+    device's bytes for the vLLM engines' footprint hints (None: read from the device)."""
     specs = []
+    total = 0 if cfg.engine != "vllm" or not endpoint else \
+        device_total if device_total is not None else _device_total(cfg)
     for job, kind in jobs:
         seed = cfg.seed + [j for j, _ in JOBS].index(job)  # a job's seed does not depend on who runs beside it
         for role in ("trainer", "sampler"):
@@ -240,8 +245,19 @@ def _specs(cfg: DemoConfig, jobs: tuple[tuple[str, str], ...], endpoint: str | N
                                     endpoint=endpoint, off_device_s=cfg.off_device_s,
                                     eval_every=cfg.eval_every(), record_digests=cfg.record_digests,
                                     priority=POLICIES[cfg.policy][kind], sft_turns=cfg.sft_turns,
-                                    prepare_pool=role == "trainer" or cfg.capacity_bytes == 0))
+                                    prepare_pool=role == "trainer" or cfg.capacity_bytes == 0,
+                                    footprint_hint=cfg.job_size(job).engine_footprint(cfg.engine, total)
+                                    if role == "sampler" and total else 0))
     return specs
+
+
+def _device_total(cfg: DemoConfig) -> int:
+    """The engines' device's bytes (0 off CUDA): their footprint hints, without which a capacity counts an engine
+    that tracked nothing yet as 0 bytes, keeps residents beside it, and vLLM finds less free memory than its share."""
+    import torch
+
+    on = torch.device(_device_of("sampler", cfg))
+    return torch.cuda.get_device_properties(on.index or 0).total_memory if on.type == "cuda" else 0
 
 
 def _context(specs: list[WorkerSpec]) -> Any:
@@ -542,7 +558,7 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
         progress(f"each job alone on its own {cfg.groups} device(s), one job after another (dedicated and serial)")
         alone = {}
         for job in JOBS:
-            alone[job[0]] = _run_workers(_specs(cfg, (job,), None), progress, f"{job[0]} alone")
+            alone[job[0]] = _run_workers(worker_specs(cfg, (job,), None), progress, f"{job[0]} alone")
         setups = [setup for _, _, setup in alone.values()]
         if "dedicated" in cfg.modes:
             reports = {name: r for _, job_reports, _ in alone.values() for name, r in job_reports.items()}
@@ -582,7 +598,7 @@ def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, Mode
 
             specs = [dataclasses.replace(spec, token=auth.issue(key, group=spec.group, job=spec.tenant,
                                                                 max_priority=max(spec.priority, 0)))
-                     for spec in _specs(cfg, JOBS, endpoint)]
+                     for spec in worker_specs(cfg, JOBS, endpoint)]
             span, reports, setup = _run_workers(specs, progress, "time-sliced",
                                                 on_go=lambda: at_go.update(counters()))
             final = counters()

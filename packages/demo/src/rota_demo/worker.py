@@ -55,6 +55,7 @@ class WorkerSpec:
     prepare_pool: bool = True  # pin the host pool during setup (False: it grows at a first park, if any)
     sft_turns: int = 1  # SFT trainer: microbatches per step, each in its own turn (the last also updates)
     engine: str = "toy"  # toy: rota's own small models and sampler; hf | vllm: rota_demo.llm_worker's jobs
+    footprint_hint: int = 0  # device bytes it will hold, told to rota before it builds (0: the size's own figure)
 
     @property
     def name(self) -> str:
@@ -99,7 +100,8 @@ class _Device:
         if spec.endpoint:
             import rota
 
-            need = spec.size.trainer_state_bytes if spec.role == "trainer" else spec.size.weight_bytes
+            need = spec.footprint_hint or (spec.size.trainer_state_bytes if spec.role == "trainer"
+                                           else spec.size.weight_bytes)
             self.gpu = rota.connect(group=spec.group, tenant=spec.tenant, endpoint=spec.endpoint,
                                     priority=spec.priority, footprint_hint=need, token=spec.token,
                                     devices=list(spec.devices) or None)
