@@ -97,8 +97,9 @@ def run(state: str, steps: int, capacity: int, host_memory: int, resident_first:
     import torch
 
     from rota.config import parse_bytes
+    from rota_demo.memory import host_memory_plan
     from rota_demo.report import summarize, timeline_png
-    from rota_demo.runner import DemoConfig, host_memory_plan, run_demo
+    from rota_demo.runner import DemoConfig, run_demo
     from rota_demo.workloads import ModelSize
 
     def progress(line: str) -> None:

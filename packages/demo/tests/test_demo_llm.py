@@ -108,7 +108,7 @@ def test_starting_checkpoints_are_cached_by_their_config_and_load_with_from_pret
 
 def test_the_h200_shapes_fit_one_h200_alone_but_not_all_at_once_and_not_an_80_gb_card():
     from rota_demo.llm_models import PRESETS
-    from rota_demo.runner import capacity_margin
+    from rota_demo.memory import capacity_margin
 
     def room(total: int) -> int:  # what --capacity auto leaves, and what check_device_fits compares with
         return total - capacity_margin(total)

@@ -12,8 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the demo needs torch (installed by ./dev setup)")
 
+from rota_demo.memory import HostMemoryShort, host_memory_plan  # noqa: E402
 from rota_demo.push import WeightPush, push_bytes, weights_digest  # noqa: E402
-from rota_demo.runner import DemoConfig, HostMemoryShort, host_memory_plan, run_demo  # noqa: E402
+from rota_demo.runner import DemoConfig, run_demo  # noqa: E402
 from rota_demo.workloads import ModelSize, build  # noqa: E402
 
 SMALL = ModelSize(vocab=16, hidden=32, layers=2, seq=4, batch=4)

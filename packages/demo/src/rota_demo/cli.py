@@ -93,8 +93,9 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
     bit-identical to its dedicated run. Writes demo.json and demo-timeline.png.
     """
     try:
+        from rota_demo.memory import DeviceMemoryShort, HostMemoryShort, host_memory_plan
         from rota_demo.report import failures_line, summarize, table, timeline_png, write_json
-        from rota_demo.runner import DemoConfig, DeviceMemoryShort, HostMemoryShort, host_memory_plan, run_demo
+        from rota_demo.runner import DemoConfig, run_demo
         from rota_demo.workloads import ModelSize
     except ImportError as exc:
         raise click.ClickException(f"rota demo needs torch and matplotlib ({exc}): "
@@ -133,7 +134,7 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
 
         if not torch.cuda.is_available():
             raise click.UsageError(f"--device {device}: torch sees no CUDA device here; use --device cpu")
-    from rota_demo.runner import auto_capacity
+    from rota_demo.memory import auto_capacity
 
     how = f"--capacity {capacity}: every switch parks" if capacity_bytes == 0 else f"--capacity {capacity}"
     if capacity_bytes < 0:

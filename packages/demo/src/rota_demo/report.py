@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from rota.config import format_bytes
-from rota_demo.runner import JOBS, DemoConfig, ModeResult, push_plan
+from rota_demo.memory import push_plan
+from rota_demo.runner import JOBS, DemoConfig, ModeResult
 
 __all__ = ["failures_line", "summarize", "table", "timeline_lanes", "timeline_png", "write_json"]
 

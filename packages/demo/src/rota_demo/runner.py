@@ -7,7 +7,7 @@ trainer's and its sampler's), one job after another. Serial is those runs end to
 all jobs ran at once (makespan = the longest job alone, on 2 devices per job), and every
 time-sliced loss curve is compared with those runs.
 
-This module sizes the run against the host's memory, starts the worker processes
+This module (after :mod:`rota_demo.memory` sized the run against the host and the device) starts the worker processes
 (with one shared weight-push buffer per job, :mod:`rota_demo.push`) and collects what
 they report; the math lives in :mod:`rota_demo.workloads`, the per-process loop in
 :mod:`rota_demo.worker`, the table/JSON/PNG in :mod:`rota_demo.report`. Modes run one
@@ -28,18 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rota import auth
-from rota.errors import InvalidArgument, PermanentError
+from rota.errors import InvalidArgument
 from rota.orchestrator import OrchestratorConfig, running_orchestrator
 from rota.policies import Fifo, Priority, ResidentFirst
-from rota_demo.llm_engines import PUSH_DTYPE
+from rota_demo.memory import check_device_fits, host_memory_plan, push_plan
 from rota_demo.push import WeightPush
 from rota_demo.worker import WorkerReport, WorkerSpec, worker_main
 from rota_demo.workloads import ModelSize
 
-__all__ = ["CAPACITY_MARGIN_MIN", "CAPACITY_MARGIN_SHARE", "JOBS", "POLICIES", "RUNTIME_BYTES", "SETUP_PHASES",
-           "WORKER_TIMEOUT_S", "DemoConfig", "DeviceMemoryShort", "HostMemoryPlan", "HostMemoryShort", "ModeResult",
-           "Setup", "auto_capacity", "available_host_bytes", "capacity_margin", "check_device_fits",
-           "host_memory_plan", "push_plan", "run_demo", "setup_phases", "worker_specs"]
+__all__ = ["JOBS", "POLICIES", "SETUP_PHASES", "WORKER_TIMEOUT_S", "DemoConfig", "ModeResult", "Setup", "run_demo",
+           "setup_phases", "worker_specs"]
 
 JOBS = (("rl-a", "rl"), ("rl-b", "rl"), ("sft", "sft"))
 # Time-sliced turn order. "priority": an RL job's next step waits for its own trainer and
@@ -47,8 +45,6 @@ JOBS = (("rl-a", "rl"), ("rl-b", "rl"), ("sft", "sft"))
 # its data loader, fills the gaps. "fifo": first come, first served.
 POLICIES = {"priority": {"rl": 1, "sft": 0}, "fifo": {"rl": 0, "sft": 0}}
 WORKER_TIMEOUT_S = 1800.0
-# Host memory of one process besides the demo's tensors: interpreter and torch, plus the CUDA context on cuda.
-RUNTIME_BYTES = {"cpu": 400 * 10**6, "cuda": 2 * 10**9}
 
 
 @dataclass(frozen=True)
@@ -73,6 +69,10 @@ class DemoConfig:
     engine: str = "toy"  # toy: rota's own models and sampler; hf | vllm: LLM jobs (rota_demo.llm_worker)
     llm_sizes: tuple[Any, ...] = ()  # --engine hf|vllm: each job's rota_demo.llm_models.LlmSize, in JOBS order
     cache_dir: str = ""  # --engine hf|vllm: where the built starting checkpoints are kept
+
+    def sized_jobs(self) -> list[tuple[str, Any]]:
+        """(job, its model size) for every job, in JOBS order."""
+        return [(job, self.job_size(job)) for job, _ in JOBS]
 
     def job_size(self, job: str) -> Any:
         """The model size of ``job``: the same for every job with the toy engine, its own in the LLM mode."""
@@ -170,40 +170,6 @@ def setup_phases(spawned: float, marks: dict[str, float]) -> dict[str, float]:
     return out
 
 
-#: --capacity auto on CUDA: the device's memory less this share of it (at least CAPACITY_MARGIN_MIN), for the CUDA
-#: contexts of the workers and their steps' temporaries, which no footprint counts; split between the groups that
-#: share one device.
-CAPACITY_MARGIN_SHARE = 0.10
-CAPACITY_MARGIN_MIN = 8 << 30
-
-
-def capacity_margin(total: int) -> int:
-    """Bytes of a device of ``total`` bytes kept out of ``--capacity auto`` (and out of what one LLM job may need
-    alone): max(CAPACITY_MARGIN_SHARE of it, CAPACITY_MARGIN_MIN)."""
-    return max(CAPACITY_MARGIN_MIN, int(total * CAPACITY_MARGIN_SHARE))
-
-
-def auto_capacity(device: str, groups: int, elastic: bool) -> tuple[int, str]:
-    """(bytes per group, how): what ``--capacity auto`` means for this run.
-
-    On CUDA, what the device holds less the margin, so states that fit stay resident and a switch parks only
-    when memory requires it. On CPU, 0: there is no device size to fit in, and every switch parks.
-    """
-    if not device.startswith("cuda"):
-        return 0, "auto on cpu: 0, every switch parks"
-    import torch
-
-    index = torch.device(device).index or 0
-    total = torch.cuda.get_device_properties(index).total_memory
-    margin = capacity_margin(total)
-    sharing = groups if groups == 2 and not elastic and (":" in device or torch.cuda.device_count() < 2) else 1
-    per_group = max(total - margin, 0) // sharing
-    shared = f", split between the {sharing} groups on it" if sharing > 1 else ""
-    return per_group, (f"auto: {torch.cuda.get_device_name(index)} holds {total / 2**30:.1f} GiB, less a margin of "
-                       f"{margin / 2**30:.1f} GiB (max({CAPACITY_MARGIN_SHARE:.0%}, {CAPACITY_MARGIN_MIN >> 30} GiB), "
-                       f"for CUDA contexts and temporaries){shared}: {per_group / 2**30:.1f} GiB per group")
-
-
 ELASTIC_GROUP = "gpus"  # --elastic: the one group over every GPU (its lanes are gpus@cuda:0, gpus@cuda:1...)
 
 
@@ -260,6 +226,14 @@ def _device_total(cfg: DemoConfig) -> int:
     return torch.cuda.get_device_properties(on.index or 0).total_memory if on.type == "cuda" else 0
 
 
+def _build_stage(spec: WorkerSpec) -> tuple[int, int]:
+    """When a worker builds: in rising priority, and a vLLM engine after the trainers of its priority. vLLM's
+    start-up profiling counts device memory that any process allocates meanwhile as its own (the device's used
+    memory, not its process's), so a trainer building beside it (54 GiB for the 4B job) would leave it no KV cache:
+    it refuses to start. Dedicated runs have no turns to keep the two apart."""
+    return spec.priority, int(spec.engine == "vllm" and spec.role == "sampler")
+
+
 def _context(specs: list[WorkerSpec]) -> Any:
     """How workers start: from a ``forkserver`` that imported torch, rota and the worker's modules once (each
     spawned interpreter took seconds to import them: 5 s per worker on the GPU host, before its CUDA context),
@@ -290,15 +264,15 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
     results = ctx.Queue()
     go, finish = ctx.Event(), ctx.Event()
     procs = []
-    priority: dict[str, int] = {}  # process name -> its job's priority
-    builds: dict[int, Any] = {}  # priority -> the event that lets its workers build
+    stage: dict[str, tuple[int, int]] = {}  # process name -> when it builds (its job's priority, engine after)
+    builds: dict[tuple[int, int], Any] = {}  # stage -> the event that lets its workers build
     pushes: list[WeightPush] = []
     by_job: dict[str, list[WorkerSpec]] = {}
     for s in specs:
         by_job.setdefault(s.job, []).append(s)
     try:
         for job_specs in by_job.values():  # (one push buffer per job, sized by its own model)
-            priority.update({s.name: s.priority for s in job_specs})
+            stage.update({s.name: _build_stage(s) for s in job_specs})
             trainer = next(s for s in job_specs if s.role == "trainer")
             sampler = next(s for s in job_specs if s.role == "sampler")
             nbytes, dtype = push_plan(trainer.engine, trainer.size)
@@ -306,10 +280,8 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
             pushes.append(push)
             to_trainer_r, to_trainer_w = ctx.Pipe(duplex=False)
             to_sampler_r, to_sampler_w = ctx.Pipe(duplex=False)
-            if trainer.priority not in builds:  # one event per priority (a job's workers share its priority)
-                builds[trainer.priority] = ctx.Event()
-            build = builds[trainer.priority]
             for spec, inbox, outbox in ((trainer, to_trainer_r, to_sampler_w), (sampler, to_sampler_r, to_trainer_w)):
+                build = builds.setdefault(stage[spec.name], ctx.Event())
                 procs.append(ctx.Process(target=worker_main, name=spec.name, daemon=True,
                                          args=(spec, inbox, outbox, results, go, push, finish, build)))
         # Every worker starts at once (imports, CUDA context); they build in rising priority: the last to
@@ -319,9 +291,9 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
         for p in procs:
             p.start()
         ready: dict[str, Any] = {}
-        for prio in sorted(builds):
-            batch = [p for p in procs if priority[p.name] == prio]
-            builds[prio].set()
+        for at in sorted(builds):
+            batch = [p for p in procs if stage[p.name] == at]
+            builds[at].set()
             ready |= _collect(results, batch, {"ready"}, len(batch), progress, label)
         for push in pushes:  # both workers hold their own handle now; the buffer goes when they exit
             push.close()
@@ -377,150 +349,6 @@ def _collect(results: Any, procs: list, kinds: set[str], count: int, progress: C
         elif kind in kinds:
             got[name] = payload
     return got
-
-
-class HostMemoryShort(PermanentError):
-    """The demo would need more host memory than the machine has available; refused before starting."""
-
-
-class DeviceMemoryShort(PermanentError):
-    """An LLM job alone would not fit the device (its trainer, its step and its engine); refused before starting."""
-
-
-def check_device_fits(cfg: DemoConfig) -> None:
-    """Refuse ``--llm-size`` shapes whose largest job cannot run alone on the device (dedicated mode runs each
-    job's trainer and engine at once), before checkpoints are built; nothing to check for the toy jobs or CPU."""
-    if not cfg.llm_sizes or not cfg.device.startswith("cuda"):
-        return
-    import torch
-
-    index = torch.device(cfg.device).index or 0
-    total = torch.cuda.get_device_properties(index).total_memory
-    room = total - capacity_margin(total)
-    need, job = max((cfg.job_size(job).device_bytes(cfg.engine, total), job) for job, _ in JOBS)
-    size = cfg.job_size(job)
-    if need > room:
-        raise DeviceMemoryShort(
-            f"job {job} of these --llm-size shapes needs about {need / 2**30:.1f} GiB of device memory alone (its "
-            f"trainer's state {size.trainer_state_bytes / 2**30:.1f} GiB, its step's bf16 weights "
-            f"{size.params * 2 / 2**30:.1f} GiB, its {cfg.engine} engine), but {torch.cuda.get_device_name(index)} "
-            f"has {room / 2**30:.1f} GiB besides the margin for contexts and activations; use a device with more "
-            f"memory (the h200 shapes are for one H200) or --llm-size tiny")
-
-
-@dataclass(frozen=True)
-class HostMemoryPlan:
-    """Host bytes the demo needs at its peak: the largest of its modes (they run one after another)."""
-
-    mode: str  # the mode with the peak
-    pools: int  # host pools rota_fsdp parks into (pinned on CUDA); time-sliced only
-    push: int  # shared weight-push buffers, one per job running at once
-    models: int  # the models themselves, when they live on the host (--device cpu)
-    runtime: int  # interpreter, torch (and CUDA context) of every worker and of this process
-    trainer_state: int  # one trainer's state, to scale a fix
-    available: int | None  # bytes available to this process tree; None when unknown
-    source: str  # where ``available`` came from
-
-    @property
-    def total(self) -> int:
-        return self.pools + self.push + self.models + self.runtime
-
-    def describe(self) -> str:
-        """One line for the run's header."""
-        have = f"{self.available / 1e9:.1f} GB available ({self.source})" if self.available is not None \
-            else f"available host memory unknown ({self.source})"
-        return (f"host memory: about {self.total / 1e9:.1f} GB at peak ({self.mode}: host pools "
-                f"{self.pools / 1e9:.1f} GB + push buffers {self.push / 1e9:.1f} GB + models on the host "
-                f"{self.models / 1e9:.1f} GB + runtime {self.runtime / 1e9:.1f} GB); {have}")
-
-    def check(self) -> None:
-        """Refuse a run that would not fit, before any worker starts (instead of an OOM kill mid-run)."""
-        if self.available is None or self.total <= self.available:
-            return
-        per_state_byte = (self.total - self.runtime) / self.trainer_state
-        fits = (self.available - self.runtime) / per_state_byte
-        hint = (f"use a smaller --state (about {fits / 1e9:.1f}GB per trainer would fit) or free host memory"
-                if fits > 0 else "free host memory (the runtime alone does not fit)")
-        if self.source != "--host-memory":
-            hint += ("; where MemAvailable under-reads (a VM whose memory grows as it is used), pass "
-                     "--host-memory with what the machine really has free")
-        raise HostMemoryShort(f"rota demo needs about {self.total / 1e9:.1f} GB of host memory at its peak "
-                              f"({self.mode}: host pools {self.pools / 1e9:.1f} GB, push buffers "
-                              f"{self.push / 1e9:.1f} GB, models on the host {self.models / 1e9:.1f} GB, "
-                              f"runtime {self.runtime / 1e9:.1f} GB) but only {self.available / 1e9:.1f} GB is "
-                              f"available ({self.source}); {hint}")
-
-
-def push_plan(engine: str, size: Any) -> tuple[int, str | None]:
-    """(bytes, dtype) of one job's push buffer: its weights in the dtype its engine holds (PUSH_DTYPE)."""
-    dtype = PUSH_DTYPE.get(engine)
-    return (size.push_bytes_as(dtype) if dtype else size.push_bytes), dtype
-
-
-def host_memory_plan(cfg: DemoConfig) -> HostMemoryPlan:
-    """Estimate the demo's peak host memory, against ``--host-memory`` or else :func:`available_host_bytes`."""
-    available: int | None
-    if cfg.host_memory_bytes:
-        available, source = cfg.host_memory_bytes, "--host-memory"
-    else:
-        available, source = available_host_bytes()
-    sizes, on_host = [cfg.job_size(job) for job, _ in JOBS], cfg.device == "cpu"
-    runtime = RUNTIME_BYTES["cpu" if on_host else "cuda"]
-    plans = []
-    for mode in cfg.modes:
-        # dedicated and serial run one job at a time: the largest is their peak; time-sliced runs them all
-        run = sizes if mode == "timesliced" else [max(sizes, key=lambda s: s.trainer_state_bytes)]
-        if cfg.engine == "vllm":  # rota_vllm reserves each engine's pool (its bf16 weights) when it tracks it
-            sampler_pools = sum(s.engine_pool_bytes for s in run)
-        else:  # a sampler parked by rota_fsdp pins its pool at setup only where every switch parks
-            sampler_pools = sum(s.weight_bytes for s in run) if cfg.capacity_bytes == 0 else 0
-        pools = sum(s.trainer_state_bytes for s in run) + sampler_pools if mode == "timesliced" else 0
-        models = sum(s.trainer_state_bytes + s.weight_bytes for s in run) if on_host else 0
-        push = sum(push_plan(cfg.engine, s)[0] for s in run)
-        plans.append(HostMemoryPlan(mode=mode, pools=pools, push=push, models=models,
-                                    runtime=(2 * len(run) + 1) * runtime, trainer_state=run[0].trainer_state_bytes,
-                                    available=available, source=source))
-    return max(plans, key=lambda p: p.total)
-
-
-def available_host_bytes() -> tuple[int | None, str]:
-    """(bytes, source): MemAvailable, or the memory cgroup's room when that is smaller (either can OOM-kill)."""
-    best: tuple[int | None, str] = (None, "no /proc/meminfo")
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    best = (int(line.split()[1]) * 1024, "MemAvailable")
-    except OSError:
-        pass
-    room = _cgroup_room()
-    if room is not None and (best[0] is None or room < best[0]):
-        best = (room, "memory cgroup limit")
-    return best
-
-
-def _cgroup_room() -> int | None:
-    """Limit minus non-reclaimable usage of this process's memory cgroup (v2, else v1); None if unlimited."""
-    for limit_f, usage_f, stat_f, key in (
-            ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat",
-             "inactive_file"),
-            ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
-             "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file")):
-        if not os.path.exists(limit_f):
-            continue
-        try:
-            with open(limit_f) as f:
-                raw = f.read().strip()
-            if raw == "max" or int(raw) >= 1 << 60:
-                return None
-            with open(usage_f) as f:
-                usage = int(f.read())
-            with open(stat_f) as f:
-                inactive = next((int(line.split()[1]) for line in f if line.split()[0] == key), 0)
-        except (OSError, ValueError):
-            return None
-        return max(int(raw) - (usage - inactive), 0)
-    return None
 
 
 def starting_checkpoints(cfg: DemoConfig, progress: Callable[[str], None]) -> tuple[Any, ...]:
