@@ -85,17 +85,24 @@ import torch  # the parent imports torch without CUDA, as the demo's forkserver 
 r, w = os.pipe()
 if os.fork() == 0:
     os.close(r)
-    import io, contextlib
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        exec(compile(STEPS, "steps", "exec"))
-    os.write(w, buf.getvalue().encode())
-    os._exit(0)
+    import io, contextlib, traceback
+    buf, code = io.StringIO(), 0
+    try:
+        with contextlib.redirect_stdout(buf):
+            exec(compile(STEPS, "steps", "exec"))
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        os.write(w, buf.getvalue().encode())
+        os._exit(code)
 os.close(w)
 data = b""
 while chunk := os.read(r, 65536):
     data += chunk
-os.wait()
+_, status = os.wait()
+if status or not data.strip():
+    sys.exit(f"the forked child failed (wait status {status})")
 print(data.decode().strip().splitlines()[-1])
 """
 
