@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CAPACITY_MARGIN_MIN", "CAPACITY_MARGIN_SHARE", "RUNTIME_BYTES", "DeviceMemoryShort", "HostMemoryPlan",
            "HostMemoryShort", "auto_capacity", "available_host_bytes", "capacity_margin", "check_device_fits",
-           "host_memory_plan", "push_plan"]
+           "cuda_total_bytes", "host_memory_plan", "push_plan"]
 
 # Host memory of one process besides the demo's tensors: interpreter and torch, plus the CUDA context on cuda.
 RUNTIME_BYTES = {"cpu": 400 * 10**6, "cuda": 2 * 10**9}
@@ -36,6 +36,14 @@ def capacity_margin(total: int) -> int:
     return max(CAPACITY_MARGIN_MIN, int(total * CAPACITY_MARGIN_SHARE))
 
 
+def cuda_total_bytes(device: str) -> int:
+    """Bytes of the CUDA device ``device`` (``cuda``, ``cuda:1``); 0 for any other (no device size to fit in)."""
+    import torch
+
+    on = torch.device(device)
+    return torch.cuda.get_device_properties(on.index or 0).total_memory if on.type == "cuda" else 0
+
+
 def auto_capacity(device: str, groups: int, elastic: bool) -> tuple[int, str]:
     """(bytes per group, how): what ``--capacity auto`` means for this run.
 
@@ -46,8 +54,7 @@ def auto_capacity(device: str, groups: int, elastic: bool) -> tuple[int, str]:
         return 0, "auto on cpu: 0, every switch parks"
     import torch
 
-    index = torch.device(device).index or 0
-    total = torch.cuda.get_device_properties(index).total_memory
+    index, total = torch.device(device).index or 0, cuda_total_bytes(device)
     margin = capacity_margin(total)
     sharing = groups if groups == 2 and not elastic and (":" in device or torch.cuda.device_count() < 2) else 1
     per_group = max(total - margin, 0) // sharing
@@ -72,8 +79,7 @@ def check_device_fits(cfg: DemoConfig) -> None:
         return
     import torch
 
-    index = torch.device(cfg.device).index or 0
-    total = torch.cuda.get_device_properties(index).total_memory
+    index, total = torch.device(cfg.device).index or 0, cuda_total_bytes(cfg.device)
     room = total - capacity_margin(total)
     need, job, size = max((size.device_bytes(cfg.engine, total), job, size) for job, size in cfg.sized_jobs())
     if need > room:

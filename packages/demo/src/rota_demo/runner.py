@@ -31,7 +31,7 @@ from rota import auth
 from rota.errors import InvalidArgument
 from rota.orchestrator import OrchestratorConfig, running_orchestrator
 from rota.policies import Fifo, Priority, ResidentFirst
-from rota_demo.memory import check_device_fits, host_memory_plan, push_plan
+from rota_demo.memory import check_device_fits, cuda_total_bytes, host_memory_plan, push_plan
 from rota_demo.push import WeightPush
 from rota_demo.worker import WorkerReport, WorkerSpec, worker_main
 from rota_demo.workloads import ModelSize
@@ -197,8 +197,10 @@ def worker_specs(cfg: DemoConfig, jobs: tuple[tuple[str, str], ...], endpoint: s
     """Both workers of each job in ``jobs``; shared through ``endpoint`` (None: dedicated). ``device_total``: the
     device's bytes for the vLLM engines' footprint hints (None: read from the device)."""
     specs = []
+    # the vLLM engines' footprint hints: without them a capacity counts an engine that tracked nothing yet as 0
+    # bytes, keeps residents beside it, and vLLM finds less free memory than its share
     total = 0 if cfg.engine != "vllm" or not endpoint else \
-        device_total if device_total is not None else _device_total(cfg)
+        device_total if device_total is not None else cuda_total_bytes(_device_of("sampler", cfg))
     for job, kind in jobs:
         seed = cfg.seed + [j for j, _ in JOBS].index(job)  # a job's seed does not depend on who runs beside it
         for role in ("trainer", "sampler"):
@@ -215,15 +217,6 @@ def worker_specs(cfg: DemoConfig, jobs: tuple[tuple[str, str], ...], endpoint: s
                                     footprint_hint=cfg.job_size(job).engine_footprint(cfg.engine, total)
                                     if role == "sampler" and total else 0))
     return specs
-
-
-def _device_total(cfg: DemoConfig) -> int:
-    """The engines' device's bytes (0 off CUDA): their footprint hints, without which a capacity counts an engine
-    that tracked nothing yet as 0 bytes, keeps residents beside it, and vLLM finds less free memory than its share."""
-    import torch
-
-    on = torch.device(_device_of("sampler", cfg))
-    return torch.cuda.get_device_properties(on.index or 0).total_memory if on.type == "cuda" else 0
 
 
 def _build_stage(spec: WorkerSpec) -> tuple[int, int]:
