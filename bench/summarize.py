@@ -126,6 +126,29 @@ def _demo_logs() -> None:
               f"{all(x == 'True' for x in ident)} ({path.name}).")
 
 
+def _reference_lines() -> None:
+    """tinker_density runs measured against the peft reference (issue 44's form): t_ref, then per N the p50/p90
+    step over t_ref, tokens/s, MFU and device memory."""
+    for path in sorted(RESULTS.glob("tinker-density-*-batch-*.json")):
+        run = json.loads(path.read_text())
+        ref = run.get("reference")
+        if not ref or not run.get("points"):
+            continue
+        gib = 1 << 30
+        points = ", ".join(
+            f"N={p['tenants']} p50 {p['p50_vs_ref']:.2f}x (p90 {p['p90_vs_ref']:.2f}x), "
+            f"{p['aggregate_tokens_per_s'] / 1e3:.1f}k tokens/s, MFU {p['mfu']:.1%}, "
+            f"{p['device_mem_used_bytes'] / gib:.1f} GiB" for p in run["points"] if not p.get("failed"))
+        left = "" if run.get("complete") else "; the run was cut off after these points"
+        within = [p["tenants"] for p in run["points"] if p.get("within_tolerance_of_ref")]
+        density = run.get("density") if run.get("complete") else max(within, default=None)
+        print(f"Tinker `--lora-batch` against a dedicated peft trainer, {run['args']['model']}, rank "
+              f"{run['args']['rank']}, {run['args']['batch']} x {run['args']['seq_len']} tokens, on "
+              f"{run['device_peak']['device_name']}: t_ref p50 {ref['t_ref_s']['p50'] * 1e3:.0f} ms "
+              f"({ref['tokens_per_s'] / 1e3:.1f}k tokens/s, MFU {ref['mfu']:.1%}); {points}; density (p50 <= "
+              f"{run['tolerance']}x t_ref) {density if density is not None else 'not reached'}{left} ({path.name}).")
+
+
 def _newest_tiers_with(test_file: str) -> list[tuple[dict, str, list[tuple[str, dict]]]]:
     """Per GPU model, the newest CUDA tier JSON (by its name's date) of those that ran the most tests of
     ``test_file`` (a later rerun of one case does not hide a whole run): the tier, its name and those tests."""
@@ -167,22 +190,37 @@ def _demo_tier_line(tier: dict, name: str, tests: list[tuple[str, dict]]) -> Non
               f"run): {'; '.join(parts)} ({name}).")
 
 
+def _newest_tests(test_file: str) -> dict[str, dict[str, tuple[dict, str, dict]]]:
+    """Per GPU model, each test of ``test_file`` as the newest CUDA tier JSON that ran it left it: nodeid ->
+    (the tier, its name, the test)."""
+    newest: dict[str, dict[str, tuple[dict, str, dict]]] = {}
+    for path in sorted(RESULTS.glob("cuda-tier-2*.json"), key=lambda p: p.name.split("-")[2]):
+        tier = json.loads(path.read_text())
+        for nodeid, t in tier.get("tests", {}).items():
+            if test_file in nodeid:
+                newest.setdefault(tier["device"], {})[nodeid] = (tier, path.name, t)
+    return newest
+
+
 def _sglang_tier() -> None:
-    """SGLang under rota in the newest CUDA tier that ran its tests on each GPU model (in-process and served)."""
-    for tier, name, tests in _newest_tiers_with("tests/cuda/test_sglang"):
-        parts = []
-        for nodeid, t in tests:
+    """SGLang under rota on each GPU model (in-process and served): each test as its newest CUDA tier run left it."""
+    for device, tests in _newest_tests("tests/cuda/test_sglang").items():
+        runs: dict[str, list[str]] = {}  # tier JSON -> its parts
+        for nodeid, (_, name, t) in tests.items():
             case = nodeid.split("[")[-1].rstrip("]")
             how = "served" if "server" in nodeid else "in-process"
             if t.get("outcome") != "passed":
-                parts.append(f"{how} {case} {t.get('outcome')} (parked: {t.get('parked_mib')} MiB)")
-                continue
-            times = (f", park {', '.join(f'{x:.2f}' for x in t['park_s'])} s, restore "
-                     f"{', '.join(f'{x:.2f}' for x in t['restore_s'])} s" if "park_s" in t else "")
-            parts.append(f"{how} {case}: parked {max(t['parked_mib'])} MiB in NVML{times}")
-        print(f"SGLang engine under rota (the staged release), CUDA tier on {tier['device']} at "
-              f"{tier['commit'][:10]}: " + "; ".join(parts) + f"; greedy completions equal after every restore where "
-              f"passed ({name}).")
+                part = f"{how} {case} {t.get('outcome')} (parked: {t.get('parked_mib')} MiB)"
+            else:
+                times = (f", park {', '.join(f'{x:.2f}' for x in t['park_s'])} s, restore "
+                         f"{', '.join(f'{x:.2f}' for x in t['restore_s'])} s" if "park_s" in t else "")
+                part = f"{how} {case}: parked {max(t['parked_mib'])} MiB in NVML{times}"
+            runs.setdefault(name, []).append(part)
+        commits = {name: tier["commit"][:10] for tier, name, _ in tests.values()}
+        print(f"SGLang engine under rota (the staged release), CUDA tier on {device}: "
+              + "; ".join(f"{'; '.join(runs[name])} at {commits[name]} ({name})"
+                          for name in sorted(runs, key=lambda n: n.split("-")[2]))
+              + "; greedy completions equal after every restore where passed.")
 
 
 def _agent_tier() -> None:
@@ -360,6 +398,7 @@ def main() -> None:
         tinker = _load(name)
         if tinker:
             _tinker_line(tinker, name)
+    _reference_lines()
     amp = _load("lora-step-amp-h200.json")
     if amp:
         rows = {r["variant"]: r for r in amp["results"]}
