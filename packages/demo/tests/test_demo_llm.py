@@ -124,6 +124,22 @@ def test_the_h200_shapes_fit_one_h200_alone_but_not_all_at_once_and_not_an_80_gb
     assert counted - room(h200) > min(s.trainer_state_bytes for s in sizes)
 
 
+def test_the_h100_shapes_fit_an_80_gb_card_alone_but_not_all_at_once():
+    """The same experiment for the cards the GPU sessions get: each job alone fits an H100's room, all at once the
+    trainer states and engines' shares exceed it by more than the smallest trainer state (trainers must park)."""
+    from rota_demo.llm_models import PRESETS
+    from rota_demo.memory import capacity_margin
+
+    h100 = 81_559 << 20
+    room = h100 - capacity_margin(h100)
+    sizes = PRESETS["h100"]
+    alone = [s.device_bytes("vllm", h100) for s in sizes]
+    assert max(alone) <= room < sum(alone)
+    counted = sum(s.trainer_state_bytes + s.engine_memory * h100 for s in sizes)
+    assert counted - room > min(s.trainer_state_bytes for s in sizes)
+    assert [s.task for s in sizes] == [s.task for s in PRESETS["h200"]]  # the same jobs, smaller
+
+
 def test_preload_imports_the_engine_before_the_set_up_turn_and_starts_no_cuda():
     """A vLLM engine worker imports vLLM (here the fake) and rota_vllm before its set-up turn (that import held the
     device ~23 s of each engine's turn on the H100), with the engine's settings, and without starting CUDA; a

@@ -63,10 +63,12 @@ __all__ = ["demo"]
               "architecture checkpoints built and pre-trained briefly in the run. vllm: vllm.LLM in-process, "
               "sleep mode, tracked by rota_vllm (needs a GPU and vLLM). hf: NOT an inference engine but a stand-in "
               "for one: the trainer's transformers model running generate(), parked by rota_fsdp; it runs on CPU.")
-@click.option("--llm-size", type=click.Choice(["tiny", "h200"]), default="tiny", show_default=True,
+@click.option("--llm-size", type=click.Choice(["tiny", "h100", "h200"]), default="tiny", show_default=True,
               help="With --engine hf|vllm, the jobs' model shapes (rl-a, rl-b, sft): tiny, about 76k parameters "
               "each (CPU, CI); h200, Qwen3-0.6B/1.7B/4B shapes (about 0.44B, 1.4B, 3.6B) for one H200 (the 4B "
-              "job alone needs about 89 GiB of device memory: a smaller card is refused before anything is built).")
+              "job alone needs about 89 GiB of device memory: a smaller card is refused before anything is built); "
+              "h100, the same for one 80 GB card (0.44B, 1.4B and a 20-layer 4B shape, 2.0B; the largest alone "
+              "needs about 43 GiB).")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=None,
               help="With --engine hf|vllm: where built starting checkpoints are kept, named by a hash of their "
               "config, so a repeated run loads them instead of building. Default: ~/.cache/rota-demo.")

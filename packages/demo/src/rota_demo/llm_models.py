@@ -134,6 +134,18 @@ def _tiny(task: str, lr: float = 1e-3, pretrain_steps: int = 30) -> LlmSize:
     return LlmSize(task=task, lr=lr, pretrain_steps=pretrain_steps)
 
 
+_QWEN3_06B_SHIFT = LlmSize("shift", hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072,
+                           prompts=32, group=8, lr=1e-5, pretrain_steps=60, pretrain_lr=1e-4, engine_memory=0.10)
+_QWEN3_17B_REV = LlmSize("rev", hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=6144,
+                         prompts=32, group=8, lr=5e-6, pretrain_steps=60, pretrain_lr=5e-5, engine_memory=0.12)
+
+
+def _qwen3_4b_sort(layers: int, engine_memory: float) -> LlmSize:
+    """The SFT job on Qwen3-4B's shape with ``layers`` blocks (36: the 4B itself)."""
+    return LlmSize("sort", hidden=2560, layers=layers, heads=32, kv_heads=8, head_dim=128, intermediate=9728,
+                   prompts=32, group=8, lr=3e-6, pretrain_steps=60, pretrain_lr=3e-5, engine_memory=engine_memory)
+
+
 #: --llm-size: the three jobs' shapes (rl-a, rl-b, sft). ``tiny`` runs on CPU in CI (about 76 k parameters
 #: each, so a step takes milliseconds; measured on CPU over 16 steps, mean reward of the first four -> the
 #: last four: shift 0.41 -> 0.62, rev 0.50 -> 0.69; SFT accuracy 0.75 -> 0.91); ``h200`` is Qwen3-0.6B, -1.7B
@@ -141,16 +153,14 @@ def _tiny(task: str, lr: float = 1e-3, pretrain_steps: int = 30) -> LlmSize:
 #: H200 (not yet run there): trainer states of 82 GiB and engines given 42% of the device (59 GiB awake, 64 GiB
 #: as their footprints count it) exceed what ``--capacity auto`` leaves (126 GiB), so the policy must park; the
 #: largest job alone needs 89 GiB, which an 80 GB card does not have (the demo refuses it there, naming why).
+#: ``h100`` is the same experiment sized for one 80 GB card: rl-a and rl-b as in ``h200``, the SFT job a 20-layer
+#: cut of the 4B shape (about 2.0 B parameters); alone they need 15, 33 and 43 GiB, together their trainer states
+#: and engines' shares (85 GiB) exceed what ``--capacity auto`` leaves there (72 GiB) by more than the smallest
+#: trainer state, so the policy must park trainers, not only engines.
 PRESETS: dict[str, tuple[LlmSize, LlmSize, LlmSize]] = {
     "tiny": (_tiny("shift"), _tiny("rev", pretrain_steps=40), _tiny("sort", lr=3e-3)),
-    "h200": (
-        LlmSize("shift", hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072, prompts=32,
-                group=8, lr=1e-5, pretrain_steps=60, pretrain_lr=1e-4, engine_memory=0.10),
-        LlmSize("rev", hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=6144, prompts=32,
-                group=8, lr=5e-6, pretrain_steps=60, pretrain_lr=5e-5, engine_memory=0.12),
-        LlmSize("sort", hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128, intermediate=9728, prompts=32,
-                group=8, lr=3e-6, pretrain_steps=60, pretrain_lr=3e-5, engine_memory=0.20),
-    ),
+    "h200": (_QWEN3_06B_SHIFT, _QWEN3_17B_REV, _qwen3_4b_sort(36, 0.20)),
+    "h100": (_QWEN3_06B_SHIFT, _QWEN3_17B_REV, _qwen3_4b_sort(20, 0.12)),
 }
 
 

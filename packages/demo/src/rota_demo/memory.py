@@ -88,7 +88,7 @@ def check_device_fits(cfg: DemoConfig) -> None:
             f"trainer's state {size.trainer_state_bytes / 2**30:.1f} GiB, its step's bf16 weights "
             f"{size.params * 2 / 2**30:.1f} GiB, its {cfg.engine} engine), but {torch.cuda.get_device_name(index)} "
             f"has {room / 2**30:.1f} GiB besides the margin for contexts and activations; use a device with more "
-            f"memory (the h200 shapes are for one H200) or --llm-size tiny")
+            f"memory (the h200 shapes are for one H200, the h100 shapes for an 80 GB card) or --llm-size tiny")
 
 
 @dataclass(frozen=True)
