@@ -10,7 +10,11 @@ This times, in a fresh process per case (``--repeats`` of each):
 * ``torch-eager``: the same with ``CUDA_MODULE_LOADING=EAGER`` (every kernel of torch loaded at once);
 * ``forked``: the ``torch`` steps in a child forked from a parent that imported torch without CUDA (how the demo's
   forkserver starts workers);
-* ``concurrent``: ``--workers`` of the ``torch`` case started at once (a demo start makes six contexts at once).
+* ``concurrent``: ``--workers`` of the ``torch`` case started at once (a demo start makes six contexts at once);
+* ``forkserver-demo``: ``--workers`` children of a ``forkserver`` that preloaded what ``rota demo``'s preloads
+  (``rota_demo.runner.forkserver_preload``), started at once, as a demo start makes its toy workers. Why: in the
+  demo's JSON each toy worker's "CUDA context" phase (set_device and a synchronize) took 5-7 s on an H100, where
+  the ``forked`` case's context took 0.3 s.
 
     python bench/cuda_context.py --out bench/results/cuda-context.json
 """
@@ -22,9 +26,11 @@ import ctypes
 import json
 import os
 import platform
+import queue
 import subprocess
 import sys
 import time
+from typing import Any
 
 STEPS = r"""
 import json, os, sys, time
@@ -107,6 +113,54 @@ print(data.decode().strip().splitlines()[-1])
 """
 
 
+def _steps_in_child(queue: Any, steps: str) -> None:
+    """A forkserver child: the steps, their JSON line put on ``queue`` (a failure's traceback instead)."""
+    import contextlib
+    import io
+    import traceback
+
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            exec(compile(steps, "steps", "exec"), {})
+        queue.put(json.loads(buf.getvalue().strip().splitlines()[-1]))
+    except BaseException:
+        queue.put({"error": traceback.format_exc()[-2000:]})
+
+
+def forkserver_case(workers: int, steps: str = STEPS) -> tuple[list[dict], float]:
+    """``workers`` children of a forkserver with the demo's preload, started at once: each one's marks, and the
+    wall seconds until all had reported."""
+    import multiprocessing as mp
+
+    from rota_demo.runner import forkserver_preload
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(forkserver_preload(llm=False))
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_steps_in_child, args=(results, steps)) for _ in range(workers)]
+    t0 = time.monotonic()
+    for pr in procs:
+        pr.start()
+    runs: list[dict] = []
+    while len(runs) < len(procs):  # a child that died before reporting is not waited for
+        try:
+            runs.append(results.get(timeout=1))
+        except queue.Empty:
+            if not any(pr.is_alive() for pr in procs) and results.empty():
+                raise SystemExit(f"{len(procs) - len(runs)} forkserver children exited without reporting (exit "
+                                 f"codes {[pr.exitcode for pr in procs]})") from None
+            if time.monotonic() - t0 > 300:
+                raise SystemExit("the forkserver children did not report within 300 s") from None
+    wall = time.monotonic() - t0
+    for pr in procs:
+        pr.join(30)
+    failed = [r["error"] for r in runs if "error" in r]
+    if failed:
+        raise SystemExit(f"a forkserver child failed:\n{failed[0]}")
+    return runs, round(wall, 3)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per case")
@@ -128,10 +182,12 @@ def main() -> None:
              for _ in range(a.workers)]
     cases["concurrent"] = [json.loads(pr.communicate(timeout=300)[0].strip().splitlines()[-1]) for pr in procs]
     wall = time.monotonic() - t0
+    cases["forkserver-demo"], forkserver_wall = forkserver_case(a.workers)
     out = {"bench": "cuda_context", "host": platform.node(), "python": sys.version.split()[0],
            "persistence_mode": subprocess.run(["nvidia-smi", "--query-gpu=name,persistence_mode,driver_version",
                                                "--format=csv,noheader"], capture_output=True, text=True).stdout.strip(),
-           "cases": cases, "concurrent_wall_s": round(wall, 3), "workers": a.workers}
+           "cases": cases, "concurrent_wall_s": round(wall, 3), "forkserver_wall_s": forkserver_wall,
+           "workers": a.workers}
     text = json.dumps(out, indent=2)
     print(text)
     for name, runs in cases.items():

@@ -36,8 +36,8 @@ from rota_demo.push import WeightPush
 from rota_demo.worker import WorkerReport, WorkerSpec, worker_main
 from rota_demo.workloads import ModelSize
 
-__all__ = ["JOBS", "POLICIES", "SETUP_PHASES", "WORKER_TIMEOUT_S", "DemoConfig", "ModeResult", "Setup", "run_demo",
-           "setup_phases", "worker_specs"]
+__all__ = ["JOBS", "POLICIES", "SETUP_PHASES", "WORKER_TIMEOUT_S", "DemoConfig", "ModeResult", "Setup",
+           "forkserver_preload", "run_demo", "setup_phases", "worker_specs"]
 
 JOBS = (("rl-a", "rl"), ("rl-b", "rl"), ("sft", "sft"))
 # Time-sliced turn order. "priority": an RL job's next step waits for its own trainer and
@@ -238,11 +238,17 @@ def _context(specs: list[WorkerSpec]) -> Any:
     return _preloaded_context(llm=bool(specs) and specs[0].engine != "toy")
 
 
+def forkserver_preload(*, llm: bool) -> list[str]:
+    """What the workers' ``forkserver`` imports before it forks them (``bench/cuda_context.py`` forks from the same):
+    torch, the worker and the rota client and adapter; LLM jobs add transformers' Qwen3 (its modeling module alone
+    takes about 2 s to import)."""
+    llm_modules = ["transformers", "transformers.models.qwen3.modeling_qwen3", "rota_demo.llm_worker"] if llm else []
+    return ["torch", *llm_modules, "rota_demo.worker", "rota_fsdp", "rota"]
+
+
 def _preloaded_context(*, llm: bool) -> Any:
     ctx = mp.get_context("forkserver")
-    # Qwen3's modeling module alone takes about 2 s to import; the rota client and adapter load here too
-    llm_modules = ["transformers", "transformers.models.qwen3.modeling_qwen3", "rota_demo.llm_worker"] if llm else []
-    ctx.set_forkserver_preload(["torch", *llm_modules, "rota_demo.worker", "rota_fsdp", "rota"])
+    ctx.set_forkserver_preload(forkserver_preload(llm=llm))
     return ctx
 
 
