@@ -148,7 +148,7 @@ class BatchLoop(Loop):
         order = list(self.order)
         finished: list[tuple[_Queued, tuple[Any, ...]]] = []
         self._model_ops(order, finished)
-        self._stepped(order)
+        self._leading_optim_steps(order)
         left_out = self._training(order, finished)
         self._sampling(order, finished)
         self.order.rotate(-1)  # the next pass starts with the next tenant,
@@ -214,7 +214,7 @@ class BatchLoop(Loop):
                 self._joins(q)
                 finished.append((q, self.call(q.op, q.args, q.timing)))
 
-    def _stepped(self, order: list[str]) -> None:
+    def _leading_optim_steps(self, order: list[str]) -> None:
         """The optim_steps at the head of a queue (their forward_backward ran in an earlier pass: one that arrives
         during a pass is at the head of the next), run and answered now, before the batched pass: behind it, every
         step of a busy worker took two passes (on an H100 at N = 32, 1.9 s where a pass took 0.9 s)."""
