@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import threading
+import types
 
 import pytest
 from click.testing import CliRunner
 
 import rota
 import rota_sglang
+from rota import ParkPlan
 from rota.errors import ConfigError, InvalidArgument
 from rota.rpc import free_port
 from rota.testing import cli_with_plugins
@@ -117,6 +119,25 @@ def test_in_process_engine_is_released_and_resumed_around_turns(connect):
     assert tracked.update_weights([("w", 1.0)]) == 1 and not tracked.weights_stale
     gpu.release()
     tracked.untrack()
+
+
+def test_a_resident_engine_reports_its_footprint_so_a_capacity_counts_it(connect):
+    """rota_footprint while resident: the bytes given (a capacity then counts the engine); unknown (no CUDA in this
+    process, nothing given) 1 byte, so the orchestrator still parks it for room; 0 once released."""
+    gpu = connect("sgl-footprint")
+    sized = rota_sglang.track(gpu, FakeEngine(), footprint_bytes=5 << 30, check_version=False)
+    assert sized.rota_footprint(gpu) == {"engine": 5 << 30}
+    sized.rota_park(gpu, ParkPlan())
+    assert sized.rota_footprint(gpu) == {"engine": 0}
+    sized.untrack()
+    eng = FakeEngine()
+    eng.server_args = types.SimpleNamespace(mem_fraction_static=0.5, enable_memory_saver=True)
+    unknown = rota_sglang.track(gpu, eng, check_version=False)  # CPU: no device to take half of
+    assert unknown.rota_footprint(gpu) == {"engine": 1}
+    unknown.untrack()
+    for bad in (-1, True, 1.5, "5GB"):
+        with pytest.raises(rota_sglang.TrackingError, match=r"footprint_bytes=.* must be a whole number of bytes"):
+            rota_sglang.track(gpu, FakeEngine(), footprint_bytes=bad, check_version=False)
 
 
 def test_bad_inputs_are_refused_with_the_fix(connect):

@@ -29,7 +29,7 @@ from typing import Any
 
 from rota import Gpu, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
-from rota_serving import SGLANG, check_fixed_device, check_tags, release_idle_cache
+from rota_serving import SGLANG, check_fixed_device, check_tags, device_share_bytes, release_idle_cache
 from rota_sglang._compat import require_sglang
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,10 @@ _tracked: dict[int, TrackedEngine] = {}
 class TrackedEngine:
     """One tracked SGLang ``Engine``; its hooks answer only for ``gpu``."""
 
-    def __init__(self, gpu: Gpu, engine: Any, tags: tuple[str, ...], weights_backup: bool) -> None:
+    def __init__(self, gpu: Gpu, engine: Any, tags: tuple[str, ...], weights_backup: bool,
+                 footprint_bytes: int = 0) -> None:
         self.gpu, self.engine, self.tags, self.weights_backup = gpu, engine, tags, weights_backup
+        self.footprint_bytes = footprint_bytes  # device bytes while resident; 0: unknown
         self.released: tuple[str, ...] = ()
         self.dropped: tuple[str, ...] = ()
         self.weights_stale = False
@@ -88,10 +90,12 @@ class TrackedEngine:
 
     @hookimpl
     def rota_footprint(self, tenant: Gpu) -> dict[str, int] | None:
-        """1 byte while resident (nonzero so the orchestrator parks it when needed), 0 released."""
+        """While resident, what the engine holds (``footprint_bytes``: its static share of the device unless given),
+        so that a capacity counts it; 1 byte where unknown (nonzero: the orchestrator still parks it when it needs
+        room); 0 released."""
         if tenant is not self.gpu:
             return None
-        return {"engine": 0 if self.released else 1}
+        return {"engine": 0 if self.released else (self.footprint_bytes or 1)}
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
         """Push ``(name, tensor)`` pairs through ``engine.update_weights_from_tensor`` (inside a turn)."""
@@ -116,12 +120,15 @@ class TrackedEngine:
 
 
 def track(gpu: Gpu, engine: Any, *, tags: Sequence[str] = (), weights_backup: bool | None = None,
-          check_version: bool = True) -> TrackedEngine:
+          footprint_bytes: int | None = None, check_version: bool = True) -> TrackedEngine:
     """Let rota park ``engine`` (``sglang.Engine(..., enable_memory_saver=True)``) between turns.
 
     :param tags: what to release on park (default: everything).
     :param weights_backup: whether the engine keeps weights on host
         (``enable_weights_cpu_backup``); read from the engine's server args when None.
+    :param footprint_bytes: device bytes the engine holds while resident, reported to rota so that a ``--capacity``
+        counts it. None: its ``mem_fraction_static`` share of this process's device when this process has started
+        CUDA (weights and KV pool; CUDA graphs and activations come on top), else unknown (reported as 1 byte).
     :raises rota_sglang.UnsupportedVersion: SGLang missing or outside the targeted versions.
     :raises rota.errors.ConfigError: ``gpu`` names several devices (an engine cannot move between them).
     """
@@ -139,11 +146,17 @@ def track(gpu: Gpu, engine: Any, *, tags: Sequence[str] = (), weights_backup: bo
                             "Engine(..., enable_memory_saver=True)", job_id=gpu.tenant, group_id=gpu.group)
     if weights_backup is None:
         weights_backup = bool(getattr(args, "enable_weights_cpu_backup", False))
+    if footprint_bytes is None:
+        share = getattr(args, "mem_fraction_static", None)
+        footprint_bytes = device_share_bytes(share if isinstance(share, float) else None)
+    elif isinstance(footprint_bytes, bool) or not isinstance(footprint_bytes, int) or footprint_bytes < 0:
+        raise TrackingError(f"footprint_bytes={footprint_bytes!r} must be a whole number of bytes >= 0 (0: unknown)",
+                            job_id=gpu.tenant, group_id=gpu.group)
     with _lock:
         if id(engine) in _tracked:
             raise TrackingError(f"this Engine is already tracked by job {_tracked[id(engine)].gpu.tenant!r}",
                                 job_id=gpu.tenant)
-        tracked = _tracked[id(engine)] = TrackedEngine(gpu, engine, tags, weights_backup)
+        tracked = _tracked[id(engine)] = TrackedEngine(gpu, engine, tags, weights_backup, footprint_bytes)
     gpu.pm.register(tracked, name=tracked._name)
     return tracked
 
