@@ -130,7 +130,8 @@ def _steps_in_child(queue: Any, steps: str) -> None:
 
 def forkserver_case(workers: int, steps: str = STEPS) -> tuple[list[dict], float]:
     """``workers`` children of a forkserver with the demo's preload, started at once: each one's marks, and the
-    wall seconds until all had reported."""
+    wall seconds until all had reported (the forkserver's own start and its preload's imports included, as at a
+    demo run's first start). Once per process: a forkserver already running keeps the preload it started with."""
     import multiprocessing as mp
 
     from rota_demo.runner import forkserver_preload

@@ -149,16 +149,20 @@ def _reference_lines() -> None:
               f"{run['tolerance']}x t_ref) {density if density is not None else 'not reached'}{left} ({path.name}).")
 
 
+def _tier_runs() -> list[tuple[str, dict]]:
+    """Every CUDA tier JSON, oldest first (by its name's date): (its name, the tier)."""
+    paths = sorted(RESULTS.glob("cuda-tier-2*.json"), key=lambda p: p.name.split("-")[2])
+    return [(path.name, json.loads(path.read_text())) for path in paths]
+
+
 def _newest_tiers_with(test_file: str) -> list[tuple[dict, str, list[tuple[str, dict]]]]:
     """Per GPU model, the newest CUDA tier JSON (by its name's date) of those that ran the most tests of
     ``test_file`` (a later rerun of one case does not hide a whole run): the tier, its name and those tests."""
-    runs = sorted(RESULTS.glob("cuda-tier-2*.json"), key=lambda p: p.name.split("-")[2])
     newest: dict[str, tuple[dict, str, list[tuple[str, dict]]]] = {}
-    for path in runs:
-        tier = json.loads(path.read_text())
+    for name, tier in _tier_runs():
         mine = [(nodeid, t) for nodeid, t in tier.get("tests", {}).items() if test_file in nodeid]
         if mine and len(mine) >= len(newest.get(tier["device"], ({}, "", []))[2]):
-            newest[tier["device"]] = (tier, path.name, mine)
+            newest[tier["device"]] = (tier, name, mine)
     return list(newest.values())
 
 
@@ -194,11 +198,10 @@ def _newest_tests(test_file: str) -> dict[str, dict[str, tuple[dict, str, dict]]
     """Per GPU model, each test of ``test_file`` as the newest CUDA tier JSON that ran it left it: nodeid ->
     (the tier, its name, the test)."""
     newest: dict[str, dict[str, tuple[dict, str, dict]]] = {}
-    for path in sorted(RESULTS.glob("cuda-tier-2*.json"), key=lambda p: p.name.split("-")[2]):
-        tier = json.loads(path.read_text())
+    for name, tier in _tier_runs():
         for nodeid, t in tier.get("tests", {}).items():
             if test_file in nodeid:
-                newest.setdefault(tier["device"], {})[nodeid] = (tier, path.name, t)
+                newest.setdefault(tier["device"], {})[nodeid] = (tier, name, t)
     return newest
 
 
