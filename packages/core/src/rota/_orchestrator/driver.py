@@ -53,6 +53,12 @@ class GroupDriver:
         if task is None or task.done():
             self._drivers[group_id] = asyncio.create_task(self._drive(group_id))
 
+    def _kick_left_behind(self, g: GroupState, job_id: str) -> None:
+        """``job_id``'s turn on ``g`` is over without its move (it left or faulted): drive the lanes its state was
+        moving out of, whose grants may wait for it (:func:`.lanes.grant_waits_for_move`)."""
+        for other in _lanes.left_behind(self.groups, g, job_id):
+            self._kick(other.group_id)
+
     async def _drive(self, group_id: str) -> None:
         """Grant the group to waiters, one after another, parking residents first."""
         while True:
@@ -74,6 +80,8 @@ class GroupDriver:
                     asyncio.get_running_loop().call_later(recheck, self._kick, group_id)
                     self._maybe_prefetch(g)
                     return
+                if _lanes.grant_waits_for_move(self.groups, g, chosen.job_id, self.config.capacity_bytes):
+                    return  # a state moving out is in the way; its move's end (or its job's leaving) kicks us
                 evict = self._begin_switch(g, chosen)
                 others = [j for j in g.residents if j != chosen.job_id]
                 incoming_parked = g.tenant(chosen.job_id).state == "parked"
@@ -226,6 +234,7 @@ class GroupDriver:
         acquire it has pending with ``message``: FAULTED is retryable by acquiring again."""
         g.remove(job_id, time.monotonic(), lost=True)
         g.tenant(job_id).state, g.tenant(job_id).fault = "faulted", cause
+        self._kick_left_behind(g, job_id)
         fut = self._grants.pop((g.group_id, job_id), None)
         if fut is not None and not fut.done():
             fail(fut, Faulted(message, job_id=job_id, group_id=g.group_id))

@@ -4,7 +4,8 @@ Each lane keeps every rule of a group: one holder, a queue, residents, a fencing
 grows. So no device is ever granted twice. A job is in at most one lane at a time: it is
 queued (or holds, or is resident) in the lane :func:`choose_lane` placed its turn in; when
 its state moves to another device the old lane forgets it, counting its bytes as left behind
-(``residue_bytes``) until its turn on the new device has ended (the move is done by then).
+(``residue_bytes``) until its turn on the new device has ended (the move is done by then); a
+grant on the old device that needs those bytes waits for that (:func:`grant_waits_for_move`).
 
 Functions here change lanes in memory only; the orchestrator (:mod:`rota._orchestrator.turns`) calls
 them under the group's one lock and commits what they changed.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from rota._orchestrator.state import GroupState
+from rota._orchestrator.state import GONE, GroupState
 from rota.devices import LANE_SEP, lane_base, lane_device, lane_id
 from rota.placement import Choice, DeviceView, evict_plan, place
 
@@ -41,6 +42,16 @@ def is_lane(group_id: str) -> bool:
     return LANE_SEP in group_id
 
 
+def _has_turn(g: GroupState, job_id: str) -> bool:
+    """Whether ``job_id`` holds ``g`` or a switch hands it ``g`` now."""
+    return g.holder == job_id or g.switching_to == job_id
+
+
+def _in_turn(g: GroupState, job_id: str) -> bool:
+    """Whether ``job_id`` holds, switches in or waits on ``g``: its next (or current) turn is there."""
+    return _has_turn(g, job_id) or g.queued(job_id) is not None
+
+
 def waiting_jobs(lanes: dict[str, GroupState]) -> set[str]:
     """Jobs queued in any lane: their next turns need their state."""
     return {w.job_id for g in lanes.values() for w in g.queue}
@@ -50,7 +61,7 @@ def lane_with(groups: dict[str, GroupState], base: str, job_id: str) -> GroupSta
     """The lane where ``job_id`` holds, switches in, waits, is resident or parked; None if none."""
     found = None
     for g in lanes_of(groups, base).values():
-        if g.holder == job_id or g.switching_to == job_id or g.queued(job_id) is not None:
+        if _in_turn(g, job_id):
             return g
         rec = g.tenants.get(job_id)
         if rec is not None and (job_id in g.residents or rec.state == "parked"):
@@ -68,7 +79,7 @@ def choose_lane(groups: dict[str, GroupState], base: str, job_id: str, devices: 
     """
     lanes = lanes_of(groups, base)
     for dev, g in lanes.items():
-        if g.holder == job_id or g.switching_to == job_id or g.queued(job_id) is not None:
+        if _in_turn(g, job_id):
             return lane_id(base, dev), "", None
     home = next((d for d, g in lanes.items() if job_id in g.residents), "")
     parked_on = next((d for d, g in lanes.items() if job_id in g.tenants and g.tenants[job_id].state == "parked"), "")
@@ -135,15 +146,52 @@ def steal(groups: dict[str, GroupState], lane: GroupState, capacity: int, now: f
     return w.job_id, old.group_id
 
 
+def left_behind(groups: dict[str, GroupState], lane: GroupState, job_id: str) -> list[GroupState]:
+    """The other lanes of ``lane``'s group where ``job_id``'s bytes still count as residue (its state moves out).
+
+    A grant there may wait for that move (:func:`grant_waits_for_move`): drive them again whenever
+    ``job_id``'s turn on ``lane`` ends, however it ends.
+    """
+    return [g for g in lanes_of(groups, lane_base(lane.group_id)).values()
+            if g is not lane and job_id in g.tenants and g.tenants[job_id].residue_bytes and job_id not in g.residents]
+
+
 def moved_in(groups: dict[str, GroupState], lane: GroupState, job_id: str) -> list[GroupState]:
     """``job_id`` ended a turn on ``lane``: its state left every other lane. Returns lanes changed."""
-    changed = []
-    for g in lanes_of(groups, lane_base(lane.group_id)).values():
-        rec = g.tenants.get(job_id)
-        if g is not lane and rec is not None and rec.residue_bytes and job_id not in g.residents:
-            rec.residue_bytes = 0
-            changed.append(g)
+    changed = left_behind(groups, lane, job_id)
+    for g in changed:
+        g.tenants[job_id].residue_bytes = 0
     return changed
+
+
+def _moving_out(lanes: dict[str, GroupState], lane: GroupState, incoming: str) -> dict[str, GroupState]:
+    """Jobs whose residue counts on ``lane`` (as :meth:`GroupState.residue_off` ``incoming``) and whose turn is in
+    another lane -> that lane: their bytes leave ``lane`` at :func:`moved_in`."""
+    moving = {}
+    for job, rec in lane.tenants.items():
+        if job != incoming and rec.residue_bytes and job not in lane.residents and rec.state not in GONE:
+            there = next((g for g in lanes.values() if g is not lane and _in_turn(g, job)), None)
+            if there is not None:
+                moving[job] = there
+    return moving
+
+
+def grant_waits_for_move(groups: dict[str, GroupState], lane: GroupState, job_id: str, capacity: int) -> bool:
+    """Whether granting ``job_id`` on ``lane`` must wait for a state still moving out of the device.
+
+    It must when ``job_id`` would not fit even with every resident parked, and some of the residue
+    in the way is the state of a job whose turn is in another lane now (held or waited for): those
+    bytes leave at that job's :func:`moved_in`, which drives ``lane`` again; granted now, the device
+    would be over-committed. Residue nobody moves (a leak, a job that left) is granted over, as
+    before: nothing would clear it. Nor does a grant wait for a job that waits in a lane whose own
+    residue moves to a job that waits too: two lanes could then wait on each other for ever.
+    """
+    if capacity <= 0 or not is_lane(lane.group_id) or \
+            lane.tenant(job_id).footprint_bytes + lane.residue_off(job_id) <= capacity:
+        return False  # nothing in the way, or parking residents makes room
+    lanes = lanes_of(groups, lane_base(lane.group_id))
+    return any(_has_turn(there, job) or all(_has_turn(g, j) for j, g in _moving_out(lanes, there, "").items())
+               for job, there in _moving_out(lanes, lane, job_id).items())
 
 
 def evict_chooser(groups: dict[str, GroupState], lane: GroupState, capacity: int

@@ -243,7 +243,8 @@ class Orchestrator(TenantSessions, GroupDriver):
 
     def _grant_at_once(self, g: GroupState, job_id: str) -> Grant | None:
         """Grant ``job_id`` now, under the group's lock, if nothing has to happen first: the group is free,
-        no prefetch runs, the policy picks this job, and no resident has to be parked (no agents to ask).
+        no prefetch runs, the policy picks this job, no state moving out of the lane is in the way, and no
+        resident has to be parked (no agents to ask).
 
         Its caller then commits the enqueue and the grant together (one etcd transaction for a tenant alone
         in its group, not two); otherwise (None) the group's driver grants as usual.
@@ -251,7 +252,8 @@ class Orchestrator(TenantSessions, GroupDriver):
         if self.agents is not None or g.group_id in self._prefetching or not g.ready_for_grant():
             return None
         chosen = self.config.policy.choose(g.grantable(), g.tenants, time.monotonic())
-        if chosen is None or chosen.job_id != job_id:
+        if chosen is None or chosen.job_id != job_id or \
+                _lanes.grant_waits_for_move(self.groups, g, job_id, self.config.capacity_bytes):
             return None
         evict = self._begin_switch(g, chosen)
         if any(self._live_sessions((g.group_id, j)) for j in evict):  # parks first: the driver's job
@@ -288,6 +290,7 @@ class Orchestrator(TenantSessions, GroupDriver):
             g.remove(job_id, time.monotonic(), lost=False)
             await self.store.commit(g)
             self._kick(group_id)
+            self._kick_left_behind(g, job_id)
 
     @whole
     async def abandon(self, job_id: str, group_id: str, token: int) -> None:
@@ -306,6 +309,7 @@ class Orchestrator(TenantSessions, GroupDriver):
             g.remove(job_id, time.monotonic(), lost=False)
             await self.store.commit(g)
             self._kick(group_id)
+            self._kick_left_behind(g, job_id)
 
     @whole
     async def release(self, job_id: str, group_id: str, token: int = 0, rank: int = 0, *,
@@ -455,6 +459,8 @@ class Orchestrator(TenantSessions, GroupDriver):
                     gone = g.collect(now, cfg.ended_tenant_ttl_s, keep=keep)
                     if gone:
                         await self.store.commit(g)
+                        if _lanes.is_lane(g.group_id) and g.ready_for_grant():  # residue it waited for may be gone
+                            self._kick(g.group_id)
                         if self.metrics is not None:
                             self.metrics.collected(g.group_id, len(gone))
             idle = g.idle_since()

@@ -1,0 +1,81 @@
+"""A grant in a lane waits for a state still moving out of its device, and comes once the move is over.
+
+Through the orchestrator itself (in process, callers without sessions): x (6,000 bytes) is resident
+on fake:0 while h holds it, and w (4,500) waits there, fitting only by parking x; x's next turn
+then moves to fake:1, and x's 6,000 bytes count on fake:0 until that turn ends. When h leaves
+fake:0, granting w would hold 10,500 bytes there against a 10,000-byte device: w waits instead,
+and is granted as soon as x's move ends (or x leaves without it), never left waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rota.orchestrator import Orchestrator, OrchestratorConfig
+from rota.types import Grant, TurnRequest
+
+BOTH = ["fake:0", "fake:1"]
+
+
+def _ask(engine: Orchestrator, job: str, nbytes: int, devices: list[str]) -> asyncio.Task:
+    return asyncio.create_task(engine.acquire(TurnRequest(job, "g", footprint_bytes=nbytes, devices=devices)))
+
+
+async def _setup(engine: Orchestrator, w_asks: str) -> tuple[Grant, Grant, asyncio.Task]:
+    """x moved to fake:1 and holds it; h released fake:0; w asked for fake:0 (``w_asks`` "queued": behind h,
+    "later": after h released). Returns (x's grant, h's grant, w's acquire)."""
+    grant = await engine.acquire(TurnRequest("x", "g", footprint_bytes=6000, devices=BOTH))
+    assert grant.device == "fake:0"
+    await engine.release("x", "g", grant.token)
+    h = await engine.acquire(TurnRequest("h", "g", footprint_bytes=2000, devices=["fake:0"]))  # room beside x
+    w = _ask(engine, "w", 4500, ["fake:0"]) if w_asks == "queued" else None
+    await asyncio.sleep(0.05)
+    x = await engine.acquire(TurnRequest("x", "g", footprint_bytes=6000, devices=BOTH))
+    assert x.device == "fake:1"  # its device is busy, fake:1 free: it moves
+    await engine.release("h", "g", h.token)
+    w = w or _ask(engine, "w", 4500, ["fake:0"])
+    await asyncio.sleep(0.3)
+    lane = engine.groups["g@fake:0"]
+    assert not w.done() and lane.holder == "" and lane.queued("w"), "w granted over x's bytes still on fake:0"
+    return x, h, w
+
+
+@pytest.mark.parametrize("w_asks", ["queued", "later"])
+def test_a_grant_waits_for_a_state_moving_out_and_comes_when_it_has_moved(w_asks: str) -> None:
+    async def body() -> None:
+        engine = Orchestrator(OrchestratorConfig(capacity_bytes=10_000))
+        await engine.start()
+        try:
+            x, _, w = await _setup(engine, w_asks)
+            await engine.release("x", "g", x.token)  # its move is over: fake:0 has room for w beside h
+            grant = await asyncio.wait_for(w, 5)
+            lane = engine.groups["g@fake:0"]
+            assert grant.device == "fake:0" and sorted(lane.residents) == ["h", "w"]
+            assert lane.residue_off("") == 0
+        finally:
+            await engine.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 20))
+
+
+@pytest.mark.parametrize("leaves", ["evicted", "lost", "abandoned"])
+def test_a_grant_waiting_for_a_move_comes_when_the_mover_leaves_without_it(leaves: str) -> None:
+    """x's turn on fake:1 ends without its move (the scheduler evicts it, it dies, its grant is abandoned): nothing
+    will clear its bytes on fake:0 by a move any more, so w is granted there at once, as beside any residue."""
+    async def body() -> None:
+        engine = Orchestrator(OrchestratorConfig(capacity_bytes=10_000))
+        await engine.start()
+        try:
+            x, _, w = await _setup(engine, "queued")
+            if leaves == "abandoned":
+                await engine.abandon("x", "g", x.token)
+            else:
+                await engine.evict("x", "g", reason="test", lost=leaves == "lost")
+            grant = await asyncio.wait_for(w, 5)
+            assert grant.device == "fake:0" and engine.groups["g@fake:0"].holder == "w"
+        finally:
+            await engine.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 20))
