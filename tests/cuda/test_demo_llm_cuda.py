@@ -6,8 +6,9 @@
   every mode), no park or restore failed, every trainer and every engine parked at least once.
 * ``h200`` (Qwen3-0.6B/1.7B/4B shapes, ``--capacity auto``): the figures of issue 42 item 5 (makespan ratio,
   busy, switches, parks with their percentiles, rewards first and last) go into the tier's JSON; its
-  assertions are only that the run finishes with no failed park and identical curves. Not yet run anywhere. On a
-  card under 120 GiB (an H100) the demo must refuse these shapes before building anything: that is checked there.
+  assertions are only that the run finishes with no failed park and identical curves (first run: an H200 at
+  50d40b9, passed; the figures in rota-demo's README). On a card under 120 GiB (an H100) the demo must refuse
+  these shapes before building anything: that is checked there.
 * ``h100`` (the same jobs sized for one 80 GB card, ``--capacity auto``): the same figures and assertions, on a
   card under 120 GiB (on an H200 the h200 shapes are the experiment: skipped there).
 
@@ -68,6 +69,7 @@ def _figures(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
     diffs = {name: max((abs(a - b) for a, b in zip(values, curves["timesliced"][name], strict=True)), default=0.0)
              for name, values in curves["dedicated"].items()}
     return dict(seconds=seconds, timesliced_over_serial=summary["ratios"]["timesliced_over_serial_makespan"],
+                timesliced_floor_over_serial=summary["ratios"]["timesliced_floor_over_serial_makespan"],
                 serial_s=summary["serial"]["makespan_s"], timesliced_s=ts["makespan_s"],
                 busy_fraction=ts["busy_fraction"], switches=ts["switches"], parks=ts["parks"],
                 parks_by_worker=ts["parks_by_worker"], park_ms_p50=ts["park_ms_p50"], park_ms_p99=ts["park_ms_p99"],

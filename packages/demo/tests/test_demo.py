@@ -33,6 +33,11 @@ def test_demo_small_run_is_bit_identical_and_reports_everything(tmp_path):
     if "rota_fsdp" in ts["adapters"]:  # with the adapter installed, switches really park and restore
         assert ts["parks"] > 0 and ts["restores"] > 0 and ts["bytes_moved"] > 0
     assert "time-sliced makespan / serial makespan" in r.stdout
+    # the floor: the serial run's busiest device's turns (trainers' and samplers' apart), or the longest job alone
+    ser, floor = summary["serial"], summary["ratios"]["timesliced_floor_over_serial_makespan"]
+    work = max(ser["trainer_device_busy"], ser["sampler_device_busy"]) * ser["makespan_s"]
+    assert floor * ser["makespan_s"] == pytest.approx(max(work, summary["dedicated"]["makespan_s"]))
+    assert 0 < floor <= 1 and "no time-sliced schedule of this work does better than" in r.stdout
     assert "host memory: about" in r.stderr  # the estimate is in the header
     # the wall time outside the measured runs: one set-up per run alone, one for time-sliced, each phase named
     assert [s["label"] for s in summary["serial"]["setups"]] == ["rl-a alone", "rl-b alone", "sft alone"]
