@@ -4,7 +4,11 @@ policy-gradient step, an SFT step split into microbatches).
 
 Checkpoints: a ``transformers.Qwen3Config`` of the job's shape, random weights from the job's seed, pre-trained
 for ``pretrain_steps`` on correct examples of the job's task (a short warm start: the model knows the format and
-answers some questions, so RL has rewards to raise), then ``save_pretrained`` with the character-level
+answers some questions, so RL has rewards to raise), or until ``pretrain_reward`` is reached: a sample at
+temperature 1 is exactly right with the model's probability of the answer, so the mean of that probability over a
+fresh batch is the reward a rollout would average, measured before each step, and a large shape that would
+otherwise start near-perfect (and leave its rewards nothing to rise to) stops at a chosen one. Then
+``save_pretrained`` with the character-level
 tokenizer of :mod:`rota_demo.llm_tasks`. Trainer and engine both load it with ``from_pretrained``. The directory
 is named by a hash of everything that determines its bytes (shape, task, seed, pre-training), so a repeated
 run finds it and skips the build.
@@ -27,8 +31,8 @@ import torch
 
 from rota_demo import llm_tasks as t
 
-__all__ = ["CKPT_VERSION", "PRESETS", "LlmSize", "build_checkpoint", "examples", "grpo_step", "load_trainer",
-           "own_storages", "rollout_batch", "sft_step"]
+__all__ = ["CKPT_VERSION", "PRESETS", "START_REWARD", "LlmSize", "build_checkpoint", "examples", "grpo_step",
+           "load_trainer", "own_storages", "rollout_batch", "sft_step"]
 
 CKPT_VERSION = 1  # bump when the build below changes what it writes
 
@@ -49,6 +53,7 @@ class LlmSize:
     lr: float = 1e-3
     pretrain_steps: int = 30
     pretrain_lr: float = 3e-3
+    pretrain_reward: float = 0.0  # stop pre-training once a temperature-1 sample is right this often; 0: never
     engine_memory: float = 0.1  # vLLM's gpu_memory_utilization for this job's engine (its share of the device)
     ckpt: str = ""
 
@@ -126,6 +131,8 @@ class LlmSize:
         """What determines the checkpoint's bytes, hashed: its directory name."""
         shape = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("prompts", "group", "lr", "ckpt",
                                                                                  "engine_memory")}
+        if not self.pretrain_reward:  # unset: the key it had before the field existed
+            del shape["pretrain_reward"]
         blob = json.dumps({"v": CKPT_VERSION, "seed": seed, **shape}, sort_keys=True)
         return f"{self.task}-{self.params / 1e6:.1f}M-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
@@ -134,23 +141,31 @@ def _tiny(task: str, lr: float = 1e-3, pretrain_steps: int = 30) -> LlmSize:
     return LlmSize(task=task, lr=lr, pretrain_steps=pretrain_steps)
 
 
+#: Where the large shapes' pre-training stops: 60 steps took Qwen3-0.6B's shape to a mean reward of 0.94 and the
+#: 1.7B's to 0.93 on an H200 (50d40b9), where GRPO's groups are mostly all right (no advantage) and nothing can
+#: visibly rise; at 0.3 a group of 8 has a right and a wrong sample most of the time.
+START_REWARD = 0.3
+
 _QWEN3_06B_SHIFT = LlmSize("shift", hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072,
-                           prompts=32, group=8, lr=1e-5, pretrain_steps=60, pretrain_lr=1e-4, engine_memory=0.10)
+                           prompts=32, group=8, lr=1e-5, pretrain_steps=60, pretrain_lr=1e-4,
+                           pretrain_reward=START_REWARD, engine_memory=0.10)
 _QWEN3_17B_REV = LlmSize("rev", hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=6144,
-                         prompts=32, group=8, lr=5e-6, pretrain_steps=60, pretrain_lr=5e-5, engine_memory=0.12)
+                         prompts=32, group=8, lr=5e-6, pretrain_steps=60, pretrain_lr=5e-5,
+                         pretrain_reward=START_REWARD, engine_memory=0.12)
 
 
 def _qwen3_4b_sort(layers: int, engine_memory: float) -> LlmSize:
     """The SFT job on Qwen3-4B's shape with ``layers`` blocks (36: the 4B itself)."""
     return LlmSize("sort", hidden=2560, layers=layers, heads=32, kv_heads=8, head_dim=128, intermediate=9728,
-                   prompts=32, group=8, lr=3e-6, pretrain_steps=60, pretrain_lr=3e-5, engine_memory=engine_memory)
+                   prompts=32, group=8, lr=3e-6, pretrain_steps=60, pretrain_lr=3e-5,
+                   pretrain_reward=START_REWARD, engine_memory=engine_memory)
 
 
 #: --llm-size: the three jobs' shapes (rl-a, rl-b, sft). ``tiny`` runs on CPU in CI (about 76 k parameters
 #: each, so a step takes milliseconds; measured on CPU over 16 steps, mean reward of the first four -> the
 #: last four: shift 0.41 -> 0.62, rev 0.50 -> 0.69; SFT accuracy 0.75 -> 0.91); ``h200`` is Qwen3-0.6B, -1.7B
 #: and -4B's shapes (vocabulary aside: the tasks' 32 tokens), about 0.44 B, 1.4 B and 3.6 B parameters, for one
-#: H200 (not yet run there): trainer states of 82 GiB and engines given 42% of the device (59 GiB awake, 64 GiB
+#: H200 (run there at 50d40b9): trainer states of 82 GiB and engines given 42% of the device (59 GiB awake, 64 GiB
 #: as their footprints count it) exceed what ``--capacity auto`` leaves (126 GiB), so the policy must park; the
 #: largest job alone needs 89 GiB, which an 80 GB card does not have (the demo refuses it there, naming why).
 #: ``h100`` is the same experiment sized for one 80 GB card: rl-a and rl-b as in ``h200``, the SFT job a 20-layer
@@ -267,14 +282,19 @@ def build_checkpoint(size: LlmSize, seed: int, device: str, cache_dir: str) -> t
     with torch.device(device):
         model = Qwen3ForCausalLM._from_config(size.config(), attn_implementation="eager", dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=size.pretrain_lr)
-    losses = []
+    losses, rewards = [], []
     for step in range(size.pretrain_steps):
         tokens, mask = examples(size.task, seed + 7919, step, 64)  # other questions than the run's
         # a warm-up of the learning rate over the first tenth, then constant
         for g in opt.param_groups:
             g["lr"] = size.pretrain_lr * min(1.0, (step + 1) / max(1, math.ceil(size.pretrain_steps / 10)))
         tokens, mask = tokens.to(device), mask.to(device)
-        loss = -(_logp(model, tokens) * mask).sum() / mask.sum()
+        logp = _logp(model, tokens) * mask
+        # this batch is new to the model: its mean probability of the exact answer is a rollout's expected reward
+        rewards.append(float(logp.sum(dim=1).exp().mean().item()))
+        if size.pretrain_reward and rewards[-1] >= size.pretrain_reward:
+            break
+        loss = -logp.sum() / mask.sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -285,7 +305,8 @@ def build_checkpoint(size: LlmSize, seed: int, device: str, cache_dir: str) -> t
     model.save_pretrained(tmp)
     t.save_tokenizer(str(tmp))
     (tmp / "rota-demo.json").write_text(json.dumps({"size": dataclasses.asdict(size), "seed": seed,
-                                                    "params": size.params, "pretrain_losses": losses}, indent=1))
+                                                    "params": size.params, "pretrain_losses": losses,
+                                                    "pretrain_expected_rewards": rewards}, indent=1))
     try:
         os.replace(tmp, path)
     except OSError:  # another run built it meanwhile

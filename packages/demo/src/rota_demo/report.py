@@ -54,6 +54,20 @@ def _floor_makespan(cfg: DemoConfig, ser: ModeResult, ded: ModeResult | None, de
     return max(work, ded.makespan_s if ded is not None else 0.0)
 
 
+def _pretraining(size: Any) -> dict[str, Any] | None:
+    """How an LLM job's starting checkpoint was pre-trained (its ``rota-demo.json``): optimizer steps taken, and
+    a rollout's expected reward measured on fresh questions before the first and the last measurement (where it
+    stopped, when it reached ``pretrain_reward``); None for toy jobs or a checkpoint without the record."""
+    ckpt = getattr(size, "ckpt", "")
+    record = pathlib.Path(ckpt, "rota-demo.json") if ckpt else None
+    if record is None or not record.is_file():
+        return None
+    built = json.loads(record.read_text())
+    rewards = built.get("pretrain_expected_rewards") or [None]
+    return {"steps": len(built.get("pretrain_losses") or []), "expected_reward_first": rewards[0],
+            "expected_reward_last": rewards[-1]}
+
+
 def _job_end(res: ModeResult, job: str) -> float:
     ends = [r.end - r.start for name, r in res.reports.items() if name.startswith(job + "/")]
     return max(ends) if ends else 0.0
@@ -66,7 +80,8 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
         "seed": cfg.seed, "policy": cfg.policy, "resident_first_s": cfg.resident_first_s, "sft_turns": cfg.sft_turns,
         "engine": cfg.engine, "models": {job: {**cfg.job_size(job).__dict__, "params": getattr(
             cfg.job_size(job), "params", None), "trainer_state_bytes": cfg.job_size(job).trainer_state_bytes,
-                                          "push_buffer_bytes": push_plan(cfg.engine, cfg.job_size(job))[0]}
+                                          "push_buffer_bytes": push_plan(cfg.engine, cfg.job_size(job))[0],
+                                          "pretraining": _pretraining(cfg.job_size(job))}
                                     for job, _ in JOBS},
         "model": cfg.size.__dict__ if not cfg.llm_sizes else None,
         "trainer_state_bytes": cfg.job_size("sft").trainer_state_bytes if cfg.llm_sizes

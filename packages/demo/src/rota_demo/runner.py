@@ -37,7 +37,7 @@ from rota_demo.worker import WorkerReport, WorkerSpec, worker_main
 from rota_demo.workloads import ModelSize
 
 __all__ = ["JOBS", "POLICIES", "SETUP_PHASES", "WORKER_TIMEOUT_S", "DemoConfig", "ModeResult", "Setup",
-           "forkserver_preload", "run_demo", "setup_phases", "worker_specs"]
+           "forkserver_preload", "prepare_demo", "run_demo", "setup_phases", "worker_specs"]
 
 JOBS = (("rl-a", "rl"), ("rl-b", "rl"), ("sft", "sft"))
 # Time-sliced turn order. "priority": an RL job's next step waits for its own trainer and
@@ -373,13 +373,20 @@ def _build_checkpoint(size: Any, seed: int, device: str, cache_dir: str) -> tupl
     return build_checkpoint(size, seed, device, cache_dir)
 
 
-def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, ModeResult]:
-    """Run each requested mode and return its result; refuses (:class:`HostMemoryShort`) a run that won't fit."""
+def prepare_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> DemoConfig:
+    """``cfg`` checked (:class:`HostMemoryShort` / ``DeviceMemoryShort`` for a run that won't fit, before anything
+    is built) and with its LLM jobs' starting checkpoints, built where missing (the report reads how)."""
     cfg.check()
     host_memory_plan(cfg).check()
     check_device_fits(cfg)
     if cfg.llm_sizes and not all(s.ckpt for s in cfg.llm_sizes):
         cfg = dataclasses.replace(cfg, llm_sizes=starting_checkpoints(cfg, progress))
+    return cfg
+
+
+def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, ModeResult]:
+    """Run each requested mode and return its result (:func:`prepare_demo` first, where the caller did not)."""
+    cfg = prepare_demo(cfg, progress)
     out: dict[str, ModeResult] = {}
     if "dedicated" in cfg.modes or "serial" in cfg.modes:
         progress(f"each job alone on its own {cfg.groups} device(s), one job after another (dedicated and serial)")
