@@ -8,10 +8,9 @@ answers some questions, so RL has rewards to raise), or until ``pretrain_reward`
 temperature 1 is exactly right with the model's probability of the answer, so the mean of that probability over a
 fresh batch is the reward a rollout would average, measured before each step, and a large shape that would
 otherwise start near-perfect (and leave its rewards nothing to rise to) stops at a chosen one. Then
-``save_pretrained`` with the character-level
-tokenizer of :mod:`rota_demo.llm_tasks`. Trainer and engine both load it with ``from_pretrained``. The directory
-is named by a hash of everything that determines its bytes (shape, task, seed, pre-training), so a repeated
-run finds it and skips the build.
+``save_pretrained`` with the character-level tokenizer of :mod:`rota_demo.llm_tasks`. Trainer and engine both
+load it with ``from_pretrained``. The directory is named by a hash of everything that determines its bytes
+(shape, task, seed, pre-training), so a repeated run finds it and skips the build.
 
 Imports torch and transformers: only the LLM mode loads this module.
 """

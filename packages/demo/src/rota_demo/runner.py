@@ -154,8 +154,11 @@ class Setup:
         return f"ready in {self.setup_s:.1f} s (the last, {self.last_ready}: {parts} s)"
 
 
-#: a worker's set-up milestones (worker_main's marks), each phase named by what ends at it
-SETUP_PHASES = (("spawn+imports", "entered"), ("CUDA context", "context"), ("engine imports", "imported"),
+#: a worker's set-up milestones (worker_main's marks), each phase named by what ends at it ("CUDA context":
+#: a synchronize after set_device; on the H100/H200 toy workers spent 5-7 s from "entered" to "context", where
+#: a forkserver's children took 0.85 s in bench/cuda_context.py: the finer marks say which step it is)
+SETUP_PHASES = (("spawn+imports", "entered"), ("torch", "torch"), ("set_device", "device"),
+                ("CUDA context", "context"), ("engine imports", "imported"),
                 ("waited to build", "build"),
                 ("turn+build+warm-up", "built"), ("push buffer", "push_pinned"), ("host pool", "ready"))
 

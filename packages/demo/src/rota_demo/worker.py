@@ -285,11 +285,13 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
     import torch
 
     torch.set_num_threads(1)
+    marks["torch"] = time.monotonic()  # instant from the forkserver, which imported torch
     if spec.device.startswith("cuda"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         if spec.engine != "vllm" or spec.role == "trainer":  # vLLM's kernels are its own; its samples are seeded
             torch.use_deterministic_algorithms(True)
         torch.cuda.set_device(torch.device(spec.device))
+        marks["device"] = time.monotonic()
         # the CUDA context now, while other workers build (toy jobs only: a vLLM engine's start-up profiles the
         # device's memory and wants it to itself)
         if spec.engine == "toy":
