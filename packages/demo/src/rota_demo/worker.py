@@ -285,7 +285,7 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any
     import torch
 
     torch.set_num_threads(1)
-    marks["torch"] = time.monotonic()  # instant from the forkserver, which imported torch
+    marks["torch"] = time.monotonic()  # instant where the process already has torch (a forkserver child)
     if spec.device.startswith("cuda"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         if spec.engine != "vllm" or spec.role == "trainer":  # vLLM's kernels are its own; its samples are seeded
