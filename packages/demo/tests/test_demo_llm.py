@@ -209,3 +209,42 @@ def test_pretraining_stops_where_a_rollout_would_be_right_as_often_as_asked(tmp_
     scored = [t.reward(questions[i // 8], row[prompt.shape[1]:].tolist()) for i, row in enumerate(out)]
     # 512 samples: sd about 0.02 (measured here: 0.311 sampled, 0.311 expected)
     assert abs(_mean(scored) - rewards[-1]) < 0.08, (_mean(scored), rewards[-1])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--engine", "vllm", "--engine-memory", "lots"], "give fractions of the device"),
+    (["--engine", "vllm", "--engine-memory", "0.2,0.3"], "one fraction for every job, or three"),
+    (["--engine", "vllm", "--engine-memory", "0.2,0,0.3"], "above 0 and at most 0.95"),
+    (["--engine", "vllm", "--engine-memory", "nan"], "above 0 and at most 0.95"),
+    (["--engine", "vllm", "--engine-memory", "1.2"], "above 0 and at most 0.95"),
+    (["--engine", "hf", "--engine-memory", "0.2"], "use it with --engine vllm"),
+])
+def test_engine_memory_is_checked_where_it_is_read(args, needle):
+    r = subprocess.run([sys.executable, "-m", "rota", "demo", *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+
+
+def test_engine_memory_sets_each_jobs_share_and_the_footprint_rota_counts():
+    """One share for all or three; each vLLM engine's footprint hint (what a capacity counts before it tracks)
+    follows its share, so larger shares leave less room beside the engines."""
+    import dataclasses
+
+    from rota_demo.cli import engine_shares
+    from rota_demo.llm_models import PRESETS
+    from rota_demo.runner import JOBS, DemoConfig, worker_specs
+    from rota_demo.workloads import ModelSize
+
+    assert engine_shares("") is None and engine_shares("0.3") == (0.3, 0.3, 0.3)
+    assert engine_shares("0.2, 0.25,0.3") == (0.2, 0.25, 0.3)
+    total = 140 << 30
+
+    def hints(shares):
+        sizes = tuple(dataclasses.replace(s, engine_memory=f) for s, f in zip(PRESETS["h200"], shares, strict=True))
+        cfg = DemoConfig(steps=1, groups=1, device="cuda:0", size=ModelSize(), engine="vllm", llm_sizes=sizes,
+                         capacity_bytes=100 << 30)
+        return [s.footprint_hint for s in worker_specs(cfg, JOBS, "127.0.0.1:1", device_total=total)
+                if s.role == "sampler"]
+
+    small, large = hints((0.1, 0.12, 0.2)), hints(engine_shares("0.2,0.25,0.3"))
+    assert len(small) == len(large) == 3 and all(small)
+    assert all(b - a == pytest.approx(d * total, rel=0.02) for a, b, d in zip(small, large, (0.1, 0.13, 0.1), strict=True))

@@ -13,7 +13,7 @@ from rota.cli.options import resident_first_option
 from rota.config import parse_bytes
 from rota.errors import RotaError
 
-__all__ = ["demo"]
+__all__ = ["demo", "engine_shares"]
 
 
 @click.command()
@@ -69,6 +69,11 @@ __all__ = ["demo"]
               "job alone needs about 89 GiB of device memory: a smaller card is refused before anything is built); "
               "h100, the same for one 80 GB card (0.44B, 1.4B and a 20-layer 4B shape, 2.0B; the largest alone "
               "needs about 43 GiB).")
+@click.option("--engine-memory", default="",
+              help="With --engine vllm: each job's engine share of the device (vLLM's gpu_memory_utilization: "
+              "weights and KV cache), one fraction for all three jobs or three for rl-a,rl-b,sft, e.g. "
+              "0.2,0.25,0.3. Larger shares leave less room beside the engines, so more trainers park. Default: "
+              "the --llm-size preset's (h200: 0.10,0.12,0.20; h100: 0.10,0.12,0.12; tiny: 0.1 each).")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=None,
               help="With --engine hf|vllm: where built starting checkpoints are kept, named by a hash of their "
               "config, so a repeated run loads them instead of building. Default: ~/.cache/rota-demo.")
@@ -76,7 +81,7 @@ __all__ = ["demo"]
               show_default=True, help="Where demo.json and demo-timeline.png go.")
 def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layers: int, state_size: str, batch: int,
          seq: int, capacity: str, off_device: float, modes: str, policy: str, resident_first: float, sft_turns: int,
-         seed: int, host_memory: str, engine: str, llm_size: str, cache_dir: pathlib.Path | None,
+         seed: int, host_memory: str, engine: str, llm_size: str, engine_memory: str, cache_dir: pathlib.Path | None,
          out_dir: pathlib.Path) -> None:
     """Three real training jobs take turns on shared devices; compare with dedicated and serial.
 
@@ -109,6 +114,10 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
         host_memory_bytes = parse_bytes(host_memory, what="--host-memory") if host_memory else 0
     except RotaError as exc:
         raise click.UsageError(str(exc)) from None
+    shares = engine_shares(engine_memory)
+    if shares and engine != "vllm":
+        raise click.UsageError(f"--engine-memory is vLLM's gpu_memory_utilization per job; --engine {engine} has no "
+                               "such share: use it with --engine vllm, or leave it out")
     if capacity_bytes < 0 and capacity.strip().lower() != "auto":
         raise click.UsageError(f"--capacity {capacity!r} must be >= 0 bytes, or auto")
     if host_memory and host_memory_bytes <= 0:
@@ -125,7 +134,10 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
         except ImportError as exc:
             raise click.ClickException(f"rota demo --engine {engine} needs transformers and tokenizers ({exc}): "
                                        "pip install \"rota-demo[llm]\"") from None
-        cfg = dataclasses.replace(cfg, llm_sizes=PRESETS[llm_size])
+        sizes = PRESETS[llm_size]
+        if shares:
+            sizes = tuple(dataclasses.replace(size, engine_memory=f) for size, f in zip(sizes, shares, strict=True))
+        cfg = dataclasses.replace(cfg, llm_sizes=sizes)
     try:
         if capacity_bytes >= 0 or not resident_first:  # with auto, checked once the capacity is known
             cfg.check()
@@ -180,3 +192,22 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
     failed = failures_line(summary)
     if failed:  # the figures above are not the switch rota promises: never a quiet success
         raise click.ClickException(failed + f" (every failure is in {out_dir / 'demo.json'}, timesliced.failures)")
+
+
+def engine_shares(text: str) -> tuple[float, float, float] | None:
+    """``--engine-memory``: the three jobs' engine shares (rl-a, rl-b, sft), from one fraction or three; None when
+    not given. A share is vLLM's ``gpu_memory_utilization``: above 0, and at most 0.95 (vLLM's own limit is 1, but
+    the CUDA contexts beside it need room)."""
+    if not text.strip():
+        return None
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise click.UsageError(f"--engine-memory {text!r}: give fractions of the device, one for every job (0.2) "
+                               "or three for rl-a,rl-b,sft (0.2,0.25,0.3)") from None
+    if len(values) not in (1, 3):
+        raise click.UsageError(f"--engine-memory {text!r}: one fraction for every job, or three (rl-a,rl-b,sft); "
+                               f"got {len(values)}")
+    if not all(0 < v <= 0.95 for v in values):  # NaN and inf fail too
+        raise click.UsageError(f"--engine-memory {text!r}: each share must be above 0 and at most 0.95 of the device")
+    return (values[0],) * 3 if len(values) == 1 else (values[0], values[1], values[2])
