@@ -65,6 +65,12 @@ def test_demo_is_a_plugin_command_of_rota():
     (["--device", "tpu"], "use cpu or cuda"),
     (["--sft-turns", "5"], "divide --batch 64"),
     (["--capacity", "lots"], "'lots' is not a size"),
+    (["--engine", "vllm", "--engine-memory", "lots"], "give fractions of the device"),
+    (["--engine", "vllm", "--engine-memory", "0.2,0.3"], "one fraction for every job, or three"),
+    (["--engine", "vllm", "--engine-memory", "0.2,0,0.3"], "above 0 and at most 0.95"),
+    (["--engine", "vllm", "--engine-memory", "nan"], "above 0 and at most 0.95"),
+    (["--engine", "vllm", "--engine-memory", "1.2"], "above 0 and at most 0.95"),
+    (["--engine", "hf", "--engine-memory", "0.2"], "use it with --engine vllm"),
 ])
 def test_demo_rejects_bad_options(args, needle):
     r = subprocess.run([sys.executable, "-m", "rota", "demo", *args], capture_output=True, text=True, timeout=120)

@@ -211,19 +211,6 @@ def test_pretraining_stops_where_a_rollout_would_be_right_as_often_as_asked(tmp_
     assert abs(_mean(scored) - rewards[-1]) < 0.08, (_mean(scored), rewards[-1])
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--engine", "vllm", "--engine-memory", "lots"], "give fractions of the device"),
-    (["--engine", "vllm", "--engine-memory", "0.2,0.3"], "one fraction for every job, or three"),
-    (["--engine", "vllm", "--engine-memory", "0.2,0,0.3"], "above 0 and at most 0.95"),
-    (["--engine", "vllm", "--engine-memory", "nan"], "above 0 and at most 0.95"),
-    (["--engine", "vllm", "--engine-memory", "1.2"], "above 0 and at most 0.95"),
-    (["--engine", "hf", "--engine-memory", "0.2"], "use it with --engine vllm"),
-])
-def test_engine_memory_is_checked_where_it_is_read(args, needle):
-    r = subprocess.run([sys.executable, "-m", "rota", "demo", *args], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and needle in r.stderr, r.stderr
-
-
 def test_engine_memory_sets_each_jobs_share_and_the_footprint_rota_counts():
     """One share for all or three; each vLLM engine's footprint hint (what a capacity counts before it tracks)
     follows its share, so larger shares leave less room beside the engines."""
@@ -247,4 +234,5 @@ def test_engine_memory_sets_each_jobs_share_and_the_footprint_rota_counts():
 
     small, large = hints((0.1, 0.12, 0.2)), hints(engine_shares("0.2,0.25,0.3"))
     assert len(small) == len(large) == 3 and all(small)
-    assert all(b - a == pytest.approx(d * total, rel=0.02) for a, b, d in zip(small, large, (0.1, 0.13, 0.1), strict=True))
+    added = (0.1, 0.13, 0.1)  # each job's share grew by this much of the device
+    assert all(b - a == pytest.approx(d * total, rel=0.02) for a, b, d in zip(small, large, added, strict=True))
