@@ -102,7 +102,7 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
     try:
         from rota_demo.memory import DeviceMemoryShort, HostMemoryShort, host_memory_plan
         from rota_demo.report import failures_line, summarize, table, timeline_png, write_json
-        from rota_demo.runner import DemoConfig, prepare_demo, run_demo
+        from rota_demo.runner import DemoConfig, prepare_demo, run_modes
         from rota_demo.workloads import ModelSize
     except ImportError as exc:
         raise click.ClickException(f"rota demo needs torch and matplotlib ({exc}): "
@@ -176,9 +176,8 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
     plan = host_memory_plan(cfg)
     click.echo(plan.describe(), err=True)
     try:
-        plan.check()
-        cfg = prepare_demo(cfg, progress)  # the checkpoints' paths, for the report
-        results = run_demo(cfg, progress)
+        cfg = prepare_demo(cfg, progress)  # the plan's check, and the checkpoints' paths for the report
+        results = run_modes(cfg, progress)
     except (HostMemoryShort, DeviceMemoryShort) as exc:  # refused before any worker started, not an OOM mid-run
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:  # Ctrl-C: the workers are stopped by now; no traceback, nothing written

@@ -37,7 +37,7 @@ from rota_demo.worker import WorkerReport, WorkerSpec, worker_main
 from rota_demo.workloads import ModelSize
 
 __all__ = ["JOBS", "POLICIES", "SETUP_PHASES", "WORKER_TIMEOUT_S", "DemoConfig", "ModeResult", "Setup",
-           "forkserver_preload", "prepare_demo", "run_demo", "setup_phases", "worker_specs"]
+           "forkserver_preload", "prepare_demo", "run_demo", "run_modes", "setup_phases", "worker_specs"]
 
 JOBS = (("rl-a", "rl"), ("rl-b", "rl"), ("sft", "sft"))
 # Time-sliced turn order. "priority": an RL job's next step waits for its own trainer and
@@ -388,8 +388,12 @@ def prepare_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> DemoConfig
 
 
 def run_demo(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, ModeResult]:
-    """Run each requested mode and return its result (:func:`prepare_demo` first, where the caller did not)."""
-    cfg = prepare_demo(cfg, progress)
+    """:func:`prepare_demo`, then :func:`run_modes`: each requested mode's result."""
+    return run_modes(prepare_demo(cfg, progress), progress)
+
+
+def run_modes(cfg: DemoConfig, progress: Callable[[str], None]) -> dict[str, ModeResult]:
+    """Run each requested mode of ``cfg`` (as :func:`prepare_demo` returned it) and return its result."""
     out: dict[str, ModeResult] = {}
     if "dedicated" in cfg.modes or "serial" in cfg.modes:
         progress(f"each job alone on its own {cfg.groups} device(s), one job after another (dedicated and serial)")
