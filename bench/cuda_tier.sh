@@ -6,16 +6,28 @@
 # the commit and the date to bench/results/cuda-tier-<UTC date>.json (and to $OUT when the device tool sets it).
 # The device tool's copy of the tree may carry an older .git: there, pass the commit that runs,
 #   ROTA_COMMIT=$(git rev-parse HEAD) bash bench/cuda_tier.sh   (the command line is made here, so HEAD is ours)
-# A part of the tier (one device call is at most 10 minutes): ROTA_TIER_TESTS="tests/cuda/test_demo_cuda.py ..."
-# (default tests/cuda); ROTA_TIER_NAME=part1 names its JSON cuda-tier-<date>-part1.json.
+# Its two parts: ROTA_TIER_PART=core (the park path: rota_torch, the adapters, the agent, devices, LoRA, the toy
+# demo, Tinker; meant to take at most 10 minutes on one H200) and ROTA_TIER_PART=engines (vLLM, SGLang, TRL and
+# the demo's vLLM runs: tests marked `engines`, which need the staged engines); unset, both.
+# Any other part of it: ROTA_TIER_TESTS="tests/cuda/test_demo_cuda.py ..." (default tests/cuda);
+# ROTA_TIER_NAME=part1 names its JSON cuda-tier-<date>-part1.json (default: the part's name, if one is set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case ${ROTA_TIER_PART:=} in
+  "") marks=cuda ;;
+  core) marks="cuda and not engines" ;;
+  engines) marks="cuda and engines" ;;
+  *) echo "cuda_tier: ROTA_TIER_PART='$ROTA_TIER_PART' is not a part of the tier: core, engines, or unset for both" >&2
+     exit 2 ;;
+esac
 if [ -d .whl ]; then
   source bench/device_env.sh
   PY=python3
 else
   PY=.venv/bin/python
 fi
+export ROTA_TIER_PART
+: "${ROTA_TIER_NAME:=$ROTA_TIER_PART}"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p bench/results
 json=bench/results/cuda-tier-$stamp${ROTA_TIER_NAME:+-$ROTA_TIER_NAME}.json
@@ -24,7 +36,7 @@ export ROTA_COMMIT=${ROTA_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unkno
 set +e
 log=bench/results/cuda-tier-$stamp${ROTA_TIER_NAME:+-$ROTA_TIER_NAME}.log
 # shellcheck disable=SC2086  # a list of test paths
-$PY -m pytest ${ROTA_TIER_TESTS:-tests/cuda} -m cuda -p no:cacheprovider -ra "$@" 2>&1 | tee "$log" ${OUT:+"$OUT/$(basename "$log")"} | grep -E "passed|failed|PASSED|FAILED|ERROR|Error|park" \
+$PY -m pytest ${ROTA_TIER_TESTS:-tests/cuda} -m "$marks" -p no:cacheprovider -ra "$@" 2>&1 | tee "$log" ${OUT:+"$OUT/$(basename "$log")"} | grep -E "passed|failed|PASSED|FAILED|ERROR|Error|park" \
   | grep -v "warnings.warn" | tail -40
 rc=${PIPESTATUS[0]}
 set -e

@@ -281,6 +281,8 @@ def _tier_part(name: str) -> str:
     outcomes = [t["outcome"] for t in tier["tests"].values()]
     failed = _failed_tests(tier)
     files = sorted({nodeid.split("::")[0].rsplit("/", 1)[-1] for nodeid in tier["tests"]})
+    if tier.get("part") in ("core", "engines"):  # bench/cuda_tier.sh's parts name themselves
+        files = [f"the {tier['part']} part ({len(files)} files)"]
     return (f"{', '.join(files)} on {tier['device']} at {tier['commit'][:7]}: {outcomes.count('passed')} of "
             f"{len(outcomes)} passed" + (f", {outcomes.count('skipped')} skipped" if "skipped" in outcomes else "")
             + (f" (failed: {', '.join(failed)})" if failed else "") + _took(tier) + f" ({name})")

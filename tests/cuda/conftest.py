@@ -90,7 +90,7 @@ def _write(exitstatus: int | None) -> None:
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     out = {"tier": "cuda", "commit": _commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "host": platform.node(), "device": device, "torch": torch.__version__, "exit_status": exitstatus,
-           "complete": exitstatus is not None,
+           "part": os.environ.get("ROTA_TIER_PART") or None, "complete": exitstatus is not None,
            "seconds": round(sum(_seconds.values()), 1),
            "tests": {nodeid: {"outcome": _outcomes[nodeid], "seconds": round(_seconds.get(nodeid, 0.0), 1),
                               **_figures.get(nodeid, {})} for nodeid in _outcomes}}

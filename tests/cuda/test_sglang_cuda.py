@@ -34,6 +34,8 @@ pytest.importorskip("sglang", reason="sglang is not importable here: stage sglan
 from tests.cuda.park_probe import bare_context_mib, fill_fits, others_bytes, wait_for_count, write_count
 from tests.cuda.sglang_engine import TURNS
 
+pytestmark = pytest.mark.engines  # the tier's engines part (ROTA_TIER_PART=engines bash bench/cuda_tier.sh)
+
 GB = 1 << 30
 MIB = 1 << 20
 FILL = 0.6  # of the device, filled by the other job in its turn: fits only beside a parked engine

@@ -25,6 +25,8 @@ import pytest
 
 from tests.cuda.served import ENGINE_SHARE, check_turns, take_turns
 
+pytestmark = pytest.mark.engines  # the tier's engines part (ROTA_TIER_PART=engines bash bench/cuda_tier.sh)
+
 pytest.importorskip("sglang", reason="sglang is not importable here: stage sglang 0.5.17 on the GPU machine with "
                                      "bench/stage_wheels.py (bench/engines/sglang-0.5.17.toml), then run the tier")
 

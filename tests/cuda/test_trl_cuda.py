@@ -114,6 +114,8 @@ if __name__ == "__main__":
 
 import pytest  # noqa: E402  (the test side; the child above needs none of it)
 
+pytestmark = pytest.mark.engines  # the tier's engines part (ROTA_TIER_PART=engines bash bench/cuda_tier.sh)
+
 for _module in ("trl", "datasets", "pyarrow", "vllm", "rota_trl"):
     pytest.importorskip(_module, reason=f"{_module} is not importable here: the TRL CUDA test needs TRL, datasets, "
                                         "pyarrow, vLLM and rota-adapter-trl installed (see its docstring)")

@@ -155,6 +155,8 @@ if __name__ == "__main__":
 
 import pytest  # noqa: E402  (the test side; the children above need none of it)
 
+pytestmark = pytest.mark.engines  # the tier's engines part (ROTA_TIER_PART=engines bash bench/cuda_tier.sh)
+
 pytest.importorskip("vllm", reason="vllm is not importable here: stage vllm 0.26.0 on the GPU machine with "
                                    "bench/stage_wheels.py (see the README), then run the tier")
 

@@ -22,6 +22,8 @@ import pytest
 
 from tests.cuda.served import ENGINE_SHARE, check_turns, take_turns
 
+pytestmark = pytest.mark.engines  # the tier's engines part (ROTA_TIER_PART=engines bash bench/cuda_tier.sh)
+
 pytest.importorskip("vllm", reason="vllm is not importable here: stage vllm 0.26.0 on the GPU machine with "
                                    "bench/stage_wheels.py (see the README), then run the tier")
 
