@@ -15,6 +15,10 @@ This times, in a fresh process per case (``--repeats`` of each):
   (``rota_demo.runner.forkserver_preload``), started at once, as a demo start makes its toy workers. Why: in the
   demo's JSON each toy worker's "CUDA context" phase (set_device and a synchronize) took 5-7 s on an H100, where
   the ``forked`` case's context took 0.3 s.
+* ``torch-beside`` and ``forkserver-demo-beside`` (``--beside``): the ``torch`` case and the ``forkserver-demo``
+  children again while another process holds a CUDA context of its own, idle, as the CUDA tier's pytest process
+  does while a demo it started makes its workers' contexts (the demo's set_device took 6.6-7.5 s there on an H100
+  at 31cc2cc, against 0.54-0.60 s in this bench's ``forkserver-demo`` with no other process on the device).
 
     python bench/cuda_context.py --out bench/results/cuda-context.json
 """
@@ -22,6 +26,7 @@ This times, in a fresh process per case (``--repeats`` of each):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -30,6 +35,7 @@ import queue
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 STEPS = r"""
@@ -113,6 +119,21 @@ print(data.decode().strip().splitlines()[-1])
 """
 
 
+@contextlib.contextmanager
+def _context_holder() -> Iterator[None]:
+    """Another process holding a CUDA context (a tensor on the device), idle until the block ends."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, torch; x = torch.zeros(1, device='cuda'); "
+                               "torch.cuda.synchronize(); print('ready', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        if holder.stdout.readline().strip() != "ready":
+            raise SystemExit(f"the context holder did not start (exit {holder.wait(timeout=60)})")
+        yield
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+
+
 def _steps_in_child(queue: Any, steps: str) -> None:
     """A forkserver child: the steps, their JSON line put on ``queue`` (a failure's traceback instead)."""
     import contextlib
@@ -167,6 +188,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per case")
     p.add_argument("--workers", type=int, default=6, help="processes started at once in the concurrent case")
     p.add_argument("--out", default="", help="write the JSON here too")
+    p.add_argument("--beside", action="store_true",
+                   help="also the torch and forkserver-demo cases beside another process's idle CUDA context")
     a = p.parse_args()
     if a.repeats < 1 or a.workers < 1:
         raise SystemExit(f"--repeats {a.repeats} / --workers {a.workers}: both must be at least 1")
@@ -184,6 +207,10 @@ def main() -> None:
     cases["concurrent"] = [json.loads(pr.communicate(timeout=300)[0].strip().splitlines()[-1]) for pr in procs]
     wall = time.monotonic() - t0
     cases["forkserver-demo"], forkserver_wall = forkserver_case(a.workers)
+    if a.beside:
+        with _context_holder():
+            cases["torch-beside"] = [_run(STEPS) for _ in range(a.repeats)]
+            cases["forkserver-demo-beside"], _ = forkserver_case(a.workers)
     out = {"bench": "cuda_context", "host": platform.node(), "python": sys.version.split()[0],
            "persistence_mode": subprocess.run(["nvidia-smi", "--query-gpu=name,persistence_mode,driver_version",
                                                "--format=csv,noheader"], capture_output=True, text=True).stdout.strip(),
