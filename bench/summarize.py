@@ -285,7 +285,9 @@ def _tier_part(name: str) -> str:
         files = [f"the {tier['part']} part ({len(files)} files)"]
     return (f"{', '.join(files)} on {tier['device']} at {tier['commit'][:7]}: {outcomes.count('passed')} of "
             f"{len(outcomes)} passed" + (f", {outcomes.count('skipped')} skipped" if "skipped" in outcomes else "")
-            + (f" (failed: {', '.join(failed)})" if failed else "") + _took(tier) + f" ({name})")
+            + (f" (failed: {', '.join(failed)})" if failed else "") + _took(tier)
+            + ("; cut off before its end (the tests after these did not run)" if tier.get("complete") is False else "")
+            + f" ({name})")
 
 
 def _took(tier: dict) -> str:
