@@ -10,6 +10,7 @@ and is granted as soon as x's move ends (or x leaves without it), never left wai
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -60,21 +61,55 @@ def test_a_grant_waits_for_a_state_moving_out_and_comes_when_it_has_moved(w_asks
     asyncio.run(asyncio.wait_for(body(), 20))
 
 
-@pytest.mark.parametrize("leaves", ["evicted", "lost", "abandoned"])
+@pytest.mark.parametrize("leaves", ["evicted", "lost", "abandoned", "faulted"])
 def test_a_grant_waiting_for_a_move_comes_when_the_mover_leaves_without_it(leaves: str) -> None:
-    """x's turn on fake:1 ends without its move (the scheduler evicts it, it dies, its grant is abandoned): nothing
-    will clear its bytes on fake:0 by a move any more, so w is granted there at once, as beside any residue."""
+    """x's turn on fake:1 ends without its move (the scheduler evicts it, it dies, its grant is abandoned, one of
+    its ranks faults it): nothing will clear its bytes on fake:0 by a move any more, so w is granted there at
+    once, as beside any residue."""
     async def body() -> None:
         engine = Orchestrator(OrchestratorConfig(capacity_bytes=10_000))
         await engine.start()
         try:
+            rank = await engine.attach("x", "g", 0, os.getpid(), 0) if leaves == "faulted" else None
             x, _, w = await _setup(engine, "queued")
             if leaves == "abandoned":
                 await engine.abandon("x", "g", x.token)
+            elif rank is not None:  # a failed restore or an error in its turn, as its client reports it
+                await engine.fault_rank(rank, "test")
             else:
                 await engine.evict("x", "g", reason="test", lost=leaves == "lost")
             grant = await asyncio.wait_for(w, 5)
             assert grant.device == "fake:0" and engine.groups["g@fake:0"].holder == "w"
+        finally:
+            await engine.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 20))
+
+
+def test_a_grant_waiting_for_a_move_comes_when_the_mover_stops_waiting_for_its_turn() -> None:
+    """x's next turn is placed on fake:1 (its state on fake:0 counts there until the move), where it waits behind
+    y; w waits on fake:0 for that move. x's caller gives up (a caller without a session: it leaves the queue):
+    the move will not happen, so w is granted on fake:0 at once, as beside any residue."""
+    async def body() -> None:
+        engine = Orchestrator(OrchestratorConfig(capacity_bytes=10_000))
+        await engine.start()
+        try:
+            grant = await engine.acquire(TurnRequest("x", "g", footprint_bytes=6000, devices=["fake:0"]))
+            await engine.release("x", "g", grant.token)  # x resident on fake:0
+            h = await engine.acquire(TurnRequest("h", "g", footprint_bytes=2000, devices=["fake:0"]))
+            y = await engine.acquire(TurnRequest("y", "g", footprint_bytes=5000, devices=["fake:1"]))
+            w = _ask(engine, "w", 4500, ["fake:0"])
+            x = _ask(engine, "x", 6000, ["fake:1"])  # behind y: 5,000 + 6,000 do not fit beside each other
+            await asyncio.sleep(0.1)
+            assert engine.groups["g@fake:1"].queued("x") and engine.groups["g@fake:0"].residue_off("") == 6000
+            await engine.release("h", "g", h.token)
+            await asyncio.sleep(0.3)
+            assert not w.done() and engine.groups["g@fake:0"].holder == "", "w granted over x's bytes on fake:0"
+            x.cancel()
+            grant = await asyncio.wait_for(w, 5)
+            assert grant.device == "fake:0" and engine.groups["g@fake:0"].holder == "w"
+            assert engine.groups["g@fake:1"].holder == "y" and not engine.groups["g@fake:1"].queued("x")
+            await engine.release("y", "g", y.token)
         finally:
             await engine.stop()
 
