@@ -44,6 +44,11 @@ def test_demo_small_run_is_bit_identical_and_reports_everything(tmp_path):
     (setup,) = ts["setups"]
     assert setup["label"] == "time-sliced" and setup["last_ready"].count("/") == 1
     assert 0 < sum(setup["phases_s"].values()) <= setup["setup_s"] == ts["setup_s"] and ts["teardown_s"] > 0
+    # every worker's marks, in the order reached, from the first spawn: the last ready's end at its set-up's end
+    assert len(setup["marks_s"]) == 6 and all(list(m.values()) == sorted(m.values()) and m["ready"] <= setup["setup_s"]
+                                              for m in setup["marks_s"].values())
+    assert setup["marks_s"][setup["last_ready"]]["ready"] == max(m["ready"] for m in setup["marks_s"].values())
+    assert list(setup["marks_s"][setup["last_ready"]])[:2] == ["entered", "torch"]
     assert "[time-sliced] 6 workers ready in" in r.stderr and "outside the measured runs" in r.stdout
     assert (tmp_path / "demo-timeline.png").stat().st_size > 10_000
 

@@ -141,13 +141,15 @@ class ModeResult:
 @dataclass(frozen=True)
 class Setup:
     """What one start of workers cost outside the measured run: from the first spawn to "go", from the last
-    report to every process gone, and where the last worker ready spent its set-up."""
+    report to every process gone, where the last worker ready spent its set-up, and when each worker reached
+    each of its marks (seconds after the first spawn: which steps overlap, and whether one waits for another)."""
 
     label: str
     setup_s: float
     teardown_s: float
     last_ready: str
     phases_s: dict[str, float]
+    marks_s: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def describe(self) -> str:
         parts = ", ".join(f"{k} {v:.1f}" for k, v in self.phases_s.items())
@@ -303,7 +305,9 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
             on_go()
         start = time.monotonic()
         last = max(ready, key=lambda n: ready[n]["ready"])
-        setup = Setup(label, start - spawned, 0.0, last, setup_phases(spawned, ready[last]))
+        marks = {name: {k: round(v - spawned, 3) for k, v in sorted(got.items(), key=lambda kv: kv[1])}
+                 for name, got in sorted(ready.items())}
+        setup = Setup(label, start - spawned, 0.0, last, setup_phases(spawned, ready[last]), marks)
         progress(f"[{label}] {len(procs)} workers {setup.describe()}")
         go.set()
         reports = _collect(results, procs, {"done"}, len(procs), progress, label)
