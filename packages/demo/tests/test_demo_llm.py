@@ -64,9 +64,14 @@ FAKE_VLLM = Path(__file__).parent / "fake_vllm"  # a fake of vllm.LLM (see its m
 def test_demo_vllm_mode_on_the_cpu_fake_parks_engines_through_rota_vllm_and_learns_identically(tmp_path):
     """The demo's vLLM path on CPU: its engine class, the bf16 push through rota_vllm's update_weights, engines
     parked and restored by rota_vllm (rota's pool, level-2 sleep, weights written back in place) at capacity 0,
-    against a fake of vllm.LLM that loses whatever a sleep did not keep (NaN weights fail the next rollout)."""
+    against a fake of vllm.LLM that loses whatever a sleep did not keep (NaN weights fail the next rollout).
+
+    One group, so that every worker's turns interleave with another's and each must park: with the samplers on a
+    device of their own (two groups), the SFT engine's two evaluations could come back to back once the RL
+    samplers had finished (the priority policy holds it back while they run), with nothing between them to park
+    it for."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKE_VLLM), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-m", "rota", "demo", "--engine", "vllm", "--steps", "8",
+    r = subprocess.run([sys.executable, "-m", "rota", "demo", "--engine", "vllm", "--steps", "8", "--groups", "1",
                         "--off-device", "0.02", "--capacity", "0", "--cache-dir", str(tmp_path / "ckpt"),
                         "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env=env)
