@@ -24,7 +24,8 @@ VENV=${ROTA_VERL_VENV:-/tmp/rota-verl-venv}
 PY=${PYTHON:-python3}
 PINS="verl==0.9.1 torch==2.13.0 TransferQueue==0.1.11 cachetools pyzmq msgspec fastapi uvicorn"
 STAMP="$VENV/.rota-heavy"
-want="$PINS $(cat packages/core/pyproject.toml packages/torch/pyproject.toml packages/adapter-verl/pyproject.toml | sha256sum | cut -c1-16)"
+# the checkout too: its packages are installed editable from it (a venv another clone made points there)
+want="$PINS $(cat packages/core/pyproject.toml packages/torch/pyproject.toml packages/adapter-verl/pyproject.toml | sha256sum | cut -c1-16) $ROOT"
 
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "heavy_setup: installing $PINS into $VENV (about 3 minutes, 2 GB)" >&2

