@@ -157,8 +157,9 @@ class Setup:
 
 
 #: a worker's set-up milestones (worker_main's marks), each phase named by what ends at it ("CUDA context":
-#: a synchronize after set_device; on the H100/H200 toy workers spent 5-7 s from "entered" to "context", where
-#: a forkserver's children took 0.85 s in bench/cuda_context.py: the finer marks say which step it is)
+#: a synchronize after set_device; in the CUDA tier on an H100 at 31cc2cc the toy workers' set_device took
+#: 6.6-7.5 s, where a forkserver's children took 0.54-0.60 s alone on the device in bench/cuda_context.py; why
+#: is not known yet: Setup.marks_s puts every worker's marks on one clock)
 SETUP_PHASES = (("spawn+imports", "entered"), ("torch", "torch"), ("set_device", "device"),
                 ("CUDA context", "context"), ("engine imports", "imported"),
                 ("waited to build", "build"),
