@@ -6,7 +6,9 @@ This times, in a fresh process per case (``--repeats`` of each):
 
 * ``driver``: ``cuInit`` and ``cuDevicePrimaryCtxRetain`` through ctypes (libcuda only: what the driver costs);
 * ``torch``: ``import torch``, ``torch.cuda.init()``, ``set_device``, the first kernel and ``synchronize``,
-  ``torch.use_deterministic_algorithms`` and cuBLAS's first matmul (what the demo's toy worker does);
+  ``torch.use_deterministic_algorithms`` (it imports ``torch._inductor.config``: the 3.5-4 s that this bench's runs
+  up to 9ce0a14 counted in "first matmul", and what made the demo's set-up slow) and cuBLAS's first matmul (what
+  the demo's toy worker does);
 * ``torch-eager``: the same with ``CUDA_MODULE_LOADING=EAGER`` (every kernel of torch loaded at once);
 * ``forked``: the ``torch`` steps in a child forked from a parent that imported torch without CUDA (how the demo's
   forkserver starts workers);
@@ -19,6 +21,9 @@ This times, in a fresh process per case (``--repeats`` of each):
   children again while another process holds a CUDA context of its own, idle, as the CUDA tier's pytest process
   does while a demo it started makes its workers' contexts (the demo's set_device took 6.6-7.5 s there on an H100
   at 31cc2cc, against 0.54-0.60 s in this bench's ``forkserver-demo`` with no other process on the device).
+  Found on an H100 at 9ce0a14 (``bench/results/cuda-context-h100-9ce0a14.json``): another context changes nothing
+  (set_device 0.58-0.62 s beside one, 0.52-0.54 s alone); py-spy put the demo's seconds in
+  ``torch.use_deterministic_algorithms``, just before set_device, which the forkserver now preloads.
 
     python bench/cuda_context.py --out bench/results/cuda-context.json
 """
@@ -52,6 +57,7 @@ x = torch.zeros(1, device="cuda")
 torch.cuda.synchronize()
 marks["first kernel + sync"] = time.monotonic()
 torch.use_deterministic_algorithms(True)
+marks["use_deterministic_algorithms"] = time.monotonic()
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 a = torch.randn(256, 256, device="cuda")
 (a @ a).sum().item()

@@ -156,10 +156,9 @@ class Setup:
         return f"ready in {self.setup_s:.1f} s (the last, {self.last_ready}: {parts} s)"
 
 
-#: a worker's set-up milestones (worker_main's marks), each phase named by what ends at it ("CUDA context":
-#: a synchronize after set_device; in the CUDA tier on an H100 at 31cc2cc the toy workers' set_device took
-#: 6.6-7.5 s, where a forkserver's children took 0.54-0.60 s alone on the device in bench/cuda_context.py; why
-#: is not known yet: Setup.marks_s puts every worker's marks on one clock)
+#: a worker's set-up milestones (worker_main's marks), each phase named by what ends at it ("set_device" also
+#: holds torch.use_deterministic_algorithms, which imports torch._inductor.config: 3.7-7.5 s per toy worker on an
+#: H100 until the forkserver preloaded it, 0.2-0.6 s since; "CUDA context": a synchronize after set_device)
 SETUP_PHASES = (("spawn+imports", "entered"), ("torch", "torch"), ("set_device", "device"),
                 ("CUDA context", "context"), ("engine imports", "imported"),
                 ("waited to build", "build"),
@@ -247,9 +246,10 @@ def _context(specs: list[WorkerSpec]) -> Any:
 def forkserver_preload(*, llm: bool) -> list[str]:
     """What the workers' ``forkserver`` imports before it forks them (``bench/cuda_context.py`` forks from the same):
     torch, the worker and the rota client and adapter; LLM jobs add transformers' Qwen3 (its modeling module alone
-    takes about 2 s to import)."""
+    takes about 2 s to import). ``torch._inductor.config``: ``torch.use_deterministic_algorithms`` imports it, and
+    each toy worker spent 3.7-7.5 s there on an H100 (py-spy), on every start's critical path."""
     llm_modules = ["transformers", "transformers.models.qwen3.modeling_qwen3", "rota_demo.llm_worker"] if llm else []
-    return ["torch", *llm_modules, "rota_demo.worker", "rota_fsdp", "rota"]
+    return ["torch", "torch._inductor.config", *llm_modules, "rota_demo.worker", "rota_fsdp", "rota"]
 
 
 def _preloaded_context(*, llm: bool) -> Any:
