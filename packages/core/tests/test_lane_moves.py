@@ -114,3 +114,36 @@ def test_a_grant_waiting_for_a_move_comes_when_the_mover_stops_waiting_for_its_t
             await engine.stop()
 
     asyncio.run(asyncio.wait_for(body(), 20))
+
+
+def test_a_grant_waiting_for_a_move_is_taken_by_a_device_that_falls_idle() -> None:
+    """w waits on fake:0 for x's state to move out (x waits behind y on fake:1), so fake:0 has no holder; when
+    fake:2 falls idle with room for w, w moves there at once rather than waiting for y's and x's turns."""
+    async def body() -> None:
+        engine = Orchestrator(OrchestratorConfig(capacity_bytes=10_000))
+        await engine.start()
+        try:
+            grant = await engine.acquire(TurnRequest("x", "g", footprint_bytes=6000, devices=["fake:0"]))
+            await engine.release("x", "g", grant.token)  # x resident on fake:0
+            h = await engine.acquire(TurnRequest("h", "g", footprint_bytes=2000, devices=["fake:0"]))
+            y = await engine.acquire(TurnRequest("y", "g", footprint_bytes=5000, devices=["fake:1"]))
+            z = await engine.acquire(TurnRequest("z", "g", footprint_bytes=6000, devices=["fake:2"]))
+            x = _ask(engine, "x", 6000, ["fake:1"])  # behind y; its 6,000 bytes count on fake:0 until it moves
+            await asyncio.sleep(0.05)
+            w = _ask(engine, "w", 4500, ["fake:0", "fake:2"])  # fits neither beside its holder: the first queue
+            await asyncio.sleep(0.1)
+            assert engine.groups["g@fake:0"].queued("w"), "w was meant to wait on fake:0"
+            await engine.release("h", "g", h.token)
+            await asyncio.sleep(0.3)
+            assert not w.done() and engine.groups["g@fake:0"].holder == "", "w granted over x's bytes on fake:0"
+            await engine.release("z", "g", z.token, footprint_bytes=1000)  # fake:2 idle, room for w beside z
+            grant = await asyncio.wait_for(w, 5)
+            assert grant.device == "fake:2" and engine.groups["g@fake:2"].holder == "w"
+            assert not engine.groups["g@fake:0"].queued("w") and engine.groups["g@fake:1"].queued("x")
+            await engine.release("w", "g", grant.token)
+            await engine.release("y", "g", y.token)
+            await engine.release("x", "g", (await asyncio.wait_for(x, 5)).token)
+        finally:
+            await engine.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 20))

@@ -113,6 +113,8 @@ def steal(groups: dict[str, GroupState], lane: GroupState, capacity: int, now: f
     Placement happens when a job asks; a job that then waits behind its device's holder
     would wait on while another device idles. Its state, if resident on the busy device,
     moves (it counts there as residue until its turn here ends), as :func:`choose_lane` does.
+    A waiter whose grant waits for a state moving out of its device (:func:`grant_waits_for_move`)
+    is taken too, though its lane has no holder: it would wait there for another job's whole turn.
     """
     if lane.holder or lane.switching_to or lane.queue:
         return None
@@ -120,12 +122,15 @@ def steal(groups: dict[str, GroupState], lane: GroupState, capacity: int, now: f
     resident = {j: lane.tenant(j).footprint_bytes for j in lane.residents}
     found = []
     for old in lanes_of(groups, lane_base(lane.group_id)).values():
-        if old is lane or not (old.holder or old.switching_to):  # an idle lane grants its own waiters
+        if old is lane:
             continue
+        busy = bool(old.holder or old.switching_to)
         for w in old.grantable():
             need = old.tenant(w.job_id).footprint_bytes
             if w.job_id == old.switching_to or w.world_size > 1 or device not in w.devices:
                 continue
+            if not busy and not grant_waits_for_move(groups, old, w.job_id, capacity):
+                continue  # an idle lane grants its own waiters
             view = DeviceView(device, residents=resident, capacity=capacity, residue=lane.residue_off(w.job_id))
             if view.fits(need):
                 found.append((w.arrived, w.seq, old, w))
