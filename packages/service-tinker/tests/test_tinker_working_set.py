@@ -1,5 +1,6 @@
-"""A worker's ``working`` footprint (its last turn's peak allocator cache beyond its tracked tensors) reaches the
-orchestrator and decides what ``capacity_bytes`` keeps resident.
+"""A tenant's ``working`` footprint (:class:`rota_torch.WorkingSet`: its last turn's peak allocator cache beyond
+its tracked tensors, which the Tinker workers and the demo's workers report on CUDA) reaches the orchestrator and
+decides what ``capacity_bytes`` keeps resident.
 
 The allocator's peak is a fake here (no GPU on this machine: on CUDA it is ``torch.cuda.max_memory_reserved``);
 the tenants, their tracked models, the orchestrator and its residency decisions are real.
@@ -13,7 +14,7 @@ import rota
 import rota_fsdp
 from rota.orchestrator import OrchestratorConfig
 from rota.testing import running_orchestrator
-from rota_tinker._worker.main import WorkingSet
+from rota_torch import WorkingSet
 from rota_torch.testing import untrack_models_of
 
 MIB = 2**20

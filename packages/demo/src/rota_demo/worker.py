@@ -96,6 +96,7 @@ class _Device:
 
     def __init__(self, spec: WorkerSpec, report: WorkerReport) -> None:
         self.spec, self.report, self.gpu, self.tracked = spec, report, None, None
+        self.working: Any = None  # rota_torch.WorkingSet once tracked on one CUDA device
         self._counts = (0, 0, 0, 0, 0)
         if spec.endpoint:
             import rota
@@ -121,6 +122,7 @@ class _Device:
             with self.gpu.turn(quiet=self.spec.engine == "vllm" and self.spec.role == "sampler"):
                 self._on_turn_device()
                 yield
+                self._turn_ended()
 
     def track(self, model: Any, opt: Any) -> None:
         """Inside :meth:`setup`: make a torch model's state parkable (the host pool starts filling in the
@@ -131,6 +133,14 @@ class _Device:
 
         self.tracked = rota_fsdp.track(self.gpu, model, opt, pool_bytes=None if self.spec.prepare_pool else 0)
         self.report.adapter = "rota_fsdp"
+        if str(self.device).startswith("cuda") and not self.spec.devices:
+            # its steps' activations and bf16 weight copies count against the capacity too (a group over several
+            # devices is left out: its peak counters are per device, and the turn's device changes)
+            import torch
+
+            import rota_torch
+
+            self.working = rota_torch.WorkingSet(self.gpu, torch.device(self.device))
 
     def prepare(self) -> None:
         """After :meth:`setup`, off the device: wait for the host pool to be pinned, before the clock starts."""
@@ -158,6 +168,13 @@ class _Device:
             with self.gpu.turn(after=after):
                 self._on_turn_device()
                 yield
+                self._turn_ended()
+
+    def _turn_ended(self) -> None:
+        """Inside the turn, before its release: the turn's peak beyond the tracked state, for the footprint that
+        the release and later acquires report (see :class:`rota_torch.WorkingSet`)."""
+        if self.working is not None:
+            self.working.turn_ended()
 
     def _on_turn_device(self) -> None:
         """The turn's device is the current one (a turn of a group over several GPUs may be on another)."""

@@ -15,7 +15,8 @@ Two layers:
   pass, no forward while parked), verify/deadline/recreate, and the rota hooks. A
   subclass says *which* tensors make up its job through :meth:`Tracked.weights`,
   :meth:`Tracked.grads`, :meth:`Tracked.optimizer_state` and
-  :meth:`Tracked.pool_estimate`.
+  :meth:`Tracked.pool_estimate`. :class:`WorkingSet` adds what a tenant's turns need beyond
+  its tracked tensors (their peak CUDA cache) to its footprint, so a capacity counts it.
 
 Imports torch (``torch>=2.4,<2.15``, the range of every trainer adapter); rota-core does not.
 """
@@ -39,13 +40,14 @@ from rota_torch._overlap import overlap
 from rota_torch._parker import NamedTensors, TensorParker, local_tensor
 from rota_torch._pool import HostBudgetExceeded, HostPool, align, host_bytes_in_use
 from rota_torch._residue import give_back_workspaces, name_untracked, outside_allocator_bytes, process_device_bytes
+from rota_torch._working import WorkingSet
 from rota_torch.errors import AlreadyTracked, BackwardInFlight, DeviceMismatch, HoldsTurn, TrackingError
 from rota_torch.tracked import TAGS, Tracked, check_tags, switch, tracked_models
 
 __all__ = ["TAGS", "VERIFY_MODES", "AlreadyTracked", "BackwardInFlight", "DeviceMismatch", "DiscardedTag",
            "HoldsTurn", "HostBudgetExceeded", "HostPool", "NamedTensors", "NoRoom", "ResidueError", "StateChanged",
-           "SwitchError", "SwitchTimeout", "TensorParker", "Tracked", "TrackingError", "VerifyError", "align",
-           "allocation_range",
+           "SwitchError", "SwitchTimeout", "TensorParker", "Tracked", "TrackingError", "VerifyError", "WorkingSet",
+           "align", "allocation_range",
            "check_tags", "env_verify", "give_back_workspaces", "host_bytes_in_use", "local_tensor",
            "name_untracked", "node_host_bytes", "outside_allocator_bytes", "overlap",
            "process_device_bytes", "switch", "tracked_models"]

@@ -84,7 +84,7 @@ class Loop:
 
     def __init__(self, worker: Any, gpu: Any, conn: Connection, units_per_turn: int,
                  working: Any = None) -> None:
-        """``working``: the tenant's :class:`rota_tinker._worker.main.WorkingSet` on CUDA (None elsewhere)."""
+        """``working``: the tenant's :class:`rota_torch.WorkingSet` on CUDA (None elsewhere)."""
         self.worker, self.gpu, self.conn, self.units_per_turn = worker, gpu, conn, max(1, units_per_turn)
         self.working = working
         self.seen = 0  # gpu.stats.events already attributed to a unit (a running total)

@@ -55,7 +55,6 @@ import logging
 import os
 import time
 import traceback
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -94,6 +93,8 @@ def main(spec: WorkerSpec, conn: Connection) -> None:
             gpu = rota.connect(group=spec.group, tenant=name, endpoint=spec.endpoint)
             worker = _roles()[spec.role](spec, gpu)
             if worker.device.type == "cuda":
+                from rota_torch import WorkingSet
+
                 working = WorkingSet(gpu, worker.device)
                 ParkMeter(gpu, worker.device)
             hello = {}
@@ -129,49 +130,6 @@ def _roles() -> dict[str, type]:
     from rota_tinker._worker.roles import Sampler, Trainer
 
     return {"trainer": Trainer, "sampler": Sampler, "batch": BatchTrainer}
-
-
-class WorkingSet:
-    """The ``working`` footprint of a CUDA tenant: its last turn's peak CUDA cache beyond its tracked tensors.
-
-    Registered on the tenant's plugin manager: ``rota_turn_started`` restarts the allocator's peak, and the
-    worker's loop calls :meth:`turn_ended` just before its release (``rota_turn_ended`` comes after the
-    release, which already reports the footprint), so ``rota_footprint``, called on every acquire and
-    heartbeat, only reads a number. ``peak`` and ``reset`` read and restart the allocator's peak
-    (``torch.cuda``'s for ``device`` by default).
-    """
-
-    def __init__(self, gpu: Any, device: Any, *, peak: Callable[[], int] | None = None,
-                 reset: Callable[[], None] | None = None) -> None:
-        import torch
-
-        self.gpu, self.bytes = gpu, 0
-        # torch.cuda's peak counters raise "Invalid device argument" until this process has used CUDA
-        self._peak = peak or (lambda: torch.cuda.max_memory_reserved(device) if torch.cuda.is_initialized() else 0)
-        self._reset = reset or (
-            lambda: torch.cuda.reset_peak_memory_stats(device) if torch.cuda.is_initialized() else None)
-        gpu.pm.register(self, name=f"rota-tinker-working-set-{id(self)}")
-
-    @hookimpl
-    def rota_turn_started(self, tenant: Any, grant: Any) -> None:
-        if tenant is not self.gpu:
-            return
-        try:
-            self._reset()
-        except Exception as e:  # a measurement must never cost the tenant its worker
-            log.warning("working set: could not reset the allocator's peak: %s", e)
-
-    def turn_ended(self) -> None:
-        """Measure the turn that is ending: its peak beyond what the tenant tracks."""
-        try:
-            tracked = sum(v for k, v in self.gpu.footprint().items() if k != "working")
-            self.bytes = max(0, self._peak() - tracked)
-        except Exception as e:
-            log.warning("working set: could not read the allocator's peak (keeping %d bytes): %s", self.bytes, e)
-
-    @hookimpl
-    def rota_footprint(self, tenant: Any) -> dict[str, int] | None:
-        return {"working": self.bytes} if tenant is self.gpu else None
 
 
 class ParkMeter:
