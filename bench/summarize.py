@@ -311,13 +311,14 @@ def _newest_whole_process() -> set[pathlib.Path]:
 
 
 def _whole_tiers() -> None:
-    """Per GPU model, its run of the whole tier (the one with the most tests, then the newest: a run of a part,
-    ROTA_TIER_TESTS or -k, has fewer) and the parts of the tier run on that model since."""
+    """Per GPU model, its run of the whole tier (not one of bench/cuda_tier.sh's parts, then the one with the most
+    tests, then the newest: a run of ROTA_TIER_TESTS or -k has fewer) and the parts of the tier run on that model
+    since."""
     by_card: dict[str, list[str]] = {}
     for path in sorted(RESULTS.glob("cuda-tier-*.json")):
         by_card.setdefault(_load(path.name)["device"], []).append(path.name)
     for names in by_card.values():
-        whole = max(names, key=lambda n: (len(_load(n)["tests"]), n))
+        whole = max(names, key=lambda n: (not _load(n).get("part"), len(_load(n)["tests"]), n))
         tier = _load(whole)
         outcomes = [t["outcome"] for t in tier["tests"].values()]
         parks = [p for t in tier["tests"].values() if isinstance(t.get("parks"), list)  # the demo's are counts
