@@ -43,6 +43,16 @@ async def _setup(engine: Orchestrator, w_asks: str) -> tuple[Grant, Grant, async
     return x, h, w
 
 
+async def _x_resident_h_and_y_holding(engine: Orchestrator) -> tuple[Grant, Grant]:
+    """x (6,000) resident on fake:0, h (2,000) holding fake:0 beside it, y (5,000) holding fake:1: (h's, y's)
+    grants."""
+    grant = await engine.acquire(TurnRequest("x", "g", footprint_bytes=6000, devices=["fake:0"]))
+    await engine.release("x", "g", grant.token)
+    h = await engine.acquire(TurnRequest("h", "g", footprint_bytes=2000, devices=["fake:0"]))
+    y = await engine.acquire(TurnRequest("y", "g", footprint_bytes=5000, devices=["fake:1"]))
+    return h, y
+
+
 @pytest.mark.parametrize("w_asks", ["queued", "later"])
 def test_a_grant_waits_for_a_state_moving_out_and_comes_when_it_has_moved(w_asks: str) -> None:
     async def body() -> None:
@@ -94,10 +104,7 @@ def test_a_grant_waiting_for_a_move_comes_when_the_mover_stops_waiting_for_its_t
         engine = Orchestrator(OrchestratorConfig(capacity_bytes=10_000))
         await engine.start()
         try:
-            grant = await engine.acquire(TurnRequest("x", "g", footprint_bytes=6000, devices=["fake:0"]))
-            await engine.release("x", "g", grant.token)  # x resident on fake:0
-            h = await engine.acquire(TurnRequest("h", "g", footprint_bytes=2000, devices=["fake:0"]))
-            y = await engine.acquire(TurnRequest("y", "g", footprint_bytes=5000, devices=["fake:1"]))
+            h, y = await _x_resident_h_and_y_holding(engine)
             w = _ask(engine, "w", 4500, ["fake:0"])
             x = _ask(engine, "x", 6000, ["fake:1"])  # behind y: 5,000 + 6,000 do not fit beside each other
             await asyncio.sleep(0.1)
@@ -123,10 +130,7 @@ def test_a_grant_waiting_for_a_move_is_taken_by_a_device_that_falls_idle() -> No
         engine = Orchestrator(OrchestratorConfig(capacity_bytes=10_000))
         await engine.start()
         try:
-            grant = await engine.acquire(TurnRequest("x", "g", footprint_bytes=6000, devices=["fake:0"]))
-            await engine.release("x", "g", grant.token)  # x resident on fake:0
-            h = await engine.acquire(TurnRequest("h", "g", footprint_bytes=2000, devices=["fake:0"]))
-            y = await engine.acquire(TurnRequest("y", "g", footprint_bytes=5000, devices=["fake:1"]))
+            h, y = await _x_resident_h_and_y_holding(engine)
             z = await engine.acquire(TurnRequest("z", "g", footprint_bytes=6000, devices=["fake:2"]))
             x = _ask(engine, "x", 6000, ["fake:1"])  # behind y; its 6,000 bytes count on fake:0 until it moves
             await asyncio.sleep(0.05)
