@@ -87,6 +87,22 @@ def test_demo_vllm_mode_on_the_cpu_fake_parks_engines_through_rota_vllm_and_lear
     assert len(curves["timesliced"]["rl-a/sampler"]) == 8 and all(t["bit_identical"] for t in summary["tenants"])
 
 
+def test_a_worker_that_raises_stops_the_run_naming_itself_and_its_error(tmp_path):
+    """Each engine's first generate raises (the fake's FAKE_VLLM_FAIL_GENERATE): the run stops with rl-a's sampler
+    named and its error, not its trainer (which dies after it, its pipe closed), exits 1 and writes nothing. On an
+    H100 the demo once named a worker that had died of another's CUDA out-of-memory error."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKE_VLLM), os.environ.get("PYTHONPATH", "")]),
+           "FAKE_VLLM_FAIL_GENERATE": "1"}
+    r = subprocess.run([sys.executable, "-m", "rota", "demo", "--engine", "vllm", "--steps", "1", "--groups", "1",
+                        "--capacity", "0", "--cache-dir", str(tmp_path / "ckpt"), "--out-dir", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert r.returncode == 1, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("Error: ")]
+    assert errors and errors[-1].startswith("Error: demo worker rl-a/sampler failed: RuntimeError: fake vllm: CUDA "
+                                            "out of memory"), r.stderr[-3000:]
+    assert "nothing written" in errors[-1] and not (tmp_path / "out" / "demo.json").exists()
+
+
 def test_demo_vllm_engine_is_refused_on_cpu_with_the_reason():
     r = subprocess.run([sys.executable, "-m", "rota", "demo", "--engine", "vllm"], capture_output=True, text=True,
                        timeout=120)

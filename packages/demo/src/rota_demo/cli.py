@@ -102,7 +102,7 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
     try:
         from rota_demo.memory import DeviceMemoryShort, HostMemoryShort, host_memory_plan
         from rota_demo.report import failures_line, summarize, table, timeline_png, write_json
-        from rota_demo.runner import DemoConfig, prepare_demo, run_modes
+        from rota_demo.runner import DemoConfig, WorkerFailed, prepare_demo, run_modes
         from rota_demo.workloads import ModelSize
     except ImportError as exc:
         raise click.ClickException(f"rota demo needs torch and matplotlib ({exc}): "
@@ -180,6 +180,8 @@ def demo(steps: int, groups: int, device: str, elastic: bool, hidden: int, layer
         results = run_modes(cfg, progress)
     except (HostMemoryShort, DeviceMemoryShort) as exc:  # refused before any worker started, not an OOM mid-run
         raise click.ClickException(str(exc)) from None
+    except WorkerFailed as exc:  # a worker's error (its traceback printed above by its process): nothing written
+        raise click.ClickException(f"{exc}; nothing written to {out_dir}") from None
     except KeyboardInterrupt:  # Ctrl-C: the workers are stopped by now; no traceback, nothing written
         click.echo("rota demo: interrupted; every worker stopped, nothing written", err=True)
         sys.exit(130)

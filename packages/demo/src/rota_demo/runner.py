@@ -37,7 +37,8 @@ from rota_demo.worker import WorkerReport, WorkerSpec, worker_main
 from rota_demo.workloads import ModelSize
 
 __all__ = ["JOBS", "POLICIES", "SETUP_PHASES", "WORKER_TIMEOUT_S", "DemoConfig", "ModeResult", "Setup",
-           "forkserver_preload", "prepare_demo", "run_demo", "run_modes", "setup_phases", "worker_specs"]
+           "WorkerFailed", "forkserver_preload", "prepare_demo", "run_demo", "run_modes", "setup_phases",
+           "worker_specs"]
 
 JOBS = (("rl-a", "rl"), ("rl-b", "rl"), ("sft", "sft"))
 # Time-sliced turn order. "priority": an RL job's next step waits for its own trainer and
@@ -336,6 +337,10 @@ def _run_workers(specs: list[WorkerSpec], progress: Callable[[str], None], label
     return max(r.end for r in reports.values()), reports, setup
 
 
+class WorkerFailed(RuntimeError):
+    """A worker raised (it names its error), died, or did not finish in time: the run stops there."""
+
+
 def _collect(results: Any, procs: list, kinds: set[str], count: int, progress: Callable[[str], None],
              label: str) -> dict[str, Any]:
     got: dict[str, Any] = {}
@@ -346,10 +351,13 @@ def _collect(results: Any, procs: list, kinds: set[str], count: int, progress: C
         except queue.Empty:
             dead = [p for p in procs if p.exitcode not in (None, 0)]
             if dead:
-                raise RuntimeError(f"demo worker {dead[0].name} died with exit code {dead[0].exitcode}") from None
+                raise WorkerFailed("demo worker(s) died: " + ", ".join(f"{p.name} (exit code {p.exitcode})"
+                                                                       for p in dead)) from None
             if time.monotonic() > deadline:
-                raise RuntimeError(f"demo workers did not finish within {WORKER_TIMEOUT_S:.0f} s") from None
+                raise WorkerFailed(f"demo workers did not finish within {WORKER_TIMEOUT_S:.0f} s") from None
             continue
+        if kind == "failed":  # the first worker that raised: the cause (its traceback is above, from its process)
+            raise WorkerFailed(f"demo worker {name} failed: {payload} (its traceback is above)")
         if kind == "progress":
             step, loss = payload
             progress(f"[{label}] {name} step {step + 1} loss {loss:.4f}")

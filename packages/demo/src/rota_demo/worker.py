@@ -287,7 +287,19 @@ class ToyWork:
 
 def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any, push: WeightPush,
                 finish: Any = None, build: Any = None) -> None:
-    """Process entry point: build, report ready, wait for go, run, report, then wait for ``finish`` to exit.
+    """Process entry point (:func:`_serve`). A worker that raises tells the parent why before its process ends
+    (``("failed", name, "Type: message")``), so the run stops naming the worker that failed and its error, not
+    the first of the workers that died after it (its peer, whose pipe closed)."""
+    try:
+        _serve(spec, inbox, outbox, results, go, push, finish, build)
+    except Exception as e:
+        results.put(("failed", spec.name, f"{type(e).__name__}: {e}"[:1000]))
+        raise
+
+
+def _serve(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any, push: WeightPush,
+           finish: Any = None, build: Any = None) -> None:
+    """Build, report ready, wait for go, run, report, then wait for ``finish`` to exit.
 
     ``build`` (an event): wait for it before building the job's state, once torch is imported and the
     device's context made: the parent starts every worker at once and lets them build in turn.

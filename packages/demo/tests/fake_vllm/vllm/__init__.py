@@ -17,12 +17,15 @@ and rota_vllm use it:
   kept, or a generate while asleep, shows as NaN); ``wake_up(tags)`` puts back level 1's copy; vLLM maps the
   weights at the same addresses, so the fake keeps the same storages;
 * ``collective_rpc(fn, args)`` runs ``fn(worker, *args)`` on its one worker, whose ``model_runner.model`` has
-  ``load_weights(weights=[(Hugging Face name, tensor)])``; ``reset_prefix_cache()`` answers True.
+  ``load_weights(weights=[(Hugging Face name, tensor)])``; ``reset_prefix_cache()`` answers True;
+* ``FAKE_VLLM_FAIL_GENERATE=N`` (tests only): each engine's N-th ``generate`` raises, as an engine that ran out of
+  device memory would.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -76,6 +79,7 @@ class LLM:
             cache_config=SimpleNamespace(gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=None)))
         self.asleep: set[str] = set()  # the tags a sleep took and no wake_up has given back yet
         self._backup: dict[str, torch.Tensor] | None = None
+        self._generates = 0  # FAKE_VLLM_FAIL_GENERATE=N: the N-th generate raises, as a real engine's OOM would
 
     @property
     def _hf(self) -> torch.nn.Module:
@@ -111,6 +115,9 @@ class LLM:
     def generate(self, prompts: list[dict], sampling_params: Any = None, use_tqdm: bool = False) -> list[Any]:
         if self.asleep:
             raise RuntimeError(f"fake vllm: generate while {sorted(self.asleep)} sleep (wake_up first)")
+        self._generates += 1
+        if self._generates == int(os.environ.get("FAKE_VLLM_FAIL_GENERATE") or 0):
+            raise RuntimeError("fake vllm: CUDA out of memory (FAKE_VLLM_FAIL_GENERATE)")
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] \
             * len(prompts)
         outs: list[Any] = [None] * len(prompts)
