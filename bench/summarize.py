@@ -314,12 +314,13 @@ def _whole_tiers() -> None:
     """Per GPU model, its run of the whole tier (not one of bench/cuda_tier.sh's parts, then the one with the most
     tests, then the newest: a run of ROTA_TIER_TESTS or -k has fewer) and the parts of the tier run on that model
     since."""
+    tiers = {path.name: _load(path.name) for path in sorted(RESULTS.glob("cuda-tier-*.json"))}
     by_card: dict[str, list[str]] = {}
-    for path in sorted(RESULTS.glob("cuda-tier-*.json")):
-        by_card.setdefault(_load(path.name)["device"], []).append(path.name)
+    for name, tier in tiers.items():
+        by_card.setdefault(tier["device"], []).append(name)
     for names in by_card.values():
-        whole = max(names, key=lambda n: (not _load(n).get("part"), len(_load(n)["tests"]), n))
-        tier = _load(whole)
+        whole = max(names, key=lambda n: (not tiers[n].get("part"), len(tiers[n]["tests"]), n))
+        tier = tiers[whole]
         outcomes = [t["outcome"] for t in tier["tests"].values()]
         parks = [p for t in tier["tests"].values() if isinstance(t.get("parks"), list)  # the demo's are counts
                  for p in t["parks"] if "parked_nvml_after" in p]
