@@ -153,6 +153,21 @@ def test_a_sleep_whose_only_failure_is_vllms_device_wide_check_still_parks(conne
     tracked.untrack()
 
 
+def test_an_engine_put_to_sleep_behind_rotas_back_fails_its_park_naming_the_fix(connect):
+    """On an H100 a demo worker slept its engine with ``LLM.sleep(level=2)`` and the orchestrator's next park copied
+    weights from unmapped memory ("CUDA error: invalid argument"); the park now fails saying what happened."""
+    gpu = connect("llm")
+    executor = FakeExecutor()
+    llm = CheckFailingLLM(executor)
+    rota_vllm.track(gpu, llm, backup="vllm", check_version=False)
+    gpu.acquire()
+    gpu.release()
+    executor.is_sleeping = True  # what LLM.sleep records
+    with pytest.raises(RuntimeError, match="rota did not put it to sleep"):
+        gpu.park()
+    assert [kind for kind, _, _ in gpu.stats.failures] == ["park"] and llm.calls == []
+
+
 def test_the_same_failure_with_the_executor_out_of_reach_fails_the_park_naming_the_fix(connect):
     gpu = connect("llm")
     rota_vllm.track(gpu, CheckFailingLLM(None), backup="vllm", check_version=False)

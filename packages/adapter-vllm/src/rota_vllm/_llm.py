@@ -106,6 +106,13 @@ class _Steps:
         self._at = now
 
 
+def _executor(llm: Any) -> Any:
+    """The in-process engine's executor (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), or None where it is out of reach."""
+    core = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "engine_core", None)
+    executor = getattr(core, "model_executor", None)
+    return executor if hasattr(executor, "is_sleeping") else None
+
+
 def _sleep(llm: Any, level: int) -> None:
     """``llm.sleep(level)``; if only vLLM's device-wide check failed, mark the in-process executor asleep (the
     check raised before vLLM recorded it), or re-raise naming why where the executor is in another process."""
@@ -114,9 +121,8 @@ def _sleep(llm: Any, level: int) -> None:
     except AssertionError as e:
         if SLEEP_CHECK not in str(e):
             raise
-        core = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "engine_core", None)
-        executor = getattr(core, "model_executor", None)
-        if executor is None or not hasattr(executor, "is_sleeping"):
+        executor = _executor(llm)
+        if executor is None:
             raise RuntimeError("vLLM's sleep check failed because another process allocated device memory during "
                                "the sleep, and this engine's executor is in another process; run the LLM with "
                                "VLLM_ENABLE_V1_MULTIPROCESSING=0") from e
@@ -157,6 +163,11 @@ class TrackedLLM:
     def rota_park(self, tenant: Gpu, plan: ParkPlan) -> ParkResult | None:
         if tenant is not self.gpu or self.parked_level:
             return None
+        executor = _executor(self.llm)
+        if executor is not None and executor.is_sleeping:  # its weights' memory is unmapped: nothing to save from
+            raise RuntimeError(f"the vLLM engine of job {tenant.tenant!r} is asleep, but rota did not put it to "
+                               "sleep (LLM.sleep called directly?); park it through rota instead, e.g. "
+                               "gpu.park(rota.ParkPlan(discard=frozenset({'weights'}))), or wake it up first")
         level = self.level_for(plan)
         t0 = time.perf_counter()
         steps = _Steps()

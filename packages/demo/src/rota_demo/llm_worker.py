@@ -23,7 +23,7 @@ from rota_demo import llm_engines as e
 from rota_demo import llm_models as m
 from rota_demo import llm_tasks as t
 from rota_demo.push import WeightPush
-from rota_demo.worker import WorkerReport, WorkerSpec, free_device_state, step_at_zero_lr
+from rota_demo.worker import DeviceTurns, WorkerReport, WorkerSpec, free_device_state, step_at_zero_lr
 
 __all__ = ["EVAL_QUESTIONS", "LlmWork"]
 
@@ -39,7 +39,7 @@ class LlmWork:
 
     # ------------------------------------------------------------------ setup
 
-    def setup(self, dev: Any, report: WorkerReport) -> tuple[Any, Any]:
+    def setup(self, dev: DeviceTurns, report: WorkerReport) -> tuple[Any, Any]:
         """Inside ``dev.setup()``: the trainer's model and AdamW, or the engine; warmed up and tracked."""
         spec, size = self.spec, self.size
         if spec.role == "trainer":
@@ -68,15 +68,16 @@ class LlmWork:
     def push_target(self, model: Any) -> Any:
         return model.push_target() if self.engine is not None else model
 
-    def free(self, model: Any, opt: Any) -> None:
-        """At the end of the run, with the state held: the trainer's and the hf engine's tensors are freed; an
-        awake vLLM engine sleeps at level 2 (weights and KV cache freed), so the next job granted has the room
-        before this process exits."""
-        if self.engine is None:
-            free_device_state(model, opt)
-        elif isinstance(self.engine, e.HfEngine):
-            free_device_state(self.engine.model, None)
-        elif self.engine.tracked is None or not self.engine.tracked.parked_level:
+    def free(self, model: Any, opt: Any, dev: DeviceTurns) -> None:
+        """At the end of the run, so that the next job granted has the room before this process exits: the
+        trainer's and the hf engine's tensors are freed with the state held; a vLLM engine sleeps at level 2
+        (weights and KV cache freed), through rota when it is tracked (:meth:`DeviceTurns.discard`)."""
+        if self.engine is None or isinstance(self.engine, e.HfEngine):
+            with dev.holding():
+                free_device_state(model if self.engine is None else self.engine.model, opt)
+        elif self.engine.tracked is not None:
+            dev.discard(frozenset({"weights", "kv_cache"}))
+        else:
             self.engine.llm.sleep(level=2)
 
     # ------------------------------------------------------------------ engine

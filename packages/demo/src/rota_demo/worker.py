@@ -30,7 +30,8 @@ from typing import Any
 
 from rota_demo.push import WeightPush, weights_digest
 
-__all__ = ["ToyWork", "WorkerReport", "WorkerSpec", "free_device_state", "step_at_zero_lr", "worker_main"]
+__all__ = ["DeviceTurns", "ToyWork", "WorkerReport", "WorkerSpec", "free_device_state", "step_at_zero_lr",
+           "worker_main"]
 
 
 @dataclass(frozen=True)
@@ -91,13 +92,14 @@ class WorkerReport:
     failures: list[tuple[str, str]] = field(default_factory=list)
 
 
-class _Device:
+class DeviceTurns:
     """Device phases: a rota turn when shared, a plain block when dedicated."""
 
     def __init__(self, spec: WorkerSpec, report: WorkerReport) -> None:
         self.spec, self.report, self.gpu, self.tracked = spec, report, None, None
         self.working: Any = None  # rota_torch.WorkingSet once tracked on one CUDA device
         self._counts = (0, 0, 0, 0, 0)
+        self._cleanup_parks = 0  # parks of :meth:`discard` at the run's end: not switches, not in the report
         if spec.endpoint:
             import rota
 
@@ -198,18 +200,38 @@ class _Device:
             with self.gpu.hold_state():
                 yield
 
-    def close(self) -> None:
+    def discard(self, tags: frozenset[str]) -> None:
+        """At the run's end, between turns: park the tracked state through rota dropping ``tags`` instead of
+        copying them. Why through rota: state freed behind the adapter's back (a vLLM engine put to sleep by
+        ``LLM.sleep``) was still awake to it, and a park the orchestrator asked for next copied from unmapped
+        memory and failed (the h100 shapes at 6ca51d2: "CUDA error: invalid argument"); a parked tenant's later
+        parks move nothing."""
         if self.gpu is None:
             return
+        from rota import ParkPlan
+
+        before = self.gpu.stats.parks.total
+        self.gpu.park(ParkPlan(discard=tags))
+        self._cleanup_parks += self.gpu.stats.parks.total - before
+
+    def close(self) -> None:
+        """End the session, then report what the client saw: a park the orchestrator asked for as the run ended
+        finishes before the session does, so it and its failure are counted (read before the end, one that failed
+        there was left out of the result)."""
+        if self.gpu is None:
+            return
+        self.gpu.close()
         stats = self.gpu.stats
         self.report.failures = [(kind, why) for kind, _, why in list(stats.failures)]
         events, parks, restores, waits, moves = self._counts
-        self.report.events += stats.events.since(events)[0]
-        self.report.parks = [(p.bytes_moved, p.seconds) for p in stats.parks.since(parks)[0]]
+        end = self.report.end or float("inf")
+        self.report.events += [ev for ev in stats.events.since(events)[0] if ev[1] < end]  # not the clean-up's
+        kept = stats.parks.since(parks)[0]
+        kept = kept[:len(kept) - self._cleanup_parks] if self._cleanup_parks else kept
+        self.report.parks = [(p.bytes_moved, p.seconds) for p in kept]
         self.report.restores = [(r.bytes_moved, r.seconds) for r in stats.restores.since(restores)[0]]
         self.report.moves = [(m.bytes_moved, m.seconds) for m in stats.moves.since(moves)[0]]
         self.report.waits_ms = list(stats.waits_ms.since(waits)[0])
-        self.gpu.close()
 
 
 class ToyWork:
@@ -219,7 +241,7 @@ class ToyWork:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
 
-    def setup(self, dev: _Device, report: WorkerReport) -> tuple[Any, Any]:
+    def setup(self, dev: DeviceTurns, report: WorkerReport) -> tuple[Any, Any]:
         """Inside ``dev.setup()``: (model, optimizer or None), warmed up and tracked."""
         from rota_demo import workloads as w
 
@@ -235,9 +257,10 @@ class ToyWork:
     def push_target(self, model: Any) -> Any:
         return model
 
-    def free(self, model: Any, opt: Any) -> None:
-        """At the end of the run, with the state held: give the job's device memory back."""
-        free_device_state(model, opt)
+    def free(self, model: Any, opt: Any, dev: DeviceTurns) -> None:
+        """At the end of the run: give the job's device memory back, with the state held."""
+        with dev.holding():
+            free_device_state(model, opt)
 
     def take(self, model: Any, push: WeightPush) -> Any:
         """Inside the sampler's turn: the announced push into its weights; returns what to digest, or None."""
@@ -342,7 +365,7 @@ def _serve(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any, pus
 
         work = LlmWork(spec)
     report = WorkerReport(spec.name, group=spec.group if spec.endpoint else "")
-    dev = _Device(spec, report)
+    dev = DeviceTurns(spec, report)
     with dev.setup():
         model, opt = work.setup(dev, report)
     marks["built"] = time.monotonic()
@@ -362,8 +385,7 @@ def _serve(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any, pus
         run(spec, work, model, opt, dev, inbox, outbox, results, push, report)
     finally:
         report.end = time.monotonic()
-        with dev.holding():  # a park the orchestrator asks for meanwhile waits: it must not copy freed tensors
-            work.free(model, opt)
+        work.free(model, opt, dev)  # a park the orchestrator asks for meanwhile waits: it must not copy freed tensors
         dev.close()
     results.put(("done", spec.name, report))
     if finish is not None:
