@@ -99,7 +99,6 @@ class DeviceTurns:
         self.spec, self.report, self.gpu, self.tracked = spec, report, None, None
         self.working: Any = None  # rota_torch.WorkingSet once tracked on one CUDA device
         self._counts = (0, 0, 0, 0, 0)
-        self._cleanup_parks = 0  # parks of :meth:`discard` at the run's end: not switches, not in the report
         if spec.endpoint:
             import rota
 
@@ -210,14 +209,13 @@ class DeviceTurns:
             return
         from rota import ParkPlan
 
-        before = self.gpu.stats.parks.total
         self.gpu.park(ParkPlan(discard=tags))
-        self._cleanup_parks += self.gpu.stats.parks.total - before
 
     def close(self) -> None:
         """End the session, then report what the client saw: a park the orchestrator asked for as the run ended
-        finishes before the session does, so it and its failure are counted (read before the end, one that failed
-        there was left out of the result)."""
+        finishes before the session does, so its failure is counted (read before the end, one that failed there was
+        left out of the result). Parks after the run's end (``report.end``: freeing, :meth:`discard`, a park of
+        what was freed) are its clean-up, not its switches: left out of the parks and events."""
         if self.gpu is None:
             return
         self.gpu.close()
@@ -225,10 +223,11 @@ class DeviceTurns:
         self.report.failures = [(kind, why) for kind, _, why in list(stats.failures)]
         events, parks, restores, waits, moves = self._counts
         end = self.report.end or float("inf")
-        self.report.events += [ev for ev in stats.events.since(events)[0] if ev[1] < end]  # not the clean-up's
+        new = stats.events.since(events)[0]
+        self.report.events += [ev for ev in new if ev[1] < end]
+        late = sum(1 for kind, start, _ in new if kind == "park" and start >= end)  # the last parks, in order
         kept = stats.parks.since(parks)[0]
-        kept = kept[:len(kept) - self._cleanup_parks] if self._cleanup_parks else kept
-        self.report.parks = [(p.bytes_moved, p.seconds) for p in kept]
+        self.report.parks = [(p.bytes_moved, p.seconds) for p in kept[:len(kept) - late]]
         self.report.restores = [(r.bytes_moved, r.seconds) for r in stats.restores.since(restores)[0]]
         self.report.moves = [(m.bytes_moved, m.seconds) for m in stats.moves.since(moves)[0]]
         self.report.waits_ms = list(stats.waits_ms.since(waits)[0])
