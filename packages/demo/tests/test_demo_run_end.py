@@ -11,6 +11,7 @@ whose save of sleeping weights fails as that copy did."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -44,6 +45,15 @@ class FreeingLLM:
         return [method(self.worker, *args, **(kwargs or {}))]
 
 
+@pytest.fixture
+def engine_worker(endpoint: str) -> Iterator[tuple[DeviceTurns, LlmWork, FreeingLLM]]:
+    """A demo engine worker at its run's end; untracked after the test (rota's host pool for the engine's weights
+    stays in this process otherwise, and the node-ledger tests that run later in it count it)."""
+    dev, work, llm = _engine_worker(endpoint)
+    yield dev, work, llm
+    work.engine.tracked.untrack()
+
+
 def _engine_worker(endpoint: str) -> tuple[DeviceTurns, LlmWork, FreeingLLM]:
     spec = WorkerSpec(job="rl-b", kind="rl", role="sampler", steps=1, seed=0, size=None, device="cpu", group="g",
                       endpoint=endpoint, engine="vllm", footprint_hint=1 << 20)
@@ -57,8 +67,8 @@ def _engine_worker(endpoint: str) -> tuple[DeviceTurns, LlmWork, FreeingLLM]:
     return dev, work, llm
 
 
-def test_the_engine_is_freed_through_rota_so_a_later_park_moves_nothing(endpoint: str) -> None:
-    dev, work, llm = _engine_worker(endpoint)
+def test_the_engine_is_freed_through_rota_so_a_later_park_moves_nothing(engine_worker: Any) -> None:
+    dev, work, llm = engine_worker
     dev.report.end = time.monotonic()  # as the worker's loop ends
     work.free(None, None, dev)
     assert llm.asleep == {"weights", "kv_cache"} and work.engine.tracked.parked_level == 2
@@ -68,9 +78,9 @@ def test_the_engine_is_freed_through_rota_so_a_later_park_moves_nothing(endpoint
     assert dev.report.parks == [] and dev.report.events == []  # the clean-up's park is not one of the run's
 
 
-def test_a_park_that_fails_as_the_run_ends_is_in_the_report(endpoint: str) -> None:
+def test_a_park_that_fails_as_the_run_ends_is_in_the_report(engine_worker: Any) -> None:
     """What the demo did before: the engine asleep behind rota_vllm's back, then the orchestrator's park."""
-    dev, _, llm = _engine_worker(endpoint)
+    dev, _, llm = engine_worker
     llm.sleep(level=2)
     with pytest.raises(RuntimeError):
         dev.gpu.park()
