@@ -227,7 +227,7 @@ class DeviceTurns:
         self.report.events += [ev for ev in new if ev[1] < end]
         late = sum(1 for kind, start, _ in new if kind == "park" and start >= end)  # the last parks, in order
         kept = stats.parks.since(parks)[0]
-        self.report.parks = [(p.bytes_moved, p.seconds) for p in kept[:len(kept) - late]]
+        self.report.parks = [(p.bytes_moved, p.seconds) for p in kept[:max(0, len(kept) - late)]]
         self.report.restores = [(r.bytes_moved, r.seconds) for r in stats.restores.since(restores)[0]]
         self.report.moves = [(m.bytes_moved, m.seconds) for m in stats.moves.since(moves)[0]]
         self.report.waits_ms = list(stats.waits_ms.since(waits)[0])
