@@ -68,7 +68,9 @@ def test_warn_if_mismatched_logs_once_and_never_raises(caplog):
         assert warn_if_mismatched(MISSING, ">=1", "pip x") is None  # absent: a plugin's extra not installed
         said = warn_if_mismatched("torch", "<2", 'pip install "torch<2"')
     assert said is not None and said.startswith(f"torch {TORCH} (installed) is not supported")
-    assert [r.getMessage() for r in caplog.records] == [said]
+    # rota.compat's records only: a Tinker SDK session left by an earlier test in this process once logged its
+    # failed heartbeat in the middle (CI at e749a8a)
+    assert [r.getMessage() for r in caplog.records if r.name == "rota.compat"] == [said]
 
 
 def test_declared_reads_a_range_from_the_installed_metadata_lower_bound_first():
