@@ -384,7 +384,7 @@ def _serve(spec: WorkerSpec, inbox: Any, outbox: Any, results: Any, go: Any, pus
         run(spec, work, model, opt, dev, inbox, outbox, results, push, report)
     finally:
         report.end = time.monotonic()
-        work.free(model, opt, dev)  # a park the orchestrator asks for meanwhile waits: it must not copy freed tensors
+        work.free(model, opt, dev)  # with the state held, or as a park through rota: no park copies freed memory
         dev.close()
     results.put(("done", spec.name, report))
     if finish is not None:
