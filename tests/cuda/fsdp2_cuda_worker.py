@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 STEPS = 4
 WIDTH, DEPTH, BATCH = 4096, 8, 64
+BIG = 32 << 20  # live allocator blocks at least this large are described when a park fails
 
 
 def build() -> torch.nn.Module:
@@ -41,6 +42,29 @@ def step(model: torch.nn.Module, opt: torch.optim.Optimizer, i: int) -> float:
     return float(loss)
 
 
+def describe_failed_park(model: torch.nn.Module, i: int) -> None:
+    """On stderr: FSDP2's state per module and where each large live block was allocated (a park that fails
+    here cannot be rerun at will; this is what tells its cause)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    print(f"park after step {i} failed; FSDP2 state:", file=sys.stderr)
+    for name, m in model.named_modules():
+        if isinstance(m, FSDPModule):
+            state = m._get_fsdp_state()
+            groups = getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]
+            for g in filter(None, groups):
+                print(f"  {name or '<root>'}: training_state={g._training_state} is_sharded={g.is_sharded} "
+                      f"all_gather_result={getattr(g, '_all_gather_result', None) is not None} "
+                      f"params={[str(p.sharded_state) for p in g.fsdp_params]}", file=sys.stderr)
+    for seg in torch.cuda.memory._snapshot()["segments"]:
+        for block in seg["blocks"]:
+            if block["state"] == "active_allocated" and block["size"] >= BIG:
+                frames = [f"{f['filename']}:{f['line']} {f['name']}" for f in block.get("frames", [])
+                          if f["filename"].endswith(".py")][:14]
+                print(f"  live block {block['size'] >> 20} MiB, allocated at:\n    " + "\n    ".join(frames),
+                      file=sys.stderr)
+
+
 def main() -> None:
     port, endpoint = sys.argv[1:3]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, CUBLAS_WORKSPACE_CONFIG=":4096:8")
@@ -64,11 +88,17 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tracked = rota_fsdp.track(gpu, model, opt)
     tracked.prepare()
+    if os.environ.get("ROTA_FSDP_HISTORY") == "1":  # allocation stacks for describe_failed_park (slows each step)
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
     losses, after_park, parked = [], [], []
     for i in range(STEPS):
         with gpu.turn():
             losses.append(step(model, opt, i))
-        result = gpu.park()
+        try:
+            result = gpu.park()
+        except Exception:
+            describe_failed_park(model, i)
+            raise
         parked.append(result.bytes_moved)
         after_park.append(process_device_bytes("cuda:0"))
     with gpu.turn():
