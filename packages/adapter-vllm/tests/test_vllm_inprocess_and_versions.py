@@ -168,6 +168,33 @@ def test_an_engine_put_to_sleep_behind_rotas_back_fails_its_park_naming_the_fix(
     assert [kind for kind, _, _ in gpu.stats.failures] == ["park"] and llm.calls == []
 
 
+class OutOfProcessLLM(FakeLLM):
+    """Fake of a vllm.LLM whose engine core runs in another process (V1 multiprocessing): only
+    ``LLMEngine.is_sleeping()`` can tell it sleeps, as vLLM's client asks its core."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core_sleeping = False
+        self.llm_engine = type("LLMEngine", (), {"is_sleeping": lambda _: self.core_sleeping})()
+
+
+def test_an_engine_in_another_process_put_to_sleep_behind_rotas_back_fails_its_park_too(connect):
+    gpu = connect("llm")
+    llm = OutOfProcessLLM()
+    rota_vllm.track(gpu, llm, backup="vllm", check_version=False)
+    gpu.acquire()
+    gpu.release()
+    gpu.park()  # awake: parks as usual
+    assert llm.calls[0] == ("sleep", 1)
+    with gpu.turn():
+        pass
+    llm.calls.clear()
+    llm.core_sleeping = True  # LLM.sleep called directly; its core (another process) records it
+    with pytest.raises(RuntimeError, match="rota did not put it to sleep"):
+        gpu.park()
+    assert [kind for kind, _, _ in gpu.stats.failures] == ["park"] and llm.calls == []
+
+
 def test_the_same_failure_with_the_executor_out_of_reach_fails_the_park_naming_the_fix(connect):
     gpu = connect("llm")
     rota_vllm.track(gpu, CheckFailingLLM(None), backup="vllm", check_version=False)

@@ -113,6 +113,16 @@ def _executor(llm: Any) -> Any:
     return executor if hasattr(executor, "is_sleeping") else None
 
 
+def _asleep(llm: Any) -> bool:
+    """Whether vLLM has the engine asleep: its in-process executor's flag, else ``LLMEngine.is_sleeping()`` (a
+    round trip to an engine core in another process, V1 multiprocessing), else False (an engine that cannot say)."""
+    executor = _executor(llm)
+    if executor is not None:
+        return bool(executor.is_sleeping)
+    ask = getattr(getattr(llm, "llm_engine", None), "is_sleeping", None)
+    return bool(ask()) if callable(ask) else False
+
+
 def _sleep(llm: Any, level: int) -> None:
     """``llm.sleep(level)``; if only vLLM's device-wide check failed, mark the in-process executor asleep (the
     check raised before vLLM recorded it), or re-raise naming why where the executor is in another process."""
@@ -163,8 +173,7 @@ class TrackedLLM:
     def rota_park(self, tenant: Gpu, plan: ParkPlan) -> ParkResult | None:
         if tenant is not self.gpu or self.parked_level:
             return None
-        executor = _executor(self.llm)
-        if executor is not None and executor.is_sleeping:  # its weights' memory is unmapped: nothing to save from
+        if _asleep(self.llm):  # its weights' memory is unmapped: nothing to save from
             raise RuntimeError(f"the vLLM engine of job {tenant.tenant!r} is asleep, but rota did not put it to "
                                "sleep (LLM.sleep called directly?); park it through rota instead, e.g. "
                                "gpu.park(rota.ParkPlan(discard=frozenset({'weights'}))), or wake it up first")
