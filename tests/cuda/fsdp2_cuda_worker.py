@@ -7,6 +7,7 @@ After every park it reads NVML for this process: what the park left beside the C
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -77,6 +78,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     reference = [step(model, opt, i) for i in range(STEPS)]
     del model, opt
+    gc.collect()  # FSDP2's modules and hooks form reference cycles: the reference model is freed only here
     torch.cuda.empty_cache()
     baseline = process_device_bytes("cuda:0")  # the context, NCCL and cuBLAS, with no model
 

@@ -163,3 +163,51 @@ def test_copy_runs_stay_inside_one_driver_allocation(record: Any) -> None:
         parker.restore()
     record(tensors=len(tensors), segments=len(segments), adjacent_segments=adjacent, parks=parks)
     assert all(torch.equal(a, b) for a, b in zip(tensors, want, strict=True)), "bytes changed over park/restore"
+
+
+class _Cycle:
+    """A deleted model's shape: device memory held by objects that refer to each other (FSDP2's modules and their
+    hooks do), freed only when the cycle collector runs."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.buf = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+        self.me = self
+
+
+def test_a_park_collects_garbage_held_in_cycles_instead_of_failing(endpoint: str, record: Any) -> None:
+    """On an H100 the FSDP2 test's park failed (ResidueError, 1 GiB) on a reference model the worker had deleted
+    just before: its modules sat in reference cycles until the collector ran. A park over the residue limit now
+    runs ``gc.collect()`` first; what a live object still holds fails the park as before."""
+    import rota
+    import rota_fsdp
+    from rota.residue import ResidueError
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    gpu = rota.connect(group="cuda-gc", tenant="gc", endpoint=endpoint)
+    model = torch.nn.Linear(1024, 1024, device="cuda:0")
+    tracked = rota_fsdp.track(gpu, model)
+    try:
+        gc.disable()  # the collector must not run before the park does
+        try:
+            with gpu.turn():
+                _Cycle(512 * MIB)  # garbage at once: only its cycle keeps it
+            held = torch.cuda.memory_allocated(0)
+            gpu.park()  # would raise ResidueError without the collection
+            after = torch.cuda.memory_allocated(0)
+        finally:
+            gc.enable()
+        with gpu.turn():
+            kept = _Cycle(512 * MIB)  # alive: residue, the park fails naming it
+        with pytest.raises(ResidueError, match=r"_Cycle\.buf"):
+            gpu.park()
+        failures = len(gpu.stats.failures)
+        del kept
+    finally:
+        tracked.untrack()
+        gpu.close()
+    record(held_before_park=held, allocated_after_park=after)
+    assert held >= 512 * MIB and after < 8 * MIB, (held, after)
+    assert failures == 1
+    gc.collect()
+    torch.cuda.empty_cache()

@@ -44,3 +44,33 @@ def test_a_flat_buffer_is_reported_once_by_its_owner_not_by_a_view():
     out = name_untracked("cpu", set(), limit=64)
     assert out.get(f"untracked:Holder.kept (uint8[{3 << 20}])") == 3 << 20, out
     del holder, emb
+
+
+class Cycle:
+    """Garbage that only the cycle collector frees (a deleted FSDP2 model's modules and hooks are such)."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_the_collector_runs_only_when_unnamed_bytes_would_fail_the_park():
+    import gc
+    import weakref
+
+    from rota_torch import collect_if_over
+
+    gc.disable()
+    try:
+        c = Cycle()
+        ref = weakref.ref(c)
+        del c
+
+        def held() -> int:  # what the allocator would hold: 1000 bytes while the cycle lives
+            return 1000 if ref() is not None else 0
+
+        assert not collect_if_over(held, named=0, limit=2000) and ref() is not None  # within the limit
+        assert not collect_if_over(held, named=1000, limit=500) and ref() is not None  # all of it named: residue
+        assert not collect_if_over(held, named=0, limit=0) and ref() is not None  # the check is off
+        assert collect_if_over(held, named=0, limit=500) and ref() is None  # over, unnamed: collected
+    finally:
+        gc.enable()

@@ -39,7 +39,13 @@ from rota_torch._ledger import node_host_bytes
 from rota_torch._overlap import overlap
 from rota_torch._parker import NamedTensors, TensorParker, local_tensor
 from rota_torch._pool import HostBudgetExceeded, HostPool, align, host_bytes_in_use
-from rota_torch._residue import give_back_workspaces, name_untracked, outside_allocator_bytes, process_device_bytes
+from rota_torch._residue import (
+    collect_if_over,
+    give_back_workspaces,
+    name_untracked,
+    outside_allocator_bytes,
+    process_device_bytes,
+)
 from rota_torch._working import WorkingSet
 from rota_torch.errors import AlreadyTracked, BackwardInFlight, DeviceMismatch, HoldsTurn, TrackingError
 from rota_torch.tracked import TAGS, Tracked, check_tags, switch, tracked_models
@@ -48,6 +54,6 @@ __all__ = ["TAGS", "VERIFY_MODES", "AlreadyTracked", "BackwardInFlight", "Device
            "HoldsTurn", "HostBudgetExceeded", "HostPool", "NamedTensors", "NoRoom", "ResidueError", "StateChanged",
            "SwitchError", "SwitchTimeout", "TensorParker", "Tracked", "TrackingError", "VerifyError", "WorkingSet",
            "align", "allocation_range",
-           "check_tags", "env_verify", "give_back_workspaces", "host_bytes_in_use", "local_tensor",
+           "check_tags", "collect_if_over", "env_verify", "give_back_workspaces", "host_bytes_in_use", "local_tensor",
            "name_untracked", "node_host_bytes", "outside_allocator_bytes", "overlap",
            "process_device_bytes", "switch", "tracked_models"]

@@ -46,11 +46,18 @@ import torch
 
 from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
+from rota.residue import residue_max_bytes
 from rota_torch._move import move_resident, rehome_parked
 from rota_torch._overlap import overlap
 from rota_torch._parker import TensorParker, local_tensor
 from rota_torch._pool import align
-from rota_torch._residue import fragmentation, give_back_workspaces, name_untracked, outside_allocator_bytes
+from rota_torch._residue import (
+    collect_if_over,
+    fragmentation,
+    give_back_workspaces,
+    name_untracked,
+    outside_allocator_bytes,
+)
 from rota_torch.errors import AlreadyTracked, BackwardInFlight, DeviceMismatch, HoldsTurn, TrackingError
 
 __all__ = ["ADAM_LIKE", "IDLE_CACHE_SHARE", "TAGS", "Tracked", "check_tags", "switch", "tracked_models"]
@@ -326,6 +333,11 @@ class Tracked:
             for key in [k for k in result.residue if k.startswith("process:")]:
                 del result.residue[key]
         elif self.device.type == "cuda":  # read here too: a park of a parked model (a re-check) moves nothing
+            named = sum(n for k, n in result.residue.items() if not k.startswith("process:"))
+            before = int(torch.cuda.memory_allocated(self.device))
+            if collect_if_over(lambda: before, named, residue_max_bytes()):
+                log.info("tenant %s: the park collected garbage (gc.collect()): %d MiB freed on %s", self.gpu.tenant,
+                         (before - int(torch.cuda.memory_allocated(self.device))) >> 20, self.device)
             # cuBLAS's workspaces go only when no tracked model of this process is on the device: another tenant
             # sharing the process (the demo's in-process mode) may be mid-matmul with them
             if self.parker.release_cached and all(t.parked for t in tracked_models()):
