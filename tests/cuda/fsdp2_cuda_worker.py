@@ -44,8 +44,8 @@ def step(model: torch.nn.Module, opt: torch.optim.Optimizer, i: int) -> float:
 
 
 def describe_failed_park(model: torch.nn.Module, i: int) -> None:
-    """On stderr: FSDP2's state per module and where each large live block was allocated (a park that fails
-    here cannot be rerun at will; this is what tells its cause)."""
+    """On stderr: FSDP2's state per module and where each large live block was allocated (with
+    ROTA_FSDP_HISTORY=1). It showed what an H100's failed parks had left: blocks from before the tracked phase."""
     from torch.distributed.fsdp import FSDPModule
 
     print(f"park after step {i} failed; FSDP2 state:", file=sys.stderr)

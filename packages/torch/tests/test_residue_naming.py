@@ -63,14 +63,10 @@ def test_the_collector_runs_only_when_unnamed_bytes_would_fail_the_park():
     try:
         c = Cycle()
         ref = weakref.ref(c)
-        del c
-
-        def held() -> int:  # what the allocator would hold: 1000 bytes while the cycle lives
-            return 1000 if ref() is not None else 0
-
-        assert not collect_if_over(held, named=0, limit=2000) and ref() is not None  # within the limit
-        assert not collect_if_over(held, named=1000, limit=500) and ref() is not None  # all of it named: residue
-        assert not collect_if_over(held, named=0, limit=0) and ref() is not None  # the check is off
-        assert collect_if_over(held, named=0, limit=500) and ref() is None  # over, unnamed: collected
+        del c  # alive in its cycle; say the allocator holds 1000 bytes for it
+        assert not collect_if_over(1000, named=0, limit=2000) and ref() is not None  # within the limit
+        assert not collect_if_over(1000, named=1000, limit=500) and ref() is not None  # all of it named: residue
+        assert not collect_if_over(1000, named=0, limit=0) and ref() is not None  # the check is off
+        assert collect_if_over(1000, named=0, limit=500) and ref() is None  # over, unnamed: collected
     finally:
         gc.enable()

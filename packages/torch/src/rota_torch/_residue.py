@@ -22,7 +22,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -154,16 +154,15 @@ def name_untracked(device: torch.device | str, tracked: Iterable[int], *,
     return out
 
 
-def collect_if_over(allocated: Callable[[], int], named: int, limit: int) -> bool:
-    """Run the cycle collector when the allocator's bytes beyond the ``named`` residue would fail the park (over
-    ``limit``, ``ROTA_RESIDUE_MAX_BYTES``); whether it ran.
+def collect_if_over(held: int, named: int, limit: int) -> bool:
+    """Run the cycle collector when the allocator's ``held`` bytes, beyond the ``named`` residue, would fail the
+    park (over ``limit``, ``ROTA_RESIDUE_MAX_BYTES``); whether it ran.
 
     Why: a model deleted without ``gc.collect()`` whose objects form reference cycles (an FSDP2 model and its
     hooks do) keeps its device memory until the collector next runs. That is garbage, not residue: on an H100 the
     CUDA tier's FSDP2 test failed its park on the 1 GiB of a reference model it had deleted just before.
     Only on the way to a fault: a full collection walks every Python object.
     """
-    held = allocated()
     if limit <= 0 or held <= limit or held <= named:
         return False
     gc.collect()

@@ -335,7 +335,7 @@ class Tracked:
         elif self.device.type == "cuda":  # read here too: a park of a parked model (a re-check) moves nothing
             named = sum(n for k, n in result.residue.items() if not k.startswith("process:"))
             before = int(torch.cuda.memory_allocated(self.device))
-            if collect_if_over(lambda: before, named, residue_max_bytes()):
+            if collect_if_over(before, named, residue_max_bytes()):
                 log.info("tenant %s: the park collected garbage (gc.collect()): %d MiB freed on %s", self.gpu.tenant,
                          (before - int(torch.cuda.memory_allocated(self.device))) >> 20, self.device)
             # cuBLAS's workspaces go only when no tracked model of this process is on the device: another tenant
