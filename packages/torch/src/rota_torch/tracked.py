@@ -46,7 +46,7 @@ import torch
 
 from rota import Gpu, ParkMode, ParkPlan, ParkResult, hookimpl
 from rota.errors import InvalidArgument
-from rota.residue import residue_max_bytes
+from rota.residue import attributed_residue, residue_max_bytes
 from rota_torch._move import move_resident, rehome_parked
 from rota_torch._overlap import overlap
 from rota_torch._parker import TensorParker, local_tensor
@@ -333,7 +333,7 @@ class Tracked:
             for key in [k for k in result.residue if k.startswith("process:")]:
                 del result.residue[key]
         elif self.device.type == "cuda":  # read here too: a park of a parked model (a re-check) moves nothing
-            named = sum(n for k, n in result.residue.items() if not k.startswith("process:"))
+            named = sum(attributed_residue(result.residue).values())
             before = int(torch.cuda.memory_allocated(self.device))
             if collect_if_over(before, named, residue_max_bytes()):
                 log.info("tenant %s: the park collected garbage (gc.collect()): %d MiB freed on %s", self.gpu.tenant,
@@ -457,7 +457,7 @@ class Tracked:
 
     def _unexplained_residue(self, residue: dict[str, int]) -> dict[str, int]:
         """Name every untracked live tensor when the allocator holds far more than the residue named so far."""
-        named = sum(n for k, n in residue.items() if not k.startswith("process:"))
+        named = sum(attributed_residue(residue).values())
         if residue.get("process:allocated", 0) - named <= NAME_UNEXPLAINED_ABOVE:
             return {}
         attrs = self._module_attr_storages()
