@@ -114,8 +114,9 @@ def test_the_grouped_pass_equals_the_reference_path_on_cuda(snapshot: Path, reco
 
 def test_the_batch_kernels_and_fused_adam_on_cuda(snapshot: Path, record: Any) -> None:
     """On the GPU: the model's RMSNorms take torch's fused kernel (only where it equals theirs bit for bit),
-    token_logprobs equals log_softmax from bf16 logits, and a tenant's fused AdamW state goes out as a trainer's
-    ``optimizer.pt`` (step counts on the host) and back: a copy loaded from it takes the same next step, bit for bit."""
+    token_logprobs (its compiled kernels) equals log_softmax from bf16 logits, and a tenant's fused AdamW state goes
+    out as a trainer's ``optimizer.pt`` (step counts on the host) and back: a copy loaded from it takes the same
+    next step, bit for bit."""
     import io
 
     import numpy as np
@@ -158,10 +159,12 @@ def test_the_batch_kernels_and_fused_adam_on_cuda(snapshot: Path, record: Any) -
     t, c = engine.state_dict("t"), engine.state_dict("copy")
     unequal = [k for k in t if not torch.equal(t[k], c[k])]
     record(fused_rms_norms=fused, token_logprobs_max_abs_diff=lp_diff, token_logprobs_grad_max_abs_diff=grad_diff,
+           token_logprobs_path=kernels.fused_logprobs(),
            adam_fused=bool(engine.adapters["t"].optimizer.param_groups[0]["fused"]),
            adam_round_trip_unequal=len(unequal))
     assert fused > 0, "no RMSNorm of the Qwen3 model equals torch's fused kernel on this GPU"
     assert lp_diff <= 1e-4 and grad_diff <= 1e-2, (lp_diff, grad_diff)
+    assert kernels.fused_logprobs() == "compiled", "token_logprobs' compiled kernels did not run on this GPU"
     assert engine.adapters["t"].optimizer.param_groups[0]["fused"] is True
     assert all(s["step"].device.type == "cpu" for s in state["state"].values())
     assert unequal == []
