@@ -30,7 +30,7 @@ from torch.nn import functional as F
 
 log = logging.getLogger("rota_tinker.worker")
 
-__all__ = ["exact_rms_norms", "fused_logprobs", "token_logprobs"]
+__all__ = ["compile_layers_of", "exact_rms_norms", "fused_logprobs", "token_logprobs"]
 
 CHUNK_ELEMENTS = 1 << 28  # fp32 elements of one chunk of logits (1 GiB): rows per chunk = this / (length x vocab)
 FUSED = True  # on CUDA: the compiled kernels (see the module docs); False: the eager chunks everywhere
@@ -62,6 +62,19 @@ def exact_rms_norms(model: nn.Module, probe_rows: int = 64) -> int:
             module.forward = types.MethodType(_fused_norm, module)
             done += 1
     return done
+
+
+def compile_layers_of(model: nn.Module) -> int:
+    """``torch.compile`` (dynamic shapes) every decoder layer of ``model`` in place; returns how many.
+
+    Why: between its matmuls a layer runs many elementwise kernels (rotary embedding, SiLU times up, the residual
+    adds, each LoRA term's add), each a pass over the activations; compiled, the ones between two matmuls are one
+    kernel computing in fp32. The LoRA terms themselves stay eager (their segments change every batch).
+    """
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
 
 
 def _lse_rows(logits: torch.Tensor) -> torch.Tensor:
