@@ -478,6 +478,7 @@ class AgentService(pb_grpc.SnapshotAgentServiceServicer):
             raise
         reader = asyncio.create_task(self._read(ch, request_iterator))
         why = "stream closed by the workload"
+        getter: asyncio.Task | None = None
         try:
             while True:
                 getter = asyncio.create_task(ch.outbox.get())
@@ -493,8 +494,10 @@ class AgentService(pb_grpc.SnapshotAgentServiceServicer):
                     why = "agent stopping"
                     break
                 yield cmd
-        finally:
+        finally:  # the stream may end at any await or yield: neither task outlives it
             reader.cancel()
+            if getter is not None:
+                getter.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             self.agent.unregister(job, ch, why)
