@@ -112,7 +112,7 @@ def test_the_grouped_pass_equals_the_reference_path_on_cuda(snapshot: Path, reco
     assert worst_loss <= TOLERANCE and worst_weight <= 10 * TOLERANCE, (worst_loss, worst_weight)
 
 
-def test_the_batch_kernels_and_fused_adam_on_cuda(snapshot: Path, record: Any) -> None:
+def test_the_batch_kernels_and_fused_adam_on_cuda(snapshot: Path, record: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the GPU: the model's RMSNorms take torch's fused kernel (only where it equals theirs bit for bit),
     token_logprobs (its compiled kernels) equals log_softmax from bf16 logits, and a tenant's fused AdamW state goes
     out as a trainer's ``optimizer.pt`` (step counts on the host) and back: a copy loaded from it takes the same
@@ -125,6 +125,7 @@ def test_the_batch_kernels_and_fused_adam_on_cuda(snapshot: Path, record: Any) -
     from rota_tinker._worker import kernels
     from rota_tinker._worker.multilora import Unit
 
+    monkeypatch.setattr(kernels, "FUSED", True)  # token_logprobs' compiled kernels (off by default until measured)
     engine = _engine(snapshot)  # BatchedLora.__init__ made the norms exact-fused
     fused = sum("forward" in vars(m) for m in engine.model.modules() if type(m).__name__.endswith("RMSNorm"))
     gen = torch.Generator(device="cuda:0").manual_seed(0)

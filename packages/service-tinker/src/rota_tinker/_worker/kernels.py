@@ -10,12 +10,13 @@ result:
   the fused kernel does); any other norm keeps its own forward.
 * :func:`token_logprobs` gives ``log_softmax(logits.float())`` at the targets from half-precision logits, a
   few rows at a time in fp32, and its backward recomputes the softmax the same way: the fp32 logits, their
-  log-softmax and its gradient are never whole. On CUDA (without torch's deterministic algorithms) the forward's
-  log-sum-exp and the backward's softmax gradient are each one kernel made by ``torch.compile``, which reads the
-  half-precision logits and computes in fp32 in registers: on the H100 the eager chunks (a fp32 copy, then
-  several passes over it) were 40 ms of a 234 ms 8,192-token step. Its values are fp32's up to the order of the
-  sums (tested against fp64 in the CUDA tier and ``bench/logprobs_kernel.py``); a compile that fails falls back
-  to the chunks, once, with a warning.
+  log-softmax and its gradient are never whole. With :data:`FUSED` on CUDA (without torch's deterministic
+  algorithms) the forward's log-sum-exp and the backward's softmax gradient are each one kernel made by
+  ``torch.compile``, which reads the half-precision logits and computes in fp32 in registers: on the H100 the
+  eager chunks (a fp32 copy, then several passes over it) were 40 ms of a 234 ms 8,192-token step. Its values are
+  fp32's up to the order of the sums (the CUDA tier checks them; ``bench/logprobs_kernel.py`` measures both paths'
+  time and error against fp64); a compile that fails falls back to the chunks, once, with a warning. Off until
+  that bench has run on a GPU.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ log = logging.getLogger("rota_tinker.worker")
 __all__ = ["compile_layers_of", "exact_rms_norms", "fused_logprobs", "token_logprobs"]
 
 CHUNK_ELEMENTS = 1 << 28  # fp32 elements of one chunk of logits (1 GiB): rows per chunk = this / (length x vocab)
-FUSED = True  # on CUDA: the compiled kernels (see the module docs); False: the eager chunks everywhere
+FUSED = False  # True: on CUDA the compiled kernels (see the module docs); False: the eager chunks everywhere
 
 
 def _fused_norm(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
