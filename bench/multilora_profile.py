@@ -7,11 +7,6 @@ forward+backward of 32 x 256 tokens (the ceiling of any LoRA pass over them), th
 then a torch.profiler table of one N = 4 step. bench/results/multilora-profile-h200-qwen3-1.7b.log is its run on
 an H200 at 6105bb7 (before the grouped backward).
 
-``--compile`` also runs the engine with every decoder layer compiled (``BatchedLora(compile_layers=True)``, its own
-copy of the model) and measures the accuracy the issue asks of a fused or compiled path: four tenants' losses and
-adapter gradients of one batch in bf16, eager and compiled, against the same model and batch in fp32 (relative
-errors; the compiled path is acceptable when its errors are no larger than eager bf16's).
-
     python bench/multilora_profile.py --device cuda:0 --model qwen3-1.7b > bench/results/multilora-profile-h200.log
 """
 
@@ -37,15 +32,15 @@ def _timeit(fn: Callable[[], object], sync: Callable[[], None], k: int = 3) -> f
 
 
 def main() -> None:
+    from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM
 
-    from rota_tinker._worker.multilora import Unit
+    from rota_tinker._worker.multilora import BatchedLora, Unit
     from rota_tinker.testing import QWEN3_SHAPES, qwen3_shaped
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--model", default="qwen3-1.7b", choices=sorted(QWEN3_SHAPES))
-    p.add_argument("--compile", action="store_true", help="also the compiled layers, and their accuracy vs fp32")
     args = p.parse_args()
     dev = torch.device(args.device)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
@@ -70,25 +65,8 @@ def main() -> None:
         out.logits.float().log_softmax(-1).gather(2, x.unsqueeze(2)).sum().backward()
 
     print(f"base fwd+bwd 8192 tokens: {_timeit(base_step, sync):.4f} s", flush=True)
+    engine = BatchedLora(model, dev)
     targets = {"attn": True, "mlp": True, "unembed": True}
-    _engine_figures("eager", model, dev, unit, sync, targets)
-    if args.compile:  # a model of its own: the engine wraps the model's linears in place
-        del model
-        model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=torch.bfloat16, local_files_only=True).to(dev)
-        _engine_figures("compiled", model, dev, unit, sync, targets)
-        del model
-        _accuracy(spec, dev, [unit(f"t{i}") for i in range(4)], targets)
-
-
-def _engine_figures(variant: str, model: object, dev: torch.device, unit: Callable[[str], object],
-                    sync: Callable[[], None], targets: dict) -> None:
-    """The batched engine at N = 1, 4, 8 (step, forward_backward, optim_step) and a profile of one N = 4 step."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from rota_tinker._worker.multilora import BatchedLora
-
-    t0 = time.perf_counter()
-    engine = BatchedLora(model, dev, compile_layers=variant == "compiled")
     for n in (1, 4, 8):
         for i in range(len(engine.adapters), n):
             engine.add(f"t{i}", 16, seed=i, targets=targets)
@@ -101,53 +79,16 @@ def _engine_figures(variant: str, model: object, dev: torch.device, unit: Callab
             for t in tenants:
                 engine.optim_step(t, {"learning_rate": 1e-4})
 
-        if n == 1:
-            fb()
-            sync()
-            print(f"{variant}: first forward_backward (with any compile) {time.perf_counter() - t0:.1f} s", flush=True)
-        print(f"{variant} N={n}: step {_timeit(lambda: (fb(), opt()), sync):.4f} s, forward_backward "
-              f"{_timeit(fb, sync):.4f} s, optim_step {_timeit(opt, sync):.4f} s", flush=True)
+        print(f"N={n}: step {_timeit(lambda: (fb(), opt()), sync):.4f} s, forward_backward {_timeit(fb, sync):.4f} s, "
+              f"optim_step {_timeit(opt, sync):.4f} s", flush=True)
     tenants = [f"t{i}" for i in range(4)]
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         engine.forward_backward([unit(t) for t in tenants])
         for t in tenants:
             engine.optim_step(t, {"learning_rate": 1e-4})
         sync()
-    print(f"{variant}: profile of one N=4 step")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
-    if variant == "eager":
-        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=20, max_name_column_width=60))
-
-
-def _accuracy(spec: object, dev: torch.device, units: list, targets: dict) -> None:
-    """Four tenants' losses and adapter gradients of ``units`` in bf16 (eager, compiled) against fp32."""
-    from transformers import AutoModelForCausalLM
-
-    from rota_tinker._worker.multilora import BatchedLora
-
-    def run(dtype: torch.dtype, compiled: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
-        model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, local_files_only=True).to(dev)
-        engine = BatchedLora(model, dev, compile_layers=compiled)
-        gen = torch.Generator().manual_seed(1)
-        for i in range(4):
-            engine.add(f"t{i}", 16, seed=i, targets=targets)
-            with torch.no_grad():  # B starts at zero (A's gradient would be zero): the same small B everywhere
-                for _a, b in engine.adapters[f"t{i}"].layers.values():
-                    b.copy_(torch.randn(b.shape, generator=gen) * 0.02)
-        losses = [r["metrics"]["loss:sum"] for r in engine.forward_backward(units)]
-        grads = {f"{t}.{path}.{k}": p.grad.detach().float().cpu() for t, ad in engine.adapters.items()
-                 for path, pair in ad.layers.items() for k, p in zip("AB", pair, strict=True)}
-        del engine, model
-        torch.cuda.empty_cache() if dev.type == "cuda" else None
-        return losses, grads
-
-    ref_losses, ref_grads = run(torch.float32, False)
-    for name, compiled in (("eager bf16", False), ("compiled bf16", True)):
-        losses, grads = run(torch.bfloat16, compiled)
-        loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
-        grad_err = max(float((grads[k] - g).norm() / g.norm().clamp_min(1e-30)) for k, g in ref_grads.items())
-        print(f"accuracy vs fp32, {name}: worst relative loss error {loss_err:.3e}, worst relative gradient error "
-              f"(norm of the difference / norm, over {len(ref_grads)} adapter tensors) {grad_err:.3e}", flush=True)
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=20, max_name_column_width=60))
 
 
 if __name__ == "__main__":

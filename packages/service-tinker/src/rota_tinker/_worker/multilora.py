@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rota_tinker._worker.kernels import compile_layers_of, exact_rms_norms, token_logprobs
+from rota_tinker._worker.kernels import exact_rms_norms, token_logprobs
 from rota_tinker._worker.models import LORA_ALPHA, LORA_TARGETS, adam_step, datum_loss
 
 __all__ = ["MICRO_TOKENS", "BatchedLora", "Unit", "plan_batches"]
@@ -93,18 +93,13 @@ class _SegmentLora(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        delta = self.delta(x)
-        return y + delta.view_as(y) if delta is not None else y
-
-    def delta(self, x: torch.Tensor) -> torch.Tensor | None:
-        """The batch's LoRA term for ``x`` (None: no batch, or no tenant adapts this linear). Never compiled: the
-        segments change with every batch (with compiled layers it is wrapped in ``torch.compiler.disable``, and
-        runs eagerly between their compiled parts)."""
         segments = self._batched[0].segments
         if segments is None:
-            return None
+            return y
         flat = x.reshape(-1, x.shape[-1])
-        return _segment_delta(flat, self.path, segments, flat.shape[0] // segments.rows)
+        per_row = flat.shape[0] // segments.rows
+        delta = _segment_delta(flat, self.path, segments, per_row)
+        return y + delta.view_as(y) if delta is not None else y
 
 
 @dataclass
@@ -215,11 +210,9 @@ class BatchedLora:
     :param model: the base (its parameters are frozen here); its linears whose leaf name is in
         :data:`rota_tinker._worker.models.LORA_TARGETS` take adapters.
     :param device: where adapters live (the base's device).
-    :param compile_layers: ``torch.compile`` each decoder layer (:func:`rota_tinker._worker.kernels.compile_layers_of`;
-        measured by ``bench/multilora_profile.py --compile``, off by default).
     """
 
-    def __init__(self, model: nn.Module, device: torch.device | str, *, compile_layers: bool = False) -> None:
+    def __init__(self, model: nn.Module, device: torch.device | str) -> None:
         self.model, self.device = model, torch.device(device)
         for p in model.parameters():
             p.requires_grad_(False)
@@ -237,12 +230,6 @@ class BatchedLora:
                 self.linears[path] = (group, module)
                 parent = model.get_submodule(path.rpartition(".")[0]) if "." in path else model
                 setattr(parent, leaf, _SegmentLora(module, path, self))
-        self.compiled_layers = 0
-        if compile_layers:
-            for module in model.modules():
-                if isinstance(module, _SegmentLora):
-                    module.delta = torch.compiler.disable(module.delta)  # type: ignore[method-assign]
-            self.compiled_layers = compile_layers_of(model)
 
     # ------------------------------------------------------------------ tenants
 
