@@ -1,6 +1,7 @@
 """The batched LoRA worker's cheaper kernels (rota_tinker._worker.kernels) and what its micro-batch does with them.
 
 * ``token_logprobs`` (logits kept once, fp32 by chunks) gives log_softmax's values and gradients;
+* the gradient its compiled CUDA kernels compute is log_softmax's; a compile that fails falls back, once;
 * ``exact_rms_norms`` swaps in torch's fused RMSNorm only where it equals the model's own, here a real Qwen3
   loaded with ``from_pretrained``, and leaves a norm of another formula alone;
 * a forward-only row whose inputs are NaN, in the same pass as its tenant's training rows, adds nothing to that
@@ -39,7 +40,7 @@ def _model(folder: Path) -> Any:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_token_logprobs_equal_log_softmax_in_value_and_gradient(dtype: torch.dtype,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernels, "CHUNK_ELEMENTS", 2 * 7 * 50)  # chunks of 2 rows: the loop's seams are crossed
+    monkeypatch.setattr(kernels, "CHUNK_ELEMENTS", 2 * 7 * 50)  # chunks of 14 tokens (2 rows): seams are crossed
     gen = torch.Generator().manual_seed(0)
     logits = (torch.randn(5, 7, 50, generator=gen) * 4).to(dtype)
     targets = torch.randint(0, 50, (5, 7), generator=gen)
@@ -56,6 +57,35 @@ def test_token_logprobs_equal_log_softmax_in_value_and_gradient(dtype: torch.dty
     scale = float(theirs.grad.float().abs().max())
     worst = float((mine.grad.float() - theirs.grad.float()).abs().max())
     assert worst <= (1e-6 if dtype == torch.float32 else 1e-2) * scale, (worst, scale)
+
+
+def test_the_fused_gradient_formula_equals_log_softmax_and_a_failed_compile_falls_back(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """What the compiled kernels compute (kernels.FUSED, CUDA only; run uncompiled here): the gradient
+    ``grad * (onehot - softmax)`` rounded once equals log_softmax's autograd within bf16 rounding; a compile that
+    fails is reported once and the eager chunks take over."""
+    gen = torch.Generator().manual_seed(1)
+    logits = (torch.randn(9, 40, generator=gen) * 4).bfloat16()
+    targets = torch.randint(0, 40, (9,), generator=gen)
+    upstream = torch.randn(9, generator=gen)
+    theirs = logits.float().requires_grad_(True)
+    (F.log_softmax(theirs, -1).gather(1, targets[:, None]).squeeze(1) * upstream).sum().backward()
+    got = kernels._grad_rows(logits, kernels._lse_rows(logits), upstream, targets)
+    assert got.dtype == torch.bfloat16
+    assert torch.allclose(got.float(), theirs.grad, rtol=1e-2, atol=1e-3)
+
+    def no_compiler(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("no C compiler here")
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    monkeypatch.setattr(kernels._Fused, "lse", None)
+    monkeypatch.setattr(kernels._Fused, "broken", False)
+    with caplog.at_level("WARNING", logger="rota_tinker.worker"):
+        assert kernels._Fused.run("lse", logits) is None
+    assert kernels.fused_logprobs() == "failed"
+    assert "torch.compile failed (RuntimeError: no C compiler here)" in caplog.text
+    monkeypatch.setattr(kernels, "FUSED", True)
+    assert not kernels._Fused.usable(logits)  # never tried again (and CPU logits never take it)
 
 
 def test_exact_rms_norms_take_the_fused_kernel_only_where_it_is_equal(snapshot: Path) -> None:

@@ -33,7 +33,7 @@ log = logging.getLogger("rota_tinker.worker")
 
 __all__ = ["exact_rms_norms", "fused_logprobs", "token_logprobs"]
 
-CHUNK_ELEMENTS = 1 << 28  # fp32 elements of one chunk of logits (1 GiB): rows per chunk = this / (length x vocab)
+CHUNK_ELEMENTS = 1 << 28  # fp32 elements of one chunk of logits (1 GiB): tokens per chunk = this / vocab
 FUSED = False  # True: on CUDA the compiled kernels (see the module docs); False: the eager chunks everywhere
 
 
