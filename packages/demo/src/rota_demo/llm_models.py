@@ -268,10 +268,21 @@ def own_storages(model):
     return model
 
 
+RECORD = "rota-demo.json"  # written beside a checkpoint's weights by build_checkpoint: how they were pre-trained
+
+
+def checkpoint_record(ckpt: str) -> dict | None:
+    """The record :func:`build_checkpoint` wrote with checkpoint ``ckpt`` (None: no checkpoint, or not the demo's)."""
+    record = pathlib.Path(ckpt, RECORD) if ckpt else None
+    if record is None or not record.is_file():
+        return None
+    return json.loads(record.read_text())
+
+
 def build_checkpoint(size: LlmSize, seed: int, device: str, cache_dir: str) -> tuple[str, bool]:
     """(path, built): the job's starting checkpoint under ``cache_dir``, built unless it is there already."""
     path = pathlib.Path(cache_dir) / size.key(seed)
-    if (path / "rota-demo.json").exists():
+    if (path / RECORD).exists():
         return str(path), False
     from transformers import Qwen3ForCausalLM
 
@@ -303,7 +314,7 @@ def build_checkpoint(size: LlmSize, seed: int, device: str, cache_dir: str) -> t
     model.generation_config.do_sample = False  # the demo passes its own settings; keep the saved ones plain
     model.save_pretrained(tmp)
     t.save_tokenizer(str(tmp))
-    (tmp / "rota-demo.json").write_text(json.dumps({"size": dataclasses.asdict(size), "seed": seed,
+    (tmp / RECORD).write_text(json.dumps({"size": dataclasses.asdict(size), "seed": seed,
                                                     "params": size.params, "pretrain_losses": losses,
                                                     "pretrain_expected_rewards": rewards}, indent=1))
     try:

@@ -58,11 +58,11 @@ def _pretraining(size: Any) -> dict[str, Any] | None:
     """How an LLM job's starting checkpoint was pre-trained (its ``rota-demo.json``): optimizer steps taken, and
     a rollout's expected reward measured on fresh questions before the first and the last measurement (where it
     stopped, when it reached ``pretrain_reward``); None for toy jobs or a checkpoint without the record."""
-    ckpt = getattr(size, "ckpt", "")
-    record = pathlib.Path(ckpt, "rota-demo.json") if ckpt else None
-    if record is None or not record.is_file():
+    from rota_demo.llm_models import checkpoint_record  # torch: only where an LLM job is reported
+
+    built = checkpoint_record(getattr(size, "ckpt", ""))
+    if built is None:
         return None
-    built = json.loads(record.read_text())
     rewards = built.get("pretrain_expected_rewards") or [None]
     return {"steps": len(built.get("pretrain_losses") or []), "expected_reward_first": rewards[0],
             "expected_reward_last": rewards[-1]}
