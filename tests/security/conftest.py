@@ -27,28 +27,42 @@ from tests.security.agentlib import ROTA, TENANT, Agent, Recorder
 ATTACKER = "rota-attacker"
 
 
-@pytest.fixture(autouse=True)
-def close_tinker_clients(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every Tinker SDK client a Tinker test makes is closed as the test ends, while its module's server is still
-    up. Why: an unclosed client's session heartbeats for minutes in the pytest process, and its "heartbeat
-    failed" warnings once landed inside a later test's log capture (test_compat, at e749a8a)."""
+@pytest.fixture(scope="module", autouse=True)
+def tinker_clients_closed(request: pytest.FixtureRequest) -> Iterator[list[pytest.Item | pytest.Module]]:
+    """Every Tinker SDK client a Tinker test module makes is closed when what made it ends: a test's at the test's
+    end, a module fixture's (a victim's model, a tenant's trainer) at the module's end, each before the fixtures set
+    up ahead of it (its server) are torn down, so closing reaches a live server. Why: an unclosed client's session
+    heartbeats for minutes in the pytest process, and its "heartbeat failed" warnings once landed inside a later
+    test's log capture (test_compat, at e749a8a; alice's and mallory's module-fixture sessions again at 5e20e33)."""
+    where: list[pytest.Item | pytest.Module] = [request.node]  # whose end closes a client made now
     if "tinker" not in request.module.__name__:
-        yield
+        yield where
         return
     import tinker
 
-    made: list[tinker.ServiceClient] = []
     init = tinker.ServiceClient.__init__
 
     def recording_init(self: tinker.ServiceClient, *args: object, **kwargs: object) -> None:
         init(self, *args, **kwargs)
-        made.append(self)
+        where[-1].addfinalizer(lambda: _close_tinker_client(self))  # pytest runs a node's finalizers last-in first
 
-    monkeypatch.setattr(tinker.ServiceClient, "__init__", recording_init)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tinker.ServiceClient, "__init__", recording_init)
+        yield where
+
+
+@pytest.fixture(autouse=True)
+def tinker_clients_of_the_test(request: pytest.FixtureRequest,
+                               tinker_clients_closed: list[pytest.Item | pytest.Module]) -> Iterator[None]:
+    """While a test runs, the clients it (or a fixture of its) makes are closed at its end (see above)."""
+    tinker_clients_closed.append(request.node)
     yield
-    for client in made:
-        with contextlib.suppress(Exception):  # a refused or failed test's client: closing is best effort
-            client.close("success").result(timeout=5)
+    tinker_clients_closed.pop()
+
+
+def _close_tinker_client(client: object) -> None:
+    with contextlib.suppress(Exception):  # a refused or failed test's client: closing is best effort
+        client.close("success").result(timeout=5)  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
