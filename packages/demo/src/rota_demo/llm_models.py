@@ -273,10 +273,8 @@ RECORD = "rota-demo.json"  # written beside a checkpoint's weights by build_chec
 
 def checkpoint_record(ckpt: str) -> dict | None:
     """The record :func:`build_checkpoint` wrote with checkpoint ``ckpt`` (None: no checkpoint, or not the demo's)."""
-    record = pathlib.Path(ckpt, RECORD) if ckpt else None
-    if record is None or not record.is_file():
-        return None
-    return json.loads(record.read_text())
+    record = pathlib.Path(ckpt, RECORD)
+    return json.loads(record.read_text()) if ckpt and record.is_file() else None
 
 
 def build_checkpoint(size: LlmSize, seed: int, device: str, cache_dir: str) -> tuple[str, bool]:
