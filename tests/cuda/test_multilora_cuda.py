@@ -125,7 +125,7 @@ def test_the_batch_kernels_and_fused_adam_on_cuda(snapshot: Path, record: Any, m
     from rota_tinker._worker import kernels
     from rota_tinker._worker.multilora import Unit
 
-    monkeypatch.setattr(kernels, "FUSED", True)  # token_logprobs' compiled kernels (off by default until measured)
+    monkeypatch.setattr(kernels, "FUSED", True)  # token_logprobs' compiled kernels (the default: kept on here)
     engine = _engine(snapshot)  # BatchedLora.__init__ made the norms exact-fused
     fused = sum("forward" in vars(m) for m in engine.model.modules() if type(m).__name__.endswith("RMSNorm"))
     gen = torch.Generator(device="cuda:0").manual_seed(0)

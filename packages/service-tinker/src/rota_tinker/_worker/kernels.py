@@ -15,8 +15,7 @@ result:
   ``torch.compile``, which reads the half-precision logits and computes in fp32 in registers: on an H100 at 6021981
   (``bench/logprobs_kernel.py``, 8,192 tokens x 151,936) forward and backward took 7.4 ms instead of the chunks'
   33.3 ms (0.22x), with errors against fp64 no larger (logprobs 1.1e-6 vs 1.3e-6, gradient equal). A compile that
-  fails falls back to the chunks, once, with a warning. Off by default until the CUDA tier and a service run have
-  used it on a GPU (the tier's check turns it on).
+  fails falls back to the chunks, once, with a warning. Set :data:`FUSED` False for the chunks everywhere.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ log = logging.getLogger("rota_tinker.worker")
 __all__ = ["exact_rms_norms", "fused_logprobs", "token_logprobs"]
 
 CHUNK_ELEMENTS = 1 << 28  # fp32 elements of one chunk of logits (1 GiB): tokens per chunk = this / vocab
-FUSED = False  # True: on CUDA the compiled kernels (see the module docs); False: the eager chunks everywhere
+FUSED = True  # True: on CUDA the compiled kernels (see the module docs); False: the eager chunks everywhere
 
 
 def _fused_norm(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
