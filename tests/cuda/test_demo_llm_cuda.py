@@ -79,6 +79,7 @@ def _figures(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
                 restore_ms_p50=ts["restore_ms_p50"], restore_ms_p99=ts["restore_ms_p99"],
                 wait_ms_p50=ts["wait_ms_p50"], wait_ms_p99=ts["wait_ms_p99"], failed_parks=ts["failed_parks"],
                 failed_restores=ts["failed_restores"], failures=ts["failures"][:3], adapters=ts["adapters"],
+                footprints=ts.get("footprints"), prefetch=ts["prefetch"], capacity_bytes=ts["capacity_bytes"],
                 max_abs_diff_dedicated_vs_timesliced=diffs,
                 sampler_first_last={t["name"]: (t.get("sampler_first"), t.get("sampler_last"))
                                     for t in summary["tenants"]},

@@ -99,6 +99,12 @@ def test_demo_with_capacity_prefetches_the_next_trainer_and_stays_bit_identical(
     assert ts["capacity_bytes"] == capacity and ts["parks"] > 0
     assert ts["prefetch"]["hits"] > 0 and ts["prefetch"]["failures"] == 0, ts["prefetch"]
     assert "prefetch (next tenant restored during the holder's turn)" in r.stdout
+    # what fits: each worker's largest footprint as rota counted it, per group (trainers gpu0, samplers gpu1)
+    fp, state = ts["footprints"], ModelSize(hidden=64, layers=2).trainer_state_bytes
+    assert sorted(fp["gpu0"]) == ["rl-a/trainer", "rl-b/trainer", "sft/trainer"], fp
+    assert all(sum(tags.values()) >= state and {"weights", "optimizer"} <= tags.keys() for tags in fp["gpu0"].values())
+    assert sum(sum(tags.values()) for tags in fp["gpu0"].values()) > capacity  # three trainers do not fit: parks
+    assert "gpu0: rl-a/trainer" in r.stdout and "they do not all fit at once, so the policy parks" in r.stdout
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from rota.config import format_bytes
 from rota_demo.memory import push_plan
 from rota_demo.runner import JOBS, DemoConfig, ModeResult
 
-__all__ = ["failures_line", "summarize", "table", "timeline_lanes", "timeline_png", "write_json"]
+__all__ = ["failures_line", "footprints_line", "summarize", "table", "timeline_lanes", "timeline_png", "write_json"]
 
 FAILURES_KEPT = 50  # failed parks/restores listed in demo.json (all are counted)
 FAILURE_CHARS = 600
@@ -128,6 +128,9 @@ def summarize(cfg: DemoConfig, results: dict[str, ModeResult]) -> dict[str, Any]
             "failed_restores": sum(1 for r in ts.reports.values() for k, _ in r.failures if k == "restore"),
             "failures": [{"worker": name, "kind": k, "error": why[:FAILURE_CHARS]}
                          for name, r in sorted(ts.reports.items()) for k, why in r.failures][:FAILURES_KEPT],
+            "footprints": {g: {name: {t: b for t, b in r.footprint.items() if b}
+                               for name, r in sorted(ts.reports.items()) if r.group == g and r.footprint}
+                           for g in sorted({r.group for r in ts.reports.values() if r.footprint})},
             "moves": len(moves), "move_ms_p50": percentile([s * 1000 for _, s in moves], 50),
             "move_ms_p99": percentile([s * 1000 for _, s in moves], 99), "bytes_moved_device_to_device":
             sum(b for b, _ in moves),
@@ -188,6 +191,25 @@ def failures_line(summary: dict[str, Any]) -> str:
             f"{first['kind']} of {first['worker']}: {first['error']}")
 
 
+def footprints_line(footprints: dict[str, dict[str, dict[str, int]]], capacity: int) -> str:
+    """What fits, per group: each worker's largest footprint at a turn's end (by tag where it has several), their
+    sum, and whether the group's capacity holds them all at once (if not, the policy must park)."""
+    def one(name: str, tags: dict[str, int]) -> str:
+        parts = f" ({', '.join(f'{t} {format_bytes(b)}' for t, b in sorted(tags.items()))})" if len(tags) > 1 else ""
+        return f"{name} {format_bytes(sum(tags.values()))}{parts}"
+
+    out = []
+    for group, workers in footprints.items():
+        total = sum(sum(tags.values()) for tags in workers.values())
+        line = f"{group}: " + ", ".join(one(n, tags) for n, tags in workers.items())
+        line += f"; together {format_bytes(total)}"
+        if capacity:
+            line += f" against {format_bytes(capacity)}: " + (
+                "all fit at once" if total <= capacity else "they do not all fit at once, so the policy parks")
+        out.append(line)
+    return "footprints (largest at a turn's end, as rota counts them) per group: " + "; ".join(out)
+
+
 def table(summary: dict[str, Any]) -> str:
     """The terminal table."""
     lines: list[str] = []
@@ -238,6 +260,8 @@ def table(summary: dict[str, Any]) -> str:
         lines.append(f"failed parks {ts.get('failed_parks', 0)}, failed restores {ts.get('failed_restores', 0)}"
                      + (f"; capacity {format_bytes(ts['capacity_bytes'])} per group ({ts.get('capacity_how') or 'set'})"
                         if ts.get("capacity_bytes") else "; capacity 0: every switch parks"))
+        if any((ts.get("footprints") or {}).values()):
+            lines.append(footprints_line(ts["footprints"], ts.get("capacity_bytes", 0)))
         pre = ts.get("prefetch") or {}
         if any(pre.values()):
             lines.append(f"prefetch (next tenant restored during the holder's turn): {pre.get('hits', 0)} hits, "

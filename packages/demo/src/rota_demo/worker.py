@@ -90,6 +90,9 @@ class WorkerReport:
     group: str = ""  # the rota group (shared device) it took turns on; "" = a device of its own
     # parks and restores of this worker that failed, setup included: ("park" | "restore", "Type: message")
     failures: list[tuple[str, str]] = field(default_factory=list)
+    # the largest footprint it reported at a turn's end (tag -> bytes: tracked state, working set, an engine's
+    # share), what the orchestrator counts against its capacity: with the others', what fits and what must park
+    footprint: dict[str, int] = field(default_factory=dict)
 
 
 class DeviceTurns:
@@ -173,9 +176,14 @@ class DeviceTurns:
 
     def _turn_ended(self) -> None:
         """Inside the turn, before its release: the turn's peak beyond the tracked state, for the footprint that
-        the release and later acquires report (see :class:`rota_torch.WorkingSet`)."""
+        the release and later acquires report (see :class:`rota_torch.WorkingSet`); the largest footprint so far,
+        for the report."""
         if self.working is not None:
             self.working.turn_ended()
+        if self.gpu is not None:
+            now = self.gpu.footprint()
+            if sum(now.values()) > sum(self.report.footprint.values()):
+                self.report.footprint = now
 
     def _on_turn_device(self) -> None:
         """The turn's device is the current one (a turn of a group over several GPUs may be on another)."""
