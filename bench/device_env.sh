@@ -11,8 +11,10 @@
 #     anyio==4.16.0 sniffio==1.3.1 idna==3.20 certifi==2026.10.19.post1 distro==1.9.0 pydantic==2.14.4 \
 #     pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 \
 #     orjson==3.13.0 zstandard==0.25.0 rich==15.0.0 Pygments==2.21.0 markdown-it-py==4.3.0 mdurl==0.1.2 \
-#     click==8.5.1 tqdm==4.70.1 pluggy==1.7.0 PyJWT==2.10.1 prometheus-client==0.26.0 uvicorn==0.54.0
-# (the tinker SDK and its dependencies serve bench/tinker_density.py; nvidia-ml-py the agent's NVML readings)
+#     click==8.5.1 tqdm==4.70.1 pluggy==1.7.0 PyJWT==2.10.1 prometheus-client==0.26.0 uvicorn==0.54.0 \
+#     liger-kernel==0.8.5
+# (the tinker SDK and its dependencies serve bench/tinker_density.py; nvidia-ml-py the agent's NVML readings;
+# liger-kernel bench/liger_kernels.py, with the device's triton)
 # (protobuf 6.31.1, not 5.x: the device's tensorboard, which megatron-core imports, needs >= 6.31.1)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 # the device's protobuf is newer than our generated code: harmless, but one warning per process and file

@@ -44,6 +44,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("bench/multilora_step.py", "rota_tinker._worker"): "measures the batched LoRA step itself (no service)",
     ("bench/multilora_profile.py", "rota_tinker._worker"): "profiles the batched LoRA step itself (no service)",
     ("bench/logprobs_kernel.py", "rota_tinker._worker"): "measures the batched LoRA step's logprob kernels",
+    ("bench/liger_kernels.py", "rota_tinker._worker"): "measures the batched LoRA step with liger-kernel's kernels",
     ("bench/tinker_density.py", "rota_tinker._worker"): "builds the service's tiny model",
     ("tests/cuda/test_multilora_cuda.py", "rota_tinker._worker"): "checks the batched LoRA kernels on a GPU",
     ("tests/security/test_ledger.py", "rota_torch._ledger"): "attacks the node host-memory ledger's files directly",
