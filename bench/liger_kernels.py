@@ -92,6 +92,17 @@ def _errors(ref: tuple[list[np.ndarray], dict[str, torch.Tensor]],
     return {"logprob_max_abs_err": lp, "grad_rel_err": grad}
 
 
+def _count(text: str) -> int:
+    """An argument that counts something: an integer of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer of at least 1")
+    return n
+
+
 def main() -> None:
     from rota_tinker._worker.multilora import Unit
     from rota_tinker.testing import QWEN3_SHAPES, qwen3_shaped
@@ -99,15 +110,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--model", default="qwen3-1.7b", choices=sorted(QWEN3_SHAPES))
-    p.add_argument("--tenants", type=int, default=4)
-    p.add_argument("--rows", type=int, default=8, help="rows a tenant (default 8)")
-    p.add_argument("--length", type=int, default=256, help="tokens a row (default 256: 4 x 8 x 256 = 8,192)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--tenants", type=_count, default=4)
+    p.add_argument("--rows", type=_count, default=8, help="rows a tenant (default 8)")
+    p.add_argument("--length", type=_count, default=256, help="tokens a row (default 256: 4 x 8 x 256 = 8,192)")
+    p.add_argument("--repeats", type=_count, default=5)
     p.add_argument("--out", type=Path, default=None, help="JSON file to write")
     args = p.parse_args()
-    for name in ("tenants", "rows", "length", "repeats"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} {getattr(args, name)} must be at least 1")
     dev = torch.device(args.device)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     spec = qwen3_shaped(tempfile.mkdtemp(), args.model, "float32", weights=True)
