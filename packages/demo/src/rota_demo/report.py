@@ -260,8 +260,9 @@ def table(summary: dict[str, Any]) -> str:
         lines.append(f"failed parks {ts.get('failed_parks', 0)}, failed restores {ts.get('failed_restores', 0)}"
                      + (f"; capacity {format_bytes(ts['capacity_bytes'])} per group ({ts.get('capacity_how') or 'set'})"
                         if ts.get("capacity_bytes") else "; capacity 0: every switch parks"))
-        if any((ts.get("footprints") or {}).values()):
-            lines.append(footprints_line(ts["footprints"], ts.get("capacity_bytes", 0)))
+        if any((ts.get("footprints") or {}).values()):  # --elastic: one group over every device, each its capacity
+            per_group = ts.get("capacity_bytes", 0) * (ts["devices"] if summary["config"]["elastic"] else 1)
+            lines.append(footprints_line(ts["footprints"], per_group))
         pre = ts.get("prefetch") or {}
         if any(pre.values()):
             lines.append(f"prefetch (next tenant restored during the holder's turn): {pre.get('hits', 0)} hits, "
