@@ -144,6 +144,8 @@ def simulate(shares: tuple[float, ...], policy: str, *, steps: int, evals_every:
             t.start()
         for t in threads:
             t.join()
+        if len(ends) != len(JOBS):  # a job's thread died (its traceback is above): no makespan to report
+            raise RuntimeError(f"jobs {sorted({j.name for j in JOBS} - set(ends))} did not finish")
         for state in states.values():
             state.gpu.pm.unregister(state)
     evals = steps // evals_every
