@@ -57,6 +57,7 @@ def test_working_set_is_reported_and_counted_against_capacity() -> None:
             assert a.footprint()["working"] == 0  # nothing measured before a first turn
             turn(a, sets[0])
             assert a.footprint()["working"] == 2 * MIB and fakes[0].resets == 1  # its own turn's hook only
+            assert sets[0].turn_ended() == a.footprint()  # it returns the footprint it now reports: no second read
             assert fakes[1].resets == 0
             turn(b, sets[1])  # b's working set is not known yet: it fits beside a, a stays resident
             assert len(a.stats.parks) == 0
@@ -86,5 +87,6 @@ def test_a_failing_measurement_keeps_the_last_value_and_the_worker() -> None:
             assert gpu.footprint()["working"] == 5 * MIB
             turn(gpu, working)
             assert gpu.footprint()["working"] == 5 * MIB
+            assert working.turn_ended() is None  # a failed measurement returns nothing to record
         finally:
             gpu.close()

@@ -178,10 +178,9 @@ class DeviceTurns:
         """Inside the turn, before its release: the turn's peak beyond the tracked state, for the footprint that
         the release and later acquires report (see :class:`rota_torch.WorkingSet`); the largest footprint so far,
         for the report."""
-        if self.working is not None:
-            self.working.turn_ended()
+        now = self.working.turn_ended() if self.working is not None else None
         if self.gpu is not None:
-            now = self.gpu.footprint()
+            now = now if now is not None else self.gpu.footprint()  # the working set's read, else one of our own
             if sum(now.values()) > sum(self.report.footprint.values()):
                 self.report.footprint = now
 

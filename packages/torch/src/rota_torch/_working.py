@@ -51,13 +51,17 @@ class WorkingSet:
         except Exception as e:  # a measurement must never cost the tenant its turn
             log.warning("working set: could not reset the allocator's peak: %s", e)
 
-    def turn_ended(self) -> None:
-        """Measure the turn that is ending: its peak beyond what the tenant tracks."""
+    def turn_ended(self) -> dict[str, int] | None:
+        """Measure the turn that is ending: its peak beyond what the tenant tracks. Returns the tenant's footprint
+        as it now reports it (its tracked tags and this working set), which a caller that records it need not read
+        again; None when the measurement failed."""
         try:
-            tracked = sum(v for k, v in self.gpu.footprint().items() if k != "working")
-            self.bytes = max(0, self._peak() - tracked)
+            tags = {k: v for k, v in self.gpu.footprint().items() if k != "working"}
+            self.bytes = max(0, self._peak() - sum(tags.values()))
         except Exception as e:
             log.warning("working set: could not read the allocator's peak (keeping %d bytes): %s", self.bytes, e)
+            return None
+        return {**tags, "working": self.bytes}
 
     @hookimpl
     def rota_footprint(self, tenant: Any) -> dict[str, int] | None:
