@@ -16,7 +16,8 @@ Two layers:
   subclass says *which* tensors make up its job through :meth:`Tracked.weights`,
   :meth:`Tracked.grads`, :meth:`Tracked.optimizer_state` and
   :meth:`Tracked.pool_estimate`. :class:`WorkingSet` adds what a tenant's turns need beyond
-  its tracked tensors (their peak CUDA cache) to its footprint, so a capacity counts it.
+  its tracked tensors (their peak CUDA cache) to its footprint, so a capacity counts it, and
+  the tenant keeps that cache between turns (:func:`counts_cache`).
 
 Imports torch (``torch>=2.4,<2.15``, the range of every trainer adapter); rota-core does not.
 """
@@ -46,7 +47,7 @@ from rota_torch._residue import (
     outside_allocator_bytes,
     process_device_bytes,
 )
-from rota_torch._working import WorkingSet
+from rota_torch._working import WorkingSet, counts_cache
 from rota_torch.errors import AlreadyTracked, BackwardInFlight, DeviceMismatch, HoldsTurn, TrackingError
 from rota_torch.tracked import TAGS, Tracked, check_tags, switch, tracked_models
 
@@ -54,6 +55,7 @@ __all__ = ["TAGS", "VERIFY_MODES", "AlreadyTracked", "BackwardInFlight", "Device
            "HoldsTurn", "HostBudgetExceeded", "HostPool", "NamedTensors", "NoRoom", "ResidueError", "StateChanged",
            "SwitchError", "SwitchTimeout", "TensorParker", "Tracked", "TrackingError", "VerifyError", "WorkingSet",
            "align", "allocation_range",
-           "check_tags", "collect_if_over", "env_verify", "give_back_workspaces", "host_bytes_in_use", "local_tensor",
+           "check_tags", "collect_if_over", "counts_cache", "env_verify", "give_back_workspaces", "host_bytes_in_use",
+           "local_tensor",
            "name_untracked", "node_host_bytes", "outside_allocator_bytes", "overlap",
            "process_device_bytes", "switch", "tracked_models"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from rota import hookimpl
 
-__all__ = ["WorkingSet"]
+__all__ = ["WorkingSet", "counts_cache"]
 
 log = logging.getLogger("rota_torch.working")
 
@@ -28,7 +28,8 @@ class WorkingSet:
     the release, which already reports the footprint), so ``rota_footprint``, called on every acquire and
     heartbeat, only reads a number. ``peak`` and ``reset`` read and restart the allocator's peak
     (``torch.cuda``'s for ``device`` by default). A turn's own peak is a measurement: one that fails keeps the
-    last value and never costs the tenant its turn.
+    last value and never costs the tenant its turn. While one is registered for a tenant, the tenant keeps its
+    CUDA cache between turns (:func:`counts_cache`): the footprint counts it, so the capacity holds room for it.
     """
 
     def __init__(self, gpu: Any, device: Any, *, peak: Callable[[], int] | None = None,
@@ -66,3 +67,14 @@ class WorkingSet:
     @hookimpl
     def rota_footprint(self, tenant: Any) -> dict[str, int] | None:
         return {"working": self.bytes} if tenant is self.gpu else None
+
+
+def counts_cache(gpu: Any) -> bool:
+    """Whether ``gpu``'s footprint counts its CUDA cache: a :class:`WorkingSet` of that tenant is registered.
+
+    Why: its last turn's peak cache is part of the footprint the orchestrator fits into ``capacity_bytes``, so the
+    cache it still holds (at most that peak: a turn's peak starts at what is already reserved) takes no room the
+    orchestrator would give anyone else, and returning it to the driver at the turn's end only makes the next turn
+    map it again. Several tenants may share one process's plugin manager: only this tenant's working set counts.
+    """
+    return any(isinstance(p, WorkingSet) and p.gpu is gpu for p in gpu.pm.get_plugins())

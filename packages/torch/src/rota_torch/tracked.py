@@ -58,6 +58,7 @@ from rota_torch._residue import (
     name_untracked,
     outside_allocator_bytes,
 )
+from rota_torch._working import counts_cache
 from rota_torch.errors import AlreadyTracked, BackwardInFlight, DeviceMismatch, HoldsTurn, TrackingError
 
 __all__ = ["ADAM_LIKE", "IDLE_CACHE_SHARE", "TAGS", "Tracked", "check_tags", "switch", "tracked_models"]
@@ -66,7 +67,8 @@ log = logging.getLogger(__name__)
 
 TAGS = ("weights", "grads", "optimizer")
 #: An idle resident keeps at most this share of the device in torch's cache of freed blocks (the step's
-#: temporaries, e.g. AdamW's foreach buffers): more goes back to the driver when its turn ends, for the next holder.
+#: temporaries, e.g. AdamW's foreach buffers): more goes back to the driver when its turn ends, for the next holder,
+#: unless its footprint counts that cache (a :class:`~rota_torch.WorkingSet`): then the capacity holds room for it.
 IDLE_CACHE_SHARE = 0.05
 NAME_UNEXPLAINED_ABOVE = 128 << 20  # allocator bytes beyond the named residue that make a park name every tensor
 #: Optimizers whose state (two moments and a step per parameter) :meth:`Tracked.pool_estimate` foresees.
@@ -417,9 +419,13 @@ class Tracked:
         """After a turn: give torch's cached free blocks back to the driver if they exceed :data:`IDLE_CACHE_SHARE`.
 
         The tenant stays resident (nothing is parked); the next holder gets room for its
-        own temporaries. Small caches are kept: reallocating them every turn costs time.
+        own temporaries. Small caches are kept: reallocating them every turn costs time. So is
+        a cache the tenant's footprint counts (:func:`~rota_torch.counts_cache`): the orchestrator
+        keeps room for it whether it is held or not, so giving it back makes no room for anyone and
+        the next turn would map it again (an SFT step of the demo split into four turns paid that
+        four times a step).
         """
-        if self.device.type != "cuda" or not self.parker.release_cached:
+        if self.device.type != "cuda" or not self.parker.release_cached or counts_cache(self.gpu):
             return
         cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
         if cached > IDLE_CACHE_SHARE * torch.cuda.get_device_properties(self.device).total_memory:
