@@ -16,7 +16,9 @@ model's config, ``save_pretrained``: real safetensors files, loaded by vLLM with
   keeps) and the device's used memory; after every restore: greedy tokens equal to those before any park;
 * **fresh-mapping probe** (after ``untrack``): a level-2 sleep, the weights woken alone, then a pinned pool's copy
   into them (at once, after a device-side write, after a pause, after the KV cache's wake), and the same copy
-  again: where a restore loses time.
+  again: where a restore loses time;
+* with ``--pipelined``, last: the sleep and wake done by hand, allocation by allocation, copies overlapping the
+  unmapping and mapping (``bench/vllm_pipelined.py``): whether a restore through vLLM's pool can keep to 1.2x.
 
 A park or restore that fails, or tokens that differ, is counted in ``failures`` and the run exits 1 naming it.
 Ratios: median of the cycles after the first over the floor's median, and the first apart. JSON goes to
@@ -254,7 +256,7 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
 
     warm_s = statistics.median(timed_generate()[1] for _ in range(3))  # the same requests, engine warm
     # the first requests after vLLM's own wake, after rota's restore, after the probe's
-    first_after: dict[str, list[float]] = {"vllm": [], "rota": [], "probe": []}
+    first_after: dict[str, list[float]] = {"vllm": [], "rota": [], "probe": [], "pipelined": []}
 
     def check(what: str, who: str, i: int) -> None:
         got, seconds = timed_generate()  # the first requests after the wake: an empty KV cache and prefix cache
@@ -313,6 +315,7 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
         say(f"{shape}: probe ({r['mode']}): wake weights {r['wake_weights_s']:.4f} s, before the copy "
             f"{r['before_s']:.4f} s, copy in {r['load_s']:.4f} s, again {r['recopy_s']:.4f} s (floor {f_h2d:.4f} s), "
             f"wake KV cache {r['wake_kv_s']:.4f} s")
+    pipelined = pipelined_probe(llm, shape, args, check, failures, f_d2h, f_h2d) if args.pipelined else None
     row = {
         "shape": shape, "snapshot": str(snapshot), "weights_bytes": wbytes, "engine_start_s": start_s,
         "context_bytes": context, "awake_nvml_bytes": awake_nvml, "awake_device_used": awake_used,
@@ -332,8 +335,32 @@ def run_shape(shape: str, args: argparse.Namespace, failures: list[str]) -> dict
                  "residue_after_park_bytes": [None if b is None or context is None else b - context
                                               for b in park_nvml]},
         "fresh_mapping_probe": probe, "first_generate_after_probe_s": first_after["probe"],
+        "pipelined_probe": pipelined, "first_generate_after_pipelined_s": first_after["pipelined"],
     }
     return row
+
+
+def pipelined_probe(llm: Any, shape: str, args: argparse.Namespace, check: Any, failures: list[str], f_d2h: float,
+                    f_h2d: float) -> dict[str, Any] | None:
+    """``--pipelined``: sleep and wake by hand, allocation by allocation (``bench/vllm_pipelined.py``), last: a
+    failure there may leave the engine unusable."""
+    import vllm_pipelined
+
+    try:
+        got = vllm_pipelined.probe(llm, args.cycles, check, nvml_of_this_process)
+    except Exception as e:  # counted, named, and the run fails
+        failures.append(f"{shape}: the pipelined probe: {type(e).__name__}: {e}")
+        traceback.print_exc()
+        return None
+    parks, restores = [r["park_s"] for r in got["park"]], [r["restore_s"] for r in got["restore"]]
+    got.update(park_x_floor=ratio(parks[1:], f_d2h), restore_x_floor=ratio(restores, f_h2d),
+               first_park_x_floor=parks[0] / f_d2h if parks else None)
+    say(f"{shape}: pipelined probe ({got['bytes'] / GB:.2f} GB in {got['weights_allocations']} weights allocations, "
+        f"{got['other_allocations']} others): park {[round(x, 4) for x in parks]} s, restore "
+        f"{[round(x, 4) for x in restores]} s, NVML after park "
+        f"{[None if b is None else b // MIB for b in got['nvml_after_park']]} MiB; last park by step "
+        f"{rounded(got['park'][-1])}, last restore {rounded(got['restore'][-1])}")
+    return got
 
 
 def main() -> int:
@@ -347,6 +374,8 @@ def main() -> int:
     ap.add_argument("--snapshots", default="/tmp/rota-vllm-snapshots", help="where the built snapshots are kept")
     ap.add_argument("--out", default="bench/results/vllm-switch-cuda.json", help="JSON path")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per shape's process (default 900)")
+    ap.add_argument("--pipelined", action="store_true",
+                    help="last, a probe: sleep and wake by hand, allocation by allocation (bench/vllm_pipelined.py)")
     ap.add_argument("--one", choices=sorted(SHAPES), help=argparse.SUPPRESS)  # the per-shape child
     args = ap.parse_args()
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -381,6 +410,7 @@ def main() -> int:
         for flag in ("cycles", "repeats", "first_after", "gpu_memory_utilization", "snapshots"):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         cmd += ["--cuda-graphs"] if args.cuda_graphs else []
+        cmd += ["--pipelined"] if args.pipelined else []
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         rc = subprocess.run(cmd, timeout=args.timeout).returncode
         try:
@@ -401,6 +431,10 @@ def main() -> int:
         say(f"{r['shape']} ({r['weights_bytes'] / GB:.2f} GB of weights): rota park {x(o['park_x_floor'])} / "
             f"restore {x(o['restore_x_floor'])} the floor (first park {x(o['first_park_x_floor'])}); vLLM level 1 "
             f"sleep {x(v['sleep_x_floor'])} / wake {x(v['wake_x_floor'])} (first sleep {x(v['first_sleep_x_floor'])})")
+        if r.get("pipelined_probe"):
+            q = r["pipelined_probe"]
+            say(f"{r['shape']}: by hand, allocation by allocation: park {x(q['park_x_floor'])} / restore "
+                f"{x(q['restore_x_floor'])} the floor (first park {x(q['first_park_x_floor'])})")
     if failures:
         print(f"vllm_switch: {len(failures)} failure(s); the first: {failures[0]}", file=sys.stderr)
         return 1
