@@ -142,7 +142,10 @@ def simulate(shapes: Shapes, shares: tuple[float, ...], policy: str, *, steps: i
              speed: float, patience_s: float) -> dict[str, Any]:
     jobs, capacity = shapes.jobs, shapes.capacity_bytes
     base = Priority()
-    chosen: Any = ResidentFirst(base, patience_s=patience_s / speed, capacity_bytes=capacity) \
+    # its times in the model's clock: patience, and the switch rate it assumes until parks are measured (measured
+    # ones already run --speed times faster)
+    chosen: Any = ResidentFirst(base, patience_s=patience_s / speed, capacity_bytes=capacity,
+                                switch_bytes_per_s=ResidentFirst.switch_bytes_per_s * speed) \
         if policy == "resident-first" else base
     config = OrchestratorConfig(ttl_s=60.0, park_timeout_s=600.0, capacity_bytes=capacity, policy=chosen)
     ends: dict[str, float] = {}

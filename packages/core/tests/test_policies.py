@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
+from typing import Any
 
 import rota
 from rota import plugin_manager
@@ -76,6 +78,7 @@ def test_resident_first_serves_residents_and_holds_a_parked_job_back_until_due()
     g = GroupState("g")
     for job, state in (("parked", "parked"), ("res", "resident"), ("away", "resident")):
         g.tenant(job).state = state
+        g.tenant(job).last_active = 1.9  # the residents took turns just before: the device is not idle
     policy = ResidentFirst(Fifo(), patience_s=10.0)
     q = [Waiter("parked", 1, 0.0), Waiter("res", 2, 1.0)]
     assert policy.choose(q, g.tenants, 2.0).job_id == "res"  # on the device already, though it came later
@@ -94,38 +97,101 @@ def test_resident_first_serves_residents_and_holds_a_parked_job_back_until_due()
     assert policy.name == "fifo+resident-first"
 
 
-def test_resident_first_end_to_end_grants_the_parked_job_once_due():
-    """Two jobs fit, a third does not: the parked one waits while residents take turns, then gets in."""
-    from rota.policies import Fifo, ResidentFirst
+def _three_jobs_room_for_two(ep: str, eng: object) -> tuple[dict[str, rota.Gpu], dict[str, object]]:
+    """a, b, c of 1000 bytes each in a group with room for two: c's first turn parks a (the oldest resident)."""
     from rota.testing import ListState
+
+    gpus = {j: rota.connect(group="g", tenant=j, endpoint=ep) for j in ("a", "b", "c")}
+    states = {j: ListState(gpu) for j, gpu in gpus.items()}
+    for j in ("a", "b", "c"):
+        with gpus[j].turn():
+            pass
+    assert eng.groups["g"].tenants["a"].state == "parked"
+    return gpus, states
+
+
+def _acquire_in_thread(gpu: rota.Gpu, got: list[tuple[float, int]], parks: Any) -> threading.Thread:
+    """``gpu`` acquires in a thread; ``got`` receives when it was granted and ``parks()`` at that moment."""
+    t = threading.Thread(target=lambda: (gpu.acquire(), got.append((time.monotonic(), parks())), gpu.release()))
+    t.start()
+    return t
+
+
+def test_resident_first_end_to_end_grants_the_parked_job_once_due():
+    """Two jobs fit, a third does not: the parked one waits while the residents keep taking turns, then gets in
+    once its patience is out, and one resident is parked to make room."""
+    from rota.policies import Fifo, ResidentFirst
 
     config = OrchestratorConfig(capacity_bytes=2000, policy=ResidentFirst(Fifo(), patience_s=1.0))
     with running_orchestrator(config) as (ep, eng):
-        gpus = {j: rota.connect(group="g", tenant=j, endpoint=ep) for j in ("a", "b", "c")}
-        states = {j: ListState(gpu) for j, gpu in gpus.items()}
-        for j in ("a", "b", "c"):  # c's first turn parks a (oldest resident)
-            with gpus[j].turn():
-                pass
-        assert eng.groups["g"].tenants["a"].state == "parked"
-        t0 = time.monotonic()
-        got = []
-        waiter = threading.Thread(target=lambda: (gpus["a"].acquire(), got.append(time.monotonic()),
-                                                  gpus["a"].release()))
-        waiter.start()
-        for _ in range(2):  # b and c take turns meanwhile (milliseconds each), without any park
+        gpus, states = _three_jobs_room_for_two(ep, eng)
+        t0, got = time.monotonic(), []
+        waiter = _acquire_in_thread(gpus["a"], got, lambda: states["b"].calls.count("park")
+                                    + states["c"].calls.count("park"))
+        while not got and time.monotonic() - t0 < 10:  # b and c use the device all along (milliseconds a turn)
             for j in ("b", "c"):
                 with gpus[j].turn():
                     pass
-        parks_meanwhile = states["b"].calls.count("park") + states["c"].calls.count("park")
-        quick = time.monotonic() - t0 < 0.8  # the turns above ended before a's patience did
         waiter.join(timeout=10)
-        assert got and got[0] - t0 >= 0.9  # a got in only once its patience ran out
-        if quick:
-            assert parks_meanwhile == 0
-        assert states["b"].calls.count("park") + states["c"].calls.count("park") == 1  # one of them made room
+        assert got and got[0][0] - t0 >= 0.9  # a got in only once its patience ran out
+        assert got[0][1] == 1  # and one of them was parked to make room for it
         for j in gpus:
             states[j].close()
             gpus[j].close()
+
+
+def test_resident_first_end_to_end_grants_the_parked_job_once_the_residents_leave_the_device_idle():
+    """The same three jobs, a patience of a minute: b and c take two turns each and then stop using the device
+    (e.g. waiting on the parked job itself). a gets in once the device has been idle for what letting it in costs
+    (here the recheck's 0.25 s: a thousand bytes), not a minute later."""
+    from rota.policies import Fifo, ResidentFirst
+
+    config = OrchestratorConfig(capacity_bytes=2000, policy=ResidentFirst(Fifo(), patience_s=60.0))
+    with running_orchestrator(config) as (ep, eng):
+        gpus, states = _three_jobs_room_for_two(ep, eng)
+        got: list[tuple[float, int]] = []
+        waiter = _acquire_in_thread(gpus["a"], got, lambda: states["b"].calls.count("park")
+                                    + states["c"].calls.count("park"))
+        eventually(lambda: eng.groups["g"].queued("a") is not None, "a queued")
+        for _ in range(2):
+            for j in ("b", "c"):
+                with gpus[j].turn():
+                    pass
+        idle_from = time.monotonic()
+        waiter.join(timeout=20)
+        assert got and 0.2 <= got[0][0] - idle_from < 10, (got, idle_from)
+        assert got[0][1] == 1
+        for j in gpus:
+            states[j].close()
+            gpus[j].close()
+
+
+def test_resident_first_waits_for_idle_time_worth_the_switch_then_lets_the_parked_job_in():
+    """Rent or buy: a parked job that does not fit gets in once the residents have left the device idle for
+    what letting it in costs (its restore, the parks and restores of what makes room), at the rate the group's
+    parks measured, else the policy's default; never while a resident holds the device; and with no footprint
+    to price it, only after its patience, as before."""
+    from rota.policies import Fifo, ResidentFirst
+
+    gb = 10**9
+    g = GroupState("g")
+    for job, state in (("parked", "parked"), ("res", "resident"), ("away", "resident")):
+        rec = g.tenant(job)
+        rec.state, rec.footprint_bytes, rec.last_active = state, 60 * gb, 10.0
+    policy = ResidentFirst(Fifo(), patience_s=60.0, capacity_bytes=130 * gb)  # 25 GB/s until parks are measured
+    q = [Waiter("parked", 1, 9.0)]
+    # cost: its 60 GB restored, 50 GB parked to make room and restored later: 160 GB at 25 GB/s = 6.4 s
+    assert policy.choose(q, g.tenants, 16.0) is None  # idle 6.0 s
+    assert policy.choose(q, g.tenants, 16.5) is q[0]  # idle 6.5 s
+    g.tenant("res").state = "holding"
+    assert policy.choose(q, g.tenants, 30.0) is None  # a resident holds the device: not idle
+    g.tenant("res").state = "resident"
+    g.tenant("away").parked_bytes, g.tenant("away").parks_ms = 50 * gb, deque([1000.0])  # parks ran 50 GB/s
+    assert policy.choose(q, g.tenants, 13.1) is None  # 160 GB at 50 GB/s = 3.2 s
+    assert policy.choose(q, g.tenants, 13.3) is q[0]
+    g.tenant("parked").footprint_bytes = 0  # its size unknown: no price, it waits for its patience
+    assert policy.choose(q, g.tenants, 68.9) is None
+    assert policy.choose(q, g.tenants, 69.0) is q[0]
 
 
 def test_resident_first_lets_a_parked_job_displace_only_lower_priority_residents():
@@ -146,6 +212,7 @@ def test_resident_first_lets_a_parked_job_displace_only_lower_priority_residents
     sft = Waiter("sft", 2, 0.0, priority=0)
     for job, state in (("rl-b", "resident"), ("sft", "parked")):
         g.tenant(job).state = state
+    g.tenant("rl-b").last_active = 58.9  # rl-b uses the device: not idle
     assert policy.choose([sft], g.tenants, 59.0) is None  # low priority: waits for room (or its patience)
     assert policy.choose([sft], g.tenants, 60.0) is sft
     g.tenant("sft").priority = 1  # equal priorities: nobody displaces anybody

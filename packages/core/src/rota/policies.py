@@ -94,11 +94,21 @@ class ResidentFirst:
     priority are parked is served like a resident (the switch parks those, lowest
     priority first), so high-priority jobs end up resident together and low-priority
     ones wait for room.
+
+    Waiting for room is worth it only while the residents use the device. Once none of them
+    has held, asked for or given back a turn for as long as letting the parked waiter in would
+    cost (its restore, and the parks and later restores of what makes room for it, at the
+    switch rate the group's parks measured, else ``switch_bytes_per_s``), the device is idle
+    and the waiter gets in: a rent-or-buy rule that wastes at most that cost twice. (A resident
+    waiting on the parked job itself, e.g. a trainer on its own evaluation engine, left the
+    device idle for all of ``patience_s`` before.) Without footprints that cost is unknown and
+    the waiter waits for its patience, as before.
     """
 
     base: Policy
     patience_s: float = 30.0
     capacity_bytes: int = 0  # the device's size, as the orchestrator's; 0: every parked job needs a switch
+    switch_bytes_per_s: float = 25e9  # a switch's rate until the group's own parks have measured one
     recheck_s = 0.25  # while it holds a parked waiter back, the orchestrator asks again this often
 
     @property
@@ -132,10 +142,30 @@ class ResidentFirst:
         on_device = [w for w in queue if cheap(w.job_id) or outranks(w)]
         if on_device:
             return self.base.choose(on_device, tenants, now)
-        if not any(resident(job) for job in tenants):  # nothing to wait for: the device is free
+        residents = [rec for rec in tenants.values() if resident(rec.job_id)]
+        if not residents:  # nothing to wait for: the device is free
             return self.base.choose(queue, tenants, now)
-        due = [w for w in queue if now - w.arrived >= self.patience_s]
+        due = [w for w in queue
+               if now - w.arrived >= self.patience_s or self._idle_long_enough(w, residents, tenants, held, now)]
         return self.base.choose(due, tenants, now) if due else None
+
+    def _idle_long_enough(self, w: Waiter, residents: list[TenantRecord], tenants: dict[str, TenantRecord],
+                          held: int, now: float) -> bool:
+        """The residents have left the device idle for at least what letting ``w`` in would cost."""
+        rec = tenants.get(w.job_id)
+        if rec is None or rec.footprint_bytes <= 0 or any(r.state == "holding" for r in residents):
+            return False
+        quiet_s = now - max(r.last_active for r in residents)
+        room = held if self.capacity_bytes <= 0 else max(0, held + rec.footprint_bytes - self.capacity_bytes)
+        cost_s = (rec.footprint_bytes + 2 * room) / switch_rate(tenants, self.switch_bytes_per_s)
+        return quiet_s >= max(cost_s, self.recheck_s)
+
+
+def switch_rate(tenants: dict[str, TenantRecord], default: float) -> float:
+    """Bytes a second the group's parks moved (the median over jobs of their last park), else ``default``."""
+    rates = sorted(rec.parked_bytes / (rec.parks_ms[-1] / 1000.0) for rec in tenants.values()
+                   if rec.parked_bytes > 0 and rec.parks_ms and rec.parks_ms[-1] > 0)
+    return rates[len(rates) // 2] if rates else default
 
 
 @hookimpl

@@ -70,5 +70,6 @@ def resident_first_option(**extra: Any) -> Any:
     return click.option(
         "--resident-first", type=click.FloatRange(min=0), default=0.0, show_default=True,
         help="With --capacity: serve jobs whose state is on the device (or fits beside it) before parked ones, "
-        "and let a parked job in after this many seconds (or once the device is free): jobs that do not fit "
-        "together then wait for room instead of trading places at every turn. 0 = off.", **extra)
+        "and let a parked job in after this many seconds, once the device is free, or once the residents have "
+        "left it idle for what letting it in would cost: jobs that do not fit together then wait for room "
+        "instead of trading places at every turn. 0 = off.", **extra)
