@@ -145,20 +145,20 @@ class ResidentFirst:
         residents = [rec for rec in tenants.values() if resident(rec.job_id)]
         if not residents:  # nothing to wait for: the device is free
             return self.base.choose(queue, tenants, now)
-        due = [w for w in queue
-               if now - w.arrived >= self.patience_s or self._idle_long_enough(w, residents, tenants, held, now)]
+        # how long the residents have left the device idle (none while one holds it), and what a switch moves a second
+        holding = any(r.state == "holding" for r in residents)
+        quiet_s = 0.0 if holding else now - max(r.last_active for r in residents)
+        rate = switch_rate(tenants, self.switch_bytes_per_s) if quiet_s >= self.recheck_s else None
+        due = [w for w in queue if now - w.arrived >= self.patience_s
+               or (rate is not None and self._worth_it(tenants.get(w.job_id), held, quiet_s, rate))]
         return self.base.choose(due, tenants, now) if due else None
 
-    def _idle_long_enough(self, w: Waiter, residents: list[TenantRecord], tenants: dict[str, TenantRecord],
-                          held: int, now: float) -> bool:
-        """The residents have left the device idle for at least what letting ``w`` in would cost."""
-        rec = tenants.get(w.job_id)
-        if rec is None or rec.footprint_bytes <= 0 or any(r.state == "holding" for r in residents):
+    def _worth_it(self, rec: TenantRecord | None, held: int, quiet_s: float, rate: float) -> bool:
+        """The device has been idle for at least what letting this parked waiter in would cost."""
+        if rec is None or rec.footprint_bytes <= 0:
             return False
-        quiet_s = now - max(r.last_active for r in residents)
         room = held if self.capacity_bytes <= 0 else max(0, held + rec.footprint_bytes - self.capacity_bytes)
-        cost_s = (rec.footprint_bytes + 2 * room) / switch_rate(tenants, self.switch_bytes_per_s)
-        return quiet_s >= max(cost_s, self.recheck_s)
+        return quiet_s >= (rec.footprint_bytes + 2 * room) / rate
 
 
 def switch_rate(tenants: dict[str, TenantRecord], default: float) -> float:
