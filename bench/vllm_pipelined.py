@@ -63,15 +63,6 @@ class Pipelined:
         self.pool.reserve(total)
         self.stream = torch.cuda.Stream()
 
-    def _copy(self, dev: torch.Tensor, offset: int, to_host: bool) -> None:
-        at = 0
-        for part in self.pool.pieces(offset, dev.numel()):
-            if to_host:
-                part.copy_(dev[at:at + part.numel()], non_blocking=True)
-            else:
-                dev[at:at + part.numel()].copy_(part, non_blocking=True)
-            at += part.numel()
-
     def park(self) -> dict[str, float]:
         from vllm.device_allocator.cumem import unmap_and_release
 
@@ -81,7 +72,7 @@ class Pipelined:
         with torch.cuda.stream(self.stream):
             for group in self.groups:
                 for dev, offset in group:
-                    self._copy(dev, offset, to_host=True)
+                    self.pool.transfer(dev, offset, to_host=True, non_blocking=True)
         t1 = time.perf_counter()
         for _ptr, data in self.others:  # the KV cache, while the weights' copies run
             unmap_and_release(data.handle)
@@ -105,7 +96,7 @@ class Pipelined:
                 create_and_map(data.handle)
                 data.is_asleep = False
                 for dev, offset in group:
-                    self._copy(dev, offset, to_host=False)
+                    self.pool.transfer(dev, offset, to_host=False, non_blocking=True)
         t1 = time.perf_counter()
         for _ptr, data in self.others:  # mapped while the copies run
             create_and_map(data.handle)

@@ -148,3 +148,22 @@ def test_faulting_in_makes_every_page_resident_and_zero(fault: str) -> None:
     assert _resident_pages(mapping, size) == size // mmap.PAGESIZE
     assert int(chunk.count_nonzero()) == 0
     del chunk
+
+
+def test_transfer_crosses_chunks_both_ways_and_leaves_the_rest_alone() -> None:
+    """``HostPool.transfer`` (what the parker, rota_vllm's weight stash and the benches copy with): a range that
+    starts inside one chunk and ends inside the next lands byte for byte, and only there."""
+    pool = HostPool(pin=False, chunk_bytes=CHUNK)
+    pool.reserve(3 * CHUNK)
+    pool.transfer(torch.zeros(3 * CHUNK, dtype=torch.uint8), 0, to_host=True, non_blocking=False)  # all three
+    src = torch.randint(0, 256, (CHUNK,), dtype=torch.uint8)
+    offset = CHUNK - 2048  # 2 KiB in the first chunk, the rest in the second
+    pool.transfer(src, offset, to_host=True, non_blocking=False)
+    assert len(pool.pieces(offset, src.numel())) == 2
+    assert torch.equal(pool.view(offset, src.numel()), src)
+    assert not pool.view(0, offset).any() and not pool.view(offset + src.numel(), CHUNK).any()
+    back = torch.zeros_like(src)
+    pool.transfer(back, offset, to_host=False, non_blocking=False)
+    assert torch.equal(back, src)
+    with pytest.raises(ValueError, match="beyond its capacity"):
+        pool.transfer(src, 2 * CHUNK + 512, to_host=True, non_blocking=False)

@@ -72,13 +72,7 @@ class WeightStash:
                 n = s.nbytes()
                 if to_host and not self.pool.wait_for(offset + n):
                     self.pool.reserve(offset + n)
-                dev, at = _bytes_of(s), 0
-                for part in self.pool.pieces(offset, n):
-                    if to_host:
-                        part.copy_(dev[at:at + part.numel()], non_blocking=cuda)
-                    else:
-                        dev[at:at + part.numel()].copy_(part, non_blocking=cuda)
-                    at += part.numel()
+                self.pool.transfer(_bytes_of(s), offset, to_host=to_host, non_blocking=cuda)
         return stream
 
     def _finish(self, stream: Any) -> None:

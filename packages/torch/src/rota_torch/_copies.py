@@ -183,20 +183,12 @@ def check_unchanged(sl: Slot, who: str) -> None:
 def copy_out(pool: HostPool, device: torch.device, sl: Slot, *, non_blocking: bool, who: str) -> None:
     """Device -> pool, one storage."""
     check_unchanged(sl, who)
-    dev = storage_view(sl.storage, device)
-    at = 0
-    for part in pool.pieces(sl.offset, sl.nbytes):
-        part.copy_(dev[at:at + part.numel()], non_blocking=non_blocking)
-        at += part.numel()
+    pool.transfer(storage_view(sl.storage, device), sl.offset, to_host=True, non_blocking=non_blocking)
 
 
 def copy_in(pool: HostPool, device: torch.device, sl: Slot, *, non_blocking: bool) -> None:
     """Pool -> device, one storage."""
-    dev = storage_view(sl.storage, device)
-    at = 0
-    for part in pool.pieces(sl.offset, sl.nbytes):
-        dev[at:at + part.numel()].copy_(part, non_blocking=non_blocking)
-        at += part.numel()
+    pool.transfer(storage_view(sl.storage, device)[:sl.nbytes], sl.offset, to_host=False, non_blocking=non_blocking)
 
 
 def copy_runs(pool: HostPool, device: torch.device, slots: list[Slot], *, into_device: bool,
@@ -223,12 +215,5 @@ def _issue_runs(pool: HostPool, device: torch.device, slots: list[Slot], *, into
             for sl in run:
                 check_unchanged(sl, who)
         span = last.offset - first.offset + last.nbytes
-        dev = raw_device_bytes(first.storage.data_ptr(), span, device)
-        at = 0
-        for part in pool.pieces(first.offset, span):
-            piece = dev[at:at + part.numel()]
-            if into_device:
-                piece.copy_(part, non_blocking=True)
-            else:
-                part.copy_(piece, non_blocking=True)
-            at += part.numel()
+        pool.transfer(raw_device_bytes(first.storage.data_ptr(), span, device), first.offset,
+                      to_host=not into_device, non_blocking=True)

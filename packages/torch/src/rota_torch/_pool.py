@@ -285,6 +285,18 @@ class HostPool:
             raise ValueError(f"host pool: [{offset}, {end}) is beyond its capacity {self.capacity}")
         return out
 
+    def transfer(self, device_bytes: torch.Tensor, offset: int, *, to_host: bool, non_blocking: bool) -> None:
+        """Copy the uint8 tensor ``device_bytes`` into the pool at ``offset`` (``to_host``) or the pool's bytes
+        there back into it: one copy per chunk the range touches, issued on the current stream."""
+        at = 0
+        for part in self.pieces(offset, device_bytes.numel()):
+            piece = device_bytes[at:at + part.numel()]
+            if to_host:
+                part.copy_(piece, non_blocking=non_blocking)
+            else:
+                piece.copy_(part, non_blocking=non_blocking)
+            at += part.numel()
+
     def view(self, offset: int, nbytes: int) -> torch.Tensor:
         """A single uint8 view of ``nbytes`` at ``offset`` (a copy if it spans chunks)."""
         parts = self.pieces(offset, nbytes)
