@@ -151,8 +151,8 @@ def test_faulting_in_makes_every_page_resident_and_zero(fault: str) -> None:
 
 
 def test_transfer_crosses_chunks_both_ways_and_leaves_the_rest_alone() -> None:
-    """``HostPool.transfer`` (what the parker, rota_vllm's weight stash and the benches copy with): a range that
-    starts inside one chunk and ends inside the next lands byte for byte, and only there."""
+    """``HostPool.transfer`` (what the parker, rota_vllm's weight stash and bench/vllm_pipelined.py copy with): a
+    range that starts inside one chunk and ends inside the next lands byte for byte, and only there."""
     pool = HostPool(pin=False, chunk_bytes=CHUNK)
     pool.reserve(3 * CHUNK)
     pool.transfer(torch.zeros(3 * CHUNK, dtype=torch.uint8), 0, to_host=True, non_blocking=False)  # all three
